@@ -1,0 +1,182 @@
+/* The typed run configuration and the one schema table that drives parsing, validation,
+ * printing, --help and doc/namelist.md. */
+#ifndef SDTRAIN_CONFIG_H
+#define SDTRAIN_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "sdtrain/error.h"
+#include "sdtrain/namelist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SD_PATH_MAX 4096
+#define SD_NAME_MAX 32
+#define SD_MAX_BLOCKS 8
+#define SD_MAX_PROMPTS 64
+#define SD_PROMPT_MAX 1024
+
+typedef struct sd_config {
+    struct {
+        char mode[SD_NAME_MAX];        /* process | train | pipeline | sample */
+        int64_t n_process_ranks;
+        char device[SD_NAME_MAX];      /* auto | cpu | cuda */
+        int64_t seed;
+        char output_dir[SD_PATH_MAX];
+        char log_level[SD_NAME_MAX];
+    } run;
+    struct {
+        char pretrained[SD_PATH_MAX];  /* diffusers snapshot directory, '' = none */
+        char autoencoder[SD_PATH_MAX]; /* separate VAE directory, '' = <pretrained>/vae */
+        char unet_init[SD_NAME_MAX];   /* random | pretrained */
+        int64_t resolution;
+        int64_t block_out_channels[SD_MAX_BLOCKS];
+        int n_block_out_channels;
+        int64_t layers_per_block;
+        int64_t attention_head_dim[SD_MAX_BLOCKS];
+        int n_attention_head_dim;
+        int64_t cross_attention_dim;
+        int64_t norm_num_groups;
+        int64_t latent_channels;
+        int64_t vae_block_out_channels[SD_MAX_BLOCKS];
+        int n_vae_block_out_channels;
+        int64_t text_hidden_size;
+        int64_t text_layers;
+        int64_t text_heads;
+    } model;
+    struct {
+        char input[SD_PATH_MAX];
+        char input_format[SD_NAME_MAX]; /* auto | files | webdataset | tsv */
+        char shard_dir[SD_PATH_MAX];
+        int64_t samples_per_shard;
+        char shard_dtype[SD_NAME_MAX];  /* fp16 | fp32 */
+        int64_t max_samples;
+        double val_fraction;
+        bool exif_transpose;
+    } data;
+    struct {
+        int64_t max_steps;
+        int64_t batch_size_per_rank;
+        double learning_rate;
+        char lr_schedule[SD_NAME_MAX];  /* constant | linear | cosine (after warmup) */
+        int64_t warmup_steps;
+        double weight_decay;
+        double adam_beta1;
+        double adam_beta2;
+        double adam_eps;
+        double grad_clip;
+        char sharding[SD_NAME_MAX];     /* none | shard_grad_op */
+        char precision[SD_NAME_MAX];    /* fp32 | bf16 */
+        double ema_decay;
+        int64_t ema_start_step;
+        int64_t log_every;
+        int64_t val_every;
+    } train;
+    struct {
+        char prediction_type[SD_NAME_MAX]; /* epsilon | v_prediction */
+        int64_t num_train_timesteps;
+        char beta_schedule[SD_NAME_MAX];   /* scaled_linear | linear */
+        double beta_start;
+        double beta_end;
+        double caption_dropout;
+        double min_snr_gamma;
+        double noise_offset;
+    } diffusion;
+    struct {
+        char dir[SD_PATH_MAX];          /* '' = <output_dir>/checkpoints */
+        int64_t every_n_steps;
+        int64_t keep_last;
+        char resume[SD_PATH_MAX];       /* auto | never | path of a checkpoint directory */
+    } checkpoint;
+    struct {
+        char prompts[SD_MAX_PROMPTS][SD_PROMPT_MAX];
+        int n_prompts;
+        int64_t num_steps;
+        double guidance_scale;
+        char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm */
+        int64_t images_per_prompt;
+        char checkpoint[SD_PATH_MAX];   /* '' = newest in checkpoint.dir */
+    } sample;
+} sd_config;
+
+typedef enum {
+    SD_OPT_INT,
+    SD_OPT_REAL,
+    SD_OPT_LOGICAL,
+    SD_OPT_STRING,
+    SD_OPT_CHOICE,   /* a string from a fixed set, compared case-insensitively, stored lower-case */
+    SD_OPT_INT_LIST,
+    SD_OPT_STRING_LIST
+} sd_opt_type;
+
+/* One namelist key. The default is namelist text, parsed and validated like user input. */
+typedef struct sd_option {
+    const char *group;
+    const char *key;
+    sd_opt_type type;
+    size_t offset;        /* of the value (or first element) in sd_config */
+    size_t count_offset;  /* lists: offset of the int element count */
+    size_t capacity;      /* strings: buffer size; lists: max elements */
+    size_t elem_size;     /* string lists: bytes per element */
+    const char *def;      /* default as namelist value text */
+    double min, max;      /* numeric range (inclusive); NAN = unbounded on that side */
+    const char *choices;  /* SD_OPT_CHOICE: "a|b|c" */
+    const char *unit;     /* "" when none */
+    const char *help;
+} sd_option;
+
+/* Where an option's value came from. */
+typedef enum { SD_ORIGIN_DEFAULT = 0, SD_ORIGIN_FILE, SD_ORIGIN_SET } sd_origin_kind;
+typedef struct sd_origin {
+    sd_origin_kind kind;
+    int line, col;        /* SD_ORIGIN_FILE: position in the namelist */
+    int set_index;        /* SD_ORIGIN_SET: which --set (1-based) */
+} sd_origin;
+
+/* Resolved configuration plus provenance, as the program passes it around. */
+typedef struct sd_run_config {
+    sd_config cfg;
+    sd_origin *origin;    /* one per schema option, same order as sd_config_options() */
+    char source[SD_PATH_MAX]; /* the namelist file */
+} sd_run_config;
+
+const sd_option *sd_config_options(size_t *n);
+const char *const *sd_config_groups(size_t *n);
+/* The option for group/key (case-insensitive), or NULL. */
+const sd_option *sd_config_find(const char *group, const char *key);
+
+/* Fills defaults; allocates rc->origin. */
+void sd_run_config_init(sd_run_config *rc);
+void sd_run_config_free(sd_run_config *rc);
+
+/* Applies a parsed namelist (schema checks: unknown group/key, types, ranges, duplicates). */
+int sd_config_apply(sd_run_config *rc, const nl_file *f, sd_err *err);
+/* Applies one "--set group.key=value" argument; `index` is its 1-based position. */
+int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *err);
+/* Cross-key checks that need the whole configuration (mode-dependent required keys...). */
+int sd_config_validate(const sd_run_config *rc, const nl_file *f, sd_err *err);
+
+/* Reads `path`, applies it and the overrides, validates. */
+int sd_config_load(sd_run_config *rc, const char *path, int n_set, char *const *sets, sd_err *err);
+
+/* The configuration as namelist text (every key, schema order). With `annotate`, each line
+ * carries a comment saying where the value came from; the text re-parses to the same config. */
+char *sd_config_to_namelist(const sd_run_config *rc, bool annotate);
+
+/* Parses text written by sd_config_to_namelist (used to broadcast the configuration). */
+int sd_config_from_text(sd_run_config *rc, const char *text, size_t len, sd_err *err);
+
+/* Markdown reference of every group and key (doc/namelist.md). */
+char *sd_config_reference_markdown(void);
+/* Short per-key listing for --help. */
+void sd_config_print_keys(FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,50 @@
+/* Error values for library code that meets bad input, and the check macros that end the job. */
+#ifndef SDTRAIN_ERROR_H
+#define SDTRAIN_ERROR_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Exit codes of sdtrain and sdtool (documented in doc/sdtrain.1). */
+enum {
+    SD_EXIT_OK = 0,
+    SD_EXIT_FAILURE = 1,       /* runtime failure (I/O, MPI, CUDA...) */
+    SD_EXIT_USAGE = 2,         /* bad command line or configuration */
+    SD_EXIT_NOT_IMPLEMENTED = 3 /* a mode or feature this build cannot run yet */
+};
+
+/* An error value: code that can meet bad input (parsers, decoders, loaders) fills one of
+ * these and returns non-zero, so that the caller decides to skip, report or stop.
+ * The message is complete and self-contained, e.g. "input.nml:3:7: unknown key 'lr'". */
+typedef struct sd_err {
+    char msg[1024];
+    int line; /* 1-based source line when the error is about a text file, else 0 */
+    int col;  /* 1-based column, else 0 */
+} sd_err;
+
+/* Sets the message (printf-style) and returns -1, so `return sd_err_set(e, ...)` reads well.
+ * `e` may be NULL (the message is then dropped). */
+int sd_err_set(sd_err *e, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+int sd_err_vset(sd_err *e, const char *fmt, va_list ap);
+
+/* Sets the message prefixed with "source:line:col: " and records line/col; returns -1. */
+int sd_err_at(sd_err *e, const char *source, int line, int col, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+
+void sd_err_clear(sd_err *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

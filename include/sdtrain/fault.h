@@ -1,0 +1,40 @@
+/* Fault injection for tests (SDTRAIN_FAULT), e.g. "kill:rank=2:step=7,nan:rank=1:step=5". */
+#ifndef SDTRAIN_FAULT_H
+#define SDTRAIN_FAULT_H
+
+#include <stdint.h>
+
+#include "sdtrain/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { SD_FAULT_KILL = 0, SD_FAULT_NAN = 1 } sd_fault_action;
+
+#define SD_FAULT_MAX 8
+
+typedef struct sd_fault {
+    sd_fault_action action;
+    int rank;            /* world rank that fails */
+    int64_t step;        /* training step, or -1 when triggered by phase */
+    char phase[32];      /* e.g. "ckpt-write", "ckpt-commit", "shard-commit"; "" when by step */
+} sd_fault;
+
+/* Parses a specification: comma-separated faults, each ACTION(:key=value)+ with ACTION kill or
+ * nan and keys rank (required), step, phase (kill only). Errors name the offending part. */
+int sd_fault_parse(const char *spec, sd_fault *faults, int *n, sd_err *err);
+
+/* Reads SDTRAIN_FAULT once at start-up (absent or empty: no faults). */
+int sd_fault_init_from_env(sd_err *err);
+
+/* 1 when a fault of `action` is armed for this rank at this step or phase (phase may be NULL). */
+int sd_fault_armed(sd_fault_action action, int rank, int64_t step, const char *phase);
+
+/* The phases the code base announces; a specification naming another phase is rejected. */
+extern const char *const sd_fault_phases[];
+
+#ifdef __cplusplus
+}
+#endif
+#endif

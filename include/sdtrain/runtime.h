@@ -1,0 +1,75 @@
+/* The MPI runtime: start-up, the configuration broadcast, the split of MPI_COMM_WORLD into the
+ * preprocessing and training communicators, and the check macros for MPI calls. */
+#ifndef SDTRAIN_RUNTIME_H
+#define SDTRAIN_RUNTIME_H
+
+#include <mpi.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/config.h"
+#include "sdtrain/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { SD_ROLE_PROCESS = 0, SD_ROLE_TRAIN = 1, SD_ROLE_SAMPLE = 2 } sd_role;
+
+const char *sd_role_name(sd_role r);
+
+/* How a world of `world_size` ranks is divided for a configuration: a pure function, so that
+ * `sdtrain --check --np N` can show the layout of a job it does not run. Ranks
+ * [0, n_process) preprocess, [n_process, world_size) train (or sample). */
+typedef struct sd_layout {
+    int world_size;
+    int n_process;
+    int n_train;   /* training or sampling ranks */
+} sd_layout;
+
+int sd_layout_compute(const sd_config *c, int world_size, sd_layout *out, sd_err *err);
+sd_role sd_layout_role(const sd_config *c, const sd_layout *l, int world_rank);
+
+/* One rank's place in the job. */
+typedef struct sd_runtime {
+    int world_rank, world_size;
+    int node_rank, node_size;  /* among ranks on the same node (MPI_COMM_TYPE_SHARED) */
+    int n_nodes;
+    sd_role role;
+    MPI_Comm role_comm;        /* preprocessing or training communicator (this rank's side) */
+    int role_rank, role_size;
+    MPI_Comm node_comm;
+    sd_layout layout;
+    char hostname[256];
+} sd_runtime;
+
+/* MPI_Init_thread, logging prefixes, and an abort handler that calls MPI_Abort. */
+void sd_mpi_start(int *argc, char ***argv);
+/* Frees communicators and calls MPI_Finalize. */
+void sd_mpi_finish(sd_runtime *rt);
+
+/* Collective over MPI_COMM_WORLD: splits by role and by node. The layout must have been
+ * validated (sd_layout_compute succeeded on every rank with the same inputs). */
+void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *rt);
+
+/* Collective: 1 when any rank passes a non-zero `failed`. */
+int sd_any_failed(int failed);
+
+/* Prints a table of every rank's role, communicator rank, node and node-local rank (rank 0). */
+void sd_runtime_report(const sd_runtime *rt);
+
+void sd_fatal_mpi(const char *file, int line, const char *func, const char *stmt, int code)
+#if defined(__GNUC__)
+    __attribute__((noreturn))
+#endif
+    ;
+#define SD_MPI_CHECK(call)                                                                    \
+    do {                                                                                      \
+        int sd_mpi_rc_ = (call);                                                              \
+        if (sd_mpi_rc_ != MPI_SUCCESS)                                                        \
+            sd_fatal_mpi(__FILE__, __LINE__, __func__, #call, sd_mpi_rc_);                    \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

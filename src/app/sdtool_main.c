@@ -1,0 +1,126 @@
+/* sdtool: single-process utilities around sdtrain (no MPI launcher needed). */
+#include "sd_config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdtrain/config.h"
+#include "sdtrain/device.h"
+#include "sdtrain/error.h"
+#include "sdtrain/version.h"
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+    const char *pending; /* not NULL: not implemented yet, and what it waits for */
+} subcommand;
+
+static int cmd_namelist_doc(int argc, char **argv)
+{
+    const char *out = NULL;
+    char *md;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
+        else {
+            fprintf(stderr, "sdtool namelist-doc: unknown argument '%s' (usage: sdtool namelist-doc [--out FILE])\n",
+                    argv[i]);
+            return SD_EXIT_USAGE;
+        }
+    }
+    md = sd_config_reference_markdown();
+    if (out) {
+        FILE *f = fopen(out, "w");
+        if (!f || fputs(md, f) < 0 || fclose(f) != 0) {
+            fprintf(stderr, "sdtool namelist-doc: cannot write '%s': %s\n", out, strerror(errno));
+            free(md);
+            return SD_EXIT_FAILURE;
+        }
+    } else {
+        fputs(md, stdout);
+    }
+    free(md);
+    return SD_EXIT_OK;
+}
+
+static int cmd_device(int argc, char **argv)
+{
+    sd_device_info d;
+    sd_err err;
+    (void)argc;
+    (void)argv;
+    printf("build: %s\n", sd_build_features());
+    if (sd_device_resolve("auto", 0, &d, &err) != 0) {
+        printf("gpus: error: %s\n", err.msg);
+        return SD_EXIT_FAILURE;
+    }
+    if (!d.use_cuda) {
+        printf("gpus: 0 (%s)\n", d.notice);
+        return SD_EXIT_FAILURE; /* scripts read this as "no GPU" */
+    }
+    printf("gpus: %d, device 0: %s\n", d.n_devices, d.name);
+#if defined(SD_HAVE_CUDA)
+    {
+        char v[256];
+        sd_cuda_runtime_versions(v, sizeof v);
+        printf("runtime: %s\n", v);
+    }
+#endif
+    return SD_EXIT_OK;
+}
+
+static const subcommand commands[] = {
+    {"tokenize", NULL, "print the 77 CLIP token ids of a caption", "the preprocessing issue (#3)"},
+    {"transform", NULL, "run the preprocessing image path on one file and write the 8-bit result",
+     "the preprocessing issue (#3)"},
+    {"inspect", NULL, "describe a shard, checkpoint or safetensors file", "the preprocessing and models issues (#3, #4)"},
+    {"forward", NULL, "run one model module on named input tensors", "the models issue (#4)"},
+    {"grad", NULL, "loss and every U-Net parameter gradient for one batch", "the training issue (#5)"},
+    {"export", NULL, "export a checkpoint as a diffusers snapshot", "sampling and export (not yet filed)"},
+    {"make-demo-data", NULL, "write a small synthetic captioned image dataset", "the preprocessing issue (#3)"},
+    {"plot", NULL, "plot metrics.jsonl curves", "the training issue (#5)"},
+    {"score-demo", NULL, "score images generated from the demo model", "sampling and export (not yet filed)"},
+    {"namelist-doc", cmd_namelist_doc, "write the namelist reference (doc/namelist.md) from the schema", NULL},
+    {"device", cmd_device, "show the build's features and the GPUs this process can use (exit 1: none)", NULL},
+};
+
+static void print_help(void)
+{
+    printf("usage: sdtool COMMAND [ARGS...]\n       sdtool --help | --version\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        printf("  %-15s %s%s\n", commands[i].name, commands[i].summary,
+               commands[i].pending ? " [not implemented yet]" : "");
+    printf("\nexit status: 0 success, 1 failure, 2 bad usage, 3 not implemented in this build.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_help();
+        return SD_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        print_help();
+        return SD_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        sd_print_version("sdtool");
+        return SD_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const subcommand *c = &commands[i];
+        if (strcmp(argv[1], c->name) != 0)
+            continue;
+        if (!c->run) {
+            fprintf(stderr, "sdtool %s: not implemented in this build yet; it comes with %s\n", c->name,
+                    c->pending);
+            return SD_EXIT_NOT_IMPLEMENTED;
+        }
+        return c->run(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "sdtool: unknown command '%s' (see sdtool --help)\n", argv[1]);
+    return SD_EXIT_USAGE;
+}

@@ -1,0 +1,345 @@
+/* sdtrain: the SPMD job. Reads and validates the namelist on rank 0, broadcasts it, splits
+ * MPI_COMM_WORLD into the preprocessing and training communicators and runs the mode. */
+#include "sd_config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/config.h"
+#include "sdtrain/device.h"
+#include "sdtrain/fault.h"
+#include "sdtrain/log.h"
+#include "sdtrain/runtime.h"
+#include "sdtrain/version.h"
+
+typedef struct cli {
+    const char *input;
+    int check;
+    int np;          /* --np N for --check; 0 = the real world size */
+    int n_set;
+    char **sets;
+} cli;
+
+static void print_help(void)
+{
+    printf("usage: sdtrain INPUT.nml [--set group.key=value ...]\n"
+           "       sdtrain --check INPUT.nml [--np N] [--set group.key=value ...]\n"
+           "       sdtrain --help | --version\n\n"
+           "Stable Diffusion pre-training as one MPI job: run it under mpirun or srun, e.g.\n"
+           "  mpirun -np 32 ./sdtrain input.nml\n\n"
+           "The namelist's &run mode says what the ranks do: 'process' (all preprocess images and\n"
+           "captions into HDF5 latent shards), 'train' (all train from shards), 'pipeline' (the\n"
+           "first n_process_ranks preprocess while the rest train), 'sample' (generate images).\n\n"
+           "options:\n"
+           "  --set group.key=value  override one namelist value (validated like the file and\n"
+           "                         recorded in <output_dir>/used.nml); may be repeated; string\n"
+           "                         values need no quotes: --set run.mode=train\n"
+           "  --check                validate the namelist, print the effective configuration and\n"
+           "                         the communicator layout, and exit without running\n"
+           "  --np N                 with --check: show the layout for N ranks\n"
+           "  --help, --version\n\n"
+           "exit status: 0 success, 1 runtime failure, 2 bad command line or configuration,\n"
+           "3 mode not implemented in this build.\n\n"
+           "namelist keys (group.key, type, default); full reference in doc/namelist.md:\n");
+    sd_config_print_keys(stdout);
+}
+
+/* Returns 0, or SD_EXIT_USAGE with the message in `err`. */
+static int parse_cli(int argc, char **argv, cli *c, sd_err *err)
+{
+    memset(c, 0, sizeof *c);
+    c->sets = sd_xcalloc((size_t)argc + 1, sizeof *c->sets);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--check")) {
+            c->check = 1;
+        } else if (!strcmp(a, "--np") || !strncmp(a, "--np=", 5)) {
+            const char *v = a[4] == '=' ? a + 5 : (i + 1 < argc ? argv[++i] : NULL);
+            char *end;
+            long n;
+            if (!v)
+                return sd_err_set(err, "--np needs a number of ranks");
+            n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 10000000)
+                return sd_err_set(err, "--np '%s': expected a positive number of ranks", v);
+            c->np = (int)n;
+        } else if (!strcmp(a, "--set") || !strncmp(a, "--set=", 6)) {
+            const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v)
+                return sd_err_set(err, "--set needs group.key=value");
+            c->sets[c->n_set++] = (char *)v;
+        } else if (a[0] == '-' && a[1]) {
+            return sd_err_set(err, "unknown option '%s' (see sdtrain --help)", a);
+        } else if (c->input) {
+            return sd_err_set(err, "more than one input file: '%s' and '%s'", c->input, a);
+        } else {
+            c->input = a;
+        }
+    }
+    if (!c->input)
+        return sd_err_set(err, "no input namelist given (usage: sdtrain INPUT.nml; see --help)");
+    if (c->np && !c->check)
+        return sd_err_set(err, "--np only makes sense with --check");
+    return 0;
+}
+
+/* Ends the job with `code` on every rank (after a collective decision, so nobody hangs). */
+static int finish(sd_runtime *rt, int code)
+{
+    fflush(stdout);
+    fflush(stderr);
+    sd_mpi_finish(rt);
+    return code;
+}
+
+/* Rank 0 loads and validates; everybody gets the result. Returns 0 or the exit code. */
+static int load_config(const cli *c, int rank, sd_run_config *rc)
+{
+    sd_err err;
+    int status = 0;
+    char *text = NULL;
+    long long len = 0;
+    size_t n_opt;
+
+    sd_config_options(&n_opt);
+    sd_err_clear(&err);
+    if (rank == 0) {
+        if (sd_config_load(rc, c->input, c->n_set, c->sets, &err) != 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            status = SD_EXIT_USAGE;
+        } else {
+            text = sd_config_to_namelist(rc, false);
+            len = (long long)strlen(text);
+        }
+    }
+    SD_MPI_CHECK(MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    if (status)
+        return status;
+    SD_MPI_CHECK(MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD));
+    if (rank != 0)
+        text = sd_xmalloc((size_t)len + 1);
+    SD_MPI_CHECK(MPI_Bcast(text, (int)len + 1, MPI_CHAR, 0, MPI_COMM_WORLD));
+    SD_MPI_CHECK(MPI_Bcast(rc->source, (int)sizeof rc->source, MPI_CHAR, 0, MPI_COMM_WORLD));
+    if (rank != 0) {
+        /* The text is what rank 0 validated; it must read back identically. */
+        SD_CHECK(sd_config_from_text(rc, text, (size_t)len, &err) == 0,
+                 "broadcast configuration does not re-parse: %s", err.msg);
+    }
+    SD_MPI_CHECK(MPI_Bcast(rc->origin, (int)(n_opt * sizeof *rc->origin), MPI_BYTE, 0, MPI_COMM_WORLD));
+    free(text);
+    return 0;
+}
+
+static int mkdir_p(const char *path, sd_err *err)
+{
+    char buf[SD_PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return sd_err_set(err, "invalid output directory '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char saved = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return sd_err_set(err, "cannot create directory '%s': %s", buf, strerror(errno));
+            buf[i] = saved;
+        }
+    }
+    return 0;
+}
+
+/* used.nml is written to a temporary name, flushed to disk and renamed, so a reader never
+ * sees half a file. */
+static int write_used_nml(const sd_run_config *rc, const cli *c, int world_size, sd_err *err)
+{
+    char path[SD_PATH_MAX + 16], tmp[SD_PATH_MAX + 32], stamp[64];
+    char *body;
+    FILE *f;
+    time_t now = time(NULL);
+    struct tm tm;
+    int ok;
+
+    if (mkdir_p(rc->cfg.run.output_dir, err))
+        return -1;
+    snprintf(path, sizeof path, "%s/used.nml", rc->cfg.run.output_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    f = fopen(tmp, "w");
+    if (!f)
+        return sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
+    fprintf(f, "! used.nml: the effective configuration of an sdtrain run (re-usable as input)\n"
+               "! sdtrain %s (git %s), %s, %d rank(s)\n! input: %s\n",
+            sd_version(), sd_git_revision(), stamp, world_size, rc->source);
+    for (int i = 0; i < c->n_set; i++)
+        fprintf(f, "! --set #%d: %s\n", i + 1, c->sets[i]);
+    body = sd_config_to_namelist(rc, true);
+    fputs(body, f);
+    free(body);
+    ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return sd_err_set(err, "cannot write '%s': %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* Every rank resolves its device; the lowest failing rank explains, all stop together. */
+static int resolve_devices(const sd_run_config *rc, const sd_runtime *rt, sd_device_info *dev)
+{
+    sd_err err;
+    int failed = sd_device_resolve(rc->cfg.run.device, rt->node_rank, dev, &err) != 0;
+    int mine = failed ? rt->world_rank : rt->world_size, first;
+    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (first < rt->world_size) {
+        if (rt->world_rank == first)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    if (rt->world_rank == 0 && dev->notice[0])
+        sd_info("device = '%s': %s", rc->cfg.run.device, dev->notice);
+    return 0;
+}
+
+static void print_layout_for(const sd_run_config *rc, const sd_layout *l)
+{
+    printf("communicators for %d ranks: preprocessing communicator %d ranks; training "
+           "communicator %d ranks\n", l->world_size, l->n_process, l->n_train);
+    if (l->n_process)
+        printf("  world ranks %d-%d: %s\n", 0, l->n_process - 1, sd_role_name(SD_ROLE_PROCESS));
+    if (l->n_train)
+        printf("  world ranks %d-%d: %s\n", l->n_process, l->world_size - 1,
+               sd_role_name(sd_layout_role(&rc->cfg, l, l->world_size - 1)));
+}
+
+static int run_mode(const sd_run_config *rc, const sd_runtime *rt)
+{
+    const char *mode = rc->cfg.run.mode;
+    const char *what = !strcmp(mode, "process")    ? "preprocessing (issue #3: images and captions to HDF5 latent shards)"
+                       : !strcmp(mode, "train")    ? "training (issue #5: U-Net backward, AdamW, DDP and ZeRO-2)"
+                       : !strcmp(mode, "pipeline") ? "the online pipeline (preprocessing issue #3 and training issue #5)"
+                                                   : "sampling (not yet filed)";
+    /* No mode has its work implemented yet: say so instead of pretending. */
+    if (rt->world_rank == 0)
+        fprintf(stderr, "sdtrain: mode '%s' is not implemented in this build yet: it needs %s. "
+                        "Configuration and communicators are set up; nothing was computed.\n",
+                mode, what);
+    return SD_EXIT_NOT_IMPLEMENTED;
+}
+
+int main(int argc, char **argv)
+{
+    cli c;
+    sd_err err;
+    sd_run_config rc;
+    sd_runtime rt;
+    sd_layout layout;
+    sd_device_info dev;
+    int rank, size, code;
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            if (sd_launcher_rank() == 0)
+                print_help();
+            return SD_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            if (sd_launcher_rank() == 0)
+                sd_print_version("sdtrain");
+            return SD_EXIT_OK;
+        }
+    }
+
+    /* Command-line and SDTRAIN_FAULT errors are found before MPI starts; every rank finds
+     * the same ones, and only the launcher's rank 0 prints. */
+    sd_err_clear(&err);
+    if (parse_cli(argc, argv, &c, &err) != 0 || sd_fault_init_from_env(&err) != 0) {
+        if (sd_launcher_rank() == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    sd_run_config_init(&rc);
+
+    if (c.check && c.np) {
+        /* The layout of a job this process does not run: no MPI, no split, no device probe,
+         * so job scripts can call it on a login or batch node. */
+        code = SD_EXIT_OK;
+        if (sd_config_load(&rc, c.input, c.n_set, c.sets, &err) != 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            code = SD_EXIT_USAGE;
+        } else if (sd_layout_compute(&rc.cfg, c.np, &layout, &err) != 0) {
+            fprintf(stderr, "%s: %s\n", rc.source, err.msg);
+            code = SD_EXIT_USAGE;
+        } else {
+            char *text = sd_config_to_namelist(&rc, true);
+            printf("%s: configuration is valid\n%s", c.input, text);
+            print_layout_for(&rc, &layout);
+            printf("device = '%s' (resolved on each rank when the job starts)\n", rc.cfg.run.device);
+            free(text);
+        }
+        sd_run_config_free(&rc);
+        free(c.sets);
+        return code;
+    }
+
+    sd_mpi_start(&argc, &argv);
+    memset(&rt, 0, sizeof rt);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+    code = load_config(&c, rank, &rc);
+    if (code)
+        return finish(NULL, code);
+    sd_log_set_level((sd_log_level)sd_log_level_from_name(rc.cfg.run.log_level));
+
+    if (sd_layout_compute(&rc.cfg, size, &layout, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "%s: %s\n", rc.source, err.msg);
+        return finish(NULL, SD_EXIT_USAGE);
+    }
+
+    sd_runtime_split(&rc.cfg, &layout, &rt);
+    code = resolve_devices(&rc, &rt, &dev);
+    if (code)
+        return finish(&rt, code);
+
+    if (!c.check) {
+        int failed = 0;
+        if (rank == 0 && write_used_nml(&rc, &c, size, &err) != 0) {
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+            failed = 1;
+        }
+        if (sd_any_failed(failed))
+            return finish(&rt, SD_EXIT_FAILURE);
+    }
+    if (rank == 0) {
+        char *text = sd_config_to_namelist(&rc, true);
+        if (c.check)
+            printf("%s: configuration is valid\n", c.input);
+        else
+            printf("sdtrain %s (git %s): %s, mode '%s', %d rank(s)\n", sd_version(),
+                   sd_git_revision(), c.input, rc.cfg.run.mode, size);
+        printf("%s", text);
+        if (!c.check)
+            printf("effective configuration written to %s/used.nml\n", rc.cfg.run.output_dir);
+        free(text);
+        fflush(stdout);
+    }
+    sd_runtime_report(&rt);
+    if (rank == 0)
+        printf("device = '%s': rank 0 computes on %s\n", rc.cfg.run.device, dev.name);
+
+    code = c.check ? SD_EXIT_OK : run_mode(&rc, &rt);
+    sd_run_config_free(&rc);
+    free(c.sets);
+    return finish(&rt, code);
+}

@@ -1,0 +1,163 @@
+/* The schema: every namelist group and key sdtrain understands, with defaults and limits. */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+#include <strings.h>
+
+#include "sdtrain/config.h"
+
+#define SZ(g, k) sizeof(((sd_config *)0)->g.k)
+#define N(g, k) offsetof(sd_config, g.n_##k)
+#define U NAN
+
+#define INT(g, k, def, lo, hi, unit, help) \
+    {#g, #k, SD_OPT_INT, offsetof(sd_config, g.k), 0, 0, 0, def, lo, hi, NULL, unit, help}
+#define REAL(g, k, def, lo, hi, unit, help) \
+    {#g, #k, SD_OPT_REAL, offsetof(sd_config, g.k), 0, 0, 0, def, lo, hi, NULL, unit, help}
+#define LOGICAL(g, k, def, help) \
+    {#g, #k, SD_OPT_LOGICAL, offsetof(sd_config, g.k), 0, 0, 0, def, U, U, NULL, "", help}
+#define STRING(g, k, def, help) \
+    {#g, #k, SD_OPT_STRING, offsetof(sd_config, g.k), 0, SZ(g, k), 0, def, U, U, NULL, "", help}
+#define CHOICE(g, k, def, choices, help) \
+    {#g, #k, SD_OPT_CHOICE, offsetof(sd_config, g.k), 0, SZ(g, k), 0, def, U, U, choices, "", help}
+#define INT_LIST(g, k, def, lo, hi, unit, help)                                               \
+    {#g, #k, SD_OPT_INT_LIST, offsetof(sd_config, g.k), N(g, k),                             \
+     sizeof(((sd_config *)0)->g.k) / sizeof(((sd_config *)0)->g.k[0]), 0, def, lo, hi, NULL, \
+     unit, help}
+#define STRING_LIST(g, k, def, help)                                                        \
+    {#g, #k, SD_OPT_STRING_LIST, offsetof(sd_config, g.k), N(g, k),                        \
+     sizeof(((sd_config *)0)->g.k) / sizeof(((sd_config *)0)->g.k[0]),                     \
+     sizeof(((sd_config *)0)->g.k[0]), def, U, U, NULL, "", help}
+
+static const char *const groups[] = {"run", "model", "data", "train", "diffusion", "checkpoint", "sample"};
+
+static const sd_option options[] = {
+    /* &run */
+    CHOICE(run, mode, "", "process|train|pipeline|sample",
+           "What the job does: 'process' = preprocessing only (all ranks), 'train' = training from "
+           "existing shards (all ranks), 'pipeline' = both at once (n_process_ranks preprocess, the "
+           "rest train), 'sample' = generate images. Required."),
+    INT(run, n_process_ranks, "0", 0, U, "ranks",
+        "Ranks given to preprocessing when mode = 'pipeline' (the rest train); ignored otherwise."),
+    CHOICE(run, device, "'auto'", "auto|cpu|cuda",
+           "'cuda' requires a GPU and fails without one; 'auto' uses the GPU when there is one and "
+           "falls back to the CPU with a notice."),
+    INT(run, seed, "1234", 0, 4294967295.0, "",
+        "Seed of every random stream (noise, timesteps, data order, initialization). Results "
+        "depend on (seed, step, sample index), never on the rank count."),
+    STRING(run, output_dir, "'runs/sdtrain'",
+           "Directory for used.nml, metrics.jsonl and logs (created if missing)."),
+    CHOICE(run, log_level, "'info'", "debug|info|warn|error", "Least severe message printed."),
+
+    /* &model */
+    STRING(model, pretrained, "''",
+           "Local diffusers snapshot (model_index.json, unet/, vae/, text_encoder/, tokenizer/, "
+           "scheduler/). '' = build the models from the shape keys below."),
+    STRING(model, autoencoder, "''", "VAE directory to use instead of <pretrained>/vae ('' = that one)."),
+    CHOICE(model, unet_init, "'random'", "random|pretrained",
+           "'random' = pre-train the U-Net from scratch (the snapshot's U-Net config is still used); "
+           "'pretrained' = start from the snapshot's U-Net weights."),
+    INT(model, resolution, "256", 8, 4096, "px", "Image side after resize and center crop; multiple of 8."),
+    INT_LIST(model, block_out_channels, "320, 640, 1280, 1280", 1, 16384, "channels",
+             "U-Net channels per resolution level (used without a snapshot)."),
+    INT(model, layers_per_block, "2", 1, 16, "", "U-Net ResNet blocks per level (used without a snapshot)."),
+    INT_LIST(model, attention_head_dim, "5, 10, 20, 20", 1, 1024, "",
+             "U-Net attention heads per level, as diffusers' attention_head_dim (one value, or one "
+             "per level; used without a snapshot)."),
+    INT(model, cross_attention_dim, "1024", 1, 65536, "", "Width of the text embeddings the U-Net attends to."),
+    INT(model, norm_num_groups, "32", 1, 1024, "", "Group-norm groups in U-Net and VAE."),
+    INT(model, latent_channels, "4", 1, 64, "", "VAE latent channels (= U-Net in/out channels)."),
+    INT_LIST(model, vae_block_out_channels, "128, 256, 512, 512", 1, 16384, "channels",
+             "VAE channels per level (used without a snapshot)."),
+    INT(model, text_hidden_size, "1024", 1, 65536, "", "Text encoder width (used without a snapshot)."),
+    INT(model, text_layers, "23", 1, 256, "", "Text encoder layers (used without a snapshot)."),
+    INT(model, text_heads, "16", 1, 1024, "", "Text encoder attention heads (used without a snapshot)."),
+
+    /* &data */
+    STRING(data, input, "''",
+           "Dataset: an img2dataset folder, a folder or glob of webdataset .tar shards, or a TSV "
+           "manifest (path<TAB>caption). Required for mode = 'process' and 'pipeline'."),
+    CHOICE(data, input_format, "'auto'", "auto|files|webdataset|tsv", "Format of data.input; 'auto' looks at it."),
+    STRING(data, shard_dir, "''",
+           "Directory of the HDF5 latent shards and their manifest: written by preprocessing, read "
+           "by training. Required for every mode but 'sample'."),
+    INT(data, samples_per_shard, "4096", 1, U, "samples", "Samples per HDF5 shard file."),
+    CHOICE(data, shard_dtype, "'fp16'", "fp16|fp32", "Storage type of latents and embeddings in shards."),
+    INT(data, max_samples, "0", 0, U, "samples", "Stop after this many input samples (0 = all)."),
+    REAL(data, val_fraction, "0.01", 0, 0.5, "",
+         "Fraction of samples held out for validation, chosen by a hash of the sample key."),
+    LOGICAL(data, exif_transpose, ".false.",
+            "Apply the JPEG EXIF orientation before resizing (the reference Pillow pipeline does not)."),
+
+    /* &train */
+    INT(train, max_steps, "1000", 1, U, "steps", "Optimizer steps to run in total (counting resumed ones)."),
+    INT(train, batch_size_per_rank, "8", 1, U, "samples",
+        "Samples per training rank per step; the global batch is this times the training ranks."),
+    REAL(train, learning_rate, "1e-4", 0, 1, "", "Peak AdamW learning rate (reached after warmup)."),
+    CHOICE(train, lr_schedule, "'constant'", "constant|linear|cosine",
+           "Learning rate after warmup: constant, linear decay to 0, or cosine decay to 0 at max_steps."),
+    INT(train, warmup_steps, "0", 0, U, "steps", "Linear learning-rate warmup from 0."),
+    REAL(train, weight_decay, "1e-2", 0, 1, "", "AdamW decoupled weight decay."),
+    REAL(train, adam_beta1, "0.9", 0, 0.999999, "", "AdamW beta1."),
+    REAL(train, adam_beta2, "0.999", 0, 0.99999999, "", "AdamW beta2."),
+    REAL(train, adam_eps, "1e-8", 0, 1, "", "AdamW epsilon."),
+    REAL(train, grad_clip, "1.0", 0, U, "", "Clip the global gradient norm to this (0 = off)."),
+    CHOICE(train, sharding, "'none'", "none|shard_grad_op",
+           "'none' = DDP (all-reduce gradients); 'shard_grad_op' = ZeRO-2 (reduce-scatter "
+           "gradients, optimizer state sharded, all-gather parameters)."),
+    CHOICE(train, precision, "'fp32'", "fp32|bf16",
+           "Compute precision. 'bf16' = bf16 activations with fp32 master weights (GPU); 'fp32' "
+           "= full fp32, no TF32 (comparable with the CPU reference)."),
+    REAL(train, ema_decay, "0", 0, 1, "", "Exponential moving average of the weights (0 = off)."),
+    INT(train, ema_start_step, "0", 0, U, "steps", "First step that updates the moving average."),
+    INT(train, log_every, "10", 1, U, "steps", "Progress line and metrics.jsonl record interval."),
+    INT(train, val_every, "0", 0, U, "steps", "Validation loss interval (0 = off)."),
+
+    /* &diffusion */
+    CHOICE(diffusion, prediction_type, "'epsilon'", "epsilon|v_prediction", "Training target of the U-Net."),
+    INT(diffusion, num_train_timesteps, "1000", 1, 100000, "steps", "Diffusion steps of the DDPM schedule."),
+    CHOICE(diffusion, beta_schedule, "'scaled_linear'", "scaled_linear|linear", "DDPM beta schedule."),
+    REAL(diffusion, beta_start, "0.00085", 0, 1, "", "First beta of the schedule."),
+    REAL(diffusion, beta_end, "0.012", 0, 1, "", "Last beta of the schedule."),
+    REAL(diffusion, caption_dropout, "0", 0, 1, "",
+         "Probability that a sample trains with the empty-caption embedding (for guidance)."),
+    REAL(diffusion, min_snr_gamma, "0", 0, U, "", "Min-SNR-gamma loss weighting (0 = off)."),
+    REAL(diffusion, noise_offset, "0", 0, 1, "", "Noise offset added per sample and channel (0 = off)."),
+
+    /* &checkpoint */
+    STRING(checkpoint, dir, "''", "Checkpoint directory ('' = <output_dir>/checkpoints)."),
+    INT(checkpoint, every_n_steps, "1000", 0, U, "steps", "Checkpoint interval (0 = only at the end)."),
+    INT(checkpoint, keep_last, "3", 0, U, "", "Complete checkpoints kept (0 = all)."),
+    STRING(checkpoint, resume, "'auto'",
+           "'auto' = continue from the newest complete checkpoint if there is one; 'never' = start "
+           "fresh; or the path of one checkpoint directory."),
+
+    /* &sample */
+    STRING_LIST(sample, prompts, "", "Prompts to generate images for (mode = 'sample')."),
+    INT(sample, num_steps, "50", 1, 1000, "steps", "Denoising steps."),
+    REAL(sample, guidance_scale, "7.5", 0, 100, "", "Classifier-free guidance scale (1 = off)."),
+    CHOICE(sample, scheduler, "'ddim'", "ddim|pndm|ddpm", "Sampler (noise scheduler) used to generate images."),
+    INT(sample, images_per_prompt, "1", 1, 1024, "", "Images per prompt."),
+    STRING(sample, checkpoint, "''",
+           "Checkpoint directory or diffusers snapshot to sample from ('' = newest checkpoint)."),
+};
+
+const sd_option *sd_config_options(size_t *n)
+{
+    *n = sizeof options / sizeof options[0];
+    return options;
+}
+
+const char *const *sd_config_groups(size_t *n)
+{
+    *n = sizeof groups / sizeof groups[0];
+    return groups;
+}
+
+const sd_option *sd_config_find(const char *group, const char *key)
+{
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
+        if (strcasecmp(options[i].group, group) == 0 && strcasecmp(options[i].key, key) == 0)
+            return &options[i];
+    return NULL;
+}

@@ -1,0 +1,173 @@
+/* MPI start-up, communicator split by role and node, and MPI error handling. */
+#include "sdtrain/runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sdtrain/log.h"
+
+const char *sd_role_name(sd_role r)
+{
+    switch (r) {
+    case SD_ROLE_PROCESS: return "preprocess";
+    case SD_ROLE_TRAIN: return "train";
+    case SD_ROLE_SAMPLE: return "sample";
+    }
+    return "?";
+}
+
+int sd_layout_compute(const sd_config *c, int world_size, sd_layout *out, sd_err *err)
+{
+    const char *m = c->run.mode;
+    out->world_size = world_size;
+    if (world_size < 1)
+        return sd_err_set(err, "the job needs at least one rank (got %d)", world_size);
+    if (!strcmp(m, "process")) {
+        out->n_process = world_size;
+        out->n_train = 0;
+    } else if (!strcmp(m, "train") || !strcmp(m, "sample")) {
+        out->n_process = 0;
+        out->n_train = world_size;
+    } else if (!strcmp(m, "pipeline")) {
+        if (c->run.n_process_ranks >= world_size)
+            return sd_err_set(err,
+                              "mode = 'pipeline' with n_process_ranks = %lld needs at least %lld "
+                              "ranks (one or more must train), but the job has %d: start more ranks "
+                              "or lower &run n_process_ranks",
+                              (long long)c->run.n_process_ranks, (long long)c->run.n_process_ranks + 1,
+                              world_size);
+        out->n_process = (int)c->run.n_process_ranks;
+        out->n_train = world_size - out->n_process;
+    } else {
+        return sd_err_set(err, "unknown mode '%s'", m);
+    }
+    return 0;
+}
+
+sd_role sd_layout_role(const sd_config *c, const sd_layout *l, int world_rank)
+{
+    if (world_rank < l->n_process)
+        return SD_ROLE_PROCESS;
+    return strcmp(c->run.mode, "sample") == 0 ? SD_ROLE_SAMPLE : SD_ROLE_TRAIN;
+}
+
+static void mpi_abort_handler(int exit_code)
+{
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (init && !fin)
+        MPI_Abort(MPI_COMM_WORLD, exit_code);
+    exit(exit_code);
+}
+
+void sd_fatal_mpi(const char *file, int line, const char *func, const char *stmt, int code)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "MPI error %d", code);
+    sd_fatal_report(file, line, func, stmt, msg, NULL);
+}
+
+void sd_mpi_start(int *argc, char ***argv)
+{
+    int provided, rank, size;
+    /* FUNNELED: only the main thread of a rank calls MPI; helper threads (decode, prefetch)
+     * hand their results to it. */
+    SD_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    /* Errors come back as codes to SD_MPI_CHECK, which reports them and aborts the job. */
+    SD_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    SD_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    sd_log_init(rank, size);
+    sd_set_abort_handler(mpi_abort_handler);
+    if (provided < MPI_THREAD_FUNNELED)
+        sd_warn("the MPI library provides thread level %d < MPI_THREAD_FUNNELED", provided);
+}
+
+int sd_any_failed(int failed)
+{
+    int any = 0, mine = failed != 0;
+    SD_MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD));
+    return any;
+}
+
+void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *rt)
+{
+    int leader, n_nodes = 0;
+    memset(rt, 0, sizeof *rt);
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rt->world_rank));
+    SD_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &rt->world_size));
+    SD_CHECK(rt->world_size == layout->world_size, "layout computed for %d ranks, job has %d",
+             layout->world_size, rt->world_size);
+    rt->layout = *layout;
+    rt->role = sd_layout_role(c, layout, rt->world_rank);
+    /* Key = world rank keeps the order of ranks inside each side. */
+    SD_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, rt->role == SD_ROLE_PROCESS ? 0 : 1, rt->world_rank,
+                                &rt->role_comm));
+    SD_MPI_CHECK(MPI_Comm_set_errhandler(rt->role_comm, MPI_ERRORS_RETURN));
+    SD_MPI_CHECK(MPI_Comm_rank(rt->role_comm, &rt->role_rank));
+    SD_MPI_CHECK(MPI_Comm_size(rt->role_comm, &rt->role_size));
+    SD_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rt->world_rank,
+                                     MPI_INFO_NULL, &rt->node_comm));
+    SD_MPI_CHECK(MPI_Comm_rank(rt->node_comm, &rt->node_rank));
+    SD_MPI_CHECK(MPI_Comm_size(rt->node_comm, &rt->node_size));
+    leader = rt->node_rank == 0;
+    SD_MPI_CHECK(MPI_Allreduce(&leader, &n_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+    rt->n_nodes = n_nodes;
+    if (gethostname(rt->hostname, sizeof rt->hostname - 1) != 0)
+        snprintf(rt->hostname, sizeof rt->hostname, "unknown");
+}
+
+void sd_runtime_report(const sd_runtime *rt)
+{
+    /* Gather what each rank actually got, so the report shows the real split. */
+    int mine[5] = {(int)rt->role, rt->role_rank, rt->role_size, rt->node_rank, rt->node_size};
+    int *all = NULL;
+    char *hosts = NULL;
+    if (rt->world_rank == 0) {
+        all = malloc(sizeof(int) * 5 * (size_t)rt->world_size);
+        hosts = malloc(64 * (size_t)rt->world_size);
+        SD_CHECK(all && hosts, "out of memory for %d ranks", rt->world_size);
+    }
+    char host[64];
+    snprintf(host, sizeof host, "%.63s", rt->hostname);
+    SD_MPI_CHECK(MPI_Gather(mine, 5, MPI_INT, all, 5, MPI_INT, 0, MPI_COMM_WORLD));
+    SD_MPI_CHECK(MPI_Gather(host, 64, MPI_CHAR, hosts, 64, MPI_CHAR, 0, MPI_COMM_WORLD));
+    if (rt->world_rank == 0) {
+        int n_proc = 0, n_train = 0;
+        for (int r = 0; r < rt->world_size; r++) {
+            if (all[5 * r] == SD_ROLE_PROCESS)
+                n_proc++;
+            else
+                n_train++;
+        }
+        printf("communicators: world %d ranks on %d node(s); preprocessing communicator %d ranks; "
+               "training communicator %d ranks\n", rt->world_size, rt->n_nodes, n_proc, n_train);
+        printf("  %-6s %-11s %-10s %-24s %s\n", "rank", "role", "role rank", "node", "node rank");
+        for (int r = 0; r < rt->world_size; r++) {
+            char rr[32], nr[32];
+            snprintf(rr, sizeof rr, "%d/%d", all[5 * r + 1], all[5 * r + 2]);
+            snprintf(nr, sizeof nr, "%d/%d", all[5 * r + 3], all[5 * r + 4]);
+            printf("  %-6d %-11s %-10s %-24.24s %s\n", r, sd_role_name((sd_role)all[5 * r]), rr,
+                   hosts + 64 * r, nr);
+        }
+        fflush(stdout);
+    }
+    free(all);
+    free(hosts);
+}
+
+void sd_mpi_finish(sd_runtime *rt)
+{
+    if (rt) {
+        if (rt->role_comm != MPI_COMM_NULL && rt->role_comm != 0)
+            MPI_Comm_free(&rt->role_comm);
+        if (rt->node_comm != MPI_COMM_NULL && rt->node_comm != 0)
+            MPI_Comm_free(&rt->node_comm);
+    }
+    MPI_Finalize();
+}

@@ -1,0 +1,59 @@
+# Shared helpers for the shell tests: paths, a scratch directory, the MPI launcher, assertions.
+# Sourced by tests/*/*.sh, which automake runs with top_srcdir/top_builddir/MPIEXEC exported.
+set -u
+: "${top_srcdir:?run through make check}" "${top_builddir:?run through make check}"
+SDTRAIN="$top_builddir/sdtrain"
+SDTOOL="$top_builddir/sdtool"
+TEST_NAME=$(basename "$0" .sh)
+TMP="$top_builddir/tests/tmp/$TEST_NAME"
+rm -rf "$TMP"
+mkdir -p "$TMP"
+# Open MPI as root needs these besides the launcher flags (singleton runs read them too).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Containers often forbid the cross-memory-attach copy; fall back to plain shared memory.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The launcher's rank-count flag; srun users set MPIEXEC="srun" MPIEXEC_NP="-n".
+MPIEXEC_NP=${MPIEXEC_NP:--np}
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+skip() { echo "SKIP: $*"; exit 77; }
+pass() { echo "ok: $*"; }
+need_mpi() { [ -n "${MPIEXEC:-}" ] || skip "no MPI launcher (MPIEXEC is empty)"; }
+
+# run NAME CMD...: runs CMD with a time limit, stdout/stderr to $TMP/NAME.out/.err, status in RC.
+run() {
+    name=$1
+    shift
+    RC=0
+    timeout 180 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" || RC=$?
+    [ "$RC" != 124 ] || fail "$name: timed out (hang?): $*"
+}
+
+# mpi NAME NP CMD...: like run, under the MPI launcher with NP ranks.
+mpi() {
+    name=$1
+    np=$2
+    shift 2
+    # shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
+    run "$name" $MPIEXEC $MPIEXEC_NP "$np" "$@"
+}
+
+expect_rc() {
+    [ "$RC" = "$2" ] || { cat "$TMP/$1.out" "$TMP/$1.err" >&2; fail "$1: exit status $RC, expected $2"; }
+}
+
+# expect_in NAME out|err FIXED-STRING
+expect_in() {
+    grep -qF -- "$3" "$TMP/$1.$2" || { cat "$TMP/$1.out" "$TMP/$1.err" >&2; fail "$1: '$3' not in std$2"; }
+}
+expect_not_in() {
+    ! grep -qF -- "$3" "$TMP/$1.$2" || { cat "$TMP/$1.$2" >&2; fail "$1: '$3' unexpectedly in std$2"; }
+}
+# expect_count NAME out|err FIXED-STRING N: the string appears on exactly N lines.
+expect_count() {
+    n=$(grep -cF -- "$3" "$TMP/$1.$2" || true)
+    [ "$n" = "$4" ] || { cat "$TMP/$1.$2" >&2; fail "$1: '$3' on $n lines of std$2, expected $4"; }
+}
+
+# nml FILE <<EOF: writes a namelist into the scratch directory.
+nml() { cat >"$TMP/$1"; }

@@ -1,0 +1,219 @@
+/* Schema-level tests: defaults, every error message of tests/config/invalid, --set, printing
+ * and re-reading the effective configuration, and the reference document. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sdtrain/config.h"
+#include "tap.h"
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    long n;
+    char *buf;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Loads a namelist file the way sdtrain does, with the file's base name as the source. */
+static int load_named(const char *dir, const char *name, int n_set, char *const *sets,
+                      sd_run_config *rc, sd_err *err)
+{
+    char path[2048], cwd[2048];
+    int r;
+    snprintf(path, sizeof path, "%s", dir);
+    if (!getcwd(cwd, sizeof cwd) || chdir(path) != 0)
+        return sd_err_set(err, "cannot enter %s", dir);
+    r = sd_config_load(rc, name, n_set, sets, err);
+    if (chdir(cwd) != 0)
+        return sd_err_set(err, "cannot return to %s", cwd);
+    return r;
+}
+
+static void test_invalid_corpus(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char *names[256];
+    int n = 0;
+    if (!tap_ok(d != NULL, "open %s", dir))
+        return;
+    while ((e = readdir(d)) && n < 256) {
+        size_t l = strlen(e->d_name);
+        if (l > 4 && !strcmp(e->d_name + l - 4, ".nml"))
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_names);
+    tap_ok(n >= 25, "at least 25 schema error cases (%d)", n);
+    for (int i = 0; i < n; i++) {
+        char errpath[2048], *want, *nl;
+        sd_run_config rc;
+        sd_err err;
+        int r;
+        snprintf(errpath, sizeof errpath, "%s/%.*s.err", dir, (int)strlen(names[i]) - 4, names[i]);
+        want = slurp(errpath);
+        if (!want) {
+            tap_ok(0, "%s: missing expected message %s", names[i], errpath);
+            continue;
+        }
+        if ((nl = strchr(want, '\n')))
+            *nl = '\0';
+        sd_run_config_init(&rc);
+        sd_err_clear(&err);
+        r = load_named(dir, names[i], 0, NULL, &rc, &err);
+        if (!tap_ok(r != 0 && strcmp(err.msg, want) == 0, "error message of %s", names[i])) {
+            tap_diag("want: %s", want);
+            tap_diag("got:  %s", r ? err.msg : "(no error)");
+        }
+        sd_run_config_free(&rc);
+        free(want);
+        free(names[i]);
+    }
+}
+
+static void test_defaults(void)
+{
+    sd_run_config rc;
+    size_t n;
+    const sd_option *all = sd_config_options(&n);
+    int choices_ok = 1, help_ok = 1;
+    sd_run_config_init(&rc);
+    tap_ok(rc.cfg.train.learning_rate == 1e-4, "default learning_rate 1e-4");
+    tap_ok(rc.cfg.model.n_block_out_channels == 4 && rc.cfg.model.block_out_channels[3] == 1280,
+           "default block_out_channels 320,640,1280,1280");
+    tap_ok(!strcmp(rc.cfg.run.device, "auto"), "default device 'auto'");
+    tap_ok(rc.cfg.run.mode[0] == '\0', "mode has no default (required)");
+    tap_ok(rc.cfg.sample.n_prompts == 0, "no default prompts");
+    for (size_t i = 0; i < n; i++) {
+        help_ok &= all[i].help && strlen(all[i].help) > 10;
+        choices_ok &= all[i].type != SD_OPT_CHOICE || (all[i].choices && all[i].choices[0]);
+    }
+    tap_ok(help_ok, "every key has help text");
+    tap_ok(choices_ok, "every choice key lists its choices");
+    tap_ok(sd_config_find("TRAIN", "Learning_Rate") != NULL, "lookup is case-insensitive");
+    tap_ok(sd_config_find("train", "seed") == NULL, "lookup respects the group");
+    sd_run_config_free(&rc);
+}
+
+static void test_set(void)
+{
+    sd_run_config rc;
+    sd_err err;
+    sd_run_config_init(&rc);
+    tap_ok(sd_config_apply_set(&rc, "run.mode=train", 1, &err) == 0 && !strcmp(rc.cfg.run.mode, "train"),
+           "--set of a choice without quotes");
+    tap_ok(sd_config_apply_set(&rc, "run.output_dir=/tmp/it's here", 2, &err) == 0 &&
+               !strcmp(rc.cfg.run.output_dir, "/tmp/it's here"),
+           "--set of a string with a quote, no quoting needed");
+    tap_ok(sd_config_apply_set(&rc, "run.output_dir='quoted'", 3, &err) == 0 &&
+               !strcmp(rc.cfg.run.output_dir, "quoted"),
+           "--set of an already quoted string");
+    tap_ok(sd_config_apply_set(&rc, "train.learning_rate=3.0d-5", 4, &err) == 0 &&
+               rc.cfg.train.learning_rate == 3e-5,
+           "--set of a real in Fortran d-notation");
+    tap_ok(rc.origin[sd_config_find("train", "learning_rate") - sd_config_options(&(size_t){0})].kind ==
+               SD_ORIGIN_SET, "--set origin recorded");
+    tap_ok(sd_config_apply_set(&rc, "train.learning_rate=1e-3", 5, &err) == 0 &&
+               rc.cfg.train.learning_rate == 1e-3, "a later --set overrides an earlier one");
+    tap_ok(sd_config_apply_set(&rc, "model.block_out_channels(2)=96", 6, &err) == 0 &&
+               rc.cfg.model.block_out_channels[1] == 96 && rc.cfg.model.n_block_out_channels == 4,
+           "--set of one list element");
+    tap_ok(sd_config_apply_set(&rc, "sample.prompts='a', 'b'", 7, &err) == 0 && rc.cfg.sample.n_prompts == 2,
+           "--set of a string list");
+    tap_ok(sd_config_apply_set(&rc, "train.max_steps", 8, &err) != 0 &&
+               strstr(err.msg, "expected group.key=value") != NULL, "--set without '=' refused");
+    tap_ok(sd_config_apply_set(&rc, "max_steps=3", 9, &err) != 0 &&
+               strstr(err.msg, "expected group.key=value") != NULL, "--set without a group refused");
+    tap_ok(sd_config_apply_set(&rc, "train.max_steps=abc", 10, &err) != 0 &&
+               strncmp(err.msg, "command line: --set 'train.max_steps=abc': ", 43) == 0,
+           "--set of a bare word for an integer refused (%s)", err.msg);
+    tap_ok(sd_config_apply_set(&rc, "trian.max_steps=3", 11, &err) != 0 &&
+               strstr(err.msg, "--set 'trian.max_steps=3': unknown group '&trian' (did you mean '&train'?)"),
+           "--set with a misspelled group: %s", err.msg);
+    tap_ok(sd_config_apply_set(&rc, "run.mode=bogus", 12, &err) != 0 &&
+               strstr(err.msg, "invalid value 'bogus' for &run mode"), "--set of an invalid choice");
+    sd_run_config_free(&rc);
+}
+
+static void test_round_trip(void)
+{
+    sd_run_config a, b;
+    sd_err err;
+    char *ta, *tb;
+    sd_run_config_init(&a);
+    sd_run_config_init(&b);
+    sd_config_apply_set(&a, "run.mode=train", 1, &err);
+    sd_config_apply_set(&a, "sample.prompts='it''s \"fine\"', '! not a comment', 'x/y'", 2, &err);
+    sd_config_apply_set(&a, "train.learning_rate=0.1", 3, &err);
+    sd_config_apply_set(&a, "diffusion.beta_start=0.000850000000001", 4, &err);
+    sd_config_apply_set(&a, "data.exif_transpose=T", 5, &err);
+    sd_config_apply_set(&a, "run.seed=4294967295", 6, &err);
+    ta = sd_config_to_namelist(&a, true);
+    tap_ok(sd_config_from_text(&b, ta, strlen(ta), &err) == 0, "printed configuration re-parses (%s)",
+           err.msg);
+    tap_ok(memcmp(&a.cfg, &b.cfg, sizeof a.cfg) == 0, "re-parsed configuration is identical");
+    tb = sd_config_to_namelist(&b, false);
+    tap_ok(strstr(tb, "beta_start = 0.000850000000001") != NULL, "reals print shortest round-trip");
+    tap_ok(strstr(tb, "learning_rate = 0.1\n") != NULL, "0.1 prints as 0.1");
+    tap_ok(strstr(tb, "weight_decay = 0.01\n") != NULL, "defaults print");
+    tap_ok(strstr(tb, "grad_clip = 1.0\n") != NULL, "integral reals keep a decimal point");
+    tap_ok(strstr(ta, "! --set #3") != NULL && strstr(ta, "! default") != NULL, "annotations say where values came from");
+    free(ta);
+    free(tb);
+    sd_run_config_free(&a);
+    sd_run_config_free(&b);
+}
+
+static void test_reference_doc(void)
+{
+    char *md = sd_config_reference_markdown();
+    size_t n;
+    const sd_option *all = sd_config_options(&n);
+    int all_listed = 1;
+    for (size_t i = 0; i < n; i++) {
+        char row[128];
+        snprintf(row, sizeof row, "| `%s` |", all[i].key);
+        all_listed &= strstr(md, row) != NULL;
+    }
+    tap_ok(all_listed, "reference lists every key");
+    tap_ok(strstr(md, "## &train") != NULL && strstr(md, "## &checkpoint") != NULL, "reference has every group");
+    free(md);
+}
+
+int main(int argc, char **argv)
+{
+    const char *srcdir = getenv("srcdir");
+    char dir[2048];
+    if (argc > 1)
+        snprintf(dir, sizeof dir, "%s", argv[1]);
+    else
+        snprintf(dir, sizeof dir, "%s/tests/config/invalid", srcdir ? srcdir : ".");
+    test_defaults();
+    test_set();
+    test_round_trip();
+    test_reference_doc();
+    test_invalid_corpus(dir);
+    return tap_done();
+}

@@ -1,0 +1,65 @@
+/* SDTRAIN_FAULT specifications: accepted forms, refused forms, and lookup. */
+#include <string.h>
+
+#include "sdtrain/fault.h"
+#include "tap.h"
+
+static int parses(const char *spec)
+{
+    sd_fault f[SD_FAULT_MAX];
+    int n;
+    sd_err err;
+    return sd_fault_parse(spec, f, &n, &err) == 0;
+}
+
+static int refused_with(const char *spec, const char *needle)
+{
+    sd_fault f[SD_FAULT_MAX];
+    int n;
+    sd_err err;
+    if (sd_fault_parse(spec, f, &n, &err) == 0)
+        return 0;
+    if (!strstr(err.msg, needle)) {
+        tap_diag("'%s' -> %s", spec, err.msg);
+        return 0;
+    }
+    return 1;
+}
+
+int main(void)
+{
+    sd_fault f[SD_FAULT_MAX];
+    int n = 0;
+    sd_err err;
+
+    tap_ok(parses("kill:rank=2:step=7"), "kill at a step");
+    tap_ok(parses("kill:rank=0:phase=ckpt-commit"), "kill at a phase");
+    tap_ok(parses("nan:rank=1:step=5"), "nan at a step");
+    tap_ok(sd_fault_parse("kill:rank=2:step=7,nan:rank=1:step=5", f, &n, &err) == 0 && n == 2 &&
+               f[0].action == SD_FAULT_KILL && f[0].rank == 2 && f[0].step == 7 &&
+               f[1].action == SD_FAULT_NAN && f[1].rank == 1 && f[1].step == 5,
+           "two faults, fields parsed");
+    tap_ok(refused_with("explode:rank=1:step=2", "unknown action 'explode'"), "unknown action");
+    tap_ok(refused_with("kill:rank=x:step=2", "rank must be a non-negative integer"), "bad rank");
+    tap_ok(refused_with("kill:rank=-1:step=2", "rank must be"), "negative rank");
+    tap_ok(refused_with("kill:step=2", "needs rank=N"), "rank required");
+    tap_ok(refused_with("kill:rank=1", "needs step=N or phase=NAME"), "trigger required");
+    tap_ok(refused_with("kill:rank=1:phase=lunch", "unknown phase 'lunch'"), "unknown phase");
+    tap_ok(refused_with("nan:rank=1:phase=ckpt-write", "nan faults need step=N"), "nan needs a step");
+    tap_ok(refused_with("kill:rank=1:when=3", "unknown key 'when'"), "unknown key");
+    tap_ok(refused_with("kill:rank=1:step", "expected key=value"), "key without value");
+    tap_ok(refused_with("kill:rank=1:step=3,,", "empty fault"), "empty element");
+
+    setenv("SDTRAIN_FAULT", "kill:rank=2:step=7,kill:rank=0:phase=ckpt-commit", 1);
+    tap_ok(sd_fault_init_from_env(&err) == 0, "environment parsed");
+    tap_ok(sd_fault_armed(SD_FAULT_KILL, 2, 7, NULL), "armed at rank 2 step 7");
+    tap_ok(!sd_fault_armed(SD_FAULT_KILL, 2, 8, NULL), "not at step 8");
+    tap_ok(!sd_fault_armed(SD_FAULT_KILL, 1, 7, NULL), "not on rank 1");
+    tap_ok(!sd_fault_armed(SD_FAULT_NAN, 2, 7, NULL), "not another action");
+    tap_ok(sd_fault_armed(SD_FAULT_KILL, 0, 123, "ckpt-commit"), "armed at the phase, any step");
+    tap_ok(!sd_fault_armed(SD_FAULT_KILL, 0, 123, "ckpt-write"), "not at another phase");
+    unsetenv("SDTRAIN_FAULT");
+    tap_ok(sd_fault_init_from_env(&err) == 0 && !sd_fault_armed(SD_FAULT_KILL, 2, 7, NULL),
+           "unset variable disarms");
+    return tap_done();
+}
