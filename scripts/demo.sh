@@ -10,7 +10,7 @@ mkdir -p build/cpu
 [ -f build/cpu/Makefile ] || (cd build/cpu && ../../configure)
 make -C build/cpu -j"$(nproc)" >build/demo-build.log 2>&1 || { tail -n 40 build/demo-build.log; exit 1; }
 
-launch=(mpirun --oversubscribe -np 4)
+launch=(mpirun -q --oversubscribe -np 4)
 [ "$(id -u)" != 0 ] || launch+=(--allow-run-as-root)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 

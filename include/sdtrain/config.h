@@ -143,6 +143,8 @@ typedef struct sd_run_config {
     sd_config cfg;
     sd_origin *origin;    /* one per schema option, same order as sd_config_options() */
     char source[SD_PATH_MAX]; /* the namelist file */
+    int group_line[16];   /* where each group (sd_config_groups order) starts in the file; */
+    int group_col[16];    /* 0 when the file does not have it */
 } sd_run_config;
 
 const sd_option *sd_config_options(size_t *n);
@@ -158,10 +160,15 @@ void sd_run_config_free(sd_run_config *rc);
 int sd_config_apply(sd_run_config *rc, const nl_file *f, sd_err *err);
 /* Applies one "--set group.key=value" argument; `index` is its 1-based position. */
 int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *err);
-/* Cross-key checks that need the whole configuration (mode-dependent required keys...). */
-int sd_config_validate(const sd_run_config *rc, const nl_file *f, sd_err *err);
+/* Cross-key checks that need the whole configuration (channel counts, schedule, ...). */
+int sd_config_validate(const sd_run_config *rc, sd_err *err);
 
-/* Reads `path`, applies it and the overrides, validates. */
+/* The inputs the mode needs to run (&data input for 'process' and 'pipeline', &data shard_dir
+ * for all but 'sample', &sample prompts for 'sample'). sdtrain refuses to start a job without
+ * them; `sdtrain --check` reports them as a note, so a layout can be checked without data. */
+int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err);
+
+/* Reads `path`, applies it and the overrides, validates (not the mode inputs). */
 int sd_config_load(sd_run_config *rc, const char *path, int n_set, char *const *sets, sd_err *err);
 
 /* The configuration as namelist text (every key, schema order). With `annotate`, each line

@@ -98,6 +98,21 @@ static int finish(sd_runtime *rt, int code)
     return code;
 }
 
+/* The inputs the mode needs: an error for a job, a note for --check (which may check a
+ * layout before the data exists). Returns 0 or SD_EXIT_USAGE; rank 0 only. */
+static int check_mode_inputs(const cli *c, const sd_run_config *rc)
+{
+    sd_err err;
+    if (sd_config_check_mode_inputs(rc, &err) == 0)
+        return 0;
+    if (!c->check) {
+        fprintf(stderr, "%s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    printf("note: the job itself will refuse to start: %s\n", err.msg);
+    return 0;
+}
+
 /* Rank 0 loads and validates; everybody gets the result. Returns 0 or the exit code. */
 static int load_config(const cli *c, int rank, sd_run_config *rc)
 {
@@ -113,7 +128,7 @@ static int load_config(const cli *c, int rank, sd_run_config *rc)
         if (sd_config_load(rc, c->input, c->n_set, c->sets, &err) != 0) {
             fprintf(stderr, "%s\n", err.msg);
             status = SD_EXIT_USAGE;
-        } else {
+        } else if ((status = check_mode_inputs(c, rc)) == 0) {
             text = sd_config_to_namelist(rc, false);
             len = (long long)strlen(text);
         }
@@ -280,6 +295,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: %s\n", rc.source, err.msg);
             code = SD_EXIT_USAGE;
         } else {
+            check_mode_inputs(&c, &rc);
             char *text = sd_config_to_namelist(&rc, true);
             printf("%s: configuration is valid\n%s", c.input, text);
             print_layout_for(&rc, &layout);

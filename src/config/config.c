@@ -434,6 +434,12 @@ static int apply_file(sd_run_config *rc, const nl_file *f, sd_origin tmpl, int c
                             g->name, s ? " (did you mean '&" : "", s ? s : "", s ? "'?)" : "", list);
             break;
         }
+        if (tmpl.kind == SD_ORIGIN_FILE)
+            for (size_t k = 0; k < ng; k++)
+                if (strcmp(gs[k], g->name) == 0) {
+                    rc->group_line[k] = g->line;
+                    rc->group_col[k] = g->col;
+                }
         for (size_t gj = 0; gj < gi; gj++)
             if (strcmp(f->groups[gj].name, g->name) == 0) {
                 rc_ = sd_err_at(err, f->source, g->line, g->col,
@@ -591,17 +597,19 @@ int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *e
 
 /* ---- cross-key validation --------------------------------------------------------------- */
 
-static int validate_error(const sd_run_config *rc, const nl_file *f, const char *group, const char *key,
-                          sd_err *err, const char *fmt, ...)
+static int validate_error(const sd_run_config *rc, const char *group, const char *key, sd_err *err,
+                          const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 6, 7)))
+    __attribute__((format(printf, 5, 6)))
 #endif
     ;
 
 /* Reports at the key's position when the user set it, else at its group, else at the file. */
-static int validate_error(const sd_run_config *rc, const nl_file *f, const char *group, const char *key,
-                          sd_err *err, const char *fmt, ...)
+static int validate_error(const sd_run_config *rc, const char *group, const char *key, sd_err *err,
+                          const char *fmt, ...)
 {
+    size_t ng;
+    const char *const *gs = sd_config_groups(&ng);
     char msg[900];
     va_list ap;
     const sd_option *o = sd_config_find(group, key);
@@ -613,72 +621,78 @@ static int validate_error(const sd_run_config *rc, const nl_file *f, const char 
         return sd_err_set(err, "command line: --set #%d: %s", org->set_index, msg);
     if (org && org->kind == SD_ORIGIN_FILE)
         return sd_err_at(err, rc->source, org->line, org->col, "%s", msg);
-    if (f)
-        for (size_t i = 0; i < f->n_groups; i++)
-            if (strcmp(f->groups[i].name, group) == 0)
-                return sd_err_at(err, rc->source, f->groups[i].line, f->groups[i].col, "%s", msg);
+    for (size_t i = 0; i < ng; i++)
+        if (strcmp(gs[i], group) == 0 && rc->group_line[i])
+            return sd_err_at(err, rc->source, rc->group_line[i], rc->group_col[i], "%s", msg);
     return sd_err_at(err, rc->source, 1, 1, "%s", msg);
 }
 
-static int divisible_list(const sd_run_config *rc, const nl_file *f, const char *key,
+static int divisible_list(const sd_run_config *rc, const char *key,
                           const int64_t *v, int n, int64_t by, const char *by_name, sd_err *err)
 {
     for (int i = 0; i < n; i++)
         if (v[i] % by != 0)
-            return validate_error(rc, f, "model", key, err,
+            return validate_error(rc, "model", key, err,
                                   "&model %s(%d) = %lld is not a multiple of %s = %lld", key, i + 1,
                                   (long long)v[i], by_name, (long long)by);
     return 0;
 }
 
-int sd_config_validate(const sd_run_config *rc, const nl_file *f, sd_err *err)
+int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err)
 {
     const sd_config *c = &rc->cfg;
     const char *mode = c->run.mode;
     int needs_input = !strcmp(mode, "process") || !strcmp(mode, "pipeline");
     int needs_shards = strcmp(mode, "sample") != 0;
-
-    if (!mode[0])
-        return validate_error(rc, f, "run", "mode", err,
-                              "missing required key 'mode' in &run (one of 'process', 'train', "
-                              "'pipeline', 'sample')");
     if (needs_input && !c->data.input[0])
-        return validate_error(rc, f, "data", "input", err,
+        return validate_error(rc, "data", "input", err,
                               "missing required key 'input' in &data (needed when mode = '%s')", mode);
     if (needs_shards && !c->data.shard_dir[0])
-        return validate_error(rc, f, "data", "shard_dir", err,
+        return validate_error(rc, "data", "shard_dir", err,
                               "missing required key 'shard_dir' in &data (needed when mode = '%s')", mode);
     if (!strcmp(mode, "sample") && c->sample.n_prompts == 0)
-        return validate_error(rc, f, "sample", "prompts", err,
+        return validate_error(rc, "sample", "prompts", err,
                               "missing required key 'prompts' in &sample (needed when mode = 'sample')");
+    return 0;
+}
+
+int sd_config_validate(const sd_run_config *rc, sd_err *err)
+{
+    const sd_config *c = &rc->cfg;
+    const char *mode = c->run.mode;
+
+    if (!mode[0])
+        return validate_error(rc, "run", "mode", err,
+                              "missing required key 'mode' in &run (one of 'process', 'train', "
+                              "'pipeline', 'sample')");
     if (!strcmp(mode, "pipeline") && c->run.n_process_ranks < 1)
-        return validate_error(rc, f, "run", "n_process_ranks", err,
+        return validate_error(rc, "run", "n_process_ranks", err,
                               "mode = 'pipeline' needs n_process_ranks >= 1 (ranks that preprocess "
                               "while the others train)");
     if (c->model.resolution % 8 != 0)
-        return validate_error(rc, f, "model", "resolution", err,
+        return validate_error(rc, "model", "resolution", err,
                               "&model resolution = %lld is not a multiple of 8 (the VAE downsamples by 8)",
                               (long long)c->model.resolution);
     if (c->model.n_attention_head_dim != 1 &&
         c->model.n_attention_head_dim != c->model.n_block_out_channels)
-        return validate_error(rc, f, "model", "attention_head_dim", err,
+        return validate_error(rc, "model", "attention_head_dim", err,
                               "&model attention_head_dim has %d values: give one, or one per entry of "
                               "block_out_channels (%d)", c->model.n_attention_head_dim,
                               c->model.n_block_out_channels);
-    if (divisible_list(rc, f, "block_out_channels", c->model.block_out_channels,
+    if (divisible_list(rc, "block_out_channels", c->model.block_out_channels,
                        c->model.n_block_out_channels, c->model.norm_num_groups, "norm_num_groups", err) ||
-        divisible_list(rc, f, "vae_block_out_channels", c->model.vae_block_out_channels,
+        divisible_list(rc, "vae_block_out_channels", c->model.vae_block_out_channels,
                        c->model.n_vae_block_out_channels, c->model.norm_num_groups, "norm_num_groups", err))
         return -1;
     if (c->model.text_hidden_size % c->model.text_heads != 0)
-        return validate_error(rc, f, "model", "text_heads", err,
+        return validate_error(rc, "model", "text_heads", err,
                               "&model text_hidden_size = %lld is not divisible by text_heads = %lld",
                               (long long)c->model.text_hidden_size, (long long)c->model.text_heads);
     if (c->diffusion.beta_end <= c->diffusion.beta_start)
-        return validate_error(rc, f, "diffusion", "beta_end", err,
+        return validate_error(rc, "diffusion", "beta_end", err,
                               "&diffusion beta_end must be larger than beta_start");
     if (!strcmp(c->model.unet_init, "pretrained") && !c->model.pretrained[0])
-        return validate_error(rc, f, "model", "unet_init", err,
+        return validate_error(rc, "model", "unet_init", err,
                               "&model unet_init = 'pretrained' needs &model pretrained (a diffusers snapshot)");
     return 0;
 }
@@ -694,7 +708,7 @@ int sd_config_load(sd_run_config *rc, const char *path, int n_set, char *const *
     for (int i = 0; r == 0 && i < n_set; i++)
         r = sd_config_apply_set(rc, sets[i], i + 1, err);
     if (r == 0)
-        r = sd_config_validate(rc, &f, err);
+        r = sd_config_validate(rc, err);
     nl_free(&f);
     return r;
 }

@@ -57,8 +57,7 @@ static void out_of_memory(size_t bytes, const char *file, int line, const char *
 {
     char detail[128];
     snprintf(detail, sizeof detail, "cannot allocate %zu bytes", bytes);
-    sd_fatal_report(file, line, func, "out of memory", detail,
-                    "reduce batch_size_per_rank or use more ranks per node");
+    sd_fatal_report(file, line, func, "out of memory", detail, NULL);
 }
 
 void *sd_xmalloc_at(size_t bytes, const char *file, int line, const char *func)

@@ -44,6 +44,20 @@ expect_rc few 2
 expect_count few err "needs at least 3 ranks" 1
 expect_not_in few err "MPI_ABORT"
 
+# --check needs no data to show a layout: a namelist with only &run works, and the inputs the
+# job will need are listed as a note; the job itself refuses to start without them.
+printf "&run mode='pipeline', n_process_ranks=2 /\n" | nml minimal.nml
+mpi minimal 5 "$SDTRAIN" --check "$TMP/minimal.nml"
+expect_rc minimal 0
+expect_in minimal out "preprocessing communicator 2 ranks; training communicator 3 ranks"
+expect_count minimal out "missing required key 'input' in &data (needed when mode = 'pipeline')" 1
+mpi minproc 5 "$SDTRAIN" --check "$TMP/minimal.nml" --set run.mode=process
+expect_rc minproc 0
+expect_in minproc out "preprocessing communicator 5 ranks; training communicator 0 ranks"
+mpi minrun 3 "$SDTRAIN" "$TMP/minimal.nml"
+expect_rc minrun 2
+expect_count minrun err "minimal.nml:1:1: missing required key 'input' in &data (needed when mode = 'pipeline')" 1
+
 # node-local ranks: all ranks of this test share one node
 mpi node 4 "$SDTRAIN" --check "$TMP/train.nml"
 expect_rc node 0

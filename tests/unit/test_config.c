@@ -46,6 +46,8 @@ static int load_named(const char *dir, const char *name, int n_set, char *const 
     if (!getcwd(cwd, sizeof cwd) || chdir(path) != 0)
         return sd_err_set(err, "cannot enter %s", dir);
     r = sd_config_load(rc, name, n_set, sets, err);
+    if (r == 0) /* as sdtrain does before it starts a job */
+        r = sd_config_check_mode_inputs(rc, err);
     if (chdir(cwd) != 0)
         return sd_err_set(err, "cannot return to %s", cwd);
     return r;

@@ -7,6 +7,7 @@
 #include <cudnn.h>
 #include <nccl.h>
 
+#include "sdtrain/cuda_check.h"
 #include "sdtrain/device.h"
 
 extern "C" int sd_cuda_device_count(int *count, char *msg, size_t cap)
@@ -47,9 +48,9 @@ extern "C" int sd_cuda_set_device(int device, char *msg, size_t cap)
 extern "C" void sd_cuda_runtime_versions(char *buf, size_t cap)
 {
     int rt = 0, drv = 0, nccl = 0;
-    cudaRuntimeGetVersion(&rt);
-    cudaDriverGetVersion(&drv);
-    ncclGetVersion(&nccl);
+    SD_CUDA_CHECK(cudaRuntimeGetVersion(&rt));
+    SD_CUDA_CHECK(cudaDriverGetVersion(&drv));
+    SD_NCCL_CHECK(ncclGetVersion(&nccl));
     snprintf(buf, cap, "cudart %d.%d, driver %d.%d, cuBLASLt %zu, cuDNN %zu, NCCL %d", rt / 1000,
              (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10, cublasLtGetVersion(),
              cudnnGetVersion(), nccl);
