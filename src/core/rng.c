@@ -61,8 +61,10 @@ int sd_rng_fill_normal(uint64_t seed, uint32_t purpose, uint64_t step, uint64_t 
     return sd_rng_fill_normal_at(seed, purpose, step, sample, 0, out, n);
 }
 
-int sd_rng_fill_u32_at(uint64_t seed, uint32_t purpose, uint64_t step, uint64_t sample,
-                       uint64_t offset, uint32_t *out, size_t n)
+/* Words [offset, offset+n) of a stream, block by block, as raw words or as uniform floats
+ * (exactly one of `words`, `uniforms` is not NULL). */
+static int fill_words(uint64_t seed, uint32_t purpose, uint64_t step, uint64_t sample,
+                      uint64_t offset, uint32_t *words, float *uniforms, size_t n)
 {
     size_t done = 0;
     if (!range_ok(purpose, step, sample, offset, n))
@@ -73,29 +75,27 @@ int sd_rng_fill_u32_at(uint64_t seed, uint32_t purpose, uint64_t step, uint64_t 
         size_t take = n - done < 4u - lane ? n - done : 4u - lane;
         uint32_t w[4];
         sd_rng_block(seed, purpose, step, sample, (uint32_t)(element >> 2), w);
-        memcpy(out + done, w + lane, take * sizeof *w);
+        for (size_t i = 0; i < take; i++) {
+            if (words)
+                words[done + i] = w[lane + i];
+            else
+                uniforms[done + i] = sd_u32_to_unit_float_co(w[lane + i]);
+        }
         done += take;
     }
     return 0;
 }
 
+int sd_rng_fill_u32_at(uint64_t seed, uint32_t purpose, uint64_t step, uint64_t sample,
+                       uint64_t offset, uint32_t *out, size_t n)
+{
+    return fill_words(seed, purpose, step, sample, offset, out, NULL, n);
+}
+
 int sd_rng_fill_uniform_at(uint64_t seed, uint32_t purpose, uint64_t step, uint64_t sample,
                            uint64_t offset, float *out, size_t n)
 {
-    size_t done = 0;
-    if (!range_ok(purpose, step, sample, offset, n))
-        return -1;
-    while (done < n) {
-        uint64_t element = offset + done;
-        unsigned lane = (unsigned)(element & 3u);
-        size_t take = n - done < 4u - lane ? n - done : 4u - lane;
-        uint32_t w[4];
-        sd_rng_block(seed, purpose, step, sample, (uint32_t)(element >> 2), w);
-        for (size_t i = 0; i < take; i++)
-            out[done + i] = sd_u32_to_unit_float_co(w[lane + i]);
-        done += take;
-    }
-    return 0;
+    return fill_words(seed, purpose, step, sample, offset, NULL, out, n);
 }
 
 int sd_rng_fill_uniform(uint64_t seed, uint32_t purpose, uint64_t step, uint64_t sample,
