@@ -688,6 +688,12 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
         return validate_error(rc, "model", "text_heads", err,
                               "&model text_hidden_size = %lld is not divisible by text_heads = %lld",
                               (long long)c->model.text_hidden_size, (long long)c->model.text_heads);
+    if (!c->model.pretrained[0] && c->model.cross_attention_dim != c->model.text_hidden_size)
+        return validate_error(rc, "model", "cross_attention_dim", err,
+                              "&model cross_attention_dim = %lld must equal text_hidden_size = %lld "
+                              "(the U-Net attends to the text encoder's output)",
+                              (long long)c->model.cross_attention_dim,
+                              (long long)c->model.text_hidden_size);
     if (c->diffusion.beta_end <= c->diffusion.beta_start)
         return validate_error(rc, "diffusion", "beta_end", err,
                               "&diffusion beta_end must be larger than beta_start");
