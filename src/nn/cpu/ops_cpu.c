@@ -1,0 +1,742 @@
+/* The CPU backend of the op interface: fp32, OpenMP over independent outputs, CBLAS for GEMMs. */
+#include "sdtrain/ops.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "sdtrain/check.h"
+
+/*
+ * Threading and determinism. OpenBLAS's own threading is not thread-count independent (its
+ * multi-threaded sgemm rounds differently from its single-threaded one, and differently again
+ * for 2 and 3 threads), so BLAS runs single-threaded here and the parallelism is ours:
+ *   - a GEMM is cut into tiles whose sizes depend on the matrix shape only; each tile is one
+ *     single-threaded cblas_sgemm over the whole inner dimension, and OpenMP spreads the tiles;
+ *   - attention runs one (sample, head, query block) per OpenMP task, each with its own slice
+ *     of scratch, and single-threaded GEMMs inside;
+ *   - every other loop writes disjoint outputs, with each sum done inside one iteration in a
+ *     fixed order. Statistics (norm mean/variance, softmax denominators) accumulate in double.
+ * So a result depends on the shape and the data, never on the OpenMP thread count. With
+ * OpenBLAS the backend sets its thread count to 1 before each BLAS-using op (another CBLAS
+ * must be single-threaded or detect OpenMP regions itself: MKL does, BLIS is by default).
+ */
+
+#define CPU_SQRT1_2 0.70710678118654752440f
+
+/* im2col tiles: at most this many bytes of columns, and between these many output pixels. */
+#define CPU_CONV_TILE_BYTES ((int64_t)32 << 20)
+#define CPU_CONV_TILE_MIN_ROWS 256
+#define CPU_CONV_TILE_MAX_ROWS 4096
+
+/* GEMM tiles: about this many rows and columns, rounded so the tiles of a matrix are even. */
+#define CPU_GEMM_TILE 256
+#define CPU_GEMM_TILE_ROUND 16
+
+/* Attention: query rows per task, so a task's score block is CPU_ATTN_Q_BLOCK x t_kv floats. */
+#define CPU_ATTN_Q_BLOCK 256
+
+static int blas_int(int64_t v, const char *what)
+{
+    SD_CHECK(v >= 0 && v <= INT_MAX, "%s = %lld exceeds the BLAS integer range", what,
+             (long long)v);
+    return (int)v;
+}
+
+static int cpu_max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static void blas_single_threaded(void)
+{
+#ifdef OPENBLAS_VERSION
+    if (openblas_get_num_threads() != 1)
+        openblas_set_num_threads(1);
+#endif
+}
+
+/* Tile edge for a dimension of size n: ceil(n / ceil(n / T)) rounded up to a multiple of R,
+ * so a 320-wide matrix is two tiles of 160 rather than 256 + 64. */
+static int gemm_tile(int n)
+{
+    int tiles = (n + CPU_GEMM_TILE - 1) / CPU_GEMM_TILE;
+    int t = (n + tiles - 1) / tiles;
+    t = (t + CPU_GEMM_TILE_ROUND - 1) / CPU_GEMM_TILE_ROUND * CPU_GEMM_TILE_ROUND;
+    return t < n ? t : n;
+}
+
+/* C[m, n] = alpha A[m, k] op(B) + beta C (row-major, leading dimensions lda, ldb, ldc), op(B)
+ * = B^T for B [n, k] when trans_b, else B [k, n]. Tiles of C in parallel, see the top. */
+static void cpu_gemm(int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc)
+{
+    const int tm = gemm_tile(m), tn = gemm_tile(n);
+    const int mt = (m + tm - 1) / tm, nt = (n + tn - 1) / tn;
+    const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+#pragma omp parallel for schedule(static) if (mt * nt > 1)
+    for (int t = 0; t < mt * nt; t++) {
+        int i0 = (t / nt) * tm, j0 = (t % nt) * tn;
+        int mm = m - i0 < tm ? m - i0 : tm, nn = n - j0 < tn ? n - j0 : tn;
+        const float *bt = trans_b ? b + (int64_t)j0 * ldb : b + j0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, mm, nn, k, alpha, a + (int64_t)i0 * lda, lda,
+                    bt, ldb, beta, c + (int64_t)i0 * ldc + j0, ldc);
+    }
+}
+
+static inline float silu_f(float v)
+{
+    return v / (1.0f + expf(-v));
+}
+
+static inline float gelu_f(float v)
+{
+    return v * 0.5f * (1.0f + erff(v * CPU_SQRT1_2));
+}
+
+/* y[r, :] += b for every row (bias after the GEMM: y = (sum) + b, one rounding). */
+static void add_row_bias(int64_t rows, int c, const float *b, float *y)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *yr = y + r * c;
+        for (int j = 0; j < c; j++)
+            yr[j] += b[j];
+    }
+}
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+static void cpu_synchronize(const sd_backend *be)
+{
+    (void)be;
+}
+
+static void cpu_zero(const sd_backend *be, void *dst, size_t bytes)
+{
+    if (bytes)
+        memset(dst, 0, bytes);
+}
+
+static void cpu_copy(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
+
+static void cpu_upload_f32(const sd_backend *be, void *dst, const float *src, int64_t n)
+{
+    if (n)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+static void cpu_download_f32(const sd_backend *be, float *dst, const void *src, int64_t n)
+{
+    if (n)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+/* ---- conv2d ------------------------------------------------------------------------------- */
+
+static int conv_is_pointwise(const sd_conv2d_desc *d)
+{
+    return d->kh == 1 && d->kw == 1 && d->stride == 1 && d->pad_top == 0 && d->pad_bottom == 0 &&
+           d->pad_left == 0 && d->pad_right == 0;
+}
+
+static int64_t conv_tile_rows(const sd_conv2d_desc *d)
+{
+    int64_t k = (int64_t)d->kh * d->kw * d->c_in;
+    int64_t pixels = (int64_t)d->n * d->h_out * d->w_out;
+    int64_t rows = CPU_CONV_TILE_BYTES / (k * (int64_t)sizeof(float));
+    if (rows < CPU_CONV_TILE_MIN_ROWS)
+        rows = CPU_CONV_TILE_MIN_ROWS;
+    if (rows > CPU_CONV_TILE_MAX_ROWS)
+        rows = CPU_CONV_TILE_MAX_ROWS;
+    return rows < pixels ? rows : pixels;
+}
+
+static size_t cpu_conv2d_forward_scratch(const sd_backend *be, const sd_conv2d_desc *d)
+{
+    if (conv_is_pointwise(d))
+        return 0;
+    return (size_t)conv_tile_rows(d) * (size_t)d->kh * d->kw * d->c_in * sizeof(float);
+}
+
+/* Rows [p0, p0 + m) of the im2col matrix: row p holds, for output pixel p, the kh*kw input
+ * pixels it sees (c_in contiguous channels each, zeros for padding) in (u, v) order, which is
+ * the order of a weight row [kh, kw, c_in]. */
+static void conv_im2col(const sd_conv2d_desc *d, const float *x, int64_t p0, int64_t m,
+                        float *col)
+{
+    const int64_t k = (int64_t)d->kh * d->kw * d->c_in;
+    const int64_t plane = (int64_t)d->h_out * d->w_out;
+    const size_t cin_bytes = (size_t)d->c_in * sizeof(float);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < m; r++) {
+        int64_t p = p0 + r;
+        int64_t b = p / plane;
+        int oy = (int)((p % plane) / d->w_out);
+        int ox = (int)((p % plane) % d->w_out);
+        float *row = col + r * k;
+        for (int u = 0; u < d->kh; u++) {
+            int iy = oy * d->stride - d->pad_top + u;
+            for (int v = 0; v < d->kw; v++) {
+                int ix = ox * d->stride - d->pad_left + v;
+                float *dst = row + ((int64_t)u * d->kw + v) * d->c_in;
+                if (iy < 0 || iy >= d->h || ix < 0 || ix >= d->w)
+                    memset(dst, 0, cin_bytes);
+                else
+                    memcpy(dst, x + ((b * d->h + iy) * d->w + ix) * d->c_in, cin_bytes);
+            }
+        }
+    }
+}
+
+static void cpu_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *xv,
+                               const void *wv, const void *bv, void *yv, sd_scratch ws)
+{
+    const float *x = xv, *w = wv, *b = bv;
+    float *y = yv;
+    const int64_t pixels = (int64_t)d->n * d->h_out * d->w_out;
+    const int k = blas_int((int64_t)d->kh * d->kw * d->c_in, "conv2d kh*kw*c_in");
+
+    blas_single_threaded();
+    if (conv_is_pointwise(d)) {
+        /* A 1x1 stride-1 convolution in NHWC is a GEMM on the input as it lies. */
+        cpu_gemm(1, blas_int(pixels, "conv2d pixels"), d->c_out, k, 1.0f, x, k, w, k, 0.0f, y,
+                 d->c_out);
+    } else {
+        const int64_t tile = conv_tile_rows(d);
+        float *col = ws.ptr;
+        for (int64_t p0 = 0; p0 < pixels; p0 += tile) {
+            int64_t m = pixels - p0 < tile ? pixels - p0 : tile;
+            conv_im2col(d, x, p0, m, col);
+            cpu_gemm(1, (int)m, d->c_out, k, 1.0f, col, k, w, k, 0.0f, y + p0 * d->c_out,
+                     d->c_out);
+        }
+    }
+    if (b)
+        add_row_bias(pixels, d->c_out, b, y);
+}
+
+/* ---- linear ------------------------------------------------------------------------------- */
+
+static void cpu_linear_forward(const sd_backend *be, int64_t rows, int in, int out,
+                               const void *xv, const void *wv, const void *bv, void *yv)
+{
+    const float *x = xv, *w = wv, *b = bv;
+    float *y = yv;
+    blas_single_threaded();
+    cpu_gemm(1, blas_int(rows, "linear rows"), out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+    if (b)
+        add_row_bias(rows, out, b, y);
+}
+
+/* ---- normalization ------------------------------------------------------------------------ */
+
+static size_t cpu_group_norm_forward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
+{
+    /* room for the statistics when the caller does not keep them */
+    return 2 * (size_t)d->n * d->groups * sizeof(float);
+}
+
+static void cpu_group_norm_forward(const sd_backend *be, const sd_group_norm_desc *d,
+                                   const void *xv, const void *gv, const void *bv, void *yv,
+                                   float *mean, float *rstd, sd_scratch ws)
+{
+    const float *x = xv, *gamma = gv, *beta = bv;
+    float *y = yv;
+    const int groups = d->groups, c = d->c, cpg = d->c / d->groups;
+    const int64_t hw = d->hw;
+    const double count = (double)hw * cpg;
+    float *mu = mean ? mean : (float *)ws.ptr;
+    float *rs = rstd ? rstd : (float *)ws.ptr + (size_t)d->n * groups;
+
+    /* One (sample, group) per iteration, two passes (mean, then squared deviations) in double:
+     * exact enough that the order of the sum hardly matters, and that order is fixed anyway. */
+#pragma omp parallel for schedule(static)
+    for (int task = 0; task < d->n * groups; task++) {
+        int b = task / groups, g = task % groups;
+        const float *xg = x + (int64_t)b * hw * c + (int64_t)g * cpg;
+        double s = 0.0;
+        for (int64_t p = 0; p < hw; p++)
+            for (int j = 0; j < cpg; j++)
+                s += xg[p * c + j];
+        double m = s / count;
+        double v = 0.0;
+        for (int64_t p = 0; p < hw; p++)
+            for (int j = 0; j < cpg; j++) {
+                double e = xg[p * c + j] - m;
+                v += e * e;
+            }
+        mu[task] = (float)m;
+        rs[task] = (float)(1.0 / sqrt(v / count + (double)d->eps));
+    }
+
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)d->n * hw; r++) {
+        int b = (int)(r / hw);
+        const float *xr = x + r * c;
+        float *yr = y + r * c;
+        for (int g = 0; g < groups; g++) {
+            float m = mu[b * groups + g], s = rs[b * groups + g];
+            for (int j = g * cpg; j < (g + 1) * cpg; j++) {
+                float v = (xr[j] - m) * s;
+                if (gamma)
+                    v = v * gamma[j];
+                if (beta)
+                    v = v + beta[j];
+                yr[j] = d->silu ? silu_f(v) : v;
+            }
+        }
+    }
+}
+
+static void cpu_layer_norm_forward(const sd_backend *be, int64_t rows, int c, float eps,
+                                   const void *xv, const void *gv, const void *bv, void *yv,
+                                   float *mean, float *rstd)
+{
+    const float *x = xv, *gamma = gv, *beta = bv;
+    float *y = yv;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * c;
+        float *yr = y + r * c;
+        double s = 0.0;
+        for (int j = 0; j < c; j++)
+            s += xr[j];
+        double md = s / c;
+        double v = 0.0;
+        for (int j = 0; j < c; j++) {
+            double e = xr[j] - md;
+            v += e * e;
+        }
+        float m = (float)md, rs = (float)(1.0 / sqrt(v / c + (double)eps));
+        if (mean)
+            mean[r] = m;
+        if (rstd)
+            rstd[r] = rs;
+        for (int j = 0; j < c; j++) {
+            float o = (xr[j] - m) * rs;
+            if (gamma)
+                o = o * gamma[j];
+            if (beta)
+                o = o + beta[j];
+            yr[j] = o;
+        }
+    }
+}
+
+/* ---- activations -------------------------------------------------------------------------- */
+
+static void cpu_silu_forward(const sd_backend *be, int64_t n, const void *xv, void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = silu_f(x[i]);
+}
+
+static void cpu_gelu_forward(const sd_backend *be, int64_t n, const void *xv, void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = gelu_f(x[i]);
+}
+
+/* transformers' QuickGELUActivation: input * sigmoid(1.702 * input), the sigmoid evaluated
+ * as 1 / (1 + exp(-z)) like PyTorch's CPU kernel. */
+static void cpu_quick_gelu_forward(const sd_backend *be, int64_t n, const void *xv, void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * (1.0f / (1.0f + expf(-(1.702f * x[i]))));
+}
+
+static void cpu_geglu_forward(const sd_backend *be, int64_t rows, int inner, const void *xv,
+                              void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *value = x + r * 2 * inner, *gate = value + inner;
+        float *yr = y + r * inner;
+        for (int j = 0; j < inner; j++)
+            yr[j] = value[j] * gelu_f(gate[j]);
+    }
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+static int attn_q_block(const sd_attention_desc *d)
+{
+    return d->t_q < CPU_ATTN_Q_BLOCK ? d->t_q : CPU_ATTN_Q_BLOCK;
+}
+
+static size_t attn_slot_bytes(const sd_attention_desc *d)
+{
+    return (size_t)attn_q_block(d) * (size_t)d->t_kv * sizeof(float);
+}
+
+static int64_t attn_tasks(const sd_attention_desc *d)
+{
+    int qb = attn_q_block(d);
+    return (int64_t)d->batch * d->heads * ((d->t_q + qb - 1) / qb);
+}
+
+/* One score block per thread that can work at once; a smaller scratch means fewer threads,
+ * never a different result. */
+static size_t cpu_attention_forward_scratch(const sd_backend *be, const sd_attention_desc *d)
+{
+    int64_t slots = cpu_max_threads();
+    if (slots > attn_tasks(d))
+        slots = attn_tasks(d);
+    return (size_t)slots * attn_slot_bytes(d);
+}
+
+/* Task (b, h, query block): S = scale Q K^T, a softmax per row, O = P V. A causal block only
+ * looks at the keys its last row can see. */
+static void attention_block(const sd_attention_desc *d, const float *q, const float *k,
+                            const float *v, float *o, float *lse, int64_t task, float *s)
+{
+    const int dh = d->head_dim, qb = attn_q_block(d), nqb = (d->t_q + qb - 1) / qb;
+    const int b = (int)(task / ((int64_t)d->heads * nqb));
+    const int h = (int)(task / nqb % d->heads);
+    const int q0 = (int)(task % nqb) * qb;
+    const int m = d->t_q - q0 < qb ? d->t_q - q0 : qb;
+    const int nk = d->causal ? q0 + m : d->t_kv;
+    const float *qp = q + ((int64_t)b * d->t_q + q0) * d->ld_q + (int64_t)h * dh;
+    const float *kp = k + (int64_t)b * d->t_kv * d->ld_k + (int64_t)h * dh;
+    const float *vp = v + (int64_t)b * d->t_kv * d->ld_v + (int64_t)h * dh;
+    float *op = o + ((int64_t)b * d->t_q + q0) * d->ld_o + (int64_t)h * dh;
+    float *lp = lse ? lse + ((int64_t)b * d->heads + h) * d->t_q + q0 : NULL;
+
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, dh, d->scale, qp, d->ld_q, kp,
+                d->ld_k, 0.0f, s, nk);
+    for (int i = 0; i < m; i++) {
+        float *row = s + (int64_t)i * nk;
+        const int visible = d->causal ? q0 + i + 1 : nk;
+        float mx = row[0];
+        for (int j = 1; j < visible; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        double sum = 0.0;
+        for (int j = 0; j < visible; j++) {
+            float e = expf(row[j] - mx);
+            row[j] = e;
+            sum += e;
+        }
+        const float denom = (float)sum;
+        for (int j = 0; j < visible; j++)
+            row[j] = row[j] / denom;
+        for (int j = visible; j < nk; j++)
+            row[j] = 0.0f; /* masked: exactly zero probability */
+        if (lp)
+            lp[i] = (float)((double)mx + log(sum));
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, dh, nk, 1.0f, s, nk, vp, d->ld_v,
+                0.0f, op, d->ld_o);
+}
+
+static void cpu_attention_forward(const sd_backend *be, const sd_attention_desc *d,
+                                  const void *q, const void *k, const void *v, void *o,
+                                  float *lse, sd_scratch ws)
+{
+    const int64_t tasks = attn_tasks(d);
+    const size_t slot = attn_slot_bytes(d);
+    int64_t slots = (int64_t)(ws.bytes / slot);
+    if (slots > cpu_max_threads())
+        slots = cpu_max_threads();
+    if (slots > tasks)
+        slots = tasks;
+    SD_CHECK(slots >= 1, "attention scratch of %zu bytes holds no score block of %zu", ws.bytes,
+             slot);
+    blas_single_threaded();
+#pragma omp parallel num_threads((int)slots)
+    {
+        int tid = 0, nth = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+        nth = omp_get_num_threads();
+#endif
+        float *s = (float *)((char *)ws.ptr + (size_t)tid * slot);
+        for (int64_t task = tid; task < tasks; task += nth)
+            attention_block(d, q, k, v, o, lse, task, s);
+    }
+}
+
+/* ---- resampling and data movement ---------------------------------------------------------- */
+
+/* PyTorch's nearest source index (UpSample.h): identity, halving for exactly 2x, else
+ * floor(dst * (float)in / out) clamped to the input. */
+static int nearest_src(int dst, int in, int out)
+{
+    if (out == in)
+        return dst;
+    if (out == 2 * in)
+        return dst >> 1;
+    float scale = (float)in / (float)out;
+    int src = (int)floorf((float)dst * scale);
+    return src < in - 1 ? src : in - 1;
+}
+
+static void cpu_upsample_nearest_forward(const sd_backend *be, int n, int h, int w, int c,
+                                         int h_out, int w_out, const void *xv, void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+    const size_t cb = (size_t)c * sizeof(float);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)n * h_out; r++) {
+        int64_t b = r / h_out;
+        int iy = nearest_src((int)(r % h_out), h, h_out);
+        const float *xr = x + (b * h + iy) * (int64_t)w * c;
+        float *yr = y + r * (int64_t)w_out * c;
+        for (int ox = 0; ox < w_out; ox++)
+            memcpy(yr + (int64_t)ox * c, xr + (int64_t)nearest_src(ox, w, w_out) * c, cb);
+    }
+}
+
+static void cpu_timestep_embedding(const sd_backend *be, int n,
+                                   const sd_timestep_embedding_desc *d, const float *t, void *yv)
+{
+    float *y = yv;
+    const int half = d->dim / 2;
+    /* The rounding steps of the PyTorch code: -ln(max_period) is a Python double rounded to
+     * float when it multiplies the fp32 arange; the divisor (half - shift) likewise. */
+    const float neg_log_period = (float)(-log((double)d->max_period));
+    const float divisor = (float)((double)half - (double)d->downscale_freq_shift);
+    for (int i = 0; i < n; i++) {
+        float *yi = y + (int64_t)i * d->dim;
+        float *first = yi, *second = yi + half;
+        if (d->flip_sin_to_cos) { /* [cos | sin] */
+            first = yi + half;
+            second = yi;
+        }
+        for (int k = 0; k < half; k++) {
+            float freq = expf(neg_log_period * (float)k / divisor);
+            float arg = t[i] * freq;
+            if (d->scale != 1.0f)
+                arg = d->scale * arg;
+            first[k] = sinf(arg);
+            second[k] = cosf(arg);
+        }
+        if (d->dim % 2)
+            yi[d->dim - 1] = 0.0f;
+    }
+}
+
+static void cpu_embedding_forward(const sd_backend *be, int batch, int t, int c, int vocab,
+                                  const int32_t *ids, const void *tv, const void *pv, void *yv)
+{
+    const float *table = tv, *pos = pv;
+    float *y = yv;
+    for (int64_t i = 0; i < (int64_t)batch * t; i++)
+        SD_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id %d at position %lld outside [0, %d)",
+                 (int)ids[i], (long long)i, vocab);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < (int64_t)batch * t; i++) {
+        const float *e = table + (int64_t)ids[i] * c;
+        const float *p = pos ? pos + (i % t) * c : NULL;
+        float *yr = y + i * c;
+        for (int j = 0; j < c; j++)
+            yr[j] = p ? e[j] + p[j] : e[j];
+    }
+}
+
+static void cpu_add(const sd_backend *be, int64_t n, const void *av, const void *bv,
+                    float divisor, void *yv)
+{
+    const float *a = av, *b = bv;
+    float *y = yv;
+    if (divisor == 1.0f) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            y[i] = a[i] + b[i];
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            y[i] = (a[i] + b[i]) / divisor;
+    }
+}
+
+static void cpu_axpby(const sd_backend *be, int64_t n, float alpha, const void *xv, float beta,
+                      void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+    if (beta == 0.0f) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            y[i] = alpha * x[i];
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            y[i] = alpha * x[i] + beta * y[i];
+    }
+}
+
+static void cpu_add_bcast_forward(const sd_backend *be, int n, int64_t rows, int c,
+                                  const void *xv, const void *vv, void *yv)
+{
+    const float *x = xv, *v = vv;
+    float *y = yv;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)n * rows; r++) {
+        const float *vb = v + (r / rows) * c;
+        const float *xr = x + r * c;
+        float *yr = y + r * c;
+        for (int j = 0; j < c; j++)
+            yr[j] = xr[j] + vb[j];
+    }
+}
+
+static void cpu_concat_channels(const sd_backend *be, int64_t rows, int c1, int c2,
+                                const void *av, const void *bv, void *yv)
+{
+    const float *a = av, *b = bv;
+    float *y = yv;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(y + r * (c1 + c2), a + r * c1, (size_t)c1 * sizeof(float));
+        memcpy(y + r * (c1 + c2) + c1, b + r * c2, (size_t)c2 * sizeof(float));
+    }
+}
+
+static void split_part(int64_t rows, int width, int offset, int c, const float *x, float *out,
+                       int accumulate)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * width + offset;
+        float *o = out + r * c;
+        if (accumulate)
+            for (int j = 0; j < c; j++)
+                o[j] += xr[j];
+        else
+            memcpy(o, xr, (size_t)c * sizeof(float));
+    }
+}
+
+static void cpu_split_channels(const sd_backend *be, int64_t rows, int c1, int c2,
+                               const void *xv, void *av, void *bv, int accumulate)
+{
+    if (av)
+        split_part(rows, c1 + c2, 0, c1, xv, av, accumulate);
+    if (bv)
+        split_part(rows, c1 + c2, c1, c2, xv, bv, accumulate);
+}
+
+static void cpu_nchw_to_nhwc(const sd_backend *be, int n, int c, int h, int w, const void *xv,
+                             void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+    const int64_t plane = (int64_t)h * w;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)n * plane; r++) {
+        const float *xb = x + (r / plane) * c * plane + r % plane;
+        float *yr = y + r * c;
+        for (int j = 0; j < c; j++)
+            yr[j] = xb[j * plane];
+    }
+}
+
+static void cpu_nhwc_to_nchw(const sd_backend *be, int n, int c, int h, int w, const void *xv,
+                             void *yv)
+{
+    const float *x = xv;
+    float *y = yv;
+    const int64_t plane = (int64_t)h * w;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)n * c; r++) {
+        const float *xb = x + (r / c) * plane * c + r % c;
+        float *yr = y + r * plane;
+        for (int64_t p = 0; p < plane; p++)
+            yr[p] = xb[p * c];
+    }
+}
+
+static void cpu_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c,
+                                     const void *mv, const void *ev, float scale, void *zv)
+{
+    const float *moments = mv, *eps = ev;
+    float *z = zv;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *mean = moments + r * 2 * c, *logvar = mean + c;
+        float *zr = z + r * c;
+        for (int j = 0; j < c; j++) {
+            float s = mean[j];
+            if (eps) {
+                /* diffusers: clamp, std = exp(0.5 * logvar), mean + std * eps */
+                float lv = logvar[j] < -30.0f ? -30.0f : (logvar[j] > 20.0f ? 20.0f : logvar[j]);
+                float sd = expf(0.5f * lv);
+                s = s + sd * eps[r * c + j];
+            }
+            zr[j] = s * scale;
+        }
+    }
+}
+
+/* ---- the table ---------------------------------------------------------------------------- */
+
+/* Backward entries arrive with the training work; until then they are NULL and the sd_*
+ * wrappers say so. */
+static const sd_ops cpu_ops = {
+    .synchronize = cpu_synchronize,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .upload_f32 = cpu_upload_f32,
+    .download_f32 = cpu_download_f32,
+    .conv2d_forward_scratch = cpu_conv2d_forward_scratch,
+    .conv2d_forward = cpu_conv2d_forward,
+    .linear_forward = cpu_linear_forward,
+    .group_norm_forward_scratch = cpu_group_norm_forward_scratch,
+    .group_norm_forward = cpu_group_norm_forward,
+    .layer_norm_forward = cpu_layer_norm_forward,
+    .silu_forward = cpu_silu_forward,
+    .gelu_forward = cpu_gelu_forward,
+    .quick_gelu_forward = cpu_quick_gelu_forward,
+    .geglu_forward = cpu_geglu_forward,
+    .attention_forward_scratch = cpu_attention_forward_scratch,
+    .attention_forward = cpu_attention_forward,
+    .upsample_nearest_forward = cpu_upsample_nearest_forward,
+    .timestep_embedding = cpu_timestep_embedding,
+    .embedding_forward = cpu_embedding_forward,
+    .add = cpu_add,
+    .axpby = cpu_axpby,
+    .add_bcast_forward = cpu_add_bcast_forward,
+    .concat_channels = cpu_concat_channels,
+    .split_channels = cpu_split_channels,
+    .nchw_to_nhwc = cpu_nchw_to_nhwc,
+    .nhwc_to_nchw = cpu_nhwc_to_nchw,
+    .diag_gaussian_sample = cpu_diag_gaussian_sample,
+};
+
+static const sd_backend cpu_backend = {
+    .name = "cpu",
+    .device = SD_DEV_CPU,
+    .dtype = SD_F32,
+    .ops = &cpu_ops,
+    .impl = NULL,
+};
+
+const sd_backend *sd_backend_cpu(void)
+{
+    return &cpu_backend;
+}
