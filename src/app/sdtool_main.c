@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sdtrain/commands.h"
 #include "sdtrain/config.h"
 #include "sdtrain/device.h"
 #include "sdtrain/error.h"
@@ -76,7 +77,7 @@ static const subcommand commands[] = {
     {"tokenize", NULL, "print the 77 CLIP token ids of a caption", "the preprocessing issue (#3)"},
     {"transform", NULL, "run the preprocessing image path on one file and write the 8-bit result",
      "the preprocessing issue (#3)"},
-    {"inspect", NULL, "describe a shard, checkpoint or safetensors file", "the preprocessing and models issues (#3, #4)"},
+    {"inspect", sd_cmd_inspect, "describe a latent shard, a shard directory or any HDF5 file", NULL},
     {"forward", NULL, "run one model module on named input tensors", "the models issue (#4)"},
     {"grad", NULL, "loss and every U-Net parameter gradient for one batch", "the training issue (#5)"},
     {"export", NULL, "export a checkpoint as a diffusers snapshot", "sampling and export (not yet filed)"},

@@ -1,0 +1,22 @@
+/* sdtool subcommands implemented outside sdtool_main.c: each takes argv[0] = its own name and returns an exit code. */
+#ifndef SDTRAIN_COMMANDS_H
+#define SDTRAIN_COMMANDS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* sdtool transform --resolution R [--exif-transpose] [--alpha drop|white] [--decode-only] IN OUT.png */
+int sd_cmd_transform(int argc, char **argv);
+
+/* sdtool inspect [--verify] [--no-stats] FILE.h5|SHARD_DIR (src/app/cmd_inspect.c) */
+int sd_cmd_inspect(int argc, char **argv);
+
+/* sdtool tokenize [--snapshot DIR | --vocab FILE.gz] [--file F [--escaped]] [CAPTION...]
+ * (src/app/cmd_tokenize.c) */
+int sd_cmd_tokenize(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

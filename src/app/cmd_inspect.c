@@ -1,0 +1,517 @@
+/* sdtool inspect: schema, attributes and value statistics of an HDF5 file, or a shard directory. */
+#include "sdtrain/commands.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/error.h"
+#include "sdtrain/h5check.h"
+#include "sdtrain/shards.h"
+#include "sdtrain/tensor.h"
+
+/* sdtool is serial: files are opened with HDF5's default sec2 driver, which the parallel build
+ * allows without MPI_Init (MPI is never started here). */
+
+#define STATS_BLOCK_BYTES ((size_t)32 << 20)
+
+typedef struct inspect_opts {
+    int stats;
+    int verify;
+} inspect_opts;
+
+static int is_f16(hid_t t)
+{
+    size_t spos, epos, esize, mpos, msize;
+    if (H5Tget_class(t) != H5T_FLOAT || H5Tget_size(t) != 2 || H5Tget_order(t) != H5T_ORDER_LE)
+        return 0;
+    if (H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize) < 0)
+        return 0;
+    return spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 && H5Tget_ebias(t) == 15;
+}
+
+static const char *type_str(hid_t t, char *buf, size_t size)
+{
+    switch (H5Tget_class(t)) {
+    case H5T_FLOAT:
+        if (is_f16(t))
+            snprintf(buf, size, "float16");
+        else
+            snprintf(buf, size, "float%zu", 8 * H5Tget_size(t));
+        break;
+    case H5T_INTEGER:
+        snprintf(buf, size, "%sint%zu", H5Tget_sign(t) == H5T_SGN_NONE ? "u" : "", 8 * H5Tget_size(t));
+        break;
+    case H5T_STRING:
+        if (H5Tis_variable_str(t) > 0)
+            snprintf(buf, size, "string (variable length, %s)",
+                     H5Tget_cset(t) == H5T_CSET_UTF8 ? "UTF-8" : "ASCII");
+        else
+            snprintf(buf, size, "string (fixed %zu bytes, %s)", H5Tget_size(t),
+                     H5Tget_cset(t) == H5T_CSET_UTF8 ? "UTF-8" : "ASCII");
+        break;
+    default:
+        snprintf(buf, size, "other (HDF5 type class %d, %zu bytes)", (int)H5Tget_class(t), H5Tget_size(t));
+    }
+    return buf;
+}
+
+static const char *dims_str(hid_t space, char *buf, size_t size)
+{
+    hsize_t dims[H5S_MAX_RANK];
+    int64_t d[SD_TENSOR_MAX_DIMS];
+    int nd = H5Sget_simple_extent_ndims(space);
+    if (nd < 0 || nd > SD_TENSOR_MAX_DIMS) {
+        snprintf(buf, size, "?");
+        return buf;
+    }
+    if (H5Sget_simple_extent_type(space) == H5S_SCALAR) {
+        snprintf(buf, size, "scalar");
+        return buf;
+    }
+    H5Sget_simple_extent_dims(space, dims, NULL);
+    for (int k = 0; k < nd; k++)
+        d[k] = (int64_t)dims[k];
+    return sd_shape_str(nd, d, buf, size);
+}
+
+/* ---- attributes ---------------------------------------------------------------------------- */
+
+static void print_attr_value(hid_t a, hid_t t, hid_t space)
+{
+    hssize_t n = H5Sget_simple_extent_npoints(space);
+    H5T_class_t cls = H5Tget_class(t);
+    if (n == 1 && cls == H5T_STRING) {
+        if (H5Tis_variable_str(t) > 0) {
+            char *v = NULL;
+            hid_t mt = H5Tcopy(H5T_C_S1);
+            H5Tset_size(mt, H5T_VARIABLE);
+            H5Tset_cset(mt, H5Tget_cset(t));
+            if (H5Aread(a, mt, &v) >= 0)
+                printf("\"%s\"", v ? v : "");
+            H5free_memory(v);
+            H5Tclose(mt);
+        } else {
+            size_t w = H5Tget_size(t);
+            char *v = sd_xcalloc(w + 1, 1);
+            if (H5Aread(a, t, v) >= 0)
+                printf("\"%s\"", v);
+            free(v);
+        }
+        return;
+    }
+    if (n >= 1 && n <= 16 && (cls == H5T_INTEGER || cls == H5T_FLOAT)) {
+        double v[16];
+        long long iv[16];
+        herr_t rc = cls == H5T_INTEGER ? H5Aread(a, H5T_NATIVE_LLONG, iv) : H5Aread(a, H5T_NATIVE_DOUBLE, v);
+        if (rc < 0) {
+            printf("(unreadable)");
+            return;
+        }
+        if (n > 1)
+            printf("[");
+        for (hssize_t k = 0; k < n; k++) {
+            char num[32];
+            if (cls == H5T_INTEGER) {
+                snprintf(num, sizeof num, "%lld", iv[k]);
+            } else {
+                /* the shortest decimal that reads back as the same double */
+                for (int prec = 6; prec <= 17; prec++) {
+                    snprintf(num, sizeof num, "%.*g", prec, v[k]);
+                    if (strtod(num, NULL) == v[k])
+                        break;
+                }
+            }
+            printf("%s%s", k ? ", " : "", num);
+        }
+        if (n > 1)
+            printf("]");
+        return;
+    }
+    {
+        char ts[128], ds[128];
+        printf("(%s %s)", type_str(t, ts, sizeof ts), dims_str(space, ds, sizeof ds));
+    }
+}
+
+static herr_t print_attr(hid_t loc, const char *name, const H5A_info_t *info, void *data)
+{
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT), t, space;
+    (void)info;
+    (void)data;
+    if (a < 0)
+        return 0;
+    t = H5Aget_type(a);
+    space = H5Aget_space(a);
+    printf("    %s = ", name);
+    print_attr_value(a, t, space);
+    printf("\n");
+    H5Sclose(space);
+    H5Tclose(t);
+    H5Aclose(a);
+    return 0;
+}
+
+static void print_attrs(hid_t obj)
+{
+    H5O_info_t oi;
+    if (H5Oget_info2(obj, &oi, H5O_INFO_NUM_ATTRS) < 0 || oi.num_attrs == 0)
+        return;
+    H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, NULL, print_attr, NULL);
+}
+
+/* ---- datasets ------------------------------------------------------------------------------- */
+
+typedef struct stats {
+    double min, max, sum, sumsq;
+    int64_t n, nan, inf;
+} stats;
+
+static void stats_add(stats *s, double v)
+{
+    if (isnan(v)) {
+        s->nan++;
+        return;
+    }
+    if (isinf(v)) {
+        s->inf++;
+        return;
+    }
+    if (s->n == 0 || v < s->min)
+        s->min = v;
+    if (s->n == 0 || v > s->max)
+        s->max = v;
+    s->sum += v;
+    s->sumsq += v * v;
+    s->n++;
+}
+
+/* Statistics over a numeric dataset, read in blocks of rows so any size fits in memory. fp16 is
+ * read raw and widened exactly; other numbers are converted to double by HDF5. */
+static int dataset_stats(hid_t d, hid_t t, hid_t space, stats *st, char *why, size_t why_size)
+{
+    hsize_t dims[H5S_MAX_RANK], start[H5S_MAX_RANK] = {0}, count[H5S_MAX_RANK];
+    int nd = H5Sget_simple_extent_ndims(space), f16 = is_f16(t);
+    size_t row = 1, rows_per_block;
+    void *buf;
+    float *wide = NULL;
+    memset(st, 0, sizeof *st);
+    if (nd == 0) {
+        double v;
+        if (H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v) < 0)
+            return snprintf(why, why_size, "%s", "unreadable"), -1;
+        stats_add(st, v);
+        return 0;
+    }
+    H5Sget_simple_extent_dims(space, dims, NULL);
+    for (int k = 1; k < nd; k++)
+        row *= (size_t)dims[k];
+    if (dims[0] == 0 || row == 0)
+        return 0;
+    rows_per_block = STATS_BLOCK_BYTES / (row * sizeof(double));
+    if (rows_per_block < 1)
+        rows_per_block = 1;
+    buf = sd_xmalloc(rows_per_block * row * sizeof(double));
+    if (f16)
+        wide = sd_xmalloc(rows_per_block * row * sizeof(float));
+    for (hsize_t lo = 0; lo < dims[0]; lo += rows_per_block) {
+        hsize_t cnt = dims[0] - lo < rows_per_block ? dims[0] - lo : rows_per_block;
+        hid_t fs = H5Scopy(space), ms;
+        herr_t rc;
+        size_t n = (size_t)cnt * row;
+        for (int k = 0; k < nd; k++)
+            count[k] = dims[k];
+        start[0] = lo;
+        count[0] = cnt;
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+        ms = H5Screate_simple(nd, count, NULL);
+        rc = H5Dread(d, f16 ? t : H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, buf);
+        if (rc < 0) {
+            char h5msg[256];
+            snprintf(why, why_size, "unreadable: %s", sd_h5_error_string(h5msg, sizeof h5msg));
+        }
+        H5Sclose(ms);
+        H5Sclose(fs);
+        if (rc < 0) {
+            free(buf);
+            free(wide);
+            return -1;
+        }
+        if (f16) {
+            sd_f16_to_f32_array(buf, wide, n);
+            for (size_t i = 0; i < n; i++)
+                stats_add(st, wide[i]);
+        } else {
+            for (size_t i = 0; i < n; i++)
+                stats_add(st, ((double *)buf)[i]);
+        }
+    }
+    free(buf);
+    free(wide);
+    return 0;
+}
+
+static void print_dataset(hid_t d, const char *name, const inspect_opts *o, int *failures)
+{
+    hid_t t = H5Dget_type(d), space = H5Dget_space(d), dcpl = H5Dget_create_plist(d);
+    char ts[96], ds[96], cs[96] = "contiguous";
+    H5T_class_t cls = H5Tget_class(t);
+    if (H5Pget_layout(dcpl) == H5D_CHUNKED) {
+        hsize_t ch[H5S_MAX_RANK];
+        int64_t c[SD_TENSOR_MAX_DIMS];
+        int nd = H5Pget_chunk(dcpl, SD_TENSOR_MAX_DIMS, ch);
+        for (int k = 0; k < nd && k < SD_TENSOR_MAX_DIMS; k++)
+            c[k] = (int64_t)ch[k];
+        memcpy(cs, "chunks ", 7);
+        sd_shape_str(nd, c, cs + 7, sizeof cs - 7);
+    }
+    printf("  %-28s %-18s %-34s %s\n", name, dims_str(space, ds, sizeof ds), type_str(t, ts, sizeof ts), cs);
+    if (o->stats && (cls == H5T_FLOAT || cls == H5T_INTEGER)) {
+        stats st;
+        char why[320];
+        if (dataset_stats(d, t, space, &st, why, sizeof why)) {
+            printf("      %s\n", why);
+            (*failures)++;
+        } else if (st.n > 0) {
+            double mean = st.sum / (double)st.n, var = st.sumsq / (double)st.n - mean * mean;
+            if (cls == H5T_FLOAT)
+                printf("      min %.6g  max %.6g  mean %.6g  std %.6g", st.min, st.max, mean,
+                       var > 0 ? sqrt(var) : 0.0);
+            else
+                printf("      min %.0f  max %.0f", st.min, st.max);
+            if (st.nan || st.inf)
+                printf("  nan %lld  inf %lld", (long long)st.nan, (long long)st.inf);
+            printf("\n");
+        } else if (st.nan || st.inf) {
+            printf("      nan %lld  inf %lld (no finite values)\n", (long long)st.nan, (long long)st.inf);
+        }
+    }
+    print_attrs(d);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    H5Tclose(t);
+}
+
+typedef struct visit_ctx {
+    const inspect_opts *o;
+    int failures;
+    int64_t n_datasets;
+} visit_ctx;
+
+static herr_t visit(hid_t root, const char *name, const H5O_info_t *info, void *data)
+{
+    visit_ctx *c = data;
+    hid_t obj;
+    if (!strcmp(name, "."))
+        return 0;
+    obj = H5Oopen(root, name, H5P_DEFAULT);
+    if (obj < 0) {
+        printf("  %s: cannot open\n", name);
+        c->failures++;
+        return 0;
+    }
+    if (info->type == H5O_TYPE_DATASET) {
+        c->n_datasets++;
+        print_dataset(obj, name, c->o, &c->failures);
+    } else if (info->type == H5O_TYPE_GROUP) {
+        printf("  %s/ (group)\n", name);
+        print_attrs(obj);
+    }
+    H5Oclose(obj);
+    return 0;
+}
+
+static int inspect_file(const char *path, const inspect_opts *o)
+{
+    struct stat st;
+    hid_t f, fapl;
+    visit_ctx c = {o, 0, 0};
+    htri_t is_shard;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "sdtool inspect: cannot open '%s': %s\n", path, strerror(errno));
+        return SD_EXIT_FAILURE;
+    }
+    SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
+#if (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7) || H5_VERSION_GE(1, 12, 1)
+    /* Reading needs no lock, and flock is missing on some parallel file systems. */
+    SD_H5_CHECK(H5Pset_file_locking(fapl, 0, 1));
+#endif
+    f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    if (f < 0) {
+        char h5msg[256];
+        sd_h5_error_string(h5msg, sizeof h5msg);
+        H5Pclose(fapl);
+        if (H5Fis_hdf5(path) == 0)
+            fprintf(stderr, "sdtool inspect: '%s' is not an HDF5 file (inspect reads latent shards, shard "
+                            "directories and other HDF5 files)\n", path);
+        else
+            fprintf(stderr, "sdtool inspect: cannot open '%s': %s\n", path, h5msg);
+        return SD_EXIT_FAILURE;
+    }
+    H5Pclose(fapl);
+    printf("file: %s (%lld bytes)\n", path, (long long)st.st_size);
+    printf("attributes:\n");
+    print_attrs(f);
+    printf("datasets:\n");
+    H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_INC, visit, &c, H5O_INFO_BASIC);
+    is_shard = H5Aexists(f, "format");
+    H5Fclose(f);
+    printf("%lld dataset(s)\n", (long long)c.n_datasets);
+
+    if (is_shard > 0) {
+        /* A file that says it is a shard is validated like a reader would. */
+        sd_shard *s;
+        sd_err err;
+        if (sd_shard_open(path, &s, &err)) {
+            printf("latent shard: INVALID: %s\n", err.msg);
+            return SD_EXIT_FAILURE;
+        } else {
+            const sd_shard_info *in = sd_shard_get_info(s);
+            printf("latent shard: format %s version %d, shard %lld, %lld samples, %d px (latents %d x %d x "
+                   "%d x %d %s), captions %d x %d, scaling factor %g\n",
+                   SD_SHARD_FORMAT, in->format_version, (long long)in->shard_index, (long long)in->n_samples,
+                   in->resolution, (int)in->n_samples, 2 * in->latent_channels, in->latent_size,
+                   in->latent_size, in->float_dtype == SD_F16 ? "float16" : "float32", in->text_len,
+                   in->embed_dim, in->scaling_factor);
+            if (o->verify) {
+                uint64_t sum;
+                if (sd_shard_checksum(s, &sum, &err)) {
+                    printf("checksum: ERROR: %s\n", err.msg);
+                    c.failures++;
+                } else {
+                    printf("checksum: %016llx\n", (unsigned long long)sum);
+                }
+            }
+            sd_shard_close(s);
+        }
+    }
+    return c.failures ? SD_EXIT_FAILURE : SD_EXIT_OK;
+}
+
+/* Names in dir that look like shards or their temporary files but are not committed. */
+static void list_uncommitted(const char *dir, const sd_shard_manifest *m)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int header = 0;
+    if (!d)
+        return;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        int listed = 0;
+        if (strncmp(nm, "shard-", 6) != 0 && strncmp(nm, ".shard-", 7) != 0 &&
+            strcmp(nm, SD_SHARD_MANIFEST ".tmp") != 0)
+            continue;
+        for (int64_t k = 0; k < m->n && !listed; k++)
+            listed = !strcmp(m->entries[k].file, nm);
+        if (listed)
+            continue;
+        if (!header)
+            printf("not committed (readers ignore these; a rerun rewrites them):\n");
+        header = 1;
+        printf("  %s\n", nm);
+    }
+    closedir(d);
+}
+
+static int inspect_dir(const char *dir, const inspect_opts *o)
+{
+    sd_shard_manifest m;
+    sd_err err;
+    int problems = 0;
+    if (sd_shard_manifest_read(dir, &m, &err)) {
+        fprintf(stderr, "sdtool inspect: %s\n", err.msg);
+        return SD_EXIT_FAILURE;
+    }
+    printf("shard directory: %s\n", dir);
+    printf("manifest: %s/%s (%s version %d)\n", dir, SD_SHARD_MANIFEST, SD_SHARD_MANIFEST_FORMAT,
+           SD_SHARD_MANIFEST_VERSION);
+    printf("committed shards: %lld, samples: %lld\n", (long long)m.n, (long long)m.total_samples);
+    if (m.n > 0)
+        printf("  %-8s %-18s %10s %14s %6s  %-16s  %s\n", "index", "file", "samples", "bytes", "res",
+               "checksum", "status");
+    for (int64_t k = 0; k < m.n; k++) {
+        const sd_shard_entry *e = &m.entries[k];
+        char status[1200];
+        sd_shard *s;
+        if (sd_shard_open_entry(dir, e, &s, &err)) {
+            snprintf(status, sizeof status, "ERROR: %s", err.msg);
+            problems++;
+        } else {
+            snprintf(status, sizeof status, "ok");
+            if (o->verify) {
+                uint64_t sum;
+                if (sd_shard_checksum(s, &sum, &err)) {
+                    snprintf(status, sizeof status, "ERROR: %s", err.msg);
+                    problems++;
+                } else if (sum != e->checksum) {
+                    snprintf(status, sizeof status, "CHECKSUM MISMATCH: the data hash to %016llx",
+                             (unsigned long long)sum);
+                    problems++;
+                } else {
+                    snprintf(status, sizeof status, "ok, checksum verified");
+                }
+            }
+            sd_shard_close(s);
+        }
+        printf("  %-8lld %-18s %10lld %14lld %6d  %016llx  %s\n", (long long)e->index, e->file,
+               (long long)e->samples, (long long)e->bytes, e->resolution, (unsigned long long)e->checksum,
+               status);
+    }
+    list_uncommitted(dir, &m);
+    sd_shard_manifest_free(&m);
+    if (problems)
+        printf("problems: %d committed shard(s) failed the checks\n", problems);
+    return problems ? SD_EXIT_FAILURE : SD_EXIT_OK;
+}
+
+int sd_cmd_inspect(int argc, char **argv)
+{
+    inspect_opts o = {1, 0};
+    const char *path = NULL;
+    struct stat st;
+    sd_h5_quiet q;
+    int rc;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--verify"))
+            o.verify = 1;
+        else if (!strcmp(argv[i], "--no-stats"))
+            o.stats = 0;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: sdtool inspect [--verify] [--no-stats] FILE.h5|SHARD_DIR\n"
+                   "  FILE.h5    datasets (shape, dtype, chunks, min/max/mean/std), attributes; a latent\n"
+                   "             shard is also validated as training would read it\n"
+                   "  SHARD_DIR  the manifest: committed shards, their checks, uncommitted leftovers\n"
+                   "  --verify   recompute each shard's content checksum\n"
+                   "  --no-stats skip the value statistics (a pass over all data)\n");
+            return SD_EXIT_OK;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "sdtool inspect: unknown option '%s' (see sdtool inspect --help)\n", argv[i]);
+            return SD_EXIT_USAGE;
+        } else if (path) {
+            fprintf(stderr, "sdtool inspect: one FILE or DIR at a time (got '%s' and '%s')\n", path, argv[i]);
+            return SD_EXIT_USAGE;
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "usage: sdtool inspect [--verify] [--no-stats] FILE.h5|SHARD_DIR\n");
+        return SD_EXIT_USAGE;
+    }
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "sdtool inspect: cannot open '%s': %s\n", path, strerror(errno));
+        return SD_EXIT_FAILURE;
+    }
+    sd_h5_quiet_begin(&q);
+    rc = S_ISDIR(st.st_mode) ? inspect_dir(path, &o) : inspect_file(path, &o);
+    sd_h5_quiet_end(&q);
+    fflush(stdout);
+    return rc;
+}

@@ -1,0 +1,1705 @@
+/* Latent shards: the collective parallel-HDF5 writer with its commit protocol, the manifest, and
+ * the serial reader used by training ranks and sdtool. */
+#include "sdtrain/shards.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/config.h"
+#include "sdtrain/fault.h"
+#include "sdtrain/h5check.h"
+#include "sdtrain/log.h"
+#include "sdtrain/runtime.h"
+#include "sdtrain/version.h"
+
+#if !defined(H5_HAVE_PARALLEL)
+#error "latent shards need a parallel HDF5 build (H5_HAVE_PARALLEL)"
+#endif
+
+/* Rows of the small per-sample datasets (ids, strings) per chunk: about this many bytes, so a
+ * shard of thousands of samples does not carry thousands of tiny chunks. */
+#define SMALL_CHUNK_BYTES 65536
+/* Bytes of samples a rank converts and writes per collective round: bounds the writer's scratch
+ * memory whatever the slice size. */
+#define ROUND_BYTES ((size_t)64 << 20)
+#define CHECKSUM_ALGORITHM "sd-hash64-v1"
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+void sd_shard_meta_defaults(sd_shard_meta *m)
+{
+    memset(m, 0, sizeof *m);
+    m->resolution = 512;
+    m->latent_channels = SD_SHARD_LATENT_CHANNELS;
+    m->text_len = SD_SHARD_TEXT_LEN;
+    m->embed_dim = 1024;
+    m->scaling_factor = SD_SHARD_SCALING_FACTOR;
+    m->float_dtype = SD_F16;
+}
+
+void sd_shard_file_name(int64_t index, char *buf, size_t size)
+{
+    snprintf(buf, size, "shard-%06lld.h5", (long long)index);
+}
+
+static int join_path(char *out, size_t size, const char *dir, const char *name, sd_err *err)
+{
+    int n = snprintf(out, size, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= size)
+        return sd_err_set(err, "path too long: '%s/%s'", dir, name);
+    return 0;
+}
+
+static int mkdir_p(const char *path, sd_err *err)
+{
+    char buf[SD_PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return sd_err_set(err, "invalid shard directory '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char saved = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return sd_err_set(err, "cannot create shard directory '%s': %s", buf, strerror(errno));
+            buf[i] = saved;
+        }
+    }
+    return 0;
+}
+
+/* fsync of a path: a file's data, or a directory's entries (which a rename changed). Opening
+ * read-only is enough for fsync on Linux and works for directories. */
+static int fsync_path(const char *path, sd_err *err)
+{
+    int fd = open(path, O_RDONLY), rc, e;
+    if (fd < 0)
+        return sd_err_set(err, "cannot open '%s' to sync it: %s", path, strerror(errno));
+    rc = fsync(fd);
+    e = errno;
+    close(fd);
+    /* Some file systems cannot sync directories; that is no reason to fail the commit. */
+    if (rc != 0 && e != EINVAL && e != EROFS)
+        return sd_err_set(err, "cannot sync '%s': %s", path, strerror(e));
+    return 0;
+}
+
+/* Returns 1 and the byte length when s is valid UTF-8 (no overlongs, no surrogates). */
+static int utf8_valid(const char *s, size_t *len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (p[i]) {
+        unsigned c = p[i], need, min;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            need = 1, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            need = 2, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            need = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return 0;
+        }
+        for (unsigned k = 1; k <= need; k++) {
+            if ((p[i + k] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += need + 1;
+    }
+    *len = i;
+    return 1;
+}
+
+/* Ends this process the way a node failure would: no MPI_Finalize, no flush of HDF5 state. */
+static void fault_kill(const char *phase)
+{
+    fprintf(stderr, "[rank %d] fault injection: killing this rank at phase '%s'\n", sd_log_rank(),
+            phase);
+    fflush(stderr);
+    raise(SIGKILL);
+    _exit(137);
+}
+
+/* ---- content hash (sd-hash64-v1, doc/shards.md) ---------------------------------------------
+ * Per sample, a 64-bit hash chained over the stored bytes of its moments, embedding, ids,
+ * caption and key; the shard checksum is a wrapping sum of mixed per-sample terms, so ranks
+ * hash their own slices and one MPI sum combines them in any order. */
+#define HASH_K1 0x9E3779B97F4A7C15ULL
+#define HASH_K2 0xC2B2AE3D27D4EB4FULL
+
+static uint64_t fmix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t load_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    h ^= (uint64_t)n * HASH_K1;
+    for (; n >= 8; n -= 8, p += 8) {
+        h ^= fmix64(load_le64(p));
+        h = ((h << 27) | (h >> 37)) * HASH_K1 + HASH_K2;
+    }
+    if (n) {
+        unsigned char t[8] = {0};
+        memcpy(t, p, n);
+        h ^= fmix64(load_le64(t));
+        h = ((h << 27) | (h >> 37)) * HASH_K1 + HASH_K2;
+    }
+    return fmix64(h);
+}
+
+static uint64_t sample_term(int64_t i, uint64_t h)
+{
+    return fmix64(h + (uint64_t)(i + 1) * HASH_K1);
+}
+
+static uint64_t shard_terms(int64_t n, uint64_t empty_hash)
+{
+    return fmix64((uint64_t)n ^ HASH_K2) + fmix64(empty_hash);
+}
+
+/* Stored string bytes: up to the first NUL of the fixed-width field. */
+static size_t field_len(const char *s, size_t width)
+{
+    const char *z = memchr(s, '\0', width);
+    return z ? (size_t)(z - s) : width;
+}
+
+/* ---- HDF5 types ----------------------------------------------------------------------------- */
+
+/* IEEE binary16 built exactly as h5py does, so numpy users get dtype float16. */
+static hid_t make_f16_type(void)
+{
+    hid_t t;
+    SD_H5_CHECK(t = H5Tcopy(H5T_IEEE_F32LE));
+    SD_H5_CHECK(H5Tset_fields(t, 15, 10, 5, 0, 10));
+    SD_H5_CHECK(H5Tset_size(t, 2));
+    SD_H5_CHECK(H5Tset_ebias(t, 15));
+    return t;
+}
+
+static hid_t make_str_type(size_t width)
+{
+    hid_t t;
+    SD_H5_CHECK(t = H5Tcopy(H5T_C_S1));
+    SD_H5_CHECK(H5Tset_size(t, width));
+    SD_H5_CHECK(H5Tset_strpad(t, H5T_STR_NULLPAD));
+    SD_H5_CHECK(H5Tset_cset(t, H5T_CSET_UTF8));
+    return t;
+}
+
+static void attr_write(hid_t loc, const char *name, hid_t type, const void *value)
+{
+    hid_t space, a;
+    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
+    SD_H5_CHECK(a = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT));
+    SD_H5_CHECK(H5Awrite(a, type, value));
+    SD_H5_CHECK(H5Aclose(a));
+    SD_H5_CHECK(H5Sclose(space));
+}
+
+/* Variable-length UTF-8 string attributes: h5py returns them as str. (Only dataset raw data is
+ * barred from variable-length types under parallel HDF5; attributes are metadata.) */
+static void attr_str(hid_t loc, const char *name, const char *value)
+{
+    hid_t t;
+    SD_H5_CHECK(t = H5Tcopy(H5T_C_S1));
+    SD_H5_CHECK(H5Tset_size(t, H5T_VARIABLE));
+    SD_H5_CHECK(H5Tset_cset(t, H5T_CSET_UTF8));
+    attr_write(loc, name, t, &value);
+    SD_H5_CHECK(H5Tclose(t));
+}
+
+static void attr_i32(hid_t loc, const char *name, int32_t v)
+{
+    hid_t space, a;
+    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
+    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT));
+    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_INT32, &v));
+    SD_H5_CHECK(H5Aclose(a));
+    SD_H5_CHECK(H5Sclose(space));
+}
+
+static void attr_i64(hid_t loc, const char *name, int64_t v)
+{
+    hid_t space, a;
+    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
+    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT));
+    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_INT64, &v));
+    SD_H5_CHECK(H5Aclose(a));
+    SD_H5_CHECK(H5Sclose(space));
+}
+
+static void attr_f64(hid_t loc, const char *name, double v)
+{
+    hid_t space, a;
+    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
+    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT));
+    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_DOUBLE, &v));
+    SD_H5_CHECK(H5Aclose(a));
+    SD_H5_CHECK(H5Sclose(space));
+}
+
+/* ---- the manifest --------------------------------------------------------------------------- */
+
+static int entry_cmp(const void *a, const void *b)
+{
+    const sd_shard_entry *x = a, *y = b;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+void sd_shard_manifest_free(sd_shard_manifest *m)
+{
+    if (!m)
+        return;
+    free(m->entries);
+    m->entries = NULL;
+    m->n = 0;
+    m->total_samples = 0;
+}
+
+const sd_shard_entry *sd_shard_manifest_find(const sd_shard_manifest *m, int64_t index)
+{
+    sd_shard_entry key;
+    key.index = index;
+    if (!m || m->n == 0)
+        return NULL;
+    return bsearch(&key, m->entries, (size_t)m->n, sizeof key, entry_cmp);
+}
+
+static int json_int_field(json_object *o, const char *name, int64_t lo, int64_t *out, const char *path,
+                          int64_t k, sd_err *err)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, name, &v))
+        return sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld has no '%s'", path,
+                          (long long)k, name);
+    if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < lo)
+        return sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld: '%s' must be an "
+                               "integer >= %lld", path, (long long)k, name, (long long)lo);
+    *out = json_object_get_int64(v);
+    return 0;
+}
+
+static int manifest_parse(const char *path, const char *text, size_t len, sd_shard_manifest *m,
+                          sd_err *err)
+{
+    json_tokener *tok = json_tokener_new();
+    json_object *root, *v, *shards;
+    enum json_tokener_error jerr;
+    size_t end;
+    int rc = -1;
+    if (!tok)
+        return sd_err_set(err, "%s: out of memory parsing the manifest", path);
+    root = json_tokener_parse_ex(tok, text, (int)len);
+    jerr = json_tokener_get_error(tok);
+    end = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    if (!root || jerr != json_tokener_success) {
+        sd_err_set(err, "%s: not a valid shard manifest: JSON error at byte %zu: %s", path, end,
+                   jerr == json_tokener_continue ? "unexpected end of the file"
+                                                 : json_tokener_error_desc(jerr));
+        json_object_put(root);
+        return -1;
+    }
+    while (end < len && (text[end] == ' ' || text[end] == '\n' || text[end] == '\t' || text[end] == '\r'))
+        end++;
+    if (end < len) {
+        sd_err_set(err, "%s: not a valid shard manifest: unexpected data after the JSON object at byte %zu",
+                   path, end);
+        goto out;
+    }
+    if (!json_object_is_type(root, json_type_object) || !json_object_object_get_ex(root, "format", &v) ||
+        !json_object_is_type(v, json_type_string) ||
+        strcmp(json_object_get_string(v), SD_SHARD_MANIFEST_FORMAT) != 0) {
+        sd_err_set(err, "%s: not a valid shard manifest: 'format' must be \"%s\"", path,
+                   SD_SHARD_MANIFEST_FORMAT);
+        goto out;
+    }
+    if (!json_object_object_get_ex(root, "version", &v) || !json_object_is_type(v, json_type_int)) {
+        sd_err_set(err, "%s: not a valid shard manifest: no integer 'version'", path);
+        goto out;
+    }
+    if (json_object_get_int64(v) != SD_SHARD_MANIFEST_VERSION) {
+        sd_err_set(err, "%s: manifest version %lld is not one this sdtrain reads (%d)", path,
+                   (long long)json_object_get_int64(v), SD_SHARD_MANIFEST_VERSION);
+        goto out;
+    }
+    if (!json_object_object_get_ex(root, "shards", &shards) ||
+        !json_object_is_type(shards, json_type_array)) {
+        sd_err_set(err, "%s: not a valid shard manifest: no 'shards' array", path);
+        goto out;
+    }
+    m->n = (int64_t)json_object_array_length(shards);
+    m->entries = sd_xcalloc((size_t)m->n + 1, sizeof *m->entries);
+    m->total_samples = 0;
+    for (int64_t k = 0; k < m->n; k++) {
+        json_object *o = json_object_array_get_idx(shards, (size_t)k), *f;
+        sd_shard_entry *e = &m->entries[k];
+        int64_t res;
+        char want[64];
+        const char *hex;
+        char *hend;
+        if (!json_object_is_type(o, json_type_object)) {
+            sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld is not an object", path,
+                       (long long)k);
+            goto out;
+        }
+        if (json_int_field(o, "index", 0, &e->index, path, k, err) ||
+            json_int_field(o, "samples", 1, &e->samples, path, k, err) ||
+            json_int_field(o, "bytes", 0, &e->bytes, path, k, err) ||
+            json_int_field(o, "resolution", 8, &res, path, k, err))
+            goto out;
+        e->resolution = (int)res;
+        sd_shard_file_name(e->index, want, sizeof want);
+        /* The name is derived, never trusted: a manifest cannot point outside its directory. */
+        if (!json_object_object_get_ex(o, "file", &f) || !json_object_is_type(f, json_type_string) ||
+            strcmp(json_object_get_string(f), want) != 0) {
+            sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld: 'file' must be \"%s\"",
+                       path, (long long)k, want);
+            goto out;
+        }
+        snprintf(e->file, sizeof e->file, "%s", want);
+        if (!json_object_object_get_ex(o, "checksum", &f) || !json_object_is_type(f, json_type_string) ||
+            strlen(hex = json_object_get_string(f)) != 16 || strspn(hex, "0123456789abcdef") != 16) {
+            sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld: 'checksum' must be 16 "
+                            "lower-case hex digits", path, (long long)k);
+            goto out;
+        }
+        e->checksum = strtoull(hex, &hend, 16);
+        m->total_samples += e->samples;
+    }
+    qsort(m->entries, (size_t)m->n, sizeof *m->entries, entry_cmp);
+    for (int64_t k = 1; k < m->n; k++)
+        if (m->entries[k].index == m->entries[k - 1].index) {
+            sd_err_set(err, "%s: not a valid shard manifest: shard %lld is listed twice", path,
+                       (long long)m->entries[k].index);
+            goto out;
+        }
+    rc = 0;
+out:
+    json_object_put(root);
+    if (rc)
+        sd_shard_manifest_free(m);
+    return rc;
+}
+
+int sd_shard_manifest_read(const char *dir, sd_shard_manifest *m, sd_err *err)
+{
+    char path[SD_PATH_MAX + 32];
+    FILE *f;
+    char *text;
+    long len;
+    int rc;
+    memset(m, 0, sizeof *m);
+    if (join_path(path, sizeof path, dir, SD_SHARD_MANIFEST, err))
+        return -1;
+    f = fopen(path, "rb");
+    if (!f) {
+        /* No manifest (or no directory yet): nothing is committed. */
+        if (errno == ENOENT)
+            return 0;
+        return sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(errno));
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
+        len > (1L << 30)) {
+        fclose(f);
+        return sd_err_set(err, "cannot read shard manifest '%s': unreadable or too large", path);
+    }
+    text = sd_xmalloc((size_t)len + 1);
+    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
+        int e = ferror(f) ? errno : EIO;
+        fclose(f);
+        free(text);
+        return sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(e));
+    }
+    fclose(f);
+    text[len] = '\0';
+    if (len == 0) {
+        free(text);
+        return sd_err_set(err, "%s: not a valid shard manifest: the file is empty", path);
+    }
+    rc = manifest_parse(path, text, (size_t)len, m, err);
+    free(text);
+    return rc;
+}
+
+int sd_shards_committed(const char *dir, sd_shard_manifest *m, sd_err *err)
+{
+    char path[SD_PATH_MAX + 80];
+    if (sd_shard_manifest_read(dir, m, err))
+        return -1;
+    for (int64_t k = 0; k < m->n; k++) {
+        const sd_shard_entry *e = &m->entries[k];
+        struct stat st;
+        if (join_path(path, sizeof path, dir, e->file, err))
+            goto fail;
+        if (stat(path, &st) != 0) {
+            sd_err_set(err, "%s/%s lists %s as committed, but it cannot be read: %s", dir,
+                       SD_SHARD_MANIFEST, path, strerror(errno));
+            goto fail;
+        }
+        if ((int64_t)st.st_size != e->bytes) {
+            sd_err_set(err, "%s/%s lists %s with %lld bytes, but the file has %lld bytes (changed "
+                            "after it was committed?)", dir, SD_SHARD_MANIFEST, path,
+                       (long long)e->bytes, (long long)st.st_size);
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    sd_shard_manifest_free(m);
+    return -1;
+}
+
+/* Writes the manifest atomically: readers see the old one or the new one, never a mix. */
+static int manifest_write(const char *dir, const sd_shard_manifest *m, sd_err *err)
+{
+    char path[SD_PATH_MAX + 32], tmp[SD_PATH_MAX + 48], hex[17];
+    json_object *root = json_object_new_object(), *arr = json_object_new_array();
+    const char *text;
+    size_t len, off = 0;
+    int fd, rc = -1;
+    int64_t total = 0;
+    if (join_path(path, sizeof path, dir, SD_SHARD_MANIFEST, err) ||
+        join_path(tmp, sizeof tmp, dir, SD_SHARD_MANIFEST ".tmp", err))
+        goto out;
+    for (int64_t k = 0; k < m->n; k++) {
+        const sd_shard_entry *e = &m->entries[k];
+        json_object *o = json_object_new_object();
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)e->checksum);
+        json_object_object_add(o, "index", json_object_new_int64(e->index));
+        json_object_object_add(o, "file", json_object_new_string(e->file));
+        json_object_object_add(o, "samples", json_object_new_int64(e->samples));
+        json_object_object_add(o, "bytes", json_object_new_int64(e->bytes));
+        json_object_object_add(o, "resolution", json_object_new_int64(e->resolution));
+        json_object_object_add(o, "checksum", json_object_new_string(hex));
+        json_object_array_add(arr, o);
+        total += e->samples;
+    }
+    json_object_object_add(root, "format", json_object_new_string(SD_SHARD_MANIFEST_FORMAT));
+    json_object_object_add(root, "version", json_object_new_int(SD_SHARD_MANIFEST_VERSION));
+    json_object_object_add(root, "checksum_algorithm", json_object_new_string(CHECKSUM_ALGORITHM));
+    json_object_object_add(root, "total_samples", json_object_new_int64(total));
+    json_object_object_add(root, "shards", arr);
+    text = json_object_to_json_string_ext(
+        root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
+    len = strlen(text);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0) {
+        sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
+            close(fd);
+            unlink(tmp);
+            goto out;
+        }
+        off += (size_t)w;
+    }
+    if (write(fd, "\n", 1) != 1 || fsync(fd) != 0) {
+        sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        goto out;
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
+        sd_err_set(err, "cannot replace shard manifest '%s': %s", path, strerror(errno));
+        unlink(tmp);
+        goto out;
+    }
+    rc = fsync_path(dir, err);
+out:
+    json_object_put(root);
+    return rc;
+}
+
+/* ---- the collective writer ------------------------------------------------------------------ */
+
+typedef struct writer {
+    MPI_Comm comm;
+    int rank, size, world_rank;
+    const char *dir;
+    int64_t index;
+    const sd_shard_meta *meta;
+    const sd_shard_batch *mine;
+    const float *empty;
+    /* geometry, identical on all ranks */
+    int C2, hs, L, D;
+    size_t fsz;            /* stored float bytes */
+    size_t m_elems, e_elems;
+    size_t cap_w, key_w;
+    int64_t n_total, offset, round_samples, rounds;
+    int64_t created;
+    char file_name[64], final_path[SD_PATH_MAX + 80], tmp_path[SD_PATH_MAX + 80];
+    uint64_t checksum_part;
+    hid_t file, t_float, t_cap, t_key, dxpl;
+    hid_t d_mom, d_emb, d_ids, d_cap, d_key, d_empty;
+} writer;
+
+/* Collective: 0 when no rank failed; otherwise every rank returns -1 carrying the message of the
+ * lowest failing rank, so all callers report the same cause and none waits in a collective. */
+static int agree(MPI_Comm comm, int failed, sd_err *err)
+{
+    int rank, size, mine, first;
+    char msg[sizeof err->msg];
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    SD_MPI_CHECK(MPI_Comm_size(comm, &size));
+    mine = failed ? rank : size;
+    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == size)
+        return 0;
+    if (rank == first)
+        snprintf(msg, sizeof msg, "%s", err->msg[0] ? err->msg : "unknown error");
+    SD_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, comm));
+    snprintf(err->msg, sizeof err->msg, "%s", msg);
+    return -1;
+}
+
+static int validate_local(writer *w, sd_err *e)
+{
+    const sd_shard_meta *m = w->meta;
+    const sd_shard_batch *b = w->mine;
+    char name[64];
+    size_t len;
+    if (!w->dir || !w->dir[0])
+        return sd_err_set(e, "shard %lld: no shard directory given", (long long)w->index);
+    if (w->index < 0)
+        return sd_err_set(e, "shard index %lld in '%s' is negative", (long long)w->index, w->dir);
+    sd_shard_file_name(w->index, name, sizeof name);
+    if (!m || !b)
+        return sd_err_set(e, "%s/%s: rank %d passed no metadata or no batch", w->dir, name, w->rank);
+    if (m->resolution < 8 || m->resolution % 8 != 0 || m->resolution > 65536)
+        return sd_err_set(e, "%s/%s: resolution %d is not a positive multiple of 8", w->dir, name,
+                          m->resolution);
+    if (m->latent_channels < 1 || m->latent_channels > 64 || m->text_len < 1 || m->text_len > 4096 ||
+        m->embed_dim < 1 || m->embed_dim > 65536)
+        return sd_err_set(e, "%s/%s: invalid shapes: latent_channels %d, text_len %d, embed_dim %d",
+                          w->dir, name, m->latent_channels, m->text_len, m->embed_dim);
+    if (!(m->scaling_factor > 0) || !isfinite(m->scaling_factor))
+        return sd_err_set(e, "%s/%s: invalid latent scaling factor %g", w->dir, name, m->scaling_factor);
+    if (m->float_dtype != SD_F16 && m->float_dtype != SD_F32)
+        return sd_err_set(e, "%s/%s: floats can be stored as F16 or F32, not %s", w->dir, name,
+                          sd_dtype_name(m->float_dtype));
+    if (!memchr(m->weights_path, '\0', sizeof m->weights_path) ||
+        !memchr(m->weights_hash, '\0', sizeof m->weights_hash) || !utf8_valid(m->weights_path, &len) ||
+        !utf8_valid(m->weights_hash, &len))
+        return sd_err_set(e, "%s/%s: weights_path or weights_hash is not a NUL-terminated UTF-8 string",
+                          w->dir, name);
+    if (b->n < 0)
+        return sd_err_set(e, "%s/%s: rank %d contributes %lld samples", w->dir, name, w->rank,
+                          (long long)b->n);
+    if (b->layout != SD_LATENT_NCHW && b->layout != SD_LATENT_NHWC)
+        return sd_err_set(e, "%s/%s: rank %d: unknown latent layout %d", w->dir, name, w->rank,
+                          (int)b->layout);
+    if (b->n > 0 && (!b->moments || !b->embeddings || !b->ids || !b->captions || !b->keys))
+        return sd_err_set(e, "%s/%s: rank %d contributes %lld samples but a data pointer is NULL",
+                          w->dir, name, w->rank, (long long)b->n);
+    if (w->rank == 0 && !w->empty)
+        return sd_err_set(e, "%s/%s: rank 0 must pass the empty-caption embedding", w->dir, name);
+    w->cap_w = w->key_w = 1;
+    for (int64_t i = 0; i < b->n; i++) {
+        const char *what = !b->captions[i] ? "caption" : !b->keys[i] ? "key" : NULL;
+        if (what)
+            return sd_err_set(e, "%s/%s: rank %d: the %s of its sample %lld is NULL", w->dir, name,
+                              w->rank, what, (long long)i);
+        if (!utf8_valid(b->captions[i], &len))
+            return sd_err_set(e, "%s/%s: rank %d: the caption of its sample %lld (key '%.200s') is "
+                                 "not valid UTF-8", w->dir, name, w->rank, (long long)i, b->keys[i]);
+        if (len > w->cap_w)
+            w->cap_w = len;
+        if (!utf8_valid(b->keys[i], &len))
+            return sd_err_set(e, "%s/%s: rank %d: the key of its sample %lld is not valid UTF-8",
+                              w->dir, name, w->rank, (long long)i);
+        if (len > w->key_w)
+            w->key_w = len;
+    }
+    return 0;
+}
+
+/* A fingerprint of everything the ranks must agree on, to catch callers that pass different
+ * metadata on different ranks (that would corrupt the file or hang parallel HDF5). */
+static uint64_t meta_fingerprint(const writer *w)
+{
+    const sd_shard_meta *m = w->meta;
+    int64_t v[6] = {m->resolution, m->latent_channels, m->text_len, m->embed_dim, (int64_t)m->float_dtype,
+                    w->index};
+    uint64_t h = hash_bytes(0, v, sizeof v);
+    h = hash_bytes(h, &m->scaling_factor, sizeof m->scaling_factor);
+    h = hash_bytes(h, m->weights_path, strlen(m->weights_path));
+    h = hash_bytes(h, m->weights_hash, strlen(m->weights_hash));
+    return hash_bytes(h, w->dir, strlen(w->dir));
+}
+
+static int64_t creation_time(void)
+{
+    /* Reproducible-builds convention: lets tests (and users who want it) pin the attribute. */
+    const char *s = getenv("SOURCE_DATE_EPOCH");
+    if (s && *s) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (!*end && v >= 0)
+            return v;
+    }
+    return (int64_t)time(NULL);
+}
+
+/* Rank 0's checks of the directory before anything is written. */
+static int prepare_dir(writer *w, sd_err *e)
+{
+    sd_shard_manifest m;
+    if (mkdir_p(w->dir, e))
+        return -1;
+    if (sd_shard_manifest_read(w->dir, &m, e))
+        return -1;
+    if (sd_shard_manifest_find(&m, w->index)) {
+        sd_shard_manifest_free(&m);
+        return sd_err_set(e, "%s is already committed in %s/%s: committed shards are never "
+                             "rewritten (skip it, or remove its entry from the manifest first)",
+                          w->final_path, w->dir, SD_SHARD_MANIFEST);
+    }
+    sd_shard_manifest_free(&m);
+    if (access(w->dir, W_OK) != 0)
+        return sd_err_set(e, "cannot write shards into '%s': %s", w->dir, strerror(errno));
+    return 0;
+}
+
+static hid_t create_dataset(writer *w, const char *name, hid_t type, int nd, const hsize_t *dims,
+                            const hsize_t *chunk)
+{
+    hid_t space, dcpl, d;
+    SD_H5_CHECK(space = H5Screate_simple(nd, dims, NULL));
+    SD_H5_CHECK(dcpl = H5Pcreate(H5P_DATASET_CREATE));
+    if (chunk)
+        SD_H5_CHECK(H5Pset_chunk(dcpl, nd, chunk));
+    /* Parallel HDF5 allocates early anyway; skipping the fill saves writing every byte twice,
+     * and every byte is written by exactly one rank. */
+    SD_H5_CHECK(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
+    SD_H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+    SD_H5_CHECK(d = H5Dcreate2(w->file, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    SD_H5_CHECK(H5Pclose(dcpl));
+    SD_H5_CHECK(H5Sclose(space));
+    return d;
+}
+
+static hsize_t small_chunk_rows(size_t row_bytes, int64_t n)
+{
+    hsize_t rows = (hsize_t)(SMALL_CHUNK_BYTES / (row_bytes ? row_bytes : 1));
+    if (rows < 1)
+        rows = 1;
+    if (rows > (hsize_t)n)
+        rows = (hsize_t)n;
+    return rows;
+}
+
+static void write_header(writer *w)
+{
+    const sd_shard_meta *m = w->meta;
+    char created[64], latents[32], creator[160];
+    time_t t = (time_t)w->created;
+    struct tm tm;
+    hsize_t dims[4], chunk[4];
+    gmtime_r(&t, &tm);
+    strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    snprintf(creator, sizeof creator, "sdtrain %s (git %s)", sd_version(), sd_git_revision());
+    attr_str(w->file, "format", SD_SHARD_FORMAT);
+    attr_i32(w->file, "format_version", SD_SHARD_FORMAT_VERSION);
+    attr_i64(w->file, "shard_index", w->index);
+    attr_i64(w->file, "num_samples", w->n_total);
+    attr_i32(w->file, "resolution", m->resolution);
+    attr_i32(w->file, "latent_channels", m->latent_channels);
+    attr_i32(w->file, "latent_size", w->hs);
+    attr_str(w->file, "latent_layout", "NCHW");
+    attr_str(w->file, "latent_moments", "mean,logvar");
+    attr_f64(w->file, "latent_scaling_factor", m->scaling_factor);
+    attr_i32(w->file, "text_len", m->text_len);
+    attr_i32(w->file, "embed_dim", m->embed_dim);
+    attr_str(w->file, "float_dtype", m->float_dtype == SD_F16 ? "float16" : "float32");
+    attr_str(w->file, "weights_path", m->weights_path);
+    attr_str(w->file, "weights_hash", m->weights_hash);
+    attr_str(w->file, "created", created);
+    attr_str(w->file, "creator", creator);
+
+    w->t_float = m->float_dtype == SD_F16 ? make_f16_type() : H5Tcopy(H5T_IEEE_F32LE);
+    SD_H5_CHECK(w->t_float);
+    w->t_cap = make_str_type(w->cap_w);
+    w->t_key = make_str_type(w->key_w);
+
+    snprintf(latents, sizeof latents, "image_latents_%d", m->resolution);
+    dims[0] = (hsize_t)w->n_total, dims[1] = (hsize_t)w->C2, dims[2] = dims[3] = (hsize_t)w->hs;
+    chunk[0] = 1, chunk[1] = dims[1], chunk[2] = dims[2], chunk[3] = dims[3];
+    w->d_mom = create_dataset(w, latents, w->t_float, 4, dims, chunk);
+    dims[1] = (hsize_t)w->L, dims[2] = (hsize_t)w->D;
+    chunk[1] = dims[1], chunk[2] = dims[2];
+    w->d_emb = create_dataset(w, "caption_embeddings", w->t_float, 3, dims, chunk);
+    chunk[0] = small_chunk_rows((size_t)w->L * 4, w->n_total);
+    w->d_ids = create_dataset(w, "caption_ids", H5T_STD_I32LE, 2, dims, chunk);
+    chunk[0] = small_chunk_rows(w->cap_w, w->n_total);
+    w->d_cap = create_dataset(w, "caption", w->t_cap, 1, dims, chunk);
+    chunk[0] = small_chunk_rows(w->key_w, w->n_total);
+    w->d_key = create_dataset(w, "key", w->t_key, 1, dims, chunk);
+    dims[0] = (hsize_t)w->L, dims[1] = (hsize_t)w->D;
+    w->d_empty = create_dataset(w, "empty_caption_embedding", w->t_float, 2, dims, NULL);
+}
+
+/* Writes rows [row, row + cnt) of a dataset collectively; cnt may be 0 (an empty selection still
+ * takes part in the collective). Returns -1 on failure and keeps the HDF5 message in e. */
+static int write_rows(writer *w, hid_t d, hid_t memtype, int64_t row, int64_t cnt, const void *buf,
+                      sd_err *e)
+{
+    hsize_t dims[4], start[4] = {0}, count[4];
+    hid_t fspace, mspace;
+    int nd;
+    herr_t rc;
+    static const char dummy[16];
+    SD_H5_CHECK(fspace = H5Dget_space(d));
+    SD_H5_CHECK(nd = H5Sget_simple_extent_dims(fspace, dims, NULL));
+    for (int k = 0; k < nd; k++)
+        count[k] = dims[k];
+    count[0] = cnt > 0 ? (hsize_t)cnt : 1;
+    SD_H5_CHECK(mspace = H5Screate_simple(nd, count, NULL));
+    if (cnt > 0) {
+        start[0] = (hsize_t)row;
+        SD_H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL));
+    } else {
+        SD_H5_CHECK(H5Sselect_none(fspace));
+        SD_H5_CHECK(H5Sselect_none(mspace));
+    }
+    rc = H5Dwrite(d, memtype, mspace, fspace, w->dxpl, cnt > 0 ? buf : (const void *)dummy);
+    if (rc < 0 && !e->msg[0]) {
+        char name[128], h5msg[512];
+        sd_h5_error_string(h5msg, sizeof h5msg); /* before H5Iget_name clears the stack */
+        H5Iget_name(d, name, sizeof name);
+        sd_err_set(e, "writing %s of %s failed on rank %d: %s", name, w->tmp_path, w->rank, h5msg);
+    }
+    SD_H5_CHECK(H5Sclose(mspace));
+    SD_H5_CHECK(H5Sclose(fspace));
+    return rc < 0 ? -1 : 0;
+}
+
+static void nhwc_to_nchw(const float *src, float *dst, int64_t n, int c, size_t hw)
+{
+    for (int64_t s = 0; s < n; s++, src += (size_t)c * hw, dst += (size_t)c * hw)
+        for (size_t p = 0; p < hw; p++)
+            for (int k = 0; k < c; k++)
+                dst[(size_t)k * hw + p] = src[p * (size_t)c + (size_t)k];
+}
+
+static void nchw_to_nhwc(const float *src, float *dst, int64_t n, int c, size_t hw)
+{
+    for (int64_t s = 0; s < n; s++, src += (size_t)c * hw, dst += (size_t)c * hw)
+        for (int k = 0; k < c; k++)
+            for (size_t p = 0; p < hw; p++)
+                dst[p * (size_t)c + (size_t)k] = src[(size_t)k * hw + p];
+}
+
+/* Converts, hashes and writes this rank's slice in rounds of round_samples; every rank runs the
+ * same number of rounds, so the collective writes pair up. */
+static int write_data(writer *w, sd_err *e)
+{
+    const sd_shard_batch *b = w->mine;
+    int64_t B = w->round_samples;
+    int failed = 0;
+    int f16 = w->meta->float_dtype == SD_F16;
+    float *mom_f32 = b->layout == SD_LATENT_NHWC ? sd_xmalloc((size_t)B * w->m_elems * sizeof(float)) : NULL;
+    uint16_t *mom_f16 = f16 ? sd_xmalloc((size_t)B * w->m_elems * 2) : NULL;
+    uint16_t *emb_f16 = f16 ? sd_xmalloc((size_t)B * w->e_elems * 2) : NULL;
+    char *caps = sd_xmalloc((size_t)B * w->cap_w), *keys = sd_xmalloc((size_t)B * w->key_w);
+    hid_t mt_float = f16 ? w->t_float : H5T_NATIVE_FLOAT;
+    size_t mbytes = w->m_elems * w->fsz, ebytes = w->e_elems * w->fsz;
+
+    for (int64_t r = 0; r < w->rounds; r++) {
+        int64_t lo = r * B, cnt = b->n - lo < B ? b->n - lo : B;
+        const void *mom = NULL, *emb = NULL;
+        const int32_t *ids = NULL;
+        if (cnt < 0)
+            cnt = 0;
+        if (cnt > 0) {
+            const float *src = b->moments + (size_t)lo * w->m_elems;
+            if (mom_f32) {
+                nhwc_to_nchw(src, mom_f32, cnt, w->C2, (size_t)w->hs * (size_t)w->hs);
+                src = mom_f32;
+            }
+            if (f16) {
+                sd_f32_to_f16_array(src, mom_f16, (size_t)cnt * w->m_elems);
+                mom = mom_f16;
+                sd_f32_to_f16_array(b->embeddings + (size_t)lo * w->e_elems, emb_f16,
+                                    (size_t)cnt * w->e_elems);
+                emb = emb_f16;
+            } else {
+                mom = src;
+                emb = b->embeddings + (size_t)lo * w->e_elems;
+            }
+            ids = b->ids + (size_t)lo * (size_t)w->L;
+            memset(caps, 0, (size_t)cnt * w->cap_w);
+            memset(keys, 0, (size_t)cnt * w->key_w);
+            for (int64_t i = 0; i < cnt; i++) {
+                const char *c = b->captions[lo + i], *k = b->keys[lo + i];
+                size_t lc = strlen(c), lk = strlen(k);
+                uint64_t h;
+                memcpy(caps + (size_t)i * w->cap_w, c, lc);
+                memcpy(keys + (size_t)i * w->key_w, k, lk);
+                h = hash_bytes(0, (const char *)mom + (size_t)i * mbytes, mbytes);
+                h = hash_bytes(h, (const char *)emb + (size_t)i * ebytes, ebytes);
+                h = hash_bytes(h, ids + (size_t)i * (size_t)w->L, (size_t)w->L * 4);
+                h = hash_bytes(h, c, lc);
+                h = hash_bytes(h, k, lk);
+                w->checksum_part += sample_term(w->offset + lo + i, h);
+            }
+        }
+        failed |= write_rows(w, w->d_mom, mt_float, w->offset + lo, cnt, mom, e);
+        /* A node failure in the middle of a shard: the temporary file holds part of the data. */
+        if (r == 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-write"))
+            fault_kill("shard-write");
+        failed |= write_rows(w, w->d_emb, mt_float, w->offset + lo, cnt, emb, e);
+        failed |= write_rows(w, w->d_ids, H5T_NATIVE_INT32, w->offset + lo, cnt, ids, e);
+        failed |= write_rows(w, w->d_cap, w->t_cap, w->offset + lo, cnt, caps, e);
+        failed |= write_rows(w, w->d_key, w->t_key, w->offset + lo, cnt, keys, e);
+    }
+
+    {
+        /* The empty-caption embedding: rank 0 selects it, the others take part with nothing. */
+        int64_t cnt = w->rank == 0 ? w->L : 0;
+        void *buf = NULL;
+        uint16_t *e16 = NULL;
+        if (w->rank == 0) {
+            if (f16) {
+                e16 = sd_xmalloc(w->e_elems * 2);
+                sd_f32_to_f16_array(w->empty, e16, w->e_elems);
+                buf = e16;
+            } else {
+                buf = (void *)w->empty;
+            }
+            w->checksum_part += shard_terms(w->n_total, hash_bytes(0, buf, w->e_elems * w->fsz));
+        }
+        failed |= write_rows(w, w->d_empty, mt_float, 0, cnt, buf, e);
+        free(e16);
+    }
+    free(mom_f32);
+    free(mom_f16);
+    free(emb_f16);
+    free(caps);
+    free(keys);
+    return failed ? -1 : 0;
+}
+
+static void close_objects(writer *w)
+{
+    hid_t *ids[] = {&w->d_mom, &w->d_emb, &w->d_ids, &w->d_cap, &w->d_key, &w->d_empty};
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++)
+        if (*ids[k] > 0) {
+            SD_H5_CHECK(H5Dclose(*ids[k]));
+            *ids[k] = -1;
+        }
+    if (w->t_float > 0)
+        SD_H5_CHECK(H5Tclose(w->t_float));
+    if (w->t_cap > 0)
+        SD_H5_CHECK(H5Tclose(w->t_cap));
+    if (w->t_key > 0)
+        SD_H5_CHECK(H5Tclose(w->t_key));
+    if (w->dxpl > 0)
+        SD_H5_CHECK(H5Pclose(w->dxpl));
+    w->t_float = w->t_cap = w->t_key = w->dxpl = -1;
+}
+
+/* Rank 0, once every rank has closed and synced the temporary file: rename it, and enter it
+ * into the manifest. */
+static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
+{
+    struct stat st;
+    sd_shard_manifest m;
+    sd_shard_entry *grown;
+    if (stat(w->tmp_path, &st) != 0) {
+        sd_err_set(e, "cannot stat '%s': %s", w->tmp_path, strerror(errno));
+        goto drop_tmp;
+    }
+    entry->bytes = (int64_t)st.st_size;
+    if (rename(w->tmp_path, w->final_path) != 0) {
+        sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_path, w->final_path, strerror(errno));
+        goto drop_tmp;
+    }
+    if (fsync_path(w->dir, e))
+        goto drop_final;
+    /* A node failure between rename and manifest: a complete file that no reader may use. */
+    if (sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-commit"))
+        fault_kill("shard-commit");
+    if (sd_shard_manifest_read(w->dir, &m, e))
+        goto drop_final;
+    grown = sd_xrealloc(m.entries, ((size_t)m.n + 1) * sizeof *grown);
+    grown[m.n] = *entry;
+    m.entries = grown;
+    m.n++;
+    qsort(m.entries, (size_t)m.n, sizeof *m.entries, entry_cmp);
+    if (manifest_write(w->dir, &m, e)) {
+        sd_shard_manifest_free(&m);
+        goto drop_final;
+    }
+    sd_shard_manifest_free(&m);
+    return 0;
+drop_tmp:
+    unlink(w->tmp_path);
+    return -1;
+drop_final:
+    unlink(w->final_path);
+    return -1;
+}
+
+static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
+{
+    const sd_shard_meta *m;
+    int64_t *counts, maxv[4], v[4];
+    uint64_t fp, checksum = 0;
+    size_t sample_bytes;
+    sd_shard_entry entry;
+    hid_t fapl;
+    int created, n_created;
+
+    SD_MPI_CHECK(MPI_Comm_rank(w->comm, &w->rank));
+    SD_MPI_CHECK(MPI_Comm_size(w->comm, &w->size));
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w->world_rank));
+    w->file = w->t_float = w->t_cap = w->t_key = w->dxpl = -1;
+    w->d_mom = w->d_emb = w->d_ids = w->d_cap = w->d_key = w->d_empty = -1;
+
+    /* 1. Inputs, checked on every rank; then every rank must hold the same metadata. */
+    if (agree(w->comm, validate_local(w, e) != 0, e))
+        return -1;
+    m = w->meta;
+    fp = meta_fingerprint(w);
+    v[0] = (int64_t)w->cap_w, v[1] = (int64_t)w->key_w, v[2] = (int64_t)(fp >> 2), v[3] = -(int64_t)(fp >> 2);
+    SD_MPI_CHECK(MPI_Allreduce(v, maxv, 4, MPI_INT64_T, MPI_MAX, w->comm));
+    sd_shard_file_name(w->index, w->file_name, sizeof w->file_name);
+    if (maxv[2] != -maxv[3])
+        return sd_err_set(e, "%s/%s: the ranks passed different shard metadata (resolution, shapes, "
+                             "dtype, weights or directory must be the same on every rank)",
+                          w->dir, w->file_name);
+    w->cap_w = (size_t)maxv[0];
+    w->key_w = (size_t)maxv[1];
+    w->C2 = 2 * m->latent_channels;
+    w->hs = m->resolution / 8;
+    w->L = m->text_len;
+    w->D = m->embed_dim;
+    w->fsz = m->float_dtype == SD_F16 ? 2 : 4;
+    w->m_elems = (size_t)w->C2 * (size_t)w->hs * (size_t)w->hs;
+    w->e_elems = (size_t)w->L * (size_t)w->D;
+    {
+        char tmp_name[80];
+        snprintf(tmp_name, sizeof tmp_name, ".%s.tmp", w->file_name);
+        if (join_path(w->final_path, sizeof w->final_path, w->dir, w->file_name, e) ||
+            join_path(w->tmp_path, sizeof w->tmp_path, w->dir, tmp_name, e))
+            return -1; /* the same on every rank */
+    }
+
+    /* 2. Rank 0 checks the directory and that the shard is not committed yet. */
+    if (agree(w->comm, w->rank == 0 && prepare_dir(w, e) != 0, e))
+        return -1;
+    w->created = creation_time();
+    SD_MPI_CHECK(MPI_Bcast(&w->created, 1, MPI_INT64_T, 0, w->comm));
+
+    /* 3. Where each rank's slice goes. */
+    counts = sd_xmalloc((size_t)w->size * sizeof *counts);
+    SD_MPI_CHECK(MPI_Allgather(&w->mine->n, 1, MPI_INT64_T, counts, 1, MPI_INT64_T, w->comm));
+    w->offset = w->n_total = 0;
+    {
+        int64_t max_n = 0;
+        for (int r = 0; r < w->size; r++) {
+            if (r < w->rank)
+                w->offset += counts[r];
+            w->n_total += counts[r];
+            if (counts[r] > max_n)
+                max_n = counts[r];
+        }
+        sample_bytes = (w->m_elems + w->e_elems) * (w->fsz + 4) + (size_t)w->L * 4 + w->cap_w + w->key_w;
+        w->round_samples = (int64_t)(ROUND_BYTES / sample_bytes);
+        if (w->round_samples < 1)
+            w->round_samples = 1;
+        w->rounds = (max_n + w->round_samples - 1) / w->round_samples;
+    }
+    free(counts);
+    if (w->n_total == 0)
+        return sd_err_set(e, "%s: no rank contributes a sample; a shard needs at least one", w->final_path);
+
+    /* 4. Create the temporary file together. MPI_File_open is collective, so it fails everywhere
+     * or nowhere; a split outcome cannot be cleaned up without a hang and ends the job. */
+    SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
+    SD_H5_CHECK(H5Pset_fapl_mpio(fapl, w->comm, MPI_INFO_NULL));
+    SD_H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1));
+    SD_H5_CHECK(H5Pset_coll_metadata_write(fapl, 1));
+    w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    created = w->file >= 0;
+    if (!created) {
+        /* now: the next HDF5 call clears the error stack */
+        char h5msg[512];
+        sd_err_set(e, "cannot create '%s': %s", w->tmp_path, sd_h5_error_string(h5msg, sizeof h5msg));
+    }
+    SD_H5_CHECK(H5Pclose(fapl));
+    SD_MPI_CHECK(MPI_Allreduce(&created, &n_created, 1, MPI_INT, MPI_SUM, w->comm));
+    if (n_created != 0 && n_created != w->size)
+        sd_fatalf(__FILE__, __LINE__, __func__, "H5Fcreate",
+                  "'%s' was created on %d of %d ranks; cannot continue without a hang", w->tmp_path,
+                  n_created, w->size);
+    if (!created) {
+        agree(w->comm, w->rank == 0, e);
+        return -1;
+    }
+
+    /* 5. Attributes and datasets (collective metadata), then the data in collective rounds. */
+    write_header(w);
+    SD_H5_CHECK(w->dxpl = H5Pcreate(H5P_DATASET_XFER));
+    SD_H5_CHECK(H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_COLLECTIVE));
+    {
+        int failed = write_data(w, e) != 0;
+        close_objects(w);
+        if (H5Fclose(w->file) < 0 && !failed) {
+            char h5msg[512];
+            sd_err_set(e, "closing '%s' failed on rank %d: %s", w->tmp_path, w->rank,
+                       sd_h5_error_string(h5msg, sizeof h5msg));
+            failed = 1;
+        }
+        /* Every rank syncs the closed file: on a parallel file system each client flushes the
+         * pages it wrote, so all of the data is on stable storage before rank 0 renames it. */
+        if (!failed && fsync_path(w->tmp_path, e))
+            failed = 1;
+        w->file = -1;
+        if (agree(w->comm, failed, e)) {
+            if (w->rank == 0)
+                unlink(w->tmp_path);
+            return -1;
+        }
+    }
+
+    /* 6. Every rank succeeded: rank 0 commits. */
+    SD_MPI_CHECK(MPI_Reduce(&w->checksum_part, &checksum, 1, MPI_UINT64_T, MPI_SUM, 0, w->comm));
+    memset(&entry, 0, sizeof entry);
+    entry.index = w->index;
+    entry.samples = w->n_total;
+    entry.resolution = m->resolution;
+    entry.checksum = checksum;
+    snprintf(entry.file, sizeof entry.file, "%s", w->file_name);
+    if (w->rank != 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-commit"))
+        fault_kill("shard-commit");
+    if (agree(w->comm, w->rank == 0 && commit(w, &entry, e) != 0, e))
+        return -1;
+    SD_MPI_CHECK(MPI_Bcast(&entry, (int)sizeof entry, MPI_BYTE, 0, w->comm));
+    if (out)
+        *out = entry;
+    return 0;
+}
+
+int sd_shard_write(MPI_Comm comm, const char *dir, int64_t index, const sd_shard_meta *meta,
+                   const float *empty_embedding, const sd_shard_batch *mine,
+                   sd_shard_entry *committed, sd_err *err)
+{
+    writer w;
+    sd_err e;
+    sd_h5_quiet q;
+    int rc;
+    memset(&w, 0, sizeof w);
+    sd_err_clear(&e);
+    w.comm = comm;
+    w.dir = dir;
+    w.index = index;
+    w.meta = meta;
+    w.mine = mine;
+    w.empty = empty_embedding;
+    sd_h5_quiet_begin(&q);
+    rc = shard_write(&w, committed, &e);
+    sd_h5_quiet_end(&q);
+    if (rc)
+        sd_err_set(err, "%s", e.msg);
+    return rc;
+}
+
+/* ---- the reader ----------------------------------------------------------------------------- */
+
+struct sd_shard {
+    hid_t file;
+    hid_t d_mom, d_emb, d_ids, d_cap, d_key, d_empty;
+    hid_t t_float;  /* memory type for raw stored floats */
+    sd_shard_info info;
+};
+
+static int read_attr_raw(hid_t loc, const char *name, hid_t want_class, sd_shard *s, hid_t *attr,
+                         hid_t *type, sd_err *err)
+{
+    htri_t exists = H5Aexists(loc, name);
+    hid_t space;
+    if (exists <= 0)
+        return sd_err_set(err, "%s: attribute '%s' is missing", s->info.path, name);
+    SD_H5_CHECK(*attr = H5Aopen(loc, name, H5P_DEFAULT));
+    SD_H5_CHECK(*type = H5Aget_type(*attr));
+    SD_H5_CHECK(space = H5Aget_space(*attr));
+    if (H5Tget_class(*type) != want_class || H5Sget_simple_extent_npoints(space) != 1) {
+        SD_H5_CHECK(H5Sclose(space));
+        SD_H5_CHECK(H5Tclose(*type));
+        SD_H5_CHECK(H5Aclose(*attr));
+        return sd_err_set(err, "%s: attribute '%s' has the wrong type or shape", s->info.path, name);
+    }
+    SD_H5_CHECK(H5Sclose(space));
+    return 0;
+}
+
+static int read_attr_str(hid_t loc, const char *name, char *buf, size_t size, sd_shard *s, sd_err *err)
+{
+    hid_t a, t, mt;
+    if (read_attr_raw(loc, name, H5T_STRING, s, &a, &t, err))
+        return -1;
+    if (H5Tis_variable_str(t) > 0) {
+        char *v = NULL;
+        SD_H5_CHECK(mt = H5Tcopy(H5T_C_S1));
+        SD_H5_CHECK(H5Tset_size(mt, H5T_VARIABLE));
+        SD_H5_CHECK(H5Tset_cset(mt, H5Tget_cset(t)));
+        SD_H5_CHECK(H5Aread(a, mt, &v));
+        snprintf(buf, size, "%s", v ? v : "");
+        H5free_memory(v);
+    } else {
+        size_t w = H5Tget_size(t);
+        char *tmp = sd_xcalloc(w + 1, 1);
+        SD_H5_CHECK(mt = H5Tcopy(t));
+        SD_H5_CHECK(H5Aread(a, mt, tmp));
+        snprintf(buf, size, "%s", tmp);
+        free(tmp);
+    }
+    SD_H5_CHECK(H5Tclose(mt));
+    SD_H5_CHECK(H5Tclose(t));
+    SD_H5_CHECK(H5Aclose(a));
+    return 0;
+}
+
+static int read_attr_i64(hid_t loc, const char *name, int64_t *out, sd_shard *s, sd_err *err)
+{
+    hid_t a, t;
+    if (read_attr_raw(loc, name, H5T_INTEGER, s, &a, &t, err))
+        return -1;
+    SD_H5_CHECK(H5Aread(a, H5T_NATIVE_INT64, out));
+    SD_H5_CHECK(H5Tclose(t));
+    SD_H5_CHECK(H5Aclose(a));
+    return 0;
+}
+
+static int read_attr_f64(hid_t loc, const char *name, double *out, sd_shard *s, sd_err *err)
+{
+    hid_t a, t;
+    if (read_attr_raw(loc, name, H5T_FLOAT, s, &a, &t, err))
+        return -1;
+    SD_H5_CHECK(H5Aread(a, H5T_NATIVE_DOUBLE, out));
+    SD_H5_CHECK(H5Tclose(t));
+    SD_H5_CHECK(H5Aclose(a));
+    return 0;
+}
+
+/* Opens a dataset and checks its type class, element size and dimensions (-1 = any, then
+ * returned in dims). */
+static int open_dataset(sd_shard *s, const char *name, H5T_class_t cls, size_t elem, int nd,
+                        hsize_t *dims, hid_t *out, sd_err *err)
+{
+    hid_t d, t, space;
+    hsize_t got[8];
+    int gnd, ok;
+    htri_t exists = H5Lexists(s->file, name, H5P_DEFAULT);
+    if (exists <= 0)
+        return sd_err_set(err, "%s: dataset '%s' is missing", s->info.path, name);
+    d = H5Dopen2(s->file, name, H5P_DEFAULT);
+    if (d < 0)
+        return sd_err_set(err, "%s: '%s' is not a dataset", s->info.path, name);
+    SD_H5_CHECK(t = H5Dget_type(d));
+    SD_H5_CHECK(space = H5Dget_space(d));
+    gnd = H5Sget_simple_extent_ndims(space);
+    ok = H5Tget_class(t) == cls && (elem == 0 || H5Tget_size(t) == elem) && gnd == nd;
+    if (ok && cls == H5T_STRING)
+        ok = H5Tis_variable_str(t) == 0;
+    if (ok) {
+        SD_H5_CHECK(H5Sget_simple_extent_dims(space, got, NULL));
+        for (int k = 0; k < nd; k++) {
+            if (dims[k] != (hsize_t)-1 && dims[k] != got[k])
+                ok = 0;
+            dims[k] = got[k];
+        }
+    }
+    if (!ok) {
+        char want[160], have[160];
+        int64_t wd[8], hd[8];
+        for (int k = 0; k < nd; k++)
+            wd[k] = (int64_t)dims[k];
+        sd_shape_str(nd, wd, want, sizeof want);
+        if (gnd < 0 || gnd > 8 || H5Sget_simple_extent_dims(space, got, NULL) < 0) {
+            snprintf(have, sizeof have, "?");
+        } else {
+            for (int k = 0; k < gnd; k++)
+                hd[k] = (int64_t)got[k];
+            sd_shape_str(gnd, hd, have, sizeof have);
+        }
+        H5Sclose(space);
+        H5Tclose(t);
+        H5Dclose(d);
+        return sd_err_set(err, "%s: dataset '%s' has the wrong type or shape %s (expected %s%s "
+                               "elements, shape %s)", s->info.path, name, have,
+                          elem == 2 ? "16-bit " : elem == 4 ? "32-bit " : "",
+                          cls == H5T_FLOAT ? "float" : cls == H5T_INTEGER ? "integer" : "fixed-length string",
+                          want);
+    }
+    if (cls == H5T_FLOAT && elem == 2) {
+        size_t spos, epos, esize, mpos, msize;
+        /* Raw reads reinterpret the bits as IEEE binary16: make sure that is what they are. */
+        SD_H5_CHECK(H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize));
+        if (spos != 15 || epos != 10 || esize != 5 || mpos != 0 || msize != 10 || H5Tget_ebias(t) != 15 ||
+            H5Tget_order(t) != H5T_ORDER_LE) {
+            H5Sclose(space);
+            H5Tclose(t);
+            H5Dclose(d);
+            return sd_err_set(err, "%s: dataset '%s' is a 16-bit float that is not IEEE binary16",
+                              s->info.path, name);
+        }
+    }
+    SD_H5_CHECK(H5Sclose(space));
+    SD_H5_CHECK(H5Tclose(t));
+    *out = d;
+    return 0;
+}
+
+void sd_shard_close(sd_shard *s)
+{
+    hid_t ids[] = {s ? s->d_mom : -1, s ? s->d_emb : -1, s ? s->d_ids : -1,
+                   s ? s->d_cap : -1, s ? s->d_key : -1, s ? s->d_empty : -1};
+    if (!s)
+        return;
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++)
+        if (ids[k] >= 0)
+            SD_H5_CHECK(H5Dclose(ids[k]));
+    if (s->t_float >= 0)
+        SD_H5_CHECK(H5Tclose(s->t_float));
+    if (s->file >= 0)
+        SD_H5_CHECK(H5Fclose(s->file));
+    free(s);
+}
+
+static int shard_open(sd_shard *s, const char *path, sd_err *err)
+{
+    sd_shard_info *in = &s->info;
+    hid_t fapl;
+    int64_t v;
+    char dtype[32];
+    hsize_t dims[4];
+    size_t fsz;
+    htri_t is_h5;
+
+    if (snprintf(in->path, sizeof in->path, "%s", path) >= (int)sizeof in->path)
+        return sd_err_set(err, "path too long: '%s'", path);
+    if (access(path, R_OK) != 0)
+        return sd_err_set(err, "cannot open shard '%s': %s", path, strerror(errno));
+    SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
+    SD_H5_CHECK(H5Pset_fapl_sec2(fapl));
+#if (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7) || H5_VERSION_GE(1, 12, 1)
+    /* Committed shards never change, so readers need no lock; and flock is unavailable on some
+     * parallel file systems, where it would make every open fail. */
+    SD_H5_CHECK(H5Pset_file_locking(fapl, 0, 1));
+#endif
+    s->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    if (s->file < 0) {
+        char h5msg[512];
+        sd_err_set(err, "cannot open shard '%s': %s", path, sd_h5_error_string(h5msg, sizeof h5msg));
+        SD_H5_CHECK(H5Pclose(fapl));
+        /* Only now ask whether it is HDF5 at all: H5Fis_hdf5 opens with default (locking)
+         * settings, which some parallel file systems refuse. */
+        is_h5 = H5Fis_hdf5(path);
+        if (is_h5 == 0)
+            sd_err_set(err, "'%s' is not an HDF5 file (a latent shard is one)", path);
+        return -1;
+    }
+    SD_H5_CHECK(H5Pclose(fapl));
+    if (H5Aexists(s->file, "format") <= 0)
+        return sd_err_set(err, "'%s' is not an sdtrain latent shard (no 'format' attribute)", path);
+    {
+        char format[64];
+        if (read_attr_str(s->file, "format", format, sizeof format, s, err))
+            return -1;
+        if (strcmp(format, SD_SHARD_FORMAT) != 0)
+            return sd_err_set(err, "'%s' is not an sdtrain latent shard (format '%s', expected '%s')", path,
+                              format, SD_SHARD_FORMAT);
+    }
+    if (read_attr_i64(s->file, "format_version", &v, s, err))
+        return -1;
+    if (v < 1 || v > SD_SHARD_FORMAT_VERSION)
+        return sd_err_set(err, "%s: latent shard format version %lld is not one this sdtrain reads (%d%s)",
+                          path, (long long)v, SD_SHARD_FORMAT_VERSION,
+                          v > SD_SHARD_FORMAT_VERSION ? "; the file is newer than this program" : "");
+    in->format_version = (int)v;
+    if (read_attr_i64(s->file, "shard_index", &in->shard_index, s, err) ||
+        read_attr_i64(s->file, "num_samples", &in->n_samples, s, err))
+        return -1;
+    if (read_attr_i64(s->file, "resolution", &v, s, err))
+        return -1;
+    in->resolution = (int)v;
+    if (read_attr_i64(s->file, "latent_channels", &v, s, err))
+        return -1;
+    in->latent_channels = (int)v;
+    if (read_attr_i64(s->file, "text_len", &v, s, err))
+        return -1;
+    in->text_len = (int)v;
+    if (read_attr_i64(s->file, "embed_dim", &v, s, err))
+        return -1;
+    in->embed_dim = (int)v;
+    if (read_attr_f64(s->file, "latent_scaling_factor", &in->scaling_factor, s, err) ||
+        read_attr_str(s->file, "float_dtype", dtype, sizeof dtype, s, err) ||
+        read_attr_str(s->file, "weights_path", in->weights_path, sizeof in->weights_path, s, err) ||
+        read_attr_str(s->file, "weights_hash", in->weights_hash, sizeof in->weights_hash, s, err) ||
+        read_attr_str(s->file, "created", in->created, sizeof in->created, s, err) ||
+        read_attr_str(s->file, "creator", in->creator, sizeof in->creator, s, err))
+        return -1;
+    if (in->n_samples < 1 || in->resolution < 8 || in->resolution % 8 || in->latent_channels < 1 ||
+        in->text_len < 1 || in->embed_dim < 1)
+        return sd_err_set(err, "%s: invalid shard attributes (num_samples %lld, resolution %d, "
+                               "latent_channels %d, text_len %d, embed_dim %d)", path,
+                          (long long)in->n_samples, in->resolution, in->latent_channels, in->text_len,
+                          in->embed_dim);
+    if (!strcmp(dtype, "float16"))
+        in->float_dtype = SD_F16, fsz = 2;
+    else if (!strcmp(dtype, "float32"))
+        in->float_dtype = SD_F32, fsz = 4;
+    else
+        return sd_err_set(err, "%s: unknown float_dtype '%s' (expected float16 or float32)", path, dtype);
+    in->latent_size = in->resolution / 8;
+    snprintf(in->latents_name, sizeof in->latents_name, "image_latents_%d", in->resolution);
+
+    dims[0] = (hsize_t)in->n_samples, dims[1] = (hsize_t)(2 * in->latent_channels);
+    dims[2] = dims[3] = (hsize_t)in->latent_size;
+    if (open_dataset(s, in->latents_name, H5T_FLOAT, fsz, 4, dims, &s->d_mom, err))
+        return -1;
+    dims[1] = (hsize_t)in->text_len, dims[2] = (hsize_t)in->embed_dim;
+    if (open_dataset(s, "caption_embeddings", H5T_FLOAT, fsz, 3, dims, &s->d_emb, err) ||
+        open_dataset(s, "caption_ids", H5T_INTEGER, 4, 2, dims, &s->d_ids, err))
+        return -1;
+    if (open_dataset(s, "caption", H5T_STRING, 0, 1, dims, &s->d_cap, err) ||
+        open_dataset(s, "key", H5T_STRING, 0, 1, dims, &s->d_key, err))
+        return -1;
+    dims[0] = (hsize_t)in->text_len, dims[1] = (hsize_t)in->embed_dim;
+    if (open_dataset(s, "empty_caption_embedding", H5T_FLOAT, fsz, 2, dims, &s->d_empty, err))
+        return -1;
+    {
+        hid_t t;
+        SD_H5_CHECK(t = H5Dget_type(s->d_cap));
+        in->caption_width = H5Tget_size(t);
+        SD_H5_CHECK(H5Tclose(t));
+        SD_H5_CHECK(t = H5Dget_type(s->d_key));
+        in->key_width = H5Tget_size(t);
+        SD_H5_CHECK(H5Tclose(t));
+    }
+    if (in->float_dtype == SD_F16)
+        s->t_float = make_f16_type();
+    else
+        SD_H5_CHECK(s->t_float = H5Tcopy(H5T_NATIVE_FLOAT));
+    return 0;
+}
+
+int sd_shard_open(const char *path, sd_shard **out, sd_err *err)
+{
+    sd_shard *s = sd_xcalloc(1, sizeof *s);
+    sd_h5_quiet q;
+    int rc;
+    s->file = s->d_mom = s->d_emb = s->d_ids = s->d_cap = s->d_key = s->d_empty = s->t_float = -1;
+    sd_h5_quiet_begin(&q);
+    rc = shard_open(s, path, err);
+    if (rc) {
+        /* Partially opened objects: close quietly, the error is already in err. */
+        hid_t ids[] = {s->d_mom, s->d_emb, s->d_ids, s->d_cap, s->d_key, s->d_empty};
+        for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++)
+            if (ids[k] >= 0)
+                H5Dclose(ids[k]);
+        if (s->t_float >= 0)
+            H5Tclose(s->t_float);
+        if (s->file >= 0)
+            H5Fclose(s->file);
+        free(s);
+        s = NULL;
+    }
+    sd_h5_quiet_end(&q);
+    *out = s;
+    return rc;
+}
+
+int sd_shard_open_entry(const char *dir, const sd_shard_entry *e, sd_shard **out, sd_err *err)
+{
+    char path[SD_PATH_MAX + 80];
+    struct stat st;
+    *out = NULL;
+    if (join_path(path, sizeof path, dir, e->file, err))
+        return -1;
+    if (stat(path, &st) != 0)
+        return sd_err_set(err, "cannot open committed shard '%s': %s", path, strerror(errno));
+    if ((int64_t)st.st_size != e->bytes)
+        return sd_err_set(err, "%s has %lld bytes but the manifest recorded %lld at commit", path,
+                          (long long)st.st_size, (long long)e->bytes);
+    if (sd_shard_open(path, out, err))
+        return -1;
+    if ((*out)->info.n_samples != e->samples || (*out)->info.resolution != e->resolution ||
+        (*out)->info.shard_index != e->index) {
+        sd_err_set(err, "%s holds shard %lld with %lld samples at %d px, but the manifest lists shard "
+                        "%lld with %lld samples at %d px", path, (long long)(*out)->info.shard_index,
+                   (long long)(*out)->info.n_samples, (*out)->info.resolution, (long long)e->index,
+                   (long long)e->samples, e->resolution);
+        sd_shard_close(*out);
+        *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+const sd_shard_info *sd_shard_get_info(const sd_shard *s)
+{
+    return &s->info;
+}
+
+/* Reads rows start, start+stride, ... (count) of dataset d in memory type mt into dst. */
+static int read_rows(sd_shard *s, hid_t d, const char *name, hid_t mt, int64_t start, int64_t count,
+                     int64_t stride, void *dst, sd_err *err)
+{
+    hsize_t dims[4], hstart[4] = {0}, hcount[4];
+    hid_t fspace, mspace;
+    herr_t rc = 0;
+    int nd;
+    size_t row_bytes;
+    int64_t runs, run_len;
+    sd_h5_quiet q;
+    if (count < 0 || stride < 1 || start < 0 ||
+        (count > 0 && (start >= s->info.n_samples || (s->info.n_samples - 1 - start) / stride < count - 1)))
+        return sd_err_set(err, "%s: cannot read %lld samples of '%s' from %lld with stride %lld: the "
+                               "shard has %lld", s->info.path, (long long)count, name, (long long)start,
+                          (long long)stride, (long long)s->info.n_samples);
+    if (count == 0)
+        return 0;
+    SD_H5_CHECK(fspace = H5Dget_space(d));
+    SD_H5_CHECK(nd = H5Sget_simple_extent_dims(fspace, dims, NULL));
+    row_bytes = H5Tget_size(mt);
+    for (int k = 1; k < nd; k++) {
+        hcount[k] = dims[k];
+        row_bytes *= (size_t)dims[k];
+    }
+    /* Strided hyperslabs over chunked data are slow in HDF5 1.10 (about 2 ms per sample at
+     * 512 px against 0.02 ms for a single-row read), so a stride becomes one read per row. */
+    runs = stride == 1 ? 1 : count;
+    run_len = stride == 1 ? count : 1;
+    hcount[0] = (hsize_t)run_len;
+    SD_H5_CHECK(mspace = H5Screate_simple(nd, hcount, NULL));
+    sd_h5_quiet_begin(&q);
+    for (int64_t r = 0; r < runs && rc >= 0; r++) {
+        hstart[0] = (hsize_t)(start + r * stride);
+        SD_H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, hstart, NULL, hcount, NULL));
+        rc = H5Dread(d, mt, mspace, fspace, H5P_DEFAULT, (char *)dst + (size_t)r * row_bytes);
+        if (rc < 0) {
+            char h5msg[512];
+            sd_err_set(err, "%s: reading '%s' failed: %s", s->info.path, name,
+                       sd_h5_error_string(h5msg, sizeof h5msg));
+        }
+    }
+    sd_h5_quiet_end(&q);
+    SD_H5_CHECK(H5Sclose(mspace));
+    SD_H5_CHECK(H5Sclose(fspace));
+    return rc < 0 ? -1 : 0;
+}
+
+/* Floats as fp32: fp16 is read raw and widened exactly (not by HDF5's generic conversion). */
+static int read_floats(sd_shard *s, hid_t d, const char *name, int64_t start, int64_t count,
+                       int64_t stride, size_t per_sample, float *dst, sd_err *err)
+{
+    uint16_t *raw;
+    int rc;
+    if (s->info.float_dtype == SD_F32)
+        return read_rows(s, d, name, s->t_float, start, count, stride, dst, err);
+    raw = sd_xmalloc((size_t)(count > 0 ? count : 1) * per_sample * 2);
+    rc = read_rows(s, d, name, s->t_float, start, count, stride, raw, err);
+    if (rc == 0)
+        sd_f16_to_f32_array(raw, dst, (size_t)count * per_sample);
+    free(raw);
+    return rc;
+}
+
+int sd_shard_read_moments(sd_shard *s, int64_t start, int64_t count, int64_t stride,
+                          sd_latent_layout layout, float *dst, sd_err *err)
+{
+    size_t hw = (size_t)s->info.latent_size * (size_t)s->info.latent_size;
+    size_t per = (size_t)(2 * s->info.latent_channels) * hw;
+    float *nchw;
+    if (layout == SD_LATENT_NCHW)
+        return read_floats(s, s->d_mom, s->info.latents_name, start, count, stride, per, dst, err);
+    if (layout != SD_LATENT_NHWC)
+        return sd_err_set(err, "%s: unknown latent layout %d", s->info.path, (int)layout);
+    nchw = sd_xmalloc((size_t)(count > 0 ? count : 1) * per * sizeof(float));
+    if (read_floats(s, s->d_mom, s->info.latents_name, start, count, stride, per, nchw, err)) {
+        free(nchw);
+        return -1;
+    }
+    nchw_to_nhwc(nchw, dst, count, 2 * s->info.latent_channels, hw);
+    free(nchw);
+    return 0;
+}
+
+int sd_shard_read_embeddings(sd_shard *s, int64_t start, int64_t count, int64_t stride, float *dst,
+                             sd_err *err)
+{
+    return read_floats(s, s->d_emb, "caption_embeddings", start, count, stride,
+                       (size_t)s->info.text_len * (size_t)s->info.embed_dim, dst, err);
+}
+
+int sd_shard_read_ids(sd_shard *s, int64_t start, int64_t count, int64_t stride, int32_t *dst,
+                      sd_err *err)
+{
+    return read_rows(s, s->d_ids, "caption_ids", H5T_NATIVE_INT32, start, count, stride, dst, err);
+}
+
+static int read_strings(sd_shard *s, hid_t d, const char *name, size_t stored, int64_t start,
+                        int64_t count, int64_t stride, char *dst, size_t width, sd_err *err)
+{
+    hid_t t;
+    char *raw;
+    int rc;
+    if (width <= stored)
+        return sd_err_set(err, "%s: '%s' holds strings of up to %zu bytes; rows of %zu bytes cannot "
+                               "hold them with a NUL", s->info.path, name, stored, width);
+    SD_H5_CHECK(t = H5Dget_type(d));
+    raw = sd_xmalloc((size_t)(count > 0 ? count : 1) * stored);
+    rc = read_rows(s, d, name, t, start, count, stride, raw, err);
+    SD_H5_CHECK(H5Tclose(t));
+    if (rc == 0)
+        for (int64_t i = 0; i < count; i++) {
+            size_t n = field_len(raw + (size_t)i * stored, stored);
+            memcpy(dst + (size_t)i * width, raw + (size_t)i * stored, n);
+            memset(dst + (size_t)i * width + n, 0, width - n);
+        }
+    free(raw);
+    return rc;
+}
+
+int sd_shard_read_captions(sd_shard *s, int64_t start, int64_t count, int64_t stride, char *dst,
+                           size_t width, sd_err *err)
+{
+    return read_strings(s, s->d_cap, "caption", s->info.caption_width, start, count, stride, dst, width, err);
+}
+
+int sd_shard_read_keys(sd_shard *s, int64_t start, int64_t count, int64_t stride, char *dst,
+                       size_t width, sd_err *err)
+{
+    return read_strings(s, s->d_key, "key", s->info.key_width, start, count, stride, dst, width, err);
+}
+
+int sd_shard_read_empty_embedding(sd_shard *s, float *dst, sd_err *err)
+{
+    hsize_t n = (hsize_t)s->info.text_len * (hsize_t)s->info.embed_dim;
+    herr_t rc;
+    sd_h5_quiet q;
+    uint16_t *raw = s->info.float_dtype == SD_F16 ? sd_xmalloc(n * 2) : NULL;
+    sd_h5_quiet_begin(&q);
+    rc = H5Dread(s->d_empty, s->t_float, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw ? (void *)raw : (void *)dst);
+    if (rc < 0) {
+        char h5msg[512];
+        sd_err_set(err, "%s: reading 'empty_caption_embedding' failed: %s", s->info.path,
+                   sd_h5_error_string(h5msg, sizeof h5msg));
+    } else if (raw) {
+        sd_f16_to_f32_array(raw, dst, n);
+    }
+    sd_h5_quiet_end(&q);
+    free(raw);
+    return rc < 0 ? -1 : 0;
+}
+
+int sd_shard_checksum(sd_shard *s, uint64_t *out, sd_err *err)
+{
+    const sd_shard_info *in = &s->info;
+    size_t fsz = in->float_dtype == SD_F16 ? 2 : 4;
+    size_t m_el = (size_t)(2 * in->latent_channels) * (size_t)in->latent_size * (size_t)in->latent_size;
+    size_t e_el = (size_t)in->text_len * (size_t)in->embed_dim, L = (size_t)in->text_len;
+    size_t per = (m_el + e_el) * fsz + L * 4 + in->caption_width + in->key_width;
+    int64_t B = (int64_t)(ROUND_BYTES / per);
+    char *mom, *emb, *cap, *key;
+    int32_t *ids;
+    hid_t tc, tk;
+    uint64_t sum = 0;
+    int rc = 0;
+    if (B < 1)
+        B = 1;
+    if (B > in->n_samples)
+        B = in->n_samples;
+    mom = sd_xmalloc((size_t)B * m_el * fsz);
+    emb = sd_xmalloc((size_t)B * e_el * fsz);
+    ids = sd_xmalloc((size_t)B * L * 4);
+    cap = sd_xmalloc((size_t)B * in->caption_width);
+    key = sd_xmalloc((size_t)B * in->key_width);
+    SD_H5_CHECK(tc = H5Dget_type(s->d_cap));
+    SD_H5_CHECK(tk = H5Dget_type(s->d_key));
+    for (int64_t lo = 0; lo < in->n_samples && rc == 0; lo += B) {
+        int64_t cnt = in->n_samples - lo < B ? in->n_samples - lo : B;
+        rc = read_rows(s, s->d_mom, in->latents_name, s->t_float, lo, cnt, 1, mom, err) ||
+             read_rows(s, s->d_emb, "caption_embeddings", s->t_float, lo, cnt, 1, emb, err) ||
+             read_rows(s, s->d_ids, "caption_ids", H5T_NATIVE_INT32, lo, cnt, 1, ids, err) ||
+             read_rows(s, s->d_cap, "caption", tc, lo, cnt, 1, cap, err) ||
+             read_rows(s, s->d_key, "key", tk, lo, cnt, 1, key, err);
+        for (int64_t i = 0; rc == 0 && i < cnt; i++) {
+            const char *c = cap + (size_t)i * in->caption_width, *k = key + (size_t)i * in->key_width;
+            uint64_t h = hash_bytes(0, mom + (size_t)i * m_el * fsz, m_el * fsz);
+            h = hash_bytes(h, emb + (size_t)i * e_el * fsz, e_el * fsz);
+            h = hash_bytes(h, ids + (size_t)i * L, L * 4);
+            h = hash_bytes(h, c, field_len(c, in->caption_width));
+            h = hash_bytes(h, k, field_len(k, in->key_width));
+            sum += sample_term(lo + i, h);
+        }
+    }
+    if (rc == 0) {
+        char *empty = sd_xmalloc(e_el * fsz);
+        sd_h5_quiet q;
+        herr_t hr;
+        sd_h5_quiet_begin(&q);
+        hr = H5Dread(s->d_empty, s->t_float, H5S_ALL, H5S_ALL, H5P_DEFAULT, empty);
+        sd_h5_quiet_end(&q);
+        if (hr < 0)
+            rc = sd_err_set(err, "%s: reading 'empty_caption_embedding' failed", in->path);
+        else
+            sum += shard_terms(in->n_samples, hash_bytes(0, empty, e_el * fsz));
+        free(empty);
+    }
+    SD_H5_CHECK(H5Tclose(tc));
+    SD_H5_CHECK(H5Tclose(tk));
+    free(mom);
+    free(emb);
+    free(ids);
+    free(cap);
+    free(key);
+    if (rc == 0)
+        *out = sum;
+    return rc ? -1 : 0;
+}
