@@ -58,6 +58,8 @@ typedef struct sd_config {
         int64_t max_samples;
         double val_fraction;
         bool exif_transpose;
+        char caption_utf8[SD_NAME_MAX];    /* replace | reject */
+        char missing_caption[SD_NAME_MAX]; /* skip | empty */
     } data;
     struct {
         int64_t max_steps;

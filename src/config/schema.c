@@ -86,6 +86,11 @@ static const sd_option options[] = {
     INT(data, max_samples, "0", 0, U, "samples", "Stop after this many input samples (0 = all)."),
     REAL(data, val_fraction, "0.01", 0, 0.5, "",
          "Fraction of samples held out for validation, chosen by a hash of the sample key."),
+    CHOICE(data, caption_utf8, "'replace'", "replace|reject",
+           "A caption that is not valid UTF-8: 'replace' repairs it with U+FFFD (as Python's "
+           "errors='replace'), 'reject' skips the sample; either way it is counted."),
+    CHOICE(data, missing_caption, "'skip'", "skip|empty",
+           "An image without a caption: 'skip' it, or keep it with the empty caption (counted)."),
     LOGICAL(data, exif_transpose, ".false.",
             "Apply the JPEG EXIF orientation before resizing (the reference Pillow pipeline does not)."),
 
