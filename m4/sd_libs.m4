@@ -78,3 +78,9 @@ AC_DEFUN([SD_CHECK_CBLAS], [
   AC_SUBST([BLAS_CFLAGS])
   AC_SUBST([BLAS_LIBS])
 ])
+
+AC_DEFUN([SD_CHECK_ZLIB], [
+  SD_REQUIRE_PKG([ZLIB], [zlib], [zlib.h], [gzopen], [-lz], [zlib1g-dev],
+                 [zlib (the CLIP tokenizer's .gz vocabulary)])
+  sd_zlib_version=`$PKG_CONFIG --modversion zlib 2>/dev/null || echo found`
+])

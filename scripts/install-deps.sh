@@ -8,7 +8,7 @@ packages=(
     openmpi-bin libopenmpi-dev
     libhdf5-openmpi-dev hdf5-tools
     libturbojpeg0-dev libpng-dev libopenblas-dev
-    libjson-c-dev libarchive-dev
+    libjson-c-dev libarchive-dev zlib1g-dev
 )
 missing=()
 for p in "${packages[@]}"; do

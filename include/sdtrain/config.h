@@ -60,6 +60,11 @@ typedef struct sd_config {
         bool exif_transpose;
         char caption_utf8[SD_NAME_MAX];    /* replace | reject */
         char missing_caption[SD_NAME_MAX]; /* skip | empty */
+        char alpha[SD_NAME_MAX];           /* drop | white */
+        int64_t max_image_pixels;
+        int64_t min_image_side;
+        bool strict_jpeg;
+        int64_t encode_batch_size;
     } data;
     struct {
         int64_t max_steps;

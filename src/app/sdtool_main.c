@@ -74,9 +74,9 @@ static int cmd_device(int argc, char **argv)
 }
 
 static const subcommand commands[] = {
-    {"tokenize", NULL, "print the 77 CLIP token ids of a caption", "the preprocessing issue (#3)"},
-    {"transform", NULL, "run the preprocessing image path on one file and write the 8-bit result",
-     "the preprocessing issue (#3)"},
+    {"tokenize", sd_cmd_tokenize, "print the 77 CLIP token ids of a caption", NULL},
+    {"transform", sd_cmd_transform, "run the preprocessing image path on one file and write the 8-bit result",
+     NULL},
     {"inspect", sd_cmd_inspect, "describe a latent shard, a shard directory or any HDF5 file", NULL},
     {"forward", NULL, "run one model module on named input tensors", "the models issue (#4)"},
     {"grad", NULL, "loss and every U-Net parameter gradient for one batch", "the training issue (#5)"},

@@ -91,6 +91,18 @@ static const sd_option options[] = {
            "errors='replace'), 'reject' skips the sample; either way it is counted."),
     CHOICE(data, missing_caption, "'skip'", "skip|empty",
            "An image without a caption: 'skip' it, or keep it with the empty caption (counted)."),
+    CHOICE(data, alpha, "'drop'", "drop|white",
+           "Images with transparency: 'drop' the alpha channel as Pillow's convert('RGB') does (the "
+           "reference pipeline), or composite on 'white'."),
+    INT(data, max_image_pixels, "178956970", 1, U, "pixels",
+        "Images with more pixels are skipped, judged from the header before decoding (Pillow's "
+        "decompression-bomb limit)."),
+    INT(data, min_image_side, "0", 0, U, "px", "Images whose shorter side is smaller are skipped (0 = no limit)."),
+    LOGICAL(data, strict_jpeg, ".true.",
+            "Treat libjpeg's corrupt-data warnings as errors (skip the image); truncated files are "
+            "always skipped."),
+    INT(data, encode_batch_size, "8", 1, 4096, "samples",
+        "Images and captions encoded per VAE / text-encoder call during preprocessing."),
     LOGICAL(data, exif_transpose, ".false.",
             "Apply the JPEG EXIF orientation before resizing (the reference Pillow pipeline does not)."),
 

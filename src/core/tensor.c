@@ -103,7 +103,7 @@ int sd_tensor_view(sd_tensor *t, void *data, sd_dtype dtype, sd_device device, i
 
 int sd_tensor_reshape(const sd_tensor *src, int ndim, const int64_t *shape, sd_tensor *out)
 {
-    int64_t resolved[SD_TENSOR_MAX_DIMS];
+    int64_t resolved[SD_TENSOR_MAX_DIMS] = {0};
     int infer = -1;
     if (ndim < 0 || ndim > SD_TENSOR_MAX_DIMS || (ndim > 0 && !shape))
         return -1;

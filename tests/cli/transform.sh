@@ -1,0 +1,52 @@
+#!/bin/sh
+# sdtool transform: output equals the Pillow + torchvision reference; bad inputs and usage errors.
+. "$top_srcdir/tests/lib.sh"
+IMG="$top_srcdir/tests/image"
+
+run probe "$SDTOOL" transform --help
+[ "$RC" != 3 ] || skip "sdtool transform is not hooked up in this build"
+expect_rc probe 0
+expect_in probe out "usage: sdtool transform --resolution R"
+
+# The result is compared pixel for pixel through our own PNG writer: the reference (written by
+# Pillow) is re-encoded with --decode-only, and the same pixels give the same bytes.
+check() { # check INPUT REF FLAGS...
+    in=$1 ref=$2
+    shift 2
+    run "t_$ref" "$SDTOOL" transform "$@" "$IMG/input/$in" "$TMP/$ref"
+    expect_rc "t_$ref" 0
+    run "r_$ref" "$SDTOOL" transform --decode-only "$IMG/ref/$ref" "$TMP/ref_$ref"
+    expect_rc "r_$ref" 0
+    cmp -s "$TMP/$ref" "$TMP/ref_$ref" || fail "$in: sdtool transform $* differs from $ref"
+}
+check rgb_160x120_q90_420.jpg rgb_160x120_q90_420_r64.png --resolution 64
+check rgb_250x61_q85_420.jpg rgb_250x61_q85_420_r256.png --resolution 256
+check cmyk_80x60_q90.jpg cmyk_80x60_q90_r64.png --resolution 64
+check exif6_96x64_q90.jpg exif6_96x64_q90_exif_r64.png --resolution 64 --exif-transpose
+check rgba_90x110.png rgba_90x110_alpha-white_r64.png --resolution 64 --alpha white
+check gray16_48x40.png gray16_48x40_decode.png --decode-only
+
+# refused images: exit 1 with the reason
+head -c 2000 "$IMG/input/rgb_160x120_q90_420.jpg" >"$TMP/cut.jpg"
+run cut "$SDTOOL" transform --resolution 64 "$TMP/cut.jpg" "$TMP/cut.png"
+expect_rc cut 1
+expect_in cut err "[truncated]"
+[ ! -e "$TMP/cut.png" ] || fail "a refused image left an output file"
+printf 'RIFF\044\000\000\000WEBPVP8 ' >"$TMP/x.webp"
+run webp "$SDTOOL" transform --resolution 64 "$TMP/x.webp" "$TMP/x.png"
+expect_rc webp 1
+expect_in webp err "[unsupported]"
+run missing "$SDTOOL" transform --resolution 64 "$TMP/nope.jpg" "$TMP/x.png"
+expect_rc missing 1
+expect_in missing err "nope.jpg"
+
+# usage errors
+run nores "$SDTOOL" transform "$IMG/input/rgb_1x1.png" "$TMP/y.png"
+expect_rc nores 2
+expect_in nores err "needs --resolution"
+run badres "$SDTOOL" transform --resolution 0 "$IMG/input/rgb_1x1.png" "$TMP/y.png"
+expect_rc badres 2
+run badopt "$SDTOOL" transform --resolution 64 --frob "$IMG/input/rgb_1x1.png" "$TMP/y.png"
+expect_rc badopt 2
+expect_in badopt err "unknown option '--frob'"
+pass "sdtool transform"
