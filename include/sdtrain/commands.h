@@ -16,6 +16,15 @@ int sd_cmd_inspect(int argc, char **argv);
  * (src/app/cmd_tokenize.c) */
 int sd_cmd_tokenize(int argc, char **argv);
 
+/* sdtool forward --snapshot DIR --module unet|vae-encode|vae-decode|text-encoder
+ *     --in IN.safetensors --out OUT.safetensors [--threads N] [--repeat N] [--weights FILE]
+ * (src/app/cmd_forward.c) */
+int sd_cmd_forward(int argc, char **argv);
+
+/* sdtool make-demo-data DIR [--count N] [--seed S] [--format files|webdataset|tsv] [--bad]
+ * (src/app/cmd_make_demo_data.c) */
+int sd_cmd_make_demo_data(int argc, char **argv);
+
 #ifdef __cplusplus
 }
 #endif

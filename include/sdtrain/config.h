@@ -33,6 +33,7 @@ typedef struct sd_config {
     struct {
         char pretrained[SD_PATH_MAX];  /* diffusers snapshot directory, '' = none */
         char autoencoder[SD_PATH_MAX]; /* separate VAE directory, '' = <pretrained>/vae */
+        char tokenizer[SD_PATH_MAX];   /* tokenizer folder or bpe .gz, '' = <pretrained>/tokenizer */
         char unet_init[SD_NAME_MAX];   /* random | pretrained */
         int64_t resolution;
         int64_t block_out_channels[SD_MAX_BLOCKS];

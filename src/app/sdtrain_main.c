@@ -15,6 +15,7 @@
 #include "sdtrain/device.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/log.h"
+#include "sdtrain/modes.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
 
@@ -236,14 +237,15 @@ static void print_layout_for(const sd_run_config *rc, const sd_layout *l)
                sd_role_name(sd_layout_role(&rc->cfg, l, l->world_size - 1)));
 }
 
-static int run_mode(const sd_run_config *rc, const sd_runtime *rt)
+static int run_mode(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const char *mode = rc->cfg.run.mode;
-    const char *what = !strcmp(mode, "process")    ? "preprocessing (issue #3: images and captions to HDF5 latent shards)"
-                       : !strcmp(mode, "train")    ? "training (issue #5: U-Net backward, AdamW, DDP and ZeRO-2)"
+    const char *what = !strcmp(mode, "train")      ? "training (issue #5: U-Net backward, AdamW, DDP and ZeRO-2)"
                        : !strcmp(mode, "pipeline") ? "the online pipeline (preprocessing issue #3 and training issue #5)"
                                                    : "sampling (not yet filed)";
-    /* No mode has its work implemented yet: say so instead of pretending. */
+    if (!strcmp(mode, "process"))
+        return sd_mode_process(rc, rt, dev);
+    /* The other modes' work is not implemented yet: say so instead of pretending. */
     if (rt->world_rank == 0)
         fprintf(stderr, "sdtrain: mode '%s' is not implemented in this build yet: it needs %s. "
                         "Configuration and communicators are set up; nothing was computed.\n",
@@ -354,7 +356,7 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("device = '%s': rank 0 computes on %s\n", rc.cfg.run.device, dev.name);
 
-    code = c.check ? SD_EXIT_OK : run_mode(&rc, &rt);
+    code = c.check ? SD_EXIT_OK : run_mode(&rc, &rt, &dev);
     sd_run_config_free(&rc);
     free(c.sets);
     return finish(&rt, code);

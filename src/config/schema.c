@@ -54,6 +54,9 @@ static const sd_option options[] = {
            "Local diffusers snapshot (model_index.json, unet/, vae/, text_encoder/, tokenizer/, "
            "scheduler/). '' = build the models from the shape keys below."),
     STRING(model, autoencoder, "''", "VAE directory to use instead of <pretrained>/vae ('' = that one)."),
+    STRING(model, tokenizer, "''",
+           "CLIP tokenizer: a diffusers tokenizer/ folder (vocab.json + merges.txt) or OpenAI's "
+           "bpe_simple_vocab_16e6.txt.gz ('' = <pretrained>/tokenizer)."),
     CHOICE(model, unet_init, "'random'", "random|pretrained",
            "'random' = pre-train the U-Net from scratch (the snapshot's U-Net config is still used); "
            "'pretrained' = start from the snapshot's U-Net weights."),

@@ -369,9 +369,9 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
             if (c->block_out_channels[i] <= 0 || c->block_out_channels[i] % c->norm_num_groups)
                 snprintf(why, sizeof why, "block_out_channels[%d] = %d is not a positive multiple of "
                          "norm_num_groups = %d", i, c->block_out_channels[i], c->norm_num_groups);
-            else if (c->heads[i] <= 0 || c->block_out_channels[i] % c->heads[i])
-                snprintf(why, sizeof why, "block_out_channels[%d] = %d is not divisible by its %d "
-                         "attention heads", i, c->block_out_channels[i], c->heads[i]);
+            else if (c->heads[i] <= 0 || c->heads[i] > c->block_out_channels[i])
+                snprintf(why, sizeof why, "block_out_channels[%d] = %d cannot hold %d attention heads",
+                         i, c->block_out_channels[i], c->heads[i]);
             else if (c->transformer_layers[i] < 1)
                 snprintf(why, sizeof why, "transformer_layers_per_block[%d] < 1", i);
         }

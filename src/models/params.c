@@ -104,17 +104,21 @@ static void resnet(sd_param_table *t, const char *p, int64_t cin, int64_t cout, 
     }
 }
 
-/* Transformer2DModel with BasicTransformerBlocks (self-attn, cross-attn, GEGLU feed-forward). */
-static void transformer(sd_param_table *t, const char *p, int64_t c, int64_t ctx, int layers, int linear_proj)
+/* Transformer2DModel with BasicTransformerBlocks (self-attn, cross-attn, GEGLU feed-forward).
+ * The blocks work at inner = heads * (c / heads), which is c unless heads does not divide c
+ * (diffusers then projects to the smaller width). */
+static void transformer(sd_param_table *t, const char *p, int64_t c, int heads, int64_t ctx, int layers,
+                        int linear_proj)
 {
     char n[SD_PARAM_NAME_MAX];
+    const int64_t inner = heads * (c / heads);
     join(n, sizeof n, p, "norm");
     norm(t, n, c);
     join(n, sizeof n, p, "proj_in");
     if (linear_proj)
-        linear(t, n, c, c, 1);
+        linear(t, n, c, inner, 1);
     else
-        conv(t, n, c, c, 1);
+        conv(t, n, c, inner, 1);
     for (int l = 0; l < layers; l++) {
         char b[SD_PARAM_NAME_MAX], sfx[32];
         snprintf(sfx, sizeof sfx, "transformer_blocks.%d", l);
@@ -124,28 +128,28 @@ static void transformer(sd_param_table *t, const char *p, int64_t c, int64_t ctx
             char attn[SD_PARAM_NAME_MAX];
             snprintf(sfx, sizeof sfx, "norm%d", a);
             join(n, sizeof n, b, sfx);
-            norm(t, n, c);
+            norm(t, n, inner);
             snprintf(sfx, sizeof sfx, "attn%d", a);
             join(attn, sizeof attn, b, sfx);
             for (int k = 0; k < 4; k++) {
                 /* attn1 is self-attention; attn2's keys and values come from the text */
-                int64_t in = (k == 1 || k == 2) && a == 2 ? ctx : c;
+                int64_t in = (k == 1 || k == 2) && a == 2 ? ctx : inner;
                 join(n, sizeof n, attn, proj[k]);
-                linear(t, n, in, c, k == 3);
+                linear(t, n, in, inner, k == 3);
             }
         }
         join(n, sizeof n, b, "norm3");
-        norm(t, n, c);
+        norm(t, n, inner);
         join(n, sizeof n, b, "ff.net.0.proj");
-        linear(t, n, c, 8 * c, 1);
+        linear(t, n, inner, 8 * inner, 1);
         join(n, sizeof n, b, "ff.net.2");
-        linear(t, n, 4 * c, c, 1);
+        linear(t, n, 4 * inner, inner, 1);
     }
     join(n, sizeof n, p, "proj_out");
     if (linear_proj)
-        linear(t, n, c, c, 1);
+        linear(t, n, inner, c, 1);
     else
-        conv(t, n, c, c, 1);
+        conv(t, n, inner, c, 1);
 }
 
 void sd_unet_params(const sd_unet_config *c, sd_param_table *t)
@@ -168,7 +172,7 @@ void sd_unet_params(const sd_unet_config *c, sd_param_table *t)
         if (c->down_cross[i])
             for (int j = 0; j < c->layers_per_block; j++) {
                 snprintf(p, sizeof p, "down_blocks.%d.attentions.%d", i, j);
-                transformer(t, p, out, c->cross_attention_dim, c->transformer_layers[i],
+                transformer(t, p, out, c->heads[i], c->cross_attention_dim, c->transformer_layers[i],
                             c->use_linear_projection);
             }
         if (i < L - 1) {
@@ -177,7 +181,7 @@ void sd_unet_params(const sd_unet_config *c, sd_param_table *t)
         }
     }
     /* diffusers builds attentions before resnets inside the mid block */
-    transformer(t, "mid_block.attentions.0", c->block_out_channels[L - 1], c->cross_attention_dim,
+    transformer(t, "mid_block.attentions.0", c->block_out_channels[L - 1], c->heads[L - 1], c->cross_attention_dim,
                 c->transformer_layers[L - 1], c->use_linear_projection);
     resnet(t, "mid_block.resnets.0", c->block_out_channels[L - 1], c->block_out_channels[L - 1], temb);
     resnet(t, "mid_block.resnets.1", c->block_out_channels[L - 1], c->block_out_channels[L - 1], temb);
@@ -196,7 +200,7 @@ void sd_unet_params(const sd_unet_config *c, sd_param_table *t)
         if (c->up_cross[i])
             for (int j = 0; j <= c->layers_per_block; j++) {
                 snprintf(p, sizeof p, "up_blocks.%d.attentions.%d", i, j);
-                transformer(t, p, out, c->cross_attention_dim, c->transformer_layers[lvl],
+                transformer(t, p, out, c->heads[lvl], c->cross_attention_dim, c->transformer_layers[lvl],
                             c->use_linear_projection);
             }
         if (i < L - 1) {

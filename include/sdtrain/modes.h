@@ -1,0 +1,23 @@
+/* The work of each sdtrain mode, run by every rank after the configuration and the
+ * communicators are set up. Each returns an exit code agreed by all ranks of the job. */
+#ifndef SDTRAIN_MODES_H
+#define SDTRAIN_MODES_H
+
+#include "sdtrain/config.h"
+#include "sdtrain/device.h"
+#include "sdtrain/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* &run mode = 'process': every rank of the preprocessing communicator reads its part of the
+ * dataset, decodes and transforms images, tokenizes captions, encodes both with the VAE and
+ * the text encoder and writes latent shards collectively. Committed shards are skipped, so a
+ * rerun continues a killed job. */
+int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,118 @@
+/* The U-Net (diffusers UNet2DConditionModel, SD family) forward pass, written once on the op interface. */
+#ifndef SDTRAIN_UNET_H
+#define SDTRAIN_UNET_H
+
+/*
+ * Lifecycle: sd_unet_create() checks the parameter table against the configuration (every
+ * name and shape, nothing missing, nothing left over) and resolves every tensor pointer once;
+ * sd_unet_forward() then runs with no allocation and no name lookups. Activation memory comes
+ * from an arena sized by sd_unet_scratch_bytes(), which runs the same forward code in a
+ * measuring arena (shapes only, no kernels). doc/unet.md is the long version of this comment.
+ *
+ * Tensors (all in the backend's memory, elements of be->dtype, channels last):
+ *   sample  [batch, h, w, in_channels]          (the noisy latent; PyTorch's NCHW permuted)
+ *   ctx     [batch, ctx_len, cross_attention_dim] (encoder_hidden_states, e.g. CLIP [77, 1024])
+ *   out     [batch, h, w, out_channels]          (the model prediction)
+ * Timesteps are host fp32 [batch] (integers 0..999 in SD training; fractions allowed).
+ *
+ * Any latent size >= 1 is accepted: when h or w is not a multiple of 2^(n_levels-1), every
+ * upsampler resizes to the spatial size of the skip it meets next, as diffusers does
+ * (downsampling gives ceil(h/2) with downsample_padding 1).
+ *
+ * Numerics follow diffusers 0.42.1 (spec §1, §8): fp32 time embedding [cos | sin] per
+ * flip_sin_to_cos / freq_shift, SiLU(emb) before every ResNet's time_emb_proj, GroupNorm
+ * eps = norm_eps in ResNets and conv_norm_out but 1e-6 in Transformer2DModel, LayerNorm eps
+ * 1e-5, attention scale head_dim^-0.5, GEGLU gate = second half, skip concat [h, skip].
+ * Transformer2DModel's width is heads * (channels / heads) (integer division, as diffusers),
+ * which is the channel count whenever the heads divide it.
+ */
+
+#include <stddef.h>
+
+#include "sdtrain/arena.h"
+#include "sdtrain/error.h"
+#include "sdtrain/models.h"
+#include "sdtrain/ops.h"
+#include "sdtrain/weights.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest layers_per_block the forward supports (its skip stack lives on the C stack). */
+#define SD_UNET_MAX_LAYERS_PER_BLOCK 8
+/* Largest block_out_channels[0] (the sinusoid is built on the host one row at a time for
+ * backends whose memory is not host fp32). */
+#define SD_UNET_MAX_TIME_PROJ_DIM 4096
+
+typedef struct sd_unet sd_unet;
+
+/* Resolves a U-Net's parameters. `params` is the flat parameter buffer in the backend's memory
+ * (elements of be->dtype; tensor i starts table->params[i].offset elements in, in our layouts:
+ * conv [O, kh, kw, I], linear [out, in]). proj_in/proj_out may be stored as linear [O, I] or as
+ * 1x1 conv [O, I, 1, 1] whatever use_linear_projection says (same bytes). Returns 0 and a new
+ * model in *out, or -1 with one message listing what does not match (missing tensors, wrong
+ * shapes, tensors the configuration does not use, unsupported settings). `table` is only read
+ * during the call; `params` must outlive the model. */
+int sd_unet_create(sd_unet **out, const sd_unet_config *c, const sd_param_table *table,
+                   const void *params, const sd_backend *be, sd_err *err);
+
+/* The same for weights in host fp32 (sd_weights), which a CPU fp32 backend uses in place. */
+int sd_unet_create_from_weights(sd_unet **out, const sd_unet_config *c, const sd_weights *w,
+                                const sd_backend *be, sd_err *err);
+
+void sd_unet_free(sd_unet *u);
+
+/* Batch invariance: sample b of a batch gives the same bits as that sample run alone. BLAS
+ * GEMMs do not promise it (OpenBLAS on Zen rounds a row differently depending on how many rows
+ * the call has and where the row sits among them), so in this mode every convolution and
+ * linear layer runs one call per sample; norms and attention are per sample anyway. On by
+ * default for CPU backends (cost: smaller GEMMs, measured in doc/unet.md), off for others. */
+void sd_unet_set_batch_invariant(sd_unet *u, int on);
+
+const sd_unet_config *sd_unet_get_config(const sd_unet *u);
+
+/* 0 when the model runs on these sizes, else -1 and why (non-positive sizes, a configuration
+ * this implementation does not support, sizes whose element counts overflow). */
+int sd_unet_check_shape(const sd_unet_config *c, int batch, int h, int w, int ctx_len,
+                        sd_err *err);
+
+/* Bytes of arena one forward needs (activations, skip stack and op scratch, plus alignment
+ * slack), measured by a dry run of the forward code (enough with batch invariance on or off). Depends on the backend and its settings
+ * (the CPU attention keeps one score block per OpenMP thread): query after setting the thread
+ * count. The shape must pass sd_unet_check_shape. */
+size_t sd_unet_scratch_bytes(const sd_unet_config *c, const sd_backend *be, int batch, int h,
+                             int w, int ctx_len);
+
+/* Floating-point operations of one forward, counted by the same dry run: 2 x multiply-adds of
+ * every convolution, linear layer and attention matmul (q k^T and p v); norms, activations,
+ * softmax and additions are not counted. */
+double sd_unet_forward_flops(const sd_unet_config *c, int batch, int h, int w, int ctx_len);
+
+/* A debug hook: called after each named stage with its output [n, h, w, c] (backend memory,
+ * valid during the call only). Names are the diffusers module names: "time_embedding" (h = w
+ * = 1), "conv_in", "down_blocks.I", "mid_block", "up_blocks.I", and inside blocks
+ * "down_blocks.I.resnets.J", "down_blocks.I.attentions.J", "down_blocks.I.downsamplers.0",
+ * "mid_block.resnets.J", "mid_block.attentions.0", "up_blocks.I.resnets.J",
+ * "up_blocks.I.attentions.J", "up_blocks.I.upsamplers.0", then "conv_norm_out" (after the
+ * SiLU) and "conv_out". */
+typedef void (*sd_unet_tap_fn)(void *user, const char *name, const void *x, int n, int h,
+                               int w, int c);
+typedef struct sd_unet_tap {
+    sd_unet_tap_fn fn;
+    void *user;
+} sd_unet_tap;
+
+/* out = unet(sample, timesteps, ctx). Allocates from `arena` above its current position and
+ * returns it there (the arena needs sd_unet_scratch_bytes() free bytes, else the job ends with
+ * a message saying by how much it missed). The shape must pass sd_unet_check_shape (checked).
+ * `tap` may be NULL. The result depends on the inputs only (CPU: not on the thread count, and
+ * sample b of a batch equals that sample run alone). */
+void sd_unet_forward(const sd_unet *u, int batch, int h, int w, const void *sample,
+                     const float *timesteps, const void *ctx, int ctx_len, void *out,
+                     sd_arena *arena, const sd_unet_tap *tap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

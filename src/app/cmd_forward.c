@@ -1,0 +1,664 @@
+/* sdtool forward: run one model module of a diffusers snapshot on named input tensors and write its outputs, both in diffusers' layout. */
+#include "sdtrain/commands.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "sdtrain/arena.h"
+#include "sdtrain/check.h"
+#include "sdtrain/clip.h"
+#include "sdtrain/error.h"
+#include "sdtrain/models.h"
+#include "sdtrain/ops.h"
+#include "sdtrain/safetensors.h"
+#include "sdtrain/snapshot.h"
+#include "sdtrain/timer.h"
+#include "sdtrain/unet.h"
+#include "sdtrain/vae.h"
+#include "sdtrain/weights.h"
+
+static void forward_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sdtool forward --snapshot DIR --module MODULE --in IN.safetensors\n"
+            "                      --out OUT.safetensors [--threads N] [--repeat N] [--weights FILE]\n"
+            "\n"
+            "Runs one module of a diffusers snapshot (fp32, CPU) on the named tensors of IN and writes\n"
+            "its outputs to OUT under the names diffusers uses. Tensors are in PyTorch's layout (NCHW,\n"
+            "[batch, tokens, width]); inputs may be F32, F16, BF16 or F64, token ids I32 or I64;\n"
+            "outputs are F32.\n"
+            "\n"
+            "  MODULE        inputs                                   outputs\n"
+            "  unet          sample [B,C,h,w], timestep [B] or [],      sample [B,C',h,w]\n"
+            "                encoder_hidden_states [B,T,D]\n"
+            "  vae-encode    images [B,3,H,W] (in [-1, 1])            latent_dist.parameters [B,2L,h,w],\n"
+            "                                                         latent_dist.mean, latent_dist.logvar\n"
+            "                                                         [B,L,h,w] (logvar clamped to\n"
+            "                                                         [-30, 20])\n"
+            "  vae-decode    latents [B,L,h,w] (already divided by    sample [B,3,H,W]\n"
+            "                the scaling factor)\n"
+            "  text-encoder  input_ids [B,T]                          last_hidden_state [B,T,D],\n"
+            "                                                         pooler_output [B,D]\n"
+            "\n"
+            "  --snapshot DIR  a diffusers snapshot folder, or the module's component folder\n"
+            "  --threads N     OpenMP threads (the result does not depend on N)\n"
+            "  --repeat N      run the forward N times and report the fastest (timing; default 1)\n"
+            "  --weights FILE  weight file name inside the component folder (default:\n"
+            "                  diffusion_pytorch_model / model .safetensors[.index.json])\n"
+            "\n"
+            "A line on standard output gives the shapes, the load and forward times and GFLOP/s.\n"
+            "exit status: 0 done, 1 the snapshot cannot be loaded or OUT cannot be written,\n"
+            "2 bad usage or input (missing tensor, wrong shape or dtype).\n");
+}
+
+typedef enum { MOD_UNET, MOD_VAE_ENCODE, MOD_VAE_DECODE, MOD_TEXT } module_kind;
+
+typedef struct fwd_opts {
+    const char *snapshot, *module, *in, *out, *weights;
+    int threads;
+    int repeat; /* forward runs; the fastest is reported (timing) */
+    module_kind kind;
+} fwd_opts;
+
+static int fail_input(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+static int fail_input(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "sdtool forward: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    return SD_EXIT_USAGE;
+}
+
+static int fail_run(const char *msg)
+{
+    fprintf(stderr, "sdtool forward: %s\n", msg);
+    return SD_EXIT_FAILURE;
+}
+
+/* The input tensor `name` with `ndim` dimensions, or NULL after a message. */
+static const sd_st_tensor *input(const sd_st_file *f, const fwd_opts *o, const char *name,
+                                 int ndim, const char *layout)
+{
+    const sd_st_tensor *t = sd_st_find(f, name);
+    const char *path = o->in;
+    char s[128];
+    if (!t) {
+        fail_input("%s: no input tensor '%s' (module %s wants %s)", path, name, o->module, layout);
+        return NULL;
+    }
+    if (t->ndim != ndim) {
+        fail_input("%s: '%s' has shape %s; expected %s", path, name,
+                   sd_shape_str(t->ndim, t->shape, s, sizeof s), layout);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (t->shape[i] < 1 || t->shape[i] > (int64_t)1 << 30) {
+            fail_input("%s: '%s' has shape %s; every dimension must be in [1, 2^30]", path, name,
+                       sd_shape_str(t->ndim, t->shape, s, sizeof s));
+            return NULL;
+        }
+    return t;
+}
+
+/* A float input as fp32 (malloc'ed), or NULL after a message. */
+static float *read_float(const sd_st_tensor *t, const char *path)
+{
+    sd_err err;
+    float *x;
+    if (t->dtype != SD_ST_F32 && t->dtype != SD_ST_F16 && t->dtype != SD_ST_BF16 &&
+        t->dtype != SD_ST_F64) {
+        fail_input("%s: '%s' is %s; expected a float tensor (F32, F16, BF16 or F64)", path,
+                   t->name, sd_st_dtype_name(t->dtype));
+        return NULL;
+    }
+    x = sd_xmalloc((size_t)t->numel * sizeof *x);
+    if (sd_st_tensor_read_f32(t, x, (size_t)t->numel, &err)) {
+        free(x);
+        fail_input("%s", err.msg);
+        return NULL;
+    }
+    return x;
+}
+
+/* [n, c, h, w] host fp32 -> [n, h, w, c] (malloc'ed). */
+static float *to_nhwc(const float *x, int n, int c, int h, int w)
+{
+    float *y = sd_xmalloc((size_t)n * c * h * w * sizeof *y);
+    sd_nchw_to_nhwc(sd_backend_cpu(), n, c, h, w, x, y);
+    return y;
+}
+
+static float *to_nchw(const float *x, int n, int c, int h, int w)
+{
+    float *y = sd_xmalloc((size_t)n * c * h * w * sizeof *y);
+    sd_nhwc_to_nchw(sd_backend_cpu(), n, c, h, w, x, y);
+    return y;
+}
+
+/* Collects outputs; the data must stay alive until write_outputs. */
+typedef struct outputs {
+    sd_st_writer *w;
+    float *keep[8];
+    int n_keep;
+} outputs;
+
+static int add_output(outputs *o, const char *name, int ndim, const int64_t *shape, float *data,
+                      sd_err *err)
+{
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= (size_t)shape[i];
+    SD_CHECK(o->n_keep < 8, "too many outputs");
+    o->keep[o->n_keep++] = data;
+    return sd_st_writer_add(o->w, name, SD_ST_F32, ndim, shape, data, n * sizeof(float), err);
+}
+
+static int write_outputs(outputs *o, const char *path, const char *module)
+{
+    sd_err err;
+    int rc = 0;
+    sd_st_writer_set_metadata(o->w, "format", "pt", &err);
+    sd_st_writer_set_metadata(o->w, "sdtrain_module", module, &err);
+    if (sd_st_writer_write(o->w, path, &err)) {
+        fprintf(stderr, "sdtool forward: %s\n", err.msg);
+        rc = SD_EXIT_FAILURE;
+    }
+    sd_st_writer_free(o->w);
+    for (int i = 0; i < o->n_keep; i++)
+        free(o->keep[i]);
+    return rc;
+}
+
+static void report(const fwd_opts *o, const char *in_desc, const char *out_desc, double t_load,
+                   double t_fwd, double flops)
+{
+    printf("forward: %s %s -> %s: load %.3f s, forward %.3f s%s, %.2f GFLOP, %.1f GFLOP/s, %d "
+           "thread%s\n", o->module, in_desc, out_desc, t_load, t_fwd,
+           o->repeat > 1 ? " (fastest of the runs)" : "", flops * 1e-9,
+           t_fwd > 0 ? flops * 1e-9 / t_fwd : 0.0, o->threads, o->threads == 1 ? "" : "s");
+}
+
+static int arena_for(sd_arena *a, size_t bytes)
+{
+    if (sd_arena_init(a, bytes, 0) == 0)
+        return 0;
+    fprintf(stderr, "sdtool forward: cannot allocate %zu bytes of activation memory\n", bytes);
+    return -1;
+}
+
+/* ---- the modules ------------------------------------------------------------------------- */
+
+static int run_text(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in)
+{
+    const sd_backend *be = sd_backend_cpu();
+    const sd_st_tensor *t = input(in, o, "input_ids", 2, "[batch, tokens] I32 or I64");
+    sd_clip_config c;
+    sd_weights w;
+    sd_clip *m;
+    sd_err err;
+    sd_arena a;
+    outputs out = {sd_st_writer_new(), {0}, 0};
+    int eos, B, T, rc = 0;
+    int32_t *ids;
+    float *hidden, *pooled;
+    double t0, t_load, t_fwd = 0;
+    char s_in[96], s_out[96];
+
+    if (!t) {
+        sd_st_writer_free(out.w);
+        return SD_EXIT_USAGE;
+    }
+    if (t->dtype != SD_ST_I32 && t->dtype != SD_ST_I64) {
+        sd_st_writer_free(out.w);
+        return fail_input("%s: 'input_ids' is %s; expected I32 or I64", o->in,
+                          sd_st_dtype_name(t->dtype));
+    }
+    B = (int)t->shape[0];
+    T = (int)t->shape[1];
+    t0 = sd_time_now();
+    if (sd_snapshot_load_text_encoder(s, o->weights, &c, &eos, &w, &err)) {
+        sd_st_writer_free(out.w);
+        return fail_run(err.msg);
+    }
+    if (sd_clip_create_from_weights(&m, &c, &w, be, &err)) {
+        sd_weights_free(&w);
+        sd_st_writer_free(out.w);
+        return fail_run(err.msg);
+    }
+    t_load = sd_time_now() - t0;
+    if (sd_clip_check_shape(&c, B, T, &err)) {
+        rc = fail_input("%s: 'input_ids' %s: %s", o->in,
+                        sd_shape_str(t->ndim, t->shape, s_in, sizeof s_in), err.msg);
+        goto done;
+    }
+    ids = sd_xmalloc((size_t)B * T * sizeof *ids);
+    for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        int64_t v;
+        if (t->dtype == SD_ST_I32) {
+            int32_t v32;
+            memcpy(&v32, (const char *)t->data + 4 * i, 4);
+            v = v32;
+        } else {
+            memcpy(&v, (const char *)t->data + 8 * i, 8);
+        }
+        if (v < 0 || v >= c.vocab_size) {
+            free(ids);
+            rc = fail_input("%s: input_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
+                            " is outside the vocabulary [0, %d)", o->in, i / T, i % T, v,
+                            c.vocab_size);
+            goto done;
+        }
+        ids[i] = (int32_t)v;
+    }
+    hidden = sd_xmalloc((size_t)B * T * c.hidden_size * sizeof *hidden);
+    pooled = sd_xmalloc((size_t)B * c.hidden_size * sizeof *pooled);
+    if (arena_for(&a, sd_clip_scratch_bytes(&c, be, B, T))) {
+        free(ids);
+        free(hidden);
+        free(pooled);
+        rc = SD_EXIT_FAILURE;
+        goto done;
+    }
+    for (int r = 0; r < o->repeat; r++) {
+        double dt;
+        t0 = sd_time_now();
+        sd_clip_forward(m, B, T, ids, hidden, &a, NULL);
+        sd_clip_pool(m, B, T, ids, eos, hidden, pooled);
+        dt = sd_time_now() - t0;
+        t_fwd = r == 0 || dt < t_fwd ? dt : t_fwd;
+    }
+    sd_arena_free(&a);
+    free(ids);
+    if (add_output(&out, "last_hidden_state", 3, (int64_t[]){B, T, c.hidden_size}, hidden, &err) ||
+        add_output(&out, "pooler_output", 2, (int64_t[]){B, c.hidden_size}, pooled, &err)) {
+        rc = fail_run(err.msg);
+        goto done;
+    }
+    snprintf(s_out, sizeof s_out, "last_hidden_state [%d, %d, %d]", B, T, c.hidden_size);
+    snprintf(s_in, sizeof s_in, "input_ids [%d, %d]", B, T);
+    report(o, s_in, s_out, t_load, t_fwd, sd_clip_forward_flops(&c, B, T));
+    rc = write_outputs(&out, o->out, o->module);
+    out.w = NULL;
+done:
+    if (out.w) {
+        sd_st_writer_free(out.w);
+        for (int i = 0; i < out.n_keep; i++)
+            free(out.keep[i]);
+    }
+    sd_clip_free(m);
+    sd_weights_free(&w);
+    return rc;
+}
+
+static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in, int decode)
+{
+    const sd_backend *be = sd_backend_cpu();
+    const char *name = decode ? "latents" : "images";
+    const sd_st_tensor *t = input(in, o, name, 4, decode ? "[batch, latent_channels, h, w]"
+                                                             : "[batch, in_channels, H, W]");
+    sd_vae_config c;
+    sd_weights w;
+    sd_vae *m;
+    sd_err err;
+    sd_arena a;
+    outputs out = {sd_st_writer_new(), {0}, 0};
+    int B, C, H, W, oh, ow, rc = 0, want_c;
+    float *x, *xh, *y;
+    double t0, t_load, t_fwd = 0, flops;
+    char s_in[96], s_out[128];
+
+    if (!t) {
+        sd_st_writer_free(out.w);
+        return SD_EXIT_USAGE;
+    }
+    B = (int)t->shape[0];
+    C = (int)t->shape[1];
+    H = (int)t->shape[2];
+    W = (int)t->shape[3];
+    x = read_float(t, o->in);
+    if (!x) {
+        sd_st_writer_free(out.w);
+        return SD_EXIT_USAGE;
+    }
+    t0 = sd_time_now();
+    if (sd_snapshot_load_vae(s, o->weights, &c, &w, &err)) {
+        free(x);
+        sd_st_writer_free(out.w);
+        return fail_run(err.msg);
+    }
+    if (sd_vae_create_from_weights(&m, &c, &w, be, &err)) {
+        free(x);
+        sd_weights_free(&w);
+        sd_st_writer_free(out.w);
+        return fail_run(err.msg);
+    }
+    t_load = sd_time_now() - t0;
+    want_c = decode ? c.latent_channels : c.in_channels;
+    sd_shape_str(t->ndim, t->shape, s_in, sizeof s_in);
+    if (C != want_c) {
+        rc = fail_input("%s: '%s' has shape %s; the VAE wants %d channels", o->in, name, s_in,
+                        want_c);
+        free(x);
+        goto done;
+    }
+    if ((decode ? sd_vae_check_latent_shape(&c, B, H, W, &oh, &ow, &err)
+                : sd_vae_check_image_shape(&c, B, H, W, &oh, &ow, &err))) {
+        rc = fail_input("%s: '%s' %s: %s", o->in, name, s_in, err.msg);
+        free(x);
+        goto done;
+    }
+    xh = to_nhwc(x, B, C, H, W);
+    free(x);
+    if (decode) {
+        y = sd_xmalloc((size_t)B * oh * ow * c.out_channels * sizeof *y);
+        rc = arena_for(&a, sd_vae_decode_scratch_bytes(&c, be, B, H, W));
+    } else {
+        y = sd_xmalloc((size_t)B * oh * ow * 2 * c.latent_channels * sizeof *y);
+        rc = arena_for(&a, sd_vae_encode_scratch_bytes(&c, be, B, H, W));
+    }
+    if (rc) {
+        free(xh);
+        free(y);
+        rc = SD_EXIT_FAILURE;
+        goto done;
+    }
+    for (int r = 0; r < o->repeat; r++) {
+        double dt;
+        t0 = sd_time_now();
+        if (decode)
+            sd_vae_decode(m, B, H, W, xh, y, &a, NULL);
+        else
+            sd_vae_encode(m, B, H, W, xh, y, &a, NULL);
+        dt = sd_time_now() - t0;
+        t_fwd = r == 0 || dt < t_fwd ? dt : t_fwd;
+    }
+    sd_arena_free(&a);
+    free(xh);
+    snprintf(s_in, sizeof s_in, "%s [%d, %d, %d, %d]", name, B, C, H, W);
+    if (decode) {
+        const int co = c.out_channels;
+        flops = sd_vae_decode_flops(&c, B, H, W);
+        rc = add_output(&out, "sample", 4, (int64_t[]){B, co, oh, ow}, to_nchw(y, B, co, oh, ow),
+                        &err);
+        snprintf(s_out, sizeof s_out, "sample [%d, %d, %d, %d]", B, co, oh, ow);
+    } else {
+        const int L = c.latent_channels;
+        const int64_t rows = (int64_t)B * oh * ow;
+        float *mean = sd_xmalloc((size_t)rows * L * sizeof *mean);
+        float *logvar = sd_xmalloc((size_t)rows * L * sizeof *logvar);
+        flops = sd_vae_encode_flops(&c, B, H, W);
+        sd_vae_moments_split_host(rows, L, y, mean, logvar);
+        rc = add_output(&out, "latent_dist.parameters", 4, (int64_t[]){B, 2 * L, oh, ow},
+                        to_nchw(y, B, 2 * L, oh, ow), &err) ||
+             add_output(&out, "latent_dist.mean", 4, (int64_t[]){B, L, oh, ow},
+                        to_nchw(mean, B, L, oh, ow), &err) ||
+             add_output(&out, "latent_dist.logvar", 4, (int64_t[]){B, L, oh, ow},
+                        to_nchw(logvar, B, L, oh, ow), &err);
+        free(mean);
+        free(logvar);
+        snprintf(s_out, sizeof s_out, "latent_dist.parameters [%d, %d, %d, %d]", B, 2 * L, oh, ow);
+    }
+    free(y);
+    if (rc) {
+        rc = fail_run(err.msg);
+        goto done;
+    }
+    report(o, s_in, s_out, t_load, t_fwd, flops);
+    rc = write_outputs(&out, o->out, o->module);
+    out.w = NULL;
+done:
+    if (out.w) {
+        sd_st_writer_free(out.w);
+        for (int i = 0; i < out.n_keep; i++)
+            free(out.keep[i]);
+    }
+    sd_vae_free(m);
+    sd_weights_free(&w);
+    return rc;
+}
+
+static int run_unet(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in)
+{
+    const sd_backend *be = sd_backend_cpu();
+    const sd_st_tensor *ts = input(in, o, "sample", 4, "[batch, in_channels, h, w]");
+    const sd_st_tensor *tc = ts ? input(in, o, "encoder_hidden_states", 3,
+                                        "[batch, tokens, cross_attention_dim]")
+                                : NULL;
+    const sd_st_tensor *tt = tc ? sd_st_find(in, "timestep") : NULL;
+    sd_unet_config c;
+    sd_weights w;
+    sd_unet *u = NULL;
+    sd_err err;
+    sd_arena a;
+    outputs out = {sd_st_writer_new(), {0}, 0};
+    int B, C, H, W, T, D, rc = 0;
+    float *sample = NULL, *ctx = NULL, *steps = NULL, *xh = NULL, *y;
+    double t0, t_load, t_fwd = 0;
+    char s_in[160], s_out[96], sh[96];
+
+    if (ts && tc && !tt)
+        fail_input("%s: no input tensor 'timestep' ([batch] or a scalar)", o->in);
+    if (!ts || !tc || !tt) {
+        sd_st_writer_free(out.w);
+        return SD_EXIT_USAGE;
+    }
+    B = (int)ts->shape[0];
+    C = (int)ts->shape[1];
+    H = (int)ts->shape[2];
+    W = (int)ts->shape[3];
+    T = (int)tc->shape[1];
+    D = (int)tc->shape[2];
+    if (tc->shape[0] != B || !(tt->ndim == 0 || (tt->ndim == 1 && (tt->shape[0] == B ||
+                                                                  tt->shape[0] == 1)))) {
+        sd_st_writer_free(out.w);
+        return fail_input("%s: batch sizes differ: sample %s, encoder_hidden_states %s, timestep "
+                          "%s (timestep may be a scalar or [1])", o->in,
+                          sd_shape_str(ts->ndim, ts->shape, s_in, sizeof s_in),
+                          sd_shape_str(tc->ndim, tc->shape, s_out, sizeof s_out),
+                          sd_shape_str(tt->ndim, tt->shape, sh, sizeof sh));
+    }
+    /* timesteps: any integer or float dtype, broadcast to the batch like diffusers */
+    steps = sd_xmalloc((size_t)B * sizeof *steps);
+    if (tt->dtype == SD_ST_I64 || tt->dtype == SD_ST_I32) {
+        for (int b = 0; b < B; b++) {
+            int64_t i = tt->numel == 1 ? 0 : b, v;
+            if (tt->dtype == SD_ST_I64) {
+                memcpy(&v, (const char *)tt->data + 8 * i, 8);
+            } else {
+                int32_t v32;
+                memcpy(&v32, (const char *)tt->data + 4 * i, 4);
+                v = v32;
+            }
+            steps[b] = (float)v;
+        }
+    } else if (tt->dtype == SD_ST_F32 || tt->dtype == SD_ST_F16 || tt->dtype == SD_ST_BF16 ||
+               tt->dtype == SD_ST_F64) {
+        sd_st_tensor_read_f32(tt, steps, (size_t)tt->numel, &err); /* numel is 1 or B */
+        for (int b = 1; b < B && tt->numel == 1; b++)
+            steps[b] = steps[0];
+    } else {
+        free(steps);
+        sd_st_writer_free(out.w);
+        return fail_input("%s: 'timestep' is %s; expected an integer or float type", o->in,
+                          sd_st_dtype_name(tt->dtype));
+    }
+    if (!(sample = read_float(ts, o->in)) || !(ctx = read_float(tc, o->in))) {
+        free(sample);
+        free(steps);
+        sd_st_writer_free(out.w);
+        return SD_EXIT_USAGE;
+    }
+    t0 = sd_time_now();
+    if (sd_snapshot_load_unet(s, o->weights, &c, &w, &err)) {
+        free(sample);
+        free(ctx);
+        free(steps);
+        sd_st_writer_free(out.w);
+        return fail_run(err.msg);
+    }
+    if (sd_unet_create_from_weights(&u, &c, &w, be, &err)) {
+        rc = fail_run(err.msg);
+        goto done;
+    }
+    t_load = sd_time_now() - t0;
+    if (C != c.in_channels || D != c.cross_attention_dim) {
+        rc = fail_input("%s: sample has %d channels and encoder_hidden_states width %d; the U-Net "
+                        "wants %d and %d", o->in, C, D, c.in_channels, c.cross_attention_dim);
+        goto done;
+    }
+    if (sd_unet_check_shape(&c, B, H, W, T, &err)) {
+        rc = fail_input("%s: %s", o->in, err.msg);
+        goto done;
+    }
+    xh = to_nhwc(sample, B, C, H, W);
+    y = sd_xmalloc((size_t)B * H * W * c.out_channels * sizeof *y);
+    if (arena_for(&a, sd_unet_scratch_bytes(&c, be, B, H, W, T))) {
+        free(y);
+        rc = SD_EXIT_FAILURE;
+        goto done;
+    }
+    for (int r = 0; r < o->repeat; r++) {
+        double dt;
+        t0 = sd_time_now();
+        sd_unet_forward(u, B, H, W, xh, steps, ctx, T, y, &a, NULL);
+        dt = sd_time_now() - t0;
+        t_fwd = r == 0 || dt < t_fwd ? dt : t_fwd;
+    }
+    sd_arena_free(&a);
+    rc = add_output(&out, "sample", 4, (int64_t[]){B, c.out_channels, H, W},
+                    to_nchw(y, B, c.out_channels, H, W), &err);
+    free(y);
+    if (rc) {
+        rc = fail_run(err.msg);
+        goto done;
+    }
+    snprintf(s_in, sizeof s_in, "sample [%d, %d, %d, %d] + encoder_hidden_states [%d, %d, %d]", B,
+             C, H, W, B, T, D);
+    snprintf(s_out, sizeof s_out, "sample [%d, %d, %d, %d]", B, c.out_channels, H, W);
+    report(o, s_in, s_out, t_load, t_fwd, sd_unet_forward_flops(&c, B, H, W, T));
+    rc = write_outputs(&out, o->out, o->module);
+    out.w = NULL;
+done:
+    if (out.w) {
+        sd_st_writer_free(out.w);
+        for (int i = 0; i < out.n_keep; i++)
+            free(out.keep[i]);
+    }
+    free(sample);
+    free(ctx);
+    free(steps);
+    free(xh);
+    sd_unet_free(u);
+    sd_weights_free(&w);
+    return rc;
+}
+
+/* ---- command line ---------------------------------------------------------------------- */
+
+int sd_cmd_forward(int argc, char **argv)
+{
+    static const char *const modules[] = {"unet", "vae-encode", "vae-decode", "text-encoder"};
+    fwd_opts o;
+    sd_snapshot s;
+    sd_st_file in;
+    sd_err err;
+    int rc;
+
+    memset(&o, 0, sizeof o);
+    o.threads = 0;
+    o.repeat = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **slot = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            forward_usage(stdout);
+            return SD_EXIT_OK;
+        }
+        if (!strcmp(a, "--snapshot"))
+            slot = &o.snapshot;
+        else if (!strcmp(a, "--module"))
+            slot = &o.module;
+        else if (!strcmp(a, "--in"))
+            slot = &o.in;
+        else if (!strcmp(a, "--out"))
+            slot = &o.out;
+        else if (!strcmp(a, "--weights"))
+            slot = &o.weights;
+        else if (!strcmp(a, "--threads") || !strcmp(a, "--repeat")) {
+            char *end;
+            long v;
+            if (i + 1 >= argc)
+                return fail_input("%s needs a value (see sdtool forward --help)", a);
+            errno = 0;
+            v = strtol(argv[++i], &end, 10);
+            if (errno || *end || end == argv[i] || v < 1 || v > 4096)
+                return fail_input("%s '%s': expected a whole number from 1 to 4096", a, argv[i]);
+            if (!strcmp(a, "--threads"))
+                o.threads = (int)v;
+            else
+                o.repeat = (int)v;
+            continue;
+        } else
+            return fail_input("unknown argument '%s' (see sdtool forward --help)", a);
+        if (i + 1 >= argc)
+            return fail_input("%s needs a value (see sdtool forward --help)", a);
+        *slot = argv[++i];
+    }
+    if (!o.snapshot || !o.module || !o.in || !o.out) {
+        forward_usage(stderr);
+        return fail_input("--snapshot, --module, --in and --out are required");
+    }
+    rc = -1;
+    for (int k = 0; k < 4; k++)
+        if (!strcmp(o.module, modules[k]))
+            rc = k;
+    if (rc < 0)
+        return fail_input("unknown module '%s' (unet, vae-encode, vae-decode or text-encoder)",
+                          o.module);
+    o.kind = (module_kind)rc;
+#ifdef _OPENMP
+    if (o.threads)
+        omp_set_num_threads(o.threads);
+    o.threads = omp_get_max_threads();
+#else
+    o.threads = 1;
+#endif
+    if (sd_st_open(o.in, &in, &err))
+        return fail_input("%s", err.msg);
+    if (sd_snapshot_open(&s, o.snapshot, &err)) {
+        sd_st_close(&in);
+        return fail_run(err.msg);
+    }
+    switch (o.kind) {
+    case MOD_UNET:
+        rc = run_unet(&o, &s, &in);
+        break;
+    case MOD_VAE_ENCODE:
+        rc = run_vae(&o, &s, &in, 0);
+        break;
+    case MOD_VAE_DECODE:
+        rc = run_vae(&o, &s, &in, 1);
+        break;
+    default:
+        rc = run_text(&o, &s, &in);
+        break;
+    }
+    sd_snapshot_close(&s);
+    sd_st_close(&in);
+    return rc;
+}

@@ -1,0 +1,503 @@
+/* &run mode = 'process': images and captions in, committed latent shards out, on every rank
+ * of the preprocessing communicator. */
+#include "sd_config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sdtrain/arena.h"
+#include "sdtrain/check.h"
+#include "sdtrain/clip.h"
+#include "sdtrain/dataset.h"
+#include "sdtrain/image.h"
+#include "sdtrain/log.h"
+#include "sdtrain/modes.h"
+#include "sdtrain/ops.h"
+#include "sdtrain/shards.h"
+#include "sdtrain/snapshot.h"
+#include "sdtrain/timer.h"
+#include "sdtrain/tokenizer.h"
+#include "sdtrain/transform.h"
+#include "sdtrain/vae.h"
+#include "sdtrain/weights.h"
+
+#define TEXT_LEN SD_TOKENIZER_LENGTH
+
+/* The frozen encoders and the tokenizer, as one rank uses them. */
+typedef struct encoders {
+    const sd_backend *be;
+    sd_vae_config vcfg;
+    sd_clip_config ccfg;
+    sd_weights vw, cw;
+    sd_vae *vae;
+    sd_clip *clip;
+    sd_tokenizer *tok;
+    sd_arena vae_arena, clip_arena;
+    int batch, res, lh, lw;
+    char weights_path[1024];
+    char weights_hash[128];
+} encoders;
+
+/* Counts of every reason a sample was kept or skipped: the dataset's reasons, then the
+ * decoder's (a plain array, summed over ranks with one reduction). */
+#define N_COUNTS (SD_SAMPLE_N_REASONS + SD_IMG_STATUS_COUNT)
+
+static const char *count_name(int i, char *buf, size_t size)
+{
+    if (i < SD_SAMPLE_N_REASONS)
+        return sd_sample_reason_name((sd_sample_reason)i);
+    snprintf(buf, size, "image_%s", sd_image_status_name((sd_image_status)(i - SD_SAMPLE_N_REASONS)));
+    return buf;
+}
+
+/* FNV-1a over the weights the shards depend on: with the snapshot path it says which weights
+ * made a shard. */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+static int load_encoders(const sd_config *cfg, encoders *e, sd_err *err)
+{
+    char tok_path[SD_PATH_MAX + 16];
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    memset(e, 0, sizeof *e);
+    e->be = sd_backend_cpu();
+    e->res = (int)cfg->model.resolution;
+    e->batch = (int)cfg->data.encode_batch_size;
+
+    if (cfg->model.pretrained[0] || cfg->model.autoencoder[0]) {
+        sd_snapshot s;
+        const char *vae_path = cfg->model.autoencoder[0] ? cfg->model.autoencoder : cfg->model.pretrained;
+        int eos = 0;
+        if (sd_snapshot_open(&s, vae_path, err))
+            return -1;
+        if (sd_snapshot_load_vae(&s, NULL, &e->vcfg, &e->vw, err)) {
+            sd_snapshot_close(&s);
+            return -1;
+        }
+        sd_snapshot_close(&s);
+        if (!cfg->model.pretrained[0])
+            return sd_err_set(err, "&model autoencoder is set but &model pretrained is not: the text "
+                                   "encoder comes from the snapshot");
+        if (sd_snapshot_open(&s, cfg->model.pretrained, err))
+            return -1;
+        if (sd_snapshot_load_text_encoder(&s, NULL, &e->ccfg, &eos, &e->cw, err)) {
+            sd_snapshot_close(&s);
+            return -1;
+        }
+        sd_snapshot_close(&s);
+        snprintf(e->weights_path, sizeof e->weights_path, "%.1000s", cfg->model.pretrained);
+    } else {
+        /* No snapshot: the shapes come from the namelist and the weights from the seed, which
+         * is what a demo or a from-scratch smoke test wants. */
+        sd_param_table t;
+        sd_vae_config_from_namelist(cfg, &e->vcfg);
+        sd_clip_config_from_namelist(cfg, &e->ccfg);
+        sd_vae_params(&e->vcfg, &t);
+        sd_weights_init(&e->vw, &t);
+        sd_weights_init_random(&e->vw, (uint64_t)cfg->run.seed ^ UINT64_C(0x7661650000000000));
+        sd_clip_params(&e->ccfg, &t);
+        sd_weights_init(&e->cw, &t);
+        sd_weights_init_random(&e->cw, (uint64_t)cfg->run.seed ^ UINT64_C(0x636c697000000000));
+        snprintf(e->weights_path, sizeof e->weights_path, "random(seed=%lld)", (long long)cfg->run.seed);
+    }
+    h = fnv1a(h, e->vw.data, e->vw.table.total_floats * sizeof(float));
+    h = fnv1a(h, e->cw.data, e->cw.table.total_floats * sizeof(float));
+    snprintf(e->weights_hash, sizeof e->weights_hash, "fnv1a64:%016" PRIx64, h);
+
+    if (cfg->model.tokenizer[0])
+        snprintf(tok_path, sizeof tok_path, "%s", cfg->model.tokenizer);
+    else if (cfg->model.pretrained[0])
+        snprintf(tok_path, sizeof tok_path, "%s/tokenizer", cfg->model.pretrained);
+    else
+        return sd_err_set(err, "no tokenizer: set &model tokenizer (a tokenizer/ folder or "
+                               "bpe_simple_vocab_16e6.txt.gz) or &model pretrained");
+    if (sd_tokenizer_load(tok_path, &e->tok, err))
+        return -1;
+    if (e->ccfg.vocab_size < 49408)
+        return sd_err_set(err, "the text encoder's vocabulary (%d) is smaller than the CLIP tokenizer's "
+                               "(49408 ids)", e->ccfg.vocab_size);
+    if (e->res % 8 != 0 || sd_vae_check_image_shape(&e->vcfg, e->batch, e->res, e->res, &e->lh, &e->lw, err))
+        return -1;
+    if (e->lh * 8 != e->res || e->lw * 8 != e->res)
+        return sd_err_set(err, "the VAE maps %d px images to %dx%d latents; latent shards need the "
+                               "factor 8 of Stable Diffusion (a VAE with 4 levels)", e->res, e->lh, e->lw);
+    if (sd_vae_create_from_weights(&e->vae, &e->vcfg, &e->vw, e->be, err) ||
+        sd_clip_create_from_weights(&e->clip, &e->ccfg, &e->cw, e->be, err))
+        return -1;
+    SD_CHECK(sd_arena_init(&e->vae_arena, sd_vae_encode_scratch_bytes(&e->vcfg, e->be, e->batch, e->res, e->res), 0) == 0,
+             "cannot allocate the VAE's activation memory");
+    SD_CHECK(sd_arena_init(&e->clip_arena, sd_clip_scratch_bytes(&e->ccfg, e->be, e->batch, TEXT_LEN), 0) == 0,
+             "cannot allocate the text encoder's activation memory");
+    return 0;
+}
+
+static void free_encoders(encoders *e)
+{
+    if (e->vae)
+        sd_vae_free(e->vae);
+    if (e->clip)
+        sd_clip_free(e->clip);
+    if (e->tok)
+        sd_tokenizer_free(e->tok);
+    sd_weights_free(&e->vw);
+    sd_weights_free(&e->cw);
+    sd_arena_free(&e->vae_arena);
+    sd_arena_free(&e->clip_arena);
+}
+
+/* One rank's samples of one shard, encoded. */
+typedef struct slice {
+    int64_t n, cap;
+    float *moments;    /* [n, lh, lw, 2C] */
+    float *embeddings; /* [n, 77, D] */
+    int32_t *ids;      /* [n, 77] */
+    char **captions, **keys;
+} slice;
+
+static void slice_reset(slice *s)
+{
+    for (int64_t i = 0; i < s->n; i++) {
+        free(s->captions[i]);
+        free(s->keys[i]);
+    }
+    s->n = 0;
+}
+
+static void slice_reserve(slice *s, int64_t cap, const encoders *e)
+{
+    if (cap <= s->cap)
+        return;
+    s->moments = sd_xrealloc(s->moments, (size_t)cap * (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels) * sizeof(float));
+    s->embeddings = sd_xrealloc(s->embeddings, (size_t)cap * TEXT_LEN * (size_t)e->ccfg.hidden_size * sizeof(float));
+    s->ids = sd_xrealloc(s->ids, (size_t)cap * TEXT_LEN * sizeof(int32_t));
+    s->captions = sd_xrealloc(s->captions, (size_t)cap * sizeof(char *));
+    s->keys = sd_xrealloc(s->keys, (size_t)cap * sizeof(char *));
+    s->cap = cap;
+}
+
+static void slice_free(slice *s)
+{
+    slice_reset(s);
+    free(s->moments);
+    free(s->embeddings);
+    free(s->ids);
+    free(s->captions);
+    free(s->keys);
+}
+
+/* Staging for one encoder call. */
+typedef struct batch {
+    int n;
+    float *images;  /* [B, res, res, 3] in [-1, 1] */
+    int32_t *ids;   /* [B, 77] */
+} batch;
+
+static void encode_batch(encoders *e, batch *b, slice *s)
+{
+    const int64_t first = s->n - b->n; /* the batch's samples are the slice's last b->n */
+    const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
+    const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+    if (b->n == 0)
+        return;
+    sd_vae_encode(e->vae, b->n, e->res, e->res, b->images, s->moments + (size_t)first * mom, &e->vae_arena, NULL);
+    sd_clip_forward(e->clip, b->n, TEXT_LEN, b->ids, s->embeddings + (size_t)first * emb, &e->clip_arena, NULL);
+    memcpy(s->ids + (size_t)first * TEXT_LEN, b->ids, (size_t)b->n * TEXT_LEN * sizeof(int32_t));
+    b->n = 0;
+}
+
+/* Reads, decodes, transforms, tokenizes and encodes global samples [begin, end). */
+static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e, int64_t begin,
+                          int64_t end, slice *s, uint64_t *counts, double *t_decode, double *t_encode)
+{
+    sd_sample smp;
+    sd_image img = SD_IMAGE_INIT;
+    sd_image_decoder *dec = sd_image_decoder_new();
+    sd_image_opts iopts;
+    sd_transform_opts topts = {e->res, 0};
+    sd_resize_ws ws = {NULL, 0};
+    batch b = {0, NULL, NULL};
+    uint8_t *rgb = sd_xmalloc((size_t)e->res * (size_t)e->res * 3);
+    sd_err err;
+
+    SD_CHECK(dec != NULL, "TurboJPEG cannot initialise");
+    memset(&smp, 0, sizeof smp);
+    sd_image_opts_default(&iopts);
+    iopts.exif_transpose = cfg->data.exif_transpose;
+    iopts.alpha = strcmp(cfg->data.alpha, "white") == 0 ? SD_ALPHA_WHITE : SD_ALPHA_DROP;
+    iopts.max_pixels = cfg->data.max_image_pixels;
+    iopts.min_side = (int)cfg->data.min_image_side;
+    iopts.strict_jpeg = cfg->data.strict_jpeg;
+    b.images = sd_xmalloc((size_t)e->batch * (size_t)e->res * (size_t)e->res * 3 * sizeof(float));
+    b.ids = sd_xmalloc((size_t)e->batch * TEXT_LEN * sizeof(int32_t));
+    slice_reserve(s, end - begin, e);
+
+    for (int64_t i = begin; i < end; i++) {
+        double t0 = sd_time_now();
+        sd_image_status st;
+        int kept = sd_dataset_read(ds, i, &smp, &err) == 0;
+        counts[smp.reason]++;
+        if (!kept) {
+            sd_debug("skipped %s: %s", sd_dataset_key(ds, i), err.msg);
+            continue;
+        }
+        st = sd_image_decoder_run(dec, smp.image, smp.image_size, smp.key, &iopts, &img, &err);
+        if (st == SD_IMG_OK && sd_transform_rgb8(img.data, img.width, img.height, &topts, rgb, &ws, &err) != 0)
+            st = SD_IMG_CORRUPT;
+        if (st != SD_IMG_OK) {
+            /* the sample was counted as read-ok above; move it to the image's reason */
+            counts[smp.reason]--;
+            counts[SD_SAMPLE_N_REASONS + st]++;
+            sd_debug("skipped %s: %s", smp.key, err.msg);
+            continue;
+        }
+        sd_normalize_rgb8(rgb, e->res, e->res, SD_LAYOUT_HWC,
+                          b.images + (size_t)b.n * (size_t)e->res * (size_t)e->res * 3);
+        sd_tokenize(e->tok, smp.caption, smp.caption_len, b.ids + (size_t)b.n * TEXT_LEN, NULL);
+        s->captions[s->n] = sd_xstrdup(smp.caption);
+        s->keys[s->n] = sd_xstrdup(smp.key);
+        s->n++;
+        b.n++;
+        *t_decode += sd_time_now() - t0;
+        if (b.n == e->batch) {
+            t0 = sd_time_now();
+            encode_batch(e, &b, s);
+            *t_encode += sd_time_now() - t0;
+        }
+    }
+    {
+        double t0 = sd_time_now();
+        encode_batch(e, &b, s);
+        *t_encode += sd_time_now() - t0;
+    }
+    free(b.images);
+    free(b.ids);
+    free(rgb);
+    sd_resize_ws_free(&ws);
+    sd_image_free(&img);
+    sd_image_decoder_free(dec);
+    sd_sample_free(&smp);
+}
+
+/* Rank 0 indexes the dataset once; the others receive the packed index. Collective. */
+static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_dataset *ds, sd_err *err)
+{
+    long long size = 0;
+    void *blob = NULL;
+    size_t bsize = 0;
+    int status = 0;
+    if (rank == 0) {
+        if (sd_dataset_open(cfg->data.input, cfg->data.input_format, ds, err) != 0)
+            status = 1;
+        else if (sd_dataset_pack(ds, &blob, &bsize) != 0) {
+            sd_err_set(err, "cannot pack the dataset index of '%s'", cfg->data.input);
+            status = 1;
+        }
+        size = (long long)bsize;
+    }
+    SD_MPI_CHECK(MPI_Bcast(&status, 1, MPI_INT, 0, comm));
+    if (status) {
+        SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, 0, comm));
+        return -1;
+    }
+    SD_MPI_CHECK(MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm));
+    if (rank != 0)
+        blob = sd_xmalloc((size_t)size);
+    /* MPI counts are int: send the index in pieces */
+    for (long long off = 0; off < size; off += 1 << 30) {
+        long long n = size - off < (1 << 30) ? size - off : (1 << 30);
+        SD_MPI_CHECK(MPI_Bcast((char *)blob + off, (int)n, MPI_BYTE, 0, comm));
+    }
+    if (rank != 0 && sd_dataset_unpack(blob, (size_t)size, ds, err) != 0)
+        SD_CHECK(0, "the broadcast dataset index does not unpack: %s", err->msg);
+    free(blob);
+    ds->utf8_policy = strcmp(cfg->data.caption_utf8, "reject") == 0 ? SD_UTF8_REJECT : SD_UTF8_REPLACE;
+    ds->missing_caption = strcmp(cfg->data.missing_caption, "empty") == 0 ? SD_MISSING_CAPTION_EMPTY
+                                                                          : SD_MISSING_CAPTION_SKIP;
+    if (cfg->data.max_samples > 0)
+        sd_dataset_truncate(ds, cfg->data.max_samples);
+    return 0;
+}
+
+/* The per-reason summary: a table on stdout and <shard_dir>/preprocess_summary.json
+ * (temporary file + rename). Rank 0 only. */
+static void write_summary(const sd_config *cfg, const uint64_t *counts, int64_t n_samples, int64_t n_new_shards,
+                          double seconds)
+{
+    char path[SD_PATH_MAX + 64], tmp[SD_PATH_MAX + 96], name[64];
+    uint64_t kept = 0, skipped = 0;
+    FILE *f;
+    for (int i = 0; i < N_COUNTS; i++) {
+        int keeps = i < SD_SAMPLE_N_REASONS && sd_sample_reason_keeps((sd_sample_reason)i);
+        if (keeps)
+            kept += counts[i];
+        else
+            skipped += counts[i];
+    }
+    printf("preprocessing summary: %" PRIu64 " samples read, %" PRIu64 " kept, %" PRIu64
+           " skipped, %lld new shard(s), %.1f s\n", kept + skipped, kept, skipped, (long long)n_new_shards, seconds);
+    printf("  %-28s %12s  %s\n", "reason", "samples", "outcome");
+    for (int i = 0; i < N_COUNTS; i++) {
+        if (!counts[i])
+            continue;
+        int keeps = i < SD_SAMPLE_N_REASONS && sd_sample_reason_keeps((sd_sample_reason)i);
+        printf("  %-28s %12" PRIu64 "  %s\n", count_name(i, name, sizeof name), counts[i], keeps ? "kept" : "skipped");
+    }
+    fflush(stdout);
+    snprintf(path, sizeof path, "%s/preprocess_summary.json", cfg->data.shard_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    f = fopen(tmp, "w");
+    if (!f) {
+        sd_warn("cannot write %s: %s", tmp, strerror(errno));
+        return;
+    }
+    fprintf(f, "{\"format\": \"sdtrain-preprocess-summary\", \"version\": 1, \"dataset_samples\": %lld, "
+               "\"read\": %" PRIu64 ", \"kept\": %" PRIu64 ", \"skipped\": %" PRIu64 ", \"new_shards\": %lld, "
+               "\"reasons\": {", (long long)n_samples, kept + skipped, kept, skipped, (long long)n_new_shards);
+    for (int i = 0, first = 1; i < N_COUNTS; i++) {
+        if (!counts[i])
+            continue;
+        fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name), counts[i]);
+        first = 0;
+    }
+    fprintf(f, "}}\n");
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
+        sd_warn("cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* Every rank reaches the same verdict: the lowest failing rank's message, printed once. */
+static int agree(MPI_Comm comm, int rank, int failed, sd_err *err)
+{
+    int mine = failed ? rank : 1 << 30, first;
+    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == 1 << 30)
+        return 0;
+    SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, first, comm));
+    return -1;
+}
+
+int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
+{
+    const sd_config *cfg = &rc->cfg;
+    MPI_Comm comm = rt->role_comm;
+    int rank = rt->role_rank, size = rt->role_size, code = SD_EXIT_OK;
+    sd_dataset ds;
+    encoders enc;
+    sd_err err;
+    sd_shard_manifest man;
+    sd_shard_meta meta;
+    uint64_t counts[N_COUNTS] = {0}, total[N_COUNTS] = {0};
+    float *empty = NULL;
+    slice sl;
+    int64_t n, n_shards, n_new = 0;
+    double t_start = sd_time_now(), t_decode = 0, t_encode = 0, t_write = 0;
+
+    memset(&ds, 0, sizeof ds);
+    memset(&sl, 0, sizeof sl);
+    sd_err_clear(&err);
+    if (dev->use_cuda && rank == 0)
+        sd_warn("the CUDA backend is not built yet: preprocessing runs on the CPU");
+
+    if (open_dataset(cfg, comm, rank, &ds, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    n = sd_dataset_count(&ds);
+    n_shards = sd_dataset_n_shards(n, cfg->data.samples_per_shard);
+
+    if (agree(comm, rank, load_encoders(cfg, &enc, &err) != 0, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        free_encoders(&enc);
+        sd_dataset_close(&ds);
+        return SD_EXIT_USAGE;
+    }
+    /* Which shards a previous run committed: read by every rank from the same manifest. */
+    if (agree(comm, rank, sd_shards_committed(cfg->data.shard_dir, &man, &err) != 0, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        free_encoders(&enc);
+        sd_dataset_close(&ds);
+        return SD_EXIT_FAILURE;
+    }
+    if (rank == 0)
+        sd_info("preprocessing %lld samples of %s into %lld shard(s) of %lld in %s with %d rank(s); %lld "
+                "already committed; weights %s (%s)", (long long)n, cfg->data.input, (long long)n_shards,
+                (long long)cfg->data.samples_per_shard, cfg->data.shard_dir, size, (long long)man.n,
+                enc.weights_path, enc.weights_hash);
+
+    /* The empty caption's embedding: what caption dropout and guidance use. */
+    {
+        int32_t ids[TEXT_LEN];
+        empty = sd_xmalloc((size_t)TEXT_LEN * (size_t)enc.ccfg.hidden_size * sizeof(float));
+        sd_tokenize(enc.tok, "", 0, ids, NULL);
+        sd_clip_forward(enc.clip, 1, TEXT_LEN, ids, empty, &enc.clip_arena, NULL);
+    }
+    sd_shard_meta_defaults(&meta);
+    meta.resolution = enc.res;
+    meta.latent_channels = enc.vcfg.latent_channels;
+    meta.text_len = TEXT_LEN;
+    meta.embed_dim = enc.ccfg.hidden_size;
+    meta.scaling_factor = enc.vcfg.scaling_factor;
+    meta.float_dtype = strcmp(cfg->data.shard_dtype, "fp32") == 0 ? SD_F32 : SD_F16;
+    memcpy(meta.weights_path, enc.weights_path, sizeof meta.weights_path);
+    memcpy(meta.weights_hash, enc.weights_hash, sizeof meta.weights_hash);
+
+    for (int64_t k = 0; k < n_shards && code == SD_EXIT_OK; k++) {
+        int64_t begin, end;
+        double t0 = sd_time_now(), t1;
+        sd_shard_batch mine;
+        sd_shard_entry entry;
+        if (sd_shard_manifest_find(&man, k))
+            continue; /* committed by an earlier run: its samples are not read again */
+        sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
+        slice_reset(&sl);
+        process_range(cfg, &ds, &enc, begin, end, &sl, counts, &t_decode, &t_encode);
+        t1 = sd_time_now();
+        mine.n = sl.n;
+        mine.layout = SD_LATENT_NHWC;
+        mine.moments = sl.moments;
+        mine.embeddings = sl.embeddings;
+        mine.ids = sl.ids;
+        mine.captions = (const char *const *)sl.captions;
+        mine.keys = (const char *const *)sl.keys;
+        if (sd_shard_write(comm, cfg->data.shard_dir, k, &meta, empty, &mine, &entry, &err) != 0) {
+            if (rank == 0)
+                fprintf(stderr, "sdtrain: %s\n", err.msg);
+            code = SD_EXIT_FAILURE;
+            break;
+        }
+        t_write += sd_time_now() - t1;
+        n_new++;
+        if (rank == 0)
+            sd_info("shard %lld/%lld committed: %lld samples (%.2f s)", (long long)k + 1, (long long)n_shards,
+                    (long long)entry.samples, sd_time_now() - t0);
+    }
+
+    SD_MPI_CHECK(MPI_Reduce(counts, total, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, comm));
+    if (code == SD_EXIT_OK && rank == 0) {
+        double secs = sd_time_now() - t_start;
+        write_summary(cfg, total, n, n_new, secs);
+        printf("time on rank 0: read+decode+transform+tokenize %.2f s, encode %.2f s, write %.2f s\n",
+               t_decode, t_encode, t_write);
+    }
+    free(empty);
+    slice_free(&sl);
+    sd_shard_manifest_free(&man);
+    free_encoders(&enc);
+    sd_dataset_close(&ds);
+    return code;
+}

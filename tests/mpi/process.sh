@@ -1,0 +1,105 @@
+#!/bin/sh
+# mode = 'process' end to end under MPI: the three input formats with planted bad samples,
+# skip counts, committed shards, identical data whatever the rank count, and resume after a
+# rank is killed mid-run.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+
+tokenizer="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
+write_nml() { # write_nml NAME FORMAT INPUT SHARD_DIR
+    cat >"$TMP/$1.nml" <<EOF2
+&run mode = 'process', output_dir = '$TMP/run-$1', seed = 7 /
+&model
+  resolution = 32, block_out_channels = 32, 64, attention_head_dim = 8, norm_num_groups = 8,
+  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 2, text_heads = 4,
+  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$tokenizer'
+/
+&data input = '$3', input_format = '$2', shard_dir = '$4', samples_per_shard = 16,
+      encode_batch_size = 4 /
+EOF2
+}
+# "index checksum" pairs of a manifest, one per line
+checksums() { grep -E '"(index|checksum)"' "$1/manifest.json" | tr -d ' ",' | paste - -; }
+
+for fmt in files webdataset tsv; do
+    run "data-$fmt" "$SDTOOL" make-demo-data "$TMP/data-$fmt" --count 40 --bad --format "$fmt"
+    expect_rc "data-$fmt" 0
+    input="$TMP/data-$fmt"
+    [ "$fmt" = tsv ] && input="$TMP/data-$fmt/manifest.tsv"
+    write_nml "$fmt" "$fmt" "$input" "$TMP/shards-$fmt"
+    mpi "proc-$fmt" 3 "$SDTRAIN" "$TMP/$fmt.nml"
+    expect_rc "proc-$fmt" 0
+    s="$TMP/shards-$fmt/preprocess_summary.json"
+    [ -f "$s" ] || fail "$fmt: no summary"
+    grep -q '"read": 40, "kept": 35, "skipped": 5' "$s" || fail "$fmt: counts: $(cat "$s")"
+    for reason in missing_caption unsupported_image; do
+        grep -q "\"$reason\": 1" "$s" || fail "$fmt: $reason not counted once: $(cat "$s")"
+    done
+    [ "$(ls "$TMP/shards-$fmt" | grep -c '^shard-.*\.h5$')" = 3 ] || fail "$fmt: expected 3 shards: $(ls "$TMP/shards-$fmt")"
+    [ "$(checksums "$TMP/shards-$fmt" | wc -l)" = 3 ] || fail "$fmt: manifest does not list 3 shards"
+    ! ls -a "$TMP/shards-$fmt" | grep -q '\.tmp' || fail "$fmt: temporary files left"
+done
+# the bad samples by reason (same planted set in every format)
+for reason in image_truncated image_not_image; do
+    grep -q "\"$reason\": 1" "$TMP/shards-files/preprocess_summary.json" || fail "$reason not counted"
+done
+# zero-byte image: the dataset layer or the decoder reports it, once
+grep -Eq '"(empty_image|image_empty)": 1' "$TMP/shards-files/preprocess_summary.json" || fail "empty image not counted"
+
+run inspect "$SDTOOL" inspect "$TMP/shards-files/shard-000000.h5"
+expect_rc inspect 0
+expect_in inspect out "image_latents_32"
+expect_in inspect out "caption_embeddings"
+run inspectdir "$SDTOOL" inspect "$TMP/shards-files"
+expect_rc inspectdir 0
+
+# the same inputs and rank count give the same data arrays
+write_nml again files "$TMP/data-files" "$TMP/shards-again"
+mpi again 3 "$SDTRAIN" "$TMP/again.nml"
+expect_rc again 0
+checksums "$TMP/shards-files" >"$TMP/sum-np3"
+checksums "$TMP/shards-again" >"$TMP/sum-again"
+diff "$TMP/sum-np3" "$TMP/sum-again" || fail "two runs with 3 ranks wrote different data"
+# another rank count puts the same samples into the same shards in the same order (encoder
+# outputs may then differ in the last bits: the encoder batches are cut differently)
+write_nml np2 files "$TMP/data-files" "$TMP/shards-np2"
+mpi np2 2 "$SDTRAIN" "$TMP/np2.nml"
+expect_rc np2 0
+if command -v h5dump >/dev/null; then
+    for k in 0 1 2; do
+        f=$(printf 'shard-%06d.h5' "$k")
+        for ds in key caption caption_ids; do
+            h5dump -d "$ds" "$TMP/shards-files/$f" | sed 1d >"$TMP/a"
+            h5dump -d "$ds" "$TMP/shards-np2/$f" | sed 1d >"$TMP/b"
+            cmp -s "$TMP/a" "$TMP/b" || fail "$f: $ds differs between 2 and 3 ranks"
+        done
+    done
+fi
+# the three formats hold the same images and captions in the same order: the same latents
+# and embeddings (keys differ: files keys carry the folder)
+if command -v h5dump >/dev/null; then
+    for fmt in webdataset tsv; do
+        for ds in image_latents_32 caption_embeddings caption_ids caption; do
+            h5dump -d "$ds" "$TMP/shards-files/shard-000000.h5" | sed 1d >"$TMP/a"
+            h5dump -d "$ds" "$TMP/shards-$fmt/shard-000000.h5" | sed 1d >"$TMP/b"
+            cmp -s "$TMP/a" "$TMP/b" || fail "$fmt input gave another $ds than the files layout"
+        done
+    done
+fi
+
+# a rank killed while committing: the rerun finishes and the data equal an uninterrupted run
+write_nml kill files "$TMP/data-files" "$TMP/shards-kill"
+SDTRAIN_FAULT=kill:rank=1:phase=shard-commit mpi killed 3 "$SDTRAIN" "$TMP/kill.nml"
+[ "$RC" != 0 ] || fail "the killed run exited 0"
+[ "$(checksums "$TMP/shards-kill" 2>/dev/null | wc -l)" -lt 3 ] || fail "killed run committed everything"
+mpi resume 3 "$SDTRAIN" "$TMP/kill.nml"
+expect_rc resume 0
+checksums "$TMP/shards-kill" >"$TMP/sum-kill"
+diff "$TMP/sum-np3" "$TMP/sum-kill" || fail "resumed run wrote different data"
+
+# a missing input is a clear error, once
+write_nml missing files "$TMP/no-such-dir" "$TMP/shards-missing"
+mpi missing 2 "$SDTRAIN" "$TMP/missing.nml"
+expect_rc missing 2
+expect_count missing err "no-such-dir" 1
+pass "preprocessing end to end"
