@@ -196,6 +196,10 @@ static void slice_free(slice *s)
     free(s->keys);
 }
 
+/* Where a rank's time goes (seconds). */
+enum { T_READ, T_DECODE, T_TRANSFORM, T_TOKENIZE, T_ENCODE, T_WRITE, T_N };
+static const char *const stage_names[T_N] = {"read", "decode", "transform", "tokenize", "encode", "write"};
+
 /* Staging for one encoder call. */
 typedef struct batch {
     int n;
@@ -218,7 +222,7 @@ static void encode_batch(encoders *e, batch *b, slice *s)
 
 /* Reads, decodes, transforms, tokenizes and encodes global samples [begin, end). */
 static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e, int64_t begin,
-                          int64_t end, slice *s, uint64_t *counts, double *t_decode, double *t_encode)
+                          int64_t end, slice *s, uint64_t *counts, double *t)
 {
     sd_sample smp;
     sd_image img = SD_IMAGE_INIT;
@@ -243,15 +247,19 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
     slice_reserve(s, end - begin, e);
 
     for (int64_t i = begin; i < end; i++) {
-        double t0 = sd_time_now();
+        double t0 = sd_time_now(), t1;
         sd_image_status st;
         int kept = sd_dataset_read(ds, i, &smp, &err) == 0;
+        t1 = sd_time_now();
+        t[T_READ] += t1 - t0;
         counts[smp.reason]++;
         if (!kept) {
             sd_debug("skipped %s: %s", sd_dataset_key(ds, i), err.msg);
             continue;
         }
         st = sd_image_decoder_run(dec, smp.image, smp.image_size, smp.key, &iopts, &img, &err);
+        t0 = sd_time_now();
+        t[T_DECODE] += t0 - t1;
         if (st == SD_IMG_OK && sd_transform_rgb8(img.data, img.width, img.height, &topts, rgb, &ws, &err) != 0)
             st = SD_IMG_CORRUPT;
         if (st != SD_IMG_OK) {
@@ -263,22 +271,24 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
         }
         sd_normalize_rgb8(rgb, e->res, e->res, SD_LAYOUT_HWC,
                           b.images + (size_t)b.n * (size_t)e->res * (size_t)e->res * 3);
+        t1 = sd_time_now();
+        t[T_TRANSFORM] += t1 - t0;
         sd_tokenize(e->tok, smp.caption, smp.caption_len, b.ids + (size_t)b.n * TEXT_LEN, NULL);
         s->captions[s->n] = sd_xstrdup(smp.caption);
         s->keys[s->n] = sd_xstrdup(smp.key);
         s->n++;
         b.n++;
-        *t_decode += sd_time_now() - t0;
+        t0 = sd_time_now();
+        t[T_TOKENIZE] += t0 - t1;
         if (b.n == e->batch) {
-            t0 = sd_time_now();
             encode_batch(e, &b, s);
-            *t_encode += sd_time_now() - t0;
+            t[T_ENCODE] += sd_time_now() - t0;
         }
     }
     {
         double t0 = sd_time_now();
         encode_batch(e, &b, s);
-        *t_encode += sd_time_now() - t0;
+        t[T_ENCODE] += sd_time_now() - t0;
     }
     free(b.images);
     free(b.ids);
@@ -402,7 +412,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     float *empty = NULL;
     slice sl;
     int64_t n, n_shards, n_new = 0;
-    double t_start = sd_time_now(), t_decode = 0, t_encode = 0, t_write = 0;
+    double t_start = sd_time_now(), t[T_N] = {0};
 
     memset(&ds, 0, sizeof ds);
     memset(&sl, 0, sizeof sl);
@@ -465,7 +475,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             continue; /* committed by an earlier run: its samples are not read again */
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl);
-        process_range(cfg, &ds, &enc, begin, end, &sl, counts, &t_decode, &t_encode);
+        process_range(cfg, &ds, &enc, begin, end, &sl, counts, t);
         t1 = sd_time_now();
         mine.n = sl.n;
         mine.layout = SD_LATENT_NHWC;
@@ -480,7 +490,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             code = SD_EXIT_FAILURE;
             break;
         }
-        t_write += sd_time_now() - t1;
+        t[T_WRITE] += sd_time_now() - t1;
         n_new++;
         if (rank == 0)
             sd_info("shard %lld/%lld committed: %lld samples (%.2f s)", (long long)k + 1, (long long)n_shards,
@@ -488,11 +498,26 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     }
 
     SD_MPI_CHECK(MPI_Reduce(counts, total, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, comm));
-    if (code == SD_EXIT_OK && rank == 0) {
-        double secs = sd_time_now() - t_start;
-        write_summary(cfg, total, n, n_new, secs);
-        printf("time on rank 0: read+decode+transform+tokenize %.2f s, encode %.2f s, write %.2f s\n",
-               t_decode, t_encode, t_write);
+    {
+        /* each stage's time summed over ranks: the shares say where the job's work went */
+        double sum[T_N], all = 0;
+        SD_MPI_CHECK(MPI_Reduce(t, sum, T_N, MPI_DOUBLE, MPI_SUM, 0, comm));
+        if (code == SD_EXIT_OK && rank == 0) {
+            double secs = sd_time_now() - t_start;
+            uint64_t kept = 0;
+            write_summary(cfg, total, n, n_new, secs);
+            for (int i = 0; i < SD_SAMPLE_N_REASONS; i++)
+                if (sd_sample_reason_keeps((sd_sample_reason)i))
+                    kept += total[i];
+            for (int i = 0; i < T_N; i++)
+                all += sum[i];
+            printf("throughput: %.1f images/s (%" PRIu64 " encoded in %.2f s on %d rank(s)); time by stage:",
+                   secs > 0 ? (double)kept / secs : 0.0, kept, secs, size);
+            for (int i = 0; i < T_N; i++)
+                printf(" %s %.1f%%", stage_names[i], all > 0 ? 100.0 * sum[i] / all : 0.0);
+            printf("\n");
+            fflush(stdout);
+        }
     }
     free(empty);
     slice_free(&sl);

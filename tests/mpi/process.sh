@@ -97,6 +97,16 @@ expect_rc resume 0
 checksums "$TMP/shards-kill" >"$TMP/sum-kill"
 diff "$TMP/sum-np3" "$TMP/sum-kill" || fail "resumed run wrote different data"
 
+# mode = 'pipeline': the preprocessing ranks write the same shards; the training half says it
+# is not implemented (exit 3)
+write_nml pipe files "$TMP/data-files" "$TMP/shards-pipe"
+sed -i "s/mode = 'process'/mode = 'pipeline', n_process_ranks = 3/" "$TMP/pipe.nml"
+mpi pipe 4 "$SDTRAIN" "$TMP/pipe.nml"
+expect_rc pipe 3
+expect_count pipe err "the training half is not implemented" 1
+checksums "$TMP/shards-pipe" >"$TMP/sum-pipe"
+diff "$TMP/sum-np3" "$TMP/sum-pipe" || fail "pipeline preprocessing wrote other data than process mode"
+
 # a missing input is a clear error, once
 write_nml missing files "$TMP/no-such-dir" "$TMP/shards-missing"
 mpi missing 2 "$SDTRAIN" "$TMP/missing.nml"
