@@ -385,6 +385,8 @@ static void test_norms(void)
     group_norm_case(1, 7, 30, 3, 1e-6f, 1, 1, 0);
     group_norm_case(3, 4, 64, 32, 1e-6f, 0, 0, 1);
     group_norm_case(1, 1, 32, 32, 1e-5f, 1, 1, 0); /* one element per group: x - mean = 0 */
+    /* several pixel chunks summed in order, channels not a multiple of the vector width */
+    group_norm_case(2, 1100, 42, 6, 1e-6f, 1, 1, 1);
     layer_norm_case(5, 37, 1);
     layer_norm_case(1, 1024, 0);
     layer_norm_case(3, 1, 0); /* variance 0: y = beta */
@@ -414,6 +416,23 @@ static void test_activations(void)
         ref[i] = silu_d(x[i]);
     double e = max_err(y, ref, n);
     tap_ok(e <= TOL, "SiLU on [-8, 8] and +-100: max rel err %.2e", e);
+
+    /* the vectorised exp over its whole range, vector lanes and scalar tail alike */
+    {
+        const int64_t nw = 20003;
+        float *xw = fbuf(nw), *yw = fbuf(nw);
+        double *rw = dbuf(nw), ew = 0.0;
+        for (int64_t i = 0; i < nw; i++)
+            xw[i] = -100.0f + 200.0f * (float)i / (float)(nw - 1);
+        sd_silu_forward(be, nw, xw, yw);
+        for (int64_t i = 0; i < nw; i++) {
+            rw[i] = silu_d(xw[i]);
+            double r = fabs(yw[i] - rw[i]) / fmax(fabs(rw[i]), 1e-30);
+            ew = fabs(rw[i]) > 1e-30 && r > ew ? r : ew;
+        }
+        tap_ok(ew <= 1e-6, "SiLU on [-100, 100] relative to |silu|: max rel err %.2e", ew);
+        free(xw), free(yw), free(rw);
+    }
 
     sd_gelu_forward(be, n, x, y);
     for (int64_t i = 0; i < n; i++)

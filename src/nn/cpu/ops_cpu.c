@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -36,6 +37,11 @@
 /* GEMM tiles: about this many rows and columns, rounded so the tiles of a matrix are even. */
 #define CPU_GEMM_TILE 256
 #define CPU_GEMM_TILE_ROUND 16
+
+/* Elementwise loops: rows or elements per dynamic OpenMP task (tasks, not threads, split the
+ * work, and every element is computed the same way whichever task holds it). */
+#define CPU_ROWS_PER_TASK 64
+#define CPU_ELEMS_PER_TASK 16384
 
 /* Attention: query rows per task, so a task's score block is CPU_ATTN_Q_BLOCK x t_kv floats. */
 #define CPU_ATTN_Q_BLOCK 256
@@ -82,7 +88,7 @@ static void cpu_gemm(int trans_b, int m, int n, int k, float alpha, const float 
     const int tm = gemm_tile(m), tn = gemm_tile(n);
     const int mt = (m + tm - 1) / tm, nt = (n + tn - 1) / tn;
     const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
-#pragma omp parallel for schedule(static) if (mt * nt > 1)
+#pragma omp parallel for schedule(dynamic) if (mt * nt > 1)
     for (int t = 0; t < mt * nt; t++) {
         int i0 = (t / nt) * tm, j0 = (t % nt) * tn;
         int mm = m - i0 < tm ? m - i0 : tm, nn = n - j0 < tn ? n - j0 : tn;
@@ -92,9 +98,122 @@ static void cpu_gemm(int trans_b, int m, int n, int k, float alpha, const float 
     }
 }
 
-static inline float silu_f(float v)
+/* ---- vector helpers and a vectorisable exp ---------------------------------------------- */
+
+/* GCC/Clang vector extensions: 4 floats, one SSE register at the baseline x86-64 ISA (wider
+ * generic vectors get their compares and selects scalarised there). Every lane does the same IEEE operations as the scalar versions
+ * below, so an element's result never depends on whether it was in a vector or in a tail, on
+ * its position, or on the thread that computed it. No FMA contraction (-std=c11). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi" /* 4 doubles between inlined static functions only */
+#endif
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) v4f v4f_load(const float *p)
 {
-    return v / (1.0f + expf(-v));
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void v4f_store(float *p, v4f v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline __attribute__((always_inline)) v4d v4d_from_floats(const float *p)
+{
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, v4d);
+}
+
+static inline __attribute__((always_inline)) v4f v4f_select(v4i mask, v4f a, v4f b) /* mask ? a : b, lane by lane */
+{
+    return (v4f)(((v4i)a & mask) | ((v4i)b & ~mask));
+}
+
+/* exp(x) for float, Cephes' expf: n = round(x log2 e), r = x - n ln 2 (in two parts, the first
+ * exact), exp(r) by a degree-7 polynomial on [-ln2/2, ln2/2], times 2^n built in the exponent
+ * bits (as 2 * 2^(n-1), so n = 128 works). Within 2 ulp of expf; 0 below -86.5 (true value
+ * < 2.7e-38), +inf above ln(FLT_MAX), NaN for NaN. */
+#define EXP_LO (-86.5f)
+#define EXP_HI 88.72283935546875f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_ROUND 12582912.0f /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+#define EXP_C1 0.693359375f
+#define EXP_C2 (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+static inline __attribute__((always_inline)) float exp_s(float x)
+{
+    float xc = x < EXP_LO ? EXP_LO : (x > EXP_HI ? EXP_HI : x);
+    float n = (xc * EXP_LOG2E + EXP_ROUND) - EXP_ROUND;
+    float r = xc - n * EXP_C1;
+    r = r - n * EXP_C2;
+    float p = EXP_P0;
+    p = p * r + EXP_P1;
+    p = p * r + EXP_P2;
+    p = p * r + EXP_P3;
+    p = p * r + EXP_P4;
+    p = p * r + EXP_P5;
+    float y = p * (r * r) + r + 1.0f;
+    int32_t bits = ((int32_t)n + 126) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    float res = (y + y) * scale;
+    res = x < EXP_LO ? 0.0f : res;
+    res = x > EXP_HI ? INFINITY : res;
+    return x != x ? x : res;
+}
+
+static inline __attribute__((always_inline)) v4f exp_v4(v4f x)
+{
+    const v4f zero = {0};
+    v4f xc = v4f_select(x < EXP_LO, zero + EXP_LO, x);
+    xc = v4f_select(xc > EXP_HI, zero + EXP_HI, xc);
+    v4f n = (xc * EXP_LOG2E + EXP_ROUND) - EXP_ROUND;
+    v4f r = xc - n * EXP_C1;
+    r = r - n * EXP_C2;
+    v4f p = zero + EXP_P0;
+    p = p * r + EXP_P1;
+    p = p * r + EXP_P2;
+    p = p * r + EXP_P3;
+    p = p * r + EXP_P4;
+    p = p * r + EXP_P5;
+    v4f y = p * (r * r) + r + 1.0f;
+    v4f scale = (v4f)((__builtin_convertvector(n, v4i) + 126) << 23);
+    v4f res = (y + y) * scale;
+    res = v4f_select(x < EXP_LO, zero, res);
+    res = v4f_select(x > EXP_HI, zero + INFINITY, res);
+    return v4f_select(x != x, x, res);
+}
+
+static inline __attribute__((always_inline)) float silu_f(float v)
+{
+    return v / (1.0f + exp_s(-v));
+}
+
+static inline __attribute__((always_inline)) v4f silu_v4(v4f v)
+{
+    return v / (1.0f + exp_v4(-v));
+}
+
+/* y[i] = silu(x[i]) for i in [0, n), vectors then a scalar tail */
+static void silu_span(int64_t n, const float *x, float *y)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        v4f_store(y + i, silu_v4(v4f_load(x + i)));
+    for (; i < n; i++)
+        y[i] = silu_f(x[i]);
 }
 
 static inline float gelu_f(float v)
@@ -243,10 +362,58 @@ static void cpu_linear_forward(const sd_backend *be, int64_t rows, int in, int o
 
 /* ---- normalization ------------------------------------------------------------------------ */
 
+/* Group norm statistics are gathered in one pass in row order: the pixels of a sample are cut
+ * into chunks (their number depends on hw only), and each (sample, chunk) task sums, per
+ * channel and in double, d = x - K and d^2, K being the channel's value at the sample's first
+ * pixel (a shift, so the variance does not cancel). A (sample, group) task then adds the chunk
+ * sums in chunk order and merges its channels with Chan's formula. Fixed chunks, fixed orders:
+ * the result does not depend on the thread count. */
+#define CPU_GN_CHUNK_MIN 256 /* pixels */
+#define CPU_GN_MAX_CHUNKS 64
+
+static int64_t gn_chunks(int64_t hw)
+{
+    int64_t k = hw / CPU_GN_CHUNK_MIN;
+    if (k < 1)
+        k = 1;
+    return k < CPU_GN_MAX_CHUNKS ? k : CPU_GN_MAX_CHUNKS;
+}
+
+static size_t gn_align(size_t b)
+{
+    return (b + 63) & ~(size_t)63;
+}
+
 static size_t cpu_group_norm_forward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
 {
-    /* room for the statistics when the caller does not keep them */
-    return 2 * (size_t)d->n * d->groups * sizeof(float);
+    /* chunk sums (2 c doubles per sample and chunk), per-channel mean and rstd (2 c floats per
+     * sample), room for the statistics when the caller does not keep them, and alignment */
+    return 64 + gn_align(2 * (size_t)d->n * gn_chunks(d->hw) * d->c * sizeof(double)) +
+           gn_align(2 * (size_t)d->n * d->c * sizeof(float)) +
+           2 * (size_t)d->n * d->groups * sizeof(float);
+}
+
+/* y[0, c) = silu?((x - m) * s * gamma + beta), per-channel m and s */
+static inline void gn_row(int c, const float *xr, const float *m, const float *s,
+                          const float *gamma, const float *beta, int silu, float *yr)
+{
+    int j = 0;
+    for (; j + 4 <= c; j += 4) {
+        v4f v = (v4f_load(xr + j) - v4f_load(m + j)) * v4f_load(s + j);
+        if (gamma)
+            v = v * v4f_load(gamma + j);
+        if (beta)
+            v = v + v4f_load(beta + j);
+        v4f_store(yr + j, silu ? silu_v4(v) : v);
+    }
+    for (; j < c; j++) {
+        float v = (xr[j] - m[j]) * s[j];
+        if (gamma)
+            v = v * gamma[j];
+        if (beta)
+            v = v + beta[j];
+        yr[j] = silu ? silu_f(v) : v;
+    }
 }
 
 static void cpu_group_norm_forward(const sd_backend *be, const sd_group_norm_desc *d,
@@ -255,48 +422,85 @@ static void cpu_group_norm_forward(const sd_backend *be, const sd_group_norm_des
 {
     const float *x = xv, *gamma = gv, *beta = bv;
     float *y = yv;
-    const int groups = d->groups, c = d->c, cpg = d->c / d->groups;
-    const int64_t hw = d->hw;
-    const double count = (double)hw * cpg;
-    float *mu = mean ? mean : (float *)ws.ptr;
-    float *rs = rstd ? rstd : (float *)ws.ptr + (size_t)d->n * groups;
+    const int groups = d->groups, c = d->c, cpg = d->c / d->groups, n = d->n;
+    const int64_t hw = d->hw, nch = gn_chunks(hw), clen = (hw + nch - 1) / nch;
+    char *base = (char *)(((uintptr_t)ws.ptr + 63) & ~(uintptr_t)63);
+    double *part = (double *)base;
+    base += gn_align(2 * (size_t)n * nch * c * sizeof(double));
+    float *mch = (float *)base, *sch = mch + (size_t)n * c;
+    base += gn_align(2 * (size_t)n * c * sizeof(float));
+    float *mu = mean ? mean : (float *)base;
+    float *rs = rstd ? rstd : (float *)base + (size_t)n * groups;
 
-    /* One (sample, group) per iteration, two passes (mean, then squared deviations) in double:
-     * exact enough that the order of the sum hardly matters, and that order is fixed anyway. */
-#pragma omp parallel for schedule(static)
-    for (int task = 0; task < d->n * groups; task++) {
-        int b = task / groups, g = task % groups;
-        const float *xg = x + (int64_t)b * hw * c + (int64_t)g * cpg;
-        double s = 0.0;
-        for (int64_t p = 0; p < hw; p++)
-            for (int j = 0; j < cpg; j++)
-                s += xg[p * c + j];
-        double m = s / count;
-        double v = 0.0;
-        for (int64_t p = 0; p < hw; p++)
-            for (int j = 0; j < cpg; j++) {
-                double e = xg[p * c + j] - m;
-                v += e * e;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t task = 0; task < n * nch; task++) {
+        const int64_t b = task / nch, k = task % nch;
+        const int64_t p0 = k * clen, p1 = p0 + clen < hw ? p0 + clen : hw;
+        const float *x0 = x + b * hw * c;
+        double *s1 = part + task * 2 * c, *s2 = s1 + c;
+        for (int j = 0; j < c; j++)
+            s1[j] = s2[j] = 0.0;
+        for (int64_t p = p0; p < p1; p++) {
+            const float *xr = x0 + p * c;
+            int j = 0;
+            for (; j + 4 <= c; j += 4) {
+                v4d e = v4d_from_floats(xr + j) - v4d_from_floats(x0 + j), a1, a2;
+                memcpy(&a1, s1 + j, sizeof a1);
+                memcpy(&a2, s2 + j, sizeof a2);
+                a1 = a1 + e;
+                a2 = a2 + e * e;
+                memcpy(s1 + j, &a1, sizeof a1);
+                memcpy(s2 + j, &a2, sizeof a2);
             }
-        mu[task] = (float)m;
-        rs[task] = (float)(1.0 / sqrt(v / count + (double)d->eps));
+            for (; j < c; j++) {
+                double e = (double)xr[j] - (double)x0[j];
+                s1[j] += e;
+                s2[j] += e * e;
+            }
+        }
     }
 
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < (int64_t)d->n * hw; r++) {
-        int b = (int)(r / hw);
-        const float *xr = x + r * c;
-        float *yr = y + r * c;
-        for (int g = 0; g < groups; g++) {
-            float m = mu[b * groups + g], s = rs[b * groups + g];
-            for (int j = g * cpg; j < (g + 1) * cpg; j++) {
-                float v = (xr[j] - m) * s;
-                if (gamma)
-                    v = v * gamma[j];
-                if (beta)
-                    v = v + beta[j];
-                yr[j] = d->silu ? silu_f(v) : v;
+#pragma omp parallel for schedule(dynamic)
+    for (int task = 0; task < n * groups; task++) {
+        const int b = task / groups, g = task % groups;
+        const float *x0 = x + (int64_t)b * hw * c;
+        const double cnt = (double)hw;
+        double mj[cpg > 0 ? cpg : 1], m2j[cpg > 0 ? cpg : 1], msum = 0.0;
+        for (int jj = 0; jj < cpg; jj++) {
+            const int j = g * cpg + jj;
+            double t1 = 0.0, t2 = 0.0;
+            for (int64_t k = 0; k < nch; k++) {
+                const double *s1 = part + ((int64_t)b * nch + k) * 2 * c;
+                t1 += s1[j];
+                t2 += s1[c + j];
             }
+            double m2 = t2 - t1 * (t1 / cnt);
+            mj[jj] = (double)x0[j] + t1 / cnt;
+            m2j[jj] = m2 > 0.0 ? m2 : 0.0;
+            msum += mj[jj];
+        }
+        const double m = msum / cpg;
+        double m2 = 0.0;
+        for (int jj = 0; jj < cpg; jj++) {
+            double dm = mj[jj] - m;
+            m2 += m2j[jj] + cnt * dm * dm;
+        }
+        const float mf = (float)m, rf = (float)(1.0 / sqrt(m2 / (cnt * cpg) + (double)d->eps));
+        mu[task] = mf;
+        rs[task] = rf;
+        for (int jj = 0; jj < cpg; jj++) {
+            mch[(int64_t)b * c + g * cpg + jj] = mf;
+            sch[(int64_t)b * c + g * cpg + jj] = rf;
+        }
+    }
+
+    const int64_t rows = (int64_t)n * hw;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t r0 = 0; r0 < rows; r0 += CPU_ROWS_PER_TASK) {
+        const int64_t r1 = r0 + CPU_ROWS_PER_TASK < rows ? r0 + CPU_ROWS_PER_TASK : rows;
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t b = r / hw;
+            gn_row(c, x + r * c, mch + b * c, sch + b * c, gamma, beta, d->silu, y + r * c);
         }
     }
 }
@@ -342,9 +546,9 @@ static void cpu_silu_forward(const sd_backend *be, int64_t n, const void *xv, vo
 {
     const float *x = xv;
     float *y = yv;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        y[i] = silu_f(x[i]);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t i0 = 0; i0 < n; i0 += CPU_ELEMS_PER_TASK)
+        silu_span(n - i0 < CPU_ELEMS_PER_TASK ? n - i0 : CPU_ELEMS_PER_TASK, x + i0, y + i0);
 }
 
 static void cpu_gelu_forward(const sd_backend *be, int64_t n, const void *xv, void *yv)
@@ -431,19 +635,51 @@ static void attention_block(const sd_attention_desc *d, const float *q, const fl
     for (int i = 0; i < m; i++) {
         float *row = s + (int64_t)i * nk;
         const int visible = d->causal ? q0 + i + 1 : nk;
+        /* max, exp and sum vectorised: the sum keeps 8 double lanes (element j in lane
+         * j % 8) added in a fixed order, so it depends on the row only */
+        int j = 0;
         float mx = row[0];
-        for (int j = 1; j < visible; j++)
-            mx = row[j] > mx ? row[j] : mx;
-        double sum = 0.0;
-        for (int j = 0; j < visible; j++) {
-            float e = expf(row[j] - mx);
-            row[j] = e;
-            sum += e;
+        if (visible >= 4) {
+            v4f vm = v4f_load(row);
+            for (j = 4; j + 4 <= visible; j += 4) {
+                v4f r = v4f_load(row + j);
+                vm = v4f_select(r > vm, r, vm);
+            }
+            for (int l = 0; l < 4; l++)
+                mx = vm[l] > mx ? vm[l] : mx;
+        } else {
+            j = 1;
         }
+        for (; j < visible; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        v4d lo = {0}, hi = {0};
+        double lanes[8];
+        j = 0;
+        for (; j + 8 <= visible; j += 8) {
+            v4f e0 = exp_v4(v4f_load(row + j) - mx), e1 = exp_v4(v4f_load(row + j + 4) - mx);
+            v4f_store(row + j, e0);
+            v4f_store(row + j + 4, e1);
+            lo = lo + __builtin_convertvector(e0, v4d);
+            hi = hi + __builtin_convertvector(e1, v4d);
+        }
+        for (int l = 0; l < 4; l++) {
+            lanes[l] = lo[l];
+            lanes[4 + l] = hi[l];
+        }
+        for (int l = 0; j < visible; j++, l++) {
+            float e = exp_s(row[j] - mx);
+            row[j] = e;
+            lanes[l] += e;
+        }
+        const double sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+                           ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
         const float denom = (float)sum;
-        for (int j = 0; j < visible; j++)
+        j = 0;
+        for (; j + 4 <= visible; j += 4)
+            v4f_store(row + j, v4f_load(row + j) / denom);
+        for (; j < visible; j++)
             row[j] = row[j] / denom;
-        for (int j = visible; j < nk; j++)
+        for (j = visible; j < nk; j++)
             row[j] = 0.0f; /* masked: exactly zero probability */
         if (lp)
             lp[i] = (float)((double)mx + log(sum));
@@ -473,8 +709,10 @@ static void cpu_attention_forward(const sd_backend *be, const sd_attention_desc 
         tid = omp_get_thread_num();
         nth = omp_get_num_threads();
 #endif
+        (void)nth;
         float *s = (float *)((char *)ws.ptr + (size_t)tid * slot);
-        for (int64_t task = tid; task < tasks; task += nth)
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < tasks; task++)
             attention_block(d, q, k, v, o, lse, task, s);
     }
 }
