@@ -227,6 +227,9 @@ static void test_conv2d(void)
     conv_case("3x3 s1 p1, 4270 pixels (two im2col tiles)", sd_conv2d_make(1, 70, 61, 3, 4, 3, 1, 1),
               1, 1);
     conv_case("3x3 s1 p1, 1x1 image", sd_conv2d_make(1, 1, 1, 5, 3, 3, 1, 1), 1, 0);
+    /* enough output pixels (>= 16 blocks) for the per-thread im2col block path of big convs */
+    conv_case("3x3 s1 p1, 120x120 x 64 ch (per-thread im2col blocks)",
+              sd_conv2d_make(1, 120, 120, 64, 8, 3, 1, 1), 1, 1);
 }
 
 /* ---- linear ------------------------------------------------------------------------------- */

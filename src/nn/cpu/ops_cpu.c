@@ -33,6 +33,16 @@
 #define CPU_CONV_TILE_BYTES ((int64_t)32 << 20)
 #define CPU_CONV_TILE_MIN_ROWS 256
 #define CPU_CONV_TILE_MAX_ROWS 4096
+#ifndef CPU_CONV_BLOCK_BYTES
+#define CPU_CONV_BLOCK_BYTES ((int64_t)2 << 20)
+#endif
+#ifndef CPU_CONV_BLOCK_MIN_ROWS
+#define CPU_CONV_BLOCK_MIN_ROWS 256
+#endif
+#ifndef CPU_CONV_BLOCK_MAX_ROWS
+#define CPU_CONV_BLOCK_MAX_ROWS 1024
+#endif
+#define CPU_CONV_FUSED_MIN_BLOCKS 16
 
 /* GEMM tiles: about this many rows and columns, rounded so the tiles of a matrix are even. */
 #define CPU_GEMM_TILE 256
@@ -57,6 +67,18 @@ static int cpu_max_threads(void)
 {
 #ifdef _OPENMP
     return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Per-thread scratch slots a scratch query asks for: the processors of the machine, not the
+ * current thread count, so scratch planned once stays valid when the thread count changes
+ * later (a run uses as many slots as it was given; results do not depend on it). */
+static int cpu_scratch_slots(void)
+{
+#ifdef _OPENMP
+    return omp_get_num_procs();
 #else
     return 1;
 #endif
@@ -283,10 +305,47 @@ static int64_t conv_tile_rows(const sd_conv2d_desc *d)
     return rows < pixels ? rows : pixels;
 }
 
+/* Fused path: when the output has many pixels, each task is a block of conv_block_rows output
+ * pixels, gathered into its thread's own im2col slot (small enough to stay in cache) and
+ * multiplied by the whole weight in one cblas_sgemm. Block sizes depend on the shape only. */
+static int64_t conv_block_rows(const sd_conv2d_desc *d)
+{
+    int64_t k = (int64_t)d->kh * d->kw * d->c_in;
+    int64_t rows = CPU_CONV_BLOCK_BYTES / (k * (int64_t)sizeof(float));
+    rows = rows / 64 * 64;
+    if (rows < CPU_CONV_BLOCK_MIN_ROWS)
+        rows = CPU_CONV_BLOCK_MIN_ROWS;
+    if (rows > CPU_CONV_BLOCK_MAX_ROWS)
+        rows = CPU_CONV_BLOCK_MAX_ROWS;
+    return rows;
+}
+
+static int64_t conv_blocks(const sd_conv2d_desc *d)
+{
+    int64_t pixels = (int64_t)d->n * d->h_out * d->w_out, r = conv_block_rows(d);
+    return (pixels + r - 1) / r;
+}
+
+static int conv_is_fused(const sd_conv2d_desc *d)
+{
+    return conv_blocks(d) >= CPU_CONV_FUSED_MIN_BLOCKS;
+}
+
+static size_t conv_block_bytes(const sd_conv2d_desc *d)
+{
+    return (size_t)conv_block_rows(d) * (size_t)d->kh * d->kw * d->c_in * sizeof(float);
+}
+
 static size_t cpu_conv2d_forward_scratch(const sd_backend *be, const sd_conv2d_desc *d)
 {
     if (conv_is_pointwise(d))
         return 0;
+    if (conv_is_fused(d)) {
+        int64_t slots = cpu_scratch_slots();
+        if (slots > conv_blocks(d))
+            slots = conv_blocks(d);
+        return (size_t)slots * conv_block_bytes(d);
+    }
     return (size_t)conv_tile_rows(d) * (size_t)d->kh * d->kw * d->c_in * sizeof(float);
 }
 
@@ -294,12 +353,12 @@ static size_t cpu_conv2d_forward_scratch(const sd_backend *be, const sd_conv2d_d
  * pixels it sees (c_in contiguous channels each, zeros for padding) in (u, v) order, which is
  * the order of a weight row [kh, kw, c_in]. */
 static void conv_im2col(const sd_conv2d_desc *d, const float *x, int64_t p0, int64_t m,
-                        float *col)
+                        float *col, int parallel)
 {
     const int64_t k = (int64_t)d->kh * d->kw * d->c_in;
     const int64_t plane = (int64_t)d->h_out * d->w_out;
     const size_t cin_bytes = (size_t)d->c_in * sizeof(float);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < m; r++) {
         int64_t p = p0 + r;
         int64_t b = p / plane;
@@ -333,12 +392,38 @@ static void cpu_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, co
         /* A 1x1 stride-1 convolution in NHWC is a GEMM on the input as it lies. */
         cpu_gemm(1, blas_int(pixels, "conv2d pixels"), d->c_out, k, 1.0f, x, k, w, k, 0.0f, y,
                  d->c_out);
+    } else if (conv_is_fused(d)) {
+        const int64_t rows = conv_block_rows(d), blocks = conv_blocks(d);
+        const size_t slot = conv_block_bytes(d);
+        int64_t slots = (int64_t)(ws.bytes / slot);
+        if (slots > cpu_max_threads())
+            slots = cpu_max_threads();
+        if (slots > blocks)
+            slots = blocks;
+        SD_CHECK(slots >= 1, "conv2d scratch of %zu bytes holds no im2col block of %zu",
+                 ws.bytes, slot);
+#pragma omp parallel num_threads((int)slots)
+        {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            float *col = (float *)((char *)ws.ptr + (size_t)tid * slot);
+#pragma omp for schedule(dynamic)
+            for (int64_t blk = 0; blk < blocks; blk++) {
+                int64_t p0 = blk * rows;
+                int64_t m = pixels - p0 < rows ? pixels - p0 : rows;
+                conv_im2col(d, x, p0, m, col, 0);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, d->c_out, k, 1.0f,
+                            col, k, w, k, 0.0f, y + p0 * d->c_out, d->c_out);
+            }
+        }
     } else {
         const int64_t tile = conv_tile_rows(d);
         float *col = ws.ptr;
         for (int64_t p0 = 0; p0 < pixels; p0 += tile) {
             int64_t m = pixels - p0 < tile ? pixels - p0 : tile;
-            conv_im2col(d, x, p0, m, col);
+            conv_im2col(d, x, p0, m, col, 1);
             cpu_gemm(1, (int)m, d->c_out, k, 1.0f, col, k, w, k, 0.0f, y + p0 * d->c_out,
                      d->c_out);
         }
@@ -607,7 +692,7 @@ static int64_t attn_tasks(const sd_attention_desc *d)
  * never a different result. */
 static size_t cpu_attention_forward_scratch(const sd_backend *be, const sd_attention_desc *d)
 {
-    int64_t slots = cpu_max_threads();
+    int64_t slots = cpu_scratch_slots();
     if (slots > attn_tasks(d))
         slots = attn_tasks(d);
     return (size_t)slots * attn_slot_bytes(d);
