@@ -15,6 +15,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/commands.h"
 #include "sdtrain/error.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 #include "sdtrain/rng.h"
 
@@ -120,25 +121,6 @@ static int add_tar_member(struct archive *a, const member *m, sd_err *err)
     return ok ? 0 : sd_err_set(err, "tar: %s", archive_error_string(a));
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return -1;
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++)
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char saved = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return -1;
-            buf[i] = saved;
-        }
-    return 0;
-}
-
 int sd_cmd_make_demo_data(int argc, char **argv)
 {
     const char *dir = NULL, *format = "files";
@@ -169,8 +151,8 @@ int sd_cmd_make_demo_data(int argc, char **argv)
         fprintf(stderr, "usage: sdtool make-demo-data DIR [--count N >= 1] [--seed S >= 0] [--format files|webdataset|tsv] [--bad]\n");
         return SD_EXIT_USAGE;
     }
-    if (make_dirs(dir) != 0) {
-        fprintf(stderr, "sdtool make-demo-data: cannot create '%s': %s\n", dir, strerror(errno));
+    if (sd_mkdir_p(dir, "directory", &err) != 0) {
+        fprintf(stderr, "sdtool make-demo-data: %s\n", err.msg);
         return SD_EXIT_FAILURE;
     }
     if (!strcmp(format, "tsv")) {

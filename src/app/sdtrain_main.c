@@ -13,6 +13,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
 #include "sdtrain/device.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
@@ -152,25 +153,6 @@ static int load_config(const cli *c, int rank, sd_run_config *rc)
     return 0;
 }
 
-static int mkdir_p(const char *path, sd_err *err)
-{
-    char buf[SD_PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return sd_err_set(err, "invalid output directory '%s'", path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char saved = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return sd_err_set(err, "cannot create directory '%s': %s", buf, strerror(errno));
-            buf[i] = saved;
-        }
-    }
-    return 0;
-}
-
 /* used.nml is written to a temporary name, flushed to disk and renamed, so a reader never
  * sees half a file. */
 static int write_used_nml(const sd_run_config *rc, const cli *c, int world_size, sd_err *err)
@@ -182,7 +164,7 @@ static int write_used_nml(const sd_run_config *rc, const cli *c, int world_size,
     struct tm tm;
     int ok;
 
-    if (mkdir_p(rc->cfg.run.output_dir, err))
+    if (sd_mkdir_p(rc->cfg.run.output_dir, "directory", err))
         return -1;
     snprintf(path, sizeof path, "%s/used.nml", rc->cfg.run.output_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());

@@ -1,6 +1,7 @@
 /* Latent shards: the collective parallel-HDF5 writer with its commit protocol, the manifest, and
  * the serial reader used by training ranks and sdtool. */
 #include "sdtrain/shards.h"
+#include "sdtrain/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -58,25 +59,6 @@ static int join_path(char *out, size_t size, const char *dir, const char *name, 
     int n = snprintf(out, size, "%s/%s", dir, name);
     if (n < 0 || (size_t)n >= size)
         return sd_err_set(err, "path too long: '%s/%s'", dir, name);
-    return 0;
-}
-
-static int mkdir_p(const char *path, sd_err *err)
-{
-    char buf[SD_PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
-        return sd_err_set(err, "invalid shard directory '%s'", path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] == '/' || buf[i] == '\0') {
-            char saved = buf[i];
-            buf[i] = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return sd_err_set(err, "cannot create shard directory '%s': %s", buf, strerror(errno));
-            buf[i] = saved;
-        }
-    }
     return 0;
 }
 
@@ -686,7 +668,7 @@ static int64_t creation_time(void)
 static int prepare_dir(writer *w, sd_err *e)
 {
     sd_shard_manifest m;
-    if (mkdir_p(w->dir, e))
+    if (sd_mkdir_p(w->dir, "shard directory", e))
         return -1;
     if (sd_shard_manifest_read(w->dir, &m, e))
         return -1;
