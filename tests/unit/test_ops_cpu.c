@@ -825,6 +825,636 @@ static void test_elementwise(void)
         free(q2), free(nchw), free(nhwc), free(back), free(mom), free(eps), free(zz), free(zref);
 }
 
+/* ---- backward ------------------------------------------------------------------------------
+ * Each backward op is checked against central differences, in double, of a double-precision
+ * forward written here: the gradient of L = sum(dy . y(p)) with respect to every input p (step
+ * 1e-4; truncation error ~1e-9, so the bound below is the fp32 op's own error). The op's output
+ * buffer is laid out [region 0 | region 1 | ...] in the same order as the differentiated inputs
+ * (e.g. [dx | dw | db] for [x | w | b]). Each case runs the op:
+ *   - writing input gradients (accumulate = 0, the old contents NaN) and accumulating weight
+ *     gradients onto random old values;
+ *   - accumulating everything (accumulate = 1) onto random old values;
+ *   - with the optional gradients NULL (they must stay untouched, the others still right);
+ *   - with 1 and 3 threads (bit-identical to the default count).
+ */
+#define BWD_TOL 1e-5
+#define FD_STEP 1e-4
+
+typedef void (*dfwd_fn)(const void *ctx, const double *p, double *y);
+
+typedef struct bwd_common {
+    int acc, nulls;
+    int nreg;
+    int64_t off[5];        /* region r is [off[r], off[r + 1]) of the output */
+    unsigned in_mask;      /* regions that are input gradients (written or accumulated) */
+    unsigned opt_mask;     /* regions passed as NULL in the nulls run */
+    const float *base;     /* old contents of the output */
+} bwd_common;
+
+static float *bwd_region(const bwd_common *c, float *out, int r)
+{
+    return c->nulls && (c->opt_mask >> r & 1) ? NULL : out + c->off[r];
+}
+
+static void bwd_prepare(const bwd_common *c, float *out)
+{
+    memcpy(out, c->base, (size_t)c->off[c->nreg] * sizeof(float));
+    if (!c->acc)
+        for (int r = 0; r < c->nreg; r++)
+            if (c->in_mask >> r & 1)
+                for (int64_t i = c->off[r]; i < c->off[r + 1]; i++)
+                    out[i] = NAN;
+}
+
+/* g[i] = d(sum dy . f(p)) / dp[i] by central differences */
+static void fd_grad(dfwd_fn f, const void *ctx, int64_t np, const float *pf, int64_t ny,
+                    const float *dy, double *g)
+{
+    double *p = dbuf(np), *y = dbuf(ny);
+    for (int64_t i = 0; i < np; i++)
+        p[i] = pf[i];
+    for (int64_t i = 0; i < np; i++) {
+        const double s = p[i];
+        double lp = 0.0, lm = 0.0;
+        p[i] = s + FD_STEP;
+        f(ctx, p, y);
+        for (int64_t j = 0; j < ny; j++)
+            lp += (double)dy[j] * y[j];
+        p[i] = s - FD_STEP;
+        f(ctx, p, y);
+        for (int64_t j = 0; j < ny; j++)
+            lm += (double)dy[j] * y[j];
+        p[i] = s;
+        g[i] = (lp - lm) / (2.0 * FD_STEP);
+    }
+    free(p), free(y);
+}
+
+/* Runs the checks listed above; `ctx` starts with its bwd_common. */
+static void bwd_check(const char *name, run_fn run, void *ctx, const double *grad, double tol)
+{
+    bwd_common *c = ctx;
+    const int64_t n = c->off[c->nreg];
+    float *out = fbuf(n);
+    double *ref = dbuf(n);
+    for (int mode = 0; mode < 3; mode++) {
+        c->acc = mode >= 1;
+        c->nulls = mode == 2;
+        run(ctx, out);
+        for (int r = 0; r < c->nreg; r++)
+            for (int64_t i = c->off[r]; i < c->off[r + 1]; i++) {
+                if (c->nulls && (c->opt_mask >> r & 1))
+                    ref[i] = c->base[i];
+                else if (!c->acc && (c->in_mask >> r & 1))
+                    ref[i] = grad[i];
+                else
+                    ref[i] = c->base[i] + grad[i];
+            }
+        double e = max_err(out, ref, n);
+        if (mode == 2 && c->opt_mask == 0)
+            continue;
+        tap_ok(e <= tol, "%s backward, %s: max rel err %.2e <= %.0e", name,
+               mode == 0 ? "written" : mode == 1 ? "accumulated" : "optional gradients NULL", e,
+               tol);
+    }
+    c->acc = 1;
+    c->nulls = 0;
+    run(ctx, out);
+    check_threads(name, run, ctx, out, n);
+    free(out), free(ref);
+}
+
+/* fills a bwd_common for regions of the given sizes */
+static void bwd_setup(bwd_common *c, int nreg, const int64_t *sizes, unsigned in_mask,
+                      unsigned opt_mask)
+{
+    memset(c, 0, sizeof *c);
+    c->nreg = nreg;
+    for (int r = 0; r < nreg; r++)
+        c->off[r + 1] = c->off[r] + sizes[r];
+    c->in_mask = in_mask;
+    c->opt_mask = opt_mask;
+    c->base = rnd(c->off[nreg], -1.0f, 1.0f);
+}
+
+/* -- elementwise: silu, gelu, geglu -- */
+
+typedef struct act_ctx {
+    bwd_common cm;
+    int op; /* 0 silu, 1 gelu, 2 geglu */
+    int64_t n;
+    int rows, inner;
+    const float *x, *dy;
+} act_ctx;
+
+static void run_act_bwd(const void *ctx, float *out)
+{
+    const act_ctx *c = ctx;
+    bwd_prepare(&c->cm, out);
+    if (c->op == 0)
+        sd_silu_backward(be, c->n, c->x, c->dy, out, c->cm.acc);
+    else if (c->op == 1)
+        sd_gelu_backward(be, c->n, c->x, c->dy, out, c->cm.acc);
+    else
+        sd_geglu_backward(be, c->rows, c->inner, c->x, c->dy, out, c->cm.acc);
+}
+
+static void act_fwd_d(const void *ctx, const double *p, double *y)
+{
+    const act_ctx *c = ctx;
+    if (c->op == 0)
+        for (int64_t i = 0; i < c->n; i++)
+            y[i] = silu_d(p[i]);
+    else if (c->op == 1)
+        for (int64_t i = 0; i < c->n; i++)
+            y[i] = gelu_d(p[i]);
+    else
+        for (int r = 0; r < c->rows; r++)
+            for (int j = 0; j < c->inner; j++)
+                y[r * c->inner + j] =
+                    p[r * 2 * c->inner + j] * gelu_d(p[r * 2 * c->inner + c->inner + j]);
+}
+
+static void act_case(const char *name, int op, int rows, int inner, int64_t n)
+{
+    act_ctx c;
+    int64_t nx = op == 2 ? (int64_t)rows * 2 * inner : n, ny = op == 2 ? (int64_t)rows * inner : n;
+    bwd_setup(&c.cm, 1, &nx, 1, 0);
+    c.op = op, c.n = n, c.rows = rows, c.inner = inner;
+    float *x = rnd(nx, -6.0f, 6.0f), *dy = rnd(ny, -1.0f, 1.0f);
+    x[0] = 0.0f;
+    c.x = x, c.dy = dy;
+    double *g = dbuf(nx);
+    fd_grad(act_fwd_d, &c, nx, x, ny, dy, g);
+    bwd_check(name, run_act_bwd, &c, g, BWD_TOL);
+    if (op == 0) { /* far tails: 0 and 1 without NaN */
+        float xt[2] = {-100.0f, 100.0f}, dyt[2] = {1.0f, 1.0f}, dxt[2];
+        sd_silu_backward(be, 2, xt, dyt, dxt, 0);
+        tap_ok(dxt[0] == 0.0f && dxt[1] == 1.0f, "SiLU' (-100) = 0, SiLU'(100) = 1: %g %g",
+               (double)dxt[0], (double)dxt[1]);
+    }
+    free(x), free(dy), free(g), free((void *)c.cm.base);
+}
+
+/* -- linear -- */
+
+typedef struct lin_bwd_ctx {
+    bwd_common cm;
+    int64_t rows;
+    int in, out;
+    const float *x, *w, *dy;
+    sd_scratch ws;
+} lin_bwd_ctx;
+
+static void run_linear_bwd(const void *ctx, float *out)
+{
+    const lin_bwd_ctx *c = ctx;
+    bwd_prepare(&c->cm, out);
+    sd_linear_backward(be, c->rows, c->in, c->out, c->x, c->w, c->dy, bwd_region(&c->cm, out, 0),
+                       c->cm.acc, bwd_region(&c->cm, out, 1), bwd_region(&c->cm, out, 2),
+                       c->ws);
+}
+
+static void linear_fwd_d(const void *ctx, const double *p, double *y)
+{
+    const lin_bwd_ctx *c = ctx;
+    const double *x = p, *w = x + c->rows * c->in, *b = w + (int64_t)c->out * c->in;
+    for (int64_t r = 0; r < c->rows; r++)
+        for (int o = 0; o < c->out; o++) {
+            double s = b[o];
+            for (int i = 0; i < c->in; i++)
+                s += x[r * c->in + i] * w[(int64_t)o * c->in + i];
+            y[r * c->out + o] = s;
+        }
+}
+
+static void linear_bwd_case(int64_t rows, int in, int out)
+{
+    lin_bwd_ctx c;
+    int64_t sizes[3] = {rows * in, (int64_t)out * in, out};
+    bwd_setup(&c.cm, 3, sizes, 1, 5);
+    c.rows = rows, c.in = in, c.out = out;
+    float *p = rnd(c.cm.off[3], -1.0f, 1.0f), *dy = rnd(rows * out, -1.0f, 1.0f);
+    c.x = p, c.w = p + sizes[0], c.dy = dy;
+    c.ws = scratch(sd_linear_backward_scratch_bytes(be, rows, in, out));
+    double *g = dbuf(c.cm.off[3]);
+    fd_grad(linear_fwd_d, &c, c.cm.off[3], p, rows * out, dy, g);
+    char name[96];
+    snprintf(name, sizeof name, "linear rows=%lld %d->%d", (long long)rows, in, out);
+    bwd_check(name, run_linear_bwd, &c, g, BWD_TOL);
+    free(p), free(dy), free(g), free((void *)c.cm.base), free(c.ws.ptr);
+}
+
+/* Several GEMM tiles in every product (too many parameters for differences): against the
+ * analytic gradient in double, dx = dy w, dw = dy^T x, db = column sums of dy. The inputs are
+ * all O(1) and the inner dimensions 270 and 300, so fp32 partial sums reach ~10 and results
+ * near 1 carry absolute errors of ~1e-5 (measured 9e-6): bound 5e-5. */
+#define BWD_TOL_BIG 5e-5
+static void linear_bwd_big_case(int64_t rows, int in, int out)
+{
+    lin_bwd_ctx c;
+    int64_t sizes[3] = {rows * in, (int64_t)out * in, out};
+    bwd_setup(&c.cm, 3, sizes, 1, 5);
+    c.rows = rows, c.in = in, c.out = out;
+    float *p = rnd(c.cm.off[3], -1.0f, 1.0f), *dy = rnd(rows * out, -1.0f, 1.0f);
+    c.x = p, c.w = p + sizes[0], c.dy = dy;
+    c.ws = scratch(sd_linear_backward_scratch_bytes(be, rows, in, out));
+    double *g = dbuf(c.cm.off[3]), *gw = g + sizes[0], *gb = gw + sizes[1];
+    for (int64_t r = 0; r < rows; r++)
+        for (int o = 0; o < out; o++) {
+            const double gy = dy[r * out + o];
+            gb[o] += gy;
+            for (int i = 0; i < in; i++) {
+                g[r * in + i] += gy * c.w[(int64_t)o * in + i];
+                gw[(int64_t)o * in + i] += gy * c.x[r * in + i];
+            }
+        }
+    char name[96];
+    snprintf(name, sizeof name, "linear rows=%lld %d->%d (GEMM tiles, analytic)", (long long)rows,
+             in, out);
+    bwd_check(name, run_linear_bwd, &c, g, BWD_TOL_BIG);
+    free(p), free(dy), free(g), free((void *)c.cm.base), free(c.ws.ptr);
+}
+
+/* -- layer norm and group norm (params [x | gamma | beta]) -- */
+
+typedef struct norm_bwd_ctx {
+    bwd_common cm;
+    int group; /* 0 layer norm [rows, c], 1 group norm */
+    int64_t rows;
+    int c;
+    float eps;
+    sd_group_norm_desc d;
+    int affine;
+    const float *x, *g, *b, *dy;
+    float *mean, *rstd;
+    sd_scratch ws;
+} norm_bwd_ctx;
+
+static void run_norm_bwd(const void *ctx, float *out)
+{
+    const norm_bwd_ctx *c = ctx;
+    bwd_prepare(&c->cm, out);
+    float *dx = bwd_region(&c->cm, out, 0);
+    float *dg = c->affine ? bwd_region(&c->cm, out, 1) : NULL;
+    float *db = c->affine ? bwd_region(&c->cm, out, 2) : NULL;
+    if (c->group)
+        sd_group_norm_backward(be, &c->d, c->x, c->g, c->b, c->mean, c->rstd, c->dy, dx,
+                               c->cm.acc, dg, db, c->ws);
+    else
+        sd_layer_norm_backward(be, c->rows, c->c, c->x, c->g, c->mean, c->rstd, c->dy, dx,
+                               c->cm.acc, dg, db, c->ws);
+}
+
+static void norm_fwd_d(const void *ctx, const double *p, double *y)
+{
+    const norm_bwd_ctx *c = ctx;
+    const int64_t nx = c->rows * c->c;
+    const double *x = p, *g = x + nx, *b = g + c->c;
+    /* a set = the elements normalised together: a row, or a (sample, group) */
+    const int groups = c->group ? c->d.groups : 1, cpg = c->c / groups;
+    const int64_t hw = c->group ? c->d.hw : 1;
+    const int64_t nsets = c->group ? (int64_t)c->d.n * groups : c->rows;
+    for (int64_t s = 0; s < nsets; s++) {
+        const int64_t r0 = c->group ? (s / groups) * hw : s;
+        const int j0 = (int)(s % groups) * cpg;
+        double sum = 0.0, sq = 0.0, cnt = (double)hw * cpg;
+        for (int64_t r = r0; r < r0 + hw; r++)
+            for (int j = j0; j < j0 + cpg; j++)
+                sum += x[r * c->c + j];
+        const double m = sum / cnt;
+        for (int64_t r = r0; r < r0 + hw; r++)
+            for (int j = j0; j < j0 + cpg; j++)
+                sq += (x[r * c->c + j] - m) * (x[r * c->c + j] - m);
+        const double rs = 1.0 / sqrt(sq / cnt + (double)c->eps);
+        for (int64_t r = r0; r < r0 + hw; r++)
+            for (int j = j0; j < j0 + cpg; j++) {
+                double v = (x[r * c->c + j] - m) * rs;
+                if (c->affine)
+                    v = v * g[j] + b[j];
+                y[r * c->c + j] = c->group && c->d.silu ? silu_d(v) : v;
+            }
+    }
+}
+
+static void norm_bwd_case(int group, int n, int hw, int c, int groups, int silu, int affine)
+{
+    norm_bwd_ctx ctx;
+    const int64_t rows = (int64_t)n * hw, nx = rows * c;
+    int64_t sizes[3] = {nx, c, c};
+    bwd_setup(&ctx.cm, affine ? 3 : 1, sizes, 1, affine ? 5 : 1);
+    ctx.group = group, ctx.rows = rows, ctx.c = c, ctx.eps = 1e-5f, ctx.affine = affine;
+    ctx.d = (sd_group_norm_desc){n, hw, c, groups, 1e-5f, silu};
+    float *p = rnd(nx + 2 * c, 0.5f, 1.5f), *dy = rnd(nx, -1.0f, 1.0f), *y = fbuf(nx);
+    for (int64_t i = 0; i < nx; i++)
+        p[i] = 4.0f * p[i] - 3.0f; /* x in [-1, 3] */
+    ctx.x = p, ctx.g = affine ? p + nx : NULL, ctx.b = affine ? p + nx + c : NULL, ctx.dy = dy;
+    const int64_t nstat = group ? (int64_t)n * groups : rows;
+    ctx.mean = fbuf(nstat), ctx.rstd = fbuf(nstat);
+    if (group) {
+        sd_scratch fw = scratch(sd_group_norm_forward_scratch_bytes(be, &ctx.d));
+        sd_group_norm_forward(be, &ctx.d, ctx.x, ctx.g, ctx.b, y, ctx.mean, ctx.rstd, fw);
+        free(fw.ptr);
+        ctx.ws = scratch(sd_group_norm_backward_scratch_bytes(be, &ctx.d));
+    } else {
+        sd_layer_norm_forward(be, rows, c, ctx.eps, ctx.x, ctx.g, ctx.b, y, ctx.mean, ctx.rstd);
+        ctx.ws = scratch(sd_layer_norm_backward_scratch_bytes(be, rows, c));
+    }
+    double *gr = dbuf(nx + 2 * c);
+    fd_grad(norm_fwd_d, &ctx, ctx.cm.off[ctx.cm.nreg], p, nx, dy, gr);
+    char name[128];
+    if (group)
+        snprintf(name, sizeof name, "group norm n=%d hw=%d c=%d groups=%d%s%s", n, hw, c, groups,
+                 silu ? " +SiLU" : "", affine ? "" : " (no affine)");
+    else
+        snprintf(name, sizeof name, "layer norm rows=%lld c=%d%s", (long long)rows, c,
+                 affine ? "" : " (no affine)");
+    bwd_check(name, run_norm_bwd, &ctx, gr, BWD_TOL);
+    free(p), free(dy), free(y), free(gr), free(ctx.mean), free(ctx.rstd), free(ctx.ws.ptr),
+        free((void *)ctx.cm.base);
+}
+
+/* -- nearest upsample (params x) and broadcast add (params v) -- */
+
+static int nearest_src_t(int dst, int in, int out)
+{
+    if (out == in)
+        return dst;
+    if (out == 2 * in)
+        return dst >> 1;
+    int s = (int)floorf((float)dst * ((float)in / (float)out));
+    return s < in - 1 ? s : in - 1;
+}
+
+typedef struct mv_bwd_ctx {
+    bwd_common cm;
+    int op; /* 0 upsample, 1 add_bcast */
+    int n, h, w, c, h_out, w_out;
+    int64_t rows;
+    const float *dy;
+} mv_bwd_ctx;
+
+static void run_mv_bwd(const void *ctx, float *out)
+{
+    const mv_bwd_ctx *c = ctx;
+    bwd_prepare(&c->cm, out);
+    if (c->op == 0)
+        sd_upsample_nearest_backward(be, c->n, c->h, c->w, c->c, c->h_out, c->w_out, c->dy, out,
+                                     c->cm.acc);
+    else
+        sd_add_bcast_backward(be, c->n, c->rows, c->c, c->dy, out, c->cm.acc,
+                              sd_scratch_none());
+}
+
+static void mv_fwd_d(const void *ctx, const double *p, double *y)
+{
+    const mv_bwd_ctx *c = ctx;
+    if (c->op == 0) {
+        for (int b = 0; b < c->n; b++)
+            for (int oy = 0; oy < c->h_out; oy++)
+                for (int ox = 0; ox < c->w_out; ox++)
+                    for (int j = 0; j < c->c; j++)
+                        y[(((int64_t)b * c->h_out + oy) * c->w_out + ox) * c->c + j] =
+                            p[(((int64_t)b * c->h + nearest_src_t(oy, c->h, c->h_out)) * c->w +
+                               nearest_src_t(ox, c->w, c->w_out)) * c->c + j];
+    } else {
+        for (int b = 0; b < c->n; b++)
+            for (int64_t r = 0; r < c->rows; r++)
+                for (int j = 0; j < c->c; j++)
+                    y[((int64_t)b * c->rows + r) * c->c + j] = 0.25 * r + p[b * c->c + j];
+    }
+}
+
+static void mv_bwd_case(int op, int n, int h, int w, int c, int h_out, int w_out, int64_t rows)
+{
+    mv_bwd_ctx ctx;
+    int64_t np = op == 0 ? (int64_t)n * h * w * c : (int64_t)n * c;
+    int64_t ny = op == 0 ? (int64_t)n * h_out * w_out * c : (int64_t)n * rows * c;
+    bwd_setup(&ctx.cm, 1, &np, 1, 0);
+    ctx.op = op, ctx.n = n, ctx.h = h, ctx.w = w, ctx.c = c, ctx.h_out = h_out,
+    ctx.w_out = w_out, ctx.rows = rows;
+    float *p = rnd(np, -1.0f, 1.0f), *dy = rnd(ny, -1.0f, 1.0f);
+    ctx.dy = dy;
+    double *g = dbuf(np);
+    fd_grad(mv_fwd_d, &ctx, np, p, ny, dy, g);
+    char name[96];
+    if (op == 0)
+        snprintf(name, sizeof name, "nearest %dx%d -> %dx%d", h, w, h_out, w_out);
+    else
+        snprintf(name, sizeof name, "add_bcast n=%d rows=%lld c=%d", n, (long long)rows, c);
+    bwd_check(name, run_mv_bwd, &ctx, g, BWD_TOL);
+    free(p), free(dy), free(g), free((void *)ctx.cm.base);
+}
+
+/* -- conv2d (params [x | w (ours, [c_out, kh, kw, c_in]) | b]) -- */
+
+typedef struct conv_bwd_ctx {
+    bwd_common cm;
+    sd_conv2d_desc d;
+    const float *x, *w, *dy;
+    sd_scratch ws;
+} conv_bwd_ctx;
+
+static void run_conv_bwd(const void *ctx, float *out)
+{
+    const conv_bwd_ctx *c = ctx;
+    bwd_prepare(&c->cm, out);
+    sd_conv2d_backward(be, &c->d, c->x, c->w, c->dy, bwd_region(&c->cm, out, 0), c->cm.acc,
+                       bwd_region(&c->cm, out, 1), bwd_region(&c->cm, out, 2), c->ws);
+}
+
+static void conv_fwd_d(const void *ctx, const double *p, double *y)
+{
+    const conv_bwd_ctx *c = ctx;
+    const sd_conv2d_desc *d = &c->d;
+    const double *x = p, *w = x + c->cm.off[1], *b = p + c->cm.off[2];
+    for (int n = 0; n < d->n; n++)
+        for (int oy = 0; oy < d->h_out; oy++)
+            for (int ox = 0; ox < d->w_out; ox++)
+                for (int o = 0; o < d->c_out; o++) {
+                    double s = b[o];
+                    for (int u = 0; u < d->kh; u++)
+                        for (int v = 0; v < d->kw; v++) {
+                            int iy = oy * d->stride - d->pad_top + u;
+                            int ix = ox * d->stride - d->pad_left + v;
+                            if (iy < 0 || iy >= d->h || ix < 0 || ix >= d->w)
+                                continue;
+                            for (int i = 0; i < d->c_in; i++)
+                                s += w[(((int64_t)o * d->kh + u) * d->kw + v) * d->c_in + i] *
+                                     x[(((int64_t)n * d->h + iy) * d->w + ix) * d->c_in + i];
+                        }
+                    y[(((int64_t)n * d->h_out + oy) * d->w_out + ox) * d->c_out + o] = s;
+                }
+}
+
+static void conv_bwd_case(const char *what, sd_conv2d_desc d)
+{
+    conv_bwd_ctx c;
+    int64_t sizes[3] = {(int64_t)d.n * d.h * d.w * d.c_in,
+                        (int64_t)d.c_out * d.kh * d.kw * d.c_in, d.c_out};
+    int64_t ny = (int64_t)d.n * d.h_out * d.w_out * d.c_out;
+    bwd_setup(&c.cm, 3, sizes, 1, 5);
+    c.d = d;
+    float *p = rnd(c.cm.off[3], -1.0f, 1.0f), *dy = rnd(ny, -1.0f, 1.0f);
+    c.x = p, c.w = p + c.cm.off[1], c.dy = dy;
+    c.ws = scratch(sd_conv2d_backward_scratch_bytes(be, &d));
+    double *g = dbuf(c.cm.off[3]);
+    fd_grad(conv_fwd_d, &c, c.cm.off[3], p, ny, dy, g);
+    char name[160];
+    snprintf(name, sizeof name, "conv2d %s [%d,%d,%d,%d] -> [%d,%d,%d,%d]", what, d.n, d.h, d.w,
+             d.c_in, d.n, d.h_out, d.w_out, d.c_out);
+    bwd_check(name, run_conv_bwd, &c, g, BWD_TOL);
+    free(p), free(dy), free(g), free(c.ws.ptr), free((void *)c.cm.base);
+}
+
+/* -- attention (params [q | k | v], contiguous rows) -- */
+
+typedef struct attn_bwd_ctx {
+    bwd_common cm;
+    sd_attention_desc d;
+    const float *q, *k, *v, *o, *dout;
+    float *lse;
+    sd_scratch ws;
+} attn_bwd_ctx;
+
+static void run_attn_bwd(const void *ctx, float *out)
+{
+    const attn_bwd_ctx *c = ctx;
+    bwd_prepare(&c->cm, out);
+    sd_attention_backward(be, &c->d, c->q, c->k, c->v, c->o, c->lse, c->dout,
+                          bwd_region(&c->cm, out, 0), bwd_region(&c->cm, out, 1),
+                          bwd_region(&c->cm, out, 2), c->cm.acc, c->ws);
+}
+
+static void attn_fwd_d(const void *ctx, const double *p, double *y)
+{
+    const attn_bwd_ctx *c = ctx;
+    const sd_attention_desc *d = &c->d;
+    const double *q = p, *k = p + c->cm.off[1], *v = p + c->cm.off[2];
+    const int dh = d->head_dim, ld = d->heads * dh;
+    double *s = dbuf(d->t_kv);
+    for (int b = 0; b < d->batch; b++)
+        for (int h = 0; h < d->heads; h++)
+            for (int i = 0; i < d->t_q; i++) {
+                const int nk = d->causal ? i + 1 : d->t_kv;
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j < nk; j++) {
+                    double a = 0.0;
+                    for (int e = 0; e < dh; e++)
+                        a += q[((int64_t)b * d->t_q + i) * ld + h * dh + e] *
+                             k[((int64_t)b * d->t_kv + j) * ld + h * dh + e];
+                    s[j] = a * d->scale;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                for (int j = 0; j < nk; j++)
+                    sum += (s[j] = exp(s[j] - mx));
+                for (int e = 0; e < dh; e++) {
+                    double a = 0.0;
+                    for (int j = 0; j < nk; j++)
+                        a += s[j] / sum * v[((int64_t)b * d->t_kv + j) * ld + h * dh + e];
+                    y[((int64_t)b * d->t_q + i) * ld + h * dh + e] = a;
+                }
+            }
+    free(s);
+}
+
+static void attn_bwd_case(const char *what, sd_attention_desc d, float range)
+{
+    attn_bwd_ctx c;
+    const int ld = d.heads * d.head_dim;
+    int64_t sizes[3] = {(int64_t)d.batch * d.t_q * ld, (int64_t)d.batch * d.t_kv * ld,
+                        (int64_t)d.batch * d.t_kv * ld};
+    bwd_setup(&c.cm, 3, sizes, 7, 5);
+    c.d = d;
+    float *p = rnd(c.cm.off[3], -range, range), *dout = rnd(sizes[0], -1.0f, 1.0f);
+    float *o = fbuf(sizes[0]);
+    c.q = p, c.k = p + c.cm.off[1], c.v = p + c.cm.off[2], c.o = o, c.dout = dout;
+    c.lse = fbuf((int64_t)d.batch * d.heads * d.t_q);
+    sd_scratch fw = attention_scratch(&d);
+    sd_attention_forward(be, &d, c.q, c.k, c.v, o, c.lse, fw);
+    free(fw.ptr);
+    set_threads(default_threads > 3 ? default_threads : 3);
+    c.ws = scratch(sd_attention_backward_scratch_bytes(be, &d));
+    set_threads(default_threads);
+    double *g = dbuf(c.cm.off[3]);
+    fd_grad(attn_fwd_d, &c, c.cm.off[3], p, sizes[0], dout, g);
+    char name[160];
+    snprintf(name, sizeof name, "attention %s (b=%d heads=%d d=%d t_q=%d t_kv=%d)", what, d.batch,
+             d.heads, d.head_dim, d.t_q, d.t_kv);
+    bwd_check(name, run_attn_bwd, &c, g, BWD_TOL);
+    free(p), free(dout), free(o), free(c.lse), free(g), free(c.ws.ptr), free((void *)c.cm.base);
+}
+
+/* Fused QKV: q, k, v and dq, dk, dv as column blocks of [batch * t, 3C] rows (ld = 3C) give
+ * the same gradients as separate contiguous tensors. */
+static void attn_bwd_fused_case(void)
+{
+    const sd_attention_desc dc = sd_attention_make(2, 3, 8, 9, 9, 0);
+    const int C = 24, ld = 3 * C;
+    const int64_t rows = 2 * 9, nt = rows * C;
+    sd_attention_desc df = dc;
+    df.ld_q = df.ld_k = df.ld_v = ld;
+    float *qkv = rnd(rows * ld, -1.0f, 1.0f), *dout = rnd(nt, -1.0f, 1.0f);
+    float *q = fbuf(nt), *k = fbuf(nt), *v = fbuf(nt), *o = fbuf(nt);
+    float *lse = fbuf(2 * 3 * 9), *dq = fbuf(nt), *dk = fbuf(nt), *dv = fbuf(nt);
+    float *dqkv = fbuf(rows * ld);
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(q + r * C, qkv + r * ld, C * sizeof(float));
+        memcpy(k + r * C, qkv + r * ld + C, C * sizeof(float));
+        memcpy(v + r * C, qkv + r * ld + 2 * C, C * sizeof(float));
+    }
+    sd_scratch fw = attention_scratch(&dc);
+    sd_attention_forward(be, &dc, q, k, v, o, lse, fw);
+    sd_scratch ws = scratch(sd_attention_backward_scratch_bytes(be, &dc));
+    sd_attention_backward(be, &dc, q, k, v, o, lse, dout, dq, dk, dv, 0, ws);
+    sd_attention_backward(be, &df, qkv, qkv + C, qkv + 2 * C, o, lse, dout, dqkv, dqkv + C,
+                          dqkv + 2 * C, 0, ws);
+    double e = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int j = 0; j < C; j++) {
+            e = fmax(e, fabs(dqkv[r * ld + j] - dq[r * C + j]));
+            e = fmax(e, fabs(dqkv[r * ld + C + j] - dk[r * C + j]));
+            e = fmax(e, fabs(dqkv[r * ld + 2 * C + j] - dv[r * C + j]));
+        }
+    tap_ok(e <= 1e-6, "attention backward, fused QKV (ld = 3C) equals separate tensors: %.2e", e);
+    free(qkv), free(dout), free(q), free(k), free(v), free(o), free(lse), free(dq), free(dk),
+        free(dv), free(dqkv), free(fw.ptr), free(ws.ptr);
+}
+
+static void test_backward(void)
+{
+    act_case("SiLU", 0, 0, 0, 203);
+    act_case("GELU", 1, 0, 0, 203);
+    act_case("GEGLU", 2, 5, 13, 0);
+    linear_bwd_case(7, 13, 5);
+    linear_bwd_case(40, 9, 20);
+    linear_bwd_big_case(300, 300, 270);
+    norm_bwd_case(0, 5, 1, 37, 1, 0, 1);
+    norm_bwd_case(0, 3, 1, 8, 1, 0, 0);
+    norm_bwd_case(0, 4, 1, 100, 1, 0, 1); /* two column blocks for dgamma/dbeta */
+    norm_bwd_case(1, 2, 6, 12, 4, 0, 1);
+    norm_bwd_case(1, 2, 5, 12, 3, 1, 1);
+    norm_bwd_case(1, 1, 7, 8, 2, 1, 0);
+    norm_bwd_case(1, 1, 600, 8, 2, 1, 1); /* two pixel chunks */
+    mv_bwd_case(0, 2, 3, 4, 5, 6, 8, 0);
+    mv_bwd_case(0, 1, 4, 3, 3, 11, 9, 0);
+    mv_bwd_case(0, 1, 5, 4, 2, 5, 4, 0);
+    mv_bwd_case(1, 3, 0, 0, 70, 0, 0, 9);
+    conv_bwd_case("3x3 s1 p1", sd_conv2d_make(2, 5, 4, 3, 4, 3, 1, 1));
+    conv_bwd_case("3x3 s2 p1, odd H", sd_conv2d_make(1, 7, 6, 3, 5, 3, 2, 1));
+    conv_bwd_case("3x3 s2 pad (0,1,0,1) (VAE Downsample2D)",
+                  sd_conv2d_make_padded(2, 7, 6, 3, 3, 3, 3, 2, 0, 1, 0, 1));
+    conv_bwd_case("1x1", sd_conv2d_make(2, 3, 4, 5, 6, 1, 1, 0));
+    conv_bwd_case("3x3 s1 p1, 2 im2col tiles", sd_conv2d_make(1, 70, 61, 1, 2, 3, 1, 1));
+    conv_bwd_case("3x3 s2 p1, samples across im2col tiles",
+                  sd_conv2d_make(3, 80, 80, 1, 1, 3, 2, 1));
+    attn_bwd_case("cross", sd_attention_make(2, 2, 4, 5, 7, 0), 1.0f);
+    attn_bwd_case("causal", sd_attention_make(1, 2, 8, 6, 6, 1), 1.5f);
+    attn_bwd_case("causal, 2 query blocks", sd_attention_make(1, 1, 2, 260, 260, 1), 2.0f);
+    attn_bwd_case("cross, 2 query blocks", sd_attention_make(1, 1, 3, 300, 4, 0), 2.0f);
+    attn_bwd_fused_case();
+}
+
 /* ---- misuse is reported, not crashed on --------------------------------------------------- */
 
 static void test_failures(void)
@@ -837,7 +1467,7 @@ static void test_failures(void)
     sd_set_abort_handler(catch_fatal);
     tap_diag("three fatal messages follow on stderr; they are expected");
     if (setjmp(fatal_jump) == 0)
-        sd_conv2d_backward(be, &d, x, w, y, NULL, 0, dw, NULL, sd_scratch_none());
+        sd_quick_gelu_backward(be, 32, x, y, dw, 0);
     else
         caught = 1;
     tap_ok(caught, "a backward op the CPU backend lacks ends the job with a message");
@@ -878,6 +1508,7 @@ int main(void)
     test_timestep_embedding();
     test_embedding();
     test_elementwise();
+    test_backward();
     test_failures();
     return tap_done();
 }

@@ -1016,10 +1016,565 @@ static void cpu_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c,
     }
 }
 
+/* ==== backward ==================================================================================
+ * Same determinism rules as the forward: parallel loops write disjoint outputs; every reduction
+ * over rows (weight gradients, bias sums, norm statistics, attention dk/dv) is done by one task
+ * in a fixed order (in double where it is a plain sum), or by one single-threaded GEMM per output
+ * tile over the whole inner dimension, with tiles that depend on the shape only. */
+
+#define CPU_INV_SQRT_2PI 0.39894228040143267794f
+#define CPU_COLS_PER_TASK 64
+
+static inline float silu_grad_f(float v)
+{
+    float s = 1.0f / (1.0f + exp_s(-v));
+    return s * (1.0f + v * (1.0f - s));
+}
+
+static inline float gelu_grad_f(float v)
+{
+    return 0.5f * (1.0f + erff(v * CPU_SQRT1_2)) + v * CPU_INV_SQRT_2PI * expf(-0.5f * v * v);
+}
+
+/* C = alpha op(A) op(B) + beta C, op(A) = A^T for A [k, m] when trans_a; tiles of C in
+ * parallel, each one single-threaded sgemm over the whole inner dimension. */
+static void cpu_gemm_ab(int trans_a, int trans_b, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                        int ldc)
+{
+    const int tm = gemm_tile(m), tn = gemm_tile(n);
+    const int mt = (m + tm - 1) / tm, nt = (n + tn - 1) / tn;
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+#pragma omp parallel for schedule(dynamic) if (mt * nt > 1)
+    for (int t = 0; t < mt * nt; t++) {
+        int i0 = (t / nt) * tm, j0 = (t % nt) * tn;
+        int mm = m - i0 < tm ? m - i0 : tm, nn = n - j0 < tn ? n - j0 : tn;
+        const float *at = trans_a ? a + i0 : a + (int64_t)i0 * lda;
+        const float *bt = trans_b ? b + (int64_t)j0 * ldb : b + j0;
+        cblas_sgemm(CblasRowMajor, ta, tb, mm, nn, k, alpha, at, lda, bt, ldb, beta,
+                    c + (int64_t)i0 * ldc + j0, ldc);
+    }
+}
+
+/* out[s, j] = (or +=) sum over r of a[s, r, j], for sets s < nsets of `rows` rows of c: one
+ * task per (set, block of columns), rows added in order in double. */
+static void col_sums(int nsets, int64_t rows, int c, const float *a, float *out, int accumulate)
+{
+    const int cb = (c + CPU_COLS_PER_TASK - 1) / CPU_COLS_PER_TASK;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t t = 0; t < (int64_t)nsets * cb; t++) {
+        const int64_t s = t / cb;
+        const int j0 = (int)(t % cb) * CPU_COLS_PER_TASK;
+        const int j1 = j0 + CPU_COLS_PER_TASK < c ? j0 + CPU_COLS_PER_TASK : c;
+        double acc[CPU_COLS_PER_TASK];
+        for (int j = 0; j < j1 - j0; j++)
+            acc[j] = 0.0;
+        const float *base = a + s * rows * c;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *ar = base + r * c;
+            for (int j = j0; j < j1; j++)
+                acc[j - j0] += ar[j];
+        }
+        float *o = out + s * c;
+        for (int j = j0; j < j1; j++)
+            o[j] = accumulate ? (float)((double)o[j] + acc[j - j0]) : (float)acc[j - j0];
+    }
+}
+
+/* ---- activations backward ------------------------------------------------------------------ */
+
+static void cpu_silu_backward(const sd_backend *be, int64_t n, const void *xv, const void *dyv,
+                              void *dxv, int accumulate)
+{
+    const float *x = xv, *dy = dyv;
+    float *dx = dxv;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float g = dy[i] * silu_grad_f(x[i]);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+static void cpu_gelu_backward(const sd_backend *be, int64_t n, const void *xv, const void *dyv,
+                              void *dxv, int accumulate)
+{
+    const float *x = xv, *dy = dyv;
+    float *dx = dxv;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float g = dy[i] * gelu_grad_f(x[i]);
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
+static void cpu_geglu_backward(const sd_backend *be, int64_t rows, int inner, const void *xv,
+                               const void *dyv, void *dxv, int accumulate)
+{
+    const float *x = xv, *dy = dyv;
+    float *dx = dxv;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *value = x + r * 2 * inner, *gate = value + inner, *dyr = dy + r * inner;
+        float *dval = dx + r * 2 * inner, *dgate = dval + inner;
+        for (int j = 0; j < inner; j++) {
+            float a = dyr[j] * gelu_f(gate[j]);
+            float g = dyr[j] * value[j] * gelu_grad_f(gate[j]);
+            dval[j] = accumulate ? dval[j] + a : a;
+            dgate[j] = accumulate ? dgate[j] + g : g;
+        }
+    }
+}
+
+/* ---- linear backward ----------------------------------------------------------------------- */
+
+static void cpu_linear_backward(const sd_backend *be, int64_t rows, int in, int out,
+                                const void *xv, const void *wv, const void *dyv, void *dxv,
+                                int accumulate, float *dw, float *db, sd_scratch ws)
+{
+    const float *x = xv, *w = wv, *dy = dyv;
+    float *dx = dxv;
+    const int m = blas_int(rows, "linear rows");
+    (void)ws;
+    blas_single_threaded();
+    if (dx) /* dx [rows, in] = dy [rows, out] w [out, in] */
+        cpu_gemm_ab(0, 0, m, in, out, 1.0f, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
+    /* dw [out, in] += dy^T x */
+    cpu_gemm_ab(1, 0, out, in, m, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (db)
+        col_sums(1, rows, out, dy, db, 1);
+}
+
+/* ---- normalization backward ---------------------------------------------------------------- */
+
+static size_t cpu_layer_norm_backward_scratch(const sd_backend *be, int64_t rows, int c)
+{
+    return 0;
+}
+
+static void cpu_layer_norm_backward(const sd_backend *be, int64_t rows, int c, const void *xv,
+                                    const void *gv, const float *mean, const float *rstd,
+                                    const void *dyv, void *dxv, int accumulate, float *dgamma,
+                                    float *dbeta, sd_scratch ws)
+{
+    const float *x = xv, *gamma = gv, *dy = dyv;
+    float *dx = dxv;
+    (void)ws;
+    if (dx) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * c, *dyr = dy + r * c;
+            float *dxr = dx + r * c;
+            const float m = mean[r], rs = rstd[r];
+            double s1 = 0.0, s2 = 0.0;
+            for (int j = 0; j < c; j++) {
+                float xh = (xr[j] - m) * rs;
+                float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+                s1 += g;
+                s2 += (double)g * xh;
+            }
+            const float a = (float)(s1 / c), b = (float)(s2 / c);
+            for (int j = 0; j < c; j++) {
+                float xh = (xr[j] - m) * rs;
+                float g = gamma ? dyr[j] * gamma[j] : dyr[j];
+                float v = rs * (g - a - xh * b);
+                dxr[j] = accumulate ? dxr[j] + v : v;
+            }
+        }
+    }
+    if (dgamma || dbeta) {
+        const int cb = (c + CPU_COLS_PER_TASK - 1) / CPU_COLS_PER_TASK;
+#pragma omp parallel for schedule(dynamic)
+        for (int t = 0; t < cb; t++) {
+            const int j0 = t * CPU_COLS_PER_TASK;
+            const int j1 = j0 + CPU_COLS_PER_TASK < c ? j0 + CPU_COLS_PER_TASK : c;
+            double ag[CPU_COLS_PER_TASK], ab[CPU_COLS_PER_TASK];
+            for (int j = 0; j < j1 - j0; j++)
+                ag[j] = ab[j] = 0.0;
+            for (int64_t r = 0; r < rows; r++) {
+                const float *xr = x + r * c, *dyr = dy + r * c;
+                const float m = mean[r], rs = rstd[r];
+                for (int j = j0; j < j1; j++) {
+                    ag[j - j0] += (double)dyr[j] * ((xr[j] - m) * rs);
+                    ab[j - j0] += dyr[j];
+                }
+            }
+            for (int j = j0; j < j1; j++) {
+                if (dgamma)
+                    dgamma[j] = (float)((double)dgamma[j] + ag[j - j0]);
+                if (dbeta)
+                    dbeta[j] = (float)((double)dbeta[j] + ab[j - j0]);
+            }
+        }
+    }
+}
+
+static size_t cpu_group_norm_backward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
+{
+    /* chunk sums (2 c doubles per sample and chunk), per-sample channel sums (2 c doubles),
+     * per-group coefficients (2 floats), alignment */
+    return 64 + gn_align(2 * (size_t)d->n * gn_chunks(d->hw) * d->c * sizeof(double)) +
+           gn_align(2 * (size_t)d->n * d->c * sizeof(double)) +
+           2 * (size_t)d->n * d->groups * sizeof(float);
+}
+
+/* dz = gradient at the normalised-and-affine value (through the SiLU when fused); xh = x hat */
+static inline float gn_dz(float xv, float m, float rs, const float *gamma, const float *beta,
+                          int silu, int j, float dyv, float *xh)
+{
+    float h = (xv - m) * rs;
+    *xh = h;
+    if (!silu)
+        return dyv;
+    float z = h;
+    if (gamma)
+        z = z * gamma[j];
+    if (beta)
+        z = z + beta[j];
+    return dyv * silu_grad_f(z);
+}
+
+static void cpu_group_norm_backward(const sd_backend *be, const sd_group_norm_desc *d,
+                                    const void *xv, const void *gv, const void *bv,
+                                    const float *mean, const float *rstd, const void *dyv,
+                                    void *dxv, int accumulate, float *dgamma, float *dbeta,
+                                    sd_scratch ws)
+{
+    const float *x = xv, *gamma = gv, *beta = bv, *dy = dyv;
+    float *dx = dxv;
+    const int groups = d->groups, c = d->c, cpg = d->c / d->groups, n = d->n;
+    const int64_t hw = d->hw, nch = gn_chunks(hw), clen = (hw + nch - 1) / nch;
+    char *base = (char *)(((uintptr_t)ws.ptr + 63) & ~(uintptr_t)63);
+    double *part = (double *)base;
+    base += gn_align(2 * (size_t)n * nch * c * sizeof(double));
+    double *tot = (double *)base; /* [n][2c]: sum dz, sum dz * xh */
+    base += gn_align(2 * (size_t)n * c * sizeof(double));
+    float *coef = (float *)base; /* [n * groups][2]: mean of dz gamma, of dz gamma xh */
+
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t task = 0; task < n * nch; task++) {
+        const int64_t b = task / nch, k = task % nch;
+        const int64_t p0 = k * clen, p1 = p0 + clen < hw ? p0 + clen : hw;
+        double *s1 = part + task * 2 * c, *s2 = s1 + c;
+        for (int j = 0; j < c; j++)
+            s1[j] = s2[j] = 0.0;
+        for (int64_t p = p0; p < p1; p++) {
+            const float *xr = x + (b * hw + p) * c, *dyr = dy + (b * hw + p) * c;
+            for (int j = 0; j < c; j++) {
+                const int64_t gi = b * groups + j / cpg;
+                float xh, dz = gn_dz(xr[j], mean[gi], rstd[gi], gamma, beta, d->silu, j, dyr[j],
+                                     &xh);
+                s1[j] += dz;
+                s2[j] += (double)dz * xh;
+            }
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < (int64_t)n * c; t++) {
+        const int64_t b = t / c, j = t % c;
+        double a1 = 0.0, a2 = 0.0;
+        for (int64_t k = 0; k < nch; k++) {
+            const double *s1 = part + (b * nch + k) * 2 * c;
+            a1 += s1[j];
+            a2 += s1[c + j];
+        }
+        tot[b * 2 * c + j] = a1;
+        tot[b * 2 * c + c + j] = a2;
+    }
+    for (int t = 0; t < n * groups; t++) {
+        const int b = t / groups, g = t % groups;
+        double a1 = 0.0, a2 = 0.0;
+        for (int j = g * cpg; j < (g + 1) * cpg; j++) {
+            double gm = gamma ? gamma[j] : 1.0;
+            a1 += gm * tot[(int64_t)b * 2 * c + j];
+            a2 += gm * tot[(int64_t)b * 2 * c + c + j];
+        }
+        const double cnt = (double)hw * cpg;
+        coef[2 * t] = (float)(a1 / cnt);
+        coef[2 * t + 1] = (float)(a2 / cnt);
+    }
+    for (int j = 0; j < c && (dgamma || dbeta); j++) {
+        double a1 = 0.0, a2 = 0.0;
+        for (int b = 0; b < n; b++) {
+            a1 += tot[(int64_t)b * 2 * c + j];
+            a2 += tot[(int64_t)b * 2 * c + c + j];
+        }
+        if (dgamma)
+            dgamma[j] = (float)((double)dgamma[j] + a2);
+        if (dbeta)
+            dbeta[j] = (float)((double)dbeta[j] + a1);
+    }
+    if (!dx)
+        return;
+    const int64_t rows = (int64_t)n * hw;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t r0 = 0; r0 < rows; r0 += CPU_ROWS_PER_TASK) {
+        const int64_t r1 = r0 + CPU_ROWS_PER_TASK < rows ? r0 + CPU_ROWS_PER_TASK : rows;
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t b = r / hw;
+            const float *xr = x + r * c, *dyr = dy + r * c;
+            float *dxr = dx + r * c;
+            for (int j = 0; j < c; j++) {
+                const int64_t gi = b * groups + j / cpg;
+                const float rs = rstd[gi];
+                float xh, dz = gn_dz(xr[j], mean[gi], rs, gamma, beta, d->silu, j, dyr[j], &xh);
+                float g = gamma ? dz * gamma[j] : dz;
+                float v = rs * (g - coef[2 * gi] - xh * coef[2 * gi + 1]);
+                dxr[j] = accumulate ? dxr[j] + v : v;
+            }
+        }
+    }
+}
+
+/* ---- resampling and broadcast backward ----------------------------------------------------- */
+
+/* Each input row gathers, in (output row, output column) order, the output cells that copied
+ * it (nearest_src is monotonic, so they are found by a scan). */
+static void cpu_upsample_nearest_backward(const sd_backend *be, int n, int h, int w, int c,
+                                          int h_out, int w_out, const void *dyv, void *dxv,
+                                          int accumulate)
+{
+    const float *dy = dyv;
+    float *dx = dxv;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)n * h; r++) {
+        const int64_t b = r / h;
+        const int iy = (int)(r % h);
+        float *dxr = dx + r * (int64_t)w * c;
+        if (!accumulate)
+            memset(dxr, 0, (size_t)w * c * sizeof(float));
+        for (int oy = 0; oy < h_out; oy++) {
+            if (nearest_src(oy, h, h_out) != iy)
+                continue;
+            const float *dyr = dy + (b * h_out + oy) * (int64_t)w_out * c;
+            for (int ox = 0; ox < w_out; ox++) {
+                float *o = dxr + (int64_t)nearest_src(ox, w, w_out) * c;
+                const float *g = dyr + (int64_t)ox * c;
+                for (int j = 0; j < c; j++)
+                    o[j] += g[j];
+            }
+        }
+    }
+}
+
+static size_t cpu_add_bcast_backward_scratch(const sd_backend *be, int n, int64_t rows, int c)
+{
+    return 0;
+}
+
+static void cpu_add_bcast_backward(const sd_backend *be, int n, int64_t rows, int c,
+                                   const void *dyv, void *dvv, int accumulate, sd_scratch ws)
+{
+    (void)ws;
+    col_sums(n, rows, c, dyv, dvv, accumulate);
+}
+
+/* ---- conv2d backward ----------------------------------------------------------------------- */
+
+static size_t cpu_conv2d_backward_scratch(const sd_backend *be, const sd_conv2d_desc *d)
+{
+    if (conv_is_pointwise(d))
+        return 0;
+    return (size_t)conv_tile_rows(d) * (size_t)d->kh * d->kw * d->c_in * sizeof(float);
+}
+
+/* dx += the im2col-gradient rows [p0, p0 + m) (col2im): every input pixel gathers, in (u, v)
+ * order, the entries of the output pixels of this tile that saw it; one task per input row. */
+static void conv_col2im_add(const sd_conv2d_desc *d, const float *dcol, int64_t p0, int64_t m,
+                            float *dx)
+{
+    const int64_t k = (int64_t)d->kh * d->kw * d->c_in;
+    /* the input rows (over all samples, b * h + iy) that the tile's output rows see */
+    const int64_t r0 = p0 / d->w_out, r1 = (p0 + m - 1) / d->w_out;
+    const int y0 = (int)(r0 % d->h_out) * d->stride - d->pad_top;
+    const int y1 = (int)(r1 % d->h_out) * d->stride - d->pad_top + d->kh - 1;
+    /* (clamped to the sample; an extra row scanned is harmless, each entry is checked) */
+    const int64_t g0 = r0 / d->h_out * d->h + (y0 < 0 ? 0 : (y0 > d->h - 1 ? d->h - 1 : y0));
+    const int64_t g1 = r1 / d->h_out * d->h + (y1 < 0 ? 0 : (y1 > d->h - 1 ? d->h - 1 : y1));
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t gr = g0; gr <= g1; gr++) {
+        const int64_t b = gr / d->h;
+        const int iy = (int)(gr % d->h);
+        for (int u = 0; u < d->kh; u++) {
+            int ty = iy + d->pad_top - u;
+            if (ty < 0 || ty % d->stride)
+                continue;
+            int oy = ty / d->stride;
+            if (oy >= d->h_out)
+                continue;
+            for (int ix = 0; ix < d->w; ix++) {
+                float *o = dx + ((b * d->h + iy) * d->w + ix) * d->c_in;
+                for (int v = 0; v < d->kw; v++) {
+                    int tx = ix + d->pad_left - v;
+                    if (tx < 0 || tx % d->stride)
+                        continue;
+                    int ox = tx / d->stride;
+                    if (ox >= d->w_out)
+                        continue;
+                    int64_t p = (b * d->h_out + oy) * d->w_out + ox;
+                    if (p < p0 || p >= p0 + m)
+                        continue;
+                    const float *g = dcol + (p - p0) * k + ((int64_t)u * d->kw + v) * d->c_in;
+                    for (int j = 0; j < d->c_in; j++)
+                        o[j] += g[j];
+                }
+            }
+        }
+    }
+}
+
+static void cpu_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, const void *xv,
+                                const void *wv, const void *dyv, void *dxv, int accumulate,
+                                float *dw, float *db, sd_scratch ws)
+{
+    const float *x = xv, *w = wv, *dy = dyv;
+    float *dx = dxv;
+    const int64_t pixels = (int64_t)d->n * d->h_out * d->w_out;
+    const int k = blas_int((int64_t)d->kh * d->kw * d->c_in, "conv2d kh*kw*c_in");
+    if (conv_is_pointwise(d)) {
+        cpu_linear_backward(be, pixels, d->c_in, d->c_out, x, w, dy, dx, accumulate, dw, db, ws);
+        return;
+    }
+    const int64_t tile = conv_tile_rows(d);
+    SD_CHECK(ws.bytes >= (size_t)tile * k * sizeof(float),
+             "conv2d backward scratch of %zu bytes is too small", ws.bytes);
+    float *col = ws.ptr;
+    blas_single_threaded();
+    if (db)
+        col_sums(1, pixels, d->c_out, dy, db, 1);
+    if (dx && !accumulate)
+        memset(dx, 0, (size_t)d->n * d->h * d->w * d->c_in * sizeof(float));
+    for (int64_t p0 = 0; p0 < pixels; p0 += tile) {
+        const int m = (int)(pixels - p0 < tile ? pixels - p0 : tile);
+        const float *dyt = dy + p0 * d->c_out;
+        conv_im2col(d, x, p0, m, col, 1);
+        /* dw [c_out, k] += dy_tile^T col */
+        cpu_gemm_ab(1, 0, d->c_out, k, m, 1.0f, dyt, d->c_out, col, k, 1.0f, dw, k);
+        if (dx) {
+            /* dcol [m, k] = dy_tile w, then scattered back by a gather per input pixel */
+            cpu_gemm_ab(0, 0, m, k, d->c_out, 1.0f, dyt, d->c_out, w, k, 0.0f, col, k);
+            conv_col2im_add(d, col, p0, m, dx);
+        }
+    }
+}
+
+/* ---- attention backward -------------------------------------------------------------------- */
+
+/* Per (sample, head) task, query blocks in order: P rebuilt from lse, D = rowsum(dO o O),
+ * dV += P^T dO, dS = P (dO V^T - D), dQ = scale dS K, dK += scale dS^T Q. The task owns its
+ * head's dk and dv, so their sums over query blocks run in a fixed order. */
+static size_t attn_bwd_slot_bytes(const sd_attention_desc *d)
+{
+    return 2 * attn_slot_bytes(d) + (size_t)attn_q_block(d) * sizeof(float);
+}
+
+static size_t cpu_attention_backward_scratch(const sd_backend *be, const sd_attention_desc *d)
+{
+    int64_t slots = cpu_scratch_slots(), tasks = (int64_t)d->batch * d->heads;
+    if (slots > tasks)
+        slots = tasks;
+    return (size_t)slots * attn_bwd_slot_bytes(d);
+}
+
+static void attention_bwd_head(const sd_attention_desc *d, const float *q, const float *k,
+                               const float *v, const float *o, const float *lse,
+                               const float *dout, float *dq, float *dk, float *dv,
+                               int accumulate, int64_t task, float *s)
+{
+    const int dh = d->head_dim, qb = attn_q_block(d);
+    const int b = (int)(task / d->heads), h = (int)(task % d->heads);
+    const float *qp = q + (int64_t)b * d->t_q * d->ld_q + (int64_t)h * dh;
+    const float *kp = k + (int64_t)b * d->t_kv * d->ld_k + (int64_t)h * dh;
+    const float *vp = v + (int64_t)b * d->t_kv * d->ld_v + (int64_t)h * dh;
+    const float *op = o + (int64_t)b * d->t_q * d->ld_o + (int64_t)h * dh;
+    const float *dop = dout + (int64_t)b * d->t_q * d->ld_o + (int64_t)h * dh;
+    float *dqp = dq ? dq + (int64_t)b * d->t_q * d->ld_q + (int64_t)h * dh : NULL;
+    float *dkp = dk ? dk + (int64_t)b * d->t_kv * d->ld_k + (int64_t)h * dh : NULL;
+    float *dvp = dv ? dv + (int64_t)b * d->t_kv * d->ld_v + (int64_t)h * dh : NULL;
+    const float *lp = lse + ((int64_t)b * d->heads + h) * d->t_q;
+    float *p = s, *ds = s + (size_t)qb * d->t_kv, *dd = ds + (size_t)qb * d->t_kv;
+
+    if (!accumulate)
+        for (int j = 0; j < d->t_kv; j++) {
+            if (dkp)
+                memset(dkp + (int64_t)j * d->ld_k, 0, (size_t)dh * sizeof(float));
+            if (dvp)
+                memset(dvp + (int64_t)j * d->ld_v, 0, (size_t)dh * sizeof(float));
+        }
+    for (int q0 = 0; q0 < d->t_q; q0 += qb) {
+        const int m = d->t_q - q0 < qb ? d->t_q - q0 : qb;
+        const int nk = d->causal ? q0 + m : d->t_kv;
+        const float *qb_p = qp + (int64_t)q0 * d->ld_q, *dob = dop + (int64_t)q0 * d->ld_o;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, dh, d->scale, qb_p, d->ld_q,
+                    kp, d->ld_k, 0.0f, p, nk);
+        for (int i = 0; i < m; i++) {
+            float *row = p + (int64_t)i * nk;
+            const int visible = d->causal ? q0 + i + 1 : nk;
+            const float l = lp[q0 + i];
+            for (int j = 0; j < visible; j++)
+                row[j] = exp_s(row[j] - l);
+            for (int j = visible; j < nk; j++)
+                row[j] = 0.0f;
+            const float *orow = op + (int64_t)(q0 + i) * d->ld_o;
+            const float *grow = dob + (int64_t)i * d->ld_o;
+            double acc = 0.0;
+            for (int e = 0; e < dh; e++)
+                acc += (double)orow[e] * grow[e];
+            dd[i] = (float)acc;
+        }
+        if (dvp)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, dh, m, 1.0f, p, nk, dob,
+                        d->ld_o, 1.0f, dvp, d->ld_v);
+        if (!dqp && !dkp)
+            continue;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, dh, 1.0f, dob, d->ld_o, vp,
+                    d->ld_v, 0.0f, ds, nk);
+        for (int i = 0; i < m; i++) {
+            float *pr = p + (int64_t)i * nk, *dr = ds + (int64_t)i * nk;
+            for (int j = 0; j < nk; j++)
+                dr[j] = pr[j] * (dr[j] - dd[i]);
+        }
+        if (dqp)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, dh, nk, d->scale, ds, nk,
+                        kp, d->ld_k, accumulate ? 1.0f : 0.0f, dqp + (int64_t)q0 * d->ld_q,
+                        d->ld_q);
+        if (dkp)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, dh, m, d->scale, ds, nk,
+                        qb_p, d->ld_q, 1.0f, dkp, d->ld_k);
+    }
+}
+
+static void cpu_attention_backward(const sd_backend *be, const sd_attention_desc *d,
+                                   const void *q, const void *k, const void *v, const void *o,
+                                   const float *lse, const void *dout, void *dq, void *dk,
+                                   void *dv, int accumulate, sd_scratch ws)
+{
+    const int64_t tasks = (int64_t)d->batch * d->heads;
+    const size_t slot = attn_bwd_slot_bytes(d);
+    int64_t slots = (int64_t)(ws.bytes / slot);
+    if (slots > cpu_max_threads())
+        slots = cpu_max_threads();
+    if (slots > tasks)
+        slots = tasks;
+    SD_CHECK(slots >= 1, "attention backward scratch of %zu bytes holds no block of %zu",
+             ws.bytes, slot);
+    blas_single_threaded();
+#pragma omp parallel num_threads((int)slots)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *s = (float *)((char *)ws.ptr + (size_t)tid * slot);
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < tasks; task++)
+            attention_bwd_head(d, q, k, v, o, lse, dout, dq, dk, dv, accumulate, task, s);
+    }
+}
+
 /* ---- the table ---------------------------------------------------------------------------- */
 
-/* Backward entries arrive with the training work; until then they are NULL and the sd_*
- * wrappers say so. */
+/* Backward entries not provided yet are NULL and the sd_* wrappers say so. */
 static const sd_ops cpu_ops = {
     .synchronize = cpu_synchronize,
     .zero = cpu_zero,
@@ -1049,6 +1604,21 @@ static const sd_ops cpu_ops = {
     .nchw_to_nhwc = cpu_nchw_to_nhwc,
     .nhwc_to_nchw = cpu_nhwc_to_nchw,
     .diag_gaussian_sample = cpu_diag_gaussian_sample,
+    .silu_backward = cpu_silu_backward,
+    .gelu_backward = cpu_gelu_backward,
+    .geglu_backward = cpu_geglu_backward,
+    .linear_backward = cpu_linear_backward,
+    .layer_norm_backward_scratch = cpu_layer_norm_backward_scratch,
+    .layer_norm_backward = cpu_layer_norm_backward,
+    .group_norm_backward_scratch = cpu_group_norm_backward_scratch,
+    .group_norm_backward = cpu_group_norm_backward,
+    .upsample_nearest_backward = cpu_upsample_nearest_backward,
+    .add_bcast_backward_scratch = cpu_add_bcast_backward_scratch,
+    .add_bcast_backward = cpu_add_bcast_backward,
+    .conv2d_backward_scratch = cpu_conv2d_backward_scratch,
+    .conv2d_backward = cpu_conv2d_backward,
+    .attention_backward_scratch = cpu_attention_backward_scratch,
+    .attention_backward = cpu_attention_backward,
 };
 
 static const sd_backend cpu_backend = {
