@@ -9,6 +9,8 @@
 
 #include "sdtrain/check.h"
 
+#include "resolver.h"
+
 typedef struct lin_p {
     const void *w, *b;
 } lin_p;
@@ -28,14 +30,7 @@ struct sd_clip {
 
 /* ---- parameter resolution ---------------------------------------------------------------- */
 
-typedef struct resolver {
-    const sd_param_table *t;
-    const unsigned char *base;
-    size_t esize;
-    unsigned char *used;
-    int problems;
-    char first[600];
-} resolver;
+typedef sd_resolver resolver;
 
 static const void *get(resolver *r, int64_t d0, int64_t d1, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -46,33 +41,13 @@ static const void *get(resolver *r, int64_t d0, int64_t d1, const char *fmt, ...
 /* The tensor named by fmt with shape [d0] (d1 < 0) or [d0, d1]. */
 static const void *get(resolver *r, int64_t d0, int64_t d1, const char *fmt, ...)
 {
-    char name[SD_PARAM_NAME_MAX + 16], s1[96], s2[96];
-    const int ndim = d1 < 0 ? 1 : 2;
     const int64_t shape[2] = {d0, d1};
-    const sd_param *p = NULL;
+    const void *t;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    t = sd_resolver_vget(r, d1 < 0 ? 1 : 2, shape, fmt, ap);
     va_end(ap);
-    for (size_t i = 0; i < r->t->n; i++)
-        if (!strcmp(r->t->params[i].name, name)) {
-            p = &r->t->params[i];
-            r->used[i] = 1;
-            break;
-        }
-    if (!p) {
-        if (!r->problems++)
-            snprintf(r->first, sizeof r->first, "no tensor '%s'", name);
-        return NULL;
-    }
-    if (p->ndim != ndim || p->shape[0] != d0 || (ndim == 2 && p->shape[1] != d1)) {
-        if (!r->problems++)
-            snprintf(r->first, sizeof r->first, "tensor '%s' is %s, the configuration needs %s",
-                     name, sd_shape_str(p->ndim, p->shape, s1, sizeof s1),
-                     sd_shape_str(ndim, shape, s2, sizeof s2));
-        return NULL;
-    }
-    return r->base + p->offset * r->esize;
+    return t;
 }
 
 static lin_p get_linear(resolver *r, const char *prefix, int64_t in, int64_t out)
@@ -109,17 +84,11 @@ int sd_clip_create(sd_clip **out, const sd_clip_config *c, const sd_param_table 
     resolver r;
     sd_clip *m;
     char p[SD_PARAM_NAME_MAX];
-    size_t unused = 0;
-    const char *first_unused = NULL;
 
     *out = NULL;
     if (check_config(c, err))
         return -1;
-    memset(&r, 0, sizeof r);
-    r.t = table;
-    r.base = params;
-    r.esize = sd_dtype_size(be->dtype);
-    r.used = sd_xcalloc(table->n ? table->n : 1, 1);
+    sd_resolver_init(&r, table, params, sd_dtype_size(be->dtype));
     m = sd_xcalloc(1, sizeof *m);
     m->cfg = *c;
     m->be = be;
@@ -148,18 +117,7 @@ int sd_clip_create(sd_clip **out, const sd_clip_config *c, const sd_param_table 
         L->fc2 = get_linear(&r, p, inner, d);
     }
     m->final_ln = get_norm(&r, "text_model.final_layer_norm", d);
-    for (size_t i = 0; i < table->n; i++)
-        if (!r.used[i] && !unused++)
-            first_unused = table->params[i].name;
-    free(r.used);
-    if (r.problems || unused) {
-        if (r.problems)
-            sd_err_set(err, "text encoder parameters do not fit the configuration: %s (%d "
-                       "problem%s, %zu unused tensor%s)", r.first, r.problems,
-                       r.problems == 1 ? "" : "s", unused, unused == 1 ? "" : "s");
-        else
-            sd_err_set(err, "text encoder parameters do not fit the configuration: '%s' is not "
-                       "used (%zu unused tensor%s)", first_unused, unused, unused == 1 ? "" : "s");
+    if (sd_resolver_finish(&r, "text encoder", err)) {
         sd_clip_free(m);
         return -1;
     }

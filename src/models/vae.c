@@ -10,6 +10,8 @@
 
 #include "sdtrain/check.h"
 
+#include "resolver.h"
+
 #define VAE_EPS 1e-6f /* every GroupNorm of the diffusers VAE (resnet_eps, attention, conv_norm_out) */
 
 /* ---- resolved parameters ---------------------------------------------------------------- */
@@ -50,15 +52,7 @@ struct sd_vae {
     norm_p dec_norm_out;
 };
 
-/* Looks parameters up by name once, checking shapes; collects the first problem and counts. */
-typedef struct resolver {
-    const sd_param_table *t;
-    const unsigned char *base;
-    size_t esize;
-    unsigned char *used;
-    int problems;
-    char first[600];
-} resolver;
+typedef sd_resolver resolver;
 
 static const void *get(resolver *r, int ndim, const int64_t *shape, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -68,39 +62,12 @@ static const void *get(resolver *r, int ndim, const int64_t *shape, const char *
 
 static const void *get(resolver *r, int ndim, const int64_t *shape, const char *fmt, ...)
 {
-    char name[SD_PARAM_NAME_MAX + 16], s1[96], s2[96];
-    const sd_param *p = NULL;
+    const void *t;
     va_list ap;
-    int ok;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    t = sd_resolver_vget(r, ndim, shape, fmt, ap);
     va_end(ap);
-    for (size_t i = 0; i < r->t->n; i++)
-        if (!strcmp(r->t->params[i].name, name)) {
-            p = &r->t->params[i];
-            r->used[i] = 1;
-            break;
-        }
-    if (!p) {
-        if (!r->problems++)
-            snprintf(r->first, sizeof r->first, "no tensor '%s'", name);
-        return NULL;
-    }
-    ok = p->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = p->shape[i] == shape[i];
-    /* a linear weight may be listed as a 1x1 conv (same bytes) */
-    if (!ok && ndim == 2 && p->ndim == 4)
-        ok = p->shape[0] == shape[0] && p->shape[1] == shape[1] && p->shape[2] == 1 &&
-             p->shape[3] == 1;
-    if (!ok) {
-        if (!r->problems++)
-            snprintf(r->first, sizeof r->first, "tensor '%s' is %s, the configuration needs %s",
-                     name, sd_shape_str(p->ndim, p->shape, s1, sizeof s1),
-                     sd_shape_str(ndim, shape, s2, sizeof s2));
-        return NULL;
-    }
-    return r->base + p->offset * r->esize;
+    return t;
 }
 
 static conv_p get_conv(resolver *r, const char *prefix, int64_t cin, int64_t cout, int64_t k)
@@ -195,17 +162,11 @@ int sd_vae_create(sd_vae **out, const sd_vae_config *c, const sd_param_table *ta
     sd_vae *m;
     char p[SD_PARAM_NAME_MAX];
     int64_t ch, top;
-    size_t unused = 0;
-    const char *first_unused = NULL;
 
     *out = NULL;
     if (check_config(c, err))
         return -1;
-    memset(&r, 0, sizeof r);
-    r.t = table;
-    r.base = params;
-    r.esize = sd_dtype_size(be->dtype);
-    r.used = sd_xcalloc(table->n ? table->n : 1, 1);
+    sd_resolver_init(&r, table, params, sd_dtype_size(be->dtype));
     m = sd_xcalloc(1, sizeof *m);
     m->cfg = *c;
     m->be = be;
@@ -253,18 +214,7 @@ int sd_vae_create(sd_vae **out, const sd_vae_config *c, const sd_param_table *ta
     m->dec_norm_out = get_norm(&r, "decoder.conv_norm_out", c->block_out_channels[0]);
     m->dec_conv_out = get_conv(&r, "decoder.conv_out", c->block_out_channels[0], c->out_channels, 3);
 
-    for (size_t i = 0; i < table->n; i++)
-        if (!r.used[i] && !unused++)
-            first_unused = table->params[i].name;
-    free(r.used);
-    if (r.problems || unused) {
-        if (r.problems)
-            sd_err_set(err, "VAE parameters do not fit the configuration: %s (%d problem%s, %zu "
-                       "unused tensor%s)", r.first, r.problems, r.problems == 1 ? "" : "s",
-                       unused, unused == 1 ? "" : "s");
-        else
-            sd_err_set(err, "VAE parameters do not fit the configuration: '%s' is not used "
-                       "(%zu unused tensor%s)", first_unused, unused, unused == 1 ? "" : "s");
+    if (sd_resolver_finish(&r, "VAE", err)) {
         sd_vae_free(m);
         return -1;
     }
