@@ -168,6 +168,18 @@ static int add_output(outputs *o, const char *name, int ndim, const int64_t *sha
     return sd_st_writer_add(o->w, name, SD_ST_F32, ndim, shape, data, n * sizeof(float), err);
 }
 
+/* Frees the writer and the kept output buffers (after a write, or when none happens). */
+static void outputs_free(outputs *o)
+{
+    if (!o->w)
+        return;
+    sd_st_writer_free(o->w);
+    for (int i = 0; i < o->n_keep; i++)
+        free(o->keep[i]);
+    o->w = NULL;
+    o->n_keep = 0;
+}
+
 static int write_outputs(outputs *o, const char *path, const char *module)
 {
     sd_err err;
@@ -178,9 +190,7 @@ static int write_outputs(outputs *o, const char *path, const char *module)
         fprintf(stderr, "sdtool forward: %s\n", err.msg);
         rc = SD_EXIT_FAILURE;
     }
-    sd_st_writer_free(o->w);
-    for (int i = 0; i < o->n_keep; i++)
-        free(o->keep[i]);
+    outputs_free(o);
     return rc;
 }
 
@@ -293,13 +303,8 @@ static int run_text(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
     snprintf(s_in, sizeof s_in, "input_ids [%d, %d]", B, T);
     report(o, s_in, s_out, t_load, t_fwd, sd_clip_forward_flops(&c, B, T));
     rc = write_outputs(&out, o->out, o->module);
-    out.w = NULL;
 done:
-    if (out.w) {
-        sd_st_writer_free(out.w);
-        for (int i = 0; i < out.n_keep; i++)
-            free(out.keep[i]);
-    }
+    outputs_free(&out);
     sd_clip_free(m);
     sd_weights_free(&w);
     return rc;
@@ -420,13 +425,8 @@ static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in
     }
     report(o, s_in, s_out, t_load, t_fwd, flops);
     rc = write_outputs(&out, o->out, o->module);
-    out.w = NULL;
 done:
-    if (out.w) {
-        sd_st_writer_free(out.w);
-        for (int i = 0; i < out.n_keep; i++)
-            free(out.keep[i]);
-    }
+    outputs_free(&out);
     sd_vae_free(m);
     sd_weights_free(&w);
     return rc;
@@ -552,13 +552,8 @@ static int run_unet(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
     snprintf(s_out, sizeof s_out, "sample [%d, %d, %d, %d]", B, c.out_channels, H, W);
     report(o, s_in, s_out, t_load, t_fwd, sd_unet_forward_flops(&c, B, H, W, T));
     rc = write_outputs(&out, o->out, o->module);
-    out.w = NULL;
 done:
-    if (out.w) {
-        sd_st_writer_free(out.w);
-        for (int i = 0; i < out.n_keep; i++)
-            free(out.keep[i]);
-    }
+    outputs_free(&out);
     free(sample);
     free(ctx);
     free(steps);
