@@ -20,6 +20,7 @@ int sd_cmd_tokenize(int argc, char **argv);
  *     --in IN.safetensors --out OUT.safetensors [--threads N] [--repeat N] [--weights FILE]
  * (src/app/cmd_forward.c) */
 int sd_cmd_forward(int argc, char **argv);
+int sd_cmd_grad(int argc, char **argv);
 
 /* sdtool make-demo-data DIR [--count N] [--seed S] [--format files|webdataset|tsv] [--bad]
  * (src/app/cmd_make_demo_data.c) */

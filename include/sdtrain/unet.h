@@ -112,6 +112,48 @@ void sd_unet_forward(const sd_unet *u, int batch, int h, int w, const void *samp
                      const float *timesteps, const void *ctx, int ctx_len, void *out,
                      sd_arena *arena, const sd_unet_tap *tap);
 
+/* ---- Training: forward keeping activations, backward into fp32 gradients ------------------ */
+
+/*
+ * A trainer binds a model to a gradient buffer and to one input shape, and plans the memory of
+ * a training step once: sd_unet_trainer_arena_bytes() is measured by a dry run of the same
+ * forward + backward code, so the step loop allocates nothing. The activations the backward
+ * needs stay in the arena between sd_unet_train_forward() and sd_unet_backward().
+ *
+ * With `recompute` set only the inputs and outputs of every ResNet and Transformer2DModel block
+ * are kept; the backward re-runs each block's forward just before back-propagating through it
+ * (one extra forward of compute for a much smaller activation footprint). Both modes give the
+ * same bits.
+ *
+ * `grads` is an fp32 flat buffer in the backend's memory laid out like the parameters (tensor i
+ * at table->params[i].offset floats, in our layouts); sd_unet_backward() ACCUMULATES into it,
+ * so a step zeroes it once and micro-batches add up. The gradient of the input sample and of the
+ * context are not computed (the encoders are frozen).
+ */
+typedef struct sd_unet_trainer sd_unet_trainer;
+
+int sd_unet_trainer_create(sd_unet_trainer **out, const sd_unet *u, const sd_param_table *table,
+                           float *grads, int batch, int h, int w, int ctx_len, int recompute,
+                           sd_err *err);
+void sd_unet_trainer_free(sd_unet_trainer *t);
+
+/* Arena bytes one sd_unet_train_forward + sd_unet_backward pair needs (with batch invariance on
+ * or off, so it holds whatever sd_unet_set_batch_invariant says later). */
+size_t sd_unet_trainer_arena_bytes(const sd_unet_trainer *t);
+/* FLOPs of one forward + backward as the dry run counts them (forward as
+ * sd_unet_forward_flops, backward twice the forward's matmuls, less the input gradient of
+ * conv_in; recomputation not counted). */
+double sd_unet_trainer_flops(const sd_unet_trainer *t);
+
+/* out = unet(sample, timesteps, ctx) for the trainer's shape, keeping the activations in
+ * `arena` (above its current position). sample, ctx and timesteps (host fp32) must stay
+ * unchanged until sd_unet_backward() returns. */
+void sd_unet_train_forward(sd_unet_trainer *t, const void *sample, const float *timesteps,
+                           const void *ctx, void *out, sd_arena *arena);
+/* Back-propagates dout [batch, h, w, out_channels] (the loss gradient w.r.t. out), adding every
+ * parameter gradient into `grads`, then returns the arena to where the forward began. */
+void sd_unet_backward(sd_unet_trainer *t, const void *dout, sd_arena *arena);
+
 #ifdef __cplusplus
 }
 #endif

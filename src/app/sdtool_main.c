@@ -79,7 +79,7 @@ static const subcommand commands[] = {
      NULL},
     {"inspect", sd_cmd_inspect, "describe a latent shard, a shard directory or any HDF5 file", NULL},
     {"forward", sd_cmd_forward, "run one model module of a snapshot on named input tensors", NULL},
-    {"grad", NULL, "loss and every U-Net parameter gradient for one batch", "the training issue (#5)"},
+    {"grad", sd_cmd_grad, "loss and every U-Net parameter gradient for one batch", NULL},
     {"export", NULL, "export a checkpoint as a diffusers snapshot", "sampling and export (not yet filed)"},
     {"make-demo-data", sd_cmd_make_demo_data, "write a small synthetic captioned image dataset", NULL},
     {"plot", NULL, "plot metrics.jsonl curves", "the training issue (#5)"},

@@ -10,60 +10,8 @@
 #include <string.h>
 
 #include "sdtrain/check.h"
+#include "unet_internal.h"
 
-/* Transformer2DModel's GroupNorm eps is hard-coded in diffusers; its LayerNorms use 1e-5. */
-#define UNET_TRANSFORMER_GN_EPS 1e-6f
-#define UNET_LAYER_NORM_EPS 1e-5f
-
-/* ---- the model tree ------------------------------------------------------------------------ */
-
-typedef struct ut_lin {
-    const void *w, *b; /* linear [out, in] or conv [O, kh, kw, I]; b may be NULL */
-} ut_lin;
-
-typedef struct ut_norm {
-    const void *g, *b;
-} ut_norm;
-
-typedef struct ut_resnet {
-    int cin, cout;
-    ut_norm norm1, norm2;
-    ut_lin conv1, time_proj, conv2, shortcut; /* shortcut.w NULL when cin == cout */
-} ut_resnet;
-
-typedef struct ut_block {
-    ut_norm norm1, norm2, norm3;
-    const void *q1, *k1, *v1, *q2, *k2, *v2;
-    ut_lin out1, out2, ff_in, ff_out;
-} ut_block;
-
-typedef struct ut_transformer {
-    int c, heads, head_dim, inner, layers;
-    ut_norm norm;
-    ut_lin proj_in, proj_out;
-    ut_block *blocks;
-} ut_transformer;
-
-/* One level of the down path (down_blocks.i) or of the up path (up_blocks.i). */
-typedef struct ut_stage {
-    int n_res;               /* layers_per_block down, layers_per_block + 1 up */
-    ut_resnet *res;
-    ut_transformer *attn;    /* n_res of them, or NULL (DownBlock2D / UpBlock2D) */
-    int has_sampler;
-    ut_lin sampler;          /* downsamplers.0.conv / upsamplers.0.conv */
-} ut_stage;
-
-struct sd_unet {
-    sd_unet_config c;
-    const sd_backend *be;
-    int temb_dim;
-    ut_lin conv_in, time1, time2, conv_out;
-    ut_norm norm_out;
-    ut_stage down[SD_MODEL_MAX_LEVELS], up[SD_MODEL_MAX_LEVELS];
-    ut_resnet mid_res[2];
-    ut_transformer mid_attn;
-    int batch_invariant; /* run GEMM-based ops one sample at a time (see fw_linear) */
-};
 
 /* ---- building: names, shapes, pointers ------------------------------------------------------ */
 
@@ -314,8 +262,8 @@ void sd_unet_free(sd_unet *u)
 }
 
 /* Builds the tree; with table == NULL a shape-only model (pointers NULL) for dry runs. */
-static int unet_build(sd_unet **out, const sd_unet_config *c, const sd_param_table *table,
-                      const void *params, const sd_backend *be, sd_err *err)
+int sd_unet_build_tree(sd_unet **out, const sd_unet_config *c, const sd_param_table *table,
+                       const void *params, size_t elem_size, const sd_backend *be, sd_err *err)
 {
     const int L = c->n_levels, lpb = c->layers_per_block;
     sd_unet *u;
@@ -329,7 +277,7 @@ static int unet_build(sd_unet **out, const sd_unet_config *c, const sd_param_tab
     memset(&b, 0, sizeof b);
     b.t = table;
     b.base = params;
-    b.es = be ? sd_dtype_size(be->dtype) : sizeof(float);
+    b.es = elem_size ? elem_size : be ? sd_dtype_size(be->dtype) : sizeof(float);
     if (table)
         b.used = sd_xcalloc(table->n ? table->n : 1, 1);
 
@@ -430,7 +378,7 @@ int sd_unet_create(sd_unet **out, const sd_unet_config *c, const sd_param_table 
                    const void *params, const sd_backend *be, sd_err *err)
 {
     SD_CHECK(out && c && table && params && be, "sd_unet_create needs every argument");
-    return unet_build(out, c, table, params, be, err);
+    return sd_unet_build_tree(out, c, table, params, 0, be, err);
 }
 
 int sd_unet_create_from_weights(sd_unet **out, const sd_unet_config *c, const sd_weights *w,
@@ -442,7 +390,7 @@ int sd_unet_create_from_weights(sd_unet **out, const sd_unet_config *c, const sd
         return sd_err_set(err, "sd_weights hold host fp32 tensors, which the '%s' backend "
                           "cannot use in place: copy the flat buffer to the backend and call "
                           "sd_unet_create", be->name);
-    return unet_build(out, c, &w->table, w->data, be, err);
+    return sd_unet_build_tree(out, c, &w->table, w->data, 0, be, err);
 }
 
 void sd_unet_set_batch_invariant(sd_unet *u, int on)
@@ -457,19 +405,8 @@ const sd_unet_config *sd_unet_get_config(const sd_unet *u)
 
 /* ---- the forward ---------------------------------------------------------------------------- */
 
-/* One forward's state. In a dry run (measuring arena) every allocation and scratch request is
- * made exactly as in the real run, but no op is called. */
-typedef struct fw {
-    const sd_unet *u;
-    const sd_backend *be;
-    sd_arena *a;
-    int dry;
-    size_t es;
-    const sd_unet_tap *tap;
-    double flops;
-} fw;
 
-static void *fw_alloc(fw *f, int64_t elems)
+void *ufw_alloc(ufw *f, int64_t elems)
 {
     size_t bytes = (size_t)elems * f->es;
     void *p = sd_arena_alloc(f->a, bytes);
@@ -481,7 +418,7 @@ static void *fw_alloc(fw *f, int64_t elems)
     return p;
 }
 
-static sd_scratch fw_scratch(fw *f, size_t bytes)
+sd_scratch ufw_scratch(ufw *f, size_t bytes)
 {
     sd_scratch s = sd_scratch_none();
     if (bytes) {
@@ -496,13 +433,13 @@ static sd_scratch fw_scratch(fw *f, size_t bytes)
     return s;
 }
 
-static void fw_tap(fw *f, const char *name, const void *x, int n, int h, int w, int c)
+void ufw_tap(ufw *f, const char *name, const void *x, int n, int h, int w, int c)
 {
     if (f->tap && f->tap->fn && !f->dry)
         f->tap->fn(f->tap->user, name, x, n, h, w, c);
 }
 
-static int tapping(const fw *f)
+int ufw_tapping(const ufw *f)
 {
     return f->tap && f->tap->fn && !f->dry;
 }
@@ -510,7 +447,7 @@ static int tapping(const fw *f)
 /* y [n * per, out] = x [n * per, in] w^T + b. In batch-invariant mode each sample is its own
  * call, because a BLAS GEMM may round a row differently depending on the number of rows and
  * the row's position among them (OpenBLAS on Zen: it does). */
-static void fw_linear(fw *f, int n, int64_t per, int in, int out, const void *x, const void *w,
+void ufw_linear(ufw *f, int n, int64_t per, int in, int out, const void *x, const void *w,
                       const void *b, void *y)
 {
     f->flops += 2.0 * (double)n * per * in * out;
@@ -524,7 +461,7 @@ static void fw_linear(fw *f, int n, int64_t per, int in, int out, const void *x,
         sd_linear_forward(f->be, (int64_t)n * per, in, out, x, w, b, y);
 }
 
-static void fw_conv(fw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, void *y)
+void ufw_conv(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, void *y)
 {
     size_t mark = sd_arena_mark(f->a);
     f->flops += 2.0 * d->n * d->h_out * d->w_out * (double)d->c_out * d->c_in * d->kh * d->kw;
@@ -534,20 +471,20 @@ static void fw_conv(fw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, voi
         const size_t out_bytes = (size_t)d->h_out * d->w_out * d->c_out * f->es;
         sd_scratch ws;
         one.n = 1;
-        ws = fw_scratch(f, sd_conv2d_forward_scratch_bytes(f->be, &one));
+        ws = ufw_scratch(f, sd_conv2d_forward_scratch_bytes(f->be, &one));
         if (!f->dry)
             for (int i = 0; i < d->n; i++)
                 sd_conv2d_forward(f->be, &one, (const char *)x + i * in_bytes, l.w, l.b,
                                   (char *)y + i * out_bytes, ws);
     } else {
-        sd_scratch ws = fw_scratch(f, sd_conv2d_forward_scratch_bytes(f->be, d));
+        sd_scratch ws = ufw_scratch(f, sd_conv2d_forward_scratch_bytes(f->be, d));
         if (!f->dry)
             sd_conv2d_forward(f->be, d, x, l.w, l.b, y, ws);
     }
     sd_arena_reset_to(f->a, mark);
 }
 
-static void fw_group_norm(fw *f, int n, int64_t hw, int c, float eps, int silu, const void *x,
+void ufw_group_norm(ufw *f, int n, int64_t hw, int c, float eps, int silu, const void *x,
                           ut_norm g, void *y)
 {
     sd_group_norm_desc d;
@@ -560,24 +497,24 @@ static void fw_group_norm(fw *f, int n, int64_t hw, int c, float eps, int silu, 
     d.groups = f->u->c.norm_num_groups;
     d.eps = eps;
     d.silu = silu;
-    ws = fw_scratch(f, sd_group_norm_forward_scratch_bytes(f->be, &d));
+    ws = ufw_scratch(f, sd_group_norm_forward_scratch_bytes(f->be, &d));
     if (!f->dry)
         sd_group_norm_forward(f->be, &d, x, g.g, g.b, y, NULL, NULL, ws);
     sd_arena_reset_to(f->a, mark);
 }
 
-static void fw_attention(fw *f, const sd_attention_desc *d, const void *q, const void *k,
+void ufw_attention(ufw *f, const sd_attention_desc *d, const void *q, const void *k,
                          const void *v, void *o)
 {
     size_t mark = sd_arena_mark(f->a);
-    sd_scratch ws = fw_scratch(f, sd_attention_forward_scratch_bytes(f->be, d));
+    sd_scratch ws = ufw_scratch(f, sd_attention_forward_scratch_bytes(f->be, d));
     f->flops += 4.0 * d->batch * d->heads * (double)d->t_q * d->t_kv * d->head_dim;
     if (!f->dry)
         sd_attention_forward(f->be, d, q, k, v, o, NULL, ws);
     sd_arena_reset_to(f->a, mark);
 }
 
-static void fw_add(fw *f, int64_t n, const void *a, const void *b, void *y)
+void ufw_add(ufw *f, int64_t n, const void *a, const void *b, void *y)
 {
     if (!f->dry)
         sd_add(f->be, n, a, b, y);
@@ -585,32 +522,32 @@ static void fw_add(fw *f, int64_t n, const void *a, const void *b, void *y)
 
 /* ResnetBlock2D: y = shortcut(x) + conv2(SiLU(norm2(conv1(SiLU(norm1(x))) + proj(SiLU(emb))))).
  * emb_act is SiLU(emb) [n, temb], the same for every ResNet, so it is computed once. */
-static void fw_resnet(fw *f, const ut_resnet *r, int n, int h, int w, const void *x,
+static void fw_resnet(ufw *f, const ut_resnet *r, int n, int h, int w, const void *x,
                       const void *emb_act, void *y)
 {
     const sd_unet_config *c = &f->u->c;
     const int64_t hw = (int64_t)h * w, rows = n * hw;
     const float eps = (float)c->norm_eps;
     size_t mark = sd_arena_mark(f->a);
-    void *t = fw_alloc(f, rows * (r->cin > r->cout ? r->cin : r->cout));
-    void *hb = fw_alloc(f, rows * r->cout);
-    void *tp = fw_alloc(f, (int64_t)n * r->cout);
+    void *t = ufw_alloc(f, rows * (r->cin > r->cout ? r->cin : r->cout));
+    void *hb = ufw_alloc(f, rows * r->cout);
+    void *tp = ufw_alloc(f, (int64_t)n * r->cout);
     sd_conv2d_desc d1 = sd_conv2d_make(n, h, w, r->cin, r->cout, 3, 1, 1);
     sd_conv2d_desc d2 = sd_conv2d_make(n, h, w, r->cout, r->cout, 3, 1, 1);
 
-    fw_group_norm(f, n, hw, r->cin, eps, 1, x, r->norm1, t);
-    fw_conv(f, &d1, t, r->conv1, hb);
-    fw_linear(f, n, 1, f->u->temb_dim, r->cout, emb_act, r->time_proj.w, r->time_proj.b, tp);
+    ufw_group_norm(f, n, hw, r->cin, eps, 1, x, r->norm1, t);
+    ufw_conv(f, &d1, t, r->conv1, hb);
+    ufw_linear(f, n, 1, f->u->temb_dim, r->cout, emb_act, r->time_proj.w, r->time_proj.b, tp);
     if (!f->dry)
         sd_add_bcast_forward(f->be, n, hw, r->cout, hb, tp, hb);
-    fw_group_norm(f, n, hw, r->cout, eps, 1, hb, r->norm2, t);
-    fw_conv(f, &d2, t, r->conv2, hb);
+    ufw_group_norm(f, n, hw, r->cout, eps, 1, hb, r->norm2, t);
+    ufw_conv(f, &d2, t, r->conv2, hb);
     if (r->cin != r->cout) {
         sd_conv2d_desc ds = sd_conv2d_make(n, h, w, r->cin, r->cout, 1, 1, 0);
-        fw_conv(f, &ds, x, r->shortcut, y);
-        fw_add(f, rows * r->cout, y, hb, y);
+        ufw_conv(f, &ds, x, r->shortcut, y);
+        ufw_add(f, rows * r->cout, y, hb, y);
     } else {
-        fw_add(f, rows * r->cout, x, hb, y);
+        ufw_add(f, rows * r->cout, x, hb, y);
     }
     sd_arena_reset_to(f->a, mark);
 }
@@ -618,7 +555,7 @@ static void fw_resnet(fw *f, const ut_resnet *r, int n, int h, int w, const void
 /* Transformer2DModel: y = x + proj_out(blocks(proj_in(GroupNorm(x)))), tokens = pixels (NHWC
  * rows), so the reshapes of the PyTorch code are no-ops here and a 1x1-conv projection is the
  * same GEMM as a linear one. */
-static void fw_transformer(fw *f, const ut_transformer *x, int n, int h, int w, const void *in,
+static void fw_transformer(ufw *f, const ut_transformer *x, int n, int h, int w, const void *in,
                            const void *ctx, int ctx_len, void *y)
 {
     const int64_t hw = (int64_t)h * w, rows = n * hw, crow = (int64_t)n * ctx_len;
@@ -631,94 +568,61 @@ static void fw_transformer(fw *f, const ut_transformer *x, int n, int h, int w, 
     self = sd_attention_make(n, x->heads, x->head_dim, (int)hw, (int)hw, 0);
     cross = sd_attention_make(n, x->heads, x->head_dim, (int)hw, ctx_len, 0);
 
-    ln = fw_alloc(f, rows * (C > D ? C : D));
-    hs = fw_alloc(f, rows * D);
-    fw_group_norm(f, n, hw, C, UNET_TRANSFORMER_GN_EPS, 0, in, x->norm, ln);
-    fw_linear(f, n, hw, C, D, ln, x->proj_in.w, x->proj_in.b, hs);
+    ln = ufw_alloc(f, rows * (C > D ? C : D));
+    hs = ufw_alloc(f, rows * D);
+    ufw_group_norm(f, n, hw, C, UNET_TRANSFORMER_GN_EPS, 0, in, x->norm, ln);
+    ufw_linear(f, n, hw, C, D, ln, x->proj_in.w, x->proj_in.b, hs);
 
-    q = fw_alloc(f, rows * D);
-    o = fw_alloc(f, rows * D);
-    k = fw_alloc(f, (rows > crow ? rows : crow) * D);
-    v = fw_alloc(f, (rows > crow ? rows : crow) * D);
-    ff = fw_alloc(f, rows * 8 * D);
-    gg = fw_alloc(f, rows * 4 * D);
+    q = ufw_alloc(f, rows * D);
+    o = ufw_alloc(f, rows * D);
+    k = ufw_alloc(f, (rows > crow ? rows : crow) * D);
+    v = ufw_alloc(f, (rows > crow ? rows : crow) * D);
+    ff = ufw_alloc(f, rows * 8 * D);
+    gg = ufw_alloc(f, rows * 4 * D);
     for (int l = 0; l < x->layers; l++) {
         const ut_block *b = &x->blocks[l];
         /* h = h + attn1(norm1(h)) */
         if (!f->dry)
             sd_layer_norm_forward(f->be, rows, D, UNET_LAYER_NORM_EPS, hs, b->norm1.g, b->norm1.b,
                                   ln, NULL, NULL);
-        fw_linear(f, n, hw, D, D, ln, b->q1, NULL, q);
-        fw_linear(f, n, hw, D, D, ln, b->k1, NULL, k);
-        fw_linear(f, n, hw, D, D, ln, b->v1, NULL, v);
-        fw_attention(f, &self, q, k, v, o);
-        fw_linear(f, n, hw, D, D, o, b->out1.w, b->out1.b, q);
-        fw_add(f, rows * D, q, hs, hs);
+        ufw_linear(f, n, hw, D, D, ln, b->q1, NULL, q);
+        ufw_linear(f, n, hw, D, D, ln, b->k1, NULL, k);
+        ufw_linear(f, n, hw, D, D, ln, b->v1, NULL, v);
+        ufw_attention(f, &self, q, k, v, o);
+        ufw_linear(f, n, hw, D, D, o, b->out1.w, b->out1.b, q);
+        ufw_add(f, rows * D, q, hs, hs);
         /* h = h + attn2(norm2(h), ctx) */
         if (!f->dry)
             sd_layer_norm_forward(f->be, rows, D, UNET_LAYER_NORM_EPS, hs, b->norm2.g, b->norm2.b,
                                   ln, NULL, NULL);
-        fw_linear(f, n, hw, D, D, ln, b->q2, NULL, q);
-        fw_linear(f, n, ctx_len, X, D, ctx, b->k2, NULL, k);
-        fw_linear(f, n, ctx_len, X, D, ctx, b->v2, NULL, v);
-        fw_attention(f, &cross, q, k, v, o);
-        fw_linear(f, n, hw, D, D, o, b->out2.w, b->out2.b, q);
-        fw_add(f, rows * D, q, hs, hs);
+        ufw_linear(f, n, hw, D, D, ln, b->q2, NULL, q);
+        ufw_linear(f, n, ctx_len, X, D, ctx, b->k2, NULL, k);
+        ufw_linear(f, n, ctx_len, X, D, ctx, b->v2, NULL, v);
+        ufw_attention(f, &cross, q, k, v, o);
+        ufw_linear(f, n, hw, D, D, o, b->out2.w, b->out2.b, q);
+        ufw_add(f, rows * D, q, hs, hs);
         /* h = h + ff(norm3(h)), ff = Linear(4D -> D)(GEGLU(Linear(D -> 8D))) */
         if (!f->dry)
             sd_layer_norm_forward(f->be, rows, D, UNET_LAYER_NORM_EPS, hs, b->norm3.g, b->norm3.b,
                                   ln, NULL, NULL);
-        fw_linear(f, n, hw, D, 8 * D, ln, b->ff_in.w, b->ff_in.b, ff);
+        ufw_linear(f, n, hw, D, 8 * D, ln, b->ff_in.w, b->ff_in.b, ff);
         if (!f->dry)
             sd_geglu_forward(f->be, rows, 4 * D, ff, gg);
-        fw_linear(f, n, hw, 4 * D, D, gg, b->ff_out.w, b->ff_out.b, q);
-        fw_add(f, rows * D, q, hs, hs);
+        ufw_linear(f, n, hw, 4 * D, D, gg, b->ff_out.w, b->ff_out.b, q);
+        ufw_add(f, rows * D, q, hs, hs);
     }
-    fw_linear(f, n, hw, D, C, hs, x->proj_out.w, x->proj_out.b, y);
-    fw_add(f, rows * C, y, in, y);
+    ufw_linear(f, n, hw, D, C, hs, x->proj_out.w, x->proj_out.b, y);
+    ufw_add(f, rows * C, y, in, y);
     sd_arena_reset_to(f->a, mark);
 }
 
-typedef struct skip {
-    const void *p;
-    int h, w, c;
-} skip;
-
-#define UNET_MAX_SKIPS (1 + SD_MODEL_MAX_LEVELS * (SD_UNET_MAX_LAYERS_PER_BLOCK + 1))
-
-static void unet_run(fw *f, int n, int h, int w, const void *sample, const float *timesteps,
-                     const void *ctx, int ctx_len, void *out)
+void ufw_time_sinusoid(ufw *f, int n, const float *timesteps, void *tsin)
 {
-    const sd_unet *u = f->u;
-    const sd_unet_config *c = &u->c;
-    const int L = c->n_levels, c0 = c->block_out_channels[0], T = u->temb_dim;
-    const size_t mark0 = sd_arena_mark(f->a);
-    int hs[SD_MODEL_MAX_LEVELS], ws[SD_MODEL_MAX_LEVELS], forced = 0, ch;
-    skip st[UNET_MAX_SKIPS];
-    int ns = 0;
-    void *tsin, *t1, *emb, *cur, *spare;
-    int64_t pp = 0;
-    char name[64];
-
-    /* spatial size of every level (Downsample2D: 3x3 stride 2, pad per downsample_padding) */
-    hs[0] = h;
-    ws[0] = w;
-    for (int l = 1; l < L; l++) {
-        int p = c->downsample_padding;
-        sd_conv2d_desc d = p ? sd_conv2d_make(1, hs[l - 1], ws[l - 1], 1, 1, 3, 2, p)
-                             : sd_conv2d_make_padded(1, hs[l - 1], ws[l - 1], 1, 1, 3, 3, 2, 0, 1,
-                                                     0, 1);
-        hs[l] = d.h_out;
-        ws[l] = d.w_out;
-    }
-    /* diffusers forces every upsampler to the next skip's size unless both sides are
-     * multiples of 2^(number of upsamplers) */
-    if (h % (1 << (L - 1)) || w % (1 << (L - 1)))
-        forced = 1;
-
-    /* time embedding: sinusoid (fp32) -> linear_1 -> SiLU -> linear_2; ResNets use SiLU(emb) */
-    tsin = fw_alloc(f, (int64_t)n * c0);
-    if (!f->dry) {
+    const sd_unet_config *c = &f->u->c;
+    const int c0 = c->block_out_channels[0];
+    if (f->dry)
+        return;
+    {
         sd_timestep_embedding_desc td = sd_timestep_embedding_sd2(c0);
         td.flip_sin_to_cos = c->flip_sin_to_cos;
         td.downscale_freq_shift = (float)c->freq_shift;
@@ -734,13 +638,62 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
             }
         }
     }
-    t1 = fw_alloc(f, (int64_t)n * T);
-    emb = fw_alloc(f, (int64_t)n * T);
-    fw_linear(f, n, 1, c0, T, tsin, u->time1.w, u->time1.b, t1);
+}
+
+void sd_unet_level_sizes(const sd_unet_config *c, int h, int w, int *hs, int *ws, int *forced)
+{
+    const int L = c->n_levels;
+    *forced = 0;
+    /* spatial size of every level (Downsample2D: 3x3 stride 2, pad per downsample_padding) */
+    hs[0] = h;
+    ws[0] = w;
+    for (int l = 1; l < L; l++) {
+        int p = c->downsample_padding;
+        sd_conv2d_desc d = p ? sd_conv2d_make(1, hs[l - 1], ws[l - 1], 1, 1, 3, 2, p)
+                             : sd_conv2d_make_padded(1, hs[l - 1], ws[l - 1], 1, 1, 3, 3, 2, 0, 1,
+                                                     0, 1);
+        hs[l] = d.h_out;
+        ws[l] = d.w_out;
+    }
+    /* diffusers forces every upsampler to the next skip's size unless both sides are
+     * multiples of 2^(number of upsamplers) */
+    if (h % (1 << (L - 1)) || w % (1 << (L - 1)))
+        *forced = 1;
+}
+
+typedef struct skip {
+    const void *p;
+    int h, w, c;
+} skip;
+
+#define UNET_MAX_SKIPS (1 + SD_MODEL_MAX_LEVELS * (SD_UNET_MAX_LAYERS_PER_BLOCK + 1))
+
+static void unet_run(ufw *f, int n, int h, int w, const void *sample, const float *timesteps,
+                     const void *ctx, int ctx_len, void *out)
+{
+    const sd_unet *u = f->u;
+    const sd_unet_config *c = &u->c;
+    const int L = c->n_levels, c0 = c->block_out_channels[0], T = u->temb_dim;
+    const size_t mark0 = sd_arena_mark(f->a);
+    int hs[SD_MODEL_MAX_LEVELS], ws[SD_MODEL_MAX_LEVELS], forced, ch;
+    skip st[UNET_MAX_SKIPS];
+    int ns = 0;
+    void *tsin, *t1, *emb, *cur, *spare;
+    int64_t pp = 0;
+    char name[64];
+
+    sd_unet_level_sizes(c, h, w, hs, ws, &forced);
+
+    /* time embedding: sinusoid (fp32) -> linear_1 -> SiLU -> linear_2; ResNets use SiLU(emb) */
+    tsin = ufw_alloc(f, (int64_t)n * c0);
+    ufw_time_sinusoid(f, n, timesteps, tsin);
+    t1 = ufw_alloc(f, (int64_t)n * T);
+    emb = ufw_alloc(f, (int64_t)n * T);
+    ufw_linear(f, n, 1, c0, T, tsin, u->time1.w, u->time1.b, t1);
     if (!f->dry)
         sd_silu_forward(f->be, (int64_t)n * T, t1, t1);
-    fw_linear(f, n, 1, T, T, t1, u->time2.w, u->time2.b, emb);
-    fw_tap(f, "time_embedding", emb, n, 1, 1, T);
+    ufw_linear(f, n, 1, T, T, t1, u->time2.w, u->time2.b, emb);
+    ufw_tap(f, "time_embedding", emb, n, 1, 1, T);
     if (!f->dry)
         sd_silu_forward(f->be, (int64_t)n * T, emb, t1);
     /* from here t1 = SiLU(emb) */
@@ -749,10 +702,10 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
     {
         sd_conv2d_desc d = sd_conv2d_make(n, h, w, c->in_channels, c0, c->conv_in_kernel, 1,
                                           c->conv_in_kernel / 2);
-        void *s = fw_alloc(f, (int64_t)n * h * w * c0);
-        fw_conv(f, &d, sample, u->conv_in, s);
+        void *s = ufw_alloc(f, (int64_t)n * h * w * c0);
+        ufw_conv(f, &d, sample, u->conv_in, s);
         st[ns++] = (skip){s, h, w, c0};
-        fw_tap(f, "conv_in", s, n, h, w, c0);
+        ufw_tap(f, "conv_in", s, n, h, w, c0);
         cur = s;
         ch = c0;
     }
@@ -763,26 +716,26 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
         const int cout = c->block_out_channels[i];
         const int64_t rows = (int64_t)n * hs[i] * ws[i];
         for (int j = 0; j < s->n_res; j++) {
-            void *o = fw_alloc(f, rows * cout);
+            void *o = ufw_alloc(f, rows * cout);
             if (s->attn) {
                 size_t mark = sd_arena_mark(f->a);
-                void *r = fw_alloc(f, rows * cout);
+                void *r = ufw_alloc(f, rows * cout);
                 fw_resnet(f, &s->res[j], n, hs[i], ws[i], cur, t1, r);
-                if (tapping(f)) {
+                if (ufw_tapping(f)) {
                     snprintf(name, sizeof name, "down_blocks.%d.resnets.%d", i, j);
-                    fw_tap(f, name, r, n, hs[i], ws[i], cout);
+                    ufw_tap(f, name, r, n, hs[i], ws[i], cout);
                 }
                 fw_transformer(f, &s->attn[j], n, hs[i], ws[i], r, ctx, ctx_len, o);
                 sd_arena_reset_to(f->a, mark);
-                if (tapping(f)) {
+                if (ufw_tapping(f)) {
                     snprintf(name, sizeof name, "down_blocks.%d.attentions.%d", i, j);
-                    fw_tap(f, name, o, n, hs[i], ws[i], cout);
+                    ufw_tap(f, name, o, n, hs[i], ws[i], cout);
                 }
             } else {
                 fw_resnet(f, &s->res[j], n, hs[i], ws[i], cur, t1, o);
-                if (tapping(f)) {
+                if (ufw_tapping(f)) {
                     snprintf(name, sizeof name, "down_blocks.%d.resnets.%d", i, j);
-                    fw_tap(f, name, o, n, hs[i], ws[i], cout);
+                    ufw_tap(f, name, o, n, hs[i], ws[i], cout);
                 }
             }
             st[ns++] = (skip){o, hs[i], ws[i], cout};
@@ -794,19 +747,19 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
             sd_conv2d_desc d = p ? sd_conv2d_make(n, hs[i], ws[i], cout, cout, 3, 2, p)
                                  : sd_conv2d_make_padded(n, hs[i], ws[i], cout, cout, 3, 3, 2, 0,
                                                          1, 0, 1);
-            void *o = fw_alloc(f, (int64_t)n * hs[i + 1] * ws[i + 1] * cout);
-            fw_conv(f, &d, cur, s->sampler, o);
+            void *o = ufw_alloc(f, (int64_t)n * hs[i + 1] * ws[i + 1] * cout);
+            ufw_conv(f, &d, cur, s->sampler, o);
             st[ns++] = (skip){o, hs[i + 1], ws[i + 1], cout};
             cur = o;
-            if (tapping(f)) {
+            if (ufw_tapping(f)) {
                 snprintf(name, sizeof name, "down_blocks.%d.downsamplers.0", i);
-                fw_tap(f, name, o, n, hs[i + 1], ws[i + 1], cout);
+                ufw_tap(f, name, o, n, hs[i + 1], ws[i + 1], cout);
             }
         }
-        if (tapping(f)) {
+        if (ufw_tapping(f)) {
             int lv = s->has_sampler ? i + 1 : i;
             snprintf(name, sizeof name, "down_blocks.%d", i);
-            fw_tap(f, name, cur, n, hs[lv], ws[lv], cout);
+            ufw_tap(f, name, cur, n, hs[lv], ws[lv], cout);
         }
     }
 
@@ -825,14 +778,14 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
     }
     {
         const int hb = hs[L - 1], wb = ws[L - 1];
-        void *a = fw_alloc(f, pp), *b = fw_alloc(f, pp);
+        void *a = ufw_alloc(f, pp), *b = ufw_alloc(f, pp);
         fw_resnet(f, &u->mid_res[0], n, hb, wb, cur, t1, a);
-        fw_tap(f, "mid_block.resnets.0", a, n, hb, wb, ch);
+        ufw_tap(f, "mid_block.resnets.0", a, n, hb, wb, ch);
         fw_transformer(f, &u->mid_attn, n, hb, wb, a, ctx, ctx_len, b);
-        fw_tap(f, "mid_block.attentions.0", b, n, hb, wb, ch);
+        ufw_tap(f, "mid_block.attentions.0", b, n, hb, wb, ch);
         fw_resnet(f, &u->mid_res[1], n, hb, wb, b, t1, a);
-        fw_tap(f, "mid_block.resnets.1", a, n, hb, wb, ch);
-        fw_tap(f, "mid_block", a, n, hb, wb, ch);
+        ufw_tap(f, "mid_block.resnets.1", a, n, hb, wb, ch);
+        ufw_tap(f, "mid_block", a, n, hb, wb, ch);
         cur = a;
         spare = b;
     }
@@ -852,26 +805,26 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
             SD_CHECK(sk.h == H && sk.w == W && ch + sk.c == r->cin,
                      "up_blocks.%d.resnets.%d: skip [%d,%d,%d] does not fit [%d,%d,%d+%d]", i, j,
                      sk.h, sk.w, sk.c, H, W, ch, r->cin - ch);
-            cat = fw_alloc(f, rows * r->cin);
+            cat = ufw_alloc(f, rows * r->cin);
             if (!f->dry)
                 sd_concat_channels(f->be, rows, ch, sk.c, cur, sk.p, cat);
             if (s->attn) {
-                tmp = fw_alloc(f, rows * cout);
+                tmp = ufw_alloc(f, rows * cout);
                 fw_resnet(f, r, n, H, W, cat, t1, tmp);
-                if (tapping(f)) {
+                if (ufw_tapping(f)) {
                     snprintf(name, sizeof name, "up_blocks.%d.resnets.%d", i, j);
-                    fw_tap(f, name, tmp, n, H, W, cout);
+                    ufw_tap(f, name, tmp, n, H, W, cout);
                 }
                 fw_transformer(f, &s->attn[j], n, H, W, tmp, ctx, ctx_len, spare);
-                if (tapping(f)) {
+                if (ufw_tapping(f)) {
                     snprintf(name, sizeof name, "up_blocks.%d.attentions.%d", i, j);
-                    fw_tap(f, name, spare, n, H, W, cout);
+                    ufw_tap(f, name, spare, n, H, W, cout);
                 }
             } else {
                 fw_resnet(f, r, n, H, W, cat, t1, spare);
-                if (tapping(f)) {
+                if (ufw_tapping(f)) {
                     snprintf(name, sizeof name, "up_blocks.%d.resnets.%d", i, j);
-                    fw_tap(f, name, spare, n, H, W, cout);
+                    ufw_tap(f, name, spare, n, H, W, cout);
                 }
             }
             sd_arena_reset_to(f->a, mark);
@@ -884,26 +837,26 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
             /* nearest x2, or to the next skip's size when forced, then a 3x3 conv */
             const int ho = forced ? st[ns - 1].h : 2 * H, wo = forced ? st[ns - 1].w : 2 * W;
             size_t mark = sd_arena_mark(f->a);
-            void *up = fw_alloc(f, (int64_t)n * ho * wo * cout), *tmp;
+            void *up = ufw_alloc(f, (int64_t)n * ho * wo * cout), *tmp;
             sd_conv2d_desc d = sd_conv2d_make(n, ho, wo, cout, cout, 3, 1, 1);
             SD_CHECK(ho == hs[lvl - 1] && wo == ws[lvl - 1],
                      "upsampled %dx%d, next skips are %dx%d", ho, wo, hs[lvl - 1], ws[lvl - 1]);
             if (!f->dry)
                 sd_upsample_nearest_forward(f->be, n, H, W, cout, ho, wo, cur, up);
-            fw_conv(f, &d, up, s->sampler, spare);
+            ufw_conv(f, &d, up, s->sampler, spare);
             sd_arena_reset_to(f->a, mark);
             tmp = cur;
             cur = spare;
             spare = tmp;
-            if (tapping(f)) {
+            if (ufw_tapping(f)) {
                 snprintf(name, sizeof name, "up_blocks.%d.upsamplers.0", i);
-                fw_tap(f, name, cur, n, ho, wo, cout);
+                ufw_tap(f, name, cur, n, ho, wo, cout);
             }
         }
-        if (tapping(f)) {
+        if (ufw_tapping(f)) {
             int lv = s->has_sampler ? lvl - 1 : lvl;
             snprintf(name, sizeof name, "up_blocks.%d", i);
-            fw_tap(f, name, cur, n, hs[lv], ws[lv], cout);
+            ufw_tap(f, name, cur, n, hs[lv], ws[lv], cout);
         }
     }
     SD_CHECK(ns == 0, "%d skips left after the up path", ns);
@@ -912,11 +865,11 @@ static void unet_run(fw *f, int n, int h, int w, const void *sample, const float
     {
         sd_conv2d_desc d = sd_conv2d_make(n, h, w, c0, c->out_channels, c->conv_out_kernel, 1,
                                           c->conv_out_kernel / 2);
-        void *t = fw_alloc(f, (int64_t)n * h * w * c0);
-        fw_group_norm(f, n, (int64_t)h * w, c0, (float)c->norm_eps, 1, cur, u->norm_out, t);
-        fw_tap(f, "conv_norm_out", t, n, h, w, c0);
-        fw_conv(f, &d, t, u->conv_out, out);
-        fw_tap(f, "conv_out", out, n, h, w, c->out_channels);
+        void *t = ufw_alloc(f, (int64_t)n * h * w * c0);
+        ufw_group_norm(f, n, (int64_t)h * w, c0, (float)c->norm_eps, 1, cur, u->norm_out, t);
+        ufw_tap(f, "conv_norm_out", t, n, h, w, c0);
+        ufw_conv(f, &d, t, u->conv_out, out);
+        ufw_tap(f, "conv_out", out, n, h, w, c->out_channels);
     }
     sd_arena_reset_to(f->a, mark0);
 }
@@ -949,9 +902,9 @@ static double dry_run(const sd_unet_config *c, const sd_backend *be, int batch_i
     sd_unet *u;
     sd_err err;
     sd_arena a;
-    fw f;
+    ufw f;
     SD_CHECK(sd_unet_check_shape(c, batch, h, w, ctx_len, &err) == 0, "%s", err.msg);
-    SD_CHECK(unet_build(&u, c, NULL, NULL, be, &err) == 0, "%s", err.msg);
+    SD_CHECK(sd_unet_build_tree(&u, c, NULL, NULL, 0, be, &err) == 0, "%s", err.msg);
     u->batch_invariant = batch_invariant;
     SD_CHECK(sd_arena_init_measure(&a, 0) == 0, "measuring arena");
     memset(&f, 0, sizeof f);
@@ -989,7 +942,7 @@ void sd_unet_forward(const sd_unet *u, int batch, int h, int w, const void *samp
                      sd_arena *arena, const sd_unet_tap *tap)
 {
     sd_err err;
-    fw f;
+    ufw f;
     SD_CHECK(u && sample && timesteps && ctx && out && arena,
              "sd_unet_forward needs every tensor and an arena");
     SD_CHECK(sd_unet_check_shape(&u->c, batch, h, w, ctx_len, &err) == 0, "%s", err.msg);

@@ -2,7 +2,7 @@
 # sdtool: pending subcommands say so (exit 3), unknown ones are usage errors, device reports.
 . "$top_srcdir/tests/lib.sh"
 
-for c in grad export plot score-demo; do
+for c in export plot score-demo; do
     run "$c" "$SDTOOL" "$c" x
     expect_rc "$c" 3
     expect_in "$c" err "not implemented in this build yet"

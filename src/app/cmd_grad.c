@@ -1,0 +1,436 @@
+/* sdtool grad: the training loss of one batch and the gradient of every U-Net parameter, in diffusers' names and PyTorch's layouts. */
+#include "sdtrain/commands.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <json-c/json.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "sdtrain/arena.h"
+#include "sdtrain/check.h"
+#include "sdtrain/diffusion.h"
+#include "sdtrain/error.h"
+#include "sdtrain/models.h"
+#include "sdtrain/ops.h"
+#include "sdtrain/safetensors.h"
+#include "sdtrain/snapshot.h"
+#include "sdtrain/timer.h"
+#include "sdtrain/unet.h"
+#include "sdtrain/weights.h"
+
+static void grad_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sdtool grad --snapshot DIR --batch BATCH.safetensors --out OUT.safetensors\n"
+            "                   [--prediction-type epsilon|v_prediction] [--threads N]\n"
+            "                   [--recompute] [--weights FILE]\n"
+            "\n"
+            "One training step's loss and gradients for the U-Net of a diffusers snapshot (fp32,\n"
+            "CPU), without the optimizer. BATCH holds (PyTorch layouts):\n"
+            "  latents                [B, C, h, w]  x0, already scaled by the VAE scaling factor\n"
+            "  noise                  [B, C, h, w]  the epsilon added to them\n"
+            "  timesteps              [B]           integers in [0, num_train_timesteps)\n"
+            "  encoder_hidden_states  [B, T, D]     the text encoder's output\n"
+            "and may say prediction_type in its metadata. The objective is diffusers' training\n"
+            "loss: noisy = DDPMScheduler.add_noise(latents, noise, t), target = noise (epsilon) or\n"
+            "get_velocity(latents, noise, t) (v_prediction), loss = mean((unet(noisy, t, ehs) -\n"
+            "target)^2). The schedule comes from the snapshot's scheduler/scheduler_config.json,\n"
+            "or is SD's (scaled_linear, 0.00085 to 0.012, 1000 steps) when it has none.\n"
+            "\n"
+            "OUT receives `loss` (F32, shape []), `pred` [B, C, h, w] and the gradient of every\n"
+            "U-Net parameter under its diffusers key, F32, in PyTorch's layout.\n"
+            "\n"
+            "  --prediction-type  overrides the batch metadata and the scheduler config\n"
+            "  --threads N        OpenMP threads (the result does not depend on N)\n"
+            "  --recompute        recompute block activations in the backward (same result)\n"
+            "  --weights FILE     weight file name inside unet/ (default: the usual names)\n"
+            "\n"
+            "exit status: 0 done, 1 the snapshot cannot be loaded or OUT cannot be written,\n"
+            "2 bad usage or input.\n");
+}
+
+static int fail(int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static int fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "sdtool grad: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    return code;
+}
+
+typedef struct sched {
+    char beta_schedule[32], prediction[32];
+    double beta_start, beta_end;
+    int64_t steps;
+} sched;
+
+/* scheduler/scheduler_config.json of the snapshot, when there is one. */
+static int read_scheduler(const sd_snapshot *s, sched *out)
+{
+    char path[4200];
+    struct json_object *root, *v;
+    snprintf(out->beta_schedule, sizeof out->beta_schedule, "scaled_linear");
+    snprintf(out->prediction, sizeof out->prediction, "epsilon");
+    out->beta_start = 0.00085;
+    out->beta_end = 0.012;
+    out->steps = 1000;
+    if (s->is_component)
+        return 0;
+    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", s->path);
+    {
+        FILE *f = fopen(path, "r");
+        if (!f)
+            return 0;
+        fclose(f);
+    }
+    root = json_object_from_file(path);
+    if (!root || !json_object_is_type(root, json_type_object)) {
+        json_object_put(root);
+        return fail(SD_EXIT_FAILURE, "%s: not a JSON object", path);
+    }
+    if (json_object_object_get_ex(root, "beta_schedule", &v) && json_object_is_type(v, json_type_string))
+        snprintf(out->beta_schedule, sizeof out->beta_schedule, "%s", json_object_get_string(v));
+    if (json_object_object_get_ex(root, "prediction_type", &v) && json_object_is_type(v, json_type_string))
+        snprintf(out->prediction, sizeof out->prediction, "%s", json_object_get_string(v));
+    if (json_object_object_get_ex(root, "beta_start", &v))
+        out->beta_start = json_object_get_double(v);
+    if (json_object_object_get_ex(root, "beta_end", &v))
+        out->beta_end = json_object_get_double(v);
+    if (json_object_object_get_ex(root, "num_train_timesteps", &v))
+        out->steps = json_object_get_int64(v);
+    json_object_put(root);
+    return 0;
+}
+
+/* A float tensor of the batch with the given rank, read as fp32 (malloc'ed), or NULL. */
+static float *batch_float(const sd_st_file *f, const char *path, const char *name, int ndim,
+                          const sd_st_tensor **out)
+{
+    const sd_st_tensor *t = sd_st_find(f, name);
+    sd_err err;
+    float *x;
+    char s[96];
+    *out = t;
+    if (!t) {
+        fail(SD_EXIT_USAGE, "%s: no tensor '%s' (see sdtool grad --help)", path, name);
+        return NULL;
+    }
+    if (t->ndim != ndim || t->numel < 1) {
+        fail(SD_EXIT_USAGE, "%s: '%s' has shape %s; expected %d dimensions", path, name,
+             sd_shape_str(t->ndim, t->shape, s, sizeof s), ndim);
+        return NULL;
+    }
+    if (t->dtype != SD_ST_F32 && t->dtype != SD_ST_F16 && t->dtype != SD_ST_BF16 &&
+        t->dtype != SD_ST_F64) {
+        fail(SD_EXIT_USAGE, "%s: '%s' is %s; expected F32, F16, BF16 or F64", path, name,
+             sd_st_dtype_name(t->dtype));
+        return NULL;
+    }
+    x = sd_xmalloc((size_t)t->numel * sizeof *x);
+    if (sd_st_tensor_read_f32(t, x, (size_t)t->numel, &err)) {
+        free(x);
+        fail(SD_EXIT_USAGE, "%s", err.msg);
+        return NULL;
+    }
+    return x;
+}
+
+static void nchw_to_nhwc(const float *x, float *y, int n, int c, int h, int w)
+{
+    for (int b = 0; b < n; b++)
+        for (int k = 0; k < c; k++)
+            for (int i = 0; i < h * w; i++)
+                y[((size_t)b * h * w + i) * c + k] = x[((size_t)b * c + k) * h * w + i];
+}
+
+static void nhwc_to_nchw(const float *x, float *y, int n, int c, int h, int w)
+{
+    for (int b = 0; b < n; b++)
+        for (int k = 0; k < c; k++)
+            for (int i = 0; i < h * w; i++)
+                y[((size_t)b * c + k) * h * w + i] = x[((size_t)b * h * w + i) * c + k];
+}
+
+typedef struct grad_opts {
+    const char *snapshot, *batch, *out, *weights, *prediction;
+    int threads, recompute;
+} grad_opts;
+
+static int run(const grad_opts *o)
+{
+    const sd_backend *be = sd_backend_cpu();
+    sd_snapshot snap;
+    sd_st_file in;
+    sd_err err;
+    sched sc;
+    sd_diffusion d;
+    sd_unet_config c;
+    sd_weights w;
+    sd_unet *u = NULL;
+    sd_unet_trainer *tr = NULL;
+    sd_arena arena;
+    sd_st_writer *wr = NULL;
+    const sd_st_tensor *tl, *tn, *tc, *tt;
+    float *lat = NULL, *noise = NULL, *ctx = NULL, *steps = NULL, *grads = NULL;
+    float *xt = NULL, *target = NULL, *pred = NULL, *dpred = NULL, *xh = NULL, *yh = NULL;
+    float *torch_grads = NULL, l32;
+    int32_t *ti = NULL;
+    int B, C, H, W, T, D, rc = SD_EXIT_FAILURE, have_sched = 0, have_arena = 0;
+    double loss, t0, t_step;
+    char pred_name[32];
+    size_t per;
+
+    memset(&w, 0, sizeof w);
+    if (sd_st_open(o->batch, &in, &err))
+        return fail(SD_EXIT_USAGE, "%s", err.msg);
+    if (sd_snapshot_open(&snap, o->snapshot, &err)) {
+        sd_st_close(&in);
+        return fail(SD_EXIT_FAILURE, "%s", err.msg);
+    }
+    if (read_scheduler(&snap, &sc))
+        goto done;
+    snprintf(pred_name, sizeof pred_name, "%s", sc.prediction);
+    {
+        const char *m = sd_st_metadata(&in, "prediction_type");
+        if (m)
+            snprintf(pred_name, sizeof pred_name, "%s", m);
+        if (o->prediction)
+            snprintf(pred_name, sizeof pred_name, "%s", o->prediction);
+    }
+    if (sd_diffusion_init(&d, sc.beta_schedule, sc.beta_start, sc.beta_end, sc.steps, pred_name,
+                          SD_LINSPACE_FUSED, &err)) {
+        rc = fail(SD_EXIT_USAGE, "%s", err.msg);
+        goto done;
+    }
+    have_sched = 1;
+
+    rc = SD_EXIT_USAGE;
+    if (!(lat = batch_float(&in, o->batch, "latents", 4, &tl)) ||
+        !(noise = batch_float(&in, o->batch, "noise", 4, &tn)) ||
+        !(ctx = batch_float(&in, o->batch, "encoder_hidden_states", 3, &tc)))
+        goto done;
+    B = (int)tl->shape[0];
+    C = (int)tl->shape[1];
+    H = (int)tl->shape[2];
+    W = (int)tl->shape[3];
+    T = (int)tc->shape[1];
+    D = (int)tc->shape[2];
+    if (memcmp(tl->shape, tn->shape, sizeof tl->shape) || tc->shape[0] != B) {
+        fail(rc, "%s: latents, noise and encoder_hidden_states disagree on shape or batch",
+             o->batch);
+        goto done;
+    }
+    tt = sd_st_find(&in, "timesteps");
+    if (!tt || tt->ndim != 1 || tt->shape[0] != B ||
+        (tt->dtype != SD_ST_I64 && tt->dtype != SD_ST_I32)) {
+        fail(rc, "%s: 'timesteps' must be I64 or I32 of shape [%d]", o->batch, B);
+        goto done;
+    }
+    ti = sd_xmalloc((size_t)B * sizeof *ti);
+    steps = sd_xmalloc((size_t)B * sizeof *steps);
+    for (int b = 0; b < B; b++) {
+        int64_t v;
+        if (tt->dtype == SD_ST_I64) {
+            memcpy(&v, (const char *)tt->data + 8 * (size_t)b, 8);
+        } else {
+            int32_t v32;
+            memcpy(&v32, (const char *)tt->data + 4 * (size_t)b, 4);
+            v = v32;
+        }
+        if (v < 0 || v >= d.num_train_timesteps) {
+            fail(rc, "%s: timesteps[%d] = %lld is outside [0, %d)", o->batch, b, (long long)v,
+                 d.num_train_timesteps);
+            goto done;
+        }
+        ti[b] = (int32_t)v;
+        steps[b] = (float)v;
+    }
+
+    rc = SD_EXIT_FAILURE;
+    t0 = sd_time_now();
+    if (sd_snapshot_load_unet(&snap, o->weights, &c, &w, &err)) {
+        fail(rc, "%s", err.msg);
+        goto done;
+    }
+    if (sd_unet_create_from_weights(&u, &c, &w, be, &err)) {
+        fail(rc, "%s", err.msg);
+        goto done;
+    }
+    if (C != c.in_channels || C != c.out_channels || D != c.cross_attention_dim) {
+        rc = fail(SD_EXIT_USAGE, "%s: latents have %d channels and encoder_hidden_states width "
+                  "%d; the U-Net takes %d, predicts %d and attends to width %d (the loss needs "
+                  "in_channels == out_channels)", o->batch, C, D, c.in_channels, c.out_channels,
+                  c.cross_attention_dim);
+        goto done;
+    }
+    if (sd_unet_check_shape(&c, B, H, W, T, &err)) {
+        rc = fail(SD_EXIT_USAGE, "%s: %s", o->batch, err.msg);
+        goto done;
+    }
+    grads = sd_xcalloc(w.table.total_floats ? w.table.total_floats : 1, sizeof *grads);
+    if (sd_unet_trainer_create(&tr, u, &w.table, grads, B, H, W, T, o->recompute, &err)) {
+        fail(rc, "%s", err.msg);
+        goto done;
+    }
+    if (sd_arena_init(&arena, sd_unet_trainer_arena_bytes(tr), SD_ARENA_DEFAULT_ALIGNMENT)) {
+        fail(rc, "cannot allocate %zu bytes of activation memory",
+             sd_unet_trainer_arena_bytes(tr));
+        goto done;
+    }
+    have_arena = 1;
+
+    /* the objective, in PyTorch's NCHW order, around the U-Net's NHWC */
+    per = (size_t)C * H * W;
+    xt = sd_xmalloc(B * per * sizeof *xt);
+    target = sd_xmalloc(B * per * sizeof *target);
+    pred = sd_xmalloc(B * per * sizeof *pred);
+    dpred = sd_xmalloc(B * per * sizeof *dpred);
+    xh = sd_xmalloc(B * per * sizeof *xh);
+    yh = sd_xmalloc(B * per * sizeof *yh);
+    t0 = sd_time_now();
+    sd_diffusion_add_noise(&d, ti, B, (int64_t)per, lat, noise, xt);
+    sd_diffusion_target(&d, ti, B, (int64_t)per, lat, noise, target);
+    nchw_to_nhwc(xt, xh, B, C, H, W);
+    sd_unet_train_forward(tr, xh, steps, ctx, yh, &arena);
+    nhwc_to_nchw(yh, pred, B, C, H, W);
+    loss = sd_diffusion_loss(&d, ti, B, (int64_t)per, B, pred, target, NULL, dpred);
+    nchw_to_nhwc(dpred, yh, B, C, H, W);
+    sd_unet_backward(tr, yh, &arena);
+    t_step = sd_time_now() - t0;
+
+    /* outputs */
+    wr = sd_st_writer_new();
+    l32 = (float)loss;
+    {
+        if (sd_st_writer_add(wr, "loss", SD_ST_F32, 0, NULL, &l32, sizeof l32, &err) ||
+            sd_st_writer_add(wr, "pred", SD_ST_F32, 4, (int64_t[]){B, C, H, W}, pred,
+                             B * per * sizeof *pred, &err)) {
+            fail(rc, "%s", err.msg);
+            goto done;
+        }
+    }
+    /* the writer keeps pointers until it writes: one buffer for all PyTorch-layout copies */
+    torch_grads = sd_xcalloc(w.table.total_floats ? w.table.total_floats : 1, sizeof *torch_grads);
+    for (size_t i = 0; i < w.table.n; i++) {
+        const sd_param *p = &w.table.params[i];
+        float *g = torch_grads + p->offset;
+        sd_weight_to_torch(p->ndim, p->shape, sizeof(float), grads + p->offset, g);
+        if (sd_st_writer_add(wr, p->name, SD_ST_F32, p->ndim, p->shape, g, p->numel * sizeof *g,
+                             &err)) {
+            fail(rc, "%s", err.msg);
+            goto done;
+        }
+    }
+    sd_st_writer_set_metadata(wr, "format", "pt", &err);
+    sd_st_writer_set_metadata(wr, "prediction_type", pred_name, &err);
+    if (sd_st_writer_write(wr, o->out, &err)) {
+        fail(rc, "%s", err.msg);
+        goto done;
+    }
+    printf("grad: batch %d, latent %dx%dx%d, context %dx%d, %s, loss %.9g, %zu gradient tensors, "
+           "step %.3f s (%.2f GFLOP/s, %d threads%s)\n",
+           B, C, H, W, T, D, pred_name, loss, w.table.n, t_step,
+           sd_unet_trainer_flops(tr) / t_step * 1e-9, o->threads,
+           o->recompute ? ", recompute" : "");
+    rc = SD_EXIT_OK;
+done:
+    if (wr)
+        sd_st_writer_free(wr);
+    if (have_arena)
+        sd_arena_free(&arena);
+    sd_unet_trainer_free(tr);
+    sd_unet_free(u);
+    sd_weights_free(&w);
+    if (have_sched)
+        sd_diffusion_free(&d);
+    free(lat);
+    free(noise);
+    free(ctx);
+    free(steps);
+    free(ti);
+    free(grads);
+    free(torch_grads);
+    free(xt);
+    free(target);
+    free(pred);
+    free(dpred);
+    free(xh);
+    free(yh);
+    sd_snapshot_close(&snap);
+    sd_st_close(&in);
+    return rc;
+}
+
+int sd_cmd_grad(int argc, char **argv)
+{
+    grad_opts o;
+    memset(&o, 0, sizeof o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **slot = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            grad_usage(stdout);
+            return SD_EXIT_OK;
+        }
+        if (!strcmp(a, "--recompute")) {
+            o.recompute = 1;
+            continue;
+        }
+        if (!strcmp(a, "--snapshot"))
+            slot = &o.snapshot;
+        else if (!strcmp(a, "--batch"))
+            slot = &o.batch;
+        else if (!strcmp(a, "--out"))
+            slot = &o.out;
+        else if (!strcmp(a, "--weights"))
+            slot = &o.weights;
+        else if (!strcmp(a, "--prediction-type"))
+            slot = &o.prediction;
+        else if (!strcmp(a, "--threads")) {
+            char *end;
+            long v;
+            if (i + 1 >= argc)
+                return fail(SD_EXIT_USAGE, "--threads needs a value");
+            errno = 0;
+            v = strtol(argv[++i], &end, 10);
+            if (errno || *end || end == argv[i] || v < 1 || v > 4096)
+                return fail(SD_EXIT_USAGE, "--threads '%s': expected a whole number from 1 to 4096",
+                            argv[i]);
+            o.threads = (int)v;
+            continue;
+        } else
+            return fail(SD_EXIT_USAGE, "unknown argument '%s' (see sdtool grad --help)", a);
+        if (i + 1 >= argc)
+            return fail(SD_EXIT_USAGE, "%s needs a value (see sdtool grad --help)", a);
+        *slot = argv[++i];
+    }
+    if (!o.snapshot || !o.batch || !o.out) {
+        grad_usage(stderr);
+        return fail(SD_EXIT_USAGE, "--snapshot, --batch and --out are required");
+    }
+    if (o.prediction && strcasecmp(o.prediction, "epsilon") && strcasecmp(o.prediction, "v_prediction"))
+        return fail(SD_EXIT_USAGE, "--prediction-type '%s': expected epsilon or v_prediction",
+                    o.prediction);
+#ifdef _OPENMP
+    if (o.threads)
+        omp_set_num_threads(o.threads);
+    o.threads = omp_get_max_threads();
+#else
+    o.threads = 1;
+#endif
+    return run(&o);
+}
