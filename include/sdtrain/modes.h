@@ -16,6 +16,8 @@ extern "C" {
  * the text encoder and writes latent shards collectively. Committed shards are skipped, so a
  * rerun continues a killed job. */
 int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
+/* &run mode = 'train' on the training communicator: 0 done, 1 failure, 2 bad input. */
+int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
 
 #ifdef __cplusplus
 }

@@ -222,10 +222,11 @@ static void print_layout_for(const sd_run_config *rc, const sd_layout *l)
 static int run_mode(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const char *mode = rc->cfg.run.mode;
-    const char *what = !strcmp(mode, "train") ? "training (issue #5: U-Net backward, AdamW, DDP and ZeRO-2)"
-                                              : "sampling (not yet filed)";
+    const char *what = "sampling (not yet filed)";
     if (!strcmp(mode, "process"))
         return sd_mode_process(rc, rt, dev);
+    if (!strcmp(mode, "train"))
+        return sd_mode_train(rc, rt, dev);
     if (!strcmp(mode, "pipeline")) {
         /* The preprocessing ranks do their half for real; the training half does not exist
          * yet, so its ranks say so and the job ends with the worst status of the two. */
@@ -233,8 +234,8 @@ static int run_mode(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (rt->role == SD_ROLE_PROCESS)
             code = sd_mode_process(rc, rt, dev);
         else if (rt->role_rank == 0)
-            fprintf(stderr, "sdtrain: mode 'pipeline': the training half is not implemented in this "
-                            "build yet (issue #5); the %d preprocessing rank(s) wrote their shards, "
+            fprintf(stderr, "sdtrain: mode 'pipeline': the training half (the online pipeline) is not "
+                            "implemented in this build yet; the %d preprocessing rank(s) wrote their shards, "
                             "the %d training rank(s) computed nothing.\n",
                     rt->layout.n_process, rt->layout.n_train);
         /* a real failure (1, 2) outranks "not implemented" (3) */

@@ -3,7 +3,7 @@
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 
-for mode in train sample; do
+for mode in sample; do
     nml "$mode.nml" <<EOF2
 &run mode = '$mode', n_process_ranks = 1, output_dir = '$TMP/$mode' /
 &data input = 'images', shard_dir = 'shards' /

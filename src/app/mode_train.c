@@ -1,0 +1,617 @@
+/* &run mode = 'train': the U-Net trained data-parallel from latent shards (DDP or ZeRO-2 over the
+ * training communicator), with metrics, validation and a final summary. */
+#include "sd_config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "sdtrain/arena.h"
+#include "sdtrain/check.h"
+#include "sdtrain/collectives.h"
+#include "sdtrain/diffusion.h"
+#include "sdtrain/fault.h"
+#include "sdtrain/loader.h"
+#include "sdtrain/log.h"
+#include "sdtrain/modes.h"
+#include "sdtrain/ops.h"
+#include "sdtrain/optim.h"
+#include "sdtrain/rng.h"
+#include "sdtrain/safetensors.h"
+#include "sdtrain/snapshot.h"
+#include "sdtrain/timer.h"
+#include "sdtrain/unet.h"
+#include "sdtrain/weights.h"
+
+/* Validation noise, timesteps and latent samples use this reserved step counter, so they are
+ * the same at every evaluation, in every run and after every resume. */
+#define VAL_RNG_STEP SD_RNG_MAX_STEP
+
+enum { T_DATA, T_FWD, T_BWD, T_COMM, T_OPT, T_N };
+static const char *const t_names[T_N] = {"data_wait", "forward", "backward", "comm", "optimizer"};
+
+/* Everything one training rank holds. */
+typedef struct trainer {
+    const sd_config *cfg;
+    sd_comm *comm;
+    int rank, size, world_rank;
+    const sd_backend *be;
+    sd_unet_config uc;
+    sd_weights w;          /* parameters: the flat fp32 buffer, full on every rank */
+    float *grads;          /* full flat buffer (ZeRO-2: reduced into this rank's shard only) */
+    float *m, *v, *ema;    /* optimizer state and EMA: the shard [begin, end) only */
+    size_t n, begin, end;  /* buffer size in floats and this rank's shard */
+    int zero2;
+    sd_unet *unet;
+    sd_unet_trainer *tr;
+    sd_arena arena;
+    sd_diffusion diff;
+    sd_adamw_hparams adam;
+    sd_lr_schedule sched;
+    sd_loader *loader;
+    sd_loader_info info;
+    /* per-step host buffers (batch_per_rank samples) */
+    int bs, C, H, W, L, D;
+    float *x0, *noise, *xt, *target, *pred, *dpred, *xh, *yh, *ctx;
+    int32_t *tsteps;
+    float *tfloat;
+    unsigned char *drop;
+    FILE *metrics;
+} trainer;
+
+static int agree(MPI_Comm comm, int rank, int failed, sd_err *err)
+{
+    int mine = failed ? rank : 1 << 30, first;
+    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == 1 << 30)
+        return 0;
+    SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, first, comm));
+    return -1;
+}
+
+/* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
+ * weights from the snapshot (unet_init = 'pretrained') or drawn from the seed. */
+static int build_model(trainer *t, sd_err *err)
+{
+    const sd_config *cfg = t->cfg;
+    if (cfg->model.pretrained[0]) {
+        sd_snapshot s;
+        if (sd_snapshot_open(&s, cfg->model.pretrained, err))
+            return -1;
+        if (sd_snapshot_load_unet(&s, NULL, &t->uc, &t->w, err)) {
+            sd_snapshot_close(&s);
+            return -1;
+        }
+        sd_snapshot_close(&s);
+        if (strcmp(cfg->model.unet_init, "random") == 0)
+            sd_weights_init_random(&t->w, cfg->run.seed);
+    } else {
+        sd_param_table table;
+        if (strcmp(cfg->model.unet_init, "pretrained") == 0)
+            return sd_err_set(err, "&model unet_init = 'pretrained' needs &model pretrained (a "
+                              "diffusers snapshot with a unet/ folder)");
+        sd_unet_config_from_namelist(cfg, &t->uc);
+        memset(&table, 0, sizeof table);
+        sd_unet_params(&t->uc, &table);
+        sd_weights_init(&t->w, &table);
+        sd_weights_init_random(&t->w, cfg->run.seed);
+    }
+    return sd_unet_create_from_weights(&t->unet, &t->uc, &t->w, t->be, err);
+}
+
+static int check_shapes(trainer *t, sd_err *err)
+{
+    const sd_loader_info *i = &t->info;
+    if (i->latent_channels != t->uc.in_channels || t->uc.in_channels != t->uc.out_channels)
+        return sd_err_set(err, "the shards hold %d-channel latents, the U-Net takes %d channels "
+                          "and predicts %d (they must all agree)", i->latent_channels,
+                          t->uc.in_channels, t->uc.out_channels);
+    if (i->embed_dim != t->uc.cross_attention_dim)
+        return sd_err_set(err, "the shards hold caption embeddings of width %d, the U-Net's "
+                          "cross_attention_dim is %d (encode with the matching text encoder)",
+                          i->embed_dim, t->uc.cross_attention_dim);
+    return sd_unet_check_shape(&t->uc, t->bs, i->latent_size, i->latent_size, i->text_len, err);
+}
+
+static void alloc_buffers(trainer *t)
+{
+    const size_t per = (size_t)t->C * t->H * t->W, bs = (size_t)t->bs;
+    t->x0 = sd_xmalloc(bs * per * sizeof(float));
+    t->noise = sd_xmalloc(bs * per * sizeof(float));
+    t->xt = sd_xmalloc(bs * per * sizeof(float));
+    t->target = sd_xmalloc(bs * per * sizeof(float));
+    t->pred = sd_xmalloc(bs * per * sizeof(float));
+    t->dpred = sd_xmalloc(bs * per * sizeof(float));
+    t->xh = sd_xmalloc(bs * per * sizeof(float));
+    t->yh = sd_xmalloc(bs * per * sizeof(float));
+    t->ctx = sd_xmalloc(bs * (size_t)t->L * t->D * sizeof(float));
+    t->tsteps = sd_xmalloc(bs * sizeof(int32_t));
+    t->tfloat = sd_xmalloc(bs * sizeof(float));
+    t->drop = sd_xmalloc(bs);
+}
+
+static void nchw_to_nhwc(const float *x, float *y, int n, int c, int hw)
+{
+    for (int b = 0; b < n; b++)
+        for (int k = 0; k < c; k++)
+            for (int i = 0; i < hw; i++)
+                y[((size_t)b * hw + i) * c + k] = x[((size_t)b * c + k) * hw + i];
+}
+
+static void nhwc_to_nchw(const float *x, float *y, int n, int c, int hw)
+{
+    for (int b = 0; b < n; b++)
+        for (int k = 0; k < c; k++)
+            for (int i = 0; i < hw; i++)
+                y[((size_t)b * c + k) * hw + i] = x[((size_t)b * hw + i) * c + k];
+}
+
+/* x0 (latent samples), noise, timesteps and contexts of `count` samples; sample j uses the
+ * counters (step, ids[j]), so the draws of a sample never depend on the rank that has it. */
+static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int train)
+{
+    const int64_t hw = (int64_t)t->H * t->W, per = (int64_t)t->C * hw;
+    const size_t ctx_elems = (size_t)t->L * t->D;
+    const uint64_t seed = t->cfg->run.seed;
+    sd_err err;
+    for (int j = 0; j < b->count; j++) {
+        const uint64_t i = (uint64_t)b->positions[j];
+        const float *mom = b->moments + (size_t)j * 2 * per;
+        SD_CHECK(sd_diffusion_sample_latent(seed, step, i, (float)t->info.scaling_factor, mom,
+                                            mom + per, 0, t->x0 + (size_t)j * per, (size_t)per,
+                                            &err) == 0, "%s", err.msg);
+        SD_CHECK(sd_diffusion_noise(&t->diff, seed, step, i, t->C, hw, 0,
+                                    t->noise + (size_t)j * per, (size_t)per, &err) == 0,
+                 "%s", err.msg);
+        t->tsteps[j] = (int32_t)sd_diffusion_timestep(&t->diff, seed, step, i);
+        t->tfloat[j] = (float)t->tsteps[j];
+        t->drop[j] = train && sd_diffusion_drop_caption(&t->diff, seed, step, i);
+        memcpy(t->ctx + (size_t)j * ctx_elems,
+               t->drop[j] ? sd_loader_empty_embedding(t->loader)
+                          : b->embeddings + (size_t)j * ctx_elems,
+               ctx_elems * sizeof(float));
+    }
+    sd_diffusion_add_noise(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->xt);
+    sd_diffusion_target(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->target);
+    nchw_to_nhwc(t->xt, t->xh, b->count, t->C, (int)hw);
+}
+
+/* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
+ * latents, noise and timesteps per validation sample; split over the ranks. */
+static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
+{
+    const int64_t nv = sd_loader_val_count(t->loader);
+    const int64_t hw = (int64_t)t->H * t->W, per = (int64_t)t->C * hw;
+    const int64_t first = nv * t->rank / t->size, last = nv * (t->rank + 1) / t->size;
+    double sum[2] = {0, 0};
+    float *mse = sd_xmalloc((size_t)t->bs * sizeof *mse);
+    sd_err err;
+    for (int64_t i = first; i < last; i += t->bs) {
+        int count = (int)(last - i < t->bs ? last - i : t->bs);
+        SD_CHECK(sd_loader_read_val(t->loader, i, count, vb, &err) == 0, "validation read: %s",
+                 err.msg);
+        make_inputs(t, vb, VAL_RNG_STEP, 0);
+        sd_unet_forward(t->unet, count, t->H, t->W, t->xh, t->tfloat, t->ctx, t->L, t->yh,
+                        &t->arena, NULL);
+        nhwc_to_nchw(t->yh, t->pred, count, t->C, (int)hw);
+        sd_diffusion_loss(&t->diff, t->tsteps, count, per, count, t->pred, t->target, mse, NULL);
+        for (int j = 0; j < count; j++)
+            sum[0] += mse[j];
+    }
+    sum[1] = (double)(last - first);
+    sd_allreduce_f64(t->comm, sum, 2, SD_RED_SUM);
+    free(mse);
+    *n_out = (int64_t)sum[1];
+    return sum[1] > 0 ? sum[0] / sum[1] : NAN;
+}
+
+/* 1 on every rank when any rank failed (over the training communicator). */
+static int any_failed(sd_comm *c, int failed)
+{
+    int64_t v = failed != 0;
+    sd_allreduce_i64(c, &v, 1, SD_RED_MAX);
+    return v != 0;
+}
+
+static size_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (size_t)ru.ru_maxrss * 1024;
+}
+
+static void fmt_duration(double s, char *buf, size_t size)
+{
+    long v = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
+    snprintf(buf, size, "%ld:%02ld:%02ld", v / 3600, v / 60 % 60, v % 60);
+}
+
+/* The parameters (and the EMA) in diffusers' names and PyTorch's layouts, rank 0. */
+static int write_weights(const trainer *t, const float *data, const char *name, sd_err *err)
+{
+    char path[4200];
+    sd_st_writer *wr = sd_st_writer_new();
+    float *torch = sd_xcalloc(t->w.table.total_floats ? t->w.table.total_floats : 1,
+                              sizeof *torch);
+    int rc = 0;
+    for (size_t i = 0; i < t->w.table.n && !rc; i++) {
+        const sd_param *p = &t->w.table.params[i];
+        sd_weight_to_torch(p->ndim, p->shape, sizeof(float), data + p->offset,
+                           torch + p->offset);
+        rc = sd_st_writer_add(wr, p->name, SD_ST_F32, p->ndim, p->shape, torch + p->offset,
+                              p->numel * sizeof(float), err);
+    }
+    snprintf(path, sizeof path, "%s/%s", t->cfg->run.output_dir, name);
+    if (!rc) {
+        sd_st_writer_set_metadata(wr, "format", "pt", err);
+        rc = sd_st_writer_write(wr, path, err);
+    }
+    sd_st_writer_free(wr);
+    free(torch);
+    return rc;
+}
+
+static void free_trainer(trainer *t)
+{
+    sd_loader_close(t->loader);
+    sd_unet_trainer_free(t->tr);
+    sd_unet_free(t->unet);
+    sd_weights_free(&t->w);
+    if (sd_arena_capacity(&t->arena))
+        sd_arena_free(&t->arena);
+    sd_diffusion_free(&t->diff);
+    free(t->grads);
+    free(t->m);
+    free(t->v);
+    free(t->ema);
+    free(t->x0);
+    free(t->noise);
+    free(t->xt);
+    free(t->target);
+    free(t->pred);
+    free(t->dpred);
+    free(t->xh);
+    free(t->yh);
+    free(t->ctx);
+    free(t->tsteps);
+    free(t->tfloat);
+    free(t->drop);
+    if (t->metrics)
+        fclose(t->metrics);
+    sd_comm_destroy(t->comm);
+}
+
+/* Set-up that may fail on bad input: every rank agrees on the verdict. */
+static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
+{
+    const sd_config *cfg = t->cfg;
+    MPI_Comm comm = rt->role_comm;
+    sd_loader_options lo;
+    int failed;
+
+    failed = sd_diffusion_init_config(&t->diff, cfg, err) != 0;
+    if (!failed)
+        failed = sd_lr_schedule_from_name(cfg->train.lr_schedule, &t->sched, err) != 0;
+    if (!failed && cfg->train.precision[0] && strcmp(cfg->train.precision, "fp32") != 0 &&
+        t->rank == 0)
+        sd_warn("&train precision = '%s' applies to the CUDA backend; the CPU backend trains "
+                "in fp32", cfg->train.precision);
+    if (agree(comm, t->rank, failed, err))
+        return -1;
+
+    sd_loader_options_defaults(&lo);
+    lo.shard_dir = cfg->data.shard_dir;
+    lo.val_fraction = cfg->data.val_fraction;
+    lo.batch_per_rank = (int)cfg->train.batch_size_per_rank;
+    lo.seed = cfg->run.seed;
+    if (sd_loader_open(comm, &lo, &t->loader, err))
+        return -1; /* collective: every rank has the same message */
+    t->info = *sd_loader_get_info(t->loader);
+    t->bs = (int)cfg->train.batch_size_per_rank;
+    t->C = t->info.latent_channels;
+    t->H = t->W = t->info.latent_size;
+    t->L = t->info.text_len;
+    t->D = t->info.embed_dim;
+
+    failed = build_model(t, err) != 0;
+    if (!failed)
+        failed = check_shapes(t, err) != 0;
+    if (agree(comm, t->rank, failed, err))
+        return -1;
+
+    t->n = t->w.table.total_floats;
+    t->grads = sd_xcalloc(t->n ? t->n : 1, sizeof *t->grads);
+    failed = sd_unet_trainer_create(&t->tr, t->unet, &t->w.table, t->grads, t->bs, t->H, t->W,
+                                    t->L, 0, err) != 0;
+    if (!failed) {
+        size_t need = sd_unet_trainer_arena_bytes(t->tr);
+        size_t val = sd_unet_scratch_bytes(&t->uc, t->be, t->bs, t->H, t->W, t->L);
+        need = need > val ? need : val;
+        if (sd_arena_init(&t->arena, need, SD_ARENA_DEFAULT_ALIGNMENT) != 0) {
+            sd_err_set(err, "cannot allocate %zu bytes of activation memory for batch %d",
+                       need, t->bs);
+            failed = 1;
+        }
+    }
+    if (agree(comm, t->rank, failed, err))
+        return -1;
+
+    /* ZeRO-2 keeps optimizer state for this rank's shard only; DDP for everything */
+    t->zero2 = strcmp(cfg->train.sharding, "shard_grad_op") == 0;
+    if (t->zero2) {
+        sd_comm_shard(t->comm, t->n, &t->begin, &t->end);
+    } else {
+        t->begin = 0;
+        t->end = t->n;
+    }
+    t->m = sd_xcalloc(t->end - t->begin + 1, sizeof(float));
+    t->v = sd_xcalloc(t->end - t->begin + 1, sizeof(float));
+    if (cfg->train.ema_decay > 0) {
+        t->ema = sd_xmalloc((t->end - t->begin + 1) * sizeof(float));
+        memcpy(t->ema, t->w.data + t->begin, (t->end - t->begin) * sizeof(float));
+    }
+    t->adam.beta1 = cfg->train.adam_beta1;
+    t->adam.beta2 = cfg->train.adam_beta2;
+    t->adam.eps = cfg->train.adam_eps;
+    t->adam.weight_decay = cfg->train.weight_decay;
+    alloc_buffers(t);
+
+    if (t->rank == 0) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run.output_dir);
+        t->metrics = fopen(path, "w");
+        failed = !t->metrics;
+        if (failed)
+            sd_err_set(err, "cannot write %s: %s", path, strerror(errno));
+    }
+    return agree(comm, t->rank, failed, err);
+}
+
+int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
+{
+    const sd_config *cfg = &rc->cfg;
+    trainer t;
+    sd_err err;
+    sd_loader_batch vb;
+    const int64_t max_steps = cfg->train.max_steps;
+    const int log_every = cfg->train.log_every > 0 ? (int)cfg->train.log_every : 1;
+    int64_t k = 0, skipped = 0, step;
+    double t_start, t_acc[T_N] = {0}, interval_loss = 0, last_loss = NAN, last_val = NAN;
+    double t_loop = 0;
+    int interval_n = 0, code = SD_EXIT_OK;
+    size_t peak;
+
+    memset(&t, 0, sizeof t);
+    memset(&vb, 0, sizeof vb);
+    sd_err_clear(&err);
+    t.cfg = cfg;
+    t.rank = rt->role_rank;
+    t.size = rt->role_size;
+    t.world_rank = rt->world_rank;
+    t.be = sd_backend_cpu();
+    t.comm = sd_comm_create_mpi(rt->role_comm);
+    if (dev->use_cuda && t.rank == 0)
+        sd_warn("the CUDA training backend is not built yet: training runs on the CPU");
+
+    if (setup(&t, rt, &err)) {
+        if (t.rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        free_trainer(&t);
+        return SD_EXIT_USAGE;
+    }
+    sd_loader_batch_alloc(t.loader, t.bs, &vb);
+    sd_info("training the U-Net (%zu parameters, %.1f MB) on %d rank(s), %s, batch %d per rank "
+            "(global %lld), %lld training / %lld validation samples, %lld steps per epoch, "
+            "%lld steps",
+            t.w.table.total_numel, t.w.table.total_numel * 4e-6, t.size,
+            t.zero2 ? "ZeRO-2 (shard_grad_op)" : "DDP (sharding 'none')", t.bs,
+            (long long)t.info.global_batch, (long long)t.info.n_train, (long long)t.info.n_val,
+            (long long)t.info.steps_per_epoch, (long long)max_steps);
+
+    SD_CHECK(sd_loader_seek(t.loader, 0, &err) == 0, "%s", err.msg);
+    if (cfg->train.val_every > 0 && t.info.n_val == 0)
+        sd_info("validation: no held-out samples (val_fraction %g); no validation loss",
+                cfg->data.val_fraction);
+    t_start = sd_time_now();
+    for (step = 0; step < max_steps; step++) {
+        const sd_loader_batch *b;
+        const int64_t per = (int64_t)t.C * t.H * t.W;
+        double t0 = sd_time_now(), t1, wait = 0, loss_local, stats[2], sumsq, gnorm, lr, coef;
+        double tt[T_N] = {0};
+        int64_t bad;
+        int failed;
+
+        if (sd_fault_armed(SD_FAULT_KILL, t.world_rank, step, NULL)) {
+            fprintf(stderr, "[rank %d] SDTRAIN_FAULT: killing this rank at step %lld\n",
+                    t.world_rank, (long long)step);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
+        failed = sd_loader_next(t.loader, &b, &wait, &err) != 0;
+        if (any_failed(t.comm, failed)) {
+            if (failed)
+                sd_error("%s", err.msg);
+            code = SD_EXIT_FAILURE;
+            break;
+        }
+        tt[T_DATA] = wait;
+
+        /* forward and backward of this rank's samples */
+        t1 = sd_time_now();
+        make_inputs(&t, b, (uint64_t)step, 1);
+        memset(t.grads, 0, t.n * sizeof *t.grads);
+        sd_unet_train_forward(t.tr, t.xh, t.tfloat, t.ctx, t.yh, &t.arena);
+        nhwc_to_nchw(t.yh, t.pred, b->count, t.C, t.H * t.W);
+        loss_local = sd_diffusion_loss(&t.diff, t.tsteps, b->count, per, t.info.global_batch,
+                                       t.pred, t.target, NULL, t.dpred);
+        if (sd_fault_armed(SD_FAULT_NAN, t.world_rank, step, NULL))
+            t.dpred[0] = NAN;
+        nchw_to_nhwc(t.dpred, t.yh, b->count, t.C, t.H * t.W);
+        tt[T_FWD] = sd_time_now() - t1;
+        t1 = sd_time_now();
+        sd_unet_backward(t.tr, t.yh, &t.arena);
+        tt[T_BWD] = sd_time_now() - t1;
+
+        /* gradients: the global mean loss's gradient is the sum over ranks (each rank's loss
+         * is already divided by the global batch); ZeRO-2 keeps only this rank's shard */
+        t1 = sd_time_now();
+        if (t.zero2)
+            sd_reduce_scatter_f32(t.comm, t.grads, t.grads + t.begin, t.n, SD_RED_SUM);
+        else
+            sd_allreduce_f32(t.comm, t.grads, t.n, SD_RED_SUM);
+        /* one global norm, summed shard by shard in rank order whatever the sharding, so
+         * DDP and ZeRO-2 clip by the same bits */
+        {
+            size_t sb, se;
+            sd_comm_shard(t.comm, t.n, &sb, &se);
+            stats[0] = sd_sumsq(t.grads + sb, se - sb);
+            stats[1] = loss_local;
+            bad = sd_any_nonfinite(t.grads + t.begin, t.end - t.begin) || !isfinite(loss_local);
+        }
+        sd_allreduce_f64(t.comm, stats, 2, SD_RED_SUM);
+        sd_allreduce_i64(t.comm, &bad, 1, SD_RED_MAX);
+        tt[T_COMM] = sd_time_now() - t1;
+        sumsq = stats[0];
+        gnorm = sqrt(sumsq);
+
+        /* AdamW on this rank's range, then the parameters gathered (ZeRO-2) */
+        t1 = sd_time_now();
+        lr = sd_lr_at(cfg->train.learning_rate, t.sched, k, cfg->train.warmup_steps, max_steps);
+        if (bad || !isfinite(gnorm)) {
+            skipped++;
+            if (t.rank == 0)
+                sd_warn("step %lld: non-finite loss or gradients on some rank; the step is "
+                        "skipped on every rank (%lld skipped so far)", (long long)step + 1,
+                        (long long)skipped);
+        } else {
+            k++;
+            coef = cfg->train.grad_clip > 0 ? sd_clip_coef(sumsq, cfg->train.grad_clip) : 1.0;
+            if (coef < 1.0)
+                sd_scale(t.grads + t.begin, t.end - t.begin, coef);
+            sd_adamw_update(&t.adam, lr, k, t.w.data + t.begin, t.grads + t.begin, t.m, t.v,
+                            t.end - t.begin);
+            if (t.ema)
+                sd_ema_update(t.ema, t.w.data + t.begin, t.end - t.begin,
+                              sd_ema_decay(k, cfg->train.ema_decay, cfg->train.ema_start_step));
+        }
+        tt[T_OPT] = sd_time_now() - t1;
+        if (t.zero2) {
+            t1 = sd_time_now();
+            sd_allgather_f32(t.comm, t.w.data, t.n);
+            tt[T_COMM] += sd_time_now() - t1;
+        }
+
+        /* metrics (rank 0's clock) */
+        {
+            const double dt = sd_time_now() - t0;
+            const double ips = (double)t.info.global_batch / (dt > 0 ? dt : 1e-9);
+            for (int i = 0; i < T_N; i++)
+                t_acc[i] += tt[i];
+            t_loop += dt;
+            last_loss = stats[1];
+            if (isfinite(stats[1])) {
+                interval_loss += stats[1];
+                interval_n++;
+            }
+            if (t.metrics) {
+                fprintf(t.metrics,
+                        "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"lr\": %.9g, "
+                        "\"grad_norm\": %.9g, \"skipped\": %lld, \"images_per_s\": %.4f, "
+                        "\"step_s\": %.6f",
+                        (long long)step + 1, (long long)(step / t.info.steps_per_epoch),
+                        isfinite(stats[1]) ? stats[1] : -1.0, lr, isfinite(gnorm) ? gnorm : -1.0,
+                        (long long)skipped, ips, dt);
+                for (int i = 0; i < T_N; i++)
+                    fprintf(t.metrics, ", \"%s_s\": %.6f", t_names[i], tt[i]);
+                fprintf(t.metrics, "}\n");
+                fflush(t.metrics);
+            }
+            if ((step + 1) % log_every == 0 || step + 1 == max_steps) {
+                char eta[32];
+                fmt_duration(t_loop / (double)(step + 1) * (double)(max_steps - step - 1), eta,
+                             sizeof eta);
+                sd_info("step %lld/%lld  loss %.5f (mean of %d)  lr %.3g  grad norm %.3g  "
+                        "%.1f img/s  ETA %s", (long long)step + 1, (long long)max_steps,
+                        interval_n ? interval_loss / interval_n : NAN, interval_n, lr, gnorm,
+                        (double)t.info.global_batch * (step + 1) / t_loop, eta);
+                interval_loss = 0;
+                interval_n = 0;
+            }
+        }
+
+        if (cfg->train.val_every > 0 && t.info.n_val > 0 &&
+            ((step + 1) % cfg->train.val_every == 0 || step + 1 == max_steps)) {
+            int64_t nv;
+            double tv = sd_time_now();
+            last_val = validate(&t, &vb, &nv);
+            if (t.metrics) {
+                fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
+                        (long long)step + 1, last_val, (long long)nv);
+                fflush(t.metrics);
+            }
+            sd_info("step %lld: validation loss %.6f over %lld samples (%.2f s)",
+                    (long long)step + 1, last_val, (long long)nv, sd_time_now() - tv);
+        }
+    }
+
+    /* the final weights (and EMA), then the summary */
+    if (code == SD_EXIT_OK) {
+        int failed = 0;
+        if (t.ema && t.zero2) {
+            float *full = sd_xcalloc(t.n ? t.n : 1, sizeof *full);
+            memcpy(full + t.begin, t.ema, (t.end - t.begin) * sizeof *full);
+            sd_allgather_f32(t.comm, full, t.n);
+            free(t.ema);
+            t.ema = full;
+            t.begin = 0;
+        }
+        if (t.rank == 0) {
+            failed = write_weights(&t, t.w.data, "unet_final.safetensors", &err) != 0;
+            if (!failed && t.ema)
+                failed = write_weights(&t, t.ema, "unet_ema.safetensors", &err) != 0;
+            if (failed)
+                sd_error("%s", err.msg);
+        }
+        if (any_failed(t.comm, failed))
+            code = SD_EXIT_FAILURE;
+    }
+    {
+        double pk = (double)peak_rss_bytes();
+        sd_allreduce_f64(t.comm, &pk, 1, SD_RED_MAX);
+        peak = (size_t)pk;
+    }
+    if (t.rank == 0) {
+        const double wall = sd_time_now() - t_start;
+        const int64_t done = step;
+        printf("\ntraining summary (%d rank(s), %s)\n", t.size,
+               t.zero2 ? "ZeRO-2" : "DDP");
+        printf("  %-28s %lld of %lld (%lld skipped: non-finite)\n", "steps", (long long)done,
+               (long long)max_steps, (long long)skipped);
+        printf("  %-28s %lld (%.2f epochs)\n", "samples seen",
+               (long long)(done * t.info.global_batch),
+               (double)done / (double)t.info.steps_per_epoch);
+        printf("  %-28s %.6f\n", "last training loss", last_loss);
+        if (isfinite(last_val))
+            printf("  %-28s %.6f\n", "last validation loss", last_val);
+        printf("  %-28s %.2f img/s (%.1f s wall)\n", "throughput",
+               wall > 0 ? (double)(done * t.info.global_batch) / wall : 0.0, wall);
+        for (int i = 0; i < T_N; i++)
+            printf("  %-28s %8.3f s  %5.1f%%\n", t_names[i], t_acc[i],
+                   t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);
+        printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
+               peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);
+        printf("  %-28s %s/metrics.jsonl, %s/unet_final.safetensors%s\n", "outputs",
+               cfg->run.output_dir, cfg->run.output_dir, t.ema ? ", unet_ema.safetensors" : "");
+        fflush(stdout);
+    }
+    sd_loader_batch_free(&vb);
+    free_trainer(&t);
+    return code;
+}

@@ -1,0 +1,68 @@
+/* st_compare A B TOL: relative difference of two safetensors files tensor by tensor (same names
+ * and shapes), for the training equivalence tests. Exit 0 when every tensor's
+ * ||a - b|| / ||b|| (absolute when ||b|| = 0) is <= TOL, 1 otherwise, 2 on bad input. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/safetensors.h"
+
+int main(int argc, char **argv)
+{
+    sd_st_file a, b;
+    sd_err err;
+    double tol, worst = 0, dall = 0, rall = 0;
+    const char *worst_name = "";
+    int bad = 0;
+    if (argc != 4) {
+        fprintf(stderr, "usage: st_compare A.safetensors B.safetensors TOL\n");
+        return 2;
+    }
+    tol = atof(argv[3]);
+    if (sd_st_open(argv[1], &a, &err) || sd_st_open(argv[2], &b, &err)) {
+        fprintf(stderr, "st_compare: %s\n", err.msg);
+        return 2;
+    }
+    if (a.n_tensors != b.n_tensors) {
+        fprintf(stderr, "st_compare: %zu vs %zu tensors\n", a.n_tensors, b.n_tensors);
+        return 1;
+    }
+    for (size_t i = 0; i < a.n_tensors; i++) {
+        const sd_st_tensor *x = &a.tensors[i], *y = sd_st_find(&b, x->name);
+        float *p, *q;
+        double d = 0, r = 0, e;
+        if (!y || y->numel != x->numel) {
+            fprintf(stderr, "st_compare: '%s' missing or of another size in %s\n", x->name,
+                    argv[2]);
+            return 1;
+        }
+        p = sd_xmalloc((size_t)x->numel * sizeof *p + 1);
+        q = sd_xmalloc((size_t)x->numel * sizeof *q + 1);
+        SD_CHECK(sd_st_tensor_read_f32(x, p, (size_t)x->numel, &err) == 0, "%s", err.msg);
+        SD_CHECK(sd_st_tensor_read_f32(y, q, (size_t)y->numel, &err) == 0, "%s", err.msg);
+        for (int64_t k = 0; k < x->numel; k++) {
+            double t = (double)p[k] - q[k];
+            d += t * t;
+            r += (double)q[k] * q[k];
+        }
+        dall += d;
+        rall += r;
+        e = r > 0 ? sqrt(d / r) : sqrt(d);
+        if (!(e <= tol))
+            bad++;
+        if (!(e <= worst)) {
+            worst = e;
+            worst_name = x->name;
+        }
+        free(p);
+        free(q);
+    }
+    printf("st_compare: %zu tensors, overall relative difference %.3e, worst tensor %.3e (%s), "
+           "%d above %.1e\n", a.n_tensors, rall > 0 ? sqrt(dall / rall) : sqrt(dall), worst,
+           worst_name, bad, tol);
+    sd_st_close(&a);
+    sd_st_close(&b);
+    return bad ? 1 : 0;
+}
