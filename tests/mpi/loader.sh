@@ -1,0 +1,91 @@
+#!/bin/sh
+# The training data loader under mpirun with 1, 2 and 3 ranks: each rank's batches are its slice
+# of the seeded global batch with the exact stored data, every training sample once per epoch,
+# the validation split is the key-hash one; the global batch sequence is the same for any split
+# of the global batch over ranks and for fp16 or fp32 shards; seek and synchronous reads give the
+# same batches; bad shard directories and shards that break after open give an error on every
+# rank, without a hang.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+prog="$top_builddir/tests/mpi/loader_test"
+# Shard indices with a gap; 48 samples, 11 held out at 0.2, so 37 train: with a global batch of
+# 6 an epoch is 6 steps and drops one sample. 16 steps cross two epoch boundaries.
+SPEC=0:13,1:5,2:19,4:11
+G=6
+K=16
+
+for dt in f16 f32; do
+    mpi "w-$dt" 2 "$prog" write "$TMP/$dt" "$dt" "$SPEC"
+    expect_rc "w-$dt" 0
+    expect_count "w-$dt" out "committed shard-" 4
+    for np in 1 2 3; do
+        mpi "c-$dt-$np" "$np" "$prog" check "$TMP/$dt" "$dt" "$SPEC" $((G / np)) 0.2 77 "$K" "$TMP/digest-$dt-$np"
+        expect_rc "c-$dt-$np" 0
+        expect_not_in "c-$dt-$np" out "not ok"
+        grep -q '^1\.\.[0-9]' "$TMP/c-$dt-$np.out" || fail "c-$dt-$np: no TAP plan (crashed?)"
+        [ "$(wc -l <"$TMP/digest-$dt-$np")" = "$K" ] || fail "c-$dt-$np: digest has not $K steps"
+    done
+done
+expect_in c-f16-1 out "48 samples: 37 train, 11 validation; global batch 6, 6 steps per epoch"
+for d in f16-2 f16-3 f32-1 f32-2 f32-3; do
+    cmp -s "$TMP/digest-f16-1" "$TMP/digest-$d" || fail "global batches of f16 at 1 rank and $d differ"
+done
+pass "the same global batches at 1, 2, 3 ranks, fp16 and fp32"
+
+# Another seed, another order; no validation set at all.
+mpi seed 2 "$prog" check "$TMP/f16" f16 "$SPEC" 3 0.2 78 "$K" "$TMP/digest-seed"
+expect_rc seed 0
+cmp -s "$TMP/digest-f16-1" "$TMP/digest-seed" && fail "seeds 77 and 78 give the same order"
+mpi noval 3 "$prog" check "$TMP/f32" f32 "$SPEC" 2 0 77 "$K" "$TMP/digest-noval"
+expect_rc noval 0
+expect_not_in noval out "not ok"
+expect_in noval out "48 samples: 48 train, 0 validation"
+pass "seed and validation fraction"
+
+# Errors found at open: every rank returns the same message, exit status 1, no hang.
+errcase() { # errcase NAME NP DIR B FRAC MESSAGE
+    mpi "$1" "$2" "$prog" open "$3" "$4" "$5"
+    expect_rc "$1" 1
+    expect_count "$1" err "loader error: " "$2"
+    expect_count "$1" err "$6" "$2"
+}
+errcase missing 3 "$TMP/nonexistent" 2 0.2 "cannot read shard directory '$TMP/nonexistent': No such file"
+mkdir -p "$TMP/empty"
+errcase empty 3 "$TMP/empty" 2 0.2 "no committed shards in '$TMP/empty'"
+errcase notdir 2 "$TMP/digest-seed" 2 0.2 "is not a directory"
+errcase nodir 2 "" 2 0.2 "needs a shard directory"
+errcase toofew 3 "$TMP/f16" 13 0.2 "37 training samples (of 48; 11 held out for validation) are fewer than one global batch of 39 (3 ranks x 13)"
+errcase toofew1 1 "$TMP/f16" 38 0.2 "are fewer than one global batch of 38"
+mpi enough 1 "$prog" open "$TMP/f16" 37 0.2
+expect_rc enough 0
+expect_in enough out "opened: 37 train, 11 validation samples"
+
+cp -r "$TMP/f16" "$TMP/truncated"
+truncate -s -100 "$TMP/truncated/shard-000002.h5"
+errcase truncated 3 "$TMP/truncated" 2 0.2 "lists $TMP/truncated/shard-000002.h5 with"
+expect_in truncated err "bytes, but the file has"
+
+# the same size, but not an HDF5 file any more
+cp -r "$TMP/f16" "$TMP/corrupt"
+dd if=/dev/zero of="$TMP/corrupt/shard-000001.h5" bs=512 count=1 conv=notrunc 2>/dev/null
+errcase corrupt 2 "$TMP/corrupt" 2 0.2 "$TMP/corrupt/shard-000001.h5"
+expect_in corrupt err "HDF5"
+
+# shards that disagree (another embedding width)
+mpi w-mixed 2 "$prog" write "$TMP/mixed" f16 0:7,1:7
+expect_rc w-mixed 0
+mpi w-mixed2 2 "$prog" write "$TMP/mixed" f16 2:7 16
+expect_rc w-mixed2 0
+errcase mixed 3 "$TMP/mixed" 1 0.2 "shard-000002.h5: resolution 16, latent channels 4, latent size 2, text_len 77, embed_dim 16"
+expect_in mixed err "all shards of a training set must agree"
+pass "open errors reach every rank"
+
+# A shard that becomes unreadable after open: next fails on every rank, with and without prefetch.
+for np in 1 3; do
+    cp -r "$TMP/f32" "$TMP/unreadable-$np"
+    mpi "unreadable-$np" "$np" "$prog" unreadable "$TMP/unreadable-$np" 2
+    expect_rc "unreadable-$np" 0
+    expect_not_in "unreadable-$np" out "not ok"
+    expect_count "unreadable-$np" out "ok " 2
+done
+pass "training data loader"
