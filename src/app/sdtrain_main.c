@@ -9,6 +9,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
@@ -219,6 +222,31 @@ static void print_layout_for(const sd_run_config *rc, const sd_layout *l)
                sd_role_name(sd_layout_role(&rc->cfg, l, l->world_size - 1)));
 }
 
+/* OpenMP threads per rank: OMP_NUM_THREADS when set, else the cores this rank sees divided by
+ * the ranks on its node (at least 1). Without this, N ranks on a node each start one thread
+ * per core, and spinning OpenMP threads oversubscribe the cores many times over. */
+static void share_cores(const sd_runtime *rt)
+{
+#ifdef _OPENMP
+    const char *env = getenv("OMP_NUM_THREADS");
+    int n;
+    if (env && env[0])
+        n = omp_get_max_threads();
+    else {
+        n = omp_get_num_procs() / (rt->node_size > 0 ? rt->node_size : 1);
+        if (n < 1)
+            n = 1;
+        omp_set_num_threads(n);
+    }
+    if (rt->world_rank == 0)
+        printf("OpenMP threads per rank: %d (%s)\n", n,
+               env && env[0] ? "OMP_NUM_THREADS" : "cores visible / ranks on the node; "
+                                                  "OMP_NUM_THREADS overrides");
+#else
+    (void)rt;
+#endif
+}
+
 static int run_mode(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const char *mode = rc->cfg.run.mode;
@@ -354,6 +382,8 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("device = '%s': rank 0 computes on %s\n", rc.cfg.run.device, dev.name);
 
+    if (!c.check)
+        share_cores(&rt);
     code = c.check ? SD_EXIT_OK : run_mode(&rc, &rt, &dev);
     sd_run_config_free(&rc);
     free(c.sets);

@@ -103,7 +103,7 @@ write_nml pipe files "$TMP/data-files" "$TMP/shards-pipe"
 sed -i "s/mode = 'process'/mode = 'pipeline', n_process_ranks = 3/" "$TMP/pipe.nml"
 mpi pipe 4 "$SDTRAIN" "$TMP/pipe.nml"
 expect_rc pipe 3
-expect_count pipe err "the training half is not implemented" 1
+expect_count pipe err "the training half (the online pipeline) is not implemented" 1
 checksums "$TMP/shards-pipe" >"$TMP/sum-pipe"
 diff "$TMP/sum-np3" "$TMP/sum-pipe" || fail "pipeline preprocessing wrote other data than process mode"
 

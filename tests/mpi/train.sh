@@ -87,7 +87,7 @@ sed -i "s#shard_dir = '$TMP/shards'#shard_dir = '$TMP/none'#" "$TMP/noshards.nml
 mpi noshards 2 "$SDTRAIN" "$TMP/noshards.nml"
 expect_rc noshards 2
 expect_count noshards err "sdtrain:" 1
-sed "s/cross_attention_dim = 32/cross_attention_dim = 24/" "$TMP/np1.nml" >"$TMP/width.nml"
+sed "s/cross_attention_dim = 32, text_hidden_size = 32/cross_attention_dim = 24, text_hidden_size = 24/" "$TMP/np1.nml" >"$TMP/width.nml"
 mpi width 2 "$SDTRAIN" "$TMP/width.nml"
 expect_rc width 2
 expect_in width err "cross_attention_dim is 24"

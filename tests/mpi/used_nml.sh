@@ -10,8 +10,9 @@ nml in.nml <<EOF2
 &sample prompts = 'a cat', 'it''s a dog' /
 EOF2
 mpi job 3 "$SDTRAIN" "$TMP/in.nml" --set train.max_steps=7 --set "run.log_level=warn"
-# training is not implemented yet (exit 3) but the configuration was written first
-expect_rc job 3
+# there are no shards to train on (exit 2, one message) but the configuration was written first
+expect_rc job 2
+expect_count job err "cannot read shard directory 'shards'" 1
 [ -f "$TMP/run/used.nml" ] || fail "used.nml not written"
 u="$TMP/run/used.nml"
 grep -q "max_steps = 7 .*! --set #1" "$u" || fail "override not recorded: $(cat "$u")"
