@@ -82,6 +82,7 @@ typedef struct sd_config {
         char precision[SD_NAME_MAX];    /* fp32 | bf16 */
         double ema_decay;
         int64_t ema_start_step;
+        bool recompute_activations;
         int64_t log_every;
         int64_t val_every;
     } train;

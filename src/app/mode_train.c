@@ -329,7 +329,7 @@ static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
     t->n = t->w.table.total_floats;
     t->grads = sd_xcalloc(t->n ? t->n : 1, sizeof *t->grads);
     failed = sd_unet_trainer_create(&t->tr, t->unet, &t->w.table, t->grads, t->bs, t->H, t->W,
-                                    t->L, 0, err) != 0;
+                                    t->L, cfg->train.recompute_activations, err) != 0;
     if (!failed) {
         size_t need = sd_unet_trainer_arena_bytes(t->tr);
         size_t val = sd_unet_scratch_bytes(&t->uc, t->be, t->bs, t->H, t->W, t->L);
@@ -419,6 +419,17 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     if (cfg->train.val_every > 0 && t.info.n_val == 0)
         sd_info("validation: no held-out samples (val_fraction %g); no validation loss",
                 cfg->data.val_fraction);
+    if (cfg->train.val_every > 0 && t.info.n_val > 0) {
+        /* the untrained model's validation loss: the reference every later one is read against */
+        int64_t nv;
+        last_val = validate(&t, &vb, &nv);
+        if (t.metrics) {
+            fprintf(t.metrics, "{\"step\": 0, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
+                    last_val, (long long)nv);
+            fflush(t.metrics);
+        }
+        sd_info("step 0: validation loss %.6f over %lld samples", last_val, (long long)nv);
+    }
     t_start = sd_time_now();
     for (step = 0; step < max_steps; step++) {
         const sd_loader_batch *b;

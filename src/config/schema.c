@@ -130,8 +130,13 @@ static const sd_option options[] = {
            "= full fp32, no TF32 (comparable with the CPU reference)."),
     REAL(train, ema_decay, "0", 0, 1, "", "Exponential moving average of the weights (0 = off)."),
     INT(train, ema_start_step, "0", 0, U, "steps", "First step that updates the moving average."),
-    INT(train, log_every, "10", 1, U, "steps", "Progress line and metrics.jsonl record interval."),
-    INT(train, val_every, "0", 0, U, "steps", "Validation loss interval (0 = off)."),
+    INT(train, log_every, "10", 1, U, "steps",
+        "Progress line interval (metrics.jsonl gets every step)."),
+    INT(train, val_every, "0", 0, U, "steps",
+        "Validation loss interval (0 = off); also before the first and after the last step."),
+    LOGICAL(train, recompute_activations, ".false.",
+            "Keep only block inputs and outputs and recompute each ResNet / transformer block's "
+            "activations in the backward: less memory, one more forward of compute, same result."),
 
     /* &diffusion */
     CHOICE(diffusion, prediction_type, "'epsilon'", "epsilon|v_prediction", "Training target of the U-Net."),

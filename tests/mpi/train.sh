@@ -46,12 +46,20 @@ expect_in np1 out "training summary"
 expect_in np1 out "validation loss"
 m="$TMP/np1/metrics.jsonl"
 [ "$(grep -c '"loss"' "$m")" = 10 ] || fail "np1: expected 10 step lines in $m"
-[ "$(grep -c '"val_loss"' "$m")" = 2 ] || fail "np1: expected 2 validation lines in $m"
+[ "$(grep -c '"val_loss"' "$m")" = 3 ] || fail "np1: expected 3 validation lines (steps 0, 5, 10) in $m"
 for key in '"step": 1,' '"lr":' '"images_per_s":' '"grad_norm":' '"data_wait_s":' '"comm_s":'; do
     grep -qF "$key" "$m" || fail "np1: $key missing from metrics.jsonl"
 done
 [ -s "$TMP/np1/unet_final.safetensors" ] && [ -s "$TMP/np1/unet_ema.safetensors" ] ||
     fail "np1: final weights missing"
+
+# recomputing activations in the backward changes memory, not bits
+train_nml recompute 8 none
+sed -i 's/ema_decay = 0.9/ema_decay = 0.9, recompute_activations = .true./' "$TMP/recompute.nml"
+mpi recompute 1 "$SDTRAIN" "$TMP/recompute.nml"
+expect_rc recompute 0
+cmp -s "$TMP/np1/unet_final.safetensors" "$TMP/recompute/unet_final.safetensors" ||
+    fail "recompute_activations changed the trained weights"
 
 for np in 1 2 3 4; do
     bs=$((np == 3 ? 4 : 8 / np))
