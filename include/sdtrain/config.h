@@ -83,6 +83,8 @@ typedef struct sd_config {
         double ema_decay;
         int64_t ema_start_step;
         bool recompute_activations;
+        bool latent_sample;
+        double latent_scale;
         int64_t log_every;
         int64_t val_every;
     } train;

@@ -60,7 +60,7 @@ typedef struct trainer {
     int bs, C, H, W, L, D;
     float *x0, *noise, *xt, *target, *pred, *dpred, *xh, *yh, *ctx;
     int32_t *tsteps;
-    float *tfloat;
+    float *tfloat, *mse;
     unsigned char *drop;
     FILE *metrics;
 } trainer;
@@ -133,6 +133,7 @@ static void alloc_buffers(trainer *t)
     t->ctx = sd_xmalloc(bs * (size_t)t->L * t->D * sizeof(float));
     t->tsteps = sd_xmalloc(bs * sizeof(int32_t));
     t->tfloat = sd_xmalloc(bs * sizeof(float));
+    t->mse = sd_xmalloc(bs * sizeof(float));
     t->drop = sd_xmalloc(bs);
 }
 
@@ -159,13 +160,21 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
     const int64_t hw = (int64_t)t->H * t->W, per = (int64_t)t->C * hw;
     const size_t ctx_elems = (size_t)t->L * t->D;
     const uint64_t seed = t->cfg->run.seed;
+    const float scale = (float)(t->cfg->train.latent_scale > 0 ? t->cfg->train.latent_scale
+                                                               : t->info.scaling_factor);
     sd_err err;
     for (int j = 0; j < b->count; j++) {
         const uint64_t i = (uint64_t)b->positions[j];
         const float *mom = b->moments + (size_t)j * 2 * per;
-        SD_CHECK(sd_diffusion_sample_latent(seed, step, i, (float)t->info.scaling_factor, mom,
-                                            mom + per, 0, t->x0 + (size_t)j * per, (size_t)per,
-                                            &err) == 0, "%s", err.msg);
+        if (t->cfg->train.latent_sample) {
+            SD_CHECK(sd_diffusion_sample_latent(seed, step, i, scale, mom, mom + per, 0,
+                                                t->x0 + (size_t)j * per, (size_t)per,
+                                                &err) == 0, "%s", err.msg);
+        } else {
+            /* the posterior's mode, scaled as diffusers scales latent_dist.mode() */
+            for (int64_t e = 0; e < per; e++)
+                t->x0[(size_t)j * per + e] = mom[e] * scale;
+        }
         SD_CHECK(sd_diffusion_noise(&t->diff, seed, step, i, t->C, hw, 0,
                                     t->noise + (size_t)j * per, (size_t)per, &err) == 0,
                  "%s", err.msg);
@@ -190,7 +199,7 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
     const int64_t hw = (int64_t)t->H * t->W, per = (int64_t)t->C * hw;
     const int64_t first = nv * t->rank / t->size, last = nv * (t->rank + 1) / t->size;
     double sum[2] = {0, 0};
-    float *mse = sd_xmalloc((size_t)t->bs * sizeof *mse);
+    float *mse = t->mse;
     sd_err err;
     for (int64_t i = first; i < last; i += t->bs) {
         int count = (int)(last - i < t->bs ? last - i : t->bs);
@@ -206,7 +215,6 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
     }
     sum[1] = (double)(last - first);
     sd_allreduce_f64(t->comm, sum, 2, SD_RED_SUM);
-    free(mse);
     *n_out = (int64_t)sum[1];
     return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
@@ -282,6 +290,7 @@ static void free_trainer(trainer *t)
     free(t->ctx);
     free(t->tsteps);
     free(t->tfloat);
+    free(t->mse);
     free(t->drop);
     if (t->metrics)
         fclose(t->metrics);

@@ -134,6 +134,13 @@ static const sd_option options[] = {
         "Progress line interval (metrics.jsonl gets every step)."),
     INT(train, val_every, "0", 0, U, "steps",
         "Validation loss interval (0 = off); also before the first and after the last step."),
+    REAL(train, latent_scale, "0", 0, U, "",
+         "Multiplier of the stored latents (0 = the shards' scaling_factor, the VAE's). Set it "
+         "when the VAE's factor does not give unit-variance latents, e.g. an untrained VAE."),
+    LOGICAL(train, latent_sample, ".true.",
+            "Latents drawn from the stored VAE posterior each time a sample is seen (diffusers' "
+            "latent_dist.sample()); .false. uses its mean (latent_dist.mode()), e.g. for an "
+            "untrained VAE whose posterior noise would drown the image."),
     LOGICAL(train, recompute_activations, ".false.",
             "Keep only block inputs and outputs and recompute each ResNet / transformer block's "
             "activations in the backward: less memory, one more forward of compute, same result."),
