@@ -714,6 +714,7 @@ static void attention_block(const sd_attention_desc *d, const float *q, const fl
     const float *vp = v + (int64_t)b * d->t_kv * d->ld_v + (int64_t)h * dh;
     float *op = o + ((int64_t)b * d->t_q + q0) * d->ld_o + (int64_t)h * dh;
     float *lp = lse ? lse + ((int64_t)b * d->heads + h) * d->t_q + q0 : NULL;
+    float denom[CPU_ATTN_Q_BLOCK];
 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, dh, d->scale, qp, d->ld_q, kp,
                 d->ld_k, 0.0f, s, nk);
@@ -758,19 +759,21 @@ static void attention_block(const sd_attention_desc *d, const float *q, const fl
         }
         const double sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
                            ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-        const float denom = (float)sum;
-        j = 0;
-        for (; j + 4 <= visible; j += 4)
-            v4f_store(row + j, v4f_load(row + j) / denom);
-        for (; j < visible; j++)
-            row[j] = row[j] / denom;
+        denom[i] = (float)sum;
         for (j = visible; j < nk; j++)
             row[j] = 0.0f; /* masked: exactly zero probability */
         if (lp)
             lp[i] = (float)((double)mx + log(sum));
     }
+    /* o = (e v) / sum: the normalisation is applied to the m x dh output rather than to the
+     * m x nk weights (one pass over the score block less) */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, dh, nk, 1.0f, s, nk, vp, d->ld_v,
                 0.0f, op, d->ld_o);
+    for (int i = 0; i < m; i++) {
+        float *orow = op + (int64_t)i * d->ld_o;
+        for (int c = 0; c < dh; c++)
+            orow[c] /= denom[i];
+    }
 }
 
 static void cpu_attention_forward(const sd_backend *be, const sd_attention_desc *d,
