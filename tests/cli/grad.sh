@@ -15,6 +15,13 @@ expect_rc ok 0
 expect_in ok out "grad: batch 2, latent 4x6x10"
 [ -s "$TMP/g.safetensors" ] || fail "ok: no output file"
 
+# the AVX2 twins of the CPU kernels (softmax, exp) give the bits of the baseline SSE code
+run base env SDTRAIN_CPU_ISA=baseline "$SDTOOL" grad --snapshot "$MODELS/odd-train" \
+    --batch "$GRAD/odd-train/batch.safetensors" --out "$TMP/g-base.safetensors"
+expect_rc base 0
+cmp -s "$TMP/g.safetensors" "$TMP/g-base.safetensors" ||
+    fail "SDTRAIN_CPU_ISA=baseline changed the gradients"
+
 run noargs "$SDTOOL" grad
 expect_rc noargs 2
 expect_in noargs err "--snapshot, --batch and --out are required"

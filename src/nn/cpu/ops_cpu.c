@@ -10,6 +10,8 @@
 #include <omp.h>
 #endif
 
+#include <stdlib.h>
+
 #include "sdtrain/check.h"
 
 /*
@@ -700,6 +702,182 @@ static size_t cpu_attention_forward_scratch(const sd_backend *be, const sd_atten
 
 /* Task (b, h, query block): S = scale Q K^T, a softmax per row, O = P V. A causal block only
  * looks at the keys its last row can see. */
+/* row[j] = exp(row[j] - max) for j < n, returns the sum of those (and *max). Max, exp and sum
+ * are vectorised; the sum keeps 8 double lanes (element j in lane j % 8) added in a fixed
+ * order, so it depends on the row only. The AVX2 twin below does the same IEEE operations on
+ * 8 floats at a time (no FMA), so both give the same bits. */
+static double softmax_exp_row_base(float *row, int n, float *max)
+{
+    int j = 0;
+    float mx = row[0];
+    if (n >= 4) {
+        v4f vm = v4f_load(row);
+        for (j = 4; j + 4 <= n; j += 4) {
+            v4f r = v4f_load(row + j);
+            vm = v4f_select(r > vm, r, vm);
+        }
+        for (int l = 0; l < 4; l++)
+            mx = vm[l] > mx ? vm[l] : mx;
+    } else {
+        j = 1;
+    }
+    for (; j < n; j++)
+        mx = row[j] > mx ? row[j] : mx;
+    v4d lo = {0}, hi = {0};
+    double lanes[8];
+    j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v4f e0 = exp_v4(v4f_load(row + j) - mx), e1 = exp_v4(v4f_load(row + j + 4) - mx);
+        v4f_store(row + j, e0);
+        v4f_store(row + j + 4, e1);
+        lo = lo + __builtin_convertvector(e0, v4d);
+        hi = hi + __builtin_convertvector(e1, v4d);
+    }
+    for (int l = 0; l < 4; l++) {
+        lanes[l] = lo[l];
+        lanes[4 + l] = hi[l];
+    }
+    for (int l = 0; j < n; j++, l++) {
+        float e = exp_s(row[j] - mx);
+        row[j] = e;
+        lanes[l] += e;
+    }
+    *max = mx;
+    return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+           ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SD_HAVE_AVX2_TWIN 1
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+__attribute__((target("avx2"))) static inline v8f v8f_select(v8i mask, v8f a, v8f b)
+{
+    return (v8f)(((v8i)a & mask) | ((v8i)b & ~mask));
+}
+
+/* exp_v4 on 8 lanes: the same operations in the same order */
+__attribute__((target("avx2"))) static inline v8f exp_v8(v8f x)
+{
+    const v8f zero = {0};
+    v8f xc = v8f_select(x < EXP_LO, zero + EXP_LO, x);
+    xc = v8f_select(xc > EXP_HI, zero + EXP_HI, xc);
+    v8f n = (xc * EXP_LOG2E + EXP_ROUND) - EXP_ROUND;
+    v8f r = xc - n * EXP_C1;
+    r = r - n * EXP_C2;
+    v8f p = zero + EXP_P0;
+    p = p * r + EXP_P1;
+    p = p * r + EXP_P2;
+    p = p * r + EXP_P3;
+    p = p * r + EXP_P4;
+    p = p * r + EXP_P5;
+    v8f y = p * (r * r) + r + 1.0f;
+    v8f scale = (v8f)((__builtin_convertvector(n, v8i) + 126) << 23);
+    v8f res = (y + y) * scale;
+    res = v8f_select(x < EXP_LO, zero, res);
+    res = v8f_select(x > EXP_HI, zero + INFINITY, res);
+    return v8f_select(x != x, x, res);
+}
+
+__attribute__((target("avx2"))) static double softmax_exp_row_avx2(float *row, int n, float *max)
+{
+    int j = 0;
+    float mx = row[0];
+    for (j = 1; j < n; j++) /* the maximum is exact in any order */
+        mx = row[j] > mx ? row[j] : mx;
+    v4d lo = {0}, hi = {0};
+    double lanes[8];
+    j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8f x, e;
+        v4f e0, e1;
+        memcpy(&x, row + j, sizeof x);
+        e = exp_v8(x - mx);
+        memcpy(row + j, &e, sizeof e);
+        memcpy(&e0, &e, sizeof e0);
+        memcpy(&e1, (const char *)&e + sizeof e0, sizeof e1);
+        lo = lo + __builtin_convertvector(e0, v4d);
+        hi = hi + __builtin_convertvector(e1, v4d);
+    }
+    for (int l = 0; l < 4; l++) {
+        lanes[l] = lo[l];
+        lanes[4 + l] = hi[l];
+    }
+    for (int l = 0; j < n; j++, l++) {
+        float e = exp_s(row[j] - mx);
+        row[j] = e;
+        lanes[l] += e;
+    }
+    *max = mx;
+    return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+           ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+#endif
+
+/* row[j] = exp(row[j] - shift) for j < n (the attention backward's probabilities from the
+ * log-sum-exp): element by element the same operations as exp_s, so any width gives the same
+ * bits. */
+#ifdef SD_HAVE_AVX2_TWIN
+__attribute__((target("avx2"))) static void exp_shift_row_avx2(float *row, int n, float shift)
+{
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8f x;
+        memcpy(&x, row + j, sizeof x);
+        x = exp_v8(x - shift);
+        memcpy(row + j, &x, sizeof x);
+    }
+    for (; j < n; j++)
+        row[j] = exp_s(row[j] - shift);
+}
+#endif
+
+static void exp_shift_row_base(float *row, int n, float shift)
+{
+    int j = 0;
+    for (; j + 4 <= n; j += 4)
+        v4f_store(row + j, exp_v4(v4f_load(row + j) - shift));
+    for (; j < n; j++)
+        row[j] = exp_s(row[j] - shift);
+}
+
+/* The AVX2 twin when the CPU has it, unless SDTRAIN_CPU_ISA=baseline (for comparing the two). */
+static int cpu_use_avx2(void)
+{
+    static int use = -1;
+    if (use < 0) {
+#ifdef SD_HAVE_AVX2_TWIN
+        const char *isa = getenv("SDTRAIN_CPU_ISA");
+        __builtin_cpu_init();
+        use = __builtin_cpu_supports("avx2") && !(isa && strcmp(isa, "baseline") == 0);
+#else
+        use = 0;
+#endif
+    }
+    return use;
+}
+
+static void exp_shift_row(float *row, int n, float shift)
+{
+#ifdef SD_HAVE_AVX2_TWIN
+    if (cpu_use_avx2()) {
+        exp_shift_row_avx2(row, n, shift);
+        return;
+    }
+#endif
+    exp_shift_row_base(row, n, shift);
+}
+
+static double softmax_exp_row(float *row, int n, float *max)
+{
+#ifdef SD_HAVE_AVX2_TWIN
+    if (cpu_use_avx2())
+        return softmax_exp_row_avx2(row, n, max);
+#endif
+    return softmax_exp_row_base(row, n, max);
+}
+
 static void attention_block(const sd_attention_desc *d, const float *q, const float *k,
                             const float *v, float *o, float *lse, int64_t task, float *s)
 {
@@ -721,46 +899,10 @@ static void attention_block(const sd_attention_desc *d, const float *q, const fl
     for (int i = 0; i < m; i++) {
         float *row = s + (int64_t)i * nk;
         const int visible = d->causal ? q0 + i + 1 : nk;
-        /* max, exp and sum vectorised: the sum keeps 8 double lanes (element j in lane
-         * j % 8) added in a fixed order, so it depends on the row only */
-        int j = 0;
-        float mx = row[0];
-        if (visible >= 4) {
-            v4f vm = v4f_load(row);
-            for (j = 4; j + 4 <= visible; j += 4) {
-                v4f r = v4f_load(row + j);
-                vm = v4f_select(r > vm, r, vm);
-            }
-            for (int l = 0; l < 4; l++)
-                mx = vm[l] > mx ? vm[l] : mx;
-        } else {
-            j = 1;
-        }
-        for (; j < visible; j++)
-            mx = row[j] > mx ? row[j] : mx;
-        v4d lo = {0}, hi = {0};
-        double lanes[8];
-        j = 0;
-        for (; j + 8 <= visible; j += 8) {
-            v4f e0 = exp_v4(v4f_load(row + j) - mx), e1 = exp_v4(v4f_load(row + j + 4) - mx);
-            v4f_store(row + j, e0);
-            v4f_store(row + j + 4, e1);
-            lo = lo + __builtin_convertvector(e0, v4d);
-            hi = hi + __builtin_convertvector(e1, v4d);
-        }
-        for (int l = 0; l < 4; l++) {
-            lanes[l] = lo[l];
-            lanes[4 + l] = hi[l];
-        }
-        for (int l = 0; j < visible; j++, l++) {
-            float e = exp_s(row[j] - mx);
-            row[j] = e;
-            lanes[l] += e;
-        }
-        const double sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-                           ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+        float mx;
+        const double sum = softmax_exp_row(row, visible, &mx);
         denom[i] = (float)sum;
-        for (j = visible; j < nk; j++)
+        for (int j = visible; j < nk; j++)
             row[j] = 0.0f; /* masked: exactly zero probability */
         if (lp)
             lp[i] = (float)((double)mx + log(sum));
@@ -790,6 +932,7 @@ static void cpu_attention_forward(const sd_backend *be, const sd_attention_desc 
     SD_CHECK(slots >= 1, "attention scratch of %zu bytes holds no score block of %zu", ws.bytes,
              slot);
     blas_single_threaded();
+    (void)cpu_use_avx2(); /* resolved here, not by racing threads */
 #pragma omp parallel num_threads((int)slots)
     {
         int tid = 0, nth = 1;
@@ -1514,8 +1657,7 @@ static void attention_bwd_head(const sd_attention_desc *d, const float *q, const
             float *row = p + (int64_t)i * nk;
             const int visible = d->causal ? q0 + i + 1 : nk;
             const float l = lp[q0 + i];
-            for (int j = 0; j < visible; j++)
-                row[j] = exp_s(row[j] - l);
+            exp_shift_row(row, visible, l);
             for (int j = visible; j < nk; j++)
                 row[j] = 0.0f;
             const float *orow = op + (int64_t)(q0 + i) * d->ld_o;
@@ -1562,6 +1704,7 @@ static void cpu_attention_backward(const sd_backend *be, const sd_attention_desc
     SD_CHECK(slots >= 1, "attention backward scratch of %zu bytes holds no block of %zu",
              ws.bytes, slot);
     blas_single_threaded();
+    (void)cpu_use_avx2(); /* resolved here, not by racing threads */
 #pragma omp parallel num_threads((int)slots)
     {
         int tid = 0;
