@@ -10,6 +10,7 @@
 
 /* Below this many elements a loop runs on one thread (the result is the same either way). */
 #define OMP_MIN 32768
+#define ADAMW_BLOCK 4096
 
 int sd_lr_schedule_from_name(const char *name, sd_lr_schedule *out, sd_err *err)
 {
@@ -65,6 +66,69 @@ double sd_lr_at(double base_lr, sd_lr_schedule s, int64_t k, int64_t warmup, int
     return base_lr * sd_lr_factor(s, k, warmup, max_steps);
 }
 
+/* One AdamW update of elements [0, n) with the scalars of the step; the loop bodies below do
+ * the same IEEE operations in the same order (torch's: decay multiply, lerp as one fused
+ * multiply-add, v * b2 + (1 - b2) g g, sqrt / bc2_sqrt + eps, p + (-step m) / denom). */
+typedef struct adamw_scalars {
+    float decay, lerp_w, bc2_sqrt, b2, one_m_b2, eps, neg_step;
+    int lerp_from_m; /* torch's lerp: m + w (g - m) when |w| < 0.5, else g + (w - 1)(g - m) */
+} adamw_scalars;
+
+static void adamw_span_base(const adamw_scalars *c, float *p, const float *g, float *m,
+                            float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float gi = g[i];
+        const float pi = p[i] * c->decay; /* param.mul_(1 - lr*wd); 1.0f when wd = 0 (exact) */
+        const float mi = fmaf(c->lerp_w, gi - m[i], c->lerp_from_m ? m[i] : gi);
+        float vi = v[i] * c->b2; /* exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2) */
+        vi = vi + c->one_m_b2 * gi * gi;
+        const float denom = sqrtf(vi) / c->bc2_sqrt + c->eps;
+        p[i] = pi + c->neg_step * mi / denom; /* param.addcdiv_(exp_avg, denom, -step_size) */
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SD_ADAMW_AVX2 1
+/* 8 elements at a time with AVX2 + FMA intrinsics: every intrinsic is the correctly rounded
+ * operation of the scalar code (vfmadd = fmaf, vsqrtps = sqrtf), so the bits are the same. */
+__attribute__((target("avx2,fma"))) static void adamw_span_avx2(const adamw_scalars *c,
+                                                                 float *p, const float *g,
+                                                                 float *m, float *v, size_t n)
+{
+    const __m256 decay = _mm256_set1_ps(c->decay), w = _mm256_set1_ps(c->lerp_w);
+    const __m256 bc2 = _mm256_set1_ps(c->bc2_sqrt), b2 = _mm256_set1_ps(c->b2);
+    const __m256 omb2 = _mm256_set1_ps(c->one_m_b2), eps = _mm256_set1_ps(c->eps);
+    const __m256 step = _mm256_set1_ps(c->neg_step);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gi = _mm256_loadu_ps(g + i), mo = _mm256_loadu_ps(m + i);
+        const __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
+        const __m256 mi = _mm256_fmadd_ps(w, _mm256_sub_ps(gi, mo), c->lerp_from_m ? mo : gi);
+        __m256 vi = _mm256_mul_ps(_mm256_loadu_ps(v + i), b2);
+        vi = _mm256_add_ps(vi, _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));
+        const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2), eps);
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(step, mi), denom)));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+    }
+    adamw_span_base(c, p + i, g + i, m + i, v + i, n - i);
+}
+
+/* AVX2 + FMA when the CPU has them, unless SDTRAIN_CPU_ISA=baseline (read at every call, so a
+ * test can compare the two paths in one process). */
+static int adamw_use_avx2(void)
+{
+    const char *isa = getenv("SDTRAIN_CPU_ISA");
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           !(isa && strcmp(isa, "baseline") == 0);
+}
+#endif
+
 void sd_adamw_update(const sd_adamw_hparams *h, double lr, int64_t k, float *p, const float *g,
                      float *m, float *v, size_t n)
 {
@@ -74,39 +138,34 @@ void sd_adamw_update(const sd_adamw_hparams *h, double lr, int64_t k, float *p, 
     const double bc1 = 1.0 - pow(h->beta1, (double)k);
     const double bc2 = 1.0 - pow(h->beta2, (double)k);
     const double step_size = lr / bc1;
-    const float bc2_sqrt = (float)pow(bc2, 0.5);
-    const float decay = (float)(1.0 - lr * h->weight_decay);
-    const bool do_decay = h->weight_decay != 0.0;
     const float w1 = (float)(1.0 - h->beta1); /* lerp weight */
-    const bool w1_small = fabsf(w1) < 0.5f;
-    const float b2 = (float)h->beta2;
-    const float one_m_b2 = (float)(1.0 - h->beta2);
-    const float eps = (float)h->eps;
-    const float neg_step = (float)(-step_size);
-    const ptrdiff_t count = (ptrdiff_t)n;
-
-#pragma omp parallel for schedule(static) if (count >= OMP_MIN)
-    for (ptrdiff_t i = 0; i < count; i++) {
-        float pi = p[i];
-        const float gi = g[i];
-        if (do_decay)
-            pi = pi * decay; /* param.mul_(1 - lr*wd) */
-        /* exp_avg.lerp_(grad, 1 - beta1): torch's vectorised lerp is one fused multiply-add */
-        float mi = m[i];
-        if (w1_small)
-            mi = fmaf(w1, gi - mi, mi);
-        else
-            mi = fmaf(w1 - 1.0f, gi - mi, gi);
-        /* exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2) */
-        float vi = v[i] * b2;
-        vi = vi + one_m_b2 * gi * gi;
-        /* denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) */
-        const float denom = sqrtf(vi) / bc2_sqrt + eps;
-        /* param.addcdiv_(exp_avg, denom, value=-step_size) */
-        pi = pi + neg_step * mi / denom;
-        p[i] = pi;
-        m[i] = mi;
-        v[i] = vi;
+    adamw_scalars c;
+    int avx2 = 0;
+    c.bc2_sqrt = (float)pow(bc2, 0.5);
+    c.decay = h->weight_decay != 0.0 ? (float)(1.0 - lr * h->weight_decay) : 1.0f;
+    c.lerp_from_m = fabsf(w1) < 0.5f;
+    c.lerp_w = c.lerp_from_m ? w1 : w1 - 1.0f;
+    c.b2 = (float)h->beta2;
+    c.one_m_b2 = (float)(1.0 - h->beta2);
+    c.eps = (float)h->eps;
+    c.neg_step = (float)(-step_size);
+#ifdef SD_ADAMW_AVX2
+    avx2 = adamw_use_avx2();
+#endif
+    /* blocks of a fixed size, so the split over threads never changes a result */
+    const ptrdiff_t blocks = (ptrdiff_t)((n + ADAMW_BLOCK - 1) / ADAMW_BLOCK);
+#pragma omp parallel for schedule(static) if (n >= OMP_MIN)
+    for (ptrdiff_t b = 0; b < blocks; b++) {
+        const size_t i0 = (size_t)b * ADAMW_BLOCK;
+        const size_t len = n - i0 < ADAMW_BLOCK ? n - i0 : ADAMW_BLOCK;
+#ifdef SD_ADAMW_AVX2
+        if (avx2) {
+            adamw_span_avx2(&c, p + i0, g + i0, m + i0, v + i0, len);
+            continue;
+        }
+#endif
+        (void)avx2;
+        adamw_span_base(&c, p + i0, g + i0, m + i0, v + i0, len);
     }
 }
 

@@ -390,6 +390,49 @@ static void adamw_by_hand(void)
     tap_ok(q[0] == 1.9f, "AdamW decoupled weight decay multiplies by 1 - lr·wd");
 }
 
+/* The vector (AVX2 + FMA) and the scalar AdamW give the same bits, tails and both lerp forms
+ * included (SDTRAIN_CPU_ISA=baseline selects the scalar code). */
+static void adamw_isa_bits(void)
+{
+    const size_t n = 3 * 4096 + 13;
+    const double beta1s[2] = {0.9, 0.2}; /* lerp from m (|1 - b1| < 0.5) and from g */
+    for (int c = 0; c < 2; c++) {
+        sd_adamw_hparams h = {.beta1 = beta1s[c], .beta2 = 0.999, .eps = 1e-8,
+                              .weight_decay = c ? 0.0 : 0.01};
+        float *st[2][4];
+        uint32_t x = 12345u + (uint32_t)c;
+        for (int r = 0; r < 2; r++)
+            for (int a = 0; a < 4; a++)
+                st[r][a] = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            float vals[4];
+            for (int a = 0; a < 4; a++) {
+                x = x * 1664525u + 1013904223u;
+                vals[a] = ((float)(x >> 8) / 16777216.0f - 0.5f) * (a == 3 ? 0.01f : 2.0f);
+            }
+            vals[3] = vals[3] * vals[3]; /* v >= 0 */
+            for (int r = 0; r < 2; r++)
+                for (int a = 0; a < 4; a++)
+                    st[r][a][i] = vals[a];
+        }
+        for (int k = 1; k <= 3; k++) {
+            unsetenv("SDTRAIN_CPU_ISA");
+            sd_adamw_update(&h, 1e-3, k, st[0][0], st[0][1], st[0][2], st[0][3], n);
+            setenv("SDTRAIN_CPU_ISA", "baseline", 1);
+            sd_adamw_update(&h, 1e-3, k, st[1][0], st[1][1], st[1][2], st[1][3], n);
+        }
+        unsetenv("SDTRAIN_CPU_ISA");
+        tap_ok(!memcmp(st[0][0], st[1][0], n * sizeof(float)) &&
+                   !memcmp(st[0][2], st[1][2], n * sizeof(float)) &&
+                   !memcmp(st[0][3], st[1][3], n * sizeof(float)),
+               "AdamW: vector and scalar code give the same p, m, v bits (beta1 %g, wd %g)",
+               h.beta1, h.weight_decay);
+        for (int r = 0; r < 2; r++)
+            for (int a = 0; a < 4; a++)
+                free(st[r][a]);
+    }
+}
+
 static void clip_and_checks(void)
 {
     tap_ok(fabs(sd_clip_coef(4.0, 1.0) - 1.0 / (2.0 + 1e-6)) < 1e-7 &&
@@ -485,6 +528,7 @@ int main(void)
     schedules_key_steps();
     ema_by_hand();
     adamw_by_hand();
+    adamw_isa_bits();
     clip_and_checks();
     thread_independence();
     return tap_done();
