@@ -21,6 +21,8 @@
 #include "sdtrain/unet.h"
 #include "sdtrain/weights.h"
 
+#include "unet_configs.h"
+
 /*
  * Usage: train_step [--snapshot DIR | --config tiny|sd2-small] [--batch B] [--size S]
  *                   [--ctx-len L] [--reps N] [--warmup N] [--threads N] [--recompute]
@@ -58,25 +60,6 @@ typedef struct opts {
     const char *snapshot, *config;
     int batch, size, ctx_len, reps, warmup, threads, recompute, batch_invariant;
 } opts;
-
-/* The tiny-sd2 shape (tests/reference/make_model_goldens.py), as in bench/unet_cpu.c. */
-static void tiny_config(sd_unet_config *c)
-{
-    sd_unet_config_sd2_base(c);
-    c->n_levels = 2;
-    c->block_out_channels[0] = 16;
-    c->block_out_channels[1] = 32;
-    c->down_cross[0] = 1;
-    c->down_cross[1] = 0;
-    c->up_cross[0] = 0;
-    c->up_cross[1] = 1;
-    c->heads[0] = 2;
-    c->heads[1] = 4;
-    c->transformer_layers[0] = c->transformer_layers[1] = 1;
-    c->cross_attention_dim = 32;
-    c->norm_num_groups = 8;
-    c->sample_size = 8;
-}
 
 /* SD2-base at a fifth of the width: every block type, CLIP-width context, head_dim 64. */
 static void sd2_small_config(sd_unet_config *c)
@@ -146,7 +129,7 @@ static void load_model(const opts *o, sd_unet_config *c, sd_weights *w, char *la
     if (o->config) {
         sd_param_table t;
         if (strcmp(o->config, "tiny") == 0)
-            tiny_config(c);
+            bench_tiny_unet_config(c);
         else
             sd2_small_config(c);
         sd_unet_params(c, &t);

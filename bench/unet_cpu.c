@@ -16,6 +16,8 @@
 #include "sdtrain/unet.h"
 #include "sdtrain/weights.h"
 
+#include "unet_configs.h"
+
 /*
  * Usage: unet_cpu [--model tiny|sd2|all] [--latent S] [--batch B] [--reps N] [--ctx L]
  *                 [--no-batch-invariance]
@@ -26,25 +28,6 @@
  * layers and the two attention matmuls. Each model prints one line for people and one
  * "RESULT key=value ..." line for bench/unet_vs_torch.py.
  */
-
-/* The tiny-sd2 configuration of tests/reference/make_model_goldens.py. */
-static void tiny_config(sd_unet_config *c)
-{
-    sd_unet_config_sd2_base(c);
-    c->n_levels = 2;
-    c->block_out_channels[0] = 16;
-    c->block_out_channels[1] = 32;
-    c->down_cross[0] = 1;
-    c->down_cross[1] = 0;
-    c->up_cross[0] = 0;
-    c->up_cross[1] = 1;
-    c->heads[0] = 2;
-    c->heads[1] = 4;
-    c->transformer_layers[0] = c->transformer_layers[1] = 1;
-    c->cross_attention_dim = 32;
-    c->norm_num_groups = 8;
-    c->sample_size = 8;
-}
 
 static void fill_uniform(float *x, size_t n, uint64_t stream, float lo, float hi)
 {
@@ -153,7 +136,7 @@ int main(int argc, char **argv)
     if (reps < 1)
         reps = 1;
     if (strcmp(model, "tiny") == 0 || strcmp(model, "all") == 0) {
-        tiny_config(&c);
+        bench_tiny_unet_config(&c);
         bench("tiny", &c, batch, latent, ctx_len, reps, invariant);
     }
     if (strcmp(model, "sd2") == 0 || strcmp(model, "all") == 0) {

@@ -54,6 +54,11 @@ void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *r
 /* Collective: 1 when any rank passes a non-zero `failed`. */
 int sd_any_failed(int failed);
 
+/* Collective over comm: 0 when no rank failed; otherwise every rank returns -1 with err holding
+ * the message of the lowest failing rank, so all report the same cause and none waits in a
+ * later collective. */
+int sd_agree(MPI_Comm comm, int failed, sd_err *err);
+
 /* Prints a table of every rank's role, communicator rank, node and node-local rank (rank 0). */
 void sd_runtime_report(const sd_runtime *rt);
 

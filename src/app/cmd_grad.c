@@ -149,22 +149,6 @@ static float *batch_float(const sd_st_file *f, const char *path, const char *nam
     return x;
 }
 
-static void nchw_to_nhwc(const float *x, float *y, int n, int c, int h, int w)
-{
-    for (int b = 0; b < n; b++)
-        for (int k = 0; k < c; k++)
-            for (int i = 0; i < h * w; i++)
-                y[((size_t)b * h * w + i) * c + k] = x[((size_t)b * c + k) * h * w + i];
-}
-
-static void nhwc_to_nchw(const float *x, float *y, int n, int c, int h, int w)
-{
-    for (int b = 0; b < n; b++)
-        for (int k = 0; k < c; k++)
-            for (int i = 0; i < h * w; i++)
-                y[((size_t)b * c + k) * h * w + i] = x[((size_t)b * h * w + i) * c + k];
-}
-
 typedef struct grad_opts {
     const char *snapshot, *batch, *out, *weights, *prediction;
     int threads, recompute;
@@ -304,11 +288,11 @@ static int run(const grad_opts *o)
     t0 = sd_time_now();
     sd_diffusion_add_noise(&d, ti, B, (int64_t)per, lat, noise, xt);
     sd_diffusion_target(&d, ti, B, (int64_t)per, lat, noise, target);
-    nchw_to_nhwc(xt, xh, B, C, H, W);
+    sd_nchw_to_nhwc(be, B, C, H, W, xt, xh);
     sd_unet_train_forward(tr, xh, steps, ctx, yh, &arena);
-    nhwc_to_nchw(yh, pred, B, C, H, W);
+    sd_nhwc_to_nchw(be, B, C, H, W, yh, pred);
     loss = sd_diffusion_loss(&d, ti, B, (int64_t)per, B, pred, target, NULL, dpred);
-    nchw_to_nhwc(dpred, yh, B, C, H, W);
+    sd_nchw_to_nhwc(be, B, C, H, W, dpred, yh);
     sd_unet_backward(tr, yh, &arena);
     t_step = sd_time_now() - t0;
 

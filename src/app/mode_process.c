@@ -387,17 +387,6 @@ static void write_summary(const sd_config *cfg, const uint64_t *counts, int64_t 
     }
 }
 
-/* Every rank reaches the same verdict: the lowest failing rank's message, printed once. */
-static int agree(MPI_Comm comm, int rank, int failed, sd_err *err)
-{
-    int mine = failed ? rank : 1 << 30, first;
-    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-    if (first == 1 << 30)
-        return 0;
-    SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, first, comm));
-    return -1;
-}
-
 int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const sd_config *cfg = &rc->cfg;
@@ -428,7 +417,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     n = sd_dataset_count(&ds);
     n_shards = sd_dataset_n_shards(n, cfg->data.samples_per_shard);
 
-    if (agree(comm, rank, load_encoders(cfg, &enc, &err) != 0, &err) != 0) {
+    if (sd_agree(comm, load_encoders(cfg, &enc, &err) != 0, &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_encoders(&enc);
@@ -436,7 +425,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         return SD_EXIT_USAGE;
     }
     /* Which shards a previous run committed: read by every rank from the same manifest. */
-    if (agree(comm, rank, sd_shards_committed(cfg->data.shard_dir, &man, &err) != 0, &err) != 0) {
+    if (sd_agree(comm, sd_shards_committed(cfg->data.shard_dir, &man, &err) != 0, &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_encoders(&enc);

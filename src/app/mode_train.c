@@ -65,16 +65,6 @@ typedef struct trainer {
     FILE *metrics;
 } trainer;
 
-static int agree(MPI_Comm comm, int rank, int failed, sd_err *err)
-{
-    int mine = failed ? rank : 1 << 30, first;
-    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-    if (first == 1 << 30)
-        return 0;
-    SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, first, comm));
-    return -1;
-}
-
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
  * weights from the snapshot (unet_init = 'pretrained') or drawn from the seed. */
 static int build_model(trainer *t, sd_err *err)
@@ -137,22 +127,6 @@ static void alloc_buffers(trainer *t)
     t->drop = sd_xmalloc(bs);
 }
 
-static void nchw_to_nhwc(const float *x, float *y, int n, int c, int hw)
-{
-    for (int b = 0; b < n; b++)
-        for (int k = 0; k < c; k++)
-            for (int i = 0; i < hw; i++)
-                y[((size_t)b * hw + i) * c + k] = x[((size_t)b * c + k) * hw + i];
-}
-
-static void nhwc_to_nchw(const float *x, float *y, int n, int c, int hw)
-{
-    for (int b = 0; b < n; b++)
-        for (int k = 0; k < c; k++)
-            for (int i = 0; i < hw; i++)
-                y[((size_t)b * c + k) * hw + i] = x[((size_t)b * hw + i) * c + k];
-}
-
 /* x0 (latent samples), noise, timesteps and contexts of `count` samples; sample j uses the
  * counters (step, ids[j]), so the draws of a sample never depend on the rank that has it. */
 static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int train)
@@ -188,7 +162,7 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
     }
     sd_diffusion_add_noise(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->xt);
     sd_diffusion_target(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->target);
-    nchw_to_nhwc(t->xt, t->xh, b->count, t->C, (int)hw);
+    sd_nchw_to_nhwc(t->be, b->count, t->C, t->H, t->W, t->xt, t->xh);
 }
 
 /* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
@@ -198,7 +172,7 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
     const int64_t nv = sd_loader_val_count(t->loader);
     const int64_t hw = (int64_t)t->H * t->W, per = (int64_t)t->C * hw;
     const int64_t first = nv * t->rank / t->size, last = nv * (t->rank + 1) / t->size;
-    double sum[2] = {0, 0};
+    double sum = 0;
     float *mse = t->mse;
     sd_err err;
     for (int64_t i = first; i < last; i += t->bs) {
@@ -208,15 +182,15 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
         make_inputs(t, vb, VAL_RNG_STEP, 0);
         sd_unet_forward(t->unet, count, t->H, t->W, t->xh, t->tfloat, t->ctx, t->L, t->yh,
                         &t->arena, NULL);
-        nhwc_to_nchw(t->yh, t->pred, count, t->C, (int)hw);
+        sd_nhwc_to_nchw(t->be, count, t->C, t->H, t->W, t->yh, t->pred);
         sd_diffusion_loss(&t->diff, t->tsteps, count, per, count, t->pred, t->target, mse, NULL);
         for (int j = 0; j < count; j++)
-            sum[0] += mse[j];
+            sum += mse[j];
     }
-    sum[1] = (double)(last - first);
-    sd_allreduce_f64(t->comm, sum, 2, SD_RED_SUM);
-    *n_out = (int64_t)sum[1];
-    return sum[1] > 0 ? sum[0] / sum[1] : NAN;
+    /* the ranks' ranges partition the nv samples */
+    sd_allreduce_f64(t->comm, &sum, 1, SD_RED_SUM);
+    *n_out = nv;
+    return nv > 0 ? sum / (double)nv : NAN;
 }
 
 /* 1 on every rank when any rank failed (over the training communicator). */
@@ -312,7 +286,7 @@ static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
         t->rank == 0)
         sd_warn("&train precision = '%s' applies to the CUDA backend; the CPU backend trains "
                 "in fp32", cfg->train.precision);
-    if (agree(comm, t->rank, failed, err))
+    if (sd_agree(comm, failed, err))
         return -1;
 
     sd_loader_options_defaults(&lo);
@@ -332,7 +306,7 @@ static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
     failed = build_model(t, err) != 0;
     if (!failed)
         failed = check_shapes(t, err) != 0;
-    if (agree(comm, t->rank, failed, err))
+    if (sd_agree(comm, failed, err))
         return -1;
 
     t->n = t->w.table.total_floats;
@@ -349,7 +323,7 @@ static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
             failed = 1;
         }
     }
-    if (agree(comm, t->rank, failed, err))
+    if (sd_agree(comm, failed, err))
         return -1;
 
     /* ZeRO-2 keeps optimizer state for this rank's shard only; DDP for everything */
@@ -380,7 +354,7 @@ static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
         if (failed)
             sd_err_set(err, "cannot write %s: %s", path, strerror(errno));
     }
-    return agree(comm, t->rank, failed, err);
+    return sd_agree(comm, failed, err);
 }
 
 int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
@@ -468,12 +442,12 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         make_inputs(&t, b, (uint64_t)step, 1);
         memset(t.grads, 0, t.n * sizeof *t.grads);
         sd_unet_train_forward(t.tr, t.xh, t.tfloat, t.ctx, t.yh, &t.arena);
-        nhwc_to_nchw(t.yh, t.pred, b->count, t.C, t.H * t.W);
+        sd_nhwc_to_nchw(t.be, b->count, t.C, t.H, t.W, t.yh, t.pred);
         loss_local = sd_diffusion_loss(&t.diff, t.tsteps, b->count, per, t.info.global_batch,
                                        t.pred, t.target, NULL, t.dpred);
         if (sd_fault_armed(SD_FAULT_NAN, t.world_rank, step, NULL))
             t.dpred[0] = NAN;
-        nchw_to_nhwc(t.dpred, t.yh, b->count, t.C, t.H * t.W);
+        sd_nchw_to_nhwc(t.be, b->count, t.C, t.H, t.W, t.dpred, t.yh);
         tt[T_FWD] = sd_time_now() - t1;
         t1 = sd_time_now();
         sd_unet_backward(t.tr, t.yh, &t.arena);
@@ -584,21 +558,22 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     /* the final weights (and EMA), then the summary */
     if (code == SD_EXIT_OK) {
         int failed = 0;
+        /* ZeRO-2 keeps the EMA of the shard only: gather it into a full buffer to write */
+        float *ema_full = NULL;
         if (t.ema && t.zero2) {
-            float *full = sd_xcalloc(t.n ? t.n : 1, sizeof *full);
-            memcpy(full + t.begin, t.ema, (t.end - t.begin) * sizeof *full);
-            sd_allgather_f32(t.comm, full, t.n);
-            free(t.ema);
-            t.ema = full;
-            t.begin = 0;
+            ema_full = sd_xcalloc(t.n ? t.n : 1, sizeof *ema_full);
+            memcpy(ema_full + t.begin, t.ema, (t.end - t.begin) * sizeof *ema_full);
+            sd_allgather_f32(t.comm, ema_full, t.n);
         }
         if (t.rank == 0) {
             failed = write_weights(&t, t.w.data, "unet_final.safetensors", &err) != 0;
             if (!failed && t.ema)
-                failed = write_weights(&t, t.ema, "unet_ema.safetensors", &err) != 0;
+                failed = write_weights(&t, ema_full ? ema_full : t.ema, "unet_ema.safetensors",
+                                       &err) != 0;
             if (failed)
                 sd_error("%s", err.msg);
         }
+        free(ema_full);
         if (any_failed(t.comm, failed))
             code = SD_EXIT_FAILURE;
     }

@@ -95,6 +95,23 @@ int sd_any_failed(int failed)
     return any;
 }
 
+int sd_agree(MPI_Comm comm, int failed, sd_err *err)
+{
+    int rank, size, mine, first;
+    char msg[sizeof err->msg];
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    SD_MPI_CHECK(MPI_Comm_size(comm, &size));
+    mine = failed ? rank : size;
+    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == size)
+        return 0;
+    if (rank == first)
+        snprintf(msg, sizeof msg, "%s", err->msg[0] ? err->msg : "unknown error");
+    SD_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, comm));
+    snprintf(err->msg, sizeof err->msg, "%s", msg);
+    return -1;
+}
+
 void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *rt)
 {
     int leader, n_nodes = 0;

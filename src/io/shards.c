@@ -557,25 +557,6 @@ typedef struct writer {
     hid_t d_mom, d_emb, d_ids, d_cap, d_key, d_empty;
 } writer;
 
-/* Collective: 0 when no rank failed; otherwise every rank returns -1 carrying the message of the
- * lowest failing rank, so all callers report the same cause and none waits in a collective. */
-static int agree(MPI_Comm comm, int failed, sd_err *err)
-{
-    int rank, size, mine, first;
-    char msg[sizeof err->msg];
-    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    SD_MPI_CHECK(MPI_Comm_size(comm, &size));
-    mine = failed ? rank : size;
-    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-    if (first == size)
-        return 0;
-    if (rank == first)
-        snprintf(msg, sizeof msg, "%s", err->msg[0] ? err->msg : "unknown error");
-    SD_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, comm));
-    snprintf(err->msg, sizeof err->msg, "%s", msg);
-    return -1;
-}
-
 static int validate_local(writer *w, sd_err *e)
 {
     const sd_shard_meta *m = w->meta;
@@ -981,7 +962,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     w->d_mom = w->d_emb = w->d_ids = w->d_cap = w->d_key = w->d_empty = -1;
 
     /* 1. Inputs, checked on every rank; then every rank must hold the same metadata. */
-    if (agree(w->comm, validate_local(w, e) != 0, e))
+    if (sd_agree(w->comm, validate_local(w, e) != 0, e))
         return -1;
     m = w->meta;
     fp = meta_fingerprint(w);
@@ -1010,7 +991,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     }
 
     /* 2. Rank 0 checks the directory and that the shard is not committed yet. */
-    if (agree(w->comm, w->rank == 0 && prepare_dir(w, e) != 0, e))
+    if (sd_agree(w->comm, w->rank == 0 && prepare_dir(w, e) != 0, e))
         return -1;
     w->created = creation_time();
     SD_MPI_CHECK(MPI_Bcast(&w->created, 1, MPI_INT64_T, 0, w->comm));
@@ -1058,7 +1039,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
                   "'%s' was created on %d of %d ranks; cannot continue without a hang", w->tmp_path,
                   n_created, w->size);
     if (!created) {
-        agree(w->comm, w->rank == 0, e);
+        sd_agree(w->comm, w->rank == 0, e);
         return -1;
     }
 
@@ -1080,7 +1061,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         if (!failed && fsync_path(w->tmp_path, e))
             failed = 1;
         w->file = -1;
-        if (agree(w->comm, failed, e)) {
+        if (sd_agree(w->comm, failed, e)) {
             if (w->rank == 0)
                 unlink(w->tmp_path);
             return -1;
@@ -1097,7 +1078,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     snprintf(entry.file, sizeof entry.file, "%s", w->file_name);
     if (w->rank != 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-commit"))
         fault_kill("shard-commit");
-    if (agree(w->comm, w->rank == 0 && commit(w, &entry, e) != 0, e))
+    if (sd_agree(w->comm, w->rank == 0 && commit(w, &entry, e) != 0, e))
         return -1;
     SD_MPI_CHECK(MPI_Bcast(&entry, (int)sizeof entry, MPI_BYTE, 0, w->comm));
     if (out)

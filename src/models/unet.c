@@ -640,6 +640,13 @@ void ufw_time_sinusoid(ufw *f, int n, const float *timesteps, void *tsin)
     }
 }
 
+sd_conv2d_desc sd_unet_downsample_desc(const sd_unet_config *c, int n, int h, int w, int ch)
+{
+    return c->downsample_padding
+               ? sd_conv2d_make(n, h, w, ch, ch, 3, 2, c->downsample_padding)
+               : sd_conv2d_make_padded(n, h, w, ch, ch, 3, 3, 2, 0, 1, 0, 1);
+}
+
 void sd_unet_level_sizes(const sd_unet_config *c, int h, int w, int *hs, int *ws, int *forced)
 {
     const int L = c->n_levels;
@@ -648,10 +655,7 @@ void sd_unet_level_sizes(const sd_unet_config *c, int h, int w, int *hs, int *ws
     hs[0] = h;
     ws[0] = w;
     for (int l = 1; l < L; l++) {
-        int p = c->downsample_padding;
-        sd_conv2d_desc d = p ? sd_conv2d_make(1, hs[l - 1], ws[l - 1], 1, 1, 3, 2, p)
-                             : sd_conv2d_make_padded(1, hs[l - 1], ws[l - 1], 1, 1, 3, 3, 2, 0, 1,
-                                                     0, 1);
+        sd_conv2d_desc d = sd_unet_downsample_desc(c, 1, hs[l - 1], ws[l - 1], 1);
         hs[l] = d.h_out;
         ws[l] = d.w_out;
     }
@@ -743,10 +747,7 @@ static void unet_run(ufw *f, int n, int h, int w, const void *sample, const floa
             ch = cout;
         }
         if (s->has_sampler) {
-            int p = c->downsample_padding;
-            sd_conv2d_desc d = p ? sd_conv2d_make(n, hs[i], ws[i], cout, cout, 3, 2, p)
-                                 : sd_conv2d_make_padded(n, hs[i], ws[i], cout, cout, 3, 3, 2, 0,
-                                                         1, 0, 1);
+            sd_conv2d_desc d = sd_unet_downsample_desc(c, n, hs[i], ws[i], cout);
             void *o = ufw_alloc(f, (int64_t)n * hs[i + 1] * ws[i + 1] * cout);
             ufw_conv(f, &d, cur, s->sampler, o);
             st[ns++] = (skip){o, hs[i + 1], ws[i + 1], cout};

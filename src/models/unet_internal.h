@@ -97,6 +97,10 @@ void ufw_add(ufw *f, int64_t n, const void *a, const void *b, void *y);
 /* tsin [n, block_out_channels[0]] = the sinusoidal embedding of host fp32 timesteps [n]. */
 void ufw_time_sinusoid(ufw *f, int n, const float *timesteps, void *tsin);
 
+/* Downsample2D's 3x3 stride-2 convolution of [n, h, w, ch]: padding 1 all round, or with
+ * downsample_padding 0 the right/bottom-only pad of diffusers. */
+sd_conv2d_desc sd_unet_downsample_desc(const sd_unet_config *c, int n, int h, int w, int ch);
+
 /* Spatial size of every level (hs[0] = h ... hs[L-1]) and whether the up path resizes to the
  * skips' sizes instead of doubling (diffusers' forward_upsample_size). */
 void sd_unet_level_sizes(const sd_unet_config *c, int h, int w, int *hs, int *ws, int *forced);

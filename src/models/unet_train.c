@@ -483,7 +483,6 @@ static void transformer_bwd(tr *t, const ut_transformer *x, const ut_transformer
         lin_bwd(t, n, hw, C, D, ln0, x->proj_in.w, dhs, dln, 0, g->proj_in.w, g->proj_in.b);
         gn_bwd(t, &gd, in, x->norm, g->norm, gm, gr, dln, din, 1);
     }
-    (void)crow;
     sd_arena_reset_to(f->a, mark);
 }
 
@@ -612,10 +611,7 @@ static void run_forward(tr *t, const void *sample, const float *timesteps, void 
             cur = o;
         }
         if (s->has_sampler) {
-            int p = c->downsample_padding;
-            sd_conv2d_desc d = p ? sd_conv2d_make(n, hs[i], ws[i], cout, cout, 3, 2, p)
-                                 : sd_conv2d_make_padded(n, hs[i], ws[i], cout, cout, 3, 3, 2, 0,
-                                                         1, 0, 1);
+            sd_conv2d_desc d = sd_unet_downsample_desc(c, n, hs[i], ws[i], cout);
             void *o = ufw_alloc(f, (int64_t)n * hs[i + 1] * ws[i + 1] * cout);
             ufw_conv(f, &d, cur, s->sampler, o);
             st[ns++] = (tskip){o, hs[i + 1], ws[i + 1], cout};
@@ -804,10 +800,7 @@ static void run_backward(tr *t, const void *dout)
         const int cout = c->block_out_channels[i];
         const int64_t rows = (int64_t)n * hs[i] * ws[i];
         if (s->has_sampler) {
-            int p = c->downsample_padding;
-            sd_conv2d_desc d = p ? sd_conv2d_make(n, hs[i], ws[i], cout, cout, 3, 2, p)
-                                 : sd_conv2d_make_padded(n, hs[i], ws[i], cout, cout, 3, 3, 2, 0,
-                                                         1, 0, 1);
+            sd_conv2d_desc d = sd_unet_downsample_desc(c, n, hs[i], ws[i], cout);
             conv_bwd(t, &d, st[k - 1].p, s->sampler, sg->sampler, gs[k].p, gs[k - 1].p, 1);
             k--;
         }

@@ -548,25 +548,6 @@ typedef struct open_header {
     double val_fraction;
 } open_header;
 
-/* Collective: 0 when no rank failed; otherwise every rank returns -1 carrying the message of the
- * lowest failing rank, so all callers report the same cause and none waits in a collective. */
-static int agree(MPI_Comm comm, int failed, sd_err *err)
-{
-    int rank, size, mine, first;
-    char msg[sizeof err->msg];
-    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    SD_MPI_CHECK(MPI_Comm_size(comm, &size));
-    mine = failed ? rank : size;
-    SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-    if (first == size)
-        return 0;
-    if (rank == first)
-        snprintf(msg, sizeof msg, "%s", err->msg[0] ? err->msg : "unknown error");
-    SD_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, comm));
-    snprintf(err->msg, sizeof err->msg, "%s", msg);
-    return -1;
-}
-
 static void bcast_bytes(void *buf, size_t bytes, MPI_Comm comm)
 {
     for (size_t off = 0; off < bytes; off += BCAST_CHUNK) {
@@ -809,7 +790,7 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         if (l->prefetch)
             failed = start_thread(l, err) != 0;
     }
-    if (agree(comm, failed, err)) {
+    if (sd_agree(comm, failed, err)) {
         sd_loader_close(l);
         return -1;
     }
