@@ -61,6 +61,22 @@ expect_rc recompute 0
 cmp -s "$TMP/np1/unet_final.safetensors" "$TMP/recompute/unet_final.safetensors" ||
     fail "recompute_activations changed the trained weights"
 
+# latent_sample = .false. trains on the posterior means, latent_scale replaces the shards'
+# factor: each changes the trained weights, and .false. with the shards' own factor is stable
+for v in "latent_sample = .false." "latent_scale = 0.5" ; do
+    name=$(echo "$v" | cut -d' ' -f1)
+    train_nml "$name" 8 none
+    sed -i "s/ema_decay = 0.9/ema_decay = 0.9, $v/" "$TMP/$name.nml"
+    mpi "$name" 1 "$SDTRAIN" "$TMP/$name.nml"
+    expect_rc "$name" 0
+    ! cmp -s "$TMP/np1/unet_final.safetensors" "$TMP/$name/unet_final.safetensors" ||
+        fail "$v did not change the training"
+done
+mpi latent_sample2 1 "$SDTRAIN" "$TMP/latent_sample.nml" --set run.output_dir="$TMP/latent_sample2"
+expect_rc latent_sample2 0
+cmp -s "$TMP/latent_sample/unet_final.safetensors" "$TMP/latent_sample2/unet_final.safetensors" ||
+    fail "latent_sample = .false.: two runs differ"
+
 for np in 1 2 3 4; do
     bs=$((np == 3 ? 4 : 8 / np))
     train "ddp$np" "$np" "$bs" none
