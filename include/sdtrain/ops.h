@@ -48,6 +48,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sdtrain/error.h"
 #include "sdtrain/tensor.h"
 
 #ifdef __cplusplus
@@ -148,6 +149,10 @@ typedef struct sd_ops {
     void (*copy)(const sd_backend *be, void *dst, const void *src, size_t bytes);
     void (*upload_f32)(const sd_backend *be, void *dst, const float *src, int64_t n);
     void (*download_f32)(const sd_backend *be, float *dst, const void *src, int64_t n);
+    void *(*alloc)(const sd_backend *be, size_t bytes);
+    void (*release)(const sd_backend *be, void *ptr);
+    void (*upload)(const sd_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(const sd_backend *be, void *dst, const void *src, size_t bytes);
 
     size_t (*conv2d_forward_scratch)(const sd_backend *be, const sd_conv2d_desc *d);
     void (*conv2d_forward)(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
@@ -251,6 +256,17 @@ struct sd_backend {
 /* The CPU backend: fp32, OpenMP + CBLAS, host pointers. A static object: never freed. */
 const sd_backend *sd_backend_cpu(void);
 
+/* The CUDA backend on GPU `device` (a CUDA ordinal) with tensors of `dtype`:
+ *   SD_F32   fp32 everywhere and no TF32 (cuDNN FMA math, cuBLASLt COMPUTE_32F), so results
+ *            can be compared with the CPU backend and the goldens;
+ *   SD_BF16  bf16 activations and weights, fp32 accumulation in every GEMM, convolution,
+ *            reduction and softmax; the fp32 arguments (statistics, weight gradients) stay fp32.
+ * All ops of one backend run in order on its own stream; sd_synchronize waits for them.
+ * Returns 0, or -1 with err set (no CUDA in this build, no such device, library failure). */
+int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **out, sd_err *err);
+/* Frees the stream, the library handles, the caches and workspaces; NULL is ignored. */
+void sd_backend_cuda_destroy(sd_backend *be);
+
 /* ---- Memory ----------------------------------------------------------------------------- */
 
 /* Waits until every op issued on the backend has finished (CPU: returns at once). */
@@ -261,6 +277,14 @@ void sd_copy(const sd_backend *be, void *dst, const void *src, size_t bytes);
 /* Host fp32 <-> backend tensors of be->dtype (converting, rounding to nearest even). */
 void sd_upload_f32(const sd_backend *be, void *dst, const float *src, int64_t n);
 void sd_download_f32(const sd_backend *be, float *dst, const void *src, int64_t n);
+/* Raw memory of the backend (CPU: 256-byte aligned host memory; CUDA: cudaMalloc). Returns NULL
+ * when `bytes` cannot be had (the caller reports it). Not for the step loop: size an arena once. */
+void *sd_backend_alloc(const sd_backend *be, size_t bytes);
+void sd_backend_free(const sd_backend *be, void *ptr);
+/* Byte copies host -> backend and backend -> host, no conversion (int32 ids, fp32 statistics
+ * and weight gradients). Both wait until the copy is done (ordered after earlier ops). */
+void sd_upload(const sd_backend *be, void *dst, const void *src, size_t bytes);
+void sd_download(const sd_backend *be, void *dst, const void *src, size_t bytes);
 
 /* ---- Convolution and linear ------------------------------------------------------------- */
 

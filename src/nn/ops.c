@@ -1,4 +1,6 @@
 /* The backend-independent half of the op interface: argument checks, dispatch, weight layouts. */
+#include "sd_config.h"
+
 #include "sdtrain/ops.h"
 
 #include <math.h>
@@ -161,6 +163,37 @@ void sd_download_f32(const sd_backend *be, float *dst, const void *src, int64_t 
     SD_CHECK(n >= 0 && (n == 0 || (dst != NULL && src != NULL)), "download of %lld elements",
              (long long)n);
     be->ops->download_f32(be, dst, src, n);
+}
+
+void *sd_backend_alloc(const sd_backend *be, size_t bytes)
+{
+    SD_OP_ENTRY(be, alloc);
+    return be->ops->alloc(be, bytes);
+}
+
+void sd_backend_free(const sd_backend *be, void *ptr)
+{
+    SD_OP_ENTRY(be, release);
+    if (ptr)
+        be->ops->release(be, ptr);
+}
+
+void sd_upload(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    SD_OP_ENTRY(be, upload);
+    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL), "upload of %zu bytes with a NULL pointer",
+             bytes);
+    if (bytes)
+        be->ops->upload(be, dst, src, bytes);
+}
+
+void sd_download(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    SD_OP_ENTRY(be, download);
+    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL),
+             "download of %zu bytes with a NULL pointer", bytes);
+    if (bytes)
+        be->ops->download(be, dst, src, bytes);
 }
 
 /* ---- convolution and linear --------------------------------------------------------------- */
@@ -687,3 +720,18 @@ void sd_weight_to_torch(int ndim, const int64_t *torch_shape, size_t elem_size, 
     if (numel > 0)
         memcpy(dst, src, (size_t)numel * elem_size);
 }
+
+#if !defined(SD_HAVE_CUDA)
+int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **out, sd_err *err)
+{
+    (void)device;
+    (void)dtype;
+    *out = NULL;
+    return sd_err_set(err, "this build has no CUDA backend: reconfigure with ./configure --with-cuda");
+}
+
+void sd_backend_cuda_destroy(sd_backend *be)
+{
+    (void)be;
+}
+#endif

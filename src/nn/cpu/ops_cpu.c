@@ -394,6 +394,25 @@ static void cpu_download_f32(const sd_backend *be, float *dst, const void *src, 
         memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
+static void *cpu_alloc(const sd_backend *be, size_t bytes)
+{
+    (void)be;
+    size_t rounded = (bytes + 255) / 256 * 256;
+    return aligned_alloc(256, rounded ? rounded : 256);
+}
+
+static void cpu_release(const sd_backend *be, void *ptr)
+{
+    (void)be;
+    free(ptr);
+}
+
+static void cpu_bytes(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memcpy(dst, src, bytes);
+}
+
 /* ---- conv2d ------------------------------------------------------------------------------- */
 
 static int conv_is_pointwise(const sd_conv2d_desc *d)
@@ -1925,6 +1944,10 @@ static const sd_ops cpu_ops = {
     .copy = cpu_copy,
     .upload_f32 = cpu_upload_f32,
     .download_f32 = cpu_download_f32,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_bytes,
+    .download = cpu_bytes,
     .conv2d_forward_scratch = cpu_conv2d_forward_scratch,
     .conv2d_forward = cpu_conv2d_forward,
     .linear_forward = cpu_linear_forward,

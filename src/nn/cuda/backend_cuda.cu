@@ -1,0 +1,170 @@
+/* The CUDA backend object: creation (stream, cuBLASLt and cuDNN handles, workspace), the op
+ * table assembled from the per-file parts, and the memory entries. */
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda_internal.h"
+
+static void cuda_synchronize(const sd_backend *be)
+{
+    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
+}
+
+static void cuda_zero(const sd_backend *be, void *dst, size_t bytes)
+{
+    SD_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, sd_cuda_stream(be)));
+}
+
+static void cuda_copy(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, sd_cuda_stream(be)));
+}
+
+static void *cuda_alloc(const sd_backend *be, size_t bytes)
+{
+    void *p = nullptr;
+    SD_CUDA_CHECK(cudaSetDevice(sd_cuda(be)->device));
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is reported by the caller, not sticky */
+        return nullptr;
+    }
+    return p;
+}
+
+static void cuda_release(const sd_backend *be, void *ptr)
+{
+    (void)be;
+    SD_CUDA_CHECK(cudaFree(ptr));
+}
+
+static void cuda_upload(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, sd_cuda_stream(be)));
+    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
+}
+
+static void cuda_download(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, sd_cuda_stream(be)));
+    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
+}
+
+/* fp32 host <-> backend dtype: fp32 goes straight; bf16 converts in chunks through a pinned
+ * staging buffer (rounding to nearest even, as sd_f32_to_bf16 does). */
+static void cuda_upload_f32(const sd_backend *be, void *dst, const float *src, int64_t n)
+{
+    if (sd_cuda(be)->dtype == SD_F32) {
+        cuda_upload(be, dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    const int64_t chunk = 1 << 20;
+    uint16_t *stage = nullptr;
+    SD_CUDA_CHECK(cudaMallocHost((void **)&stage, (size_t)(n < chunk ? n : chunk) * 2));
+    for (int64_t i = 0; i < n; i += chunk) {
+        int64_t m = n - i < chunk ? n - i : chunk;
+        for (int64_t j = 0; j < m; j++)
+            stage[j] = sd_f32_to_bf16(src[i + j]);
+        cuda_upload(be, (uint16_t *)dst + i, stage, (size_t)m * 2);
+    }
+    SD_CUDA_CHECK(cudaFreeHost(stage));
+}
+
+static void cuda_download_f32(const sd_backend *be, float *dst, const void *src, int64_t n)
+{
+    if (sd_cuda(be)->dtype == SD_F32) {
+        cuda_download(be, dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    const int64_t chunk = 1 << 20;
+    uint16_t *stage = nullptr;
+    SD_CUDA_CHECK(cudaMallocHost((void **)&stage, (size_t)(n < chunk ? n : chunk) * 2));
+    for (int64_t i = 0; i < n; i += chunk) {
+        int64_t m = n - i < chunk ? n - i : chunk;
+        cuda_download(be, stage, (const uint16_t *)src + i, (size_t)m * 2);
+        for (int64_t j = 0; j < m; j++)
+            dst[i + j] = sd_bf16_to_f32(stage[j]);
+    }
+    SD_CUDA_CHECK(cudaFreeHost(stage));
+}
+
+extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **out, sd_err *err)
+{
+    *out = nullptr;
+    if (dtype != SD_F32 && dtype != SD_BF16)
+        return sd_err_set(err, "CUDA backend: dtype %s is not supported (F32 or BF16)",
+                          sd_dtype_name(dtype));
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return sd_err_set(err, "CUDA backend: no usable GPU (%s)",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
+    }
+    if (device < 0 || device >= count)
+        return sd_err_set(err, "CUDA backend: device %d does not exist (%d visible)", device, count);
+    e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return sd_err_set(err, "CUDA backend: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+
+    sd_cuda_state *st = (sd_cuda_state *)calloc(1, sizeof *st);
+    if (!st)
+        return sd_err_set(err, "CUDA backend: out of host memory");
+    st->device = device;
+    st->dtype = dtype;
+    const char *sync = getenv("SDTRAIN_CUDA_SYNC");
+    st->sync_each_op = sync && strcmp(sync, "1") == 0;
+    SD_CUDA_CHECK(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));
+    SD_CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    SD_CUBLAS_CHECK(cublasLtCreate(&st->lt));
+    SD_CUDNN_CHECK(cudnnCreate(&st->dnn));
+    SD_CUDNN_CHECK(cudnnSetStream(st->dnn, st->stream));
+    e = cudaMalloc(&st->lt_workspace, SD_CUDA_LT_WORKSPACE);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudnnDestroy(st->dnn);
+        cublasLtDestroy(st->lt);
+        cudaStreamDestroy(st->stream);
+        free(st);
+        return sd_err_set(err, "CUDA backend: cannot allocate the %u MiB cuBLASLt workspace: %s",
+                          SD_CUDA_LT_WORKSPACE >> 20, cudaGetErrorString(e));
+    }
+
+    sd_ops *ops = &st->ops;
+    ops->synchronize = cuda_synchronize;
+    ops->zero = cuda_zero;
+    ops->copy = cuda_copy;
+    ops->upload_f32 = cuda_upload_f32;
+    ops->download_f32 = cuda_download_f32;
+    ops->alloc = cuda_alloc;
+    ops->release = cuda_release;
+    ops->upload = cuda_upload;
+    ops->download = cuda_download;
+    sd_cuda_fill_elementwise_ops(ops);
+    sd_cuda_fill_norm_ops(ops);
+    sd_cuda_fill_conv_ops(ops);
+    sd_cuda_fill_gemm_ops(ops);
+
+    st->backend.name = "cuda";
+    st->backend.device = SD_DEV_CUDA;
+    st->backend.dtype = dtype;
+    st->backend.ops = &st->ops;
+    st->backend.impl = st;
+    *out = &st->backend;
+    return 0;
+}
+
+extern "C" void sd_backend_cuda_destroy(sd_backend *be)
+{
+    if (!be)
+        return;
+    sd_cuda_state *st = sd_cuda(be);
+    cudaStreamSynchronize(st->stream);
+    sd_cuda_conv_cache_destroy(st);
+    cudaFree(st->lt_workspace);
+    cudnnDestroy(st->dnn);
+    cublasLtDestroy(st->lt);
+    cudaStreamDestroy(st->stream);
+    free(st);
+}

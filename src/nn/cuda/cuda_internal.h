@@ -1,0 +1,149 @@
+/* Shared by the CUDA backend's .cu files: backend state, element-type helpers, launch checks.
+ * CUDA C++ kept C-like: templates only for the element type (float / bf16) and small functors. */
+#ifndef SDTRAIN_CUDA_INTERNAL_H
+#define SDTRAIN_CUDA_INTERNAL_H
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/cuda_check.h"
+#include "sdtrain/ops.h"
+
+/* cuBLASLt workspace owned by the backend (32 MiB: what cuBLAS asks for on Hopper). */
+#define SD_CUDA_LT_WORKSPACE (32u << 20)
+
+struct sd_cuda_conv_cache; /* ops_cuda_conv.cu */
+
+/* be->impl of a CUDA backend. One stream: every op is enqueued on it in program order. */
+typedef struct sd_cuda_state {
+    int device;
+    sd_dtype dtype;           /* SD_F32 or SD_BF16 */
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    cudnnHandle_t dnn;
+    void *lt_workspace;       /* SD_CUDA_LT_WORKSPACE bytes of device memory */
+    int sm_count;
+    int sync_each_op;         /* SDTRAIN_CUDA_SYNC=1: synchronize and check after every launch */
+    struct sd_cuda_conv_cache *conv_cache;
+    sd_backend backend;       /* the object handed out; backend.impl points back here */
+    sd_ops ops;               /* the table backend.ops points at */
+} sd_cuda_state;
+
+static inline sd_cuda_state *sd_cuda(const sd_backend *be)
+{
+    return (sd_cuda_state *)be->impl;
+}
+
+static inline cudaStream_t sd_cuda_stream(const sd_backend *be)
+{
+    return sd_cuda(be)->stream;
+}
+
+/* After every kernel launch: a launch error (bad configuration) is reported at once; with
+ * SDTRAIN_CUDA_SYNC=1 the stream is also synchronized so an error inside the kernel is reported
+ * at the op that caused it rather than at a later synchronization. */
+#define SD_CUDA_LAUNCHED(be)                                                                   \
+    do {                                                                                       \
+        SD_CUDA_CHECK(cudaGetLastError());                                                     \
+        if (sd_cuda(be)->sync_each_op)                                                         \
+            SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda(be)->stream));                         \
+    } while (0)
+
+/* ---- element types ---------------------------------------------------------------------- */
+
+/* Loads and stores through fp32: every kernel computes in fp32 whatever the storage type. */
+static __device__ __forceinline__ float sd_ld(const float *p, int64_t i)
+{
+    return p[i];
+}
+static __device__ __forceinline__ float sd_ld(const __nv_bfloat16 *p, int64_t i)
+{
+    return __bfloat162float(p[i]);
+}
+static __device__ __forceinline__ void sd_st(float *p, int64_t i, float v)
+{
+    p[i] = v;
+}
+static __device__ __forceinline__ void sd_st(__nv_bfloat16 *p, int64_t i, float v)
+{
+    p[i] = __float2bfloat16_rn(v);
+}
+
+/* Runs `body` with T = float or __nv_bfloat16 according to the backend's dtype:
+ *   SD_CUDA_DISPATCH(be, T, { my_kernel<T><<<g, b, 0, s>>>((const T *)x, (T *)y, n); });  */
+#define SD_CUDA_DISPATCH(be, T, ...)                                                          \
+    do {                                                                                       \
+        switch (sd_cuda(be)->dtype) {                                                          \
+        case SD_F32: {                                                                         \
+            typedef float T;                                                                   \
+            __VA_ARGS__;                                                                       \
+            break;                                                                             \
+        }                                                                                      \
+        case SD_BF16: {                                                                        \
+            typedef __nv_bfloat16 T;                                                           \
+            __VA_ARGS__;                                                                       \
+            break;                                                                             \
+        }                                                                                      \
+        default:                                                                               \
+            SD_CHECK(0, "CUDA backend dtype %d is neither F32 nor BF16",                       \
+                     (int)sd_cuda(be)->dtype);                                                 \
+        }                                                                                      \
+    } while (0)
+
+/* Bytes of one element of the backend's tensors (4 or 2). */
+static inline size_t sd_cuda_elem(const sd_backend *be)
+{
+    return sd_cuda(be)->dtype == SD_BF16 ? 2 : 4;
+}
+
+/* cudaDataType / cuDNN data type of the backend's tensors. */
+static inline cudaDataType_t sd_cuda_data_type(const sd_backend *be)
+{
+    return sd_cuda(be)->dtype == SD_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+static inline cudnnDataType_t sd_cudnn_data_type(const sd_backend *be)
+{
+    return sd_cuda(be)->dtype == SD_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+/* Grid size for a grid-stride loop over n items: enough blocks to fill the GPU a few times,
+ * never more than the items need. */
+static inline unsigned sd_cuda_grid(const sd_backend *be, int64_t n, int threads)
+{
+    int64_t need = (n + threads - 1) / threads;
+    int64_t cap = (int64_t)sd_cuda(be)->sm_count * 32;
+    if (need > cap)
+        need = cap;
+    return (unsigned)(need > 0 ? need : 1);
+}
+
+/* Round a byte count up to 256 (so several scratch pieces carved from one block stay aligned). */
+static inline size_t sd_cuda_align(size_t bytes)
+{
+    return (bytes + 255) / 256 * 256;
+}
+
+/* ---- the parts of the op table, one per source file -------------------------------------- */
+
+/* ops_cuda_elem.cu: activations, elementwise, data movement, embeddings, resampling. */
+void sd_cuda_fill_elementwise_ops(sd_ops *ops);
+/* ops_cuda_norm.cu: group norm, layer norm, and the column reductions (bias gradients). */
+void sd_cuda_fill_norm_ops(sd_ops *ops);
+/* ops_cuda_conv.cu: conv2d forward/backward through cuDNN. */
+void sd_cuda_fill_conv_ops(sd_ops *ops);
+void sd_cuda_conv_cache_destroy(sd_cuda_state *st);
+/* ops_cuda_gemm.cu: linear forward/backward through cuBLASLt, attention. */
+void sd_cuda_fill_gemm_ops(sd_ops *ops);
+
+/* ops_cuda_norm.cu: db[c] (+)= sum over rows of dy[rows, c] (dy of the backend's dtype), fp32,
+ * deterministic (fixed split of the rows, partial sums added in order). `scratch` must hold
+ * sd_cuda_colsum_scratch(rows, c) bytes of device memory. accumulate = 0 overwrites db. */
+size_t sd_cuda_colsum_scratch(int64_t rows, int c);
+void sd_cuda_colsum(const sd_backend *be, int64_t rows, int c, const void *dy, float *db,
+                    int accumulate, void *scratch);
+
+#endif
