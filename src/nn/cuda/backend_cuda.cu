@@ -162,6 +162,7 @@ extern "C" void sd_backend_cuda_destroy(sd_backend *be)
     sd_cuda_state *st = sd_cuda(be);
     cudaStreamSynchronize(st->stream);
     sd_cuda_conv_cache_destroy(st);
+    sd_cuda_gemm_cache_destroy(st);
     cudaFree(st->lt_workspace);
     cudnnDestroy(st->dnn);
     cublasLtDestroy(st->lt);

@@ -17,6 +17,7 @@
 #define SD_CUDA_LT_WORKSPACE (32u << 20)
 
 struct sd_cuda_conv_cache; /* ops_cuda_conv.cu */
+struct sd_cuda_gemm_cache; /* ops_cuda_gemm.cu */
 
 /* be->impl of a CUDA backend. One stream: every op is enqueued on it in program order. */
 typedef struct sd_cuda_state {
@@ -29,6 +30,7 @@ typedef struct sd_cuda_state {
     int sm_count;
     int sync_each_op;         /* SDTRAIN_CUDA_SYNC=1: synchronize and check after every launch */
     struct sd_cuda_conv_cache *conv_cache;
+    struct sd_cuda_gemm_cache *gemm_cache;
     sd_backend backend;       /* the object handed out; backend.impl points back here */
     sd_ops ops;               /* the table backend.ops points at */
 } sd_cuda_state;
@@ -138,6 +140,7 @@ void sd_cuda_fill_conv_ops(sd_ops *ops);
 void sd_cuda_conv_cache_destroy(sd_cuda_state *st);
 /* ops_cuda_gemm.cu: linear forward/backward through cuBLASLt, attention. */
 void sd_cuda_fill_gemm_ops(sd_ops *ops);
+void sd_cuda_gemm_cache_destroy(sd_cuda_state *st);
 
 /* ops_cuda_norm.cu: db[c] (+)= sum over rows of dy[rows, c] (dy of the backend's dtype), fp32,
  * deterministic (fixed split of the rows, partial sums added in order). `scratch` must hold
