@@ -14,6 +14,7 @@
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/clip.h"
+#include "sdtrain/cmd_backend.h"
 #include "sdtrain/error.h"
 #include "sdtrain/models.h"
 #include "sdtrain/ops.h"
@@ -29,8 +30,9 @@ static void forward_usage(FILE *f)
     fprintf(f,
             "usage: sdtool forward --snapshot DIR --module MODULE --in IN.safetensors\n"
             "                      --out OUT.safetensors [--threads N] [--repeat N] [--weights FILE]\n"
+            "                      [--device cpu|cuda] [--precision fp32|bf16]\n"
             "\n"
-            "Runs one module of a diffusers snapshot (fp32, CPU) on the named tensors of IN and writes\n"
+            "Runs one module of a diffusers snapshot (fp32 on the CPU by default) on the named tensors of IN and writes\n"
             "its outputs to OUT under the names diffusers uses. Tensors are in PyTorch's layout (NCHW,\n"
             "[batch, tokens, width]); inputs may be F32, F16, BF16 or F64, token ids I32 or I64;\n"
             "outputs are F32.\n"
@@ -52,6 +54,9 @@ static void forward_usage(FILE *f)
             "  --repeat N      run the forward N times and report the fastest (timing; default 1)\n"
             "  --weights FILE  weight file name inside the component folder (default:\n"
             "                  diffusion_pytorch_model / model .safetensors[.index.json])\n"
+            "  --device D      cpu (default) or cuda (the CUDA backend on the first visible GPU)\n"
+            "  --precision P   fp32 (default; no TF32 on the GPU) or bf16 (GPU only: bf16 weights\n"
+            "                  and activations, fp32 accumulation)\n"
             "\n"
             "A line on standard output gives the shapes, the load and forward times and GFLOP/s.\n"
             "exit status: 0 done, 1 the snapshot cannot be loaded or OUT cannot be written,\n"
@@ -61,7 +66,8 @@ static void forward_usage(FILE *f)
 typedef enum { MOD_UNET, MOD_VAE_ENCODE, MOD_VAE_DECODE, MOD_TEXT } module_kind;
 
 typedef struct fwd_opts {
-    const char *snapshot, *module, *in, *out, *weights;
+    const char *snapshot, *module, *in, *out, *weights, *device, *precision;
+    sd_cmd_backend cb;
     int threads;
     int repeat; /* forward runs; the fastest is reported (timing) */
     module_kind kind;
@@ -197,25 +203,52 @@ static int write_outputs(outputs *o, const char *path, const char *module)
 static void report(const fwd_opts *o, const char *in_desc, const char *out_desc, double t_load,
                    double t_fwd, double flops)
 {
-    printf("forward: %s %s -> %s: load %.3f s, forward %.3f s%s, %.2f GFLOP, %.1f GFLOP/s, %d "
-           "thread%s\n", o->module, in_desc, out_desc, t_load, t_fwd,
+    printf("forward: %s %s -> %s: load %.3f s, forward %.3f s%s, %.2f GFLOP, %.1f GFLOP/s, ",
+           o->module, in_desc, out_desc, t_load, t_fwd,
            o->repeat > 1 ? " (fastest of the runs)" : "", flops * 1e-9,
-           t_fwd > 0 ? flops * 1e-9 / t_fwd : 0.0, o->threads, o->threads == 1 ? "" : "s");
+           t_fwd > 0 ? flops * 1e-9 / t_fwd : 0.0);
+    if (o->cb.host)
+        printf("%d thread%s\n", o->threads, o->threads == 1 ? "" : "s");
+    else
+        printf("%s %s\n", o->cb.be->name, o->cb.be->dtype == SD_BF16 ? "bf16" : "fp32");
 }
 
-static int arena_for(sd_arena *a, size_t bytes)
+static int arena_for(const fwd_opts *o, sd_arena *a, size_t bytes)
 {
-    if (sd_arena_init(a, bytes, 0) == 0)
+    if (sd_cmd_arena(&o->cb, bytes, a) == 0)
         return 0;
-    fprintf(stderr, "sdtool forward: cannot allocate %zu bytes of activation memory\n", bytes);
+    fprintf(stderr, "sdtool forward: cannot allocate %zu bytes of activation memory on the %s "
+            "backend\n", bytes, o->cb.be->name);
     return -1;
+}
+
+/* The flat parameters in the backend's memory: the host fp32 buffer itself on the CPU, a
+ * converted device copy otherwise (released with sd_cmd_release(&o->cb, p, w->data)). */
+static void *params_for(const fwd_opts *o, const sd_weights *w)
+{
+    void *p = sd_cmd_put(&o->cb, w->data, (int64_t)w->table.total_floats);
+    if (!p)
+        fprintf(stderr, "sdtool forward: cannot allocate %zu bytes for the weights on the %s "
+                "backend\n", w->table.total_floats * sd_dtype_size(o->cb.be->dtype),
+                o->cb.be->name);
+    return p;
+}
+
+/* Host NHWC fp32 -> a backend tensor, or NULL after a message. */
+static void *input_for(const fwd_opts *o, const float *x, int64_t n)
+{
+    void *d = sd_cmd_put(&o->cb, x, n);
+    if (!d)
+        fprintf(stderr, "sdtool forward: cannot allocate %lld input values on the %s backend\n",
+                (long long)n, o->cb.be->name);
+    return d;
 }
 
 /* ---- the modules ------------------------------------------------------------------------- */
 
 static int run_text(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in)
 {
-    const sd_backend *be = sd_backend_cpu();
+    const sd_backend *be = o->cb.be;
     const sd_st_tensor *t = input(in, o, "input_ids", 2, "[batch, tokens] I32 or I64");
     sd_clip_config c;
     sd_weights w;
@@ -226,6 +259,7 @@ static int run_text(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
     int eos, B, T, rc = 0;
     int32_t *ids;
     float *hidden, *pooled;
+    void *params = NULL;
     double t0, t_load, t_fwd = 0;
     char s_in[96], s_out[96];
 
@@ -245,7 +279,13 @@ static int run_text(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
         sd_st_writer_free(out.w);
         return fail_run(err.msg);
     }
-    if (sd_clip_create_from_weights(&m, &c, &w, be, &err)) {
+    if (!(params = params_for(o, &w))) {
+        sd_weights_free(&w);
+        sd_st_writer_free(out.w);
+        return SD_EXIT_FAILURE;
+    }
+    if (sd_clip_create(&m, &c, &w.table, params, be, &err)) {
+        sd_cmd_release(&o->cb, params, w.data);
         sd_weights_free(&w);
         sd_st_writer_free(out.w);
         return fail_run(err.msg);
@@ -275,25 +315,41 @@ static int run_text(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
         }
         ids[i] = (int32_t)v;
     }
-    hidden = sd_xmalloc((size_t)B * T * c.hidden_size * sizeof *hidden);
-    pooled = sd_xmalloc((size_t)B * c.hidden_size * sizeof *pooled);
-    if (arena_for(&a, sd_clip_scratch_bytes(&c, be, B, T))) {
+    {
+        const int64_t nh = (int64_t)B * T * c.hidden_size, np = (int64_t)B * c.hidden_size;
+        const size_t es = sd_dtype_size(be->dtype);
+        void *ids_be = sd_cmd_alloc(&o->cb, (size_t)B * T * sizeof *ids);
+        void *hid_be = sd_cmd_alloc(&o->cb, (size_t)nh * es);
+        void *pool_be = sd_cmd_alloc(&o->cb, (size_t)np * es);
+        if (!ids_be || !hid_be || !pool_be || arena_for(o, &a, sd_clip_scratch_bytes(&c, be, B, T))) {
+            if (!ids_be || !hid_be || !pool_be)
+                fprintf(stderr, "sdtool forward: cannot allocate the ids and outputs on the %s "
+                        "backend\n", be->name);
+            sd_cmd_release(&o->cb, ids_be, NULL);
+            sd_cmd_release(&o->cb, hid_be, NULL);
+            sd_cmd_release(&o->cb, pool_be, NULL);
+            free(ids);
+            rc = SD_EXIT_FAILURE;
+            goto done;
+        }
+        sd_upload(be, ids_be, ids, (size_t)B * T * sizeof *ids);
+        for (int r = 0; r < o->repeat; r++) {
+            double dt;
+            t0 = sd_time_now();
+            sd_clip_forward(m, B, T, (const int32_t *)ids_be, hid_be, &a, NULL);
+            sd_clip_pool(m, B, T, ids, eos, hid_be, pool_be);
+            sd_synchronize(be);
+            dt = sd_time_now() - t0;
+            t_fwd = r == 0 || dt < t_fwd ? dt : t_fwd;
+        }
+        sd_cmd_arena_free(&o->cb, &a);
+        hidden = sd_cmd_get(&o->cb, hid_be, nh);
+        pooled = sd_cmd_get(&o->cb, pool_be, np);
+        sd_cmd_release(&o->cb, ids_be, NULL);
+        sd_cmd_release(&o->cb, hid_be, NULL);
+        sd_cmd_release(&o->cb, pool_be, NULL);
         free(ids);
-        free(hidden);
-        free(pooled);
-        rc = SD_EXIT_FAILURE;
-        goto done;
     }
-    for (int r = 0; r < o->repeat; r++) {
-        double dt;
-        t0 = sd_time_now();
-        sd_clip_forward(m, B, T, ids, hidden, &a, NULL);
-        sd_clip_pool(m, B, T, ids, eos, hidden, pooled);
-        dt = sd_time_now() - t0;
-        t_fwd = r == 0 || dt < t_fwd ? dt : t_fwd;
-    }
-    sd_arena_free(&a);
-    free(ids);
     if (add_output(&out, "last_hidden_state", 3, (int64_t[]){B, T, c.hidden_size}, hidden, &err) ||
         add_output(&out, "pooler_output", 2, (int64_t[]){B, c.hidden_size}, pooled, &err)) {
         rc = fail_run(err.msg);
@@ -306,13 +362,14 @@ static int run_text(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
 done:
     outputs_free(&out);
     sd_clip_free(m);
+    sd_cmd_release(&o->cb, params, w.data);
     sd_weights_free(&w);
     return rc;
 }
 
 static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in, int decode)
 {
-    const sd_backend *be = sd_backend_cpu();
+    const sd_backend *be = o->cb.be;
     const char *name = decode ? "latents" : "images";
     const sd_st_tensor *t = input(in, o, name, 4, decode ? "[batch, latent_channels, h, w]"
                                                              : "[batch, in_channels, H, W]");
@@ -324,6 +381,8 @@ static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in
     outputs out = {sd_st_writer_new(), {0}, 0};
     int B, C, H, W, oh, ow, rc = 0, want_c;
     float *x, *xh, *y;
+    void *params = NULL, *x_be, *y_be;
+    int64_t ny;
     double t0, t_load, t_fwd = 0, flops;
     char s_in[96], s_out[128];
 
@@ -346,8 +405,15 @@ static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in
         sd_st_writer_free(out.w);
         return fail_run(err.msg);
     }
-    if (sd_vae_create_from_weights(&m, &c, &w, be, &err)) {
+    if (!(params = params_for(o, &w))) {
         free(x);
+        sd_weights_free(&w);
+        sd_st_writer_free(out.w);
+        return SD_EXIT_FAILURE;
+    }
+    if (sd_vae_create(&m, &c, &w.table, params, be, &err)) {
+        free(x);
+        sd_cmd_release(&o->cb, params, w.data);
         sd_weights_free(&w);
         sd_st_writer_free(out.w);
         return fail_run(err.msg);
@@ -369,16 +435,15 @@ static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in
     }
     xh = to_nhwc(x, B, C, H, W);
     free(x);
-    if (decode) {
-        y = sd_xmalloc((size_t)B * oh * ow * c.out_channels * sizeof *y);
-        rc = arena_for(&a, sd_vae_decode_scratch_bytes(&c, be, B, H, W));
-    } else {
-        y = sd_xmalloc((size_t)B * oh * ow * 2 * c.latent_channels * sizeof *y);
-        rc = arena_for(&a, sd_vae_encode_scratch_bytes(&c, be, B, H, W));
-    }
-    if (rc) {
+    ny = (int64_t)B * oh * ow * (decode ? c.out_channels : 2 * c.latent_channels);
+    x_be = input_for(o, xh, (int64_t)B * H * W * C);
+    y_be = sd_cmd_alloc(&o->cb, (size_t)ny * sd_dtype_size(be->dtype));
+    if (!x_be || !y_be ||
+        arena_for(o, &a, decode ? sd_vae_decode_scratch_bytes(&c, be, B, H, W)
+                                : sd_vae_encode_scratch_bytes(&c, be, B, H, W))) {
+        sd_cmd_release(&o->cb, x_be, xh);
+        sd_cmd_release(&o->cb, y_be, NULL);
         free(xh);
-        free(y);
         rc = SD_EXIT_FAILURE;
         goto done;
     }
@@ -386,13 +451,17 @@ static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in
         double dt;
         t0 = sd_time_now();
         if (decode)
-            sd_vae_decode(m, B, H, W, xh, y, &a, NULL);
+            sd_vae_decode(m, B, H, W, x_be, y_be, &a, NULL);
         else
-            sd_vae_encode(m, B, H, W, xh, y, &a, NULL);
+            sd_vae_encode(m, B, H, W, x_be, y_be, &a, NULL);
+        sd_synchronize(be);
         dt = sd_time_now() - t0;
         t_fwd = r == 0 || dt < t_fwd ? dt : t_fwd;
     }
-    sd_arena_free(&a);
+    sd_cmd_arena_free(&o->cb, &a);
+    y = sd_cmd_get(&o->cb, y_be, ny);
+    sd_cmd_release(&o->cb, x_be, xh);
+    sd_cmd_release(&o->cb, y_be, NULL);
     free(xh);
     snprintf(s_in, sizeof s_in, "%s [%d, %d, %d, %d]", name, B, C, H, W);
     if (decode) {
@@ -428,13 +497,14 @@ static int run_vae(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in
 done:
     outputs_free(&out);
     sd_vae_free(m);
+    sd_cmd_release(&o->cb, params, w.data);
     sd_weights_free(&w);
     return rc;
 }
 
 static int run_unet(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *in)
 {
-    const sd_backend *be = sd_backend_cpu();
+    const sd_backend *be = o->cb.be;
     const sd_st_tensor *ts = input(in, o, "sample", 4, "[batch, in_channels, h, w]");
     const sd_st_tensor *tc = ts ? input(in, o, "encoder_hidden_states", 3,
                                         "[batch, tokens, cross_attention_dim]")
@@ -448,6 +518,8 @@ static int run_unet(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
     outputs out = {sd_st_writer_new(), {0}, 0};
     int B, C, H, W, T, D, rc = 0;
     float *sample = NULL, *ctx = NULL, *steps = NULL, *xh = NULL, *y;
+    void *params = NULL, *x_be, *ctx_be, *y_be;
+    int64_t ny;
     double t0, t_load, t_fwd = 0;
     char s_in[160], s_out[96], sh[96];
 
@@ -511,7 +583,11 @@ static int run_unet(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
         sd_st_writer_free(out.w);
         return fail_run(err.msg);
     }
-    if (sd_unet_create_from_weights(&u, &c, &w, be, &err)) {
+    if (!(params = params_for(o, &w))) {
+        rc = SD_EXIT_FAILURE;
+        goto done;
+    }
+    if (sd_unet_create(&u, &c, &w.table, params, be, &err)) {
         rc = fail_run(err.msg);
         goto done;
     }
@@ -526,20 +602,30 @@ static int run_unet(const fwd_opts *o, const sd_snapshot *s, const sd_st_file *i
         goto done;
     }
     xh = to_nhwc(sample, B, C, H, W);
-    y = sd_xmalloc((size_t)B * H * W * c.out_channels * sizeof *y);
-    if (arena_for(&a, sd_unet_scratch_bytes(&c, be, B, H, W, T))) {
-        free(y);
+    ny = (int64_t)B * H * W * c.out_channels;
+    x_be = input_for(o, xh, (int64_t)B * H * W * C);
+    ctx_be = input_for(o, ctx, (int64_t)B * T * D);
+    y_be = sd_cmd_alloc(&o->cb, (size_t)ny * sd_dtype_size(be->dtype));
+    if (!x_be || !ctx_be || !y_be || arena_for(o, &a, sd_unet_scratch_bytes(&c, be, B, H, W, T))) {
+        sd_cmd_release(&o->cb, x_be, xh);
+        sd_cmd_release(&o->cb, ctx_be, ctx);
+        sd_cmd_release(&o->cb, y_be, NULL);
         rc = SD_EXIT_FAILURE;
         goto done;
     }
     for (int r = 0; r < o->repeat; r++) {
         double dt;
         t0 = sd_time_now();
-        sd_unet_forward(u, B, H, W, xh, steps, ctx, T, y, &a, NULL);
+        sd_unet_forward(u, B, H, W, x_be, steps, ctx_be, T, y_be, &a, NULL);
+        sd_synchronize(be);
         dt = sd_time_now() - t0;
         t_fwd = r == 0 || dt < t_fwd ? dt : t_fwd;
     }
-    sd_arena_free(&a);
+    sd_cmd_arena_free(&o->cb, &a);
+    y = sd_cmd_get(&o->cb, y_be, ny);
+    sd_cmd_release(&o->cb, x_be, xh);
+    sd_cmd_release(&o->cb, ctx_be, ctx);
+    sd_cmd_release(&o->cb, y_be, NULL);
     rc = add_output(&out, "sample", 4, (int64_t[]){B, c.out_channels, H, W},
                     to_nchw(y, B, c.out_channels, H, W), &err);
     free(y);
@@ -559,6 +645,7 @@ done:
     free(steps);
     free(xh);
     sd_unet_free(u);
+    sd_cmd_release(&o->cb, params, w.data);
     sd_weights_free(&w);
     return rc;
 }
@@ -594,6 +681,10 @@ int sd_cmd_forward(int argc, char **argv)
             slot = &o.out;
         else if (!strcmp(a, "--weights"))
             slot = &o.weights;
+        else if (!strcmp(a, "--device"))
+            slot = &o.device;
+        else if (!strcmp(a, "--precision"))
+            slot = &o.precision;
         else if (!strcmp(a, "--threads") || !strcmp(a, "--repeat")) {
             char *end;
             long v;
@@ -633,11 +724,23 @@ int sd_cmd_forward(int argc, char **argv)
 #else
     o.threads = 1;
 #endif
+    if (o.device && strcmp(o.device, "cpu") && strcmp(o.device, "cuda"))
+        return fail_input("--device '%s': expected cpu or cuda", o.device);
+    if (o.precision && strcmp(o.precision, "fp32") && strcmp(o.precision, "bf16"))
+        return fail_input("--precision '%s': expected fp32 or bf16", o.precision);
     if (sd_st_open(o.in, &in, &err))
         return fail_input("%s", err.msg);
     if (sd_snapshot_open(&s, o.snapshot, &err)) {
         sd_st_close(&in);
         return fail_run(err.msg);
+    }
+    if (sd_cmd_backend_open(o.device, o.precision, &o.cb, &err)) {
+        sd_snapshot_close(&s);
+        sd_st_close(&in);
+        /* bf16 on the CPU is a usage error; a missing GPU or CUDA build a runtime one */
+        return o.precision && !strcmp(o.precision, "bf16") && (!o.device || !strcmp(o.device, "cpu"))
+                   ? fail_input("%s", err.msg)
+                   : fail_run(err.msg);
     }
     switch (o.kind) {
     case MOD_UNET:
@@ -653,6 +756,7 @@ int sd_cmd_forward(int argc, char **argv)
         rc = run_text(&o, &s, &in);
         break;
     }
+    sd_cmd_backend_close(&o.cb);
     sd_snapshot_close(&s);
     sd_st_close(&in);
     return rc;

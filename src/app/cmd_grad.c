@@ -14,6 +14,7 @@
 
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
+#include "sdtrain/cmd_backend.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/error.h"
 #include "sdtrain/models.h"
@@ -29,10 +30,11 @@ static void grad_usage(FILE *f)
     fprintf(f,
             "usage: sdtool grad --snapshot DIR --batch BATCH.safetensors --out OUT.safetensors\n"
             "                   [--prediction-type epsilon|v_prediction] [--threads N]\n"
-            "                   [--recompute] [--weights FILE]\n"
+            "                   [--recompute] [--weights FILE] [--device cpu|cuda]\n"
+            "                   [--precision fp32|bf16]\n"
             "\n"
-            "One training step's loss and gradients for the U-Net of a diffusers snapshot (fp32,\n"
-            "CPU), without the optimizer. BATCH holds (PyTorch layouts):\n"
+            "One training step's loss and gradients for the U-Net of a diffusers snapshot (fp32 on\n"
+            "the CPU by default), without the optimizer. BATCH holds (PyTorch layouts):\n"
             "  latents                [B, C, h, w]  x0, already scaled by the VAE scaling factor\n"
             "  noise                  [B, C, h, w]  the epsilon added to them\n"
             "  timesteps              [B]           integers in [0, num_train_timesteps)\n"
@@ -50,6 +52,9 @@ static void grad_usage(FILE *f)
             "  --threads N        OpenMP threads (the result does not depend on N)\n"
             "  --recompute        recompute block activations in the backward (same result)\n"
             "  --weights FILE     weight file name inside unet/ (default: the usual names)\n"
+            "  --device D         cpu (default) or cuda (the first visible GPU)\n"
+            "  --precision P      fp32 (default; no TF32 on the GPU) or bf16 (GPU only; the\n"
+            "                     gradients are still accumulated in fp32)\n"
             "\n"
             "exit status: 0 done, 1 the snapshot cannot be loaded or OUT cannot be written,\n"
             "2 bad usage or input.\n");
@@ -150,13 +155,15 @@ static float *batch_float(const sd_st_file *f, const char *path, const char *nam
 }
 
 typedef struct grad_opts {
-    const char *snapshot, *batch, *out, *weights, *prediction;
+    const char *snapshot, *batch, *out, *weights, *prediction, *device, *precision;
+    sd_cmd_backend cb;
     int threads, recompute;
 } grad_opts;
 
 static int run(const grad_opts *o)
 {
-    const sd_backend *be = sd_backend_cpu();
+    const sd_backend *be = o->cb.be;
+    const sd_backend *hb = sd_backend_cpu(); /* layout changes of host arrays */
     sd_snapshot snap;
     sd_st_file in;
     sd_err err;
@@ -172,6 +179,8 @@ static int run(const grad_opts *o)
     float *lat = NULL, *noise = NULL, *ctx = NULL, *steps = NULL, *grads = NULL;
     float *xt = NULL, *target = NULL, *pred = NULL, *dpred = NULL, *xh = NULL, *yh = NULL;
     float *torch_grads = NULL, l32;
+    void *params = NULL, *grads_be = NULL, *xh_be = NULL, *ctx_be = NULL, *yh_be = NULL;
+    void *dy_be = NULL;
     int32_t *ti = NULL;
     int B, C, H, W, T, D, rc = SD_EXIT_FAILURE, have_sched = 0, have_arena = 0;
     double loss, t0, t_step;
@@ -250,7 +259,11 @@ static int run(const grad_opts *o)
         fail(rc, "%s", err.msg);
         goto done;
     }
-    if (sd_unet_create_from_weights(&u, &c, &w, be, &err)) {
+    if (!(params = sd_cmd_put(&o->cb, w.data, (int64_t)w.table.total_floats))) {
+        fail(rc, "cannot allocate the weights on the %s backend", be->name);
+        goto done;
+    }
+    if (sd_unet_create(&u, &c, &w.table, params, be, &err)) {
         fail(rc, "%s", err.msg);
         goto done;
     }
@@ -266,13 +279,24 @@ static int run(const grad_opts *o)
         goto done;
     }
     grads = sd_xcalloc(w.table.total_floats ? w.table.total_floats : 1, sizeof *grads);
-    if (sd_unet_trainer_create(&tr, u, &w.table, grads, B, H, W, T, o->recompute, &err)) {
+    if (o->cb.host) {
+        grads_be = grads;
+    } else {
+        grads_be = sd_cmd_alloc(&o->cb, (w.table.total_floats ? w.table.total_floats : 1) *
+                                            sizeof(float));
+        if (!grads_be) {
+            fail(rc, "cannot allocate the gradients on the %s backend", be->name);
+            goto done;
+        }
+        sd_zero(be, grads_be, w.table.total_floats * sizeof(float));
+    }
+    if (sd_unet_trainer_create(&tr, u, &w.table, grads_be, B, H, W, T, o->recompute, &err)) {
         fail(rc, "%s", err.msg);
         goto done;
     }
-    if (sd_arena_init(&arena, sd_unet_trainer_arena_bytes(tr), SD_ARENA_DEFAULT_ALIGNMENT)) {
-        fail(rc, "cannot allocate %zu bytes of activation memory",
-             sd_unet_trainer_arena_bytes(tr));
+    if (sd_cmd_arena(&o->cb, sd_unet_trainer_arena_bytes(tr), &arena)) {
+        fail(rc, "cannot allocate %zu bytes of activation memory on the %s backend",
+             sd_unet_trainer_arena_bytes(tr), be->name);
         goto done;
     }
     have_arena = 1;
@@ -288,13 +312,31 @@ static int run(const grad_opts *o)
     t0 = sd_time_now();
     sd_diffusion_add_noise(&d, ti, B, (int64_t)per, lat, noise, xt);
     sd_diffusion_target(&d, ti, B, (int64_t)per, lat, noise, target);
-    sd_nchw_to_nhwc(be, B, C, H, W, xt, xh);
-    sd_unet_train_forward(tr, xh, steps, ctx, yh, &arena);
-    sd_nhwc_to_nchw(be, B, C, H, W, yh, pred);
+    sd_nchw_to_nhwc(hb, B, C, H, W, xt, xh);
+    xh_be = sd_cmd_put(&o->cb, xh, (int64_t)(B * per));
+    ctx_be = sd_cmd_put(&o->cb, ctx, (int64_t)B * T * D);
+    yh_be = sd_cmd_alloc(&o->cb, B * per * sd_dtype_size(be->dtype));
+    if (!xh_be || !ctx_be || !yh_be) {
+        fail(rc, "cannot allocate the batch on the %s backend", be->name);
+        goto done;
+    }
+    sd_unet_train_forward(tr, xh_be, steps, ctx_be, yh_be, &arena);
+    {
+        float *y = sd_cmd_get(&o->cb, yh_be, (int64_t)(B * per));
+        sd_nhwc_to_nchw(hb, B, C, H, W, y, pred);
+        free(y);
+    }
     loss = sd_diffusion_loss(&d, ti, B, (int64_t)per, B, pred, target, NULL, dpred);
-    sd_nchw_to_nhwc(be, B, C, H, W, dpred, yh);
-    sd_unet_backward(tr, yh, &arena);
+    sd_nchw_to_nhwc(hb, B, C, H, W, dpred, yh);
+    if (!(dy_be = sd_cmd_put(&o->cb, yh, (int64_t)(B * per)))) {
+        fail(rc, "cannot allocate the output gradient on the %s backend", be->name);
+        goto done;
+    }
+    sd_unet_backward(tr, dy_be, &arena);
+    sd_synchronize(be);
     t_step = sd_time_now() - t0;
+    if (!o->cb.host)
+        sd_download(be, grads, grads_be, w.table.total_floats * sizeof(float));
 
     /* outputs */
     wr = sd_st_writer_new();
@@ -325,19 +367,33 @@ static int run(const grad_opts *o)
         fail(rc, "%s", err.msg);
         goto done;
     }
-    printf("grad: batch %d, latent %dx%dx%d, context %dx%d, %s, loss %.9g, %zu gradient tensors, "
-           "step %.3f s (%.2f GFLOP/s, %d threads%s)\n",
-           B, C, H, W, T, D, pred_name, loss, w.table.n, t_step,
-           sd_unet_trainer_flops(tr) / t_step * 1e-9, o->threads,
-           o->recompute ? ", recompute" : "");
+    {
+        char where[64];
+        if (o->cb.host)
+            snprintf(where, sizeof where, "%d threads", o->threads);
+        else
+            snprintf(where, sizeof where, "%s %s", be->name,
+                     be->dtype == SD_BF16 ? "bf16" : "fp32");
+        printf("grad: batch %d, latent %dx%dx%d, context %dx%d, %s, loss %.9g, %zu gradient "
+               "tensors, step %.3f s (%.2f GFLOP/s, %s%s)\n",
+               B, C, H, W, T, D, pred_name, loss, w.table.n, t_step,
+               sd_unet_trainer_flops(tr) / t_step * 1e-9, where,
+               o->recompute ? ", recompute" : "");
+    }
     rc = SD_EXIT_OK;
 done:
     if (wr)
         sd_st_writer_free(wr);
     if (have_arena)
-        sd_arena_free(&arena);
+        sd_cmd_arena_free(&o->cb, &arena);
     sd_unet_trainer_free(tr);
     sd_unet_free(u);
+    sd_cmd_release(&o->cb, params, w.data);
+    sd_cmd_release(&o->cb, grads_be, grads);
+    sd_cmd_release(&o->cb, xh_be, xh);
+    sd_cmd_release(&o->cb, ctx_be, ctx);
+    sd_cmd_release(&o->cb, yh_be, NULL);
+    sd_cmd_release(&o->cb, dy_be, yh);
     sd_weights_free(&w);
     if (have_sched)
         sd_diffusion_free(&d);
@@ -384,6 +440,10 @@ int sd_cmd_grad(int argc, char **argv)
             slot = &o.weights;
         else if (!strcmp(a, "--prediction-type"))
             slot = &o.prediction;
+        else if (!strcmp(a, "--device"))
+            slot = &o.device;
+        else if (!strcmp(a, "--precision"))
+            slot = &o.precision;
         else if (!strcmp(a, "--threads")) {
             char *end;
             long v;
@@ -416,5 +476,20 @@ int sd_cmd_grad(int argc, char **argv)
 #else
     o.threads = 1;
 #endif
-    return run(&o);
+    {
+        sd_err err;
+        int rc;
+        if (o.device && strcmp(o.device, "cpu") && strcmp(o.device, "cuda"))
+            return fail(SD_EXIT_USAGE, "--device '%s': expected cpu or cuda", o.device);
+        if (o.precision && strcmp(o.precision, "fp32") && strcmp(o.precision, "bf16"))
+            return fail(SD_EXIT_USAGE, "--precision '%s': expected fp32 or bf16", o.precision);
+        if (sd_cmd_backend_open(o.device, o.precision, &o.cb, &err))
+            return fail(o.cb.be == NULL && (!o.device || !strcmp(o.device, "cpu"))
+                            ? SD_EXIT_USAGE
+                            : SD_EXIT_FAILURE,
+                        "%s", err.msg);
+        rc = run(&o);
+        sd_cmd_backend_close(&o.cb);
+        return rc;
+    }
 }

@@ -1,0 +1,146 @@
+#!/bin/bash
+# One command that verifies the CUDA backend on a GPU machine: every GPU test (op by op against
+# the CPU backend, whole modules against the goldens), compute-sanitizer memcheck over the op
+# tests, and the CUDA op benchmark, ending with a short table.
+#
+#   bash bench/gpu-check.sh [--bundle DIR | --build DIR] [--parts LIST] [--log DIR]
+#
+#   --bundle DIR  use DIR/bundle.tar.xz made by bench/gpu-bundle.sh (for GPU machines without
+#                 MPI / HDF5 / ...; default when .gpu/bundle.tar.xz exists)
+#   --build DIR   use (and first build) a tree configured with --with-cuda (default build/cuda)
+#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench (default: all)
+#   --log DIR     logs and CSV files (default: $OUT when set, else gpu-check-logs)
+# Exit status: 0 when every part that ran passed, 1 otherwise, 77 without a usable GPU.
+set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+bundle=""
+build=""
+parts="tests,modules,sanitizer,bench"
+logdir="${OUT:-gpu-check-logs}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --bundle) bundle=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --parts) parts=$2; shift 2 ;;
+    --log) logdir=$2; shift 2 ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+done
+[ -n "$bundle$build" ] || { [ -f .gpu/bundle.tar.xz ] && bundle=.gpu || build=build/cuda; }
+mkdir -p "$logdir"
+want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+summary=()
+add() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
+status=0
+
+# ---- the programs ----------------------------------------------------------------------------
+if [ -n "$bundle" ]; then
+    rm -rf /tmp/sdgpu
+    tar -C /tmp -xJf "$bundle/bundle.tar.xz" || { echo "gpu-check: cannot unpack $bundle/bundle.tar.xz" >&2; exit 2; }
+    B=/tmp/sdgpu/build
+    export LD_LIBRARY_PATH="/tmp/sdgpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    cat /tmp/sdgpu/BUILD-INFO
+else
+    B=$build
+    jobs=$(nproc 2>/dev/null || echo 4)
+    make -C "$B" -j"$jobs" >"$logdir/build.log" 2>&1 && make -C "$B" -j"$jobs" check TESTS= >>"$logdir/build.log" 2>&1 ||
+        { tail -30 "$logdir/build.log"; echo "gpu-check: the build failed" >&2; exit 1; }
+fi
+# CUDA's libraries: the system's, else the ones pip wheels put under site-packages/nvidia/*/lib
+for lib in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
+    if ! ldd "$B/sdtool" | grep -q "$lib => /"; then
+        dir=$(find /usr /opt -name "$lib" -print 2>/dev/null | head -1)
+        [ -n "$dir" ] && export LD_LIBRARY_PATH="$(dirname "$dir"):$LD_LIBRARY_PATH"
+    fi
+done
+if ldd "$B/sdtool" | grep -q "not found"; then
+    ldd "$B/sdtool" | grep "not found"
+    echo "gpu-check: libraries missing (above)" >&2
+    exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null
+"$B/sdtool" --version | head -2
+if ! "$B/sdtool" device >"$logdir/device.txt" 2>&1; then
+    cat "$logdir/device.txt"
+    echo "gpu-check: no usable GPU" >&2
+    exit 77
+fi
+cat "$logdir/device.txt"
+
+# ---- op tests (TAP) -------------------------------------------------------------------------
+tap_run() { # NAME CMD...: runs a TAP program, records ok/not ok counts
+    local name=$1 t0 t1 ok nok skip
+    shift
+    t0=$(date +%s)
+    timeout 600 "$@" >"$logdir/$name.log" 2>&1
+    local rc=$?
+    t1=$(date +%s)
+    ok=$(grep -c '^ok' "$logdir/$name.log")
+    nok=$(grep -c '^not ok' "$logdir/$name.log")
+    skip=$(grep -c '# SKIP' "$logdir/$name.log")
+    grep '^not ok' "$logdir/$name.log" | head -20
+    if [ "$rc" != 0 ] || [ "$nok" != 0 ] || [ "$ok" = 0 ]; then
+        status=1
+        add "$name" "FAIL" "$ok ok, $nok not ok, $skip skipped, exit $rc, $((t1 - t0)) s"
+    else
+        add "$name" "pass" "$ok ok, $((t1 - t0)) s"
+    fi
+}
+optests=""
+for p in "$B"/tests/gpu/gpu_selftest "$B"/tests/gpu/test_cuda_*; do
+    [ -x "$p" ] && optests="$optests $p"
+done
+if want tests; then
+    for p in $optests; do tap_run "$(basename "$p")" "$p"; done
+fi
+
+# ---- whole modules against the goldens --------------------------------------------------------
+if want modules; then
+    t0=$(date +%s)
+    top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="" \
+        timeout 600 sh tests/gpu/modules.sh >"$logdir/modules.log" 2>&1
+    rc=$?
+    grep -E '^(ok|FAIL)' "$logdir/modules.log" | sed 's/^/  /' | cut -c1-200
+    nok=$(grep -c '^ok' "$logdir/modules.log")
+    nfail=$(grep -c '^FAIL' "$logdir/modules.log")
+    if [ "$rc" = 0 ]; then add modules.sh pass "$nok checks, $(($(date +%s) - t0)) s"
+    else status=1; add modules.sh FAIL "$nfail failed, $nok ok, exit $rc"; fi
+fi
+
+# ---- compute-sanitizer memcheck over the op tests -------------------------------------------
+if want sanitizer; then
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+    if [ -z "$cs" ]; then
+        add "compute-sanitizer" "n/a" "not installed"
+    else
+        for p in $optests; do
+            n=$(basename "$p")
+            timeout 900 "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$p" \
+                >"$logdir/memcheck-$n.log" 2>&1
+            rc=$?
+            errs=$(grep -E -o 'ERROR SUMMARY: [0-9]+' "$logdir/memcheck-$n.log" | tail -1)
+            if [ "$rc" = 0 ]; then add "memcheck $n" "clean" "${errs:-no summary}"
+            else status=1; add "memcheck $n" "FAIL" "exit $rc, ${errs:-no summary}"
+                grep -m5 -E '=========' "$logdir/memcheck-$n.log"; fi
+        done
+    fi
+fi
+
+# ---- benchmark ---------------------------------------------------------------------------------
+if want bench && [ -x "$B/bench/ops_cuda" ]; then
+    for dt in bf16 f32; do
+        timeout 600 "$B/bench/ops_cuda" --batch 32 --res both --dtype "$dt" --csv "$logdir/ops_$dt.csv" \
+            >"$logdir/ops_$dt.txt" 2>&1
+        rc=$?
+        cat "$logdir/ops_$dt.txt"
+        if [ "$rc" = 0 ]; then add "bench ops_cuda $dt" "done" "$logdir/ops_$dt.csv"
+        else status=1; add "bench ops_cuda $dt" "FAIL" "exit $rc"; fi
+    done
+fi
+
+echo
+echo "==== gpu-check summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) ===="
+for line in "${summary[@]}"; do echo "$line"; done
+exit $status
