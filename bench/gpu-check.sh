@@ -8,7 +8,10 @@
 #   --bundle DIR  use DIR/bundle.tar.xz made by bench/gpu-bundle.sh (for GPU machines without
 #                 MPI / HDF5 / ...; default when .gpu/bundle.tar.xz exists)
 #   --build DIR   use (and first build) a tree configured with --with-cuda (default build/cuda)
-#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench (default: all)
+#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, peer
+#                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
+#                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
+#                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl)
 #   --log DIR     logs and CSV files (default: $OUT when set, else gpu-check-logs)
 # Exit status: 0 when every part that ran passed, 1 otherwise, 77 without a usable GPU.
 set -u
@@ -24,7 +27,7 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --parts) parts=$2; shift 2 ;;
     --log) logdir=$2; shift 2 ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -138,6 +141,29 @@ if want bench && [ -x "$B/bench/ops_cuda" ]; then
         if [ "$rc" = 0 ]; then add "bench ops_cuda $dt" "done" "$logdir/ops_$dt.csv"
         else status=1; add "bench ops_cuda $dt" "FAIL" "exit $rc"; fi
     done
+fi
+
+if want models && [ -x "$B/bench/models_cuda" ]; then
+    for p in bf16 fp32; do
+        timeout 900 "$B/bench/models_cuda" --precision "$p" >"$logdir/models_$p.txt" 2>&1
+        rc=$?
+        cat "$logdir/models_$p.txt"
+        if [ "$rc" = 0 ]; then add "bench models_cuda $p" "done" "$logdir/models_$p.txt"
+        else status=1; add "bench models_cuda $p" "FAIL" "exit $rc"; fi
+    done
+fi
+
+if want peer; then
+    if ls .gpu/whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl &&
+            export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    PYTHONUNBUFFERED=1 timeout 1800 python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
+        >"$logdir/peer.txt" 2>&1
+    rc=$?
+    tail -12 "$logdir/peer.txt"
+    if [ "$rc" = 0 ]; then add "bench gpu_vs_torch" "done" "$logdir/peer.txt"
+    else status=1; add "bench gpu_vs_torch" "FAIL" "exit $rc"; fi
 fi
 
 echo
