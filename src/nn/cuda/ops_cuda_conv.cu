@@ -1,12 +1,559 @@
-/* CUDA conv2d forward and backward through cuDNN, NHWC. */
+/* CUDA conv2d forward and backward through cuDNN's convolution API, NHWC tensors and KRSC
+ * (= [c_out, kh, kw, c_in]) filters. doc/cuda/conv.md is the long version of these comments.
+ *
+ * - One cache entry per (shape, dtype) holds the cuDNN descriptors and the three algorithms
+ *   (forward, backward data, backward filter), chosen once from cuDNN's heuristics: the first
+ *   result that succeeded, is deterministic, is a GEMM-type algorithm (no FFT / Winograd, whose
+ *   transforms round differently from a direct sum), has an allowed math type (F32: FMA or
+ *   default, and the descriptor stays FMA so TF32 is never used; results reported with the
+ *   descriptor's own math type are preferred), runs with our descriptors
+ *   (its workspace query succeeds) and needs at most CONV_WORKSPACE_CAP bytes of workspace.
+ * - Asymmetric padding (VAE Downsample2D) is done explicitly: x is copied into a zero-bordered
+ *   scratch tensor and cuDNN convolves with padding 0; backward computes dx of the padded
+ *   tensor in scratch and crops it. Symmetric padding goes to cuDNN as it is.
+ * - Weight gradients are fp32: F32 mode lets cuDNN add into dw (beta 1); BF16 mode computes a
+ *   bf16 dw in scratch (cuDNN's tensors share one data type) and a kernel adds it into dw.
+ * - Scratch is carved in a fixed order of 256-aligned pieces (conv_layout), so the size query
+ *   and the op agree exactly. */
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda_internal.h"
 
-void sd_cuda_fill_conv_ops(sd_ops *ops)
+/* The largest cuDNN workspace an algorithm may ask for. */
+#define CONV_WORKSPACE_CAP ((size_t)1 << 30)
+
+/* ---- the algorithm cache ------------------------------------------------------------------ */
+
+typedef struct conv_entry {
+    sd_conv2d_desc key;
+    sd_dtype dtype;
+    int explicit_pad;  /* asymmetric padding: cuDNN sees the padded input with padding 0 */
+    int hp, wp;        /* height and width of the input cuDNN sees */
+    cudnnTensorDescriptor_t x_desc; /* [n, hp, wp, c_in] NHWC; also dx (of the padded input) */
+    cudnnTensorDescriptor_t y_desc; /* [n, h_out, w_out, c_out] NHWC; also dy */
+    cudnnFilterDescriptor_t w_desc; /* [c_out, kh, kw, c_in] (KRSC); also dw */
+    cudnnConvolutionDescriptor_t conv_desc;
+    cudnnConvolutionFwdAlgo_t fwd_algo;
+    cudnnConvolutionBwdDataAlgo_t bwd_data_algo;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo;
+    size_t fwd_ws, bwd_data_ws, bwd_filter_ws; /* workspace bytes of each algorithm */
+} conv_entry;
+
+struct sd_cuda_conv_cache {
+    conv_entry **entries; /* pointers, so an entry never moves when the array grows */
+    int count, capacity;
+};
+
+static int conv_same_shape(const sd_conv2d_desc *a, const sd_conv2d_desc *b)
 {
-    (void)ops;
+    return a->n == b->n && a->h == b->h && a->w == b->w && a->c_in == b->c_in &&
+           a->c_out == b->c_out && a->kh == b->kh && a->kw == b->kw && a->stride == b->stride &&
+           a->pad_top == b->pad_top && a->pad_bottom == b->pad_bottom &&
+           a->pad_left == b->pad_left && a->pad_right == b->pad_right && a->h_out == b->h_out &&
+           a->w_out == b->w_out;
+}
+
+/* The math type every call executes with (set on the convolution descriptor). */
+static cudnnMathType_t conv_exec_math(sd_dtype dtype)
+{
+    return dtype == SD_BF16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+}
+
+/* Whether a heuristics result's math type is acceptable: pass 0 takes only results reported with
+ * the execution math type itself, pass 1 any allowed one. F32 must not use TF32 tensor ops (and
+ * the descriptor stays FMA regardless); BF16 takes any (TENSOR_OP_MATH permits, not forces). */
+static int conv_math_ok(sd_dtype dtype, cudnnMathType_t math, int pass)
+{
+    if (pass == 0)
+        return math == conv_exec_math(dtype);
+    if (dtype == SD_F32)
+        return math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH;
+    return 1;
+}
+
+/* GEMM-type algorithms only: FFT and Winograd transform the data and round differently. */
+static int fwd_algo_is_gemm(cudnnConvolutionFwdAlgo_t a)
+{
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+static int bwd_data_algo_is_gemm(cudnnConvolutionBwdDataAlgo_t a)
+{
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+static int bwd_filter_algo_is_gemm(cudnnConvolutionBwdFilterAlgo_t a)
+{
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+/* Workspace of an algorithm with the entry's descriptors; 0 when cuDNN cannot run it so
+ * (the query fails) or it needs more than the cap. */
+static int fwd_algo_runs(cudnnHandle_t h, const conv_entry *e, cudnnConvolutionFwdAlgo_t algo,
+                         size_t *bytes)
+{
+    size_t b = 0;
+    if (cudnnGetConvolutionForwardWorkspaceSize(h, e->x_desc, e->w_desc, e->conv_desc, e->y_desc,
+                                                algo, &b) != CUDNN_STATUS_SUCCESS)
+        return 0;
+    *bytes = b;
+    return b <= CONV_WORKSPACE_CAP;
+}
+static int bwd_data_algo_runs(cudnnHandle_t h, const conv_entry *e,
+                              cudnnConvolutionBwdDataAlgo_t algo, size_t *bytes)
+{
+    size_t b = 0;
+    if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, e->w_desc, e->y_desc, e->conv_desc,
+                                                     e->x_desc, algo, &b) != CUDNN_STATUS_SUCCESS)
+        return 0;
+    *bytes = b;
+    return b <= CONV_WORKSPACE_CAP;
+}
+static int bwd_filter_algo_runs(cudnnHandle_t h, const conv_entry *e,
+                                cudnnConvolutionBwdFilterAlgo_t algo, size_t *bytes)
+{
+    size_t b = 0;
+    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e->x_desc, e->y_desc, e->conv_desc,
+                                                       e->w_desc, algo,
+                                                       &b) != CUDNN_STATUS_SUCCESS)
+        return 0;
+    *bytes = b;
+    return b <= CONV_WORKSPACE_CAP;
+}
+
+static void conv_shape_text(const sd_conv2d_desc *d, sd_dtype dtype, char *buf, size_t size)
+{
+    snprintf(buf, size,
+             "%s n=%d h=%d w=%d c_in=%d -> c_out=%d, %dx%d stride %d pad t%d b%d l%d r%d",
+             sd_dtype_name(dtype), d->n, d->h, d->w, d->c_in, d->c_out, d->kh, d->kw, d->stride,
+             d->pad_top, d->pad_bottom, d->pad_left, d->pad_right);
+}
+
+static void conv_choose_forward(cudnnHandle_t h, conv_entry *e, const char *shape)
+{
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int got = 0;
+    SD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e->x_desc, e->w_desc, e->conv_desc,
+                                                          e->y_desc,
+                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
+                                                          perf));
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < got; i++) {
+            size_t ws = 0;
+            if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+                perf[i].determinism == CUDNN_DETERMINISTIC && fwd_algo_is_gemm(perf[i].algo) &&
+                conv_math_ok(e->dtype, perf[i].mathType, pass) &&
+                perf[i].memory <= CONV_WORKSPACE_CAP && fwd_algo_runs(h, e, perf[i].algo, &ws)) {
+                e->fwd_algo = perf[i].algo;
+                e->fwd_ws = ws > perf[i].memory ? ws : perf[i].memory;
+                return;
+            }
+        }
+    size_t ws = 0;
+    if (!fwd_algo_runs(h, e, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, &ws))
+        SD_CHECK(0, "cuDNN offers no usable forward convolution algorithm for %s", shape);
+    e->fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    e->fwd_ws = ws;
+}
+
+static void conv_choose_backward_data(cudnnHandle_t h, conv_entry *e, const char *shape)
+{
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int got = 0;
+    SD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        &got, perf));
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < got; i++) {
+            size_t ws = 0;
+            if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+                perf[i].determinism == CUDNN_DETERMINISTIC && bwd_data_algo_is_gemm(perf[i].algo) &&
+                conv_math_ok(e->dtype, perf[i].mathType, pass) &&
+                perf[i].memory <= CONV_WORKSPACE_CAP &&
+                bwd_data_algo_runs(h, e, perf[i].algo, &ws)) {
+                e->bwd_data_algo = perf[i].algo;
+                e->bwd_data_ws = ws > perf[i].memory ? ws : perf[i].memory;
+                return;
+            }
+        }
+    size_t ws = 0;
+    if (!bwd_data_algo_runs(h, e, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, &ws))
+        SD_CHECK(0, "cuDNN offers no usable deterministic backward-data algorithm for %s", shape);
+    e->bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    e->bwd_data_ws = ws;
+}
+
+static void conv_choose_backward_filter(cudnnHandle_t h, conv_entry *e, const char *shape)
+{
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int got = 0;
+    SD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < got; i++) {
+            size_t ws = 0;
+            if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+                perf[i].determinism == CUDNN_DETERMINISTIC &&
+                bwd_filter_algo_is_gemm(perf[i].algo) &&
+                conv_math_ok(e->dtype, perf[i].mathType, pass) &&
+                perf[i].memory <= CONV_WORKSPACE_CAP &&
+                bwd_filter_algo_runs(h, e, perf[i].algo, &ws)) {
+                e->bwd_filter_algo = perf[i].algo;
+                e->bwd_filter_ws = ws > perf[i].memory ? ws : perf[i].memory;
+                return;
+            }
+        }
+    size_t ws = 0;
+    if (!bwd_filter_algo_runs(h, e, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, &ws))
+        SD_CHECK(0, "cuDNN offers no usable deterministic backward-filter algorithm for %s",
+                 shape);
+    e->bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    e->bwd_filter_ws = ws;
+}
+
+static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
+{
+    char shape[256];
+    conv_shape_text(d, st->dtype, shape, sizeof shape);
+
+    conv_entry *e = (conv_entry *)sd_xcalloc(1, sizeof *e);
+    e->key = *d;
+    e->dtype = st->dtype;
+    e->explicit_pad = d->pad_top != d->pad_bottom || d->pad_left != d->pad_right;
+    e->hp = e->explicit_pad ? d->h + d->pad_top + d->pad_bottom : d->h;
+    e->wp = e->explicit_pad ? d->w + d->pad_left + d->pad_right : d->w;
+    const int pad_h = e->explicit_pad ? 0 : d->pad_top;
+    const int pad_w = e->explicit_pad ? 0 : d->pad_left;
+    const cudnnDataType_t dt = st->dtype == SD_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+
+    SD_CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x_desc));
+    SD_CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y_desc));
+    SD_CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w_desc));
+    SD_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv_desc));
+    /* cudnnSetTensor4dDescriptor takes (n, c, h, w) whatever the memory format */
+    SD_CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x_desc, CUDNN_TENSOR_NHWC, dt, d->n, d->c_in,
+                                              e->hp, e->wp));
+    SD_CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y_desc, CUDNN_TENSOR_NHWC, dt, d->n, d->c_out,
+                                              d->h_out, d->w_out));
+    /* (k, c, h, w) in NHWC format is the memory order [k, h, w, c] = [c_out, kh, kw, c_in] */
+    SD_CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w_desc, dt, CUDNN_TENSOR_NHWC, d->c_out, d->c_in,
+                                              d->kh, d->kw));
+    SD_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv_desc, pad_h, pad_w, d->stride,
+                                                   d->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                   CUDNN_DATA_FLOAT));
+    SD_CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv_desc, conv_exec_math(st->dtype)));
+
+    /* cuDNN's idea of the output must be ours (floor division, as PyTorch). */
+    int on = 0, oc = 0, oh = 0, ow = 0;
+    SD_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv_desc, e->x_desc, e->w_desc, &on,
+                                                         &oc, &oh, &ow));
+    SD_CHECK(on == d->n && oc == d->c_out && oh == d->h_out && ow == d->w_out,
+             "cuDNN computes output [%d, %d, %d, %d] for %s, expected [%d, %d, %d, %d]", on, oh,
+             ow, oc, shape, d->n, d->h_out, d->w_out, d->c_out);
+
+    conv_choose_forward(st->dnn, e, shape);
+    conv_choose_backward_data(st->dnn, e, shape);
+    conv_choose_backward_filter(st->dnn, e, shape);
+
+    const char *log = getenv("SDTRAIN_CUDA_CONV_LOG");
+    if (log && strcmp(log, "1") == 0)
+        fprintf(stderr,
+                "sdtrain conv %s: forward algo %d (%zu B), backward data algo %d (%zu B), "
+                "backward filter algo %d (%zu B)%s\n",
+                shape, (int)e->fwd_algo, e->fwd_ws, (int)e->bwd_data_algo, e->bwd_data_ws,
+                (int)e->bwd_filter_algo, e->bwd_filter_ws,
+                e->explicit_pad ? ", explicit padding" : "");
+    return e;
+}
+
+static void conv_entry_free(conv_entry *e)
+{
+    SD_CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(e->conv_desc));
+    SD_CUDNN_CHECK(cudnnDestroyFilterDescriptor(e->w_desc));
+    SD_CUDNN_CHECK(cudnnDestroyTensorDescriptor(e->y_desc));
+    SD_CUDNN_CHECK(cudnnDestroyTensorDescriptor(e->x_desc));
+    free(e);
+}
+
+/* The entry for a shape, created (algorithms chosen) on first use. Not thread-safe: a backend
+ * belongs to one thread. */
+static conv_entry *conv_entry_get(const sd_backend *be, const sd_conv2d_desc *d)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    if (!st->conv_cache)
+        st->conv_cache = (sd_cuda_conv_cache *)sd_xcalloc(1, sizeof *st->conv_cache);
+    sd_cuda_conv_cache *c = st->conv_cache;
+    for (int i = 0; i < c->count; i++)
+        if (c->entries[i]->dtype == st->dtype && conv_same_shape(&c->entries[i]->key, d))
+            return c->entries[i];
+    if (c->count == c->capacity) {
+        c->capacity = c->capacity ? 2 * c->capacity : 16;
+        c->entries =
+            (conv_entry **)sd_xrealloc(c->entries, (size_t)c->capacity * sizeof *c->entries);
+    }
+    conv_entry *e = conv_entry_create(st, d);
+    c->entries[c->count++] = e;
+    return e;
 }
 
 void sd_cuda_conv_cache_destroy(sd_cuda_state *st)
 {
-    (void)st;
+    if (!st || !st->conv_cache)
+        return;
+    sd_cuda_conv_cache *c = st->conv_cache;
+    for (int i = 0; i < c->count; i++)
+        conv_entry_free(c->entries[i]);
+    free(c->entries);
+    free(c);
+    st->conv_cache = nullptr;
+}
+
+/* ---- scratch layout ------------------------------------------------------------------------ */
+
+/* Byte offsets of the scratch pieces (each 256-aligned; an absent piece has size 0). */
+typedef struct conv_layout {
+    size_t xpad;     /* padded input (explicit padding) */
+    size_t dxpad;    /* gradient of the padded input (explicit padding, backward) */
+    size_t ws;       /* cuDNN workspace (backward: data and filter use it one after the other) */
+    size_t dw16;     /* bf16 weight gradient (BF16 mode, backward) */
+    size_t colsum;   /* partial column sums for db (backward) */
+    size_t total;
+} conv_layout;
+
+static size_t conv_padded_bytes(const sd_backend *be, const conv_entry *e)
+{
+    const sd_conv2d_desc *d = &e->key;
+    if (!e->explicit_pad)
+        return 0;
+    return sd_cuda_align((size_t)d->n * e->hp * e->wp * d->c_in * sd_cuda_elem(be));
+}
+
+static conv_layout conv_forward_layout(const sd_backend *be, const conv_entry *e)
+{
+    conv_layout L;
+    memset(&L, 0, sizeof L);
+    size_t off = 0;
+    L.xpad = off;
+    off += conv_padded_bytes(be, e);
+    L.ws = off;
+    off += sd_cuda_align(e->fwd_ws);
+    L.dxpad = L.dw16 = L.colsum = off; /* unused */
+    L.total = off;
+    return L;
+}
+
+static conv_layout conv_backward_layout(const sd_backend *be, const conv_entry *e)
+{
+    const sd_conv2d_desc *d = &e->key;
+    conv_layout L;
+    memset(&L, 0, sizeof L);
+    size_t off = 0;
+    L.xpad = off;
+    off += conv_padded_bytes(be, e);
+    L.dxpad = off;
+    off += conv_padded_bytes(be, e);
+    L.ws = off;
+    off += sd_cuda_align(e->bwd_data_ws > e->bwd_filter_ws ? e->bwd_data_ws : e->bwd_filter_ws);
+    L.dw16 = off;
+    if (e->dtype == SD_BF16)
+        off += sd_cuda_align((size_t)d->c_out * d->kh * d->kw * d->c_in * sizeof(__nv_bfloat16));
+    L.colsum = off;
+    off += sd_cuda_colsum_scratch((int64_t)d->n * d->h_out * d->w_out, d->c_out);
+    L.total = off;
+    return L;
+}
+
+/* ---- kernels -------------------------------------------------------------------------------- */
+
+/* xp [n, hp, wp, c] = x [n, h, w, c] placed at (pt, pl), zeros elsewhere (all elements written) */
+template <typename T>
+static __global__ void conv_pad_kernel(int n, int h, int w, int c, int hp, int wp, int pt, int pl,
+                                       const T *x, T *xp)
+{
+    const int64_t total = (int64_t)n * hp * wp * c;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ch = (int)(i % c);
+        const int64_t pix = i / c;
+        const int px = (int)(pix % wp);
+        const int64_t row = pix / wp;
+        const int py = (int)(row % hp);
+        const int64_t b = row / hp;
+        const int sy = py - pt, sx = px - pl;
+        float v = 0.0f;
+        if (sy >= 0 && sy < h && sx >= 0 && sx < w)
+            v = sd_ld(x, ((b * h + sy) * w + sx) * c + ch);
+        sd_st(xp, i, v);
+    }
+}
+
+/* dx [n, h, w, c] (+)= the window at (pt, pl) of dxp [n, hp, wp, c]. */
+template <typename T>
+static __global__ void conv_crop_kernel(int n, int h, int w, int c, int hp, int wp, int pt, int pl,
+                                        const T *dxp, T *dx, int accumulate)
+{
+    const int64_t total = (int64_t)n * h * w * c;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ch = (int)(i % c);
+        const int64_t pix = i / c;
+        const int x = (int)(pix % w);
+        const int64_t row = pix / w;
+        const int y = (int)(row % h);
+        const int64_t b = row / h;
+        float v = sd_ld(dxp, ((b * hp + y + pt) * wp + x + pl) * c + ch);
+        if (accumulate)
+            v += sd_ld(dx, i);
+        sd_st(dx, i, v);
+    }
+}
+
+/* y [rows, c] += bias [c] */
+template <typename T>
+static __global__ void conv_bias_kernel(int64_t total, int c, const T *bias, T *y)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        sd_st(y, i, sd_ld(y, i) + sd_ld(bias, i % c));
+}
+
+/* dw (fp32) += g (bf16) */
+static __global__ void conv_dw_add_kernel(int64_t total, const __nv_bfloat16 *g, float *dw)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dw[i] += __bfloat162float(g[i]);
+}
+
+static void conv_pad_input(const sd_backend *be, const conv_entry *e, const void *x, void *xp)
+{
+    const sd_conv2d_desc *d = &e->key;
+    const int64_t total = (int64_t)d->n * e->hp * e->wp * d->c_in;
+    const unsigned grid = sd_cuda_grid(be, total, 256);
+    cudaStream_t s = sd_cuda_stream(be);
+    SD_CUDA_DISPATCH(be, T, {
+        conv_pad_kernel<T><<<grid, 256, 0, s>>>(d->n, d->h, d->w, d->c_in, e->hp, e->wp,
+                                                d->pad_top, d->pad_left, (const T *)x, (T *)xp);
+    });
+    SD_CUDA_LAUNCHED(be);
+}
+
+/* ---- ops ------------------------------------------------------------------------------------ */
+
+static size_t cuda_conv2d_forward_scratch(const sd_backend *be, const sd_conv2d_desc *d)
+{
+    return conv_forward_layout(be, conv_entry_get(be, d)).total;
+}
+
+static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                                const void *w, const void *b, void *y, sd_scratch ws)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    const conv_entry *e = conv_entry_get(be, d);
+    const conv_layout L = conv_forward_layout(be, e);
+    SD_CHECK(ws.bytes >= L.total && (L.total == 0 || ws.ptr != nullptr),
+             "conv2d forward needs %zu bytes of scratch, got %zu", L.total, ws.bytes);
+    char *base = (char *)ws.ptr;
+
+    const void *xin = x;
+    if (e->explicit_pad) {
+        conv_pad_input(be, e, x, base + L.xpad);
+        xin = base + L.xpad;
+    }
+    const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data */
+    SD_CUDNN_CHECK(cudnnConvolutionForward(st->dnn, &one, e->x_desc, xin, e->w_desc, w,
+                                           e->conv_desc, e->fwd_algo,
+                                           e->fwd_ws ? base + L.ws : nullptr, e->fwd_ws, &zero,
+                                           e->y_desc, y));
+    if (b) {
+        const int64_t total = (int64_t)d->n * d->h_out * d->w_out * d->c_out;
+        const unsigned grid = sd_cuda_grid(be, total, 256);
+        cudaStream_t s = st->stream;
+        SD_CUDA_DISPATCH(be, T, {
+            conv_bias_kernel<T><<<grid, 256, 0, s>>>(total, d->c_out, (const T *)b, (T *)y);
+        });
+        SD_CUDA_LAUNCHED(be);
+    }
+}
+
+static size_t cuda_conv2d_backward_scratch(const sd_backend *be, const sd_conv2d_desc *d)
+{
+    return conv_backward_layout(be, conv_entry_get(be, d)).total;
+}
+
+/* dx, dw and db may each be NULL (the sd_* wrapper insists on dw; the entry does not). */
+static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                                 const void *w, const void *dy, void *dx, int accumulate,
+                                 float *dw, float *db, sd_scratch ws)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    const conv_entry *e = conv_entry_get(be, d);
+    const conv_layout L = conv_backward_layout(be, e);
+    SD_CHECK(ws.bytes >= L.total && (L.total == 0 || ws.ptr != nullptr),
+             "conv2d backward needs %zu bytes of scratch, got %zu", L.total, ws.bytes);
+    char *base = (char *)ws.ptr;
+    cudaStream_t s = st->stream;
+    const float one = 1.0f, zero = 0.0f;
+
+    if (dx) {
+        if (e->explicit_pad) {
+            /* gradient of the whole padded input, then its interior into dx */
+            void *dxp = base + L.dxpad;
+            SD_CUDNN_CHECK(cudnnConvolutionBackwardData(
+                st->dnn, &one, e->w_desc, w, e->y_desc, dy, e->conv_desc, e->bwd_data_algo,
+                e->bwd_data_ws ? base + L.ws : nullptr, e->bwd_data_ws, &zero, e->x_desc, dxp));
+            const int64_t total = (int64_t)d->n * d->h * d->w * d->c_in;
+            const unsigned grid = sd_cuda_grid(be, total, 256);
+            SD_CUDA_DISPATCH(be, T, {
+                conv_crop_kernel<T><<<grid, 256, 0, s>>>(d->n, d->h, d->w, d->c_in, e->hp, e->wp,
+                                                         d->pad_top, d->pad_left, (const T *)dxp,
+                                                         (T *)dx, accumulate);
+            });
+            SD_CUDA_LAUNCHED(be);
+        } else {
+            const float beta = accumulate ? 1.0f : 0.0f;
+            SD_CUDNN_CHECK(cudnnConvolutionBackwardData(
+                st->dnn, &one, e->w_desc, w, e->y_desc, dy, e->conv_desc, e->bwd_data_algo,
+                e->bwd_data_ws ? base + L.ws : nullptr, e->bwd_data_ws, &beta, e->x_desc, dx));
+        }
+    }
+
+    if (dw) {
+        const void *xin = x;
+        if (e->explicit_pad) {
+            conv_pad_input(be, e, x, base + L.xpad);
+            xin = base + L.xpad;
+        }
+        void *wsp = e->bwd_filter_ws ? base + L.ws : nullptr;
+        if (e->dtype == SD_F32) {
+            SD_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+                st->dnn, &one, e->x_desc, xin, e->y_desc, dy, e->conv_desc, e->bwd_filter_algo,
+                wsp, e->bwd_filter_ws, &one, e->w_desc, dw));
+        } else {
+            /* cuDNN's dw has the tensors' type: bf16 into scratch, then added to the fp32 dw */
+            __nv_bfloat16 *g = (__nv_bfloat16 *)(base + L.dw16);
+            SD_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+                st->dnn, &one, e->x_desc, xin, e->y_desc, dy, e->conv_desc, e->bwd_filter_algo,
+                wsp, e->bwd_filter_ws, &zero, e->w_desc, g));
+            const int64_t total = (int64_t)d->c_out * d->kh * d->kw * d->c_in;
+            conv_dw_add_kernel<<<sd_cuda_grid(be, total, 256), 256, 0, s>>>(total, g, dw);
+            SD_CUDA_LAUNCHED(be);
+        }
+    }
+
+    if (db)
+        sd_cuda_colsum(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, dy, db, 1,
+                       base + L.colsum);
+}
+
+void sd_cuda_fill_conv_ops(sd_ops *ops)
+{
+    ops->conv2d_forward_scratch = cuda_conv2d_forward_scratch;
+    ops->conv2d_forward = cuda_conv2d_forward;
+    ops->conv2d_backward_scratch = cuda_conv2d_backward_scratch;
+    ops->conv2d_backward = cuda_conv2d_backward;
 }
