@@ -272,7 +272,7 @@ int main(int argc, char **argv)
     }
     if (batch < 1 || res < 8 || res % 8 || reps < 1 || reps > MAX_REPS || warmup < 0)
         goto usage;
-    if (sd_cmd_backend_open("cuda", prec, &cb, &err)) {
+    if (sd_cmd_backend_open("cuda", 0, prec, &cb, &err)) {
         printf("no usable GPU: %s\n", err.msg);
         return 77;
     }

@@ -19,10 +19,10 @@ typedef struct sd_cmd_backend {
     int host;          /* 1: the CPU fp32 backend (host pointers are used in place) */
 } sd_cmd_backend;
 
-/* device "cpu" (default when NULL) or "cuda" (GPU 0, or CUDA_VISIBLE_DEVICES' first);
- * precision "fp32" (default when NULL) or "bf16" (CUDA only). Returns 0, or -1 with a message
- * naming the option. */
-int sd_cmd_backend_open(const char *device, const char *precision, sd_cmd_backend *out,
+/* device "cpu" (default when NULL) or "cuda" (CUDA ordinal `gpu`: 0 for sdtool, the node-local
+ * choice of sd_device_resolve for sdtrain's ranks); precision "fp32" (default when NULL) or
+ * "bf16" (CUDA only). Returns 0, or -1 with a message naming the option. */
+int sd_cmd_backend_open(const char *device, int gpu, const char *precision, sd_cmd_backend *out,
                         sd_err *err);
 void sd_cmd_backend_close(sd_cmd_backend *b);
 

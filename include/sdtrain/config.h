@@ -66,6 +66,7 @@ typedef struct sd_config {
         int64_t min_image_side;
         bool strict_jpeg;
         int64_t encode_batch_size;
+        char encode_precision[SD_NAME_MAX]; /* auto | fp32 | bf16 */
     } data;
     struct {
         int64_t max_steps;

@@ -6,7 +6,7 @@
 
 #include "sdtrain/check.h"
 
-int sd_cmd_backend_open(const char *device, const char *precision, sd_cmd_backend *out,
+int sd_cmd_backend_open(const char *device, int gpu, const char *precision, sd_cmd_backend *out,
                         sd_err *err)
 {
     sd_dtype dtype = SD_F32;
@@ -29,7 +29,7 @@ int sd_cmd_backend_open(const char *device, const char *precision, sd_cmd_backen
     }
     if (strcmp(device, "cuda"))
         return sd_err_set(err, "--device '%s': expected cpu or cuda", device);
-    if (sd_backend_cuda_create(0, dtype, &out->owned, err))
+    if (sd_backend_cuda_create(gpu, dtype, &out->owned, err))
         return -1;
     out->be = out->owned;
     return 0;

@@ -734,7 +734,7 @@ int sd_cmd_forward(int argc, char **argv)
         sd_st_close(&in);
         return fail_run(err.msg);
     }
-    if (sd_cmd_backend_open(o.device, o.precision, &o.cb, &err)) {
+    if (sd_cmd_backend_open(o.device, 0, o.precision, &o.cb, &err)) {
         sd_snapshot_close(&s);
         sd_st_close(&in);
         /* bf16 on the CPU is a usage error; a missing GPU or CUDA build a runtime one */

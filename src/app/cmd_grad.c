@@ -483,7 +483,7 @@ int sd_cmd_grad(int argc, char **argv)
             return fail(SD_EXIT_USAGE, "--device '%s': expected cpu or cuda", o.device);
         if (o.precision && strcmp(o.precision, "fp32") && strcmp(o.precision, "bf16"))
             return fail(SD_EXIT_USAGE, "--precision '%s': expected fp32 or bf16", o.precision);
-        if (sd_cmd_backend_open(o.device, o.precision, &o.cb, &err))
+        if (sd_cmd_backend_open(o.device, 0, o.precision, &o.cb, &err))
             return fail(o.cb.be == NULL && (!o.device || !strcmp(o.device, "cpu"))
                             ? SD_EXIT_USAGE
                             : SD_EXIT_FAILURE,

@@ -12,6 +12,7 @@
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/clip.h"
+#include "sdtrain/cmd_backend.h"
 #include "sdtrain/dataset.h"
 #include "sdtrain/image.h"
 #include "sdtrain/log.h"
@@ -27,9 +28,20 @@
 
 #define TEXT_LEN SD_TOKENIZER_LENGTH
 
-/* The frozen encoders and the tokenizer, as one rank uses them. */
+struct slice;
+
+/* The frozen encoders and the tokenizer, as one rank uses them. On a GPU the weights, the
+ * arenas and one batch of inputs and outputs live in device memory, and a batch's results are
+ * copied back when the next batch is handed over (or the slice ends), so the CPU decodes the
+ * next images while the GPU encodes. */
 typedef struct encoders {
     const sd_backend *be;
+    sd_cmd_backend cb;
+    void *vparams, *cparams;            /* device copies of vw / cw (host: vw.data / cw.data) */
+    void *d_images, *d_ids, *d_mom, *d_emb; /* one batch on the device (GPU only) */
+    struct slice *pending;              /* the slice whose last encoded batch is on the device */
+    int64_t pending_first;
+    int pending_n;
     sd_vae_config vcfg;
     sd_clip_config ccfg;
     sd_weights vw, cw;
@@ -66,12 +78,27 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
     return h;
 }
 
-static int load_encoders(const sd_config *cfg, encoders *e, sd_err *err)
+/* &data encode_precision resolved for the device this rank computes on. */
+static const char *encode_precision(const sd_config *cfg, const sd_device_info *dev)
+{
+    if (!strcmp(cfg->data.encode_precision, "auto"))
+        return dev->use_cuda ? "bf16" : "fp32";
+    return cfg->data.encode_precision;
+}
+
+static int load_encoders(const sd_config *cfg, const sd_device_info *dev, encoders *e, sd_err *err)
 {
     char tok_path[SD_PATH_MAX + 16];
     uint64_t h = UINT64_C(0xcbf29ce484222325);
     memset(e, 0, sizeof *e);
-    e->be = sd_backend_cpu();
+    if (!dev->use_cuda && !strcmp(cfg->data.encode_precision, "bf16"))
+        return sd_err_set(err, "&data encode_precision = 'bf16' needs a GPU (this rank computes on "
+                               "the CPU, which encodes in fp32): set &run device = 'cuda' or "
+                               "encode_precision = 'auto'");
+    if (sd_cmd_backend_open(dev->use_cuda ? "cuda" : "cpu", dev->device_id,
+                            encode_precision(cfg, dev), &e->cb, err))
+        return -1;
+    e->be = e->cb.be;
     e->res = (int)cfg->model.resolution;
     e->batch = (int)cfg->data.encode_batch_size;
 
@@ -132,13 +159,28 @@ static int load_encoders(const sd_config *cfg, encoders *e, sd_err *err)
     if (e->lh * 8 != e->res || e->lw * 8 != e->res)
         return sd_err_set(err, "the VAE maps %d px images to %dx%d latents; latent shards need the "
                                "factor 8 of Stable Diffusion (a VAE with 4 levels)", e->res, e->lh, e->lw);
-    if (sd_vae_create_from_weights(&e->vae, &e->vcfg, &e->vw, e->be, err) ||
-        sd_clip_create_from_weights(&e->clip, &e->ccfg, &e->cw, e->be, err))
+    e->vparams = sd_cmd_put(&e->cb, e->vw.data, (int64_t)e->vw.table.total_floats);
+    e->cparams = sd_cmd_put(&e->cb, e->cw.data, (int64_t)e->cw.table.total_floats);
+    if (!e->vparams || !e->cparams)
+        return sd_err_set(err, "cannot allocate the encoders' weights on the %s backend", e->be->name);
+    if (sd_vae_create(&e->vae, &e->vcfg, &e->vw.table, e->vparams, e->be, err) ||
+        sd_clip_create(&e->clip, &e->ccfg, &e->cw.table, e->cparams, e->be, err))
         return -1;
-    SD_CHECK(sd_arena_init(&e->vae_arena, sd_vae_encode_scratch_bytes(&e->vcfg, e->be, e->batch, e->res, e->res), 0) == 0,
-             "cannot allocate the VAE's activation memory");
-    SD_CHECK(sd_arena_init(&e->clip_arena, sd_clip_scratch_bytes(&e->ccfg, e->be, e->batch, TEXT_LEN), 0) == 0,
-             "cannot allocate the text encoder's activation memory");
+    if (sd_cmd_arena(&e->cb, sd_vae_encode_scratch_bytes(&e->vcfg, e->be, e->batch, e->res, e->res),
+                     &e->vae_arena) ||
+        sd_cmd_arena(&e->cb, sd_clip_scratch_bytes(&e->ccfg, e->be, e->batch, TEXT_LEN),
+                     &e->clip_arena))
+        return sd_err_set(err, "cannot allocate the encoders' activation memory for batches of %d "
+                               "(&data encode_batch_size) on the %s backend", e->batch, e->be->name);
+    if (!e->cb.host) {
+        const size_t es = sd_dtype_size(e->be->dtype), B = (size_t)e->batch;
+        e->d_images = sd_cmd_alloc(&e->cb, B * (size_t)e->res * (size_t)e->res * 3 * es);
+        e->d_ids = sd_cmd_alloc(&e->cb, B * TEXT_LEN * sizeof(int32_t));
+        e->d_mom = sd_cmd_alloc(&e->cb, B * (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels) * es);
+        e->d_emb = sd_cmd_alloc(&e->cb, B * TEXT_LEN * (size_t)e->ccfg.hidden_size * es);
+        if (!e->d_images || !e->d_ids || !e->d_mom || !e->d_emb)
+            return sd_err_set(err, "cannot allocate a batch of %d on the GPU", e->batch);
+    }
     return 0;
 }
 
@@ -150,10 +192,19 @@ static void free_encoders(encoders *e)
         sd_clip_free(e->clip);
     if (e->tok)
         sd_tokenizer_free(e->tok);
+    if (e->cb.be) {
+        sd_cmd_release(&e->cb, e->vparams, e->vw.data);
+        sd_cmd_release(&e->cb, e->cparams, e->cw.data);
+        sd_cmd_release(&e->cb, e->d_images, NULL);
+        sd_cmd_release(&e->cb, e->d_ids, NULL);
+        sd_cmd_release(&e->cb, e->d_mom, NULL);
+        sd_cmd_release(&e->cb, e->d_emb, NULL);
+        sd_cmd_arena_free(&e->cb, &e->vae_arena);
+        sd_cmd_arena_free(&e->cb, &e->clip_arena);
+        sd_cmd_backend_close(&e->cb);
+    }
     sd_weights_free(&e->vw);
     sd_weights_free(&e->cw);
-    sd_arena_free(&e->vae_arena);
-    sd_arena_free(&e->clip_arena);
 }
 
 /* One rank's samples of one shard, encoded. */
@@ -207,6 +258,22 @@ typedef struct batch {
     int32_t *ids;   /* [B, 77] */
 } batch;
 
+/* GPU: copies the batch left on the device into its slice (waits for the encoders). */
+static void flush_pending(encoders *e)
+{
+    const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
+    const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+    slice *s = e->pending;
+    if (!s)
+        return;
+    sd_synchronize(e->be);
+    sd_download_f32(e->be, s->moments + (size_t)e->pending_first * mom, e->d_mom,
+                    (int64_t)((size_t)e->pending_n * mom));
+    sd_download_f32(e->be, s->embeddings + (size_t)e->pending_first * emb, e->d_emb,
+                    (int64_t)((size_t)e->pending_n * emb));
+    e->pending = NULL;
+}
+
 static void encode_batch(encoders *e, batch *b, slice *s)
 {
     const int64_t first = s->n - b->n; /* the batch's samples are the slice's last b->n */
@@ -214,8 +281,23 @@ static void encode_batch(encoders *e, batch *b, slice *s)
     const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
     if (b->n == 0)
         return;
-    sd_vae_encode(e->vae, b->n, e->res, e->res, b->images, s->moments + (size_t)first * mom, &e->vae_arena, NULL);
-    sd_clip_forward(e->clip, b->n, TEXT_LEN, b->ids, s->embeddings + (size_t)first * emb, &e->clip_arena, NULL);
+    if (e->cb.host) {
+        sd_vae_encode(e->vae, b->n, e->res, e->res, b->images, s->moments + (size_t)first * mom,
+                      &e->vae_arena, NULL);
+        sd_clip_forward(e->clip, b->n, TEXT_LEN, b->ids, s->embeddings + (size_t)first * emb,
+                        &e->clip_arena, NULL);
+    } else {
+        /* the previous batch comes back first: the device buffers hold one batch */
+        flush_pending(e);
+        sd_upload_f32(e->be, e->d_images, b->images, (int64_t)b->n * e->res * e->res * 3);
+        sd_upload(e->be, e->d_ids, b->ids, (size_t)b->n * TEXT_LEN * sizeof(int32_t));
+        sd_vae_encode(e->vae, b->n, e->res, e->res, e->d_images, e->d_mom, &e->vae_arena, NULL);
+        sd_clip_forward(e->clip, b->n, TEXT_LEN, (const int32_t *)e->d_ids, e->d_emb,
+                        &e->clip_arena, NULL);
+        e->pending = s;
+        e->pending_first = first;
+        e->pending_n = b->n;
+    }
     memcpy(s->ids + (size_t)first * TEXT_LEN, b->ids, (size_t)b->n * TEXT_LEN * sizeof(int32_t));
     b->n = 0;
 }
@@ -288,6 +370,7 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
     {
         double t0 = sd_time_now();
         encode_batch(e, &b, s);
+        flush_pending(e);
         t[T_ENCODE] += sd_time_now() - t0;
     }
     free(b.images);
@@ -406,8 +489,6 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     memset(&ds, 0, sizeof ds);
     memset(&sl, 0, sizeof sl);
     sd_err_clear(&err);
-    if (dev->use_cuda && rank == 0)
-        sd_warn("the CUDA backend is not built yet: preprocessing runs on the CPU");
 
     if (open_dataset(cfg, comm, rank, &ds, &err) != 0) {
         if (rank == 0)
@@ -417,7 +498,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     n = sd_dataset_count(&ds);
     n_shards = sd_dataset_n_shards(n, cfg->data.samples_per_shard);
 
-    if (sd_agree(comm, load_encoders(cfg, &enc, &err) != 0, &err) != 0) {
+    if (sd_agree(comm, load_encoders(cfg, dev, &enc, &err) != 0, &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_encoders(&enc);
@@ -434,16 +515,25 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     }
     if (rank == 0)
         sd_info("preprocessing %lld samples of %s into %lld shard(s) of %lld in %s with %d rank(s); %lld "
-                "already committed; weights %s (%s)", (long long)n, cfg->data.input, (long long)n_shards,
-                (long long)cfg->data.samples_per_shard, cfg->data.shard_dir, size, (long long)man.n,
-                enc.weights_path, enc.weights_hash);
+                "already committed; weights %s (%s); encoders on %s in %s", (long long)n, cfg->data.input,
+                (long long)n_shards, (long long)cfg->data.samples_per_shard, cfg->data.shard_dir, size,
+                (long long)man.n, enc.weights_path, enc.weights_hash, enc.be->name,
+                encode_precision(cfg, dev));
 
     /* The empty caption's embedding: what caption dropout and guidance use. */
     {
         int32_t ids[TEXT_LEN];
         empty = sd_xmalloc((size_t)TEXT_LEN * (size_t)enc.ccfg.hidden_size * sizeof(float));
         sd_tokenize(enc.tok, "", 0, ids, NULL);
-        sd_clip_forward(enc.clip, 1, TEXT_LEN, ids, empty, &enc.clip_arena, NULL);
+        if (enc.cb.host) {
+            sd_clip_forward(enc.clip, 1, TEXT_LEN, ids, empty, &enc.clip_arena, NULL);
+        } else {
+            sd_upload(enc.be, enc.d_ids, ids, sizeof ids);
+            sd_clip_forward(enc.clip, 1, TEXT_LEN, (const int32_t *)enc.d_ids, enc.d_emb,
+                            &enc.clip_arena, NULL);
+            sd_synchronize(enc.be);
+            sd_download_f32(enc.be, empty, enc.d_emb, (int64_t)TEXT_LEN * enc.ccfg.hidden_size);
+        }
     }
     sd_shard_meta_defaults(&meta);
     meta.resolution = enc.res;

@@ -106,6 +106,9 @@ static const sd_option options[] = {
             "always skipped."),
     INT(data, encode_batch_size, "8", 1, 4096, "samples",
         "Images and captions encoded per VAE / text-encoder call during preprocessing."),
+    CHOICE(data, encode_precision, "'auto'", "auto|fp32|bf16",
+           "Compute type of the VAE and text encoders in preprocessing: 'auto' = bf16 on a GPU, "
+           "fp32 on the CPU; 'bf16' needs &run device = 'cuda' (or 'auto' with a GPU)."),
     LOGICAL(data, exif_transpose, ".false.",
             "Apply the JPEG EXIF orientation before resizing (the reference Pillow pipeline does not)."),
 

@@ -112,4 +112,13 @@ write_nml missing files "$TMP/no-such-dir" "$TMP/shards-missing"
 mpi missing 2 "$SDTRAIN" "$TMP/missing.nml"
 expect_rc missing 2
 expect_count missing err "no-such-dir" 1
+
+# bf16 encoders need a GPU: on the CPU a clear error, once, and nothing written
+if ! "$SDTOOL" device >/dev/null 2>&1; then
+    write_nml bf16 files "$TMP/data-files" "$TMP/shards-bf16"
+    mpi bf16 2 "$SDTRAIN" "$TMP/bf16.nml" --set data.encode_precision=bf16 --set run.device=cpu
+    expect_rc bf16 2
+    expect_count bf16 err "encode_precision = 'bf16' needs a GPU" 1
+    [ ! -e "$TMP/shards-bf16/manifest.json" ] || fail "bf16 on the CPU committed shards"
+fi
 pass "preprocessing end to end"
