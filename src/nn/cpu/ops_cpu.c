@@ -1402,6 +1402,20 @@ static void cpu_gelu_backward(const sd_backend *be, int64_t n, const void *xv, c
     }
 }
 
+/* d/dx [x sigmoid(1.702 x)] = s + 1.702 x s (1 - s), s evaluated as in the forward */
+static void cpu_quick_gelu_backward(const sd_backend *be, int64_t n, const void *xv,
+                                    const void *dyv, void *dxv, int accumulate)
+{
+    const float *x = xv, *dy = dyv;
+    float *dx = dxv;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float s = 1.0f / (1.0f + expf(-(1.702f * x[i])));
+        const float g = dy[i] * (s * (1.0f + 1.702f * x[i] * (1.0f - s)));
+        dx[i] = accumulate ? dx[i] + g : g;
+    }
+}
+
 static void cpu_geglu_backward(const sd_backend *be, int64_t rows, int inner, const void *xv,
                                const void *dyv, void *dxv, int accumulate)
 {
@@ -1973,6 +1987,7 @@ static const sd_ops cpu_ops = {
     .diag_gaussian_sample = cpu_diag_gaussian_sample,
     .silu_backward = cpu_silu_backward,
     .gelu_backward = cpu_gelu_backward,
+    .quick_gelu_backward = cpu_quick_gelu_backward,
     .geglu_backward = cpu_geglu_backward,
     .linear_backward = cpu_linear_backward,
     .layer_norm_backward_scratch = cpu_layer_norm_backward_scratch,

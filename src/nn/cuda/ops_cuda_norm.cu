@@ -67,7 +67,519 @@ void sd_cuda_colsum(const sd_backend *be, int64_t rows, int c, const void *dy, f
     SD_CUDA_LAUNCHED(be);
 }
 
+/* ---- shared pieces of the norms -------------------------------------------------------------
+ * Every reduction over rows (group statistics, the backward sums, dgamma/dbeta) goes through one
+ * pattern, the column sum above generalised: per-(sample, channel) sums of NV derived values
+ * f(x, dy, ...) over the sample's rows, cut into chunks of NORM_ROWS rows; block (x, p, b) sums
+ * chunk p of channels [32x, 32x + 32) of sample b into partial[b, p, k, c] (8 row lanes, then a
+ * fixed tree); later kernels add the chunk partials of a channel in chunk order (in double) and,
+ * for groups, the channels of a group in channel order. Reads are coalesced along channels, and
+ * the split depends on the shape only: the same bits on every run. */
+#define NORM_ROWS 256
+#define NORM_THREADS 256
+
+#define NORM_LOOP(i, n)                                                                        \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+static int64_t norm_chunks(int64_t rows)
+{
+    return (rows + NORM_ROWS - 1) / NORM_ROWS;
+}
+
+/* f(b, r, ch, i, v): sample b, global row r (= b * rows + row in the sample), channel ch,
+ * element index i = r * c + ch; fills v[0, NV). */
+template <int NV, typename F>
+static __global__ void norm_colpartial_kernel(int64_t rows, int c, int64_t chunks, F f,
+                                              float *partial)
+{
+    __shared__ float acc[NV][8][33];
+    const int ch = blockIdx.x * 32 + threadIdx.x;
+    const int64_t b = blockIdx.z, p = blockIdx.y;
+    const int64_t r0 = p * NORM_ROWS;
+    const int64_t r1 = r0 + NORM_ROWS < rows ? r0 + NORM_ROWS : rows;
+    float s[NV];
+    for (int k = 0; k < NV; k++)
+        s[k] = 0.0f;
+    if (ch < c)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            const int64_t gr = b * rows + r;
+            float v[NV];
+            f(b, gr, ch, gr * c + ch, v);
+            for (int k = 0; k < NV; k++)
+                s[k] += v[k];
+        }
+    for (int k = 0; k < NV; k++)
+        acc[k][threadIdx.y][threadIdx.x] = s[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && ch < c)
+        for (int k = 0; k < NV; k++) {
+            const int x = threadIdx.x;
+            float t = ((acc[k][0][x] + acc[k][1][x]) + (acc[k][2][x] + acc[k][3][x])) +
+                      ((acc[k][4][x] + acc[k][5][x]) + (acc[k][6][x] + acc[k][7][x]));
+            partial[((b * chunks + p) * NV + k) * c + ch] = t;
+        }
+}
+
+template <int NV, typename F>
+static void norm_colpartial(const sd_backend *be, int n, int64_t rows, int c, F f,
+                            float *partial)
+{
+    const int64_t chunks = norm_chunks(rows);
+    SD_CHECK(chunks < 65536 && n < 65536, "norm reduction over %d x %lld rows: too many", n,
+             (long long)rows);
+    dim3 grid((unsigned)((c + 31) / 32), (unsigned)chunks, (unsigned)n), block(32, 8);
+    norm_colpartial_kernel<NV, F><<<grid, block, 0, sd_cuda_stream(be)>>>(rows, c, chunks, f,
+                                                                          partial);
+    SD_CUDA_LAUNCHED(be);
+}
+
+/* tot[b, k, ch] = sum over chunks (in order) of partial[b, p, k, ch] */
+static __global__ void norm_chunk_sum_kernel(int n, int nv, int c, int64_t chunks,
+                                             const float *partial, float *tot)
+{
+    NORM_LOOP(i, (int64_t)n * nv * c)
+    {
+        const int64_t b = i / ((int64_t)nv * c), kc = i % ((int64_t)nv * c);
+        double s = 0.0;
+        for (int64_t p = 0; p < chunks; p++)
+            s += partial[(b * chunks + p) * nv * c + kc];
+        tot[i] = (float)s;
+    }
+}
+
+static void norm_chunk_sum(const sd_backend *be, int n, int nv, int c, int64_t rows,
+                           const float *partial, float *tot)
+{
+    const int64_t total = (int64_t)n * nv * c;
+    norm_chunk_sum_kernel<<<sd_cuda_grid(be, total, NORM_THREADS), NORM_THREADS, 0,
+                            sd_cuda_stream(be)>>>(n, nv, c, norm_chunks(rows), partial, tot);
+    SD_CUDA_LAUNCHED(be);
+}
+
+/* dbeta[ch] += sum over samples of tot[b, 0, ch], dgamma[ch] += of tot[b, 1, ch] (either
+ * may be NULL) */
+static __global__ void norm_param_grad_kernel(int n, int c, const float *tot, float *dgamma,
+                                              float *dbeta)
+{
+    NORM_LOOP(ch, (int64_t)c)
+    {
+        double s0 = 0.0, s1 = 0.0;
+        for (int64_t b = 0; b < n; b++) {
+            s0 += tot[(b * 2 + 0) * c + ch];
+            s1 += tot[(b * 2 + 1) * c + ch];
+        }
+        if (dbeta)
+            dbeta[ch] = (float)((double)dbeta[ch] + s0);
+        if (dgamma)
+            dgamma[ch] = (float)((double)dgamma[ch] + s1);
+    }
+}
+
+static void norm_param_grad(const sd_backend *be, int n, int c, const float *tot, float *dgamma,
+                            float *dbeta)
+{
+    if (!dgamma && !dbeta)
+        return;
+    norm_param_grad_kernel<<<sd_cuda_grid(be, c, NORM_THREADS), NORM_THREADS, 0,
+                             sd_cuda_stream(be)>>>(n, c, tot, dgamma, dbeta);
+    SD_CUDA_LAUNCHED(be);
+}
+
+/* Carves 256-aligned pieces from a scratch block, in the order the size query adds them. */
+static char *norm_carve(char **cursor, size_t bytes)
+{
+    char *p = *cursor;
+    *cursor += sd_cuda_align(bytes);
+    return p;
+}
+
+static __device__ __forceinline__ float norm_silu(float v)
+{
+    return v / (1.0f + expf(-v));
+}
+
+static __device__ __forceinline__ float norm_silu_grad(float v)
+{
+    float s = 1.0f / (1.0f + expf(-v));
+    return s * (1.0f + v * (1.0f - s));
+}
+
+/* ---- group norm ------------------------------------------------------------------------------
+ * Forward: per-channel sums of x -> group means; per-channel sums of (x - mean)^2 -> group rstd
+ * (two passes, biased variance); then one elementwise kernel for the affine map and the SiLU.
+ * Backward: per-channel sums of dz and dz * xhat (dz = dy, or dy * silu'(pre) when fused,
+ * pre-SiLU value recomputed from x, mean, rstd, gamma, beta), from which come the per-group
+ * coefficients, dgamma/dbeta, and dx = rstd (gamma dz - mean(gamma dz) - xhat mean(gamma dz
+ * xhat)), as the CPU backend does. */
+
+template <typename T>
+struct gn_load_x {
+    const T *x;
+    __device__ void operator()(int64_t b, int64_t r, int ch, int64_t i, float *v) const
+    {
+        v[0] = sd_ld(x, i);
+    }
+};
+
+template <typename T>
+struct gn_sq_dev {
+    const T *x;
+    const float *mean;
+    int groups, cg;
+    __device__ void operator()(int64_t b, int64_t r, int ch, int64_t i, float *v) const
+    {
+        float d = sd_ld(x, i) - mean[b * groups + ch / cg];
+        v[0] = d * d;
+    }
+};
+
+/* dz and xhat of one element (gn_dz of the CPU backend) */
+template <typename T>
+static __device__ __forceinline__ float gn_dz(const T *x, const T *dy, const T *gamma,
+                                              const T *beta, float m, float rs, int silu,
+                                              int ch, int64_t i, float *xh)
+{
+    float h = (sd_ld(x, i) - m) * rs;
+    *xh = h;
+    float d = sd_ld(dy, i);
+    if (!silu)
+        return d;
+    float z = h;
+    if (gamma)
+        z = z * sd_ld(gamma, ch);
+    if (beta)
+        z = z + sd_ld(beta, ch);
+    return d * norm_silu_grad(z);
+}
+
+template <typename T>
+struct gn_bwd_sums {
+    const T *x, *dy, *gamma, *beta;
+    const float *mean, *rstd;
+    int groups, cg, silu;
+    __device__ void operator()(int64_t b, int64_t r, int ch, int64_t i, float *v) const
+    {
+        const int64_t gi = b * groups + ch / cg;
+        float xh;
+        float dz = gn_dz(x, dy, gamma, beta, mean[gi], rstd[gi], silu, ch, i, &xh);
+        v[0] = dz;
+        v[1] = dz * xh;
+    }
+};
+
+/* One thread per (sample, group): adds the chunk partials of the group's channels (chunk
+ * order, then channel order, in double). stage 0: mean[g] = sum / count; stage 1: rstd[g] =
+ * 1 / sqrt(sum / count + eps). */
+static __global__ void gn_group_stat_kernel(int n, int groups, int c, int64_t chunks,
+                                            double count, float eps, const float *partial,
+                                            int stage, float *out)
+{
+    const int cg = c / groups;
+    NORM_LOOP(t, (int64_t)n * groups)
+    {
+        const int64_t b = t / groups, g = t % groups;
+        double s = 0.0;
+        for (int64_t p = 0; p < chunks; p++)
+            for (int k = 0; k < cg; k++)
+                s += partial[(b * chunks + p) * c + g * cg + k];
+        out[t] = stage == 0 ? (float)(s / count) : (float)(1.0 / sqrt(s / count + (double)eps));
+    }
+}
+
+template <typename T>
+static __global__ void gn_apply_kernel(int64_t total, int64_t per_sample, int c, int groups,
+                                       const T *x, const T *gamma, const T *beta,
+                                       const float *mean, const float *rstd, int silu, T *y)
+{
+    const int cg = c / groups;
+    NORM_LOOP(i, total)
+    {
+        const int64_t b = i / per_sample;
+        const int ch = (int)(i % c);
+        const int64_t gi = b * groups + ch / cg;
+        float v = (sd_ld(x, i) - mean[gi]) * rstd[gi];
+        if (gamma)
+            v = v * sd_ld(gamma, ch);
+        if (beta)
+            v = v + sd_ld(beta, ch);
+        sd_st(y, i, silu ? norm_silu(v) : v);
+    }
+}
+
+/* coef[t] = (sum_j gamma_j tot0[b, j], sum_j gamma_j tot1[b, j]) / count over the group's
+ * channels j, in channel order */
+template <typename T>
+static __global__ void gn_coef_kernel(int n, int groups, int c, double count, const T *gamma,
+                                      const float *tot, float *coef)
+{
+    const int cg = c / groups;
+    NORM_LOOP(t, (int64_t)n * groups)
+    {
+        const int64_t b = t / groups, g = t % groups;
+        double a1 = 0.0, a2 = 0.0;
+        for (int k = 0; k < cg; k++) {
+            const int ch = (int)g * cg + k;
+            const double gm = gamma ? (double)sd_ld(gamma, ch) : 1.0;
+            a1 += gm * tot[(b * 2 + 0) * c + ch];
+            a2 += gm * tot[(b * 2 + 1) * c + ch];
+        }
+        coef[2 * t] = (float)(a1 / count);
+        coef[2 * t + 1] = (float)(a2 / count);
+    }
+}
+
+template <typename T>
+static __global__ void gn_dx_kernel(int64_t total, int64_t per_sample, int c, int groups,
+                                    const T *x, const T *gamma, const T *beta, const float *mean,
+                                    const float *rstd, const float *coef, const T *dy, int silu,
+                                    T *dx, int accumulate)
+{
+    const int cg = c / groups;
+    NORM_LOOP(i, total)
+    {
+        const int64_t b = i / per_sample;
+        const int ch = (int)(i % c);
+        const int64_t gi = b * groups + ch / cg;
+        const float rs = rstd[gi];
+        float xh;
+        float dz = gn_dz(x, dy, gamma, beta, mean[gi], rs, silu, ch, i, &xh);
+        float g = gamma ? dz * sd_ld(gamma, ch) : dz;
+        float v = rs * (g - coef[2 * gi] - xh * coef[2 * gi + 1]);
+        sd_st(dx, i, accumulate ? sd_ld(dx, i) + v : v);
+    }
+}
+
+static size_t cuda_group_norm_forward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
+{
+    (void)be;
+    /* chunk partials (1 value per channel), then mean and rstd for a caller that keeps none */
+    return sd_cuda_align((size_t)d->n * norm_chunks(d->hw) * d->c * sizeof(float)) +
+           2 * sd_cuda_align((size_t)d->n * d->groups * sizeof(float));
+}
+
+static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_desc *d,
+                                    const void *x, const void *gamma, const void *beta, void *y,
+                                    float *mean, float *rstd, sd_scratch ws)
+{
+    const int n = d->n, c = d->c, groups = d->groups, cg = d->c / d->groups;
+    const int64_t hw = d->hw, chunks = norm_chunks(hw);
+    const double count = (double)hw * cg;
+    char *cur = (char *)ws.ptr;
+    float *partial = (float *)norm_carve(&cur, (size_t)n * chunks * c * sizeof(float));
+    float *own_mean = (float *)norm_carve(&cur, (size_t)n * groups * sizeof(float));
+    float *own_rstd = (float *)norm_carve(&cur, (size_t)n * groups * sizeof(float));
+    float *mu = mean ? mean : own_mean, *rs = rstd ? rstd : own_rstd;
+    cudaStream_t s = sd_cuda_stream(be);
+    const unsigned sgrid = sd_cuda_grid(be, (int64_t)n * groups, NORM_THREADS);
+    const int64_t total = (int64_t)n * hw * c;
+    SD_CUDA_DISPATCH(be, T, {
+        gn_load_x<T> f0 = {(const T *)x};
+        norm_colpartial<1>(be, n, hw, c, f0, partial);
+        gn_group_stat_kernel<<<sgrid, NORM_THREADS, 0, s>>>(n, groups, c, chunks, count, d->eps,
+                                                             partial, 0, mu);
+        SD_CUDA_LAUNCHED(be);
+        gn_sq_dev<T> f1 = {(const T *)x, mu, groups, cg};
+        norm_colpartial<1>(be, n, hw, c, f1, partial);
+        gn_group_stat_kernel<<<sgrid, NORM_THREADS, 0, s>>>(n, groups, c, chunks, count, d->eps,
+                                                             partial, 1, rs);
+        SD_CUDA_LAUNCHED(be);
+        gn_apply_kernel<T><<<sd_cuda_grid(be, total, NORM_THREADS), NORM_THREADS, 0, s>>>(
+            total, hw * c, c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu, rs,
+            d->silu, (T *)y);
+        SD_CUDA_LAUNCHED(be);
+    });
+}
+
+static size_t cuda_group_norm_backward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
+{
+    (void)be;
+    /* chunk partials (2 values per channel), per-sample channel sums, per-group coefficients */
+    return sd_cuda_align(2 * (size_t)d->n * norm_chunks(d->hw) * d->c * sizeof(float)) +
+           sd_cuda_align(2 * (size_t)d->n * d->c * sizeof(float)) +
+           sd_cuda_align(2 * (size_t)d->n * d->groups * sizeof(float));
+}
+
+static void cuda_group_norm_backward(const sd_backend *be, const sd_group_norm_desc *d,
+                                     const void *x, const void *gamma, const void *beta,
+                                     const float *mean, const float *rstd, const void *dy,
+                                     void *dx, int accumulate, float *dgamma, float *dbeta,
+                                     sd_scratch ws)
+{
+    const int n = d->n, c = d->c, groups = d->groups, cg = d->c / d->groups;
+    const int64_t hw = d->hw, chunks = norm_chunks(hw);
+    const double count = (double)hw * cg;
+    char *cur = (char *)ws.ptr;
+    float *partial = (float *)norm_carve(&cur, 2 * (size_t)n * chunks * c * sizeof(float));
+    float *tot = (float *)norm_carve(&cur, 2 * (size_t)n * c * sizeof(float));
+    float *coef = (float *)norm_carve(&cur, 2 * (size_t)n * groups * sizeof(float));
+    cudaStream_t s = sd_cuda_stream(be);
+    const int64_t total = (int64_t)n * hw * c;
+    /* beta matters only through the SiLU */
+    const void *beta_used = d->silu ? beta : nullptr;
+    SD_CUDA_DISPATCH(be, T, {
+        gn_bwd_sums<T> f = {(const T *)x, (const T *)dy, (const T *)gamma,
+                            (const T *)beta_used, mean, rstd, groups, cg, d->silu};
+        norm_colpartial<2>(be, n, hw, c, f, partial);
+        norm_chunk_sum(be, n, 2, c, hw, partial, tot);
+        norm_param_grad(be, n, c, tot, dgamma, dbeta);
+        if (dx) {
+            gn_coef_kernel<T><<<sd_cuda_grid(be, (int64_t)n * groups, NORM_THREADS),
+                                NORM_THREADS, 0, s>>>(n, groups, c, count, (const T *)gamma,
+                                                      tot, coef);
+            SD_CUDA_LAUNCHED(be);
+            gn_dx_kernel<T><<<sd_cuda_grid(be, total, NORM_THREADS), NORM_THREADS, 0, s>>>(
+                total, hw * c, c, groups, (const T *)x, (const T *)gamma, (const T *)beta_used,
+                mean, rstd, coef, (const T *)dy, d->silu, (T *)dx, accumulate);
+            SD_CUDA_LAUNCHED(be);
+        }
+    });
+}
+
+/* ---- layer norm ------------------------------------------------------------------------------
+ * One warp per row (c is at most a few thousand): lane-strided fp32 partial sums and a xor
+ * butterfly, which leaves the same total in every lane (each step adds the same two values);
+ * two passes (mean, then squared deviations). dgamma/dbeta go through the column pattern. */
+#define LN_WARPS 8
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T>
+static __global__ void ln_fwd_kernel(int64_t rows, int c, float eps, const T *x, const T *gamma,
+                                     const T *beta, T *y, float *mean, float *rstd)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warp = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    for (int64_t r = warp; r < rows; r += (int64_t)gridDim.x * LN_WARPS) {
+        const T *xr = x + r * c;
+        T *yr = y + r * c;
+        float s = 0.0f;
+        for (int j = lane; j < c; j += 32)
+            s += sd_ld(xr, j);
+        const float m = warp_sum(s) / (float)c;
+        float q = 0.0f;
+        for (int j = lane; j < c; j += 32) {
+            float e = sd_ld(xr, j) - m;
+            q += e * e;
+        }
+        const float rs = 1.0f / sqrtf(warp_sum(q) / (float)c + eps);
+        if (lane == 0) {
+            if (mean)
+                mean[r] = m;
+            if (rstd)
+                rstd[r] = rs;
+        }
+        for (int j = lane; j < c; j += 32) {
+            float o = (sd_ld(xr, j) - m) * rs;
+            if (gamma)
+                o = o * sd_ld(gamma, j);
+            if (beta)
+                o = o + sd_ld(beta, j);
+            sd_st(yr, j, o);
+        }
+    }
+}
+
+static void cuda_layer_norm_forward(const sd_backend *be, int64_t rows, int c, float eps,
+                                    const void *x, const void *gamma, const void *beta, void *y,
+                                    float *mean, float *rstd)
+{
+    cudaStream_t s = sd_cuda_stream(be);
+    unsigned grid = sd_cuda_grid(be, rows, LN_WARPS);
+    SD_CUDA_DISPATCH(be, T, {
+        ln_fwd_kernel<T><<<grid, LN_WARPS * 32, 0, s>>>(rows, c, eps, (const T *)x,
+                                                         (const T *)gamma, (const T *)beta,
+                                                         (T *)y, mean, rstd);
+    });
+    SD_CUDA_LAUNCHED(be);
+}
+
+/* dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma */
+template <typename T>
+static __global__ void ln_dx_kernel(int64_t rows, int c, const T *x, const T *gamma,
+                                    const float *mean, const float *rstd, const T *dy, T *dx,
+                                    int accumulate)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warp = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    for (int64_t r = warp; r < rows; r += (int64_t)gridDim.x * LN_WARPS) {
+        const T *xr = x + r * c, *dyr = dy + r * c;
+        T *dxr = dx + r * c;
+        const float m = mean[r], rs = rstd[r];
+        float s1 = 0.0f, s2 = 0.0f;
+        for (int j = lane; j < c; j += 32) {
+            float xh = (sd_ld(xr, j) - m) * rs;
+            float g = gamma ? sd_ld(dyr, j) * sd_ld(gamma, j) : sd_ld(dyr, j);
+            s1 += g;
+            s2 += g * xh;
+        }
+        const float a = warp_sum(s1) / (float)c, bb = warp_sum(s2) / (float)c;
+        for (int j = lane; j < c; j += 32) {
+            float xh = (sd_ld(xr, j) - m) * rs;
+            float g = gamma ? sd_ld(dyr, j) * sd_ld(gamma, j) : sd_ld(dyr, j);
+            float v = rs * (g - a - xh * bb);
+            sd_st(dxr, j, accumulate ? sd_ld(dxr, j) + v : v);
+        }
+    }
+}
+
+/* v[0] = dy (dbeta), v[1] = dy * xhat (dgamma) */
+template <typename T>
+struct ln_param_sums {
+    const T *x, *dy;
+    const float *mean, *rstd;
+    __device__ void operator()(int64_t b, int64_t r, int ch, int64_t i, float *v) const
+    {
+        float d = sd_ld(dy, i);
+        v[0] = d;
+        v[1] = d * ((sd_ld(x, i) - mean[r]) * rstd[r]);
+    }
+};
+
+static size_t cuda_layer_norm_backward_scratch(const sd_backend *be, int64_t rows, int c)
+{
+    (void)be;
+    return sd_cuda_align(2 * (size_t)norm_chunks(rows) * c * sizeof(float)) +
+           sd_cuda_align(2 * (size_t)c * sizeof(float));
+}
+
+static void cuda_layer_norm_backward(const sd_backend *be, int64_t rows, int c, const void *x,
+                                     const void *gamma, const float *mean, const float *rstd,
+                                     const void *dy, void *dx, int accumulate, float *dgamma,
+                                     float *dbeta, sd_scratch ws)
+{
+    cudaStream_t s = sd_cuda_stream(be);
+    char *cur = (char *)ws.ptr;
+    float *partial = (float *)norm_carve(&cur, 2 * (size_t)norm_chunks(rows) * c * sizeof(float));
+    float *tot = (float *)norm_carve(&cur, 2 * (size_t)c * sizeof(float));
+    SD_CUDA_DISPATCH(be, T, {
+        if (dx) {
+            ln_dx_kernel<T><<<sd_cuda_grid(be, rows, LN_WARPS), LN_WARPS * 32, 0, s>>>(
+                rows, c, (const T *)x, (const T *)gamma, mean, rstd, (const T *)dy, (T *)dx,
+                accumulate);
+            SD_CUDA_LAUNCHED(be);
+        }
+        if (dgamma || dbeta) {
+            ln_param_sums<T> f = {(const T *)x, (const T *)dy, mean, rstd};
+            norm_colpartial<2>(be, 1, rows, c, f, partial);
+            norm_chunk_sum(be, 1, 2, c, rows, partial, tot);
+            norm_param_grad(be, 1, c, tot, dgamma, dbeta);
+        }
+    });
+}
+
 void sd_cuda_fill_norm_ops(sd_ops *ops)
 {
-    (void)ops;
+    ops->group_norm_forward_scratch = cuda_group_norm_forward_scratch;
+    ops->group_norm_forward = cuda_group_norm_forward;
+    ops->group_norm_backward_scratch = cuda_group_norm_backward_scratch;
+    ops->group_norm_backward = cuda_group_norm_backward;
+    ops->layer_norm_forward = cuda_layer_norm_forward;
+    ops->layer_norm_backward_scratch = cuda_layer_norm_backward_scratch;
+    ops->layer_norm_backward = cuda_layer_norm_backward;
 }
