@@ -272,8 +272,8 @@ static void test_f32_to_bf16(const sd_backend *be, size_t n)
     got[n / 2] = ref[n / 2];
     snprintf(what, sizeof what, "f32_to_bf16 n=%zu to an odd offset", n);
     check_bits16(what, be, got, ref, n);
-    tap_ok((gn & 0x7f80u) == 0x7f80u && (gn & 0x007fu) != 0, "f32_to_bf16: NaN gives a NaN (0x%04x)",
-           gn);
+    tap_ok((gn & 0x7f80u) == 0x7f80u && (gn & 0x007fu) != 0,
+           "f32_to_bf16: NaN gives a NaN (0x%04x)", gn);
     sd_backend_free(be, dx);
     sd_backend_free(be, dy);
     free(x), free(got), free(ref);

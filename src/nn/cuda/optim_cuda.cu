@@ -130,6 +130,8 @@ extern "C" void sd_cuda_sumsq(const sd_backend *be, const float *x, size_t n, do
     *out_host = 0.0;
     if (n == 0)
         return;
+    SD_CHECK(scratch != NULL, "sd_cuda_sumsq needs %zu bytes of scratch",
+             sd_cuda_sumsq_scratch(n));
     cudaStream_t s = sd_cuda_stream(be);
     const size_t nb = sumsq_nblocks(n);
     SD_CHECK(nb <= 0x7fffffffu, "sum of squares over %zu elements: too many blocks", n);
@@ -221,6 +223,8 @@ extern "C" int sd_cuda_nonfinite(const sd_backend *be, const float *x, size_t n,
 {
     if (n == 0)
         return 0;
+    SD_CHECK(scratch != NULL, "sd_cuda_nonfinite needs %zu bytes of scratch",
+             sd_cuda_nonfinite_scratch());
     cudaStream_t s = sd_cuda_stream(be);
     int *flag = (int *)scratch;
     int host = 0;
