@@ -8,10 +8,11 @@
 #   --bundle DIR  use DIR/bundle.tar.xz made by bench/gpu-bundle.sh (for GPU machines without
 #                 MPI / HDF5 / ...; default when .gpu/bundle.tar.xz exists)
 #   --build DIR   use (and first build) a tree configured with --with-cuda (default build/cuda)
-#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, peer
+#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, peer, train
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
-#                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl)
+#                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
+#                 "train" runs tests/gpu/train.sh under MPI, with the bundle's mpirun)
 #   --log DIR     logs and CSV files (default: $OUT when set, else gpu-check-logs)
 # Exit status: 0 when every part that ran passed, 1 otherwise, 77 without a usable GPU.
 set -u
@@ -35,6 +36,10 @@ done
 mkdir -p "$logdir"
 want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 summary=()
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# the launcher for the shell tests that run under MPI (the "train" part); a build tree uses the
+# system's mpirun
+MPIEXEC="mpirun --oversubscribe"
 add() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
 status=0
 
@@ -44,6 +49,15 @@ if [ -n "$bundle" ]; then
     tar -C /tmp -xJf "$bundle/bundle.tar.xz" || { echo "gpu-check: cannot unpack $bundle/bundle.tar.xz" >&2; exit 2; }
     B=/tmp/sdgpu/build
     export LD_LIBRARY_PATH="/tmp/sdgpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # the bundled, relocated Open MPI (sdgpu/ompi, see bench/gpu-bundle.sh): MPI_Init and mpirun
+    if [ -f /tmp/sdgpu/ompi/env.sh ]; then
+        O=/tmp/sdgpu/ompi
+        export OPAL_PREFIX=$O OPAL_SYSCONFDIR=$O/etc
+        export PMIX_INSTALL_PREFIX=$O/lib/x86_64-linux-gnu/pmix2
+        export PMIX_MCA_mca_base_component_path=$PMIX_INSTALL_PREFIX/lib/pmix
+        export PATH="$O/bin:$PATH"
+        MPIEXEC="$O/bin/mpirun --oversubscribe"
+    fi
     cat /tmp/sdgpu/BUILD-INFO
 else
     B=$build
@@ -164,6 +178,24 @@ if want peer; then
     tail -12 "$logdir/peer.txt"
     if [ "$rc" = 0 ]; then add "bench gpu_vs_torch" "done" "$logdir/peer.txt"
     else status=1; add "bench gpu_vs_torch" "FAIL" "exit $rc"; fi
+fi
+
+# ---- training under MPI on the GPU -----------------------------------------------------------
+if want train; then
+    if [ ! -f tests/gpu/train.sh ]; then
+        add train.sh "n/a" "tests/gpu/train.sh not in this tree"
+    else
+        t0=$(date +%s)
+        top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="$MPIEXEC" \
+            timeout 600 sh tests/gpu/train.sh >"$logdir/train.log" 2>&1
+        rc=$?
+        grep -E '^(ok|FAIL|SKIP)' "$logdir/train.log" | sed 's/^/  /' | cut -c1-200
+        nok=$(grep -c '^ok' "$logdir/train.log")
+        nfail=$(grep -c '^FAIL' "$logdir/train.log")
+        if [ "$rc" = 0 ]; then add train.sh pass "$nok checks, $(($(date +%s) - t0)) s"
+        elif [ "$rc" = 77 ]; then add train.sh skip "$(grep -m1 '^SKIP' "$logdir/train.log" | cut -c1-60)"
+        else status=1; add train.sh FAIL "$nfail failed, $nok ok, exit $rc"; fi
+    fi
 fi
 
 echo
