@@ -10,6 +10,7 @@
 #      within 1e-3 of one rank;
 #   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message.
 # Skips without a CUDA build or a GPU.
+SD_TEST_NAME=gpu-train # not the scratch directory of tests/mpi/train.sh
 . "$top_srcdir/tests/lib.sh"
 
 [ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
