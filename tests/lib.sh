@@ -4,7 +4,9 @@ set -u
 : "${top_srcdir:?run through make check}" "${top_builddir:?run through make check}"
 SDTRAIN="$top_builddir/sdtrain"
 SDTOOL="$top_builddir/sdtool"
-TEST_NAME=$(basename "$0" .sh)
+# A test whose file name another test shares (tests/mpi/train.sh, tests/gpu/train.sh) sets
+# SD_TEST_NAME before sourcing this, so that the two never share (and delete) a scratch directory.
+TEST_NAME=${SD_TEST_NAME:-$(basename "$0" .sh)}
 TMP="$top_builddir/tests/tmp/$TEST_NAME"
 rm -rf "$TMP"
 mkdir -p "$TMP"

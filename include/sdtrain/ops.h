@@ -266,6 +266,9 @@ const sd_backend *sd_backend_cpu(void);
 int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **out, sd_err *err);
 /* Frees the stream, the library handles, the caches and workspaces; NULL is ignored. */
 void sd_backend_cuda_destroy(sd_backend *be);
+/* The backend's cudaStream_t (as void *, so that C callers need no CUDA header), for libraries
+ * that enqueue work in order with the ops (NCCL). NULL in a build without CUDA. */
+void *sd_backend_cuda_stream(const sd_backend *be);
 
 /* ---- Memory ----------------------------------------------------------------------------- */
 

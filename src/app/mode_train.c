@@ -1,5 +1,5 @@
 /* &run mode = 'train': the U-Net trained data-parallel from latent shards (DDP or ZeRO-2 over the
- * training communicator), with metrics, validation and a final summary. */
+ * training communicator), on the CPU or a GPU, with metrics, validation and a final summary. */
 #include "sd_config.h"
 
 #include <errno.h>
@@ -14,7 +14,9 @@
 
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
+#include "sdtrain/cmd_backend.h"
 #include "sdtrain/collectives.h"
+#include "sdtrain/device.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/loader.h"
@@ -28,6 +30,10 @@
 #include "sdtrain/timer.h"
 #include "sdtrain/unet.h"
 #include "sdtrain/weights.h"
+#if defined(SD_HAVE_CUDA)
+#include "sdtrain/nccl_comm.h"
+#include "sdtrain/optim_cuda.h"
+#endif
 
 /* Validation noise, timesteps and latent samples use this reserved step counter, so they are
  * the same at every evaluation, in every run and after every resume. */
@@ -63,6 +69,23 @@ typedef struct trainer {
     float *tfloat, *mse;
     unsigned char *drop;
     FILE *metrics;
+    /* The GPU (doc/training.md "On the GPU"); unused on the CPU, where be is the CPU backend and
+     * the U-Net works on the host arrays above in place. */
+    int gpu;               /* the CUDA backend computes the U-Net */
+    int dev_opt;           /* "device" path: reduction and optimizer on the GPU; else "host" path */
+    const char *path_why;  /* why the host path was chosen (rank 0's info line), or NULL */
+    sd_cmd_backend cb;     /* owns the CUDA backend */
+    const sd_backend *hb;  /* the CPU backend: layout changes of the host arrays */
+    size_t np, shard;      /* device path: padded buffer length (size * shard) and shard length */
+    void *d_params;        /* the U-Net's parameters (be->dtype), np elements */
+    float *d_master;       /* device path: fp32 master parameters (d_params itself in fp32) */
+    float *d_grads;        /* fp32 gradients, np */
+    float *d_m, *d_v, *d_ema; /* device path: [begin, end) */
+    void *d_scratch;       /* device path: sumsq / non-finite scratch */
+    void *d_xh, *d_ctx, *d_yh, *d_dy; /* one batch in and out */
+#if defined(SD_HAVE_CUDA)
+    sd_nccl *nccl;         /* device path with several ranks */
+#endif
 } trainer;
 
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
@@ -92,7 +115,7 @@ static int build_model(trainer *t, sd_err *err)
         sd_weights_init(&t->w, &table);
         sd_weights_init_random(&t->w, cfg->run.seed);
     }
-    return sd_unet_create_from_weights(&t->unet, &t->uc, &t->w, t->be, err);
+    return 0;
 }
 
 static int check_shapes(trainer *t, sd_err *err)
@@ -162,7 +185,14 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
     }
     sd_diffusion_add_noise(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->xt);
     sd_diffusion_target(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->target);
-    sd_nchw_to_nhwc(t->be, b->count, t->C, t->H, t->W, t->xt, t->xh);
+    sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->xt, t->xh);
+}
+
+/* GPU: the first `count` samples' inputs (NHWC latents and contexts) into device memory. */
+static void upload_inputs(trainer *t, int count)
+{
+    sd_upload_f32(t->be, t->d_xh, t->xh, (int64_t)count * t->C * t->H * t->W);
+    sd_upload_f32(t->be, t->d_ctx, t->ctx, (int64_t)count * t->L * t->D);
 }
 
 /* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
@@ -180,9 +210,16 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
         SD_CHECK(sd_loader_read_val(t->loader, i, count, vb, &err) == 0, "validation read: %s",
                  err.msg);
         make_inputs(t, vb, VAL_RNG_STEP, 0);
-        sd_unet_forward(t->unet, count, t->H, t->W, t->xh, t->tfloat, t->ctx, t->L, t->yh,
-                        &t->arena, NULL);
-        sd_nhwc_to_nchw(t->be, count, t->C, t->H, t->W, t->yh, t->pred);
+        if (t->gpu) {
+            upload_inputs(t, count);
+            sd_unet_forward(t->unet, count, t->H, t->W, t->d_xh, t->tfloat, t->d_ctx, t->L,
+                            t->d_yh, &t->arena, NULL);
+            sd_download_f32(t->be, t->yh, t->d_yh, (int64_t)count * per);
+        } else {
+            sd_unet_forward(t->unet, count, t->H, t->W, t->xh, t->tfloat, t->ctx, t->L, t->yh,
+                            &t->arena, NULL);
+        }
+        sd_nhwc_to_nchw(t->hb, count, t->C, t->H, t->W, t->yh, t->pred);
         sd_diffusion_loss(&t->diff, t->tsteps, count, per, count, t->pred, t->target, mse, NULL);
         for (int j = 0; j < count; j++)
             sum += mse[j];
@@ -240,14 +277,316 @@ static int write_weights(const trainer *t, const float *data, const char *name, 
     return rc;
 }
 
+
+/* ---- the GPU ------------------------------------------------------------------------------
+ * Two ways to reduce the gradients and run the optimizer (doc/training.md "On the GPU"):
+ *   device  NCCL (several ranks, one GPU each) or nothing (one rank), then sd_cuda_* on the
+ *           GPU over this rank's range of padded flat buffers; the shards are equal
+ *           (NCCL's reduce-scatter and all-gather need that), so their boundaries are not the
+ *           CPU's sd_comm_shard ones;
+ *   host    the fp32 gradients downloaded into t->grads, the CPU code of this file as it is
+ *           (MPI collectives, AdamW, EMA on host arrays), the parameters uploaded again: slow
+ *           for SD2, but the CPU's DDP == ZeRO-2 bits, and ranks may share a GPU. */
+
+/* Device memory of `bytes`, or NULL with err set (the first failure only) and *failed = 1. */
+static void *dev_alloc(trainer *t, const sd_device_info *dev, size_t bytes, const char *what,
+                       int *failed, sd_err *err)
+{
+    void *p;
+    if (*failed)
+        return NULL;
+    p = sd_backend_alloc(t->be, bytes ? bytes : 256);
+    if (!p) {
+        sd_err_set(err, "out of GPU memory: training rank %d cannot allocate %.1f MB for %s on "
+                   "GPU %d (%s); use a smaller batch_size_per_rank, recompute_activations = "
+                   ".true., precision = 'bf16' or more GPUs with sharding = 'shard_grad_op'",
+                   t->rank, (double)bytes * 1e-6, what, dev->device_id, dev->name);
+        *failed = 1;
+    }
+    return p;
+}
+
+static void dev_free(trainer *t, void *p)
+{
+    if (p)
+        sd_backend_free(t->be, p);
+}
+
+/* The comm path: SDTRAIN_GPU_COMM=device|host forces one; otherwise the device path for one
+ * rank, or for several when every rank has a GPU of its own (NCCL cannot put two ranks on one
+ * GPU: a node must run no more ranks than it has GPUs), else the host path. Collective; every
+ * rank gets the same answer (or the same error). */
+static int choose_comm_path(trainer *t, const sd_runtime *rt, const sd_device_info *dev,
+                            sd_err *err)
+{
+    const char *env = getenv("SDTRAIN_GPU_COMM");
+    int64_t v[2];
+    int failed = 0, want = 0; /* want: 0 auto, 1 device, 2 host */
+    if (env && *env) {
+        if (!strcmp(env, "device"))
+            want = 1;
+        else if (!strcmp(env, "host"))
+            want = 2;
+        else
+            failed = sd_err_set(err, "SDTRAIN_GPU_COMM = '%s': expected device or host", env) != 0;
+    }
+    /* v[0]: the most ranks on any node, v[1]: the fewest GPUs any rank sees */
+    v[0] = rt->node_size;
+    v[1] = -(int64_t)dev->n_devices;
+    sd_allreduce_i64(t->comm, v, 2, SD_RED_MAX);
+    v[1] = -v[1];
+    t->path_why = NULL;
+    if (want == 2) {
+        t->dev_opt = 0;
+        t->path_why = "SDTRAIN_GPU_COMM=host";
+    } else if (t->size == 1 || v[0] <= v[1]) {
+        t->dev_opt = 1;
+    } else if (want == 1) {
+        failed = sd_err_set(err, "SDTRAIN_GPU_COMM=device with %d training ranks needs NCCL, "
+                            "which needs one GPU per rank, but a node runs %lld ranks on %lld "
+                            "GPU(s): use as many ranks per node as GPUs, or "
+                            "SDTRAIN_GPU_COMM=host", t->size, (long long)v[0],
+                            (long long)v[1]) != 0;
+    } else {
+        t->dev_opt = 0;
+        t->path_why = "a node runs more ranks than it has GPUs (NCCL needs one GPU per rank)";
+    }
+    if (sd_agree(rt->role_comm, failed, err))
+        return -1;
+    /* the same path everywhere, even if the environment differed between ranks */
+    v[0] = t->dev_opt;
+    sd_allreduce_i64(t->comm, v, 1, SD_RED_MIN);
+    if (!v[0] && t->dev_opt && !t->path_why)
+        t->path_why = "another rank chose the host path";
+    t->dev_opt = (int)v[0];
+#if defined(SD_HAVE_CUDA)
+    if (t->dev_opt && t->size > 1) {
+        unsigned char id[SD_NCCL_ID_BYTES];
+        memset(id, 0, sizeof id);
+        failed = t->rank == 0 && sd_nccl_unique_id(id, err) != 0;
+        if (sd_agree(rt->role_comm, failed, err))
+            return -1;
+        SD_MPI_CHECK(MPI_Bcast(id, SD_NCCL_ID_BYTES, MPI_BYTE, 0, rt->role_comm));
+        t->nccl = sd_nccl_create(id, t->size, t->rank, dev->device_id, t->be);
+    }
+#else
+    SD_CHECK(!t->dev_opt || t->size == 1, "multi-rank GPU training without CUDA");
+#endif
+    return 0;
+}
+
+/* The U-Net on its backend: on the CPU over the host weights in place; on the GPU over the
+ * device copy (fp32, or bf16 rounded from the fp32 master), with the fp32 gradient buffer.
+ * Sets the buffer layout: n, np, shard and this rank's optimizer range [begin, end). */
+static int place_model(trainer *t, const sd_device_info *dev, sd_err *err)
+{
+    const size_t n = t->w.table.total_floats;
+    int failed = 0;
+    t->n = n;
+    if (!t->gpu)
+        return sd_unet_create_from_weights(&t->unet, &t->uc, &t->w, t->be, err);
+    t->np = t->shard = n;
+    if (t->dev_opt && t->size > 1) {
+        /* equal shards, each a multiple of SD_SHARD_ALIGN floats (256 bytes) */
+        size_t per = (n + (size_t)t->size - 1) / (size_t)t->size;
+        t->shard = (per + SD_SHARD_ALIGN - 1) / SD_SHARD_ALIGN * SD_SHARD_ALIGN;
+        t->np = t->shard * (size_t)t->size;
+    }
+    if (t->dev_opt) {
+        t->begin = t->zero2 ? (size_t)t->rank * t->shard : 0;
+        t->end = t->zero2 ? t->begin + t->shard : t->np;
+    }
+    t->d_params = dev_alloc(t, dev, t->np * sd_dtype_size(t->be->dtype), "the parameters",
+                            &failed, err);
+    if (t->dev_opt)
+        t->d_master = t->be->dtype == SD_F32
+                          ? (float *)t->d_params
+                          : dev_alloc(t, dev, t->np * sizeof(float),
+                                      "the fp32 master parameters", &failed, err);
+    t->d_grads = dev_alloc(t, dev, t->np * sizeof(float), "the gradients", &failed, err);
+    if (failed)
+        return -1;
+    /* the padding stays zero: no gradient reaches it, so AdamW keeps it zero */
+    sd_zero(t->be, t->d_params, t->np * sd_dtype_size(t->be->dtype));
+    sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)n);
+    if (t->d_master && (void *)t->d_master != t->d_params) {
+        sd_zero(t->be, t->d_master, t->np * sizeof(float));
+        sd_upload(t->be, t->d_master, t->w.data, n * sizeof(float));
+    }
+    return sd_unet_create(&t->unet, &t->uc, &t->w.table, t->d_params, t->be, err);
+}
+
+/* GPU: the optimizer state of the device path and one batch of inputs and outputs. */
+static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err)
+{
+    const size_t es = sd_dtype_size(t->be->dtype), bs = (size_t)t->bs;
+    const size_t per = (size_t)t->C * t->H * t->W;
+    int failed = 0;
+    t->d_xh = dev_alloc(t, dev, bs * per * es, "the input latents", &failed, err);
+    t->d_ctx = dev_alloc(t, dev, bs * (size_t)t->L * t->D * es, "the contexts", &failed, err);
+    t->d_yh = dev_alloc(t, dev, bs * per * es, "the prediction", &failed, err);
+    t->d_dy = dev_alloc(t, dev, bs * per * es, "the loss gradient", &failed, err);
+    if (t->dev_opt) {
+#if defined(SD_HAVE_CUDA)
+        const size_t len = t->end - t->begin;
+        size_t scratch = sd_cuda_sumsq_scratch(t->shard);
+        if (scratch < sd_cuda_nonfinite_scratch())
+            scratch = sd_cuda_nonfinite_scratch();
+        t->d_m = dev_alloc(t, dev, len * sizeof(float), "AdamW's first moments", &failed, err);
+        t->d_v = dev_alloc(t, dev, len * sizeof(float), "AdamW's second moments", &failed, err);
+        if (t->cfg->train.ema_decay > 0)
+            t->d_ema = dev_alloc(t, dev, len * sizeof(float), "the EMA", &failed, err);
+        t->d_scratch = dev_alloc(t, dev, scratch, "optimizer scratch", &failed, err);
+        if (failed)
+            return -1;
+        sd_zero(t->be, t->d_m, len * sizeof(float));
+        sd_zero(t->be, t->d_v, len * sizeof(float));
+        if (t->d_ema)
+            sd_copy(t->be, t->d_ema, t->d_master + t->begin, len * sizeof(float));
+        sd_synchronize(t->be);
+#endif
+    }
+    return failed ? -1 : 0;
+}
+
+#if defined(SD_HAVE_CUDA)
+/* Device path: the gradients summed over the ranks (ZeRO-2: into this rank's shard), this
+ * rank's part of the squared norm (its shard, in both modes) and the non-finite flag. */
+static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *bad)
+{
+    if (t->size > 1 && t->zero2)
+        sd_nccl_reduce_scatter_sum(t->nccl, t->d_grads, t->shard);
+    else if (t->size > 1)
+        sd_nccl_allreduce_sum(t->nccl, t->d_grads, t->np);
+    sd_cuda_sumsq(t->be, t->d_grads + (size_t)t->rank * t->shard, t->shard, &stats[0],
+                  t->d_scratch);
+    stats[1] = loss_local;
+    *bad = sd_cuda_nonfinite(t->be, t->d_grads + t->begin, t->end - t->begin, t->d_scratch) ||
+           !isfinite(loss_local);
+}
+
+/* Device path: clipping, AdamW and the EMA on [begin, end), as the host code does them. */
+static void dev_update(trainer *t, double lr, int64_t k, double coef)
+{
+    const size_t len = t->end - t->begin;
+    void *lowp = NULL;
+    /* AdamW writes the bf16 compute copy of its range, unless other ranks' shards arrive by
+     * the all-gather, after which dev_gather converts the whole buffer */
+    if ((void *)t->d_master != t->d_params && !(t->zero2 && t->size > 1))
+        lowp = (char *)t->d_params + t->begin * sd_dtype_size(t->be->dtype);
+    if (coef < 1.0)
+        sd_cuda_scale(t->be, t->d_grads + t->begin, len, (float)coef);
+    sd_cuda_adamw_update(t->be, &t->adam, lr, k, t->d_master + t->begin, t->d_grads + t->begin,
+                         t->d_m, t->d_v, len, lowp);
+    if (t->d_ema)
+        sd_cuda_ema_update(t->be, t->d_ema, t->d_master + t->begin, len,
+                           sd_ema_decay(k, t->cfg->train.ema_decay, t->cfg->train.ema_start_step));
+    sd_synchronize(t->be);
+}
+
+/* Device path, ZeRO-2 with several ranks: every shard of the parameters to every rank. */
+static void dev_gather(trainer *t)
+{
+    if (!(t->zero2 && t->size > 1))
+        return;
+    sd_nccl_allgather(t->nccl, t->d_master, t->shard);
+    if ((void *)t->d_master != t->d_params)
+        sd_cuda_f32_to_bf16(t->be, t->d_master, t->d_params, t->np);
+    sd_synchronize(t->be);
+}
+
+/* Device path, at the end: the master parameters into t->w.data and the EMA gathered into a
+ * new host buffer (returned; NULL without EMA), on every rank. */
+static float *dev_fetch(trainer *t)
+{
+    float *ema = NULL;
+    sd_download(t->be, t->w.data, t->d_master, t->n * sizeof(float));
+    if (!t->d_ema)
+        return NULL;
+    ema = sd_xcalloc(t->np ? t->np : 1, sizeof *ema);
+    if (t->zero2 && t->size > 1) {
+        /* the gradients are spent: their buffer gathers the EMA shards */
+        sd_copy(t->be, t->d_grads + t->begin, t->d_ema, (t->end - t->begin) * sizeof(float));
+        sd_nccl_allgather(t->nccl, t->d_grads, t->shard);
+        sd_download(t->be, ema, t->d_grads, t->n * sizeof(float));
+    } else {
+        sd_download(t->be, ema, t->d_ema, t->n * sizeof(float));
+    }
+    return ema;
+}
+#else
+static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *bad)
+{
+    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
+}
+static void dev_update(trainer *t, double lr, int64_t k, double coef)
+{
+    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
+}
+static void dev_gather(trainer *t)
+{
+    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
+}
+static float *dev_fetch(trainer *t)
+{
+    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
+    return NULL;
+}
+#endif
+
+/* Rank 0's line on where each rank computes and how the gradients travel. Collective. */
+static void report_compute(const trainer *t, const sd_runtime *rt, const sd_device_info *dev)
+{
+    int *ids = t->rank == 0 ? sd_xcalloc((size_t)t->size, sizeof *ids) : NULL;
+    int id = t->gpu ? dev->device_id : -1;
+    SD_MPI_CHECK(MPI_Gather(&id, 1, MPI_INT, ids, 1, MPI_INT, 0, rt->role_comm));
+    if (t->rank == 0 && t->gpu) {
+        char list[256] = "";
+        size_t used = 0;
+        for (int r = 0; r < t->size && used + 16 < sizeof list; r++)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", r ? "," : "",
+                                     ids[r]);
+        if (used + 16 >= sizeof list)
+            snprintf(list + used, sizeof list - used, ",...");
+        sd_info("compute: CUDA (%s), precision %s%s, GPU of each training rank: %s; gradient "
+                "reduction and optimizer %s%s%s", dev->name,
+                t->be->dtype == SD_BF16 ? "bf16" : "fp32 (no TF32)",
+                t->be->dtype == SD_BF16 ? " with fp32 master weights" : "", list,
+                !t->dev_opt ? "on the host (MPI; slow for large models)"
+                : t->size > 1 ? "on the GPU (NCCL)" : "on the GPU (one rank: no communication)",
+                t->path_why ? ": " : "", t->path_why ? t->path_why : "");
+    }
+    free(ids);
+}
+
 static void free_trainer(trainer *t)
 {
     sd_loader_close(t->loader);
     sd_unet_trainer_free(t->tr);
     sd_unet_free(t->unet);
     sd_weights_free(&t->w);
-    if (sd_arena_capacity(&t->arena))
+    if (t->gpu) {
+        if (t->arena.base)
+            sd_cmd_arena_free(&t->cb, &t->arena);
+        if ((void *)t->d_master != t->d_params)
+            dev_free(t, t->d_master);
+        dev_free(t, t->d_params);
+        dev_free(t, t->d_grads);
+        dev_free(t, t->d_m);
+        dev_free(t, t->d_v);
+        dev_free(t, t->d_ema);
+        dev_free(t, t->d_scratch);
+        dev_free(t, t->d_xh);
+        dev_free(t, t->d_ctx);
+        dev_free(t, t->d_yh);
+        dev_free(t, t->d_dy);
+#if defined(SD_HAVE_CUDA)
+        sd_nccl_destroy(t->nccl);
+#endif
+        sd_cmd_backend_close(&t->cb);
+    } else if (sd_arena_capacity(&t->arena)) {
         sd_arena_free(&t->arena);
+    }
     sd_diffusion_free(&t->diff);
     free(t->grads);
     free(t->m);
@@ -272,21 +611,32 @@ static void free_trainer(trainer *t)
 }
 
 /* Set-up that may fail on bad input: every rank agrees on the verdict. */
-static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
+static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd_err *err)
 {
     const sd_config *cfg = t->cfg;
     MPI_Comm comm = rt->role_comm;
     sd_loader_options lo;
     int failed;
 
+    t->zero2 = strcmp(cfg->train.sharding, "shard_grad_op") == 0;
     failed = sd_diffusion_init_config(&t->diff, cfg, err) != 0;
     if (!failed)
         failed = sd_lr_schedule_from_name(cfg->train.lr_schedule, &t->sched, err) != 0;
-    if (!failed && cfg->train.precision[0] && strcmp(cfg->train.precision, "fp32") != 0 &&
-        t->rank == 0)
+    if (!failed && !t->gpu && cfg->train.precision[0] &&
+        strcmp(cfg->train.precision, "fp32") != 0 && t->rank == 0)
         sd_warn("&train precision = '%s' applies to the CUDA backend; the CPU backend trains "
                 "in fp32", cfg->train.precision);
+    /* each rank its own CUDA backend (its stream, handles) on the GPU sd_device_resolve chose */
+    if (!failed && t->gpu) {
+        failed = sd_cmd_backend_open("cuda", dev->device_id,
+                                     cfg->train.precision[0] ? cfg->train.precision : "fp32",
+                                     &t->cb, err) != 0;
+        if (!failed)
+            t->be = t->cb.be;
+    }
     if (sd_agree(comm, failed, err))
+        return -1;
+    if (t->gpu && choose_comm_path(t, rt, dev, err))
         return -1;
 
     sd_loader_options_defaults(&lo);
@@ -306,39 +656,49 @@ static int setup(trainer *t, const sd_runtime *rt, sd_err *err)
     failed = build_model(t, err) != 0;
     if (!failed)
         failed = check_shapes(t, err) != 0;
+    if (!failed)
+        failed = place_model(t, dev, err) != 0;
     if (sd_agree(comm, failed, err))
         return -1;
 
-    t->n = t->w.table.total_floats;
-    t->grads = sd_xcalloc(t->n ? t->n : 1, sizeof *t->grads);
-    failed = sd_unet_trainer_create(&t->tr, t->unet, &t->w.table, t->grads, t->bs, t->H, t->W,
-                                    t->L, cfg->train.recompute_activations, err) != 0;
+    /* the host gradient buffer: the CPU's, and the GPU host path's copy of the device one */
+    if (!t->dev_opt)
+        t->grads = sd_xcalloc(t->n ? t->n : 1, sizeof *t->grads);
+    failed = sd_unet_trainer_create(&t->tr, t->unet, &t->w.table,
+                                    t->gpu ? t->d_grads : t->grads, t->bs, t->H, t->W, t->L,
+                                    cfg->train.recompute_activations, err) != 0;
     if (!failed) {
         size_t need = sd_unet_trainer_arena_bytes(t->tr);
         size_t val = sd_unet_scratch_bytes(&t->uc, t->be, t->bs, t->H, t->W, t->L);
         need = need > val ? need : val;
-        if (sd_arena_init(&t->arena, need, SD_ARENA_DEFAULT_ALIGNMENT) != 0) {
-            sd_err_set(err, "cannot allocate %zu bytes of activation memory for batch %d",
-                       need, t->bs);
+        if (t->gpu ? sd_cmd_arena(&t->cb, need, &t->arena) != 0
+                   : sd_arena_init(&t->arena, need, SD_ARENA_DEFAULT_ALIGNMENT) != 0) {
+            sd_err_set(err, "cannot allocate %zu bytes of activation memory for batch %d%s",
+                       need, t->bs, t->gpu ? " on the GPU (out of GPU memory: use a smaller "
+                       "batch_size_per_rank or recompute_activations = .true.)" : "");
             failed = 1;
         }
     }
+    if (!failed && t->gpu)
+        failed = alloc_device_state(t, dev, err) != 0;
     if (sd_agree(comm, failed, err))
         return -1;
 
-    /* ZeRO-2 keeps optimizer state for this rank's shard only; DDP for everything */
-    t->zero2 = strcmp(cfg->train.sharding, "shard_grad_op") == 0;
-    if (t->zero2) {
-        sd_comm_shard(t->comm, t->n, &t->begin, &t->end);
-    } else {
-        t->begin = 0;
-        t->end = t->n;
-    }
-    t->m = sd_xcalloc(t->end - t->begin + 1, sizeof(float));
-    t->v = sd_xcalloc(t->end - t->begin + 1, sizeof(float));
-    if (cfg->train.ema_decay > 0) {
-        t->ema = sd_xmalloc((t->end - t->begin + 1) * sizeof(float));
-        memcpy(t->ema, t->w.data + t->begin, (t->end - t->begin) * sizeof(float));
+    /* ZeRO-2 keeps optimizer state for this rank's shard only; DDP for everything (the GPU's
+     * device path keeps it on the GPU, over the ranges place_model set) */
+    if (!t->dev_opt) {
+        if (t->zero2) {
+            sd_comm_shard(t->comm, t->n, &t->begin, &t->end);
+        } else {
+            t->begin = 0;
+            t->end = t->n;
+        }
+        t->m = sd_xcalloc(t->end - t->begin + 1, sizeof(float));
+        t->v = sd_xcalloc(t->end - t->begin + 1, sizeof(float));
+        if (cfg->train.ema_decay > 0) {
+            t->ema = sd_xmalloc((t->end - t->begin + 1) * sizeof(float));
+            memcpy(t->ema, t->w.data + t->begin, (t->end - t->begin) * sizeof(float));
+        }
     }
     t->adam.beta1 = cfg->train.adam_beta1;
     t->adam.beta2 = cfg->train.adam_beta2;
@@ -379,11 +739,11 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.size = rt->role_size;
     t.world_rank = rt->world_rank;
     t.be = sd_backend_cpu();
+    t.hb = sd_backend_cpu();
+    t.gpu = dev->use_cuda;
     t.comm = sd_comm_create_mpi(rt->role_comm);
-    if (dev->use_cuda && t.rank == 0)
-        sd_warn("the CUDA training backend is not built yet: training runs on the CPU");
 
-    if (setup(&t, rt, &err)) {
+    if (setup(&t, rt, dev, &err)) {
         if (t.rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_trainer(&t);
@@ -397,6 +757,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             t.zero2 ? "ZeRO-2 (shard_grad_op)" : "DDP (sharding 'none')", t.bs,
             (long long)t.info.global_batch, (long long)t.info.n_train, (long long)t.info.n_val,
             (long long)t.info.steps_per_epoch, (long long)max_steps);
+    report_compute(&t, rt, dev);
 
     SD_CHECK(sd_loader_seek(t.loader, 0, &err) == 0, "%s", err.msg);
     if (cfg->train.val_every > 0 && t.info.n_val == 0)
@@ -440,29 +801,44 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         /* forward and backward of this rank's samples */
         t1 = sd_time_now();
         make_inputs(&t, b, (uint64_t)step, 1);
-        memset(t.grads, 0, t.n * sizeof *t.grads);
-        sd_unet_train_forward(t.tr, t.xh, t.tfloat, t.ctx, t.yh, &t.arena);
-        sd_nhwc_to_nchw(t.be, b->count, t.C, t.H, t.W, t.yh, t.pred);
+        if (t.gpu) {
+            /* the objective stays on the host: the prediction down, its gradient up */
+            sd_zero(t.be, t.d_grads, t.np * sizeof(float));
+            upload_inputs(&t, b->count);
+            sd_unet_train_forward(t.tr, t.d_xh, t.tfloat, t.d_ctx, t.d_yh, &t.arena);
+            sd_download_f32(t.be, t.yh, t.d_yh, (int64_t)b->count * per);
+        } else {
+            memset(t.grads, 0, t.n * sizeof *t.grads);
+            sd_unet_train_forward(t.tr, t.xh, t.tfloat, t.ctx, t.yh, &t.arena);
+        }
+        sd_nhwc_to_nchw(t.hb, b->count, t.C, t.H, t.W, t.yh, t.pred);
         loss_local = sd_diffusion_loss(&t.diff, t.tsteps, b->count, per, t.info.global_batch,
                                        t.pred, t.target, NULL, t.dpred);
         if (sd_fault_armed(SD_FAULT_NAN, t.world_rank, step, NULL))
             t.dpred[0] = NAN;
-        sd_nchw_to_nhwc(t.be, b->count, t.C, t.H, t.W, t.dpred, t.yh);
+        sd_nchw_to_nhwc(t.hb, b->count, t.C, t.H, t.W, t.dpred, t.yh);
+        if (t.gpu)
+            sd_upload_f32(t.be, t.d_dy, t.yh, (int64_t)b->count * per);
         tt[T_FWD] = sd_time_now() - t1;
         t1 = sd_time_now();
-        sd_unet_backward(t.tr, t.yh, &t.arena);
+        sd_unet_backward(t.tr, t.gpu ? t.d_dy : t.yh, &t.arena);
+        sd_synchronize(t.be);
         tt[T_BWD] = sd_time_now() - t1;
 
         /* gradients: the global mean loss's gradient is the sum over ranks (each rank's loss
          * is already divided by the global batch); ZeRO-2 keeps only this rank's shard */
         t1 = sd_time_now();
-        if (t.zero2)
-            sd_reduce_scatter_f32(t.comm, t.grads, t.grads + t.begin, t.n, SD_RED_SUM);
-        else
-            sd_allreduce_f32(t.comm, t.grads, t.n, SD_RED_SUM);
-        /* one global norm, summed shard by shard in rank order whatever the sharding, so
-         * DDP and ZeRO-2 clip by the same bits */
-        {
+        if (t.dev_opt) {
+            dev_reduce(&t, loss_local, stats, &bad);
+        } else {
+            if (t.gpu) /* host path */
+                sd_download(t.be, t.grads, t.d_grads, t.n * sizeof *t.grads);
+            if (t.zero2)
+                sd_reduce_scatter_f32(t.comm, t.grads, t.grads + t.begin, t.n, SD_RED_SUM);
+            else
+                sd_allreduce_f32(t.comm, t.grads, t.n, SD_RED_SUM);
+            /* one global norm, summed shard by shard in rank order whatever the sharding, so
+             * DDP and ZeRO-2 clip by the same bits */
             size_t sb, se;
             sd_comm_shard(t.comm, t.n, &sb, &se);
             stats[0] = sd_sumsq(t.grads + sb, se - sb);
@@ -487,18 +863,33 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         } else {
             k++;
             coef = cfg->train.grad_clip > 0 ? sd_clip_coef(sumsq, cfg->train.grad_clip) : 1.0;
-            if (coef < 1.0)
-                sd_scale(t.grads + t.begin, t.end - t.begin, coef);
-            sd_adamw_update(&t.adam, lr, k, t.w.data + t.begin, t.grads + t.begin, t.m, t.v,
-                            t.end - t.begin);
-            if (t.ema)
-                sd_ema_update(t.ema, t.w.data + t.begin, t.end - t.begin,
-                              sd_ema_decay(k, cfg->train.ema_decay, cfg->train.ema_start_step));
+            if (t.dev_opt) {
+                dev_update(&t, lr, k, coef);
+            } else {
+                if (coef < 1.0)
+                    sd_scale(t.grads + t.begin, t.end - t.begin, coef);
+                sd_adamw_update(&t.adam, lr, k, t.w.data + t.begin, t.grads + t.begin, t.m, t.v,
+                                t.end - t.begin);
+                if (t.ema)
+                    sd_ema_update(t.ema, t.w.data + t.begin, t.end - t.begin,
+                                  sd_ema_decay(k, cfg->train.ema_decay,
+                                               cfg->train.ema_start_step));
+            }
         }
         tt[T_OPT] = sd_time_now() - t1;
-        if (t.zero2) {
+        if (t.dev_opt) {
+            t1 = sd_time_now();
+            dev_gather(&t);
+            tt[T_COMM] += sd_time_now() - t1;
+        } else if (t.zero2) {
             t1 = sd_time_now();
             sd_allgather_f32(t.comm, t.w.data, t.n);
+            tt[T_COMM] += sd_time_now() - t1;
+        }
+        if (t.gpu && !t.dev_opt) {
+            /* host path: the updated parameters back into the U-Net's (converted to bf16) */
+            t1 = sd_time_now();
+            sd_upload_f32(t.be, t.d_params, t.w.data, (int64_t)t.n);
             tt[T_COMM] += sd_time_now() - t1;
         }
 
@@ -558,18 +949,21 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     /* the final weights (and EMA), then the summary */
     if (code == SD_EXIT_OK) {
         int failed = 0;
-        /* ZeRO-2 keeps the EMA of the shard only: gather it into a full buffer to write */
         float *ema_full = NULL;
-        if (t.ema && t.zero2) {
+        if (t.dev_opt) {
+            /* the GPU's parameters and EMA into the host buffers the writer reads */
+            ema_full = dev_fetch(&t);
+        } else if (t.ema && t.zero2) {
+            /* ZeRO-2 keeps the EMA of the shard only: gather it into a full buffer to write */
             ema_full = sd_xcalloc(t.n ? t.n : 1, sizeof *ema_full);
             memcpy(ema_full + t.begin, t.ema, (t.end - t.begin) * sizeof *ema_full);
             sd_allgather_f32(t.comm, ema_full, t.n);
         }
         if (t.rank == 0) {
+            const float *ema_out = ema_full ? ema_full : t.ema;
             failed = write_weights(&t, t.w.data, "unet_final.safetensors", &err) != 0;
-            if (!failed && t.ema)
-                failed = write_weights(&t, ema_full ? ema_full : t.ema, "unet_ema.safetensors",
-                                       &err) != 0;
+            if (!failed && ema_out)
+                failed = write_weights(&t, ema_out, "unet_ema.safetensors", &err) != 0;
             if (failed)
                 sd_error("%s", err.msg);
         }
@@ -603,7 +997,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
                peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);
         printf("  %-28s %s/metrics.jsonl, %s/unet_final.safetensors%s\n", "outputs",
-               cfg->run.output_dir, cfg->run.output_dir, t.ema ? ", unet_ema.safetensors" : "");
+               cfg->run.output_dir, cfg->run.output_dir,
+               cfg->train.ema_decay > 0 ? ", unet_ema.safetensors" : "");
         fflush(stdout);
     }
     sd_loader_batch_free(&vb);

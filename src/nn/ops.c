@@ -734,4 +734,10 @@ void sd_backend_cuda_destroy(sd_backend *be)
 {
     (void)be;
 }
+
+void *sd_backend_cuda_stream(const sd_backend *be)
+{
+    (void)be;
+    return NULL;
+}
 #endif

@@ -22,10 +22,11 @@ EOF2
 mpi proc 2 "$SDTRAIN" "$TMP/proc.nml"
 expect_rc proc 0
 
-# train_nml NAME BATCH SHARDING: the namelist of a 10-step run
+# train_nml NAME BATCH SHARDING: the namelist of a 10-step run, on the CPU whatever the machine
+# has (tests/gpu/train.sh trains on the GPU)
 train_nml() {
     nml "$1.nml" <<EOF2
-&run mode = 'train', output_dir = '$TMP/$1', seed = 11 /
+&run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = 'cpu' /
 &model $model /
 &data shard_dir = '$TMP/shards', val_fraction = 0.2 /
 &train max_steps = 10, batch_size_per_rank = $2, learning_rate = 1e-3, warmup_steps = 3,

@@ -155,6 +155,12 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     return 0;
 }
 
+extern "C" void *sd_backend_cuda_stream(const sd_backend *be)
+{
+    SD_CHECK(be && be->device == SD_DEV_CUDA, "sd_backend_cuda_stream: not a CUDA backend");
+    return (void *)sd_cuda_stream(be);
+}
+
 extern "C" void sd_backend_cuda_destroy(sd_backend *be)
 {
     if (!be)

@@ -1,0 +1,73 @@
+/* NCCL communicator of the GPU training ranks (include/sdtrain/nccl_comm.h). Every call is
+ * enqueued on the CUDA backend's stream, in order with the ops before and after it. */
+#include <cstdlib>
+#include <cstring>
+
+#include "sd_config.h"
+
+#include "sdtrain/check.h"
+#include "sdtrain/cuda_check.h"
+#include "sdtrain/nccl_comm.h"
+
+static_assert(SD_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "SD_NCCL_ID_BYTES != NCCL's");
+static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size");
+
+struct sd_nccl {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int rank, nranks;
+};
+
+extern "C" int sd_nccl_unique_id(unsigned char id[SD_NCCL_ID_BYTES], sd_err *err)
+{
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess)
+        return sd_err_set(err, "ncclGetUniqueId: %s (set NCCL_DEBUG=WARN for details)",
+                          ncclGetErrorString(r));
+    memcpy(id, u.internal, SD_NCCL_ID_BYTES);
+    return 0;
+}
+
+extern "C" sd_nccl *sd_nccl_create(const unsigned char id[SD_NCCL_ID_BYTES], int nranks, int rank,
+                                   int device, const sd_backend *be)
+{
+    sd_nccl *c = (sd_nccl *)calloc(1, sizeof *c);
+    ncclUniqueId u;
+    SD_CHECK(c != NULL, "out of host memory");
+    memcpy(u.internal, id, SD_NCCL_ID_BYTES);
+    c->rank = rank;
+    c->nranks = nranks;
+    c->stream = (cudaStream_t)sd_backend_cuda_stream(be);
+    SD_CUDA_CHECK(cudaSetDevice(device));
+    SD_NCCL_CHECK(ncclCommInitRank(&c->comm, nranks, u, rank));
+    return c;
+}
+
+extern "C" void sd_nccl_destroy(sd_nccl *c)
+{
+    if (!c)
+        return;
+    SD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    SD_NCCL_CHECK(ncclCommDestroy(c->comm));
+    free(c);
+}
+
+extern "C" void sd_nccl_allreduce_sum(sd_nccl *c, float *buf, size_t n)
+{
+    SD_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, c->stream));
+}
+
+extern "C" void sd_nccl_reduce_scatter_sum(sd_nccl *c, float *buf, size_t shard)
+{
+    /* in place: NCCL's rule is recvbuff == sendbuff + rank * recvcount */
+    SD_NCCL_CHECK(ncclReduceScatter(buf, buf + (size_t)c->rank * shard, shard, ncclFloat32,
+                                    ncclSum, c->comm, c->stream));
+}
+
+extern "C" void sd_nccl_allgather(sd_nccl *c, float *buf, size_t shard)
+{
+    /* in place: sendbuff == recvbuff + rank * sendcount */
+    SD_NCCL_CHECK(ncclAllGather(buf + (size_t)c->rank * shard, buf, shard, ncclFloat32, c->comm,
+                                c->stream));
+}

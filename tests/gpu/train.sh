@@ -1,0 +1,137 @@
+#!/bin/sh
+# mode = 'train' on the GPU (doc/training.md "On the GPU"), on shards made by mode = 'process':
+#   1. one rank, fp32 (no TF32), 10 steps: every step's loss within 1e-4 (relative) of the CPU's,
+#      the final weights and EMA within 1e-3 overall;
+#   2. the same GPU run again gives the same files; the host path (SDTRAIN_GPU_COMM=host) gives
+#      the same files as the device path (the CUDA optimizer is the CPU's bit for bit);
+#   3. bf16: 10 finite steps, losses within 5e-2 (relative) of fp32's, weights within 1e-2;
+#   4. two ranks sharing one GPU (host path): DDP and ZeRO-2 byte-identical, within 1e-3 of one
+#      rank with the same global batch; with two GPUs or more also the NCCL path, DDP and ZeRO-2
+#      within 1e-3 of one rank;
+#   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message.
+# Skips without a CUDA build or a GPU.
+SD_TEST_NAME=gpu-train # not the scratch directory of tests/mpi/train.sh
+. "$top_srcdir/tests/lib.sh"
+
+[ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
+"$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+need_mpi
+ngpus=$(sed -n 's/^gpus: \([0-9]*\),.*/\1/p' "$TMP/device.out")
+COMPARE="$top_builddir/tests/mpi/st_compare"
+
+tokenizer="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
+model="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,
+  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
+  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$tokenizer', layers_per_block = 1"
+
+run data "$SDTOOL" make-demo-data "$TMP/data" --count 48
+expect_rc data 0
+# the shards are encoded on the CPU: every training run below reads the same bits
+nml proc.nml <<EOF2
+&run mode = 'process', output_dir = '$TMP/proc', seed = 5, device = 'cpu' /
+&model $model /
+&data input = '$TMP/data', shard_dir = '$TMP/shards', samples_per_shard = 16, encode_batch_size = 8 /
+EOF2
+mpi proc 2 "$SDTRAIN" "$TMP/proc.nml"
+expect_rc proc 0
+
+# train NAME NP BATCH SHARDING DEVICE PRECISION: a 10-step run (the namelist of tests/mpi/train.sh)
+train() {
+    nml "$1.nml" <<EOF2
+&run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = '$5' /
+&model $model /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = 10, batch_size_per_rank = $3, learning_rate = 1e-3, warmup_steps = 3,
+       sharding = '$4', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9,
+       precision = '$6' /
+&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
+EOF2
+    mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
+}
+
+# losses A B TOL: the 10 step losses of run A within TOL (relative) of run B's, all finite
+losses() {
+    grep -o '"loss": [^,]*' "$TMP/$1/metrics.jsonl" | sed 's/"loss": //' >"$TMP/loss-$1"
+    grep -o '"loss": [^,]*' "$TMP/$2/metrics.jsonl" | sed 's/"loss": //' >"$TMP/loss-$2"
+    paste "$TMP/loss-$1" "$TMP/loss-$2" | awk -v tol="$3" -v a="$1" -v b="$2" '
+        { n++; d = $1 - $2; if (d < 0) d = -d; r = $2 < 0 ? -$2 : $2; rel = d / (r > 0 ? r : 1e-30)
+          if (rel > worst) worst = rel
+          if ($1 < 0 || $2 < 0 || rel > tol) { bad = 1; printf "step %d: %s %s, %s %s\n", n, a, $1, b, $2 } }
+        END { printf "losses %s vs %s: %d steps, worst relative difference %.3g (tolerance %s)\n", a, b, n, worst, tol
+              exit (bad || n != 10) }' || fail "losses of $1 and $2 differ (see above)"
+}
+
+# weights A B TOL: final weights and EMA of run A within TOL of run B's (overall relative norm)
+weights() {
+    for f in unet_final unet_ema; do
+        run "cmp-$1-$2-$f" "$COMPARE" "$TMP/$1/$f.safetensors" "$TMP/$2/$f.safetensors" "$3"
+        echo "$f $1 vs $2: $(cat "$TMP/cmp-$1-$2-$f.out" "$TMP/cmp-$1-$2-$f.err")"
+        [ "$RC" = 0 ] || fail "$f of $1 and $2 differ by more than $3"
+    done
+}
+
+# identical A B: byte-identical weight files
+identical() {
+    for f in unet_final unet_ema; do
+        cmp -s "$TMP/$1/$f.safetensors" "$TMP/$2/$f.safetensors" || fail "$3: $f differs"
+    done
+    echo "ok: $3"
+}
+
+# 1. the GPU against the CPU, one rank, fp32
+train cpu1 1 8 none cpu fp32
+expect_rc cpu1 0
+train gpu1 1 8 none cuda fp32
+expect_rc gpu1 0
+expect_in gpu1 out "compute: CUDA"
+expect_in gpu1 out "on the GPU (one rank"
+expect_in gpu1 out "(0 skipped: non-finite)"
+losses gpu1 cpu1 1e-4
+weights gpu1 cpu1 1e-3
+
+# 2. repeatable, and the host path's optimizer equals the device path's
+train gpu1b 1 8 none cuda fp32
+expect_rc gpu1b 0
+identical gpu1 gpu1b "the GPU run repeated gives the same weights"
+SDTRAIN_GPU_COMM=host train gpu1host 1 8 none cuda fp32
+expect_rc gpu1host 0
+expect_in gpu1host out "on the host"
+identical gpu1 gpu1host "host path == device path (one rank)"
+
+# 3. bf16 against fp32
+train bf16 1 8 none cuda bf16
+expect_rc bf16 0
+expect_in bf16 out "precision bf16"
+expect_in bf16 out "(0 skipped: non-finite)"
+losses bf16 gpu1 5e-2
+weights bf16 gpu1 1e-2
+
+# 4. two ranks on one GPU through the host: DDP == ZeRO-2, and the same training as one rank
+SDTRAIN_GPU_COMM=host train hddp2 2 4 none cuda fp32
+expect_rc hddp2 0
+expect_in hddp2 out "SDTRAIN_GPU_COMM=host"
+SDTRAIN_GPU_COMM=host train hzero2 2 4 shard_grad_op cuda fp32
+expect_rc hzero2 0
+identical hddp2 hzero2 "two ranks, host path: DDP == ZeRO-2"
+losses hddp2 gpu1 1e-4
+weights hddp2 gpu1 1e-3
+
+if [ "${ngpus:-1}" -ge 2 ]; then
+    # NCCL: one GPU per rank
+    SDTRAIN_GPU_COMM=device train nddp2 2 4 none cuda fp32
+    expect_rc nddp2 0
+    expect_in nddp2 out "on the GPU (NCCL)"
+    SDTRAIN_GPU_COMM=device train nzero2 2 4 shard_grad_op cuda fp32
+    expect_rc nzero2 0
+    losses nddp2 gpu1 1e-4
+    losses nzero2 gpu1 1e-4
+    weights nddp2 gpu1 1e-3
+    weights nzero2 gpu1 1e-3
+else
+    # 5. NCCL cannot put two ranks on one GPU: a clear error on every rank, no hang
+    SDTRAIN_GPU_COMM=device train dev2 2 4 shard_grad_op cuda fp32
+    expect_rc dev2 2
+    expect_in dev2 err "SDTRAIN_GPU_COMM=device with 2 training ranks needs NCCL"
+    expect_count dev2 err "sdtrain:" 1
+fi
+pass "mode = 'train' on the GPU"
