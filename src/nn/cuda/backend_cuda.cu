@@ -51,7 +51,18 @@ static void cuda_download(const sd_backend *be, void *dst, const void *src, size
     SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
 }
 
-/* fp32 host <-> backend dtype: fp32 goes straight; bf16 converts in chunks through a pinned
+/* The backend's pinned staging buffer for bf16 conversions (SD_CUDA_STAGE_ELEMS halves), made on
+ * first use and kept until the backend is destroyed. The copies through it are synchronous, so
+ * one buffer serves every call. */
+static uint16_t *cuda_stage(const sd_backend *be)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    if (!st->stage)
+        SD_CUDA_CHECK(cudaMallocHost(&st->stage, (size_t)SD_CUDA_STAGE_ELEMS * 2));
+    return (uint16_t *)st->stage;
+}
+
+/* fp32 host <-> backend dtype: fp32 goes straight; bf16 converts in chunks through the pinned
  * staging buffer (rounding to nearest even, as sd_f32_to_bf16 does). */
 static void cuda_upload_f32(const sd_backend *be, void *dst, const float *src, int64_t n)
 {
@@ -59,16 +70,14 @@ static void cuda_upload_f32(const sd_backend *be, void *dst, const float *src, i
         cuda_upload(be, dst, src, (size_t)n * sizeof(float));
         return;
     }
-    const int64_t chunk = 1 << 20;
-    uint16_t *stage = nullptr;
-    SD_CUDA_CHECK(cudaMallocHost((void **)&stage, (size_t)(n < chunk ? n : chunk) * 2));
+    const int64_t chunk = SD_CUDA_STAGE_ELEMS;
+    uint16_t *stage = cuda_stage(be);
     for (int64_t i = 0; i < n; i += chunk) {
         int64_t m = n - i < chunk ? n - i : chunk;
         for (int64_t j = 0; j < m; j++)
             stage[j] = sd_f32_to_bf16(src[i + j]);
         cuda_upload(be, (uint16_t *)dst + i, stage, (size_t)m * 2);
     }
-    SD_CUDA_CHECK(cudaFreeHost(stage));
 }
 
 static void cuda_download_f32(const sd_backend *be, float *dst, const void *src, int64_t n)
@@ -77,16 +86,14 @@ static void cuda_download_f32(const sd_backend *be, float *dst, const void *src,
         cuda_download(be, dst, src, (size_t)n * sizeof(float));
         return;
     }
-    const int64_t chunk = 1 << 20;
-    uint16_t *stage = nullptr;
-    SD_CUDA_CHECK(cudaMallocHost((void **)&stage, (size_t)(n < chunk ? n : chunk) * 2));
+    const int64_t chunk = SD_CUDA_STAGE_ELEMS;
+    uint16_t *stage = cuda_stage(be);
     for (int64_t i = 0; i < n; i += chunk) {
         int64_t m = n - i < chunk ? n - i : chunk;
         cuda_download(be, stage, (const uint16_t *)src + i, (size_t)m * 2);
         for (int64_t j = 0; j < m; j++)
             dst[i + j] = sd_bf16_to_f32(stage[j]);
     }
-    SD_CUDA_CHECK(cudaFreeHost(stage));
 }
 
 extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **out, sd_err *err)
@@ -169,6 +176,8 @@ extern "C" void sd_backend_cuda_destroy(sd_backend *be)
     cudaStreamSynchronize(st->stream);
     sd_cuda_conv_cache_destroy(st);
     sd_cuda_gemm_cache_destroy(st);
+    if (st->stage)
+        cudaFreeHost(st->stage);
     cudaFree(st->lt_workspace);
     cudnnDestroy(st->dnn);
     cublasLtDestroy(st->lt);

@@ -13,6 +13,9 @@
 #include "sdtrain/cuda_check.h"
 #include "sdtrain/ops.h"
 
+/* Elements of the pinned staging buffer for host fp32 <-> bf16 copies (8 MiB). */
+#define SD_CUDA_STAGE_ELEMS (1 << 22)
+
 /* cuBLASLt workspace owned by the backend (32 MiB: what cuBLAS asks for on Hopper). */
 #define SD_CUDA_LT_WORKSPACE (32u << 20)
 
@@ -27,6 +30,7 @@ typedef struct sd_cuda_state {
     cublasLtHandle_t lt;
     cudnnHandle_t dnn;
     void *lt_workspace;       /* SD_CUDA_LT_WORKSPACE bytes of device memory */
+    void *stage;              /* pinned host staging for bf16 conversions, or NULL */
     int sm_count;
     int sync_each_op;         /* SDTRAIN_CUDA_SYNC=1: synchronize and check after every launch */
     struct sd_cuda_conv_cache *conv_cache;
