@@ -10,9 +10,11 @@
 /* ---- tiling ----------------------------------------------------------------------------------
  * A CTA is 4 warps; it owns a tile of 64 query rows (forward, dQ) or 64 key rows (dK/dV), 16
  * per warp, and streams the other side through shared memory 64 rows at a time. Tiles are
- * stored in shared memory as raw bf16 bits with a row stride of head_dim + 8 elements: the
- * 8-element pad makes the fragment loads below (row g, 32-bit word tg, g < 8, tg < 4) hit 32
- * different banks for head_dim 32, 64 and 128. */
+ * stored in shared memory as raw bf16 bits with a row stride of head_dim + 8 elements. The pad
+ * keeps both kinds of fragment load free of bank conflicts for head_dim 32, 64 and 128: the
+ * 32-bit loads of A fragments (row g, word tg: banks (g (head_dim + 8) / 2 + tg) mod 32 are 32
+ * different ones) and ldmatrix, whose 8 row addresses per matrix are (head_dim + 8) / 8 (odd)
+ * 16-byte units apart and so fall in 8 different 16-byte bank groups. */
 #define FA_TILE 64
 #define FA_THREADS 128
 #define FA_LOG2E 1.4426950408889634f
@@ -59,12 +61,6 @@ static __device__ __forceinline__ uint32_t fa_pack(float lo, float hi)
 static __device__ __forceinline__ uint32_t fa_ld2(const uint16_t *p)
 {
     return *reinterpret_cast<const uint32_t *>(p);
-}
-
-/* Two bf16 from different rows (the k direction runs down the rows): a transposed operand. */
-static __device__ __forceinline__ uint32_t fa_ld2t(const uint16_t *lo, const uint16_t *hi)
-{
-    return (uint32_t)*lo | ((uint32_t)*hi << 16);
 }
 
 /* c += A B for one 16x8x16 block. PTX ISA fragment layout (g = lane / 4, tg = lane % 4):
@@ -124,43 +120,74 @@ static __device__ __forceinline__ void fa_load_a(uint32_t f[HD / 16][4], const u
     }
 }
 
+/* Four 8x8 matrices of 16-bit elements from shared memory: lane l gives the (16-byte aligned)
+ * address of row l % 8 of matrix l / 8 and receives, in r[m], row l / 4, elements 2 (l % 4) and
+ * 2 (l % 4) + 1 of matrix m; that is the B fragment of a matrix stored with k contiguous. */
+static __device__ __forceinline__ void fa_ldsm4(uint32_t r[4], const uint16_t *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* The same with .trans: lane l receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of
+ * each matrix; the B fragment of a matrix stored with n contiguous (k down the rows). */
+static __device__ __forceinline__ void fa_ldsm4t(uint32_t r[4], const uint16_t *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
 /* acc[16 x 64] = A[16 x HD] B^T where B is a 64 x HD tile (k = the head dimension, contiguous
- * in both): scores S = Q K^T, dP = dO V^T, and the transposed forms. */
+ * in both): scores S = Q K^T, dP = dO V^T, and the transposed forms. One ldmatrix.x4 gives the
+ * B fragments of two k-steps: matrices (rows nb*8.., columns kk*16 + 0, 8, 16, 24). */
 template <int HD>
 static __device__ __forceinline__ void fa_mma_abt(float acc[8][4], const uint32_t a[HD / 16][4],
-                                                  const uint16_t *tile, int g, int tg)
+                                                  const uint16_t *tile, int lane)
 {
     constexpr int LDS = HD + 8;
+    const uint16_t *lrow = tile + (lane & 7) * LDS + (lane >> 3) * 8;
 #pragma unroll
     for (int nb = 0; nb < 8; nb++) {
         acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
-        const uint16_t *row = tile + (nb * 8 + g) * LDS + 2 * tg;
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            fa_mma(acc[nb], a[kk][0], a[kk][1], a[kk][2], a[kk][3], fa_ld2(row + kk * 16),
-                   fa_ld2(row + kk * 16 + 8));
+        for (int kk = 0; kk < HD / 16; kk += 2) {
+            uint32_t r[4];
+            fa_ldsm4(r, lrow + nb * 8 * LDS + kk * 16);
+            fa_mma(acc[nb], a[kk][0], a[kk][1], a[kk][2], a[kk][3], r[0], r[1]);
+            fa_mma(acc[nb], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3], r[2], r[3]);
+        }
     }
 }
 
 /* acc[16 x HD] += P[16 x 64] B where P is in accumulator layout (fp32, rounded to bf16 here)
  * and B a 64 x HD tile (k = the tile's rows): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
- * The accumulator of n-blocks 2kk and 2kk+1 is exactly the A fragment of k-step kk. */
+ * The accumulator of n-blocks 2kk and 2kk+1 is exactly the A fragment of k-step kk. One
+ * ldmatrix.x4.trans gives the B fragments of two n-blocks: matrices (rows kk*16 + 0 and 8,
+ * columns nd*8 and nd*8 + 8). */
 template <int HD>
 static __device__ __forceinline__ void fa_mma_pb(float acc[HD / 8][4], const float p[8][4],
-                                                 const uint16_t *tile, int g, int tg)
+                                                 const uint16_t *tile, int lane)
 {
     constexpr int LDS = HD + 8;
+    const uint16_t *lrow = tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         const uint32_t a0 = fa_pack(p[2 * kk][0], p[2 * kk][1]);
         const uint32_t a1 = fa_pack(p[2 * kk][2], p[2 * kk][3]);
         const uint32_t a2 = fa_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
         const uint32_t a3 = fa_pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-        const uint16_t *r0 = tile + (kk * 16 + 2 * tg) * LDS + g;
 #pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++) {
-            const uint16_t *c = r0 + nd * 8;
-            fa_mma(acc[nd], a0, a1, a2, a3, fa_ld2t(c, c + LDS), fa_ld2t(c + 8 * LDS, c + 9 * LDS));
+        for (int nd = 0; nd < HD / 8; nd += 2) {
+            uint32_t r[4];
+            fa_ldsm4t(r, lrow + kk * 16 * LDS + nd * 8);
+            fa_mma(acc[nd], a0, a1, a2, a3, r[0], r[1]);
+            fa_mma(acc[nd + 1], a0, a1, a2, a3, r[2], r[3]);
         }
     }
 }
@@ -238,7 +265,7 @@ static __global__ void __launch_bounds__(FA_THREADS)
         __syncthreads();
 
         float s[8][4];
-        fa_mma_abt<HD>(s, qf, sk, g, tg);
+        fa_mma_abt<HD>(s, qf, sk, lane);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
@@ -274,7 +301,7 @@ static __global__ void __launch_bounds__(FA_THREADS)
                 s[nb][e] = exp2f(s[nb][e] - mx[e >> 1]);
                 l[e >> 1] += s[nb][e];
             }
-        fa_mma_pb<HD>(acc, s, sv, g, tg);
+        fa_mma_pb<HD>(acc, s, sv, lane);
     }
 
 #pragma unroll
@@ -384,7 +411,7 @@ static __global__ void __launch_bounds__(FA_THREADS)
         __syncthreads();
 
         float pt[8][4], dpt[8][4];
-        fa_mma_abt<HD>(pt, kf, sq, g, tg);
+        fa_mma_abt<HD>(pt, kf, sq, lane);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
 #pragma unroll
@@ -394,15 +421,15 @@ static __global__ void __launch_bounds__(FA_THREADS)
                 pt[nb][e] = ok ? exp2f(pt[nb][e] * sl2 - slse[c]) : 0.0f;
             }
         if (p.out2)
-            fa_mma_pb<HD>(dv, pt, sdo, g, tg);
+            fa_mma_pb<HD>(dv, pt, sdo, lane);
         if (p.out) {
-            fa_mma_abt<HD>(dpt, vf, sdo, g, tg);
+            fa_mma_abt<HD>(dpt, vf, sdo, lane);
 #pragma unroll
             for (int nb = 0; nb < 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     dpt[nb][e] = pt[nb][e] * (dpt[nb][e] - sdd[nb * 8 + 2 * tg + (e & 1)]);
-            fa_mma_pb<HD>(dk, dpt, sq, g, tg);
+            fa_mma_pb<HD>(dk, dpt, sq, lane);
         }
     }
 
@@ -468,8 +495,8 @@ static __global__ void __launch_bounds__(FA_THREADS)
         __syncthreads();
 
         float s[8][4], dp[8][4];
-        fa_mma_abt<HD>(s, qf, sk, g, tg);
-        fa_mma_abt<HD>(dp, dof, sv, g, tg);
+        fa_mma_abt<HD>(s, qf, sk, lane);
+        fa_mma_abt<HD>(dp, dof, sv, lane);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
 #pragma unroll
@@ -480,7 +507,7 @@ static __global__ void __launch_bounds__(FA_THREADS)
                 const float pr = ok ? exp2f(s[nb][e] * sl2 - lse2[r]) : 0.0f;
                 s[nb][e] = pr * (dp[nb][e] - dd[r]);
             }
-        fa_mma_pb<HD>(dq, s, sk, g, tg);
+        fa_mma_pb<HD>(dq, s, sk, lane);
     }
 
     const int row0 = q0 + warp * 16;
