@@ -151,6 +151,46 @@ static void emu_ldsm(uint32_t r[4], const uint16_t *p, bool trans)
 static void fa_ldsm4(uint32_t r[4], const uint16_t *p) { emu_ldsm(r, p, false); }
 static void fa_ldsm4t(uint32_t r[4], const uint16_t *p) { emu_ldsm(r, p, true); }
 
+// cp.async: the 16-byte copy lands either at issue (emu_cp_late = false: catches a buffer
+// overwritten while other warps still read it) or as late as allowed, at the wait that
+// retires its group (true: catches a missing wait).
+static bool emu_cp_late;
+struct emu_copy {
+    void *dst;
+    const void *src;
+};
+thread_local std::vector<emu_copy> emu_open;
+thread_local std::vector<std::vector<emu_copy>> emu_groups;
+static void fa_cp_async16(void *dst, const void *src)
+{
+    if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) {
+        fprintf(stderr, "cp.async address not 16-byte aligned\n");
+        abort();
+    }
+    if ((unsigned char *)dst < cur->smem.data() ||
+        (unsigned char *)dst + 16 > cur->smem.data() + cur->smem.size()) {
+        fprintf(stderr, "cp.async destination outside shared memory\n");
+        abort();
+    }
+    if (emu_cp_late)
+        emu_open.push_back({dst, src});
+    else
+        memcpy(dst, src, 16);
+}
+static void fa_cp_commit()
+{
+    emu_groups.push_back(emu_open);
+    emu_open.clear();
+}
+static void fa_cp_wait1()
+{
+    while (emu_groups.size() > 1) {
+        for (auto &c : emu_groups.front())
+            memcpy(c.dst, c.src, 16);
+        emu_groups.erase(emu_groups.begin());
+    }
+}
+
 #include "kernels.inc"
 
 static void launch(void (*kernel)(fa_params), unsigned gx, unsigned gy, unsigned gz, size_t smem,
@@ -333,9 +373,10 @@ static int run(const cfg &c, std::mt19937 &rng)
     void (*bkv)(fa_params) = c.d == 32 ? fa_backward_kv_kernel<32> : c.d == 64 ? fa_backward_kv_kernel<64> : fa_backward_kv_kernel<128>;
     void (*bq)(fa_params) = c.d == 32 ? fa_backward_q_kernel<32> : c.d == 64 ? fa_backward_q_kernel<64> : fa_backward_q_kernel<128>;
     auto rd = c.d == 32 ? fa_rowdot_kernel<32> : c.d == 64 ? fa_rowdot_kernel<64> : fa_rowdot_kernel<128>;
-    size_t sm3 = c.d == 32 ? fa_smem_bytes<32>(3, 0) : c.d == 64 ? fa_smem_bytes<64>(3, 0) : fa_smem_bytes<128>(3, 0);
-    size_t sm4 = c.d == 32 ? fa_smem_bytes<32>(4, 128) : c.d == 64 ? fa_smem_bytes<64>(4, 128) : fa_smem_bytes<128>(4, 128);
-    launch(fwd, gq, c.h, c.b, sm3, p);
+    // the sizes fa_forward / fa_backward launch with (keep in step)
+    size_t smem_fwd = c.d == 32 ? fa_smem_bytes<32>(5, 0) : c.d == 64 ? fa_smem_bytes<64>(5, 0) : fa_smem_bytes<128>(5, 0);
+    size_t smem_bwd = c.d == 32 ? fa_smem_bytes<32>(6, 256) : c.d == 64 ? fa_smem_bytes<64>(6, 256) : fa_smem_bytes<128>(6, 256);
+    launch(fwd, gq, c.h, c.b, smem_fwd, p);
 
     std::vector<double> og, orf, lg(lse.begin(), lse.end());
     for (int64_t r = 0; r < (int64_t)c.b * c.tq; r++)
@@ -359,11 +400,11 @@ static int run(const cfg &c, std::mt19937 &rng)
     p.out = (c.null_mask & 2) ? nullptr : dk.data();
     p.out2 = (c.null_mask & 4) ? nullptr : dv.data();
     if (p.out || p.out2)
-        launch(bkv, gk, c.h, c.b, sm4, p);
+        launch(bkv, gk, c.h, c.b, smem_bwd, p);
     p.out = (c.null_mask & 1) ? nullptr : dq.data();
     p.out2 = nullptr;
     if (p.out)
-        launch(bq, gq, c.h, c.b, sm4, p);
+        launch(bq, gq, c.h, c.b, smem_bwd, p);
 
     auto cmp = [&](const std::vector<uint16_t> &g, const std::vector<double> &r, int t) {
         std::vector<double> a, bb;
@@ -399,8 +440,12 @@ int main(int argc, char **argv)
         {1, 1, 64, 40, 20, 0, 0, 0, 4},
     };
     int all = 1;
-    for (auto &c : cs)
-        all &= run(c, rng);
+    for (int late = 0; late < 2; late++) {
+        emu_cp_late = late;
+        printf("cp.async copies land %s\n", late ? "at the wait" : "at issue");
+        for (auto &c : cs)
+            all &= run(c, rng);
+    }
     printf(all ? "ALL OK\n" : "SOME FAILED\n");
     return all ? 0 : 1;
 }

@@ -77,11 +77,34 @@ static __device__ __forceinline__ void fa_mma(float c[4], uint32_t a0, uint32_t 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* 16 bytes global -> shared without passing through registers (cp.async, L2 only); complete
+ * for the issuing thread after fa_cp_wait, for the CTA after a __syncthreads that follows. */
+static __device__ __forceinline__ void fa_cp_async16(void *dst, const void *src)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    const size_t g = __cvta_generic_to_global(src);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(s), "l"(g) : "memory");
+}
+
+/* Closes the group of cp.async issued since the last commit (an empty group is fine). */
+static __device__ __forceinline__ void fa_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" : : : "memory");
+}
+
+/* Waits until at most the newest committed group of this thread is still in flight. */
+static __device__ __forceinline__ void fa_cp_wait1()
+{
+    asm volatile("cp.async.wait_group 1;\n" : : : "memory");
+}
+
 /* rows x HD of a head (row stride ld elements) into a 64-row shared tile; rows past `rows` are
- * zero so masked keys and queries stay finite. All threads of the CTA take part. */
+ * zero so masked keys and queries stay finite. All threads of the CTA take part. With `async`
+ * the 16-byte path goes through cp.async (the caller commits and waits); the element path and
+ * the zero rows are plain stores, visible after the caller's next __syncthreads either way. */
 template <int HD>
 static __device__ void fa_load_tile(uint16_t *sm, const uint16_t *g, int64_t ld, int rows,
-                                    bool vec)
+                                    bool vec, bool async = false)
 {
     constexpr int CH = HD / 8; /* 16-byte chunks per row */
     constexpr int LDS = HD + 8;
@@ -90,6 +113,10 @@ static __device__ void fa_load_tile(uint16_t *sm, const uint16_t *g, int64_t ld,
         uint4 val = make_uint4(0u, 0u, 0u, 0u);
         if (r < rows) {
             const uint16_t *src = g + (int64_t)r * ld + col;
+            if (vec && async) {
+                fa_cp_async16(sm + r * LDS + col, src);
+                continue;
+            }
             if (vec) {
                 val = *reinterpret_cast<const uint4 *>(src);
             } else {
@@ -234,16 +261,22 @@ static __global__ void __launch_bounds__(FA_THREADS)
     extern __shared__ __align__(16) unsigned char fa_smem[];
     constexpr int LDS = HD + 8;
     uint16_t *sq = reinterpret_cast<uint16_t *>(fa_smem);
-    uint16_t *sk = sq + FA_TILE * LDS;
-    uint16_t *sv = sk + FA_TILE * LDS;
+    uint16_t *sk = sq + FA_TILE * LDS;     /* two K buffers, then two V buffers */
+    uint16_t *sv = sk + 2 * FA_TILE * LDS;
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FA_TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int64_t hoff = (int64_t)h * HD;
     const uint16_t *kb = p.k + (int64_t)b * p.t_kv * p.ld_k + hoff;
     const uint16_t *vb = p.v + (int64_t)b * p.t_kv * p.ld_v + hoff;
 
+    const int kv_end = p.causal ? min(p.t_kv, q0 + FA_TILE) : p.t_kv;
+    const int ntiles = (kv_end + FA_TILE - 1) / FA_TILE;
     fa_load_tile<HD>(sq, p.q + ((int64_t)b * p.t_q + q0) * p.ld_q + hoff, p.ld_q,
                      min(FA_TILE, p.t_q - q0), p.vec & FA_VEC_Q);
+    /* K, V tile 0 in flight while Q goes to registers */
+    fa_load_tile<HD>(sk, kb, p.ld_k, min(FA_TILE, p.t_kv), p.vec & FA_VEC_K, true);
+    fa_load_tile<HD>(sv, vb, p.ld_v, min(FA_TILE, p.t_kv), p.vec & FA_VEC_V, true);
+    fa_cp_commit();
     __syncthreads();
     uint32_t qf[HD / 16][4];
     fa_load_a<HD>(qf, sq + warp * 16 * LDS, g, tg);
@@ -256,16 +289,24 @@ static __global__ void __launch_bounds__(FA_THREADS)
     for (int nd = 0; nd < HD / 8; nd++)
         acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
 
-    const int kv_end = p.causal ? min(p.t_kv, q0 + FA_TILE) : p.t_kv;
-    for (int kv0 = 0; kv0 < kv_end; kv0 += FA_TILE) {
-        __syncthreads(); /* every warp is done with the previous K, V tile */
-        const int rows = min(FA_TILE, p.t_kv - kv0);
-        fa_load_tile<HD>(sk, kb + (int64_t)kv0 * p.ld_k, p.ld_k, rows, p.vec & FA_VEC_K);
-        fa_load_tile<HD>(sv, vb + (int64_t)kv0 * p.ld_v, p.ld_v, rows, p.vec & FA_VEC_V);
-        __syncthreads();
+    /* double buffering: tile t + 1 is loaded into the other buffer while tile t is used; the
+     * barrier at the end of an iteration frees the buffer the next iteration loads into */
+    for (int t = 0; t < ntiles; t++) {
+        const int kv0 = t * FA_TILE;
+        const uint16_t *ck = sk + (t & 1) * FA_TILE * LDS, *cv = sv + (t & 1) * FA_TILE * LDS;
+        if (t + 1 < ntiles) {
+            const int next = kv0 + FA_TILE, rows = min(FA_TILE, p.t_kv - next);
+            uint16_t *nk = sk + ((t + 1) & 1) * FA_TILE * LDS;
+            uint16_t *nv = sv + ((t + 1) & 1) * FA_TILE * LDS;
+            fa_load_tile<HD>(nk, kb + (int64_t)next * p.ld_k, p.ld_k, rows, p.vec & FA_VEC_K, true);
+            fa_load_tile<HD>(nv, vb + (int64_t)next * p.ld_v, p.ld_v, rows, p.vec & FA_VEC_V, true);
+        }
+        fa_cp_commit();
+        fa_cp_wait1(); /* this thread's part of tile t has landed */
+        __syncthreads(); /* and everyone's */
 
         float s[8][4];
-        fa_mma_abt<HD>(s, qf, sk, lane);
+        fa_mma_abt<HD>(s, qf, ck, lane);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
@@ -301,7 +342,8 @@ static __global__ void __launch_bounds__(FA_THREADS)
                 s[nb][e] = exp2f(s[nb][e] - mx[e >> 1]);
                 l[e >> 1] += s[nb][e];
             }
-        fa_mma_pb<HD>(acc, s, sv, lane);
+        fa_mma_pb<HD>(acc, s, cv, lane);
+        __syncthreads(); /* every warp is done with buffer t & 1 */
     }
 
 #pragma unroll
@@ -367,10 +409,10 @@ static __global__ void __launch_bounds__(FA_THREADS)
     constexpr int LDS = HD + 8;
     uint16_t *sk = reinterpret_cast<uint16_t *>(fa_smem);
     uint16_t *sv = sk + FA_TILE * LDS;
-    uint16_t *sq = sv + FA_TILE * LDS;
-    uint16_t *sdo = sq + FA_TILE * LDS;
-    float *slse = reinterpret_cast<float *>(sdo + FA_TILE * LDS); /* log2 domain */
-    float *sdd = slse + FA_TILE;
+    uint16_t *sq = sv + FA_TILE * LDS;       /* two Q buffers, two dO buffers, then lse and D */
+    uint16_t *sdo = sq + 2 * FA_TILE * LDS;
+    float *slse = reinterpret_cast<float *>(sdo + 2 * FA_TILE * LDS); /* log2 domain, 2 x 64 */
+    float *sdd = slse + 2 * FA_TILE;
     const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * FA_TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int64_t hoff = (int64_t)h * HD;
@@ -383,6 +425,26 @@ static __global__ void __launch_bounds__(FA_THREADS)
                      p.vec & FA_VEC_K);
     fa_load_tile<HD>(sv, p.v + ((int64_t)b * p.t_kv + k0) * p.ld_v + hoff, p.ld_v, krows,
                      p.vec & FA_VEC_V);
+    /* causal: query i sees key j only when i >= j, and k0 is a multiple of the tile */
+    const int qbegin = p.causal ? k0 : 0;
+    const int ntiles = (p.t_q - qbegin + FA_TILE - 1) / FA_TILE;
+    /* Q, dO, lse and D of query tile `tile` into buffer `buf` */
+    auto load_q_tile = [&](int tile, int buf) {
+        const int q0 = qbegin + tile * FA_TILE, qrows = min(FA_TILE, p.t_q - q0);
+        fa_load_tile<HD>(sq + buf * FA_TILE * LDS, qb + (int64_t)q0 * p.ld_q, p.ld_q, qrows,
+                         p.vec & FA_VEC_Q, true);
+        fa_load_tile<HD>(sdo + buf * FA_TILE * LDS, dob + (int64_t)q0 * p.ld_o, p.ld_o, qrows,
+                         p.vec & FA_VEC_DO, true);
+        if (threadIdx.x < FA_TILE) {
+            const int i = q0 + threadIdx.x;
+            slse[buf * FA_TILE + threadIdx.x] =
+                i < p.t_q ? p.lse_in[bh * p.t_q + i] * FA_LOG2E : 0.0f;
+            sdd[buf * FA_TILE + threadIdx.x] = i < p.t_q ? p.dd[bh * p.t_q + i] : 0.0f;
+        }
+    };
+    if (ntiles > 0)
+        load_q_tile(0, 0);
+    fa_cp_commit();
     __syncthreads();
     uint32_t kf[HD / 16][4], vf[HD / 16][4];
     fa_load_a<HD>(kf, sk + warp * 16 * LDS, g, tg);
@@ -397,40 +459,39 @@ static __global__ void __launch_bounds__(FA_THREADS)
         for (int e = 0; e < 4; e++)
             dk[nd][e] = dv[nd][e] = 0.0f;
 
-    /* causal: query i sees key j only when i >= j, and k0 is a multiple of the tile */
-    for (int q0 = p.causal ? k0 : 0; q0 < p.t_q; q0 += FA_TILE) {
-        __syncthreads(); /* every warp is done with the previous Q, dO tile */
-        const int qrows = min(FA_TILE, p.t_q - q0);
-        fa_load_tile<HD>(sq, qb + (int64_t)q0 * p.ld_q, p.ld_q, qrows, p.vec & FA_VEC_Q);
-        fa_load_tile<HD>(sdo, dob + (int64_t)q0 * p.ld_o, p.ld_o, qrows, p.vec & FA_VEC_DO);
-        if (threadIdx.x < FA_TILE) {
-            const int i = q0 + threadIdx.x;
-            slse[threadIdx.x] = i < p.t_q ? p.lse_in[bh * p.t_q + i] * FA_LOG2E : 0.0f;
-            sdd[threadIdx.x] = i < p.t_q ? p.dd[bh * p.t_q + i] : 0.0f;
-        }
+    /* double buffering as in the forward */
+    for (int t = 0; t < ntiles; t++) {
+        const int q0 = qbegin + t * FA_TILE;
+        const uint16_t *cq = sq + (t & 1) * FA_TILE * LDS, *cdo = sdo + (t & 1) * FA_TILE * LDS;
+        const float *clse = slse + (t & 1) * FA_TILE, *cdd = sdd + (t & 1) * FA_TILE;
+        if (t + 1 < ntiles)
+            load_q_tile(t + 1, (t + 1) & 1);
+        fa_cp_commit();
+        fa_cp_wait1();
         __syncthreads();
 
         float pt[8][4], dpt[8][4];
-        fa_mma_abt<HD>(pt, kf, sq, lane);
+        fa_mma_abt<HD>(pt, kf, cq, lane);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = nb * 8 + 2 * tg + (e & 1); /* query within the tile */
                 const bool ok = q0 + c < p.t_q && (!p.causal || q0 + c >= key[e >> 1]);
-                pt[nb][e] = ok ? exp2f(pt[nb][e] * sl2 - slse[c]) : 0.0f;
+                pt[nb][e] = ok ? exp2f(pt[nb][e] * sl2 - clse[c]) : 0.0f;
             }
         if (p.out2)
-            fa_mma_pb<HD>(dv, pt, sdo, lane);
+            fa_mma_pb<HD>(dv, pt, cdo, lane);
         if (p.out) {
-            fa_mma_abt<HD>(dpt, vf, sdo, lane);
+            fa_mma_abt<HD>(dpt, vf, cdo, lane);
 #pragma unroll
             for (int nb = 0; nb < 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    dpt[nb][e] = pt[nb][e] * (dpt[nb][e] - sdd[nb * 8 + 2 * tg + (e & 1)]);
-            fa_mma_pb<HD>(dk, dpt, sq, lane);
+                    dpt[nb][e] = pt[nb][e] * (dpt[nb][e] - cdd[nb * 8 + 2 * tg + (e & 1)]);
+            fa_mma_pb<HD>(dk, dpt, cq, lane);
         }
+        __syncthreads(); /* every warp is done with buffer t & 1 */
     }
 
     const int row0 = k0 + warp * 16;
@@ -454,8 +515,8 @@ static __global__ void __launch_bounds__(FA_THREADS)
     constexpr int LDS = HD + 8;
     uint16_t *sq = reinterpret_cast<uint16_t *>(fa_smem);
     uint16_t *sdo = sq + FA_TILE * LDS;
-    uint16_t *sk = sdo + FA_TILE * LDS;
-    uint16_t *sv = sk + FA_TILE * LDS;
+    uint16_t *sk = sdo + FA_TILE * LDS; /* two K buffers, then two V buffers */
+    uint16_t *sv = sk + 2 * FA_TILE * LDS;
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FA_TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int64_t hoff = (int64_t)h * HD;
@@ -468,6 +529,11 @@ static __global__ void __launch_bounds__(FA_THREADS)
                      p.vec & FA_VEC_Q);
     fa_load_tile<HD>(sdo, p.dout + ((int64_t)b * p.t_q + q0) * p.ld_o + hoff, p.ld_o, qrows,
                      p.vec & FA_VEC_DO);
+    const int kv_end = p.causal ? min(p.t_kv, q0 + FA_TILE) : p.t_kv;
+    const int ntiles = (kv_end + FA_TILE - 1) / FA_TILE;
+    fa_load_tile<HD>(sk, kb, p.ld_k, min(FA_TILE, p.t_kv), p.vec & FA_VEC_K, true);
+    fa_load_tile<HD>(sv, vb, p.ld_v, min(FA_TILE, p.t_kv), p.vec & FA_VEC_V, true);
+    fa_cp_commit();
     __syncthreads();
     uint32_t qf[HD / 16][4], dof[HD / 16][4];
     fa_load_a<HD>(qf, sq + warp * 16 * LDS, g, tg);
@@ -486,17 +552,24 @@ static __global__ void __launch_bounds__(FA_THREADS)
     for (int nd = 0; nd < HD / 8; nd++)
         dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
 
-    const int kv_end = p.causal ? min(p.t_kv, q0 + FA_TILE) : p.t_kv;
-    for (int kv0 = 0; kv0 < kv_end; kv0 += FA_TILE) {
-        __syncthreads(); /* every warp is done with the previous K, V tile */
-        const int rows = min(FA_TILE, p.t_kv - kv0);
-        fa_load_tile<HD>(sk, kb + (int64_t)kv0 * p.ld_k, p.ld_k, rows, p.vec & FA_VEC_K);
-        fa_load_tile<HD>(sv, vb + (int64_t)kv0 * p.ld_v, p.ld_v, rows, p.vec & FA_VEC_V);
+    /* double buffering as in the forward */
+    for (int t = 0; t < ntiles; t++) {
+        const int kv0 = t * FA_TILE;
+        const uint16_t *ck = sk + (t & 1) * FA_TILE * LDS, *cv = sv + (t & 1) * FA_TILE * LDS;
+        if (t + 1 < ntiles) {
+            const int next = kv0 + FA_TILE, rows = min(FA_TILE, p.t_kv - next);
+            uint16_t *nk = sk + ((t + 1) & 1) * FA_TILE * LDS;
+            uint16_t *nv = sv + ((t + 1) & 1) * FA_TILE * LDS;
+            fa_load_tile<HD>(nk, kb + (int64_t)next * p.ld_k, p.ld_k, rows, p.vec & FA_VEC_K, true);
+            fa_load_tile<HD>(nv, vb + (int64_t)next * p.ld_v, p.ld_v, rows, p.vec & FA_VEC_V, true);
+        }
+        fa_cp_commit();
+        fa_cp_wait1();
         __syncthreads();
 
         float s[8][4], dp[8][4];
-        fa_mma_abt<HD>(s, qf, sk, lane);
-        fa_mma_abt<HD>(dp, dof, sv, lane);
+        fa_mma_abt<HD>(s, qf, ck, lane);
+        fa_mma_abt<HD>(dp, dof, cv, lane);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++)
 #pragma unroll
@@ -507,7 +580,8 @@ static __global__ void __launch_bounds__(FA_THREADS)
                 const float pr = ok ? exp2f(s[nb][e] * sl2 - lse2[r]) : 0.0f;
                 s[nb][e] = pr * (dp[nb][e] - dd[r]);
             }
-        fa_mma_pb<HD>(dq, s, sk, lane);
+        fa_mma_pb<HD>(dq, s, ck, lane);
+        __syncthreads(); /* every warp is done with buffer t & 1 */
     }
 
     const int row0 = q0 + warp * 16;
@@ -566,16 +640,37 @@ static fa_params fa_make_params(const sd_attention_desc *d, const void *q, const
     return p;
 }
 
-/* Launches kernel<HD> on grid (tiles over `t`, heads, batch) with `smem` dynamic bytes. The
- * opt-in above 48 KiB is a per-device function attribute; setting it costs microseconds, so it
- * is set on every launch that needs it rather than tracked per device. */
+/* Raises a kernel's dynamic shared-memory limit above the default 48 KiB, once per kernel and
+ * device (the attribute belongs to the function on the current device). Host calls come from
+ * the thread that drives the backend; the table holds every kernel of this file on 7 devices. */
+static void fa_allow_smem(const sd_backend *be, const void *kernel, size_t smem)
+{
+    static struct {
+        const void *kernel;
+        int device;
+    } done[64];
+    static int ndone;
+    const int device = sd_cuda(be)->device;
+    for (int i = 0; i < ndone; i++)
+        if (done[i].kernel == kernel && done[i].device == device)
+            return;
+    SD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+    if (ndone < (int)(sizeof done / sizeof done[0])) {
+        done[ndone].kernel = kernel;
+        done[ndone].device = device;
+        ndone++;
+    }
+}
+
+/* Launches kernel<HD> on grid (tiles over `t`, heads, batch) with `smem` dynamic bytes (a
+ * fixed size per kernel). */
 template <int HD>
 static void fa_launch(const sd_backend *be, void (*kernel)(fa_params), const sd_attention_desc *d,
                       int t, size_t smem, const fa_params &p)
 {
     if (smem > 48 * 1024)
-        SD_CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        fa_allow_smem(be, (const void *)kernel, smem);
     const dim3 grid((unsigned)((t + FA_TILE - 1) / FA_TILE), (unsigned)d->heads,
                     (unsigned)d->batch);
     kernel<<<grid, FA_THREADS, smem, sd_cuda_stream(be)>>>(p);
@@ -589,7 +684,7 @@ static void fa_forward(const sd_backend *be, const sd_attention_desc *d, const v
     fa_params p = fa_make_params(d, q, k, v);
     p.out = (uint16_t *)o;
     p.lse = lse;
-    fa_launch<HD>(be, fa_forward_kernel<HD>, d, d->t_q, fa_smem_bytes<HD>(3, 0), p);
+    fa_launch<HD>(be, fa_forward_kernel<HD>, d, d->t_q, fa_smem_bytes<HD>(5, 0), p);
 }
 
 template <int HD>
@@ -611,13 +706,13 @@ static void fa_backward(const sd_backend *be, const sd_attention_desc *d, const 
     if (dk || dv) {
         p.out = (uint16_t *)dk;
         p.out2 = (uint16_t *)dv;
-        fa_launch<HD>(be, fa_backward_kv_kernel<HD>, d, d->t_kv, fa_smem_bytes<HD>(4, 2 * FA_TILE),
+        fa_launch<HD>(be, fa_backward_kv_kernel<HD>, d, d->t_kv, fa_smem_bytes<HD>(6, 4 * FA_TILE),
                       p);
     }
     if (dq) {
         p.out = (uint16_t *)dq;
         p.out2 = NULL;
-        fa_launch<HD>(be, fa_backward_q_kernel<HD>, d, d->t_q, fa_smem_bytes<HD>(4, 0), p);
+        fa_launch<HD>(be, fa_backward_q_kernel<HD>, d, d->t_q, fa_smem_bytes<HD>(6, 0), p);
     }
 }
 
