@@ -22,7 +22,7 @@
 
 /* Everything a kernel needs; pointers are at element (batch 0, token 0, channel 0). */
 struct fa_params {
-    const uint16_t *q, *k, *v, *o, *dout;
+    const uint16_t *q, *k, *v, *dout;
     uint16_t *out;      /* forward: o; backward: the gradient the kernel writes (dq, dk or dv) */
     uint16_t *out2;     /* dK/dV kernel: dv (out is dk); either may be NULL */
     float *lse;         /* forward output (may be NULL) */
