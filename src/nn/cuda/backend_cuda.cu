@@ -115,11 +115,25 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     if (e != cudaSuccess)
         return sd_err_set(err, "CUDA backend: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
 
+    /* SDTRAIN_CUDA_ATTENTION = math | flash | auto (default). auto is the math path until the
+     * fused kernels have passed tests/gpu on a GPU (doc/cuda/attention.md); then it becomes
+     * flash. */
+    int attention_mode = SD_CUDA_ATTENTION_MATH;
+    const char *attn = getenv("SDTRAIN_CUDA_ATTENTION");
+    if (attn && *attn) {
+        if (strcmp(attn, "flash") == 0)
+            attention_mode = SD_CUDA_ATTENTION_FLASH;
+        else if (strcmp(attn, "math") != 0 && strcmp(attn, "auto") != 0)
+            return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_ATTENTION=%s is not one of math, "
+                                   "flash, auto", attn);
+    }
+
     sd_cuda_state *st = (sd_cuda_state *)calloc(1, sizeof *st);
     if (!st)
         return sd_err_set(err, "CUDA backend: out of host memory");
     st->device = device;
     st->dtype = dtype;
+    st->attention_mode = attention_mode;
     const char *sync = getenv("SDTRAIN_CUDA_SYNC");
     st->sync_each_op = sync && strcmp(sync, "1") == 0;
     SD_CUDA_CHECK(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -152,6 +166,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     sd_cuda_fill_norm_ops(ops);
     sd_cuda_fill_conv_ops(ops);
     sd_cuda_fill_gemm_ops(ops);
+    sd_cuda_fill_attention_ops(ops); /* after the math path it falls back on */
 
     st->backend.name = "cuda";
     st->backend.device = SD_DEV_CUDA;

@@ -16,6 +16,11 @@
 /* Elements of the pinned staging buffer for host fp32 <-> bf16 copies (8 MiB). */
 #define SD_CUDA_STAGE_ELEMS (1 << 22)
 
+/* Attention implementations (sd_cuda_state.attention_mode): the math path of ops_cuda_gemm.cu,
+ * or the fused kernels of ops_cuda_attention.cu where they apply (BF16, head_dim 32/64/128). */
+#define SD_CUDA_ATTENTION_MATH 0
+#define SD_CUDA_ATTENTION_FLASH 1
+
 /* cuBLASLt workspace owned by the backend (32 MiB: what cuBLAS asks for on Hopper). */
 #define SD_CUDA_LT_WORKSPACE (32u << 20)
 
@@ -33,6 +38,7 @@ typedef struct sd_cuda_state {
     void *stage;              /* pinned host staging for bf16 conversions, or NULL */
     int sm_count;
     int sync_each_op;         /* SDTRAIN_CUDA_SYNC=1: synchronize and check after every launch */
+    int attention_mode;       /* SDTRAIN_CUDA_ATTENTION: SD_CUDA_ATTENTION_MATH or _FLASH */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;
     sd_backend backend;       /* the object handed out; backend.impl points back here */
@@ -145,6 +151,9 @@ void sd_cuda_conv_cache_destroy(sd_cuda_state *st);
 /* ops_cuda_gemm.cu: linear forward/backward through cuBLASLt, attention. */
 void sd_cuda_fill_gemm_ops(sd_ops *ops);
 void sd_cuda_gemm_cache_destroy(sd_cuda_state *st);
+/* ops_cuda_attention.cu: fused attention; takes over the attention entries (call after
+ * sd_cuda_fill_gemm_ops) and hands a descriptor it does not take to the math path. */
+void sd_cuda_fill_attention_ops(sd_ops *ops);
 
 /* ops_cuda_norm.cu: db[c] (+)= sum over rows of dy[rows, c] (dy of the backend's dtype), fp32,
  * deterministic (fixed split of the rows, partial sums added in order). `scratch` must hold

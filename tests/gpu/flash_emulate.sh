@@ -1,0 +1,38 @@
+#!/bin/sh
+# Runs the host emulation of the fused attention kernels (tests/gpu/flash_emulate.cpp) on the
+# current src/nn/cuda/ops_cuda_attention.cu. Needs python3 and g++ >= 11 (C++20 <barrier>).
+# FLASH_EMU_TSAN=1 builds with ThreadSanitizer (slower) to catch missing __syncthreads; the
+# emulation runs every shape twice, with cp.async copies landing at issue and at the wait.
+# FLASH_EMU_ASAN=1: AddressSanitizer (shared memory is a heap buffer of the launch size).
+# A developer tool for machines without a GPU; not part of `make check`.
+set -eu
+top=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 - "$top/src/nn/cuda/ops_cuda_attention.cu" "$tmp/kernels.inc" <<'PY'
+import sys
+src = open(sys.argv[1]).read().split('\n')
+start = next(i for i, l in enumerate(src) if l.startswith('/* ---- tiling'))
+end = next(i for i, l in enumerate(src) if l.startswith('/* ---- host side'))
+emulated = ('fa_mma(', 'fa_ldsm4(', 'fa_ldsm4t(', 'fa_cp_async16(', 'fa_cp_commit(',
+            'fa_cp_wait1(')
+out, skip = [], False
+for l in src[start:end]:
+    if l.startswith('static __device__ __forceinline__ void ') and any(e in l for e in emulated):
+        skip = True
+    if skip:
+        skip = l != '}'
+        continue
+    if 'extern __shared__' in l:
+        l = '    unsigned char *fa_smem = emu_smem();'
+    out.append(l)
+open(sys.argv[2], 'w').write('\n'.join(out) + '\n')
+PY
+flags="-std=c++20 -O1 -pthread -Wno-unknown-pragmas"
+if [ "${FLASH_EMU_TSAN:-0}" = 1 ]; then
+    flags="$flags -g -fsanitize=thread"
+elif [ "${FLASH_EMU_ASAN:-0}" = 1 ]; then
+    flags="$flags -g -fsanitize=address,undefined"
+fi
+${CXX:-g++} $flags -I"$tmp" -o "$tmp/emu" "$top/tests/gpu/flash_emulate.cpp"
+"$tmp/emu"
