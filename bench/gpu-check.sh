@@ -13,7 +13,8 @@
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
 #                 "train" runs tests/gpu/train.sh under MPI, with the bundle's mpirun)
-#   --log DIR     logs and CSV files (default: $OUT when set, else gpu-check-logs)
+#   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
+#                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
 # Exit status: 0 when every part that ran passed, 1 otherwise, 77 without a usable GPU.
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,14 +22,14 @@ cd "$top"
 bundle=""
 build=""
 parts="tests,modules,sanitizer,bench"
-logdir="${OUT:-gpu-check-logs}"
+logdir="gpu-check-logs"
 while [ $# -gt 0 ]; do
     case "$1" in
     --bundle) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --parts) parts=$2; shift 2 ;;
     --log) logdir=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^[^#]/p' "$0" | grep '^#'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -110,7 +111,8 @@ for p in "$B"/tests/gpu/gpu_selftest "$B"/tests/gpu/test_cuda_*; do
     [ -x "$p" ] && optests="$optests $p"
 done
 if want tests; then
-    for p in $optests; do tap_run "$(basename "$p")" "$p"; done
+    # test_cuda_flash also prints fused-vs-math attention timings (TAP diagnostics)
+    for p in $optests; do SDTRAIN_FLASH_BENCH=1 tap_run "$(basename "$p")" "$p"; done
 fi
 
 # ---- whole modules against the goldens --------------------------------------------------------
@@ -147,13 +149,16 @@ fi
 
 # ---- benchmark ---------------------------------------------------------------------------------
 if want bench && [ -x "$B/bench/ops_cuda" ]; then
-    for dt in bf16 f32; do
-        timeout 600 "$B/bench/ops_cuda" --batch 32 --res both --dtype "$dt" --csv "$logdir/ops_$dt.csv" \
-            >"$logdir/ops_$dt.txt" 2>&1
+    # bf16 with the math attention, bf16 with the fused one, fp32
+    for v in bf16:math bf16:flash f32:math; do
+        dt=${v%%:*}
+        att=${v#*:}
+        SDTRAIN_CUDA_ATTENTION=$att timeout 600 "$B/bench/ops_cuda" --batch 32 --res both --dtype "$dt" \
+            --csv "$logdir/ops_${dt}_$att.csv" >"$logdir/ops_${dt}_$att.txt" 2>&1
         rc=$?
-        cat "$logdir/ops_$dt.txt"
-        if [ "$rc" = 0 ]; then add "bench ops_cuda $dt" "done" "$logdir/ops_$dt.csv"
-        else status=1; add "bench ops_cuda $dt" "FAIL" "exit $rc"; fi
+        cat "$logdir/ops_${dt}_$att.txt"
+        if [ "$rc" = 0 ]; then add "bench ops_cuda $dt $att" "done" "$logdir/ops_${dt}_$att.csv"
+        else status=1; add "bench ops_cuda $dt $att" "FAIL" "exit $rc"; fi
     done
 fi
 
@@ -201,4 +206,7 @@ fi
 echo
 echo "==== gpu-check summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) ===="
 for line in "${summary[@]}"; do echo "$line"; done
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    tar -C "$logdir" -czf "$OUT/gpu-check-logs.tgz" . && echo "logs: \$OUT/gpu-check-logs.tgz"
+fi
 exit $status

@@ -4,8 +4,17 @@
 # FLASH_EMU_TSAN=1 builds with ThreadSanitizer (slower) to catch missing __syncthreads; the
 # emulation runs every shape twice, with cp.async copies landing at issue and at the wait.
 # FLASH_EMU_ASAN=1: AddressSanitizer (shared memory is a heap buffer of the launch size).
-# A developer tool for machines without a GPU; not part of `make check`.
+# Also run by `make check` in the CUDA tree (SD_TEST_CUDA_BUILD=yes), where it is the only
+# execution of the fused kernels' code that CI has; skipped in the CPU tree (one run is enough).
 set -eu
+if [ -n "${top_builddir:-}" ] && [ "${SD_TEST_CUDA_BUILD:-no}" != yes ]; then
+    echo "SKIP: the emulation runs in the CUDA tree"
+    exit 77
+fi
+command -v python3 >/dev/null 2>&1 && command -v "${CXX:-g++}" >/dev/null 2>&1 || {
+    echo "SKIP: needs python3 and g++"
+    exit 77
+}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
