@@ -46,15 +46,16 @@ int sd_sampler_timesteps(sd_sampler_kind kind, int num_steps, int num_train_time
 
 /* ---- One step, pure functions (out may alias sample; every array has n elements) -------- */
 
-/* DDIMScheduler.step with eta = 0: t -> prev_t (prev_t < 0: final_alpha_cumprod). */
+/* DDIMScheduler.step with eta = 0: t -> prev_t (prev_t < 0: final_alpha_cumprod). clip > 0
+ * clamps the predicted x0 to [-clip, clip] (clip_sample with clip_sample_range); 0 = off. */
 void sd_ddim_step(const float *alphas_cumprod, float final_alpha_cumprod, sd_prediction pred,
-                  int64_t t, int64_t prev_t, int64_t n, const float *model_out,
+                  float clip, int64_t t, int64_t prev_t, int64_t n, const float *model_out,
                   const float *sample, float *out);
 /* DDPMScheduler.step (variance_type fixed_small): prev_t < 0 means abar_prev = 1. noise is
- * used when t > 0 (may be NULL otherwise). */
-void sd_ddpm_step(const float *alphas_cumprod, sd_prediction pred, int64_t t, int64_t prev_t,
-                  int64_t n, const float *model_out, const float *sample, const float *noise,
-                  float *out);
+ * used when t > 0 (may be NULL otherwise). clip as for DDIM. */
+void sd_ddpm_step(const float *alphas_cumprod, sd_prediction pred, float clip, int64_t t,
+                  int64_t prev_t, int64_t n, const float *model_out, const float *sample,
+                  const float *noise, float *out);
 /* PNDMScheduler._get_prev_sample (the PLMS update for an already combined model output). */
 void sd_pndm_prev_sample(const float *alphas_cumprod, float final_alpha_cumprod,
                          sd_prediction pred, int64_t t, int64_t prev_t, int64_t n,
@@ -72,7 +73,9 @@ typedef struct sd_sampler {
     sd_prediction prediction;
     int num_train_timesteps;
     const float *alphas_cumprod; /* [T], borrowed (sd_diffusion.alphas_cumprod) */
+    /* abar[0] (set_alpha_to_one false, SD2) after init; set it to 1 for set_alpha_to_one */
     float final_alpha_cumprod;
+    float clip_sample_range;     /* 0 after init (clip_sample false); DDIM and DDPM only */
     int num_steps;               /* N */
     int ratio;                   /* T / N */
     int n_timesteps;             /* model calls: N (PNDM: N + 1 when N > 1) */

@@ -3,6 +3,7 @@
 #include "sd_config.h"
 
 #include <errno.h>
+#include <json-c/json.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,104 @@ static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
     snprintf(s->parts, sizeof s->parts, "%s", s->unet_snapshot[0] ? s->unet_snapshot : pre);
     snprintf(s->vae, sizeof s->vae, "%s", cfg->model.autoencoder[0] ? cfg->model.autoencoder : s->parts);
     return 0;
+}
+
+/* The noise schedule and scheduler settings sampling uses. */
+typedef struct sched_setup {
+    char source[SD_PATH_MAX + 64]; /* the scheduler_config.json read, or "&diffusion" */
+    char schedule[32], prediction[32];
+    double beta_start, beta_end, clip;
+    int T, steps_offset, set_alpha_to_one;
+} sched_setup;
+
+/* From the namelist: what mode 'train' trained with, plus SD's scheduler conventions
+ * (steps_offset 1, set_alpha_to_one false, clip_sample false). */
+static void sched_from_namelist(const sd_config *cfg, sched_setup *ss)
+{
+    memset(ss, 0, sizeof *ss);
+    snprintf(ss->source, sizeof ss->source, "&diffusion");
+    snprintf(ss->schedule, sizeof ss->schedule, "%s", cfg->diffusion.beta_schedule);
+    snprintf(ss->prediction, sizeof ss->prediction, "%s", cfg->diffusion.prediction_type);
+    ss->beta_start = cfg->diffusion.beta_start;
+    ss->beta_end = cfg->diffusion.beta_end;
+    ss->T = (int)cfg->diffusion.num_train_timesteps;
+    ss->steps_offset = 1;
+}
+
+static json_object *jkey(json_object *root, const char *key)
+{
+    json_object *v = NULL;
+    if (!json_object_object_get_ex(root, key, &v) || json_object_is_type(v, json_type_null))
+        return NULL;
+    return v;
+}
+
+/* <snapshot>/scheduler/scheduler_config.json read as diffusers' <Kind>Scheduler.from_config
+ * reads it: keys that are absent take that class's defaults (DDIM: set_alpha_to_one and
+ * clip_sample true; PNDM: skip_prk_steps false). Returns 1 when there is no such file, 0 when
+ * read, -1 with a message naming the file and key for what sdtrain does not implement. */
+static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched_setup *ss,
+                               sd_err *err)
+{
+    char path[SD_PATH_MAX + 64];
+    json_object *root, *v;
+    int rc = 0;
+    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
+    if (!is_file(path))
+        return 1;
+    root = json_object_from_file(path);
+    if (!root || !json_object_is_type(root, json_type_object)) {
+        if (root)
+            json_object_put(root);
+        return sd_err_set(err, "%s: not a JSON object", path);
+    }
+    memset(ss, 0, sizeof *ss);
+    snprintf(ss->source, sizeof ss->source, "%s", path);
+    snprintf(ss->schedule, sizeof ss->schedule, "linear");
+    snprintf(ss->prediction, sizeof ss->prediction, "epsilon");
+    ss->beta_start = 0.0001;
+    ss->beta_end = 0.02;
+    ss->T = 1000;
+    ss->set_alpha_to_one = kind == SD_SAMPLER_DDIM;
+    ss->clip = kind == SD_SAMPLER_PNDM ? 0.0 : 1.0;
+    if ((v = jkey(root, "num_train_timesteps")))
+        ss->T = json_object_get_int(v);
+    if ((v = jkey(root, "beta_start")))
+        ss->beta_start = json_object_get_double(v);
+    if ((v = jkey(root, "beta_end")))
+        ss->beta_end = json_object_get_double(v);
+    if ((v = jkey(root, "beta_schedule")))
+        snprintf(ss->schedule, sizeof ss->schedule, "%s", json_object_get_string(v));
+    if ((v = jkey(root, "prediction_type")))
+        snprintf(ss->prediction, sizeof ss->prediction, "%s", json_object_get_string(v));
+    if ((v = jkey(root, "steps_offset")))
+        ss->steps_offset = json_object_get_int(v);
+    if ((v = jkey(root, "set_alpha_to_one")) && kind != SD_SAMPLER_DDPM)
+        ss->set_alpha_to_one = json_object_get_boolean(v);
+    if (kind != SD_SAMPLER_PNDM) {
+        if ((v = jkey(root, "clip_sample")) && !json_object_get_boolean(v))
+            ss->clip = 0.0;
+        if (ss->clip > 0 && (v = jkey(root, "clip_sample_range")))
+            ss->clip = json_object_get_double(v);
+    }
+    if ((v = jkey(root, "timestep_spacing")) && strcmp(json_object_get_string(v), "leading") != 0)
+        rc = sd_err_set(err, "%s: timestep_spacing '%s' is not implemented (only 'leading')", path,
+                        json_object_get_string(v));
+    else if ((v = jkey(root, "trained_betas")))
+        rc = sd_err_set(err, "%s: trained_betas are not implemented", path);
+    else if (kind != SD_SAMPLER_PNDM && (v = jkey(root, "thresholding")) && json_object_get_boolean(v))
+        rc = sd_err_set(err, "%s: thresholding is not implemented", path);
+    else if ((v = jkey(root, "rescale_betas_zero_snr")) && json_object_get_boolean(v))
+        rc = sd_err_set(err, "%s: rescale_betas_zero_snr is not implemented", path);
+    else if (kind == SD_SAMPLER_DDPM && (v = jkey(root, "variance_type")) &&
+             strcmp(json_object_get_string(v), "fixed_small") != 0)
+        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
+                             "'fixed_small')", path, json_object_get_string(v));
+    else if (kind == SD_SAMPLER_PNDM && !((v = jkey(root, "skip_prk_steps")) && json_object_get_boolean(v)))
+        rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
+                             "implemented; Stable Diffusion configs set skip_prk_steps true", path);
+    json_object_put(root);
+    return rc;
 }
 
 /* Loads every part on the host (fp32) and opens the generator on this rank's device. */
@@ -297,6 +396,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     sd_t2i g;
     sd_diffusion d;
     sd_sampler s;
+    sched_setup ss;
     sd_err err;
     char what[4 * SD_PATH_MAX + 128], dir[SD_PATH_MAX + 16];
     float *uncond = NULL, *cond = NULL, *lat = NULL, *img = NULL;
@@ -316,11 +416,22 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         failed = resolve_sources(cfg, &src, &err) != 0;
     if (!failed)
         failed = load_models(cfg, dev, &src, &g, what, sizeof what, &err) != 0;
+    /* the schedule: a snapshot's U-Net samples with its scheduler_config.json, a U-Net we
+     * trained with the &diffusion it was trained with */
+    sched_from_namelist(cfg, &ss);
+    if (!failed && src.unet_snapshot[0])
+        failed = sched_from_snapshot(src.unet_snapshot, (sd_sampler_kind)kind, &ss, &err) < 0;
     if (!failed)
-        failed = sd_diffusion_init_config(&d, cfg, &err) != 0;
+        failed = sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
+                                   ss.prediction, SD_LINSPACE_FUSED, &err) != 0;
     if (!failed)
-        failed = sd_sampler_init(&s, (sd_sampler_kind)kind, &d, (int)cfg->sample.num_steps, 1,
-                                 g.n_latent, &err) != 0;
+        failed = sd_sampler_init(&s, (sd_sampler_kind)kind, &d, (int)cfg->sample.num_steps,
+                                 ss.steps_offset, g.n_latent, &err) != 0;
+    if (!failed) {
+        if (ss.set_alpha_to_one)
+            s.final_alpha_cumprod = 1.0f;
+        s.clip_sample_range = (float)ss.clip;
+    }
     if (!failed) {
         snprintf(dir, sizeof dir, "%s/samples", cfg->run.output_dir);
         failed = sd_mkdir_p(dir, "samples directory", &err) != 0;
@@ -337,11 +448,15 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     if (rank == 0)
         sd_info("sampling %lld image(s) (%d prompt(s) x %lld) at %lld px with %s, %lld steps (%d "
                 "U-Net calls per image), guidance %g%s, seed %lld, on %d rank(s), %s in %s; %s; "
-                "latents / %g before decoding", (long long)n_total, cfg->sample.n_prompts,
+                "schedule from %s (%s, %s %g..%g over %d, steps_offset %d%s%s); latents / %g "
+                "before decoding", (long long)n_total, cfg->sample.n_prompts,
                 (long long)cfg->sample.images_per_prompt, (long long)cfg->model.resolution,
                 cfg->sample.scheduler, (long long)cfg->sample.num_steps, s.n_timesteps, g_scale,
                 guided ? "" : " (no unconditional pass)", (long long)cfg->run.seed, size,
-                g.be->name, sd_dtype_name(g.be->dtype), what, (double)scale);
+                g.be->name, sd_dtype_name(g.be->dtype), what, ss.source, ss.prediction,
+                ss.schedule, ss.beta_start, ss.beta_end, ss.T, ss.steps_offset,
+                ss.set_alpha_to_one ? ", set_alpha_to_one" : "",
+                ss.clip > 0 ? ", clip_sample" : "", (double)scale);
 
     if (rank == 0)
         for (int p = 0; p < cfg->sample.n_prompts; p++) {

@@ -85,8 +85,19 @@ static inline void predict_x0_eps(sd_prediction pred, float sa, float sb, float 
     }
 }
 
+static inline float clamp_x0(float x0, float clip)
+{
+    if (clip > 0.0f) {
+        if (x0 < -clip)
+            x0 = -clip;
+        if (x0 > clip)
+            x0 = clip;
+    }
+    return x0;
+}
+
 void sd_ddim_step(const float *alphas_cumprod, float final_alpha_cumprod, sd_prediction pred,
-                  int64_t t, int64_t prev_t, int64_t n, const float *model_out,
+                  float clip, int64_t t, int64_t prev_t, int64_t n, const float *model_out,
                   const float *sample, float *out)
 {
     const float a_t = alphas_cumprod[t];
@@ -104,15 +115,16 @@ void sd_ddim_step(const float *alphas_cumprod, float final_alpha_cumprod, sd_pre
     for (int64_t i = 0; i < n; i++) {
         float x0, eps;
         predict_x0_eps(pred, sa, sb, model_out[i], sample[i], &x0, &eps);
+        x0 = clamp_x0(x0, clip); /* use_clipped_model_output is off: eps stays */
         float dir = dir_coeff * eps;
         float p = sa_p * x0;
         out[i] = p + dir;
     }
 }
 
-void sd_ddpm_step(const float *alphas_cumprod, sd_prediction pred, int64_t t, int64_t prev_t,
-                  int64_t n, const float *model_out, const float *sample, const float *noise,
-                  float *out)
+void sd_ddpm_step(const float *alphas_cumprod, sd_prediction pred, float clip, int64_t t,
+                  int64_t prev_t, int64_t n, const float *model_out, const float *sample,
+                  const float *noise, float *out)
 {
     const float a_t = alphas_cumprod[t];
     const float a_p = prev_t >= 0 ? alphas_cumprod[prev_t] : 1.0f;
@@ -139,6 +151,7 @@ void sd_ddpm_step(const float *alphas_cumprod, sd_prediction pred, int64_t t, in
     for (int64_t i = 0; i < n; i++) {
         float x0;
         predict_x0_eps(pred, sa, sb, model_out[i], sample[i], &x0, NULL);
+        x0 = clamp_x0(x0, clip);
         float p = x0_coeff * x0, q = x_coeff * sample[i];
         float r = p + q;
         if (t > 0) {
@@ -319,14 +332,14 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
     const int64_t t = s->timesteps[i];
     switch (s->kind) {
     case SD_SAMPLER_DDIM:
-        sd_ddim_step(s->alphas_cumprod, s->final_alpha_cumprod, s->prediction, t, t - s->ratio,
-                     s->n, model_out, sample, sample);
+        sd_ddim_step(s->alphas_cumprod, s->final_alpha_cumprod, s->prediction,
+                     s->clip_sample_range, t, t - s->ratio, s->n, model_out, sample, sample);
         break;
     case SD_SAMPLER_DDPM: {
         /* previous_timestep: the next entry of the list, -1 after the last */
         int64_t prev_t = i + 1 < s->n_timesteps ? s->timesteps[i + 1] : -1;
-        sd_ddpm_step(s->alphas_cumprod, s->prediction, t, prev_t, s->n, model_out, sample, noise,
-                     sample);
+        sd_ddpm_step(s->alphas_cumprod, s->prediction, s->clip_sample_range, t, prev_t, s->n,
+                     model_out, sample, noise, sample);
         break;
     }
     case SD_SAMPLER_PNDM:

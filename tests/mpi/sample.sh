@@ -68,6 +68,36 @@ for f in 0-0 1-1 2-1; do
 done
 pass "a training output directory as &sample checkpoint"
 
+# a snapshot with scheduler/scheduler_config.json: SD2's values sample exactly as the built-in
+# defaults; the file's prediction_type is used; what is not implemented is refused by name
+# sched_snap NAME JSON-BODY: a snapshot of links to tiny-sd2 plus that scheduler config
+sched_snap() {
+    mkdir -p "$TMP/$1/scheduler"
+    for part in unet vae text_encoder model_index.json; do ln -sf "$snap/$part" "$TMP/$1/$part"; done
+    printf '{"_class_name": "PNDMScheduler", "num_train_timesteps": 1000, "beta_start": 0.00085,
+ "beta_end": 0.012, "beta_schedule": "scaled_linear", "set_alpha_to_one": false,
+ "skip_prk_steps": true, "steps_offset": 1, "clip_sample": false %s}\n' "$2" \
+        >"$TMP/$1/scheduler/scheduler_config.json"
+}
+sched_snap snap-sd2 ""
+sample_nml schedcfg ddim ", checkpoint = '$TMP/snap-sd2'"
+mpi schedcfg 1 "$SDTRAIN" "$TMP/schedcfg.nml"
+expect_rc schedcfg 0
+expect_in schedcfg out "schedule from $TMP/snap-sd2/scheduler/scheduler_config.json (epsilon, scaled_linear"
+cmp -s "$TMP/schedcfg/samples/1-0.png" "$TMP/ddim1/samples/1-0.png" || fail "SD2 scheduler config: other image"
+sched_snap snap-v ', "prediction_type": "v_prediction"'
+sample_nml schedv ddim ", checkpoint = '$TMP/snap-v'"
+mpi schedv 1 "$SDTRAIN" "$TMP/schedv.nml"
+expect_rc schedv 0
+expect_in schedv out "(v_prediction, scaled_linear"
+cmp -s "$TMP/schedv/samples/1-0.png" "$TMP/ddim1/samples/1-0.png" && fail "v_prediction config ignored"
+sched_snap snap-trailing ', "timestep_spacing": "trailing"'
+sample_nml schedt ddim ", checkpoint = '$TMP/snap-trailing'"
+mpi schedt 2 "$SDTRAIN" "$TMP/schedt.nml"
+expect_rc schedt 2
+expect_count schedt err "$TMP/snap-trailing/scheduler/scheduler_config.json: timestep_spacing 'trailing' is not implemented" 1
+pass "scheduler_config.json of a snapshot"
+
 # bad inputs: exit 2, one message, on every rank count
 printf "&run mode = 'sample', output_dir = '$TMP/noprompt' /\n&model pretrained = '$snap' /\n" | nml noprompt.nml
 mpi noprompt 2 "$SDTRAIN" "$TMP/noprompt.nml"

@@ -17,6 +17,8 @@ Output (tests/data/sample/):
     step_model_out          [6,2,3,5,4] random model outputs, one per timestep (N = 5)
     step_noise              [6,2,3,5,4] the per-step DDPM noise (what randn_tensor returns)
     step_<sched>_<pred>     [n_t,2,3,5,4] the sample after each scheduler.step (pred = eps | v)
+    step_ddim_clip          DDIM with clip_sample and set_alpha_to_one, from 3 * step_sample
+    step_ddpm_clip          DDPM with clip_sample, from 3 * step_sample
     ids_cond [2,77], ids_uncond [77]   token ids of PROMPTS and of ""
     init_latents            [2,8,8,4] the initial latents (torch.randn, seed 0)
     ddpm_noise              [4,2,8,8,4] the per-step noise of the DDPM loop
@@ -148,6 +150,18 @@ def main():
                 x = s.step(mos[i], t, x, return_dict=False)[0]
                 res.append(x.clone())
             out[f"step_{name}_{tag}"] = torch.stack(res).numpy()
+    # the options a scheduler_config.json may set: clip_sample (DDIM, DDPM), set_alpha_to_one
+    from diffusers import DDIMScheduler, DDPMScheduler
+    for name, s in (("ddim", DDIMScheduler(clip_sample=True, set_alpha_to_one=True, **SCHED_KW)),
+                    ("ddpm", DDPMScheduler(clip_sample=True, **SCHED_KW))):
+        s.set_timesteps(5)
+        ddpm_mod.randn_tensor = FixedNoise(noise)
+        x = sample0.clone() * 3  # so that x0 leaves [-1, 1]
+        res = []
+        for i, t in enumerate(s.timesteps):
+            x = s.step(mos[i], t, x, return_dict=False)[0]
+            res.append(x.clone())
+        out[f"step_{name}_clip"] = torch.stack(res).numpy()
 
     # 3. the whole pipeline on the tiny snapshot
     tok = CLIPTokenizer.from_pretrained(tokdir, model_max_length=77)

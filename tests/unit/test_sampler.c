@@ -165,6 +165,54 @@ static void test_steps(void)
         }
         sd_diffusion_free(&d);
     }
+    /* clip_sample (DDIM, DDPM) and set_alpha_to_one (DDIM), as a scheduler_config.json sets */
+    for (int k = 0; k < 2; k++) {
+        sd_diffusion d;
+        sd_sampler s;
+        sd_err err;
+        const sd_sampler_kind kind = k ? SD_SAMPLER_DDPM : SD_SAMPLER_DDIM;
+        char name[64];
+        float *x = malloc((size_t)n * sizeof *x), *ref;
+        double worst = 0;
+        size_t clipped = 0;
+        if (init_sd2_schedule(&d, "epsilon", 1000) || sd_sampler_init(&s, kind, &d, 5, 1, n, &err)) {
+            tap_ok(0, "clip sampler init");
+            free(x);
+            continue;
+        }
+        s.clip_sample_range = 1.0f;
+        if (kind == SD_SAMPLER_DDIM)
+            s.final_alpha_cumprod = 1.0f;
+        snprintf(name, sizeof name, "step_%s_clip", sd_sampler_kind_name(kind));
+        ref = read_gold(name, (size_t)s.n_timesteps * (size_t)n);
+        for (int64_t j = 0; j < n; j++)
+            x[j] = x0[j] * 3.0f;
+        for (int i = 0; ref && i < s.n_timesteps; i++) {
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x, z + (size_t)i * n);
+            double e = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = e > worst ? e : worst;
+        }
+        /* the option must matter: without clipping the first step differs */
+        {
+            float y[2 * 3 * 5 * 4], w0[2 * 3 * 5 * 4];
+            for (int64_t j = 0; j < n; j++)
+                w0[j] = x0[j] * 3.0f;
+            if (kind == SD_SAMPLER_DDIM)
+                sd_ddim_step(d.alphas_cumprod, 1.0f, SD_PRED_EPSILON, 0.0f, s.timesteps[0],
+                             s.timesteps[0] - s.ratio, n, mo, w0, y);
+            else
+                sd_ddpm_step(d.alphas_cumprod, SD_PRED_EPSILON, 0.0f, s.timesteps[0],
+                             s.timesteps[1], n, mo, w0, z, y);
+            for (int64_t j = 0; ref && j < n; j++)
+                clipped += fabsf(y[j] - ref[j]) > 1e-4f;
+        }
+        tap_ok(ref && worst <= 1e-6 && clipped > 0, "%s: relative error %.3g (%zu values changed by "
+               "the clipping)", name, worst, clipped);
+        free(ref);
+        free(x);
+        sd_sampler_free(&s);
+        sd_diffusion_free(&d);
+    }
 out:
     free(x0);
     free(mo);
