@@ -528,7 +528,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     if (!failed && rank == 0)
         sd_info("wrote %lld image(s) to %s and their list to %s/samples.jsonl in %.1f s",
                 (long long)n_total, dir, cfg->run.output_dir, sd_time_now() - t0);
-    (void)n_mine;
+    sd_debug("this rank made %d of the %lld image(s)", n_mine, (long long)n_total);
     free(uncond);
     free(cond);
     free(lat);
