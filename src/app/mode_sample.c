@@ -358,6 +358,13 @@ static int write_index(const sd_config *cfg, const char *scheduler, sd_err *err)
     char path[SD_PATH_MAX + 32], tmp[SD_PATH_MAX + 64];
     FILE *f;
     int ok;
+    /* the shortest decimal that reads back as the same double */
+    char gs[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(gs, sizeof gs, "%.*g", prec, cfg->sample.guidance_scale);
+        if (strtod(gs, NULL) == cfg->sample.guidance_scale)
+            break;
+    }
     snprintf(path, sizeof path, "%s/samples.jsonl", cfg->run.output_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     f = fopen(tmp, "w");
@@ -368,10 +375,10 @@ static int write_index(const sd_config *cfg, const char *scheduler, sd_err *err)
             fprintf(f, "{\"prompt_index\": %d, \"image_index\": %" PRId64 ", \"prompt\": ", p, j);
             json_str(f, cfg->sample.prompts[p]);
             fprintf(f, ", \"seed\": %lld, \"steps\": %lld, \"scheduler\": \"%s\", "
-                       "\"guidance_scale\": %.17g, \"width\": %lld, \"height\": %lld, "
+                       "\"guidance_scale\": %s, \"width\": %lld, \"height\": %lld, "
                        "\"file\": \"samples/%d-%" PRId64 ".png\"}\n",
                     (long long)cfg->run.seed, (long long)cfg->sample.num_steps, scheduler,
-                    cfg->sample.guidance_scale, (long long)cfg->model.resolution,
+                    gs, (long long)cfg->model.resolution,
                     (long long)cfg->model.resolution, p, j);
         }
     ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
@@ -414,16 +421,22 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                      cfg->sample.scheduler);
     if (!failed)
         failed = resolve_sources(cfg, &src, &err) != 0;
-    if (!failed)
-        failed = load_models(cfg, dev, &src, &g, what, sizeof what, &err) != 0;
     /* the schedule: a snapshot's U-Net samples with its scheduler_config.json, a U-Net we
-     * trained with the &diffusion it was trained with */
+     * trained with the &diffusion it was trained with; checked before the weights load */
     sched_from_namelist(cfg, &ss);
     if (!failed && src.unet_snapshot[0])
         failed = sched_from_snapshot(src.unet_snapshot, (sd_sampler_kind)kind, &ss, &err) < 0;
     if (!failed)
         failed = sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
                                    ss.prediction, SD_LINSPACE_FUSED, &err) != 0;
+    if (!failed) {
+        int64_t *ts = sd_xmalloc(((size_t)cfg->sample.num_steps + 2) * sizeof *ts);
+        failed = sd_sampler_timesteps((sd_sampler_kind)kind, (int)cfg->sample.num_steps, ss.T,
+                                      ss.steps_offset, ts, &err) < 0;
+        free(ts);
+    }
+    if (!failed)
+        failed = load_models(cfg, dev, &src, &g, what, sizeof what, &err) != 0;
     if (!failed)
         failed = sd_sampler_init(&s, (sd_sampler_kind)kind, &d, (int)cfg->sample.num_steps,
                                  ss.steps_offset, g.n_latent, &err) != 0;
