@@ -79,7 +79,8 @@ static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
     }
     /* the other parts: the snapshot the U-Net came from, else &model pretrained */
     snprintf(s->parts, sizeof s->parts, "%s", s->unet_snapshot[0] ? s->unet_snapshot : pre);
-    snprintf(s->vae, sizeof s->vae, "%s", cfg->model.autoencoder[0] ? cfg->model.autoencoder : s->parts);
+    snprintf(s->vae, sizeof s->vae, "%s",
+             cfg->model.autoencoder[0] ? cfg->model.autoencoder : s->parts);
     return 0;
 }
 
@@ -166,7 +167,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                         json_object_get_string(v));
     else if ((v = jkey(root, "trained_betas")))
         rc = sd_err_set(err, "%s: trained_betas are not implemented", path);
-    else if (kind != SD_SAMPLER_PNDM && (v = jkey(root, "thresholding")) && json_object_get_boolean(v))
+    else if (kind != SD_SAMPLER_PNDM && (v = jkey(root, "thresholding")) &&
+             json_object_get_boolean(v))
         rc = sd_err_set(err, "%s: thresholding is not implemented", path);
     else if ((v = jkey(root, "rescale_betas_zero_snr")) && json_object_get_boolean(v))
         rc = sd_err_set(err, "%s: rescale_betas_zero_snr is not implemented", path);
@@ -174,7 +176,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
              strcmp(json_object_get_string(v), "fixed_small") != 0)
         rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
                              "'fixed_small')", path, json_object_get_string(v));
-    else if (kind == SD_SAMPLER_PNDM && !((v = jkey(root, "skip_prk_steps")) && json_object_get_boolean(v)))
+    else if (kind == SD_SAMPLER_PNDM &&
+             !((v = jkey(root, "skip_prk_steps")) && json_object_get_boolean(v)))
         rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
                              "implemented; Stable Diffusion configs set skip_prk_steps true", path);
     json_object_put(root);
@@ -296,9 +299,9 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
         top = ti.eos_id > top ? ti.eos_id : top;
         top = ti.pad_id > top ? ti.pad_id : top;
         if (top >= cc.vocab_size) {
-            sd_err_set(err, "tokenizer %s gives ids up to %lld, beyond the text encoder's vocabulary "
-                            "of %d: they do not belong together", ti.source, (long long)top,
-                       cc.vocab_size);
+            sd_err_set(err, "tokenizer %s gives ids up to %lld, beyond the text encoder's "
+                            "vocabulary of %d: they do not belong together", ti.source,
+                       (long long)top, cc.vocab_size);
             goto out;
         }
     }
@@ -515,7 +518,8 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         }
         sd_t2i_denoise(&g, &s, cond, guided ? uncond : NULL, g_scale, lat, ddpm_noise, &nc);
         if (nc.failed) {
-            failed = sd_err_set(&err, "DDPM noise of image %lld beyond the RNG limits", (long long)i) != 0;
+            failed = sd_err_set(&err, "DDPM noise of image %lld beyond the RNG limits",
+                                (long long)i) != 0;
             break;
         }
         sd_t2i_decode(&g, lat, scale, img);

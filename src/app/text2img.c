@@ -63,9 +63,11 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
     take_weights(&g->cw, cw);
     g->tok = tok;
 
-    if (g->ucfg.in_channels != g->vcfg.latent_channels || g->ucfg.out_channels != g->ucfg.in_channels)
-        return sd_err_set(err, "the U-Net takes %d and gives %d channels, the VAE's latents have %d",
-                          g->ucfg.in_channels, g->ucfg.out_channels, g->vcfg.latent_channels);
+    if (g->ucfg.in_channels != g->vcfg.latent_channels ||
+        g->ucfg.out_channels != g->ucfg.in_channels)
+        return sd_err_set(err, "the U-Net takes %d and gives %d channels, the VAE's latents have "
+                               "%d", g->ucfg.in_channels, g->ucfg.out_channels,
+                          g->vcfg.latent_channels);
     if (g->ucfg.cross_attention_dim != g->ccfg.hidden_size)
         return sd_err_set(err, "the U-Net attends to %d-wide text embeddings, the text encoder "
                                "gives %d", g->ucfg.cross_attention_dim, g->ccfg.hidden_size);
@@ -155,14 +157,14 @@ void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *un
 {
     const int64_t n = g->n_latent;
     const int batch = uncond ? 2 : 1;
+    const size_t es = sd_dtype_size(g->be->dtype);
     float *z = NULL, *eps = g->h_eps;
     SD_CHECK(s->n == n, "sampler for %lld elements, latents have %lld", (long long)s->n,
              (long long)n);
     /* context [uncond, cond] (or [cond]) stays on the backend for the whole loop */
     if (uncond) {
         sd_upload_f32(g->be, g->d_ctx, uncond, g->n_emb);
-        sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)g->n_emb * sd_dtype_size(g->be->dtype),
-                      cond, g->n_emb);
+        sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)g->n_emb * es, cond, g->n_emb);
     } else {
         sd_upload_f32(g->be, g->d_ctx, cond, g->n_emb);
     }
@@ -173,8 +175,7 @@ void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *un
         const float t = (float)s->timesteps[i];
         const float ts[2] = {t, t};
         for (int b = 0; b < batch; b++)
-            sd_upload_f32(g->be, (char *)g->d_lat + (size_t)b * (size_t)n * sd_dtype_size(g->be->dtype),
-                          latents, n);
+            sd_upload_f32(g->be, (char *)g->d_lat + (size_t)b * (size_t)n * es, latents, n);
         sd_unet_forward(g->unet, batch, g->lh, g->lw, g->d_lat, ts, g->d_ctx, TEXT_LEN, g->d_eps,
                         &g->unet_arena, NULL);
         sd_synchronize(g->be);

@@ -100,7 +100,8 @@ static void test_timesteps(void)
                     for (int i = 0; i < n; i++)
                         if ((float)ts[i] != ref[i]) {
                             bad++;
-                            tap_diag("%s[%d] = %lld, expected %g", name, i, (long long)ts[i], ref[i]);
+                            tap_diag("%s[%d] = %lld, expected %g", name, i, (long long)ts[i],
+                                     ref[i]);
                             break;
                         }
                 }
@@ -175,7 +176,8 @@ static void test_steps(void)
         float *x = malloc((size_t)n * sizeof *x), *ref;
         double worst = 0;
         size_t clipped = 0;
-        if (init_sd2_schedule(&d, "epsilon", 1000) || sd_sampler_init(&s, kind, &d, 5, 1, n, &err)) {
+        if (init_sd2_schedule(&d, "epsilon", 1000) ||
+            sd_sampler_init(&s, kind, &d, 5, 1, n, &err)) {
             tap_ok(0, "clip sampler init");
             free(x);
             continue;
@@ -206,8 +208,8 @@ static void test_steps(void)
             for (int64_t j = 0; ref && j < n; j++)
                 clipped += fabsf(y[j] - ref[j]) > 1e-4f;
         }
-        tap_ok(ref && worst <= 1e-6 && clipped > 0, "%s: relative error %.3g (%zu values changed by "
-               "the clipping)", name, worst, clipped);
+        tap_ok(ref && worst <= 1e-6 && clipped > 0, "%s: relative error %.3g (%zu values changed "
+               "by the clipping)", name, worst, clipped);
         free(ref);
         free(x);
         sd_sampler_free(&s);
@@ -382,7 +384,8 @@ static void test_rng_and_u8(void)
         sd_image_to_u8(8, x, u);
         tap_ok(u[0] == 0 && u[1] == 0 && u[2] == 128 && u[3] == 255 && u[4] == 255 && u[5] == 128 &&
                    u[6] == 0 && u[7] == 0,
-               "uint8 post-processing: clamp, x*0.5+0.5, round half to even (%d %d %d %d %d %d %d %d)",
+               "uint8 post-processing: clamp, x*0.5+0.5, round half to even "
+               "(%d %d %d %d %d %d %d %d)",
                u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7]);
     }
 }
@@ -392,7 +395,8 @@ int main(void)
     const char *srcdir = getenv("srcdir");
     char path[4200];
     sd_err err;
-    snprintf(top, sizeof top, "%s", srcdir ? srcdir : (getenv("top_srcdir") ? getenv("top_srcdir") : "."));
+    snprintf(top, sizeof top, "%s",
+             srcdir ? srcdir : (getenv("top_srcdir") ? getenv("top_srcdir") : "."));
     snprintf(path, sizeof path, "%s/tests/data/sample/goldens.safetensors", top);
     if (tap_ok(sd_st_open(path, &gold, &err) == 0, "open %s", path)) {
         test_timesteps();
