@@ -13,14 +13,18 @@
  *   schedule   alphas_cumprod of the training schedule (sd_diffusion, bit-exact with torch);
  *              final_alpha_cumprod = abar[0] (set_alpha_to_one false, SD2's config).
  *   arithmetic every scalar coefficient is a 0-d fp32 torch tensor in diffusers (abar[t],
- *              1 - abar, ** 0.5 = sqrtf), every tensor op one fp32 rounding in the order
- *              diffusers writes it; nothing is computed in double. Python float constants
- *              (1/24, the guidance scale) are rounded to float first, as torch does.
- *   clipping   clip_sample and thresholding are off (SD2's scheduler config), eta = 0 (DDIM).
+ *              1 - abar, ** 0.5), every tensor op one fp32 rounding in the order diffusers
+ *              writes it; nothing is computed in double. Python float constants (1/24, the
+ *              guidance scale) are rounded to float first, as torch does. ** 0.5 is sqrtf
+ *              (correctly rounded); torch's CPU sqrt (MKL) is one ulp off for ~15% of
+ *              inputs, so results agree to ~1e-7 rather than bit for bit (doc/sampling.md).
+ *   options    clip_sample (DDIM, DDPM: sd_sampler.clip_sample_range) and set_alpha_to_one
+ *              (DDIM: sd_sampler.final_alpha_cumprod = 1) are off by default, as in SD2's
+ *              scheduler config; thresholding is not implemented; eta = 0 (DDIM).
  *
  * The DDPM step adds sqrt(variance) * z for every t > 0 (the last step of 'leading' spacing
- * has t = steps_offset = 1: variance clamped to 1e-20); z comes from the caller
- * (sd_sampler_noise_fn), so the scheduler stays a pure function of its inputs.
+ * has t = steps_offset = 1: variance clamped to 1e-20); z comes from the caller (the `noise`
+ * argument of sd_sampler_step), so the scheduler stays a pure function of its inputs.
  */
 #include <stddef.h>
 #include <stdint.h>
