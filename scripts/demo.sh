@@ -24,6 +24,10 @@ build/cpu/sdtool inspect runs/demo/shards | head -n 20
 # (both at once) is the online pipeline, not built yet, so the two halves run one after the other.
 echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml --set run.mode=train"
 "${launch[@]}" build/cpu/sdtrain inputs/demo.nml --set run.mode=train
+# Then images from the trained U-Net for the namelist's &sample prompts, split over the ranks.
+echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml --set run.mode=sample"
+"${launch[@]}" build/cpu/sdtrain inputs/demo.nml --set run.mode=sample
 echo
 echo "Done: runs/demo/metrics.jsonl has the loss of every step and the validation losses,"
-echo "runs/demo/unet_final.safetensors the trained U-Net (diffusers names)."
+echo "runs/demo/unet_final.safetensors the trained U-Net (diffusers names),"
+echo "runs/demo/samples/*.png images generated from it (listed in runs/demo/samples.jsonl)."

@@ -112,7 +112,7 @@ typedef struct sd_config {
         double guidance_scale;
         char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm */
         int64_t images_per_prompt;
-        char checkpoint[SD_PATH_MAX];   /* '' = newest in checkpoint.dir */
+        char checkpoint[SD_PATH_MAX];   /* '' = &model pretrained (see the schema's help) */
     } sample;
 } sd_config;
 

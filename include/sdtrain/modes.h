@@ -18,6 +18,9 @@ extern "C" {
 int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
 /* &run mode = 'train' on the training communicator: 0 done, 1 failure, 2 bad input. */
 int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
+/* &run mode = 'sample': every rank of MPI_COMM_WORLD generates its share of the images of
+ * &sample prompts (doc/sampling.md): 0 done, 1 failure, 2 bad input. */
+int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
 
 #ifdef __cplusplus
 }

@@ -250,11 +250,13 @@ static void share_cores(const sd_runtime *rt)
 static int run_mode(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const char *mode = rc->cfg.run.mode;
-    const char *what = "sampling (not yet filed)";
+    const char *what = "work that is not filed yet";
     if (!strcmp(mode, "process"))
         return sd_mode_process(rc, rt, dev);
     if (!strcmp(mode, "train"))
         return sd_mode_train(rc, rt, dev);
+    if (!strcmp(mode, "sample"))
+        return sd_mode_sample(rc, rt, dev);
     if (!strcmp(mode, "pipeline")) {
         /* The preprocessing ranks do their half for real; the training half does not exist
          * yet, so its ranks say so and the job ends with the worst status of the two. */

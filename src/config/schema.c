@@ -170,11 +170,15 @@ static const sd_option options[] = {
     /* &sample */
     STRING_LIST(sample, prompts, "", "Prompts to generate images for (mode = 'sample')."),
     INT(sample, num_steps, "50", 1, 1000, "steps", "Denoising steps."),
-    REAL(sample, guidance_scale, "7.5", 0, 100, "", "Classifier-free guidance scale (1 = off)."),
+    REAL(sample, guidance_scale, "7.5", 0, 100, "",
+         "Classifier-free guidance scale; <= 1 = off (no unconditional U-Net pass, as diffusers)."),
     CHOICE(sample, scheduler, "'ddim'", "ddim|pndm|ddpm", "Sampler (noise scheduler) used to generate images."),
-    INT(sample, images_per_prompt, "1", 1, 1024, "", "Images per prompt."),
+    INT(sample, images_per_prompt, "1", 1, 1024, "",
+        "Images per prompt; image j of prompt p is a function of (seed, p, j) only."),
     STRING(sample, checkpoint, "''",
-           "Checkpoint directory or diffusers snapshot to sample from ('' = newest checkpoint)."),
+           "What to sample from: a diffusers snapshot, a training output directory holding "
+           "unet_final.safetensors (VAE, text encoder and U-Net config from &model), or a U-Net "
+           ".safetensors file. '' = &model pretrained, or without one <output_dir>/unet_final.safetensors."),
 };
 
 const sd_option *sd_config_options(size_t *n)

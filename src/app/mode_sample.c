@@ -1,0 +1,558 @@
+/* &run mode = 'sample': text-to-image generation from a diffusers snapshot or a training
+ * output, the images split over every rank of MPI_COMM_WORLD (doc/sampling.md). */
+#include "sd_config.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/diffusion.h"
+#include "sdtrain/fsutil.h"
+#include "sdtrain/image.h"
+#include "sdtrain/log.h"
+#include "sdtrain/modes.h"
+#include "sdtrain/sampler.h"
+#include "sdtrain/snapshot.h"
+#include "sdtrain/text2img.h"
+#include "sdtrain/timer.h"
+#include "sdtrain/tokenizer.h"
+
+#define TEXT_LEN SD_TOKENIZER_LENGTH
+#define TRAIN_UNET_FILE "unet_final.safetensors"
+
+/* Where each part comes from, as resolved from &sample checkpoint and &model. */
+typedef struct sources {
+    char unet_snapshot[SD_PATH_MAX];  /* a diffusers snapshot holding unet/, or "" */
+    char unet_file[SD_PATH_MAX + 64]; /* a U-Net safetensors file (diffusers names), or "" */
+    char parts[SD_PATH_MAX];          /* snapshot of the VAE / text encoder / tokenizer, or "" */
+    char vae[SD_PATH_MAX];            /* VAE snapshot or folder, or "" (random from the seed) */
+} sources;
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
+{
+    const char *ck = cfg->sample.checkpoint, *pre = cfg->model.pretrained;
+    char path[SD_PATH_MAX + 64];
+    memset(s, 0, sizeof *s);
+    if (!ck[0]) {
+        if (pre[0]) {
+            snprintf(s->unet_snapshot, sizeof s->unet_snapshot, "%s", pre);
+        } else {
+            snprintf(path, sizeof path, "%s/%s", cfg->run.output_dir, TRAIN_UNET_FILE);
+            if (!is_file(path))
+                return sd_err_set(err, "nothing to sample from: &sample checkpoint and &model "
+                                       "pretrained are both '' and '%s' (what mode 'train' writes "
+                                       "to &run output_dir) does not exist. Set &sample "
+                                       "checkpoint to a diffusers snapshot or a training output "
+                                       "directory", path);
+            snprintf(s->unet_file, sizeof s->unet_file, "%s", path);
+        }
+    } else if (is_file(ck)) {
+        snprintf(s->unet_file, sizeof s->unet_file, "%s", ck);
+    } else if (is_dir(ck)) {
+        snprintf(path, sizeof path, "%s/%s", ck, TRAIN_UNET_FILE);
+        if (is_file(path))
+            snprintf(s->unet_file, sizeof s->unet_file, "%s", path);
+        else
+            snprintf(s->unet_snapshot, sizeof s->unet_snapshot, "%s", ck);
+    } else {
+        return sd_err_set(err, "&sample checkpoint = '%s': no such file or directory (expected a "
+                               "diffusers snapshot, a training output directory with %s, or a "
+                               "U-Net .safetensors file)", ck, TRAIN_UNET_FILE);
+    }
+    /* the other parts: the snapshot the U-Net came from, else &model pretrained */
+    snprintf(s->parts, sizeof s->parts, "%s", s->unet_snapshot[0] ? s->unet_snapshot : pre);
+    snprintf(s->vae, sizeof s->vae, "%s",
+             cfg->model.autoencoder[0] ? cfg->model.autoencoder : s->parts);
+    return 0;
+}
+
+/* The noise schedule and scheduler settings sampling uses. */
+typedef struct sched_setup {
+    char source[SD_PATH_MAX + 64]; /* the scheduler_config.json read, or "&diffusion" */
+    char schedule[32], prediction[32];
+    double beta_start, beta_end, clip;
+    int T, steps_offset, set_alpha_to_one;
+} sched_setup;
+
+/* From the namelist: what mode 'train' trained with, plus SD's scheduler conventions
+ * (steps_offset 1, set_alpha_to_one false, clip_sample false). */
+static void sched_from_namelist(const sd_config *cfg, sched_setup *ss)
+{
+    memset(ss, 0, sizeof *ss);
+    snprintf(ss->source, sizeof ss->source, "&diffusion");
+    snprintf(ss->schedule, sizeof ss->schedule, "%s", cfg->diffusion.beta_schedule);
+    snprintf(ss->prediction, sizeof ss->prediction, "%s", cfg->diffusion.prediction_type);
+    ss->beta_start = cfg->diffusion.beta_start;
+    ss->beta_end = cfg->diffusion.beta_end;
+    ss->T = (int)cfg->diffusion.num_train_timesteps;
+    ss->steps_offset = 1;
+}
+
+static json_object *jkey(json_object *root, const char *key)
+{
+    json_object *v = NULL;
+    if (!json_object_object_get_ex(root, key, &v) || json_object_is_type(v, json_type_null))
+        return NULL;
+    return v;
+}
+
+/* <snapshot>/scheduler/scheduler_config.json read as diffusers' <Kind>Scheduler.from_config
+ * reads it: keys that are absent take that class's defaults (DDIM: set_alpha_to_one and
+ * clip_sample true; PNDM: skip_prk_steps false). Returns 1 when there is no such file, 0 when
+ * read, -1 with a message naming the file and key for what sdtrain does not implement. */
+static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched_setup *ss,
+                               sd_err *err)
+{
+    char path[SD_PATH_MAX + 64];
+    json_object *root, *v;
+    int rc = 0;
+    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
+    if (!is_file(path))
+        return 1;
+    root = json_object_from_file(path);
+    if (!root || !json_object_is_type(root, json_type_object)) {
+        if (root)
+            json_object_put(root);
+        return sd_err_set(err, "%s: not a JSON object", path);
+    }
+    memset(ss, 0, sizeof *ss);
+    snprintf(ss->source, sizeof ss->source, "%s", path);
+    snprintf(ss->schedule, sizeof ss->schedule, "linear");
+    snprintf(ss->prediction, sizeof ss->prediction, "epsilon");
+    ss->beta_start = 0.0001;
+    ss->beta_end = 0.02;
+    ss->T = 1000;
+    ss->set_alpha_to_one = kind == SD_SAMPLER_DDIM;
+    ss->clip = kind == SD_SAMPLER_PNDM ? 0.0 : 1.0;
+    if ((v = jkey(root, "num_train_timesteps")))
+        ss->T = json_object_get_int(v);
+    if ((v = jkey(root, "beta_start")))
+        ss->beta_start = json_object_get_double(v);
+    if ((v = jkey(root, "beta_end")))
+        ss->beta_end = json_object_get_double(v);
+    if ((v = jkey(root, "beta_schedule")))
+        snprintf(ss->schedule, sizeof ss->schedule, "%s", json_object_get_string(v));
+    if ((v = jkey(root, "prediction_type")))
+        snprintf(ss->prediction, sizeof ss->prediction, "%s", json_object_get_string(v));
+    if ((v = jkey(root, "steps_offset")))
+        ss->steps_offset = json_object_get_int(v);
+    if ((v = jkey(root, "set_alpha_to_one")) && kind != SD_SAMPLER_DDPM)
+        ss->set_alpha_to_one = json_object_get_boolean(v);
+    if (kind != SD_SAMPLER_PNDM) {
+        if ((v = jkey(root, "clip_sample")) && !json_object_get_boolean(v))
+            ss->clip = 0.0;
+        if (ss->clip > 0 && (v = jkey(root, "clip_sample_range")))
+            ss->clip = json_object_get_double(v);
+    }
+    if ((v = jkey(root, "timestep_spacing")) && strcmp(json_object_get_string(v), "leading") != 0)
+        rc = sd_err_set(err, "%s: timestep_spacing '%s' is not implemented (only 'leading')", path,
+                        json_object_get_string(v));
+    else if ((v = jkey(root, "trained_betas")))
+        rc = sd_err_set(err, "%s: trained_betas are not implemented", path);
+    else if (kind != SD_SAMPLER_PNDM && (v = jkey(root, "thresholding")) &&
+             json_object_get_boolean(v))
+        rc = sd_err_set(err, "%s: thresholding is not implemented", path);
+    else if ((v = jkey(root, "rescale_betas_zero_snr")) && json_object_get_boolean(v))
+        rc = sd_err_set(err, "%s: rescale_betas_zero_snr is not implemented", path);
+    else if (kind == SD_SAMPLER_DDPM && (v = jkey(root, "variance_type")) &&
+             strcmp(json_object_get_string(v), "fixed_small") != 0)
+        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
+                             "'fixed_small')", path, json_object_get_string(v));
+    else if (kind == SD_SAMPLER_PNDM &&
+             !((v = jkey(root, "skip_prk_steps")) && json_object_get_boolean(v)))
+        rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
+                             "implemented; Stable Diffusion configs set skip_prk_steps true", path);
+    json_object_put(root);
+    return rc;
+}
+
+/* Loads every part on the host (fp32) and opens the generator on this rank's device. */
+static int load_models(const sd_config *cfg, const sd_device_info *dev, const sources *src,
+                       sd_t2i *g, char *what, size_t what_size, sd_err *err)
+{
+    sd_unet_config uc;
+    sd_vae_config vc;
+    sd_clip_config cc;
+    sd_weights uw, vw, cw;
+    sd_tokenizer *tok = NULL;
+    sd_snapshot s;
+    char tok_path[SD_PATH_MAX + 16];
+    int eos = 0, rc = -1;
+    const char *precision = dev->use_cuda ? cfg->train.precision : "fp32";
+
+    memset(&uw, 0, sizeof uw);
+    memset(&vw, 0, sizeof vw);
+    memset(&cw, 0, sizeof cw);
+    memset(g, 0, sizeof *g);
+    if (!dev->use_cuda && strcmp(cfg->train.precision, "bf16") == 0)
+        sd_warn("&train precision = 'bf16' needs a GPU; this rank samples on the CPU in fp32");
+
+    /* U-Net */
+    if (src->unet_snapshot[0]) {
+        if (sd_snapshot_open(&s, src->unet_snapshot, err))
+            goto out;
+        if (sd_snapshot_load_unet(&s, NULL, &uc, &uw, err)) {
+            sd_snapshot_close(&s);
+            goto out;
+        }
+        sd_snapshot_close(&s);
+    } else {
+        sd_st_set set;
+        sd_param_table table;
+        if (cfg->model.pretrained[0]) {
+            char dir[SD_PATH_MAX + 16], conf[SD_PATH_MAX + 32];
+            if (sd_snapshot_open(&s, cfg->model.pretrained, err))
+                goto out;
+            if (sd_snapshot_component_dir(&s, SD_COMPONENT_UNET, dir, sizeof dir, err) ||
+                (snprintf(conf, sizeof conf, "%s/config.json", dir), 0) ||
+                sd_unet_config_load(conf, &uc, err)) {
+                sd_snapshot_close(&s);
+                goto out;
+            }
+            sd_snapshot_close(&s);
+        } else {
+            sd_unet_config_from_namelist(cfg, &uc);
+        }
+        memset(&table, 0, sizeof table);
+        sd_unet_params(&uc, &table);
+        sd_weights_init(&uw, &table);
+        if (sd_st_set_open_file(&set, src->unet_file, err))
+            goto out;
+        if (sd_weights_load(&uw, &set, err)) {
+            sd_st_set_close(&set);
+            goto out;
+        }
+        sd_st_set_close(&set);
+    }
+
+    /* VAE and text encoder: from a snapshot, or (no snapshot at all, as in the demo) drawn from
+     * the seed exactly as mode 'process' draws them, so the latents a U-Net was trained on
+     * decode with the same VAE. */
+    if (src->vae[0]) {
+        if (sd_snapshot_open(&s, src->vae, err))
+            goto out;
+        if (sd_snapshot_load_vae(&s, NULL, &vc, &vw, err)) {
+            sd_snapshot_close(&s);
+            goto out;
+        }
+        sd_snapshot_close(&s);
+    } else {
+        sd_param_table t;
+        sd_vae_config_from_namelist(cfg, &vc);
+        memset(&t, 0, sizeof t);
+        sd_vae_params(&vc, &t);
+        sd_weights_init(&vw, &t);
+        sd_weights_init_random(&vw, (uint64_t)cfg->run.seed ^ UINT64_C(0x7661650000000000));
+    }
+    if (src->parts[0]) {
+        if (sd_snapshot_open(&s, src->parts, err))
+            goto out;
+        if (sd_snapshot_load_text_encoder(&s, NULL, &cc, &eos, &cw, err)) {
+            sd_snapshot_close(&s);
+            goto out;
+        }
+        sd_snapshot_close(&s);
+    } else {
+        sd_param_table t;
+        sd_clip_config_from_namelist(cfg, &cc);
+        memset(&t, 0, sizeof t);
+        sd_clip_params(&cc, &t);
+        sd_weights_init(&cw, &t);
+        sd_weights_init_random(&cw, (uint64_t)cfg->run.seed ^ UINT64_C(0x636c697000000000));
+    }
+
+    if (cfg->model.tokenizer[0])
+        snprintf(tok_path, sizeof tok_path, "%s", cfg->model.tokenizer);
+    else if (src->parts[0])
+        snprintf(tok_path, sizeof tok_path, "%s/tokenizer", src->parts);
+    else {
+        sd_err_set(err, "no tokenizer: set &model tokenizer (a tokenizer/ folder or "
+                        "bpe_simple_vocab_16e6.txt.gz) or use a snapshot with tokenizer/");
+        goto out;
+    }
+    if (sd_tokenizer_load(tok_path, &tok, err))
+        goto out;
+    {
+        sd_tokenizer_info ti;
+        int64_t top;
+        sd_tokenizer_get_info(tok, &ti);
+        top = (int64_t)ti.vocab_size - 1;
+        top = ti.bos_id > top ? ti.bos_id : top;
+        top = ti.eos_id > top ? ti.eos_id : top;
+        top = ti.pad_id > top ? ti.pad_id : top;
+        if (top >= cc.vocab_size) {
+            sd_err_set(err, "tokenizer %s gives ids up to %lld, beyond the text encoder's "
+                            "vocabulary of %d: they do not belong together", ti.source,
+                       (long long)top, cc.vocab_size);
+            goto out;
+        }
+    }
+
+    snprintf(what, what_size, "U-Net %s%s, VAE %s, text encoder %s, tokenizer %s",
+             src->unet_snapshot[0] ? src->unet_snapshot : src->unet_file,
+             src->unet_snapshot[0] ? "/unet" : "",
+             src->vae[0] ? src->vae : "random(seed)", src->parts[0] ? src->parts : "random(seed)",
+             tok_path);
+    rc = sd_t2i_open(g, dev->use_cuda ? "cuda" : "cpu", dev->device_id, precision, &uc, &uw, &vc,
+                     &vw, &cc, &cw, tok, (int)cfg->model.resolution, err);
+    tok = NULL; /* owned by g now */
+out:
+    sd_weights_free(&uw);
+    sd_weights_free(&vw);
+    sd_weights_free(&cw);
+    if (tok)
+        sd_tokenizer_free(tok);
+    return rc;
+}
+
+/* JSON string body of s (quotes, backslashes and control characters escaped; UTF-8 as is). */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+typedef struct noise_ctx {
+    uint64_t seed, image, prompt;
+    int c, h, w;
+    int failed;
+} noise_ctx;
+
+static void ddpm_noise(void *user, int k, float *out, int64_t n)
+{
+    noise_ctx *nc = user;
+    sd_err err;
+    if (sd_sampler_normals_nhwc(nc->seed, SD_SAMPLER_RNG_DDPM, nc->image, nc->prompt,
+                                (uint64_t)k * (uint64_t)n, nc->c, nc->h, nc->w, out, &err) != 0) {
+        memset(out, 0, (size_t)n * sizeof *out);
+        nc->failed = 1;
+    }
+}
+
+/* samples.jsonl, written by rank 0 once every image exists (temporary name + rename). */
+static int write_index(const sd_config *cfg, const char *scheduler, sd_err *err)
+{
+    char path[SD_PATH_MAX + 32], tmp[SD_PATH_MAX + 64];
+    FILE *f;
+    int ok;
+    /* the shortest decimal that reads back as the same double */
+    char gs[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(gs, sizeof gs, "%.*g", prec, cfg->sample.guidance_scale);
+        if (strtod(gs, NULL) == cfg->sample.guidance_scale)
+            break;
+    }
+    snprintf(path, sizeof path, "%s/samples.jsonl", cfg->run.output_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    f = fopen(tmp, "w");
+    if (!f)
+        return sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
+    for (int p = 0; p < cfg->sample.n_prompts; p++)
+        for (int64_t j = 0; j < cfg->sample.images_per_prompt; j++) {
+            fprintf(f, "{\"prompt_index\": %d, \"image_index\": %" PRId64 ", \"prompt\": ", p, j);
+            json_str(f, cfg->sample.prompts[p]);
+            fprintf(f, ", \"seed\": %lld, \"steps\": %lld, \"scheduler\": \"%s\", "
+                       "\"guidance_scale\": %s, \"width\": %lld, \"height\": %lld, "
+                       "\"file\": \"samples/%d-%" PRId64 ".png\"}\n",
+                    (long long)cfg->run.seed, (long long)cfg->sample.num_steps, scheduler,
+                    gs, (long long)cfg->model.resolution,
+                    (long long)cfg->model.resolution, p, j);
+        }
+    ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return sd_err_set(err, "cannot write '%s': %s", path, strerror(e));
+    }
+    return 0;
+}
+
+int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
+{
+    const sd_config *cfg = &rc->cfg;
+    const MPI_Comm comm = MPI_COMM_WORLD;
+    const int rank = rt->world_rank, size = rt->world_size;
+    const double g_scale = cfg->sample.guidance_scale;
+    /* diffusers: do_classifier_free_guidance = guidance_scale > 1 */
+    const int guided = g_scale > 1.0;
+    sources src;
+    sd_t2i g;
+    sd_diffusion d;
+    sd_sampler s;
+    sched_setup ss;
+    sd_err err;
+    char what[4 * SD_PATH_MAX + 128], dir[SD_PATH_MAX + 16];
+    float *uncond = NULL, *cond = NULL, *lat = NULL, *img = NULL;
+    uint8_t *rgb = NULL;
+    int kind = sd_sampler_kind_from_name(cfg->sample.scheduler), failed, n_mine = 0;
+    const int64_t n_total = (int64_t)cfg->sample.n_prompts * cfg->sample.images_per_prompt;
+    double t0 = sd_time_now();
+    float scale;
+
+    memset(&g, 0, sizeof g);
+    memset(&d, 0, sizeof d);
+    memset(&s, 0, sizeof s);
+    sd_err_clear(&err);
+    failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm or ddpm",
+                                     cfg->sample.scheduler);
+    if (!failed)
+        failed = resolve_sources(cfg, &src, &err) != 0;
+    /* the schedule: a snapshot's U-Net samples with its scheduler_config.json, a U-Net we
+     * trained with the &diffusion it was trained with; checked before the weights load */
+    sched_from_namelist(cfg, &ss);
+    if (!failed && src.unet_snapshot[0])
+        failed = sched_from_snapshot(src.unet_snapshot, (sd_sampler_kind)kind, &ss, &err) < 0;
+    if (!failed)
+        failed = sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
+                                   ss.prediction, SD_LINSPACE_FUSED, &err) != 0;
+    if (!failed) {
+        int64_t *ts = sd_xmalloc(((size_t)cfg->sample.num_steps + 2) * sizeof *ts);
+        failed = sd_sampler_timesteps((sd_sampler_kind)kind, (int)cfg->sample.num_steps, ss.T,
+                                      ss.steps_offset, ts, &err) < 0;
+        free(ts);
+    }
+    if (!failed)
+        failed = load_models(cfg, dev, &src, &g, what, sizeof what, &err) != 0;
+    if (!failed)
+        failed = sd_sampler_init(&s, (sd_sampler_kind)kind, &d, (int)cfg->sample.num_steps,
+                                 ss.steps_offset, g.n_latent, &err) != 0;
+    if (!failed) {
+        if (ss.set_alpha_to_one)
+            s.final_alpha_cumprod = 1.0f;
+        s.clip_sample_range = (float)ss.clip;
+    }
+    if (!failed) {
+        snprintf(dir, sizeof dir, "%s/samples", cfg->run.output_dir);
+        failed = sd_mkdir_p(dir, "samples directory", &err) != 0;
+    }
+    if (sd_agree(comm, failed, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
+        sd_sampler_free(&s);
+        sd_diffusion_free(&d);
+        sd_t2i_close(&g);
+        return SD_EXIT_USAGE;
+    }
+    scale = (float)(cfg->train.latent_scale > 0 ? cfg->train.latent_scale : g.vcfg.scaling_factor);
+    if (rank == 0)
+        sd_info("sampling %lld image(s) (%d prompt(s) x %lld) at %lld px with %s, %lld steps (%d "
+                "U-Net calls per image), guidance %g%s, seed %lld, on %d rank(s), %s in %s; %s; "
+                "schedule from %s (%s, %s %g..%g over %d, steps_offset %d%s%s); latents / %g "
+                "before decoding", (long long)n_total, cfg->sample.n_prompts,
+                (long long)cfg->sample.images_per_prompt, (long long)cfg->model.resolution,
+                cfg->sample.scheduler, (long long)cfg->sample.num_steps, s.n_timesteps, g_scale,
+                guided ? "" : " (no unconditional pass)", (long long)cfg->run.seed, size,
+                g.be->name, sd_dtype_name(g.be->dtype), what, ss.source, ss.prediction,
+                ss.schedule, ss.beta_start, ss.beta_end, ss.T, ss.steps_offset,
+                ss.set_alpha_to_one ? ", set_alpha_to_one" : "",
+                ss.clip > 0 ? ", clip_sample" : "", (double)scale);
+
+    if (rank == 0)
+        for (int p = 0; p < cfg->sample.n_prompts; p++) {
+            int32_t ids[TEXT_LEN];
+            int n_tok = 0;
+            const char *pr = cfg->sample.prompts[p];
+            if (sd_tokenize(g.tok, pr, strlen(pr), ids, &n_tok) > 0)
+                sd_warn("&sample prompts(%d) is not valid UTF-8: the bad bytes are dropped, as "
+                        "the reference tokenizer does", p + 1);
+            if (n_tok > TEXT_LEN)
+                sd_warn("&sample prompts(%d) has %d tokens; the text encoder sees the first %d "
+                        "(truncated, as the pipeline does)", p + 1, n_tok - 2, TEXT_LEN - 2);
+        }
+    cond = sd_xmalloc((size_t)g.n_emb * sizeof *cond);
+    lat = sd_xmalloc((size_t)g.n_latent * sizeof *lat);
+    img = sd_xmalloc((size_t)g.n_image * sizeof *img);
+    rgb = sd_xmalloc((size_t)g.n_image);
+    failed = 0;
+    if (guided) {
+        uncond = sd_xmalloc((size_t)g.n_emb * sizeof *uncond);
+        failed = sd_t2i_encode(&g, "", NULL, uncond, &err) != 0;
+    }
+    /* Image i = p * images_per_prompt + j goes to rank i mod size: a fixed assignment, and each
+     * image depends on (seed, p, j) only, so the files do not depend on the rank count. */
+    int last_p = -1;
+    for (int64_t i = rank; i < n_total && !failed; i += size) {
+        const int p = (int)(i / cfg->sample.images_per_prompt);
+        const int64_t j = i % cfg->sample.images_per_prompt;
+        noise_ctx nc = {(uint64_t)cfg->run.seed, (uint64_t)j, (uint64_t)p, g.lc, g.lh, g.lw, 0};
+        char file[SD_PATH_MAX + 64];
+        double ti = sd_time_now();
+        if (p != last_p) {
+            if (sd_t2i_encode(&g, cfg->sample.prompts[p], NULL, cond, &err)) {
+                failed = 1;
+                break;
+            }
+            last_p = p;
+        }
+        if (sd_sampler_normals_nhwc(nc.seed, SD_SAMPLER_RNG_INIT, nc.image, nc.prompt, 0, g.lc,
+                                    g.lh, g.lw, lat, &err)) {
+            failed = 1;
+            break;
+        }
+        sd_t2i_denoise(&g, &s, cond, guided ? uncond : NULL, g_scale, lat, ddpm_noise, &nc);
+        if (nc.failed) {
+            failed = sd_err_set(&err, "DDPM noise of image %lld beyond the RNG limits",
+                                (long long)i) != 0;
+            break;
+        }
+        sd_t2i_decode(&g, lat, scale, img);
+        sd_image_to_u8(g.n_image, img, rgb);
+        snprintf(file, sizeof file, "%s/%d-%" PRId64 ".png", dir, p, j);
+        if (sd_image_write_png(file, rgb, g.res, g.res, &err)) {
+            failed = 1;
+            break;
+        }
+        n_mine++;
+        sd_debug("wrote %s (%.2f s)", file, sd_time_now() - ti);
+    }
+    if (sd_agree(comm, failed, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
+        failed = 1;
+    } else {
+        int bad = rank == 0 && write_index(cfg, cfg->sample.scheduler, &err) != 0;
+        if (bad)
+            fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
+        failed = sd_any_failed(bad);
+    }
+    if (!failed && rank == 0)
+        sd_info("wrote %lld image(s) to %s and their list to %s/samples.jsonl in %.1f s",
+                (long long)n_total, dir, cfg->run.output_dir, sd_time_now() - t0);
+    sd_debug("this rank made %d of the %lld image(s)", n_mine, (long long)n_total);
+    free(uncond);
+    free(cond);
+    free(lat);
+    free(img);
+    free(rgb);
+    sd_sampler_free(&s);
+    sd_diffusion_free(&d);
+    sd_t2i_close(&g);
+    return failed ? SD_EXIT_FAILURE : SD_EXIT_OK;
+}

@@ -1,0 +1,205 @@
+/* Text-to-image generation on one backend: prompt -> text embedding -> guided denoising loop
+ * -> VAE decode (StableDiffusionPipeline's order; see include/sdtrain/text2img.h). */
+#include "sdtrain/text2img.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdtrain/check.h"
+
+#define TEXT_LEN SD_TOKENIZER_LENGTH
+
+static void take_weights(sd_weights *dst, sd_weights *src)
+{
+    *dst = *src;
+    memset(src, 0, sizeof *src);
+}
+
+void sd_t2i_close(sd_t2i *g)
+{
+    if (g->unet)
+        sd_unet_free(g->unet);
+    if (g->vae)
+        sd_vae_free(g->vae);
+    if (g->clip)
+        sd_clip_free(g->clip);
+    if (g->be) {
+        sd_cmd_release(&g->cb, g->uparams, g->uw.data);
+        sd_cmd_release(&g->cb, g->vparams, g->vw.data);
+        sd_cmd_release(&g->cb, g->cparams, g->cw.data);
+        void *bufs[] = {g->d_lat, g->d_eps, g->d_ctx, g->d_ids, g->d_emb, g->d_img};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i])
+                sd_backend_free(g->be, bufs[i]);
+        sd_cmd_arena_free(&g->cb, &g->unet_arena);
+        sd_cmd_arena_free(&g->cb, &g->vae_arena);
+        sd_cmd_arena_free(&g->cb, &g->clip_arena);
+        sd_cmd_backend_close(&g->cb);
+    }
+    if (g->tok)
+        sd_tokenizer_free(g->tok);
+    if (g->uw.data)
+        sd_weights_free(&g->uw);
+    if (g->vw.data)
+        sd_weights_free(&g->vw);
+    if (g->cw.data)
+        sd_weights_free(&g->cw);
+    free(g->h_eps);
+    memset(g, 0, sizeof *g);
+}
+
+int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
+                const sd_unet_config *uc, sd_weights *uw, const sd_vae_config *vc,
+                sd_weights *vw, const sd_clip_config *cc, sd_weights *cw, sd_tokenizer *tok,
+                int resolution, sd_err *err)
+{
+    int factor, oh, ow;
+    memset(g, 0, sizeof *g);
+    g->ucfg = *uc;
+    g->vcfg = *vc;
+    g->ccfg = *cc;
+    take_weights(&g->uw, uw);
+    take_weights(&g->vw, vw);
+    take_weights(&g->cw, cw);
+    g->tok = tok;
+
+    if (g->ucfg.in_channels != g->vcfg.latent_channels ||
+        g->ucfg.out_channels != g->ucfg.in_channels)
+        return sd_err_set(err, "the U-Net takes %d and gives %d channels, the VAE's latents have "
+                               "%d", g->ucfg.in_channels, g->ucfg.out_channels,
+                          g->vcfg.latent_channels);
+    if (g->ucfg.cross_attention_dim != g->ccfg.hidden_size)
+        return sd_err_set(err, "the U-Net attends to %d-wide text embeddings, the text encoder "
+                               "gives %d", g->ucfg.cross_attention_dim, g->ccfg.hidden_size);
+    factor = 1 << (g->vcfg.n_levels - 1);
+    if (resolution < factor || resolution % factor != 0)
+        return sd_err_set(err, "&model resolution = %d is not a multiple of the VAE's factor %d",
+                          resolution, factor);
+    g->res = resolution;
+    g->lh = g->lw = resolution / factor;
+    g->lc = g->vcfg.latent_channels;
+    g->hidden = g->ccfg.hidden_size;
+    g->n_latent = (int64_t)g->lh * g->lw * g->lc;
+    g->n_image = (int64_t)resolution * resolution * g->vcfg.out_channels;
+    g->n_emb = (int64_t)TEXT_LEN * g->hidden;
+    if (g->vcfg.out_channels != 3)
+        return sd_err_set(err, "the VAE decodes to %d channels; images need 3 (RGB)",
+                          g->vcfg.out_channels);
+    if (sd_unet_check_shape(&g->ucfg, 2, g->lh, g->lw, TEXT_LEN, err) ||
+        sd_vae_check_latent_shape(&g->vcfg, 1, g->lh, g->lw, &oh, &ow, err) ||
+        sd_clip_check_shape(&g->ccfg, 1, TEXT_LEN, err))
+        return -1;
+    if (oh != resolution || ow != resolution)
+        return sd_err_set(err, "the VAE decodes %dx%d latents to %dx%d, not %d px", g->lh, g->lw,
+                          oh, ow, resolution);
+
+    if (sd_cmd_backend_open(device, gpu, precision, &g->cb, err))
+        return -1;
+    g->be = g->cb.be;
+    g->uparams = sd_cmd_put(&g->cb, g->uw.data, (int64_t)g->uw.table.total_floats);
+    g->vparams = sd_cmd_put(&g->cb, g->vw.data, (int64_t)g->vw.table.total_floats);
+    g->cparams = sd_cmd_put(&g->cb, g->cw.data, (int64_t)g->cw.table.total_floats);
+    if (!g->uparams || !g->vparams || !g->cparams)
+        return sd_err_set(err, "cannot allocate the weights on the %s backend", g->be->name);
+    if (sd_unet_create(&g->unet, &g->ucfg, &g->uw.table, g->uparams, g->be, err) ||
+        sd_vae_create(&g->vae, &g->vcfg, &g->vw.table, g->vparams, g->be, err) ||
+        sd_clip_create(&g->clip, &g->ccfg, &g->cw.table, g->cparams, g->be, err))
+        return -1;
+    if (sd_cmd_arena(&g->cb, sd_unet_scratch_bytes(&g->ucfg, g->be, 2, g->lh, g->lw, TEXT_LEN),
+                     &g->unet_arena) ||
+        sd_cmd_arena(&g->cb, sd_vae_decode_scratch_bytes(&g->vcfg, g->be, 1, g->lh, g->lw),
+                     &g->vae_arena) ||
+        sd_cmd_arena(&g->cb, sd_clip_scratch_bytes(&g->ccfg, g->be, 1, TEXT_LEN), &g->clip_arena))
+        return sd_err_set(err, "cannot allocate the activation memory on the %s backend",
+                          g->be->name);
+    {
+        const size_t es = sd_dtype_size(g->be->dtype);
+        g->d_lat = sd_backend_alloc(g->be, 2 * (size_t)g->n_latent * es);
+        g->d_eps = sd_backend_alloc(g->be, 2 * (size_t)g->n_latent * es);
+        g->d_ctx = sd_backend_alloc(g->be, 2 * (size_t)g->n_emb * es);
+        g->d_ids = sd_backend_alloc(g->be, TEXT_LEN * sizeof(int32_t));
+        g->d_emb = sd_backend_alloc(g->be, (size_t)g->n_emb * es);
+        g->d_img = sd_backend_alloc(g->be, (size_t)g->n_image * es);
+        if (!g->d_lat || !g->d_eps || !g->d_ctx || !g->d_ids || !g->d_emb || !g->d_img)
+            return sd_err_set(err, "cannot allocate the sampling buffers on the %s backend",
+                              g->be->name);
+    }
+    g->h_eps = sd_xmalloc(2 * (size_t)g->n_latent * sizeof(float));
+    return 0;
+}
+
+void sd_t2i_encode_ids(sd_t2i *g, const int32_t *ids, float *emb)
+{
+    sd_upload(g->be, g->d_ids, ids, TEXT_LEN * sizeof(int32_t));
+    sd_clip_forward(g->clip, 1, TEXT_LEN, (const int32_t *)g->d_ids, g->d_emb, &g->clip_arena,
+                    NULL);
+    sd_synchronize(g->be);
+    sd_download_f32(g->be, emb, g->d_emb, g->n_emb);
+}
+
+int sd_t2i_encode(sd_t2i *g, const char *prompt, int32_t *ids_out, float *emb, sd_err *err)
+{
+    int32_t ids[TEXT_LEN];
+    sd_tokenize(g->tok, prompt, strlen(prompt), ids, NULL);
+    for (int i = 0; i < TEXT_LEN; i++)
+        if (ids[i] < 0 || ids[i] >= g->ccfg.vocab_size)
+            return sd_err_set(err, "prompt '%.200s': token id %d is beyond the text encoder's "
+                                   "vocabulary of %d (tokenizer and text encoder do not belong "
+                                   "together)", prompt, (int)ids[i], g->ccfg.vocab_size);
+    if (ids_out)
+        memcpy(ids_out, ids, sizeof ids);
+    sd_t2i_encode_ids(g, ids, emb);
+    return 0;
+}
+
+void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *uncond,
+                    double guidance, float *latents, sd_t2i_noise_fn noise, void *noise_user)
+{
+    const int64_t n = g->n_latent;
+    const int batch = uncond ? 2 : 1;
+    const size_t es = sd_dtype_size(g->be->dtype);
+    float *z = NULL, *eps = g->h_eps;
+    SD_CHECK(s->n == n, "sampler for %lld elements, latents have %lld", (long long)s->n,
+             (long long)n);
+    /* context [uncond, cond] (or [cond]) stays on the backend for the whole loop */
+    if (uncond) {
+        sd_upload_f32(g->be, g->d_ctx, uncond, g->n_emb);
+        sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)g->n_emb * es, cond, g->n_emb);
+    } else {
+        sd_upload_f32(g->be, g->d_ctx, cond, g->n_emb);
+    }
+    if (s->kind == SD_SAMPLER_DDPM)
+        z = sd_xmalloc((size_t)n * sizeof *z);
+    sd_sampler_reset(s);
+    for (int i = 0; i < s->n_timesteps; i++) {
+        const float t = (float)s->timesteps[i];
+        const float ts[2] = {t, t};
+        for (int b = 0; b < batch; b++)
+            sd_upload_f32(g->be, (char *)g->d_lat + (size_t)b * (size_t)n * es, latents, n);
+        sd_unet_forward(g->unet, batch, g->lh, g->lw, g->d_lat, ts, g->d_ctx, TEXT_LEN, g->d_eps,
+                        &g->unet_arena, NULL);
+        sd_synchronize(g->be);
+        sd_download_f32(g->be, eps, g->d_eps, (int64_t)batch * n);
+        if (uncond)
+            sd_guidance_combine(n, eps, eps + n, guidance, eps);
+        if (z && s->timesteps[i] > 0) {
+            SD_CHECK(noise != NULL, "DDPM sampling needs a noise source");
+            noise(noise_user, i, z, n);
+        }
+        sd_sampler_step(s, i, eps, latents, z);
+    }
+    free(z);
+}
+
+void sd_t2i_decode(sd_t2i *g, const float *latents, double scale, float *image)
+{
+    const float sf = (float)scale;
+    float *x = sd_xmalloc((size_t)g->n_latent * sizeof *x);
+    for (int64_t i = 0; i < g->n_latent; i++)
+        x[i] = latents[i] / sf;
+    sd_upload_f32(g->be, g->d_lat, x, g->n_latent);
+    sd_vae_decode(g->vae, 1, g->lh, g->lw, g->d_lat, g->d_img, &g->vae_arena, NULL);
+    sd_synchronize(g->be);
+    sd_download_f32(g->be, image, g->d_img, g->n_image);
+    free(x);
+}

@@ -1,0 +1,136 @@
+#!/bin/sh
+# mode = 'sample' end to end on the tiny-sd2 snapshot (with the tiny tokenizer of
+# tests/data/sample): the same PNG bytes at -np 1 and -np 2, one samples.jsonl line per image,
+# a training output directory (unet_final.safetensors) as &sample checkpoint, and bad set-ups
+# (no prompts, a missing snapshot or snapshot part, a tokenizer that does not fit the text
+# encoder) end every rank with exit 2 and one clear message.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+
+snap="$top_srcdir/tests/data/models/tiny-sd2"
+tok="$top_srcdir/tests/data/sample/tokenizer"
+
+# sample_nml NAME SCHEDULER [EXTRA &sample KEYS]
+sample_nml() {
+    nml "$1.nml" <<EOF2
+&run mode = 'sample', output_dir = '$TMP/$1', seed = 7, device = 'cpu' /
+&model pretrained = '$snap', tokenizer = '$tok', resolution = 16 /
+&sample prompts = 'a photo of the cat', 'red car at the sea', 'x "quoted" \\ back',
+        num_steps = 3, guidance_scale = 7.5, scheduler = '$2', images_per_prompt = 2 ${3:-} /
+EOF2
+}
+
+for sched in ddim pndm ddpm; do
+    sample_nml "${sched}1" "$sched"
+    mpi "${sched}1" 1 "$SDTRAIN" "$TMP/${sched}1.nml"
+    expect_rc "${sched}1" 0
+    sample_nml "${sched}2" "$sched"
+    mpi "${sched}2" 2 "$SDTRAIN" "$TMP/${sched}2.nml"
+    expect_rc "${sched}2" 0
+    for p in 0 1 2; do
+        for j in 0 1; do
+            f="samples/$p-$j.png"
+            [ -s "$TMP/${sched}1/$f" ] || fail "$sched: $f missing"
+            cmp -s "$TMP/${sched}1/$f" "$TMP/${sched}2/$f" || fail "$sched: $f differs between -np 1 and -np 2"
+        done
+    done
+    cmp -s "$TMP/${sched}1/samples/0-0.png" "$TMP/${sched}1/samples/0-1.png" &&
+        fail "$sched: two images of one prompt are identical (same noise?)"
+    [ "$(wc -l <"$TMP/${sched}1/samples.jsonl")" = 6 ] || fail "$sched: samples.jsonl has not 6 lines"
+    cmp -s "$TMP/${sched}1/samples.jsonl" "$TMP/${sched}2/samples.jsonl" || fail "$sched: samples.jsonl differs"
+    expect_in "${sched}1" out "wrote 6 image(s)"
+    [ -f "$TMP/${sched}1/used.nml" ] || fail "$sched: used.nml missing"
+done
+line=$(sed -n 5p "$TMP/ddim1/samples.jsonl")
+want='{"prompt_index": 2, "image_index": 0, "prompt": "x \"quoted\" \\ back", "seed": 7, "steps": 3, "scheduler": "ddim", "guidance_scale": 7.5, "width": 16, "height": 16, "file": "samples/2-0.png"}'
+[ "$line" = "$want" ] || fail "samples.jsonl line 5: $line"
+cmp -s "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" && fail "ddim and pndm gave the same image"
+pass "ddim, pndm, ddpm: same PNG bytes at -np 1 and 2, samples.jsonl"
+
+# guidance 1: no unconditional pass, and a different image
+sample_nml g1 ddim
+mpi g1 2 "$SDTRAIN" "$TMP/g1.nml" --set sample.guidance_scale=1.0
+expect_rc g1 0
+expect_in g1 out "(no unconditional pass)"
+cmp -s "$TMP/g1/samples/0-0.png" "$TMP/ddim1/samples/0-0.png" && fail "guidance 1 gave the guided image"
+pass "guidance_scale 1 skips the unconditional pass"
+
+# a training output directory: unet_final.safetensors (diffusers names) + &model pretrained for
+# the U-Net config, VAE, text encoder and tokenizer; the same weights give the same bytes
+mkdir -p "$TMP/trainout"
+cp "$snap/unet/diffusion_pytorch_model.safetensors" "$TMP/trainout/unet_final.safetensors"
+sample_nml ckpt ddim ", checkpoint = '$TMP/trainout'"
+mpi ckpt 2 "$SDTRAIN" "$TMP/ckpt.nml"
+expect_rc ckpt 0
+expect_in ckpt out "U-Net $TMP/trainout/unet_final.safetensors"
+for f in 0-0 1-1 2-1; do
+    cmp -s "$TMP/ckpt/samples/$f.png" "$TMP/ddim1/samples/$f.png" || fail "checkpoint dir: $f differs"
+done
+pass "a training output directory as &sample checkpoint"
+
+# a snapshot with scheduler/scheduler_config.json: SD2's values sample exactly as the built-in
+# defaults; the file's prediction_type is used; what is not implemented is refused by name
+# sched_snap NAME JSON-BODY: a snapshot of links to tiny-sd2 plus that scheduler config
+sched_snap() {
+    mkdir -p "$TMP/$1/scheduler"
+    for part in unet vae text_encoder model_index.json; do ln -sf "$snap/$part" "$TMP/$1/$part"; done
+    printf '{"_class_name": "PNDMScheduler", "num_train_timesteps": 1000, "beta_start": 0.00085,
+ "beta_end": 0.012, "beta_schedule": "scaled_linear", "set_alpha_to_one": false,
+ "skip_prk_steps": true, "steps_offset": 1, "clip_sample": false %s}\n' "$2" \
+        >"$TMP/$1/scheduler/scheduler_config.json"
+}
+sched_snap snap-sd2 ""
+sample_nml schedcfg ddim ", checkpoint = '$TMP/snap-sd2'"
+mpi schedcfg 1 "$SDTRAIN" "$TMP/schedcfg.nml"
+expect_rc schedcfg 0
+expect_in schedcfg out "schedule from $TMP/snap-sd2/scheduler/scheduler_config.json (epsilon, scaled_linear"
+cmp -s "$TMP/schedcfg/samples/1-0.png" "$TMP/ddim1/samples/1-0.png" || fail "SD2 scheduler config: other image"
+sched_snap snap-v ', "prediction_type": "v_prediction"'
+sample_nml schedv ddim ", checkpoint = '$TMP/snap-v'"
+mpi schedv 1 "$SDTRAIN" "$TMP/schedv.nml"
+expect_rc schedv 0
+expect_in schedv out "(v_prediction, scaled_linear"
+cmp -s "$TMP/schedv/samples/1-0.png" "$TMP/ddim1/samples/1-0.png" && fail "v_prediction config ignored"
+sched_snap snap-trailing ', "timestep_spacing": "trailing"'
+sample_nml schedt ddim ", checkpoint = '$TMP/snap-trailing'"
+mpi schedt 2 "$SDTRAIN" "$TMP/schedt.nml"
+expect_rc schedt 2
+expect_count schedt err "$TMP/snap-trailing/scheduler/scheduler_config.json: timestep_spacing 'trailing' is not implemented" 1
+pass "scheduler_config.json of a snapshot"
+
+# bad inputs: exit 2, one message, on every rank count
+printf "&run mode = 'sample', output_dir = '$TMP/noprompt' /\n&model pretrained = '$snap' /\n" | nml noprompt.nml
+mpi noprompt 2 "$SDTRAIN" "$TMP/noprompt.nml"
+expect_rc noprompt 2
+expect_count noprompt err "missing required key 'prompts' in &sample" 1
+
+sample_nml nosnap ddim ", checkpoint = '$TMP/nowhere'"
+mpi nosnap 2 "$SDTRAIN" "$TMP/nosnap.nml"
+expect_rc nosnap 2
+expect_count nosnap err "&sample checkpoint = '$TMP/nowhere': no such file or directory" 1
+
+mkdir -p "$TMP/novae"
+cp -r "$snap/unet" "$snap/text_encoder" "$TMP/novae/"
+sample_nml novae ddim ", checkpoint = '$TMP/novae'"
+mpi novae 2 "$SDTRAIN" "$TMP/novae.nml"
+expect_rc novae 2
+expect_count novae err "mode 'sample':" 1
+expect_in novae err "$TMP/novae"
+expect_in novae err "vae"
+
+sample_nml nothing ddim
+mpi nothing 1 "$SDTRAIN" "$TMP/nothing.nml" --set "model.pretrained=''"
+expect_rc nothing 2
+expect_count nothing err "nothing to sample from" 1
+
+sample_nml badtok ddim
+mpi badtok 2 "$SDTRAIN" "$TMP/badtok.nml" \
+    --set "model.tokenizer='$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz'"
+expect_rc badtok 2
+expect_count badtok err "beyond the text encoder's vocabulary of 1000" 1
+
+sample_nml toomany ddim
+mpi toomany 1 "$SDTRAIN" "$TMP/toomany.nml" --set sample.num_steps=1000
+expect_rc toomany 2
+expect_count toomany err "outside the schedule" 1
+pass "bad set-ups end with exit 2 and one message"
