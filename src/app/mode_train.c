@@ -778,8 +778,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                    t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);
         printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
                peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);
-        printf("  %-28s %s/metrics.jsonl, %s/unet_final.safetensors%s\n", "outputs",
-               cfg->run.output_dir, cfg->run.output_dir, t.ema ? ", unet_ema.safetensors" : "");
+        if (t.stopped)
+            printf("  %-28s %s/metrics.jsonl, checkpoint %s/step-%08lld\n", "outputs",
+                   cfg->run.output_dir, t.ckpt_dir, (long long)t.last_ckpt);
+        else
+            printf("  %-28s %s/metrics.jsonl, %s/unet_final.safetensors%s\n", "outputs",
+                   cfg->run.output_dir, cfg->run.output_dir,
+                   t.ema ? ", unet_ema.safetensors" : "");
         fflush(stdout);
     }
     sd_loader_batch_free(&vb);
