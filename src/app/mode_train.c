@@ -374,7 +374,8 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
         raise(SIGUSR1);
     sig = sd_ckpt_signal_pending();
     sd_allreduce_i64(t->comm, &sig, 1, SD_RED_MAX);
-    if (sig) {
+    /* after the last step the run ends normally anyway: final checkpoint and weights */
+    if (sig && done < t->cfg->train.max_steps) {
         if (t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err)) {
             if (t->rank == 0)
                 sd_error("%s", err.msg);

@@ -126,6 +126,14 @@ expect_rc usr1 0
 expect_in usr1 out "resuming from $TMP/usr1/checkpoints/step-00000006: step 6"
 same_as_ref usr1
 
+# a signal during the last step: the run just ends normally (final checkpoint and weights)
+train_nml usr1last 4 none
+SDTRAIN_FAULT=usr1:rank=0:step=11 mpi usr1last 2 "$SDTRAIN" "$TMP/usr1last.nml"
+expect_rc usr1last 0
+expect_not_in usr1last out "resubmit to continue"
+latest_is usr1last step-00000012
+same_as_ref usr1last
+
 # SIGUSR1 from outside, to the launcher (as Slurm's --signal does): a long run stops at the next
 # step boundary with a checkpoint of that step
 train_nml sig 4 none
