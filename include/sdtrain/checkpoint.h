@@ -101,7 +101,8 @@ int sd_ckpt_resolve(MPI_Comm comm, const char *dir, const char *resume, char *pa
  * reads params [0, n) and its range [begin, end) of m, v and ema (ema left alone when the
  * checkpoint has none: info->s.has_ema says), and the checksums of all datasets are verified
  * over the ranks' slices. A mismatch is an error naming the file and the dataset. Every rank
- * returns the same verdict. The caller holds the loader's HDF5 lock when a loader is open. */
+ * returns the same verdict; on success free info with sd_ckpt_info_free (nothing to free on
+ * failure). The caller holds the loader's HDF5 lock when a loader is open. */
 int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_ckpt_info *info,
                  sd_err *err);
 

@@ -678,9 +678,11 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
         join(file, sizeof file, dir, SD_CKPT_STATE_FILE, err))
         return -1;
     root = json_object_from_file(path);
-    if (!root)
+    if (!root) {
+        const char *why = json_util_get_last_err();
         return sd_err_set(err, "cannot read checkpoint manifest '%s': %s", path,
-                          path_exists(path) ? json_util_get_last_err() : strerror(ENOENT));
+                          !path_exists(path) ? strerror(ENOENT) : why ? why : "malformed JSON");
+    }
     str = json_str(root, "format");
     if (!str || strcmp(str, SD_CKPT_FORMAT) != 0) {
         sd_err_set(err, "%s: not an sdtrain checkpoint manifest (format '%s')", path,
@@ -866,13 +868,17 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
     snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
 
     if (own_range(comm, t->n, 0, t->n, &pb, &pe, err) ||
-        own_range(comm, t->n, t->begin, t->end, &ob, &oe, err))
+        own_range(comm, t->n, t->begin, t->end, &ob, &oe, err)) {
+        sd_ckpt_info_free(info);
         return -1;
+    }
     sd_h5_quiet_begin(&q);
     failed = read_tensors(file, &L, t, err) != 0;
     sd_h5_quiet_end(&q);
-    if (sd_agree(comm, failed, err))
+    if (sd_agree(comm, failed, err)) {
+        sd_ckpt_info_free(info);
         return -1;
+    }
 
     /* checksums over the ranks' disjoint slices, summed: each dataset verified exactly once */
     part[DS_PARAMS] = sd_ckpt_checksum(t->params + pb, pb, pe - pb);
@@ -884,12 +890,14 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
     for (int ds = 0; ds < DS_N; ds++) {
         if (ds == DS_EMA && !(L.s.has_ema && t->ema))
             continue;
-        if (sums[ds] != L.sums[ds])
+        if (sums[ds] != L.sums[ds]) {
+            sd_ckpt_info_free(info);
             return sd_err_set(err, "checkpoint %s: dataset '%s' fails its checksum (%s: manifest "
                               "%016llx, data %016llx): the file is corrupt; resume from an older "
                               "checkpoint with &checkpoint resume = '<its directory>'", file,
                               ds_names[ds], SD_CKPT_CHECKSUM_ALGORITHM,
                               (unsigned long long)L.sums[ds], (unsigned long long)sums[ds]);
+        }
     }
     return 0;
 }
