@@ -86,6 +86,16 @@ latest_is kill step-00000012
 kept=$(cd "$TMP/kill/checkpoints" && echo step-*)
 [ "$kept" = "step-00000008 step-00000012" ] || fail "kill: keep_last = 2 left $kept"
 
+# the same with ZeRO-2 (rank 0 killed at the start of step 6): the same bits as the DDP
+# reference, since both compute the same
+train_nml zkill 4 shard_grad_op
+SDTRAIN_FAULT=kill:rank=0:step=5 mpi zkill 2 "$SDTRAIN" "$TMP/zkill.nml"
+[ "$RC" != 0 ] || fail "zkill: the killed run exited 0"
+latest_is zkill step-00000004
+mpi zkill 2 "$SDTRAIN" "$TMP/zkill.nml"
+expect_rc zkill 0
+same_as_ref zkill
+
 # (b) killed while writing the checkpoint of step 8: step 4 stays latest, the leftover is
 # removed on restart, the resumed run matches
 train_nml wkill 4 none
