@@ -2,8 +2,10 @@
 # Training from latent shards (&run mode = 'train'), one rank per GPU.
 #   sbatch slurm/train.sh inputs/sd2-base-256.nml [--set group.key=value ...]
 # --requeue lets Slurm restart the job after a node failure; sdtrain then resumes from the
-# newest complete checkpoint (&checkpoint resume = 'auto'). The signal asks sdtrain to
-# checkpoint and exit cleanly 5 minutes before the time limit.
+# newest complete checkpoint (&checkpoint resume = 'auto', doc/checkpoints.md). Five minutes
+# before the time limit Slurm sends SIGUSR1 to this script (B:), which passes it on to the
+# ranks: they checkpoint at the next step boundary and exit 0 ("checkpointed at step K after
+# SIGUSR1; resubmit to continue"), and the script requeues the job, which then resumes.
 #SBATCH --job-name=sdtrain-train
 #SBATCH --nodes=16
 #SBATCH --ntasks-per-node=8
@@ -11,7 +13,7 @@
 #SBATCH --cpus-per-task=12
 #SBATCH --time=48:00:00
 #SBATCH --requeue
-#SBATCH --signal=USR1@300
+#SBATCH --signal=B:USR1@300
 #SBATCH --output=%x-%j.out
 set -euo pipefail
 
@@ -23,5 +25,21 @@ export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 
 # Refuse a bad configuration before the allocation's GPUs sit idle waiting for all ranks.
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=train "$@" >/dev/null
+stop=0
+trap 'stop=1; kill -USR1 "$pid" 2>/dev/null || true' USR1
 # shellcheck disable=SC2086 # $launch is a command with flags
-exec $launch "$sdtrain" "$input" --set run.mode=train "$@"
+$launch "$sdtrain" "$input" --set run.mode=train "$@" &
+pid=$!
+# wait returns when the trap runs; the launcher (srun forwards SIGUSR1 to every task) goes on
+# until the checkpoint is written, so wait until it has really ended
+rc=0
+wait "$pid" || rc=$?
+while kill -0 "$pid" 2>/dev/null; do
+    rc=0
+    wait "$pid" || rc=$?
+done
+if [ "$stop" = 1 ] && [ "$rc" = 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+    echo "sdtrain stopped for the time limit with a checkpoint; requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$rc"

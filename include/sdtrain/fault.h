@@ -1,4 +1,5 @@
-/* Fault injection for tests (SDTRAIN_FAULT), e.g. "kill:rank=2:step=7,nan:rank=1:step=5". */
+/* Fault injection for tests (SDTRAIN_FAULT), e.g. "kill:rank=2:step=7,nan:rank=1:step=5",
+ * "kill:rank=1:phase=ckpt-write:step=8" (during the checkpoint of step 8), "usr1:rank=0:step=5". */
 #ifndef SDTRAIN_FAULT_H
 #define SDTRAIN_FAULT_H
 
@@ -10,7 +11,9 @@
 extern "C" {
 #endif
 
-typedef enum { SD_FAULT_KILL = 0, SD_FAULT_NAN = 1 } sd_fault_action;
+/* kill: SIGKILL this rank; nan: a NaN gradient; usr1: this rank sends itself SIGUSR1 (what Slurm
+ * sends ahead of the time limit) at the end of the step. */
+typedef enum { SD_FAULT_KILL = 0, SD_FAULT_NAN = 1, SD_FAULT_USR1 = 2 } sd_fault_action;
 
 #define SD_FAULT_MAX 8
 
@@ -22,7 +25,7 @@ typedef struct sd_fault {
 } sd_fault;
 
 /* Parses a specification: comma-separated faults, each ACTION(:key=value)+ with ACTION kill or
- * nan and keys rank (required), step, phase (kill only). Errors name the offending part. */
+ * nan or usr1 and keys rank (required), step, phase (kill only). Errors name the offending part. */
 int sd_fault_parse(const char *spec, sd_fault *faults, int *n, sd_err *err);
 
 /* Reads SDTRAIN_FAULT once at start-up (absent or empty: no faults). */

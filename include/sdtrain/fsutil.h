@@ -2,6 +2,8 @@
 #ifndef SDTRAIN_FSUTIL_H
 #define SDTRAIN_FSUTIL_H
 
+#include <stddef.h>
+
 #include "sdtrain/error.h"
 
 #ifdef __cplusplus
@@ -11,6 +13,17 @@ extern "C" {
 /* mkdir -p: creates `path` and any missing parents. `what` names the directory in messages
  * ("directory", "shard directory"): "cannot create <what> '<prefix>': <reason>". */
 int sd_mkdir_p(const char *path, const char *what, sd_err *err);
+
+/* fsync of a path: a file's data, or a directory's entries (which a rename changed). File
+ * systems that cannot sync directories (EINVAL, EROFS) are not an error. */
+int sd_fsync_path(const char *path, sd_err *err);
+
+/* Replaces `path` atomically with `len` bytes: written to "<path>.tmp", fsynced, renamed over
+ * `path`, and the directory fsynced. A reader sees the old or the new content, never a part. */
+int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err *err);
+
+/* rm -r of `path` (files and directories, symbolic links not followed); a missing path is fine. */
+int sd_remove_tree(const char *path, sd_err *err);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/cmd_backend.h"
+#include "sdtrain/checkpoint.h"
 #include "sdtrain/collectives.h"
 #include "sdtrain/device.h"
 #include "sdtrain/diffusion.h"
@@ -86,6 +87,15 @@ typedef struct trainer {
 #if defined(SD_HAVE_CUDA)
     sd_nccl *nccl;         /* device path with several ranks */
 #endif
+    /* checkpoints (doc/checkpoints.md) */
+    const sd_run_config *rc;
+    MPI_Comm mpi_comm;
+    char ckpt_dir[4200];
+    int64_t start_step, start_opt_step, start_skipped; /* 0 or the resumed checkpoint's */
+    int64_t last_ckpt;  /* step of the newest checkpoint this run wrote or resumed, or -1 */
+    int resumed, stopped; /* stopped: by a signal, after checkpointing */
+    float *hm, *hv, *hema; /* GPU device path: host copies of the moments / EMA around a
+                              checkpoint read or write, else NULL */
 } trainer;
 
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
@@ -559,6 +569,225 @@ static void report_compute(const trainer *t, const sd_runtime *rt, const sd_devi
     free(ids);
 }
 
+/* ---- checkpoints: thin glue to src/io/checkpoint.c, which works on host buffers ---------- */
+
+static void ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
+{
+    memset(ts, 0, sizeof *ts);
+    ts->table = &t->w.table;
+    ts->n = t->n;
+    ts->params = t->w.data;
+    ts->begin = t->begin;
+    ts->end = t->end;
+    ts->m = t->m;
+    ts->v = t->v;
+    ts->ema = t->ema;
+    if (t->dev_opt) {
+        /* the GPU's equal NCCL shards run past n: the padding is not stored */
+        ts->begin = t->begin < t->n ? t->begin : t->n;
+        ts->end = t->end < t->n ? t->end : t->n;
+        ts->m = t->hm;
+        ts->v = t->hv;
+        ts->ema = t->hema;
+    }
+}
+
+/* GPU device path: host copies for the checkpoint code, which works on host buffers. The
+ * parameters go through t->w.data (the device holds the truth between checkpoints); the
+ * moments and the EMA of this rank's range through t->hm / t->hv / t->hema. */
+static void dev_stage_alloc(trainer *t)
+{
+    size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
+    t->hm = sd_xcalloc(e - b + 1, sizeof(float));
+    t->hv = sd_xcalloc(e - b + 1, sizeof(float));
+    t->hema = t->d_ema ? sd_xcalloc(e - b + 1, sizeof(float)) : NULL;
+}
+
+static void dev_stage_free(trainer *t)
+{
+    free(t->hm);
+    free(t->hv);
+    free(t->hema);
+    t->hm = t->hv = t->hema = NULL;
+}
+
+static void dev_stage_out(trainer *t)
+{
+    size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
+    dev_stage_alloc(t);
+    sd_synchronize(t->be);
+    sd_download(t->be, t->w.data, t->d_master, t->n * sizeof(float));
+    sd_download(t->be, t->hm, t->d_m, (e - b) * sizeof(float));
+    sd_download(t->be, t->hv, t->d_v, (e - b) * sizeof(float));
+    if (t->hema)
+        sd_download(t->be, t->hema, t->d_ema, (e - b) * sizeof(float));
+}
+
+/* After a resume into the host copies: the device state from them (the padding stays zero). */
+static void dev_stage_in(trainer *t, int has_ema)
+{
+    size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
+    sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)t->n);
+    if ((void *)t->d_master != t->d_params)
+        sd_upload(t->be, t->d_master, t->w.data, t->n * sizeof(float));
+    sd_upload(t->be, t->d_m, t->hm, (e - b) * sizeof(float));
+    sd_upload(t->be, t->d_v, t->hv, (e - b) * sizeof(float));
+    if (t->d_ema && has_ema)
+        sd_upload(t->be, t->d_ema, t->hema, (e - b) * sizeof(float));
+    else if (t->d_ema) /* no EMA in the checkpoint: it starts from the parameters */
+        sd_copy(t->be, t->d_ema, t->d_master + t->begin, (t->end - t->begin) * sizeof(float));
+    sd_synchronize(t->be);
+}
+
+/* Collective: the state after `done` steps (k optimizer steps) into the checkpoint directory. */
+static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err)
+{
+    const sd_config *cfg = t->cfg;
+    sd_ckpt_scalars s;
+    sd_ckpt_tensors ts;
+    char committed[4200], *text;
+    double t0 = sd_time_now();
+    int rc;
+    memset(&s, 0, sizeof s);
+    s.step = done;
+    s.opt_step = k;
+    s.skipped = skipped;
+    s.steps_per_epoch = t->info.steps_per_epoch;
+    s.epoch = done / t->info.steps_per_epoch;
+    s.global_batch = t->info.global_batch;
+    s.batch_per_rank = t->bs;
+    s.seed = cfg->run.seed;
+    s.n_ranks = t->size;
+    s.has_ema = t->ema != NULL || t->d_ema != NULL;
+    if (t->dev_opt)
+        dev_stage_out(t);
+    snprintf(s.sharding, sizeof s.sharding, "%s", cfg->train.sharding);
+    ckpt_tensors(t, &ts);
+    text = sd_config_to_namelist(t->rc, false);
+    sd_loader_h5_lock(); /* the prefetch thread reads shards meanwhile */
+    rc = sd_ckpt_write(t->mpi_comm, t->ckpt_dir, &s, &ts, text, cfg->checkpoint.keep_last,
+                       committed, sizeof committed, err);
+    sd_loader_h5_unlock();
+    free(text);
+    dev_stage_free(t);
+    if (rc == 0) {
+        t->last_ckpt = done;
+        sd_info("step %lld: checkpoint written to %s (%.2f s)", (long long)done, committed,
+                sd_time_now() - t0);
+    }
+    return rc;
+}
+
+/* Set-up (collective): finds the checkpoint to resume from (&checkpoint resume) and loads the
+ * parameters, moments, EMA and counters from it; nothing to do on a fresh start. */
+static int resume_from_checkpoint(trainer *t, sd_err *err)
+{
+    const sd_config *cfg = t->cfg;
+    sd_ckpt_info info;
+    sd_ckpt_tensors ts;
+    char path[4200];
+    int found = 0, failed = 0, rc;
+    t->last_ckpt = -1;
+    if (cfg->checkpoint.dir[0])
+        snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", cfg->checkpoint.dir);
+    else
+        snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/checkpoints", cfg->run.output_dir);
+    if (sd_ckpt_resolve(t->mpi_comm, t->ckpt_dir, cfg->checkpoint.resume, path, sizeof path,
+                        &found, err))
+        return -1;
+    if (!found)
+        return 0;
+    if (t->dev_opt)
+        dev_stage_alloc(t);
+    ckpt_tensors(t, &ts);
+    sd_loader_h5_lock();
+    rc = sd_ckpt_load(t->mpi_comm, path, &ts, &info, err);
+    sd_loader_h5_unlock();
+    if (rc) {
+        dev_stage_free(t);
+        return -1;
+    }
+    if (t->rank == 0) {
+        char *text = sd_config_to_namelist(t->rc, false);
+        failed = sd_ckpt_check_config(info.config_text, text, err) != 0;
+        free(text);
+        if (!failed && info.s.seed != cfg->run.seed)
+            failed = sd_err_set(err, "checkpoint %s was written with seed %lld, this run has %lld",
+                                path, (long long)info.s.seed, (long long)cfg->run.seed) != 0;
+        if (!failed && info.s.global_batch != t->info.global_batch)
+            sd_warn("resume: the checkpoint's global batch is %lld, this run's %lld: the data "
+                    "order from here on differs from an uninterrupted run (keep ranks x "
+                    "batch_size_per_rank to reproduce it)", (long long)info.s.global_batch,
+                    (long long)t->info.global_batch);
+        if (!failed && info.s.step > cfg->train.max_steps)
+            sd_warn("resume: the checkpoint is at step %lld, beyond max_steps = %lld",
+                    (long long)info.s.step, (long long)cfg->train.max_steps);
+    }
+    if (sd_agree(t->mpi_comm, failed, err)) {
+        sd_ckpt_info_free(&info);
+        dev_stage_free(t);
+        return -1;
+    }
+    if (t->dev_opt) {
+        dev_stage_in(t, info.s.has_ema);
+        dev_stage_free(t);
+    } else if (t->gpu) {
+        /* host path: the parameters live on the host; the device copy follows them */
+        sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)t->n);
+        sd_synchronize(t->be);
+    }
+    if ((t->ema || t->d_ema) && !info.s.has_ema && t->rank == 0)
+        sd_warn("resume: the checkpoint has no EMA; the EMA starts from its parameters");
+    if (t->ema && !info.s.has_ema) {
+        memcpy(t->ema, t->w.data + t->begin, (t->end - t->begin) * sizeof(float));
+    }
+    t->start_step = info.s.step;
+    t->start_opt_step = info.s.opt_step;
+    t->start_skipped = info.s.skipped;
+    t->last_ckpt = info.s.step;
+    t->resumed = 1;
+    sd_info("resuming from %s: step %lld (%lld optimizer steps, %lld skipped), written by %lld "
+            "rank(s) with sharding '%s'", path, (long long)info.s.step,
+            (long long)info.s.opt_step, (long long)info.s.skipped, (long long)info.s.n_ranks,
+            info.s.sharding);
+    sd_ckpt_info_free(&info);
+    return 0;
+}
+
+/* The boundary after `done` steps: a signal on any rank (SIGUSR1/SIGTERM, agreed by a
+ * reduction) checkpoints and stops; every_n_steps checkpoints and goes on. Returns 1 to stop. */
+static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skipped, int *code)
+{
+    const int64_t every = t->cfg->checkpoint.every_n_steps;
+    int64_t sig;
+    sd_err err;
+    sd_err_clear(&err);
+    if (sd_fault_armed(SD_FAULT_USR1, t->world_rank, done - 1, NULL))
+        raise(SIGUSR1);
+    sig = sd_ckpt_signal_pending();
+    sd_allreduce_i64(t->comm, &sig, 1, SD_RED_MAX);
+    /* after the last step the run ends normally anyway: final checkpoint and weights */
+    if (sig && done < t->cfg->train.max_steps) {
+        if (t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err)) {
+            if (t->rank == 0)
+                sd_error("%s", err.msg);
+            *code = SD_EXIT_FAILURE;
+            return 1;
+        }
+        if (t->rank == 0) {
+            printf("checkpointed at step %lld after %s; resubmit to continue\n", (long long)done,
+                   sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "a signal");
+            fflush(stdout);
+        }
+        t->stopped = 1;
+        return 1;
+    }
+    if (every > 0 && done % every == 0 && done < t->cfg->train.max_steps &&
+        t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err) && t->rank == 0)
+        sd_error("%s; training goes on", err.msg);
+    return 0;
+}
+
 static void free_trainer(trainer *t)
 {
     sd_loader_close(t->loader);
@@ -705,14 +934,20 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     t->adam.eps = cfg->train.adam_eps;
     t->adam.weight_decay = cfg->train.weight_decay;
     alloc_buffers(t);
+    if (resume_from_checkpoint(t, err))
+        return -1; /* collective: every rank has the same message */
 
     if (t->rank == 0) {
         char path[4200];
         snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run.output_dir);
-        t->metrics = fopen(path, "w");
-        failed = !t->metrics;
-        if (failed)
-            sd_err_set(err, "cannot write %s: %s", path, strerror(errno));
+        /* resumed: the lines up to the checkpoint stay, the ones after it are recomputed */
+        failed = t->resumed && sd_ckpt_metrics_rollback(path, t->start_step, err) != 0;
+        if (!failed) {
+            t->metrics = fopen(path, t->resumed ? "a" : "w");
+            failed = !t->metrics;
+            if (failed)
+                sd_err_set(err, "cannot write %s: %s", path, strerror(errno));
+        }
     }
     return sd_agree(comm, failed, err);
 }
@@ -742,6 +977,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.hb = sd_backend_cpu();
     t.gpu = dev->use_cuda;
     t.comm = sd_comm_create_mpi(rt->role_comm);
+    t.rc = rc;
+    t.mpi_comm = rt->role_comm;
+    sd_ckpt_signals_install();
 
     if (setup(&t, rt, dev, &err)) {
         if (t.rank == 0)
@@ -759,11 +997,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             (long long)t.info.steps_per_epoch, (long long)max_steps);
     report_compute(&t, rt, dev);
 
-    SD_CHECK(sd_loader_seek(t.loader, 0, &err) == 0, "%s", err.msg);
+    SD_CHECK(sd_loader_seek(t.loader, t.start_step, &err) == 0, "%s", err.msg);
+    k = t.start_opt_step;
+    skipped = t.start_skipped;
     if (cfg->train.val_every > 0 && t.info.n_val == 0)
         sd_info("validation: no held-out samples (val_fraction %g); no validation loss",
                 cfg->data.val_fraction);
-    if (cfg->train.val_every > 0 && t.info.n_val > 0) {
+    if (cfg->train.val_every > 0 && t.info.n_val > 0 && !t.resumed) {
         /* the untrained model's validation loss: the reference every later one is read against */
         int64_t nv;
         last_val = validate(&t, &vb, &nv);
@@ -775,7 +1015,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         sd_info("step 0: validation loss %.6f over %lld samples", last_val, (long long)nv);
     }
     t_start = sd_time_now();
-    for (step = 0; step < max_steps; step++) {
+    for (step = t.start_step; step < max_steps; step++) {
         const sd_loader_batch *b;
         const int64_t per = (int64_t)t.C * t.H * t.W;
         double t0 = sd_time_now(), t1, wait = 0, loss_local, stats[2], sumsq, gnorm, lr, coef;
@@ -920,12 +1160,12 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             }
             if ((step + 1) % log_every == 0 || step + 1 == max_steps) {
                 char eta[32];
-                fmt_duration(t_loop / (double)(step + 1) * (double)(max_steps - step - 1), eta,
-                             sizeof eta);
+                fmt_duration(t_loop / (double)(step + 1 - t.start_step) *
+                                 (double)(max_steps - step - 1), eta, sizeof eta);
                 sd_info("step %lld/%lld  loss %.5f (mean of %d)  lr %.3g  grad norm %.3g  "
                         "%.1f img/s  ETA %s", (long long)step + 1, (long long)max_steps,
                         interval_n ? interval_loss / interval_n : NAN, interval_n, lr, gnorm,
-                        (double)t.info.global_batch * (step + 1) / t_loop, eta);
+                        (double)t.info.global_batch * (step + 1 - t.start_step) / t_loop, eta);
                 interval_loss = 0;
                 interval_n = 0;
             }
@@ -944,10 +1184,20 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             sd_info("step %lld: validation loss %.6f over %lld samples (%.2f s)",
                     (long long)step + 1, last_val, (long long)nv, sd_time_now() - tv);
         }
+        if (checkpoint_boundary(&t, step + 1, k, skipped, &code)) {
+            step++; /* steps done */
+            break;
+        }
     }
 
-    /* the final weights (and EMA), then the summary */
-    if (code == SD_EXIT_OK) {
+    /* the last checkpoint, the final weights (and EMA), then the summary */
+    if (code == SD_EXIT_OK && !t.stopped && t.last_ckpt != step &&
+        save_checkpoint(&t, step, k, skipped, &err)) {
+        if (t.rank == 0)
+            sd_error("%s", err.msg);
+        code = SD_EXIT_FAILURE;
+    }
+    if (code == SD_EXIT_OK && !t.stopped) {
         int failed = 0;
         float *ema_full = NULL;
         if (t.dev_opt) {
@@ -996,9 +1246,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                    t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);
         printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
                peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);
-        printf("  %-28s %s/metrics.jsonl, %s/unet_final.safetensors%s\n", "outputs",
-               cfg->run.output_dir, cfg->run.output_dir,
-               cfg->train.ema_decay > 0 ? ", unet_ema.safetensors" : "");
+        if (t.stopped)
+            printf("  %-28s %s/metrics.jsonl, checkpoint %s/step-%08lld\n", "outputs",
+                   cfg->run.output_dir, t.ckpt_dir, (long long)t.last_ckpt);
+        else
+            printf("  %-28s %s/metrics.jsonl, %s/unet_final.safetensors%s\n", "outputs",
+                   cfg->run.output_dir, cfg->run.output_dir,
+                   cfg->train.ema_decay > 0 ? ", unet_ema.safetensors" : "");
         fflush(stdout);
     }
     sd_loader_batch_free(&vb);

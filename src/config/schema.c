@@ -165,7 +165,7 @@ static const sd_option options[] = {
     INT(checkpoint, keep_last, "3", 0, U, "", "Complete checkpoints kept (0 = all)."),
     STRING(checkpoint, resume, "'auto'",
            "'auto' = continue from the newest complete checkpoint if there is one; 'never' = start "
-           "fresh; or the path of one checkpoint directory."),
+           "fresh; or the path of one checkpoint directory (or of a checkpoint root: its latest)."),
 
     /* &sample */
     STRING_LIST(sample, prompts, "", "Prompts to generate images for (mode = 'sample')."),

@@ -33,8 +33,10 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
         f->action = SD_FAULT_KILL;
     else if (alen == 3 && !strncmp(p, "nan", 3))
         f->action = SD_FAULT_NAN;
+    else if (alen == 4 && !strncmp(p, "usr1", 4))
+        f->action = SD_FAULT_USR1;
     else
-        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill or nan)",
+        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill, nan or usr1)",
                           (int)alen, p, (int)len, s);
     p += alen;
     while (p < end) {
@@ -78,8 +80,11 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s' needs rank=N", (int)len, s);
     if (f->step < 0 && !f->phase[0])
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s' needs step=N or phase=NAME", (int)len, s);
-    if (f->action == SD_FAULT_NAN && f->step < 0)
-        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': nan faults need step=N", (int)len, s);
+    if (f->action != SD_FAULT_KILL && f->step < 0)
+        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': %s faults need step=N", (int)len, s,
+                          f->action == SD_FAULT_NAN ? "nan" : "usr1");
+    if (f->action != SD_FAULT_KILL && f->phase[0])
+        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': only kill faults take a phase", (int)len, s);
     return 0;
 }
 

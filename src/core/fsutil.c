@@ -1,9 +1,14 @@
-/* File-system helpers: mkdir -p with a message that names the directory. */
+/* File-system helpers: mkdir -p, fsync, atomic replacement, rm -r; messages name the path. */
 #include "sdtrain/fsutil.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 {
@@ -21,5 +26,74 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err)
             buf[i] = saved;
         }
     }
+    return 0;
+}
+
+/* Opening read-only is enough for fsync on Linux and works for directories. */
+int sd_fsync_path(const char *path, sd_err *err)
+{
+    int fd = open(path, O_RDONLY), rc, e;
+    if (fd < 0)
+        return sd_err_set(err, "cannot open '%s' to sync it: %s", path, strerror(errno));
+    rc = fsync(fd);
+    e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL && e != EROFS)
+        return sd_err_set(err, "cannot sync '%s': %s", path, strerror(e));
+    return 0;
+}
+
+int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err *err)
+{
+    char tmp[4200], dir[4200];
+    const char *p = (const char *)data;
+    size_t off = 0;
+    int fd, n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return sd_err_set(err, "path too long: '%s'", path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0)
+        return sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
+    while (off < len) {
+        ssize_t w = write(fd, p + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
+            close(fd);
+            unlink(tmp);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        sd_err_set(err, "cannot sync '%s': %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return -1;
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
+        sd_err_set(err, "cannot replace '%s': %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    snprintf(dir, sizeof dir, "%s", path);
+    return sd_fsync_path(dirname(dir), err);
+}
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+int sd_remove_tree(const char *path, sd_err *err)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : sd_err_set(err, "cannot remove '%s': %s", path, strerror(errno));
+    if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return sd_err_set(err, "cannot remove '%s': %s", path, strerror(errno));
     return 0;
 }

@@ -62,22 +62,6 @@ static int join_path(char *out, size_t size, const char *dir, const char *name, 
     return 0;
 }
 
-/* fsync of a path: a file's data, or a directory's entries (which a rename changed). Opening
- * read-only is enough for fsync on Linux and works for directories. */
-static int fsync_path(const char *path, sd_err *err)
-{
-    int fd = open(path, O_RDONLY), rc, e;
-    if (fd < 0)
-        return sd_err_set(err, "cannot open '%s' to sync it: %s", path, strerror(errno));
-    rc = fsync(fd);
-    e = errno;
-    close(fd);
-    /* Some file systems cannot sync directories; that is no reason to fail the commit. */
-    if (rc != 0 && e != EINVAL && e != EROFS)
-        return sd_err_set(err, "cannot sync '%s': %s", path, strerror(e));
-    return 0;
-}
-
 /* Returns 1 and the byte length when s is valid UTF-8 (no overlongs, no surrogates). */
 static int utf8_valid(const char *s, size_t *len)
 {
@@ -528,7 +512,7 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, sd_err *e
         unlink(tmp);
         goto out;
     }
-    rc = fsync_path(dir, err);
+    rc = sd_fsync_path(dir, err);
 out:
     json_object_put(root);
     return rc;
@@ -919,7 +903,7 @@ static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
         sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_path, w->final_path, strerror(errno));
         goto drop_tmp;
     }
-    if (fsync_path(w->dir, e))
+    if (sd_fsync_path(w->dir, e))
         goto drop_final;
     /* A node failure between rename and manifest: a complete file that no reader may use. */
     if (sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-commit"))
@@ -1058,7 +1042,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         }
         /* Every rank syncs the closed file: on a parallel file system each client flushes the
          * pages it wrote, so all of the data is on stable storage before rank 0 renames it. */
-        if (!failed && fsync_path(w->tmp_path, e))
+        if (!failed && sd_fsync_path(w->tmp_path, e))
             failed = 1;
         w->file = -1;
         if (sd_agree(w->comm, failed, e)) {

@@ -8,7 +8,9 @@
 #   4. two ranks sharing one GPU (host path): DDP and ZeRO-2 byte-identical, within 1e-3 of one
 #      rank with the same global batch; with two GPUs or more also the NCCL path, DDP and ZeRO-2
 #      within 1e-3 of one rank;
-#   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message.
+#   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message;
+#   6. checkpoints on the GPU (device and host paths): killed at the start of step 7 with a
+#      checkpoint of step 4, the resumed run gives the same weights as the uninterrupted one.
 # Skips without a CUDA build or a GPU.
 SD_TEST_NAME=gpu-train # not the scratch directory of tests/mpi/train.sh
 . "$top_srcdir/tests/lib.sh"
@@ -35,7 +37,8 @@ EOF2
 mpi proc 2 "$SDTRAIN" "$TMP/proc.nml"
 expect_rc proc 0
 
-# train NAME NP BATCH SHARDING DEVICE PRECISION: a 10-step run (the namelist of tests/mpi/train.sh)
+# train NAME NP BATCH SHARDING DEVICE PRECISION [EXTRA]: a 10-step run (the namelist of
+# tests/mpi/train.sh); EXTRA is appended to the namelist (another group)
 train() {
     nml "$1.nml" <<EOF2
 &run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = '$5' /
@@ -45,6 +48,7 @@ train() {
        sharding = '$4', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9,
        precision = '$6' /
 &diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
+${7:-}
 EOF2
     mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
 }
@@ -134,4 +138,15 @@ else
     expect_in dev2 err "SDTRAIN_GPU_COMM=device with 2 training ranks needs NCCL"
     expect_count dev2 err "sdtrain:" 1
 fi
+# 6. checkpoint and resume on the GPU: the device path (moments and EMA on the GPU, staged
+#    through the host) and the host path
+for p in device host; do
+    SDTRAIN_GPU_COMM=$p SDTRAIN_FAULT=kill:rank=0:step=7 \
+        train "ck$p" 1 8 none cuda fp32 "&checkpoint every_n_steps = 4 /"
+    [ "$RC" != 0 ] || fail "ck$p: the killed run exited 0"
+    SDTRAIN_GPU_COMM=$p train "ck$p" 1 8 none cuda fp32 "&checkpoint every_n_steps = 4 /"
+    expect_rc "ck$p" 0
+    expect_in "ck$p" out "resuming from"
+    identical gpu1 "ck$p" "GPU $p path: killed at step 7 and resumed == uninterrupted"
+done
 pass "mode = 'train' on the GPU"

@@ -46,6 +46,13 @@ int main(void)
     tap_ok(refused_with("kill:rank=1", "needs step=N or phase=NAME"), "trigger required");
     tap_ok(refused_with("kill:rank=1:phase=lunch", "unknown phase 'lunch'"), "unknown phase");
     tap_ok(refused_with("nan:rank=1:phase=ckpt-write", "nan faults need step=N"), "nan needs a step");
+    tap_ok(parses("usr1:rank=0:step=5"), "usr1 at a step");
+    tap_ok(refused_with("usr1:rank=0:phase=ckpt-write", "usr1 faults need step=N"), "usr1 needs a step");
+    tap_ok(refused_with("usr1:rank=0:step=2:phase=ckpt-write", "only kill faults take a phase"),
+           "usr1 takes no phase");
+    tap_ok(sd_fault_parse("kill:rank=1:phase=ckpt-write:step=8", f, &n, &err) == 0 && n == 1 &&
+               f[0].step == 8 && !strcmp(f[0].phase, "ckpt-write"),
+           "kill at a phase of one step");
     tap_ok(refused_with("kill:rank=1:when=3", "unknown key 'when'"), "unknown key");
     tap_ok(refused_with("kill:rank=1:step", "expected key=value"), "key without value");
     tap_ok(refused_with("kill:rank=1:step=3,,", "empty fault"), "empty element");

@@ -1,0 +1,131 @@
+/* Training checkpoints: one directory per step written collectively (parallel HDF5 + JSON
+ * manifest), committed by rename plus a `latest` pointer, with per-dataset checksums; format and
+ * guarantees in doc/checkpoints.md. Works on host buffers only, so any backend can call it. */
+#ifndef SDTRAIN_CHECKPOINT_H
+#define SDTRAIN_CHECKPOINT_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sdtrain/error.h"
+#include "sdtrain/models.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SD_CKPT_FORMAT "sdtrain-checkpoint"
+#define SD_CKPT_FORMAT_VERSION 1
+#define SD_CKPT_STATE_FILE "state.h5"
+#define SD_CKPT_MANIFEST "manifest.json"
+#define SD_CKPT_LATEST "latest"
+#define SD_CKPT_CHECKSUM_ALGORITHM "sd-elemsum64-v1"
+
+/* The scalar training state. */
+typedef struct sd_ckpt_scalars {
+    int64_t step;            /* training steps completed, skipped ones included: the data
+                              * position (the loader resumes at 0-based step `step`) */
+    int64_t opt_step;        /* AdamW updates done (k: bias corrections, LR schedule, EMA) */
+    int64_t skipped;         /* steps skipped for non-finite gradients */
+    int64_t epoch;           /* step / steps_per_epoch (informational) */
+    int64_t steps_per_epoch;
+    int64_t global_batch;    /* ranks x batch_size_per_rank: with the seed it fixes data order */
+    int64_t batch_per_rank;
+    int64_t seed;            /* &run seed: the data order and every random draw */
+    int64_t n_ranks;         /* training ranks that wrote it (any count may resume) */
+    int64_t has_ema;         /* 1 when an "ema" dataset is stored */
+    char sharding[32];       /* 'none' or 'shard_grad_op' when written (either may resume) */
+} sd_ckpt_scalars;
+
+/* The tensors, all in host memory. `params` is the whole flat buffer of n floats on every rank
+ * (laid out by `table`). m, v and ema (NULL when there is no EMA) hold the range [begin, end) of
+ * the same flat index space: either every rank holds [0, n) (DDP) or the ranks' ranges
+ * partition [0, n) in rank order (ZeRO-2, any alignment). On disk each is one full-length
+ * dataset, so a different rank count or sharding reads its own range back. */
+typedef struct sd_ckpt_tensors {
+    const sd_param_table *table;
+    size_t n;
+    float *params;
+    size_t begin, end;
+    float *m, *v, *ema;
+} sd_ckpt_tensors;
+
+/* What sd_ckpt_load found besides the tensors. config_text: the namelist the writer ran with
+ * (sd_config_to_namelist, malloc'ed; sd_ckpt_info_free). */
+typedef struct sd_ckpt_info {
+    sd_ckpt_scalars s;
+    char path[4200];
+    char *config_text;
+    char sdtrain_version[64];
+} sd_ckpt_info;
+void sd_ckpt_info_free(sd_ckpt_info *i);
+
+/* "step-00000012" (eight digits or more). */
+void sd_ckpt_dir_name(int64_t step, char *buf, size_t size);
+
+/* Checksum sd-elemsum64-v1 of x[0..count) whose first element has flat index `first`: the
+ * wrapping 64-bit sum over elements of fmix64(index * 0x9E3779B97F4A7C15 + bits(x)). Sums of
+ * disjoint ranges add up (mod 2^64) to the whole dataset's, in any order, so ranks checksum
+ * their own slices whatever the rank count; any change of a single element changes it. */
+uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count);
+
+/* ---- writing (collective over comm) ----------------------------------------------------------
+ * Writes the checkpoint of s->step into dir (created if missing): every rank writes its part of
+ * <dir>/.step-K.tmp/state.h5 (parallel HDF5, collective), closes and fsyncs it; rank 0 then
+ * writes manifest.json (scalars, parameter table, checksums, config_text) into the temporary
+ * directory, renames it to <dir>/step-K (an older step-K that `latest` does not name, left by a
+ * crash between rename and pointer update, is replaced), writes <dir>/latest (temporary file +
+ * rename + directory fsync) and, with keep_last > 0, deletes the oldest complete checkpoints
+ * beyond keep_last (never the one `latest` names). On success every rank gets the committed
+ * directory in `committed` (may be NULL). Failures: every rank returns -1 with one message and
+ * the previous checkpoint stays `latest`. Fault points (SDTRAIN_FAULT, world rank, step = K):
+ * "ckpt-write" kills a rank after its first data is written, "ckpt-commit" after the rename and
+ * before `latest` is updated. The caller holds the loader's HDF5 lock when a loader is open. */
+int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
+                  const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
+                  char *committed, size_t committed_size, sd_err *err);
+
+/* ---- resuming (collective over comm) --------------------------------------------------------
+ * Decides where a run starts. Rank 0 first removes leftovers of interrupted writes in dir
+ * (".step-*.tmp" directories, "latest.tmp"). resume = "auto": the checkpoint `latest` names, or
+ * none (*found = 0) when dir has no `latest`; a `latest` naming a missing or incomplete
+ * directory is an error. "never": none (a warning when dir holds checkpoints). Otherwise a path:
+ * a checkpoint directory, or a checkpoint root holding `latest`; an error when it is neither.
+ * Every rank gets the same path and verdict. */
+int sd_ckpt_resolve(MPI_Comm comm, const char *dir, const char *resume, char *path,
+                    size_t path_size, int *found, sd_err *err);
+
+/* Loads the checkpoint at `path`: rank 0 reads and checks the manifest (format, version, the
+ * parameter table against t->table: names, shapes, offsets, size) and broadcasts it; every rank
+ * reads params [0, n) and its range [begin, end) of m, v and ema (ema left alone when the
+ * checkpoint has none: info->s.has_ema says), and the checksums of all datasets are verified
+ * over the ranks' slices. A mismatch is an error naming the file and the dataset. Every rank
+ * returns the same verdict; on success free info with sd_ckpt_info_free (nothing to free on
+ * failure). The caller holds the loader's HDF5 lock when a loader is open. */
+int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_ckpt_info *info,
+                 sd_err *err);
+
+/* Rank 0 after a load: compares the writer's configuration with this run's (both namelist
+ * texts from sd_config_to_namelist). A different seed is an error (the data order and every
+ * draw depend on it); differences in the model, training and diffusion settings are warnings
+ * that name each key; rank count, batch split and sharding may differ freely. */
+int sd_ckpt_check_config(const char *stored_text, const char *current_text, sd_err *err);
+
+/* ---- signals ---------------------------------------------------------------------------------
+ * SIGUSR1 and SIGTERM only set a flag (Slurm sends one ahead of the time limit); the training
+ * loop polls it at a step boundary, agrees over the ranks and checkpoints before exiting. */
+void sd_ckpt_signals_install(void);
+/* The signal caught so far on this rank (SIGUSR1, SIGTERM), or 0. */
+int sd_ckpt_signal_pending(void);
+
+/* ---- metrics on resume (one process) ---------------------------------------------------------
+ * Keeps the lines of path whose "step" is at most `step` (the ones after the checkpoint are
+ * recomputed by the resumed run), written to a temporary file and renamed. A missing file is
+ * fine. */
+int sd_ckpt_metrics_rollback(const char *path, int64_t step, sd_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1038 @@
+/* Training checkpoints: the collective parallel-HDF5 writer with its commit protocol (temporary
+ * directory, rename, `latest` pointer, keep_last), resume resolution, the verified loader, the
+ * configuration comparison and the signal flag (format: doc/checkpoints.md). */
+#include "sdtrain/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <hdf5.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/collectives.h"
+#include "sdtrain/config.h"
+#include "sdtrain/fault.h"
+#include "sdtrain/fsutil.h"
+#include "sdtrain/h5check.h"
+#include "sdtrain/log.h"
+#include "sdtrain/runtime.h"
+#include "sdtrain/version.h"
+
+#if !defined(H5_HAVE_PARALLEL)
+#error "checkpoints need a parallel HDF5 build (H5_HAVE_PARALLEL)"
+#endif
+
+/* Floats a rank writes per collective H5Dwrite (128 MiB): keeps every MPI-IO request far below
+ * the 2 GiB count limits whatever the model size. */
+#define ROUND_FLOATS ((size_t)32 << 20)
+#define PATH_SIZE 4200
+
+enum { DS_PARAMS = 0, DS_M, DS_V, DS_EMA, DS_N };
+static const char *const ds_names[DS_N] = {"params", "adam_m", "adam_v", "ema"};
+
+/* ---- names, checksum ------------------------------------------------------------------------ */
+
+void sd_ckpt_dir_name(int64_t step, char *buf, size_t size)
+{
+    snprintf(buf, size, "step-%08lld", (long long)step);
+}
+
+static uint64_t fmix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count)
+{
+    uint64_t s = 0;
+    /* a wrapping integer sum: exact, so the thread count cannot change it */
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < count; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        s += fmix64((uint64_t)(first + i) * 0x9E3779B97F4A7C15ULL + b);
+    }
+    return s;
+}
+
+static int join(char *out, size_t size, const char *a, const char *b, sd_err *err)
+{
+    int n = snprintf(out, size, "%s/%s", a, b);
+    if (n < 0 || (size_t)n >= size)
+        return sd_err_set(err, "path too long: '%s/%s'", a, b);
+    return 0;
+}
+
+static int path_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Ends this process the way a node failure would (no MPI_Finalize, no HDF5 flush). */
+static void fault_kill(const char *phase, int64_t step)
+{
+    fprintf(stderr, "[rank %d] fault injection: killing this rank at phase '%s' (checkpoint of "
+            "step %lld)\n", sd_log_rank(), phase, (long long)step);
+    fflush(stderr);
+    raise(SIGKILL);
+    _exit(137);
+}
+
+/* The part [*wb, *we) of the held range [begin, end) this rank writes or verifies, so that the
+ * ranks' parts partition [0, n): DDP ranks (all holding [0, n)) take sd_shard_range's slices,
+ * ZeRO-2 ranks their own shards. Collective; the verdict is the same on every rank. */
+static int own_range(MPI_Comm comm, size_t n, size_t begin, size_t end, size_t *wb, size_t *we,
+                     sd_err *err)
+{
+    int rank, size, full = 1, ok = 1;
+    uint64_t mine[2] = {begin, end}, *all, prev = 0;
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    SD_MPI_CHECK(MPI_Comm_size(comm, &size));
+    all = sd_xmalloc(2 * (size_t)size * sizeof *all);
+    SD_MPI_CHECK(MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, comm));
+    for (int r = 0; r < size; r++) {
+        full &= all[2 * r] == 0 && all[2 * r + 1] == n;
+        ok &= all[2 * r] == prev && all[2 * r + 1] >= all[2 * r];
+        prev = all[2 * r + 1];
+    }
+    ok &= prev == n;
+    free(all);
+    if (full) {
+        sd_shard_range(n, size, rank, SD_SHARD_ALIGN, wb, we);
+        return 0;
+    }
+    if (!ok)
+        return sd_err_set(err, "checkpoint: the ranks' optimizer ranges neither all cover the "
+                          "%zu parameters nor partition them in rank order", n);
+    *wb = begin;
+    *we = end;
+    return 0;
+}
+
+/* ---- HDF5 attributes -------------------------------------------------------------------------- */
+
+static void attr_str(hid_t loc, const char *name, const char *value)
+{
+    hid_t t, space, a;
+    SD_H5_CHECK(t = H5Tcopy(H5T_C_S1));
+    SD_H5_CHECK(H5Tset_size(t, H5T_VARIABLE));
+    SD_H5_CHECK(H5Tset_cset(t, H5T_CSET_UTF8));
+    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
+    SD_H5_CHECK(a = H5Acreate2(loc, name, t, space, H5P_DEFAULT, H5P_DEFAULT));
+    SD_H5_CHECK(H5Awrite(a, t, &value));
+    SD_H5_CHECK(H5Aclose(a));
+    SD_H5_CHECK(H5Sclose(space));
+    SD_H5_CHECK(H5Tclose(t));
+}
+
+static void attr_i64(hid_t loc, const char *name, int64_t v)
+{
+    hid_t space, a;
+    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
+    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT));
+    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_INT64, &v));
+    SD_H5_CHECK(H5Aclose(a));
+    SD_H5_CHECK(H5Sclose(space));
+}
+
+/* ---- the collective writer ------------------------------------------------------------------ */
+
+typedef struct writer {
+    MPI_Comm comm;
+    int rank, size, world_rank;
+    const sd_ckpt_scalars *s;
+    const sd_ckpt_tensors *t;
+    char dir[PATH_SIZE], name[64], tmp_dir[PATH_SIZE], final_dir[PATH_SIZE], file[PATH_SIZE];
+    hid_t h5, dxpl;
+    uint64_t sums[DS_N];
+    int64_t bytes;
+} writer;
+
+/* Writes one full-length dataset: this rank's part [wb, we) of buf, which holds the flat range
+ * starting at have_b. Every rank runs the same number of collective rounds. */
+static int write_dataset(writer *w, int ds, const float *buf, size_t have_b, size_t wb,
+                         size_t we, sd_err *e)
+{
+    const size_t n = w->t->n;
+    hsize_t dims[1] = {n}, start[1], count[1];
+    hid_t space, dcpl, d;
+    uint64_t len = we - wb, max_len, part;
+    int failed = 0;
+    char hex[32];
+    SD_H5_CHECK(space = H5Screate_simple(1, dims, NULL));
+    SD_H5_CHECK(dcpl = H5Pcreate(H5P_DATASET_CREATE));
+    SD_H5_CHECK(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
+    SD_H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+    SD_H5_CHECK(d = H5Dcreate2(w->h5, ds_names[ds], H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl,
+                               H5P_DEFAULT));
+    SD_H5_CHECK(H5Pclose(dcpl));
+    SD_MPI_CHECK(MPI_Allreduce(&len, &max_len, 1, MPI_UINT64_T, MPI_MAX, w->comm));
+    for (uint64_t r = 0; r * ROUND_FLOATS < max_len; r++) {
+        size_t lo = wb + (size_t)r * ROUND_FLOATS;
+        size_t cnt = lo < we ? (we - lo < ROUND_FLOATS ? we - lo : ROUND_FLOATS) : 0;
+        static const float dummy[1];
+        hid_t fspace, mspace;
+        herr_t rc;
+        count[0] = cnt ? cnt : 1;
+        SD_H5_CHECK(fspace = H5Scopy(space));
+        SD_H5_CHECK(mspace = H5Screate_simple(1, count, NULL));
+        if (cnt) {
+            start[0] = lo;
+            SD_H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL));
+        } else {
+            SD_H5_CHECK(H5Sselect_none(fspace));
+            SD_H5_CHECK(H5Sselect_none(mspace));
+        }
+        rc = H5Dwrite(d, H5T_NATIVE_FLOAT, mspace, fspace, w->dxpl,
+                      cnt ? (const void *)(buf + (lo - have_b)) : (const void *)dummy);
+        if (rc < 0 && !failed) {
+            char h5msg[512];
+            sd_h5_error_string(h5msg, sizeof h5msg);
+            sd_err_set(e, "writing dataset '%s' of %s failed on rank %d: %s", ds_names[ds],
+                       w->file, w->rank, h5msg);
+            failed = 1;
+        }
+        SD_H5_CHECK(H5Sclose(mspace));
+        SD_H5_CHECK(H5Sclose(fspace));
+        /* a node failure in the middle of a checkpoint: the temporary file holds part of it */
+        if (ds == DS_PARAMS && r == 0 &&
+            sd_fault_armed(SD_FAULT_KILL, w->world_rank, w->s->step, "ckpt-write"))
+            fault_kill("ckpt-write", w->s->step);
+    }
+    part = sd_ckpt_checksum(buf + (wb - have_b), wb, we - wb);
+    SD_MPI_CHECK(MPI_Allreduce(&part, &w->sums[ds], 1, MPI_UINT64_T, MPI_SUM, w->comm));
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)w->sums[ds]);
+    attr_str(d, "checksum", hex);
+    attr_str(d, "checksum_algorithm", SD_CKPT_CHECKSUM_ALGORITHM);
+    SD_H5_CHECK(H5Dclose(d));
+    SD_H5_CHECK(H5Sclose(space));
+    return failed ? -1 : 0;
+}
+
+static int write_state_file(writer *w, sd_err *e)
+{
+    const sd_ckpt_tensors *t = w->t;
+    const float *bufs[DS_N] = {t->params, t->m, t->v, t->ema};
+    size_t pb, pe, ob, oe;
+    hid_t fapl;
+    int created, n_created, failed = 0;
+    char creator[160];
+
+    if (own_range(w->comm, t->n, 0, t->n, &pb, &pe, e) ||
+        own_range(w->comm, t->n, t->begin, t->end, &ob, &oe, e))
+        return -1; /* the same on every rank */
+
+    SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
+    SD_H5_CHECK(H5Pset_fapl_mpio(fapl, w->comm, MPI_INFO_NULL));
+    SD_H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1));
+    SD_H5_CHECK(H5Pset_coll_metadata_write(fapl, 1));
+    w->h5 = H5Fcreate(w->file, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    created = w->h5 >= 0;
+    if (!created) {
+        char h5msg[512];
+        sd_err_set(e, "cannot create '%s': %s", w->file, sd_h5_error_string(h5msg, sizeof h5msg));
+    }
+    SD_H5_CHECK(H5Pclose(fapl));
+    SD_MPI_CHECK(MPI_Allreduce(&created, &n_created, 1, MPI_INT, MPI_SUM, w->comm));
+    if (n_created != 0 && n_created != w->size)
+        sd_fatalf(__FILE__, __LINE__, __func__, "H5Fcreate",
+                  "'%s' was created on %d of %d ranks; cannot continue without a hang", w->file,
+                  n_created, w->size);
+    if (!created)
+        return sd_agree(w->comm, 1, e);
+
+    snprintf(creator, sizeof creator, "sdtrain %s (git %s)", sd_version(), sd_git_revision());
+    attr_str(w->h5, "format", SD_CKPT_FORMAT);
+    attr_i64(w->h5, "format_version", SD_CKPT_FORMAT_VERSION);
+    attr_i64(w->h5, "step", w->s->step);
+    attr_i64(w->h5, "opt_step", w->s->opt_step);
+    attr_str(w->h5, "creator", creator);
+    SD_H5_CHECK(w->dxpl = H5Pcreate(H5P_DATASET_XFER));
+    SD_H5_CHECK(H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_COLLECTIVE));
+    for (int ds = 0; ds < DS_N; ds++) {
+        if (ds == DS_EMA && !w->s->has_ema)
+            continue;
+        if (ds == DS_PARAMS)
+            failed |= write_dataset(w, ds, bufs[ds], 0, pb, pe, e) != 0;
+        else
+            failed |= write_dataset(w, ds, bufs[ds], t->begin, ob, oe, e) != 0;
+    }
+    SD_H5_CHECK(H5Pclose(w->dxpl));
+    if (H5Fclose(w->h5) < 0 && !failed) {
+        char h5msg[512];
+        sd_err_set(e, "closing '%s' failed on rank %d: %s", w->file, w->rank,
+                   sd_h5_error_string(h5msg, sizeof h5msg));
+        failed = 1;
+    }
+    /* every rank flushes the pages it wrote before rank 0 commits */
+    if (!failed && sd_fsync_path(w->file, e))
+        failed = 1;
+    return sd_agree(w->comm, failed, e);
+}
+
+static json_object *manifest_json(const writer *w)
+{
+    const sd_ckpt_scalars *s = w->s;
+    const sd_param_table *tab = w->t->table;
+    json_object *root = json_object_new_object(), *sums = json_object_new_object();
+    json_object *params = json_object_new_array();
+    char hex[32], created[64];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    json_object_object_add(root, "format", json_object_new_string(SD_CKPT_FORMAT));
+    json_object_object_add(root, "version", json_object_new_int(SD_CKPT_FORMAT_VERSION));
+    json_object_object_add(root, "sdtrain_version", json_object_new_string(sd_version()));
+    json_object_object_add(root, "git_revision", json_object_new_string(sd_git_revision()));
+    json_object_object_add(root, "created", json_object_new_string(created));
+    json_object_object_add(root, "step", json_object_new_int64(s->step));
+    json_object_object_add(root, "opt_step", json_object_new_int64(s->opt_step));
+    json_object_object_add(root, "skipped", json_object_new_int64(s->skipped));
+    json_object_object_add(root, "epoch", json_object_new_int64(s->epoch));
+    json_object_object_add(root, "steps_per_epoch", json_object_new_int64(s->steps_per_epoch));
+    json_object_object_add(root, "global_batch", json_object_new_int64(s->global_batch));
+    json_object_object_add(root, "batch_size_per_rank", json_object_new_int64(s->batch_per_rank));
+    json_object_object_add(root, "seed", json_object_new_int64(s->seed));
+    json_object_object_add(root, "n_ranks", json_object_new_int64(s->n_ranks));
+    json_object_object_add(root, "sharding", json_object_new_string(s->sharding));
+    json_object_object_add(root, "has_ema", json_object_new_boolean(s->has_ema != 0));
+    json_object_object_add(root, "file", json_object_new_string(SD_CKPT_STATE_FILE));
+    json_object_object_add(root, "bytes", json_object_new_int64(w->bytes));
+    json_object_object_add(root, "n_floats", json_object_new_int64((int64_t)w->t->n));
+    json_object_object_add(root, "checksum_algorithm",
+                           json_object_new_string(SD_CKPT_CHECKSUM_ALGORITHM));
+    for (int ds = 0; ds < DS_N; ds++) {
+        if (ds == DS_EMA && !s->has_ema)
+            continue;
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)w->sums[ds]);
+        json_object_object_add(sums, ds_names[ds], json_object_new_string(hex));
+    }
+    json_object_object_add(root, "checksums", sums);
+    for (size_t i = 0; i < tab->n; i++) {
+        const sd_param *p = &tab->params[i];
+        json_object *o = json_object_new_object(), *shape = json_object_new_array();
+        for (int d = 0; d < p->ndim; d++)
+            json_object_array_add(shape, json_object_new_int64(p->shape[d]));
+        json_object_object_add(o, "name", json_object_new_string(p->name));
+        json_object_object_add(o, "offset", json_object_new_int64((int64_t)p->offset));
+        json_object_object_add(o, "shape", shape);
+        json_object_array_add(params, o);
+    }
+    json_object_object_add(root, "parameters", params);
+    return root;
+}
+
+/* "latest" names a checkpoint directory of dir, or *name is "" when there is none. */
+static int read_latest(const char *dir, char *name, size_t size, sd_err *err)
+{
+    char path[PATH_SIZE], buf[128];
+    size_t len;
+    FILE *f;
+    name[0] = '\0';
+    if (join(path, sizeof path, dir, SD_CKPT_LATEST, err))
+        return -1;
+    f = fopen(path, "r");
+    if (!f)
+        return errno == ENOENT ? 0 : sd_err_set(err, "cannot read '%s': %s", path, strerror(errno));
+    len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    while (len && (buf[len - 1] == '\n' || buf[len - 1] == ' ' || buf[len - 1] == '\r'))
+        buf[--len] = '\0';
+    if (strncmp(buf, "step-", 5) != 0 || len < 6 || strspn(buf + 5, "0123456789") != len - 5 ||
+        len >= size)
+        return sd_err_set(err, "'%s' does not name a checkpoint directory (expected "
+                          "'step-NNNNNNNN', found '%.60s')", path, buf);
+    memcpy(name, buf, len + 1);
+    return 0;
+}
+
+static int is_step_name(const char *s, int64_t *step)
+{
+    if (strncmp(s, "step-", 5) != 0 || !s[5] || strspn(s + 5, "0123456789") != strlen(s + 5))
+        return 0;
+    *step = strtoll(s + 5, NULL, 10);
+    return 1;
+}
+
+typedef struct step_dir {
+    int64_t step;
+    char name[64];
+} step_dir;
+
+static int step_dir_cmp(const void *a, const void *b)
+{
+    const step_dir *x = a, *y = b;
+    return x->step < y->step ? 1 : x->step > y->step ? -1 : 0; /* newest first */
+}
+
+/* keep_last: the newest keep_last committed checkpoints stay, and the one `latest` names. */
+static void prune(const char *dir, int64_t keep_last, const char *latest)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    step_dir *list = NULL;
+    size_t n = 0, cap = 0;
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        int64_t st;
+        if (!is_step_name(de->d_name, &st) || strlen(de->d_name) >= sizeof list->name)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            list = sd_xrealloc(list, cap * sizeof *list);
+        }
+        list[n].step = st;
+        snprintf(list[n].name, sizeof list[n].name, "%s", de->d_name);
+        n++;
+    }
+    closedir(d);
+    qsort(list, n, sizeof *list, step_dir_cmp);
+    for (size_t i = (size_t)keep_last; i < n; i++) {
+        char path[PATH_SIZE];
+        sd_err e;
+        sd_err_clear(&e);
+        if (!strcmp(list[i].name, latest) || join(path, sizeof path, dir, list[i].name, &e))
+            continue;
+        if (sd_remove_tree(path, &e))
+            sd_warn("keep_last: %s", e.msg);
+        else
+            sd_debug("keep_last = %lld: removed %s", (long long)keep_last, path);
+    }
+    free(list);
+}
+
+/* Rank 0, once every rank has closed and synced the state file. */
+static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err *e)
+{
+    char path[PATH_SIZE], old[PATH_SIZE + 80], latest[128];
+    json_object *root;
+    const char *text;
+    struct stat st;
+    int rc;
+    if (stat(w->file, &st) != 0)
+        return sd_err_set(e, "cannot stat '%s': %s", w->file, strerror(errno));
+    w->bytes = (int64_t)st.st_size;
+    root = manifest_json(w);
+    json_object_object_add(root, "config", json_object_new_string(config_text ? config_text : ""));
+    text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                                    JSON_C_TO_STRING_NOSLASHESCAPE);
+    rc = join(path, sizeof path, w->tmp_dir, SD_CKPT_MANIFEST, e) ||
+         sd_write_file_atomic(path, text, strlen(text), e);
+    json_object_put(root);
+    if (rc)
+        return -1;
+    /* A step-K that exists already was committed by an earlier run (killed before `latest`
+     * moved, or started over with resume = 'never'): the new one replaces it. */
+    if (path_exists(w->final_dir)) {
+        snprintf(old, sizeof old, "%s/.%s.old", w->dir, w->name);
+        if (sd_remove_tree(old, e) || rename(w->final_dir, old) != 0) {
+            if (!e->msg[0])
+                sd_err_set(e, "cannot move '%s' aside: %s", w->final_dir, strerror(errno));
+            return -1;
+        }
+    } else {
+        old[0] = '\0';
+    }
+    if (rename(w->tmp_dir, w->final_dir) != 0)
+        return sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_dir, w->final_dir,
+                          strerror(errno));
+    if (sd_fsync_path(w->dir, e))
+        return -1;
+    if (old[0])
+        sd_remove_tree(old, e);
+    sd_err_clear(e);
+    /* a node failure between the rename and the pointer: `latest` still names the previous one */
+    if (sd_fault_armed(SD_FAULT_KILL, w->world_rank, w->s->step, "ckpt-commit"))
+        fault_kill("ckpt-commit", w->s->step);
+    snprintf(latest, sizeof latest, "%s\n", w->name);
+    if (join(path, sizeof path, w->dir, SD_CKPT_LATEST, e) ||
+        sd_write_file_atomic(path, latest, strlen(latest), e))
+        return -1;
+    if (keep_last > 0)
+        prune(w->dir, keep_last, w->name);
+    return 0;
+}
+
+int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
+                  const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
+                  char *committed, size_t committed_size, sd_err *err)
+{
+    writer w;
+    sd_err e;
+    sd_h5_quiet q;
+    int failed = 0, rc;
+    memset(&w, 0, sizeof w);
+    sd_err_clear(&e);
+    w.comm = comm;
+    w.s = s;
+    w.t = t;
+    w.h5 = w.dxpl = -1;
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &w.rank));
+    SD_MPI_CHECK(MPI_Comm_size(comm, &w.size));
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.world_rank));
+    snprintf(w.dir, sizeof w.dir, "%s", dir);
+    sd_ckpt_dir_name(s->step, w.name, sizeof w.name);
+    if (snprintf(w.tmp_dir, sizeof w.tmp_dir, "%s/.%s.tmp", dir, w.name) >= (int)sizeof w.tmp_dir ||
+        join(w.final_dir, sizeof w.final_dir, dir, w.name, &e) ||
+        join(w.file, sizeof w.file, w.tmp_dir, SD_CKPT_STATE_FILE, &e))
+        failed = sd_err_set(&e, "checkpoint directory path too long: '%s'", dir) != 0;
+    if (!failed && t->n == 0)
+        failed = sd_err_set(&e, "checkpoint: no parameters to write") != 0;
+
+    /* 1. Rank 0 prepares an empty temporary directory. */
+    if (!failed && w.rank == 0)
+        failed = sd_mkdir_p(dir, "checkpoint directory", &e) || sd_remove_tree(w.tmp_dir, &e) ||
+                 sd_mkdir_p(w.tmp_dir, "checkpoint directory", &e);
+    if (sd_agree(comm, failed, &e)) {
+        sd_err_set(err, "%s", e.msg);
+        return -1;
+    }
+
+    /* 2. Every rank writes its parts; 3. rank 0 commits. */
+    sd_h5_quiet_begin(&q);
+    rc = write_state_file(&w, &e);
+    sd_h5_quiet_end(&q);
+    if (!rc) {
+        if (w.rank != 0 && sd_fault_armed(SD_FAULT_KILL, w.world_rank, s->step, "ckpt-commit"))
+            fault_kill("ckpt-commit", s->step);
+        rc = sd_agree(comm, w.rank == 0 && commit(&w, config_text, keep_last, &e) != 0, &e);
+    }
+    if (rc) {
+        if (w.rank == 0) {
+            sd_err dummy;
+            sd_remove_tree(w.tmp_dir, &dummy);
+        }
+        sd_err_set(err, "checkpoint of step %lld into '%s' failed (the previous checkpoint stays "
+                   "the latest): %s", (long long)s->step, dir, e.msg);
+        return -1;
+    }
+    if (committed)
+        snprintf(committed, committed_size, "%s", w.final_dir);
+    return 0;
+}
+
+/* ---- resolving what to resume --------------------------------------------------------------- */
+
+/* Rank 0: leftovers of interrupted writes are never valid checkpoints. */
+static void remove_leftovers(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        char path[PATH_SIZE];
+        sd_err e;
+        int tmp = len > 4 && !strcmp(de->d_name + len - 4, ".tmp");
+        int old = len > 4 && !strcmp(de->d_name + len - 4, ".old");
+        if (!(tmp || old) || (strncmp(de->d_name, ".step-", 6) != 0 &&
+                              strcmp(de->d_name, SD_CKPT_LATEST ".tmp") != 0))
+            continue;
+        sd_err_clear(&e);
+        if (join(path, sizeof path, dir, de->d_name, &e))
+            continue;
+        if (sd_remove_tree(path, &e))
+            sd_warn("%s", e.msg);
+        else
+            sd_info("removed %s, left by an interrupted checkpoint write", path);
+    }
+    closedir(d);
+}
+
+static int is_checkpoint(const char *path)
+{
+    char p[PATH_SIZE];
+    snprintf(p, sizeof p, "%s/%s", path, SD_CKPT_MANIFEST);
+    if (!path_exists(p))
+        return 0;
+    snprintf(p, sizeof p, "%s/%s", path, SD_CKPT_STATE_FILE);
+    return path_exists(p);
+}
+
+static int resolve_root(const char *dir, const char *resume, char *path, size_t size, int *found,
+                        sd_err *err)
+{
+    char name[128];
+    *found = 0;
+    remove_leftovers(dir);
+    if (!strcmp(resume, "never")) {
+        if (read_latest(dir, name, sizeof name, err) == 0 && name[0])
+            sd_warn("&checkpoint resume = 'never': starting fresh although %s holds checkpoints "
+                    "(latest: %s); this run's checkpoints replace them", dir, name);
+        sd_err_clear(err);
+        return 0;
+    }
+    if (!strcmp(resume, "auto")) {
+        if (read_latest(dir, name, sizeof name, err))
+            return -1;
+        if (!name[0]) {
+            sd_info("no checkpoint in %s: starting from step 0", dir);
+            return 0;
+        }
+        if (snprintf(path, size, "%s/%s", dir, name) >= (int)size)
+            return sd_err_set(err, "path too long: '%s/%s'", dir, name);
+        if (!is_checkpoint(path))
+            return sd_err_set(err, "%s/%s names %s, which is missing or incomplete (no %s or %s); "
+                              "resume from an older one with &checkpoint resume = '<path>'",
+                              dir, SD_CKPT_LATEST, path, SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE);
+        *found = 1;
+        return 0;
+    }
+    if (is_checkpoint(resume)) {
+        if (snprintf(path, size, "%s", resume) >= (int)size)
+            return sd_err_set(err, "path too long: '%s'", resume);
+        *found = 1;
+        return 0;
+    }
+    if (read_latest(resume, name, sizeof name, err) == 0 && name[0]) {
+        if (snprintf(path, size, "%s/%s", resume, name) >= (int)size)
+            return sd_err_set(err, "path too long: '%s/%s'", resume, name);
+        if (is_checkpoint(path)) {
+            *found = 1;
+            return 0;
+        }
+    }
+    return sd_err_set(err, "&checkpoint resume = '%s': not a complete checkpoint directory (it "
+                      "needs %s and %s) nor a checkpoint directory with a valid '%s'", resume,
+                      SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE, SD_CKPT_LATEST);
+}
+
+int sd_ckpt_resolve(MPI_Comm comm, const char *dir, const char *resume, char *path,
+                    size_t path_size, int *found, sd_err *err)
+{
+    int rank, failed = 0, f = 0;
+    char *buf = sd_xcalloc(1, PATH_SIZE);
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    if (rank == 0)
+        failed = resolve_root(dir, resume, buf, PATH_SIZE, &f, err) != 0;
+    if (sd_agree(comm, failed, err)) {
+        free(buf);
+        return -1;
+    }
+    SD_MPI_CHECK(MPI_Bcast(&f, 1, MPI_INT, 0, comm));
+    SD_MPI_CHECK(MPI_Bcast(buf, PATH_SIZE, MPI_CHAR, 0, comm));
+    *found = f;
+    snprintf(path, path_size, "%s", f ? buf : "");
+    free(buf);
+    return 0;
+}
+
+/* ---- loading -------------------------------------------------------------------------------- */
+
+/* What rank 0 found in the manifest, broadcast as bytes. */
+typedef struct loaded {
+    sd_ckpt_scalars s;
+    uint64_t n;
+    uint64_t sums[DS_N];
+    int64_t bytes;
+    int64_t config_len;
+    char version[64];
+} loaded;
+
+static int json_i64(json_object *o, const char *key, int64_t *out, const char *path, sd_err *err)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) ||
+        !(json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_boolean)))
+        return sd_err_set(err, "%s: missing or non-integer \"%s\"", path, key);
+    *out = json_object_get_int64(v);
+    return 0;
+}
+
+static const char *json_str(json_object *o, const char *key)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_string))
+        return NULL;
+    return json_object_get_string(v);
+}
+
+/* Rank 0: the manifest, checked for format and completeness and against this run's model. */
+static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, char **config,
+                         sd_err *err)
+{
+    char path[PATH_SIZE], file[PATH_SIZE];
+    json_object *root, *arr, *sums;
+    const char *str;
+    int64_t v;
+    struct stat st;
+    int rc = -1;
+    if (join(path, sizeof path, dir, SD_CKPT_MANIFEST, err) ||
+        join(file, sizeof file, dir, SD_CKPT_STATE_FILE, err))
+        return -1;
+    root = json_object_from_file(path);
+    if (!root) {
+        const char *why = json_util_get_last_err();
+        return sd_err_set(err, "cannot read checkpoint manifest '%s': %s", path,
+                          !path_exists(path) ? strerror(ENOENT) : why ? why : "malformed JSON");
+    }
+    str = json_str(root, "format");
+    if (!str || strcmp(str, SD_CKPT_FORMAT) != 0) {
+        sd_err_set(err, "%s: not an sdtrain checkpoint manifest (format '%s')", path,
+                   str ? str : "?");
+        goto out;
+    }
+    if (json_i64(root, "version", &v, path, err))
+        goto out;
+    if (v != SD_CKPT_FORMAT_VERSION) {
+        sd_err_set(err, "%s: checkpoint format version %lld; this sdtrain reads version %d", path,
+                   (long long)v, SD_CKPT_FORMAT_VERSION);
+        goto out;
+    }
+    if (json_i64(root, "step", &L->s.step, path, err) ||
+        json_i64(root, "opt_step", &L->s.opt_step, path, err) ||
+        json_i64(root, "skipped", &L->s.skipped, path, err) ||
+        json_i64(root, "epoch", &L->s.epoch, path, err) ||
+        json_i64(root, "steps_per_epoch", &L->s.steps_per_epoch, path, err) ||
+        json_i64(root, "global_batch", &L->s.global_batch, path, err) ||
+        json_i64(root, "batch_size_per_rank", &L->s.batch_per_rank, path, err) ||
+        json_i64(root, "seed", &L->s.seed, path, err) ||
+        json_i64(root, "n_ranks", &L->s.n_ranks, path, err) ||
+        json_i64(root, "has_ema", &L->s.has_ema, path, err) ||
+        json_i64(root, "bytes", &L->bytes, path, err) || json_i64(root, "n_floats", &v, path, err))
+        goto out;
+    L->n = (uint64_t)v;
+    snprintf(L->s.sharding, sizeof L->s.sharding, "%s", (str = json_str(root, "sharding")) ? str : "");
+    snprintf(L->version, sizeof L->version, "%s",
+             (str = json_str(root, "sdtrain_version")) ? str : "?");
+    str = json_str(root, "checksum_algorithm");
+    if (!str || strcmp(str, SD_CKPT_CHECKSUM_ALGORITHM) != 0) {
+        sd_err_set(err, "%s: unknown checksum algorithm '%s'", path, str ? str : "?");
+        goto out;
+    }
+    if (!json_object_object_get_ex(root, "checksums", &sums)) {
+        sd_err_set(err, "%s: no \"checksums\"", path);
+        goto out;
+    }
+    for (int ds = 0; ds < DS_N; ds++) {
+        if (ds == DS_EMA && !L->s.has_ema)
+            continue;
+        str = json_str(sums, ds_names[ds]);
+        if (!str || strlen(str) != 16 || strspn(str, "0123456789abcdef") != 16) {
+            sd_err_set(err, "%s: missing or malformed checksum of dataset '%s'", path, ds_names[ds]);
+            goto out;
+        }
+        L->sums[ds] = strtoull(str, NULL, 16);
+    }
+    /* the same model: the parameter table must match name by name */
+    if (!json_object_object_get_ex(root, "parameters", &arr) ||
+        !json_object_is_type(arr, json_type_array)) {
+        sd_err_set(err, "%s: no \"parameters\" table", path);
+        goto out;
+    }
+    if (L->n != t->n || json_object_array_length(arr) != t->table->n) {
+        sd_err_set(err, "checkpoint %s holds a model of %zu tensors in %llu floats; this run's "
+                   "U-Net has %zu tensors in %zu floats (a different &model?)", dir,
+                   json_object_array_length(arr), (unsigned long long)L->n, t->table->n, t->n);
+        goto out;
+    }
+    for (size_t i = 0; i < t->table->n; i++) {
+        const sd_param *p = &t->table->params[i];
+        json_object *o = json_object_array_get_idx(arr, i), *shape;
+        const char *name = json_str(o, "name");
+        int64_t off = -1;
+        int same = name && !strcmp(name, p->name) && json_i64(o, "offset", &off, path, err) == 0 &&
+                   off == (int64_t)p->offset && json_object_object_get_ex(o, "shape", &shape) &&
+                   json_object_array_length(shape) == (size_t)p->ndim;
+        for (int d = 0; same && d < p->ndim; d++)
+            same = json_object_get_int64(json_object_array_get_idx(shape, (size_t)d)) == p->shape[d];
+        if (!same) {
+            sd_err_set(err, "checkpoint %s holds a different model: tensor %zu is '%s' there, "
+                       "'%s' here (or its shape or offset differs; a different &model?)", dir, i,
+                       name ? name : "?", p->name);
+            goto out;
+        }
+    }
+    if (stat(file, &st) != 0 || (int64_t)st.st_size != L->bytes) {
+        sd_err_set(err, "checkpoint %s is incomplete: %s is %s (the manifest says %lld bytes)",
+                   dir, file, path_exists(file) ? "of another size" : "missing",
+                   (long long)L->bytes);
+        goto out;
+    }
+    str = json_str(root, "config");
+    *config = sd_xstrdup(str ? str : "");
+    L->config_len = (int64_t)strlen(*config);
+    rc = 0;
+out:
+    json_object_put(root);
+    return rc;
+}
+
+/* Reads [b, e) of a full-length dataset into dst. Local (the file is open on this rank only). */
+static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
+                      float *dst, sd_err *err)
+{
+    hid_t d, space, mspace, type;
+    hsize_t dims[1], start[1] = {b}, count[1] = {e - b};
+    int nd, ok;
+    herr_t rc;
+    char h5msg[512];
+    d = H5Dopen2(f, ds_names[ds], H5P_DEFAULT);
+    if (d < 0)
+        return sd_err_set(err, "checkpoint %s: cannot open dataset '%s': %s", file, ds_names[ds],
+                          sd_h5_error_string(h5msg, sizeof h5msg));
+    SD_H5_CHECK(space = H5Dget_space(d));
+    SD_H5_CHECK(type = H5Dget_type(d));
+    nd = H5Sget_simple_extent_dims(space, dims, NULL);
+    ok = nd == 1 && dims[0] == n && H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4;
+    SD_H5_CHECK(H5Tclose(type));
+    if (!ok) {
+        H5Sclose(space);
+        H5Dclose(d);
+        return sd_err_set(err, "checkpoint %s: dataset '%s' is not %llu float32 values", file,
+                          ds_names[ds], (unsigned long long)n);
+    }
+    rc = 0;
+    if (e > b) {
+        SD_H5_CHECK(mspace = H5Screate_simple(1, count, NULL));
+        SD_H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL));
+        rc = H5Dread(d, H5T_NATIVE_FLOAT, mspace, space, H5P_DEFAULT, dst);
+        if (rc < 0)
+            sd_err_set(err, "checkpoint %s: cannot read dataset '%s': %s", file, ds_names[ds],
+                       sd_h5_error_string(h5msg, sizeof h5msg));
+        SD_H5_CHECK(H5Sclose(mspace));
+    }
+    SD_H5_CHECK(H5Sclose(space));
+    SD_H5_CHECK(H5Dclose(d));
+    return rc < 0 ? -1 : 0;
+}
+
+static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors *t, sd_err *err)
+{
+    float *dst[DS_N] = {t->params, t->m, t->v, t->ema};
+    hid_t f;
+    int rc = 0;
+    char h5msg[512];
+    /* every rank reads on its own (sec2): nothing collective can hang on a bad file */
+    f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return sd_err_set(err, "cannot open checkpoint file %s: %s", file,
+                          sd_h5_error_string(h5msg, sizeof h5msg));
+    for (int ds = 0; ds < DS_N && !rc; ds++) {
+        if (ds == DS_EMA && (!L->s.has_ema || !t->ema))
+            continue;
+        if (ds == DS_PARAMS)
+            rc = read_range(f, file, ds, L->n, 0, t->n, dst[ds], err);
+        else
+            rc = read_range(f, file, ds, L->n, t->begin, t->end, dst[ds], err);
+    }
+    if (H5Fclose(f) < 0 && !rc)
+        rc = sd_err_set(err, "cannot close checkpoint file %s", file);
+    return rc;
+}
+
+int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_ckpt_info *info,
+                 sd_err *err)
+{
+    loaded L;
+    char *config = NULL, file[PATH_SIZE];
+    int rank, failed = 0;
+    size_t pb, pe, ob, oe;
+    uint64_t part[DS_N] = {0}, sums[DS_N];
+    sd_h5_quiet q;
+    memset(&L, 0, sizeof L);
+    memset(info, 0, sizeof *info);
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    if (rank == 0)
+        failed = read_manifest(path, t, &L, &config, err) != 0;
+    if (sd_agree(comm, failed, err)) {
+        free(config);
+        return -1;
+    }
+    SD_MPI_CHECK(MPI_Bcast(&L, (int)sizeof L, MPI_BYTE, 0, comm));
+    if (rank != 0)
+        config = sd_xcalloc((size_t)L.config_len + 1, 1);
+    if (L.config_len > 0)
+        SD_MPI_CHECK(MPI_Bcast(config, (int)L.config_len, MPI_CHAR, 0, comm));
+    info->s = L.s;
+    info->config_text = config;
+    snprintf(info->path, sizeof info->path, "%s", path);
+    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
+
+    if (own_range(comm, t->n, 0, t->n, &pb, &pe, err) ||
+        own_range(comm, t->n, t->begin, t->end, &ob, &oe, err)) {
+        sd_ckpt_info_free(info);
+        return -1;
+    }
+    sd_h5_quiet_begin(&q);
+    failed = read_tensors(file, &L, t, err) != 0;
+    sd_h5_quiet_end(&q);
+    if (sd_agree(comm, failed, err)) {
+        sd_ckpt_info_free(info);
+        return -1;
+    }
+
+    /* checksums over the ranks' disjoint slices, summed: each dataset verified exactly once */
+    part[DS_PARAMS] = sd_ckpt_checksum(t->params + pb, pb, pe - pb);
+    part[DS_M] = sd_ckpt_checksum(t->m + (ob - t->begin), ob, oe - ob);
+    part[DS_V] = sd_ckpt_checksum(t->v + (ob - t->begin), ob, oe - ob);
+    if (L.s.has_ema && t->ema)
+        part[DS_EMA] = sd_ckpt_checksum(t->ema + (ob - t->begin), ob, oe - ob);
+    SD_MPI_CHECK(MPI_Allreduce(part, sums, DS_N, MPI_UINT64_T, MPI_SUM, comm));
+    for (int ds = 0; ds < DS_N; ds++) {
+        if (ds == DS_EMA && !(L.s.has_ema && t->ema))
+            continue;
+        if (sums[ds] != L.sums[ds]) {
+            sd_ckpt_info_free(info);
+            return sd_err_set(err, "checkpoint %s: dataset '%s' fails its checksum (%s: manifest "
+                              "%016llx, data %016llx): the file is corrupt; resume from an older "
+                              "checkpoint with &checkpoint resume = '<its directory>'", file,
+                              ds_names[ds], SD_CKPT_CHECKSUM_ALGORITHM,
+                              (unsigned long long)L.sums[ds], (unsigned long long)sums[ds]);
+        }
+    }
+    return 0;
+}
+
+void sd_ckpt_info_free(sd_ckpt_info *i)
+{
+    if (i) {
+        free(i->config_text);
+        i->config_text = NULL;
+    }
+}
+
+/* ---- configuration comparison --------------------------------------------------------------- */
+
+/* Keys that may change between a checkpoint and its resume without a word. */
+static const char *const free_keys[] = {
+    "train.max_steps", "train.batch_size_per_rank", "train.sharding", "train.precision",
+    "train.log_every", "train.val_every", "train.recompute_activations", NULL};
+/* Groups whose other keys shape the training: a change is worth a warning. */
+static const char *const watched_groups[] = {"model", "train", "diffusion", NULL};
+
+/* The value of group.key in namelist text (sd_config_to_namelist), copied into out. */
+static int nml_value(const char *text, const char *group, const char *key, char *out, size_t size)
+{
+    const char *p = text;
+    char cur[64] = "";
+    size_t klen = strlen(key);
+    while (p && *p) {
+        const char *eol = strchr(p, '\n'), *q = p;
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        while (q < p + len && (*q == ' ' || *q == '\t'))
+            q++;
+        if (*q == '&') {
+            size_t g = strcspn(q + 1, " \t\n");
+            snprintf(cur, sizeof cur, "%.*s", (int)(g < 63 ? g : 63), q + 1);
+        } else if (!strcmp(cur, group) && !strncmp(q, key, klen) &&
+                   (q[klen] == ' ' || q[klen] == '=')) {
+            const char *v = strchr(q, '='), *end = p + len;
+            if (v && v < end) {
+                v++;
+                while (*v == ' ')
+                    v++;
+                while (end > v && (end[-1] == ' ' || end[-1] == '\r'))
+                    end--;
+                snprintf(out, size, "%.*s", (int)(end - v), v);
+                return 1;
+            }
+        }
+        p = eol ? eol + 1 : NULL;
+    }
+    return 0;
+}
+
+int sd_ckpt_check_config(const char *stored, const char *current, sd_err *err)
+{
+    size_t n;
+    const sd_option *opts = sd_config_options(&n);
+    char a[1024], b[1024];
+    if (!stored || !stored[0]) {
+        sd_warn("the checkpoint does not record its configuration; settings are not compared");
+        return 0;
+    }
+    if (nml_value(stored, "run", "seed", a, sizeof a) &&
+        nml_value(current, "run", "seed", b, sizeof b) && strcmp(a, b) != 0)
+        return sd_err_set(err, "the checkpoint was written with &run seed = %s, this run has seed "
+                          "= %s: the data order and every random draw depend on it (set it back, "
+                          "or start fresh with &checkpoint resume = 'never')", a, b);
+    for (size_t i = 0; i < n; i++) {
+        char full[96];
+        int watched = 0, exempt = 0;
+        for (int g = 0; watched_groups[g]; g++)
+            watched |= !strcmp(opts[i].group, watched_groups[g]);
+        snprintf(full, sizeof full, "%s.%s", opts[i].group, opts[i].key);
+        for (int k = 0; free_keys[k]; k++)
+            exempt |= !strcmp(full, free_keys[k]);
+        if (!strcmp(full, "data.val_fraction"))
+            watched = 1;
+        if (!watched || exempt)
+            continue;
+        if (nml_value(stored, opts[i].group, opts[i].key, a, sizeof a) &&
+            nml_value(current, opts[i].group, opts[i].key, b, sizeof b) && strcmp(a, b) != 0)
+            sd_warn("resume: &%s %s was %s when the checkpoint was written, this run has %s",
+                    opts[i].group, opts[i].key, a, b);
+    }
+    return 0;
+}
+
+/* ---- signals -------------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t caught_signal = 0;
+
+static void on_signal(int sig)
+{
+    if (!caught_signal)
+        caught_signal = sig;
+}
+
+void sd_ckpt_signals_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+int sd_ckpt_signal_pending(void) { return caught_signal; }
+
+/* ---- metrics -------------------------------------------------------------------------------- */
+
+int sd_ckpt_metrics_rollback(const char *path, int64_t step, sd_err *err)
+{
+    FILE *f = fopen(path, "r");
+    char *line = NULL, *out = NULL;
+    size_t cap = 0, len = 0, out_cap = 0;
+    ssize_t got;
+    int rc;
+    if (!f)
+        return errno == ENOENT ? 0 : sd_err_set(err, "cannot read %s: %s", path, strerror(errno));
+    while ((got = getline(&line, &cap, f)) > 0) {
+        const char *s = strstr(line, "\"step\":");
+        if (s && strtoll(s + 7, NULL, 10) > step)
+            continue;
+        if (len + (size_t)got + 1 > out_cap) {
+            out_cap = 2 * (len + (size_t)got + 1);
+            out = sd_xrealloc(out, out_cap);
+        }
+        memcpy(out + len, line, (size_t)got);
+        len += (size_t)got;
+    }
+    free(line);
+    fclose(f);
+    rc = sd_write_file_atomic(path, out ? out : "", len, err);
+    free(out);
+    return rc;
+}

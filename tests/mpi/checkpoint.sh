@@ -1,0 +1,238 @@
+#!/bin/sh
+# Checkpoints and resume of mode = 'train' (doc/checkpoints.md): a run killed at a step and
+# resumed gives the same bits as an uninterrupted one (weights and every loss); a kill during the
+# checkpoint write or between rename and `latest` leaves the previous checkpoint latest; SIGUSR1
+# checkpoints and exits 0; another rank count or sharding resumes; a corrupt file is named;
+# keep_last and resume = 'never'.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
+
+tokenizer="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
+model="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,
+  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
+  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$tokenizer', layers_per_block = 1"
+
+run data "$SDTOOL" make-demo-data "$TMP/data" --count 48
+expect_rc data 0
+nml proc.nml <<EOF2
+&run mode = 'process', output_dir = '$TMP/proc', seed = 5 /
+&model $model /
+&data input = '$TMP/data', shard_dir = '$TMP/shards', samples_per_shard = 16, encode_batch_size = 8 /
+EOF2
+mpi proc 2 "$SDTRAIN" "$TMP/proc.nml"
+expect_rc proc 0
+
+# train_nml NAME BATCH SHARDING [CHECKPOINT-KEYS]: 12 steps (3 epochs of 4), a checkpoint
+# every 4 steps
+train_nml() {
+    nml "$1.nml" <<EOF2
+&run mode = 'train', output_dir = '$TMP/$1', seed = 11 /
+&model $model /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = 12, batch_size_per_rank = $2, learning_rate = 1e-3, warmup_steps = 3,
+       sharding = '$3', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9 /
+&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
+&checkpoint every_n_steps = 4 ${4:-} /
+EOF2
+}
+# losses NAME [FROM]: the step and validation loss lines of a run's metrics after step FROM,
+# timings left out
+losses() {
+    grep -o '"step": [0-9]*, \("epoch": [0-9]*, "loss"\|"val_loss"\): [^,}]*' "$TMP/$1/metrics.jsonl" |
+        awk -v from="${2:--1}" '{ s = $2; sub(",", "", s); if (s + 0 > from) print }'
+}
+# same_as_ref NAME [FROM]: bit-identical weights, EMA and losses (those after step FROM)
+same_as_ref() {
+    for f in unet_final unet_ema; do
+        cmp -s "$TMP/ref/$f.safetensors" "$TMP/$1/$f.safetensors" ||
+            fail "$1: $f.safetensors differs from the uninterrupted run"
+    done
+    losses ref "${2:--1}" >"$TMP/l-ref"
+    losses "$1" "${2:--1}" >"$TMP/l-$1"
+    [ -s "$TMP/l-$1" ] || fail "$1: no loss lines"
+    cmp -s "$TMP/l-ref" "$TMP/l-$1" || { diff "$TMP/l-ref" "$TMP/l-$1" >&2; fail "$1: losses differ"; }
+}
+latest_is() {
+    [ "$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)" = "$2" ] ||
+        fail "$1: latest is '$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)', expected '$2'"
+}
+
+# the uninterrupted reference: 2 ranks x 4, DDP
+train_nml ref 4 none
+mpi ref 2 "$SDTRAIN" "$TMP/ref.nml"
+expect_rc ref 0
+expect_in ref out "no checkpoint in $TMP/ref/checkpoints: starting from step 0"
+latest_is ref step-00000012
+for s in 00000004 00000008 00000012; do
+    [ -s "$TMP/ref/checkpoints/step-$s/state.h5" ] && [ -s "$TMP/ref/checkpoints/step-$s/manifest.json" ] ||
+        fail "ref: checkpoint step-$s missing"
+done
+[ "$(grep -c '"loss"' "$TMP/ref/metrics.jsonl")" = 12 ] || fail "ref: expected 12 loss lines"
+
+# (a) killed at the start of step 8 (7 steps done, the newest checkpoint is of step 4),
+# resumed with resume = 'auto': the same bits; (f) keep_last = 2 leaves 2 checkpoints
+train_nml kill 4 none ", keep_last = 2"
+SDTRAIN_FAULT=kill:rank=1:step=7 mpi kill 2 "$SDTRAIN" "$TMP/kill.nml"
+[ "$RC" != 0 ] || fail "kill: the killed run exited 0"
+latest_is kill step-00000004
+[ "$(grep -c '"loss"' "$TMP/kill/metrics.jsonl")" = 7 ] || fail "kill: expected 7 loss lines before the kill"
+mpi kill 2 "$SDTRAIN" "$TMP/kill.nml"
+expect_rc kill 0
+expect_in kill out "resuming from $TMP/kill/checkpoints/step-00000004: step 4"
+same_as_ref kill
+[ "$(grep -c '"loss"' "$TMP/kill/metrics.jsonl")" = 12 ] || fail "kill: metrics.jsonl should hold 12 loss lines"
+latest_is kill step-00000012
+kept=$(cd "$TMP/kill/checkpoints" && echo step-*)
+[ "$kept" = "step-00000008 step-00000012" ] || fail "kill: keep_last = 2 left $kept"
+
+# the same with ZeRO-2 (rank 0 killed at the start of step 6): the same bits as the DDP
+# reference, since both compute the same
+train_nml zkill 4 shard_grad_op
+SDTRAIN_FAULT=kill:rank=0:step=5 mpi zkill 2 "$SDTRAIN" "$TMP/zkill.nml"
+[ "$RC" != 0 ] || fail "zkill: the killed run exited 0"
+latest_is zkill step-00000004
+mpi zkill 2 "$SDTRAIN" "$TMP/zkill.nml"
+expect_rc zkill 0
+same_as_ref zkill
+
+# (b) killed while writing the checkpoint of step 8: step 4 stays latest, the leftover is
+# removed on restart, the resumed run matches
+train_nml wkill 4 none
+SDTRAIN_FAULT=kill:rank=1:phase=ckpt-write:step=8 mpi wkill 2 "$SDTRAIN" "$TMP/wkill.nml"
+[ "$RC" != 0 ] || fail "wkill: the killed run exited 0"
+expect_in wkill err "killing this rank at phase 'ckpt-write'"
+latest_is wkill step-00000004
+[ -d "$TMP/wkill/checkpoints/.step-00000008.tmp" ] || fail "wkill: no temporary directory left"
+[ ! -e "$TMP/wkill/checkpoints/step-00000008" ] || fail "wkill: a half-written checkpoint is visible"
+mpi wkill 2 "$SDTRAIN" "$TMP/wkill.nml"
+expect_rc wkill 0
+expect_in wkill out "left by an interrupted checkpoint write"
+expect_in wkill out "resuming from $TMP/wkill/checkpoints/step-00000004"
+[ ! -e "$TMP/wkill/checkpoints/.step-00000008.tmp" ] || fail "wkill: leftover not removed"
+same_as_ref wkill
+
+# killed between the rename and the update of `latest`: step 8 is complete but not latest;
+# the resume starts at step 4 and replaces step 8
+train_nml ckill 4 none
+SDTRAIN_FAULT=kill:rank=0:phase=ckpt-commit:step=8 mpi ckill 2 "$SDTRAIN" "$TMP/ckill.nml"
+[ "$RC" != 0 ] || fail "ckill: the killed run exited 0"
+latest_is ckill step-00000004
+mpi ckill 2 "$SDTRAIN" "$TMP/ckill.nml"
+expect_rc ckill 0
+expect_in ckill out "resuming from $TMP/ckill/checkpoints/step-00000004"
+same_as_ref ckill
+
+# (c) SIGUSR1 (fault injection on rank 1 at the end of step 6): every rank agrees, checkpoints
+# step 6, exits 0 with the message; the resumed run matches
+train_nml usr1 4 none
+SDTRAIN_FAULT=usr1:rank=1:step=5 mpi usr1 2 "$SDTRAIN" "$TMP/usr1.nml"
+expect_rc usr1 0
+expect_in usr1 out "checkpointed at step 6 after SIGUSR1; resubmit to continue"
+latest_is usr1 step-00000006
+[ ! -e "$TMP/usr1/unet_final.safetensors" ] || fail "usr1: final weights written by a stopped run"
+mpi usr1 2 "$SDTRAIN" "$TMP/usr1.nml"
+expect_rc usr1 0
+expect_in usr1 out "resuming from $TMP/usr1/checkpoints/step-00000006: step 6"
+same_as_ref usr1
+
+# a signal during the last step: the run just ends normally (final checkpoint and weights)
+train_nml usr1last 4 none
+SDTRAIN_FAULT=usr1:rank=0:step=11 mpi usr1last 2 "$SDTRAIN" "$TMP/usr1last.nml"
+expect_rc usr1last 0
+expect_not_in usr1last out "resubmit to continue"
+latest_is usr1last step-00000012
+same_as_ref usr1last
+
+# SIGUSR1 from outside, to the launcher (as Slurm's --signal does): a long run stops at the next
+# step boundary with a checkpoint of that step
+train_nml sig 4 none
+sed -i -e 's/max_steps = 12/max_steps = 1000000/' -e 's/val_every = 5/val_every = 0/' \
+    -e 's/every_n_steps = 4/every_n_steps = 0/' "$TMP/sig.nml"
+# shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
+$MPIEXEC $MPIEXEC_NP 2 "$SDTRAIN" "$TMP/sig.nml" >"$TMP/sig.out" 2>"$TMP/sig.err" &
+pid=$!
+i=0
+while ! grep -q '"loss"' "$TMP/sig/metrics.jsonl" 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 600 ] || { kill -KILL $pid; fail "sig: no training step within 60 s"; }
+    sleep 0.1
+done
+kill -USR1 $pid
+( sleep 120; kill -KILL $pid 2>/dev/null ) &
+watchdog=$!
+RC=0
+wait $pid || RC=$?
+kill $watchdog 2>/dev/null || true
+expect_rc sig 0
+expect_in sig out "after SIGUSR1; resubmit to continue"
+k=$(sed -n 's/^checkpointed at step \([0-9]*\) after SIGUSR1.*/\1/p' "$TMP/sig.out")
+latest_is sig "$(printf 'step-%08d' "$k")"
+
+# (d) the DDP checkpoint of step 4 resumed as ZeRO-2 on 2 ranks: the same bits (DDP and ZeRO-2
+# compute the same); on 1 rank x 8 and on 4 ranks x 2 with ZeRO-2: the same within 1e-6
+train_nml zero2 4 shard_grad_op ", resume = '$TMP/ref/checkpoints/step-00000004'"
+mpi zero2 2 "$SDTRAIN" "$TMP/zero2.nml"
+expect_rc zero2 0
+expect_in zero2 out "written by 2 rank(s) with sharding 'none'"
+same_as_ref zero2 4
+train_nml np1 8 none ", resume = '$TMP/ref/checkpoints'"
+mpi np1 1 "$SDTRAIN" "$TMP/np1.nml"
+expect_rc np1 0
+expect_in np1 out "resuming from $TMP/ref/checkpoints/step-00000012"
+train_nml np1 8 none ", resume = '$TMP/ref/checkpoints/step-00000004'"
+mpi np1 1 "$SDTRAIN" "$TMP/np1.nml" --set run.output_dir="$TMP/np1b"
+expect_rc np1 0
+train_nml np4 2 shard_grad_op ", resume = '$TMP/ref/checkpoints/step-00000004'"
+mpi np4 4 "$SDTRAIN" "$TMP/np4.nml"
+expect_rc np4 0
+for r in np1b np4; do
+    run "cmp-$r" "$COMPARE" "$TMP/ref/unet_final.safetensors" "$TMP/$r/unet_final.safetensors" 1e-6
+    expect_rc "cmp-$r" 0
+done
+# another global batch or seed: a warning, a refusal
+train_nml gb 2 none ", resume = '$TMP/ref/checkpoints/step-00000004'"
+mpi gb 2 "$SDTRAIN" "$TMP/gb.nml"
+expect_rc gb 0
+expect_in gb err "global batch is 8, this run's 4"
+mpi seed 2 "$SDTRAIN" "$TMP/gb.nml" --set run.seed=12 --set run.output_dir="$TMP/seed"
+expect_rc seed 2
+expect_in seed err "seed"
+
+# (e) a flipped byte in the data of adam_m: an error naming the file and the dataset on every
+# rank, no hang
+mkdir -p "$TMP/bad"
+cp -r "$TMP/ref/checkpoints/step-00000008" "$TMP/bad/"
+h5="$TMP/bad/step-00000008/state.h5"
+if command -v h5dump >/dev/null 2>&1; then
+    off=$(h5dump -p -H -d adam_m "$h5" | sed -n 's/^ *OFFSET \([0-9]*\).*/\1/p')
+    off=$((off + 1001))
+    dataset=adam_m
+else
+    off=$(($(wc -c <"$h5") / 2))
+    dataset=
+fi
+byte=$(od -An -tu1 -j "$off" -N1 "$h5" | tr -d ' ')
+printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$h5" bs=1 seek="$off" conv=notrunc 2>/dev/null
+train_nml bad 4 none ", resume = '$TMP/bad/step-00000008'"
+mpi bad 2 "$SDTRAIN" "$TMP/bad.nml"
+expect_rc bad 2
+expect_in bad err "fails its checksum"
+expect_in bad err "$h5"
+[ -z "$dataset" ] || expect_in bad err "dataset '$dataset'"
+expect_count bad err "sdtrain:" 1
+# an incomplete checkpoint (no manifest) is refused by name too
+rm "$TMP/bad/step-00000008/manifest.json"
+mpi bad2 2 "$SDTRAIN" "$TMP/bad.nml" --set run.output_dir="$TMP/bad2"
+expect_rc bad2 2
+expect_in bad2 err "not a complete checkpoint directory"
+
+# (g) resume = 'never' in a directory with checkpoints: a warning, a fresh start, the same
+# training as the reference
+mpi never 2 "$SDTRAIN" "$TMP/kill.nml" --set checkpoint.resume=never
+expect_rc never 0
+expect_in never err "starting fresh although"
+expect_not_in never out "resuming from"
+same_as_ref kill
+[ "$(grep -c '"val_loss"' "$TMP/kill/metrics.jsonl")" = 4 ] || fail "never: metrics.jsonl not started over"
+pass "checkpoints and resume of mode = 'train'"
