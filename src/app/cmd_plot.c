@@ -1,0 +1,8 @@
+#include "sdtrain/commands.h"
+#include "sdtrain/error.h"
+int sd_cmd_plot(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    return SD_EXIT_NOT_IMPLEMENTED;
+}
