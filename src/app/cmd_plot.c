@@ -128,14 +128,15 @@ static int read_metrics(const char *path, const char *list, metrics *m, sd_err *
             jerr = json_tokener_error_parse_unexpected;
         json_tokener_free(tok);
         if (!o || jerr != json_tokener_success || !json_object_is_type(o, json_type_object)) {
-            rc = sd_err_at(err, path, lineno, 0, "not a JSON object (%s)",
-                           !o || jerr != json_tokener_success ? json_tokener_error_desc(jerr)
-                                                              : "another JSON value");
+            rc = sd_err_at(err, path, lineno, 1, "not a JSON object (%s)",
+                           jerr == json_tokener_continue ? "the line ends inside it"
+                           : !o || jerr != json_tokener_success ? json_tokener_error_desc(jerr)
+                                                                : "another JSON value");
             json_object_put(o);
             break;
         }
         if (!json_object_object_get_ex(o, "step", &step) || !is_number(step)) {
-            rc = sd_err_at(err, path, lineno, 0, "no numeric \"step\"");
+            rc = sd_err_at(err, path, lineno, 1, "no numeric \"step\"");
             json_object_put(o);
             break;
         }
