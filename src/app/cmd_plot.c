@@ -210,7 +210,7 @@ static void fmt_num(double v, char *buf, size_t size)
 
 /* ---- text summary -------------------------------------------------------------------------- */
 
-static void print_text(const char *path, const metrics *m)
+static void print_text(const char *path, const metrics *m, const int *order)
 {
     static const char ramp[] = "_.-~=+*#";
     const int width = m->lines < 40 ? (int)m->lines : 40;
@@ -218,7 +218,7 @@ static void print_text(const char *path, const metrics *m)
     printf("%-14s %6s %11s %11s %11s  %s\n", "metric", "points", "min", "max", "last",
            "sparkline (by step)");
     for (int i = 0; i < m->n; i++) {
-        const series *s = &m->s[i];
+        const series *s = &m->s[order[i]];
         double lo = INFINITY, hi = -INFINITY, bins[64];
         int cnt[64] = {0};
         char a[32], b[32], c[32], line[65];
@@ -420,7 +420,7 @@ static void draw_panel(canvas *c, const metrics *m, const panel *p, int top, int
         int x = PX(t);
         line(c, x, ptop, x, pbot, 1, GRID);
         line(c, x, pbot, x, pbot + 4, 1, BLACK);
-        fmt_tick(t, buf, sizeof buf);
+        fmt_tick(fabs(t) < step * 1e-6 ? 0 : t, buf, sizeof buf);
         text(c, x - text_width(buf) / 2, pbot + 7, buf, BLACK);
     }
     line(c, left, ptop, left, pbot, 1, BLACK);
@@ -562,7 +562,7 @@ int sd_cmd_plot(int argc, char **argv)
     for (int i = 0; i < m.n; i++)
         smooth(&m.s[i], smooth_n);
     if (as_text) {
-        print_text(in, &m);
+        print_text(in, &m, order);
         free_metrics(&m);
         return SD_EXIT_OK;
     }
