@@ -27,7 +27,18 @@ echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml --set run.mode=train"
 # Then images from the trained U-Net for the namelist's &sample prompts, split over the ranks.
 echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml --set run.mode=sample"
 "${launch[@]}" build/cpu/sdtrain inputs/demo.nml --set run.mode=sample
+# Then numbers: does each image show what its prompt says (colours, shape; against chance), and
+# how the loss went.
+echo "+ build/cpu/sdtool score-demo --samples runs/demo"
+build/cpu/sdtool score-demo --samples runs/demo
+echo "+ build/cpu/sdtool plot runs/demo/metrics.jsonl --text"
+build/cpu/sdtool plot runs/demo/metrics.jsonl --text --metric loss,val_loss,lr,grad_norm
+build/cpu/sdtool plot runs/demo/metrics.jsonl --metric loss,val_loss,lr --out runs/demo/metrics.png
+# And the trained U-Net as a diffusers snapshot (U-Net and scheduler: the demo has no pretrained
+# VAE or text encoder; doc/export.md).
+build/cpu/sdtool export --from runs/demo --out runs/demo/export --force
 echo
-echo "Done: runs/demo/metrics.jsonl has the loss of every step and the validation losses,"
-echo "runs/demo/unet_final.safetensors the trained U-Net (diffusers names),"
-echo "runs/demo/samples/*.png images generated from it (listed in runs/demo/samples.jsonl)."
+echo "Done: runs/demo/metrics.jsonl has the loss of every step and the validation losses"
+echo "(drawn in runs/demo/metrics.png), runs/demo/unet_final.safetensors the trained U-Net"
+echo "(diffusers names; runs/demo/export as a diffusers snapshot), runs/demo/samples/*.png images"
+echo "generated from it (listed in runs/demo/samples.jsonl, scored above)."

@@ -106,6 +106,18 @@ int sd_ckpt_resolve(MPI_Comm comm, const char *dir, const char *resume, char *pa
 int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_ckpt_info *info,
                  sd_err *err);
 
+/* ---- one process, no MPI (sdtool export) ----------------------------------------------------
+ * sd_ckpt_peek reads and checks the manifest of the checkpoint at `path` (format, version,
+ * checksum entries) into info (scalars and config_text; free with sd_ckpt_info_free), without
+ * the tensors: what a caller needs to build the parameter table it then passes to
+ * sd_ckpt_read_dataset. That one makes sd_ckpt_load's checks (manifest against `table`, file
+ * size), reads the whole dataset `dataset` ("params" or "ema", table->total_floats floats, our
+ * layouts) into dst and verifies its checksum; a checkpoint without the EMA asked for is an
+ * error. Both return 0, or -1 with a message naming the file (nothing to free then). */
+int sd_ckpt_peek(const char *path, sd_ckpt_info *info, sd_err *err);
+int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const char *dataset,
+                         float *dst, sd_ckpt_info *info, sd_err *err);
+
 /* Rank 0 after a load: compares the writer's configuration with this run's (both namelist
  * texts from sd_config_to_namelist). A different seed is an error (the data order and every
  * draw depend on it); differences in the model, training and diffusion settings are warnings

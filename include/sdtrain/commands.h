@@ -26,6 +26,17 @@ int sd_cmd_grad(int argc, char **argv);
  * (src/app/cmd_make_demo_data.c) */
 int sd_cmd_make_demo_data(int argc, char **argv);
 
+/* sdtool export --from SRC --out DIR [--ema] [--pretrained SNAPSHOT] [--nml FILE] [--force]
+ * (src/app/cmd_export.c) */
+int sd_cmd_export(int argc, char **argv);
+
+/* sdtool plot METRICS.jsonl [--out PNG] [--metric a,b] [--smooth N] [--logy] [--text]
+ * (src/app/cmd_plot.c) */
+int sd_cmd_plot(int argc, char **argv);
+
+/* sdtool score-demo --samples DIR [--captions FILE] [--json] (src/app/cmd_score_demo.c) */
+int sd_cmd_score_demo(int argc, char **argv);
+
 #ifdef __cplusplus
 }
 #endif

@@ -71,6 +71,10 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err);
 int sd_vae_config_load(const char *path, sd_vae_config *c, sd_err *err);
 int sd_clip_config_load(const char *path, sd_clip_config *c, sd_err *err);
 
+/* The configuration as a diffusers unet/config.json (UNet2DConditionModel, every setting
+ * sd_unet_config_load reads back to the same struct); malloc'ed text. */
+char *sd_unet_config_to_json(const sd_unet_config *c);
+
 /* Configurations from the namelist's &model shape keys (used when there is no snapshot). */
 void sd_unet_config_from_namelist(const sd_config *cfg, sd_unet_config *c);
 void sd_vae_config_from_namelist(const sd_config *cfg, sd_vae_config *c);

@@ -46,6 +46,13 @@ int sd_weights_load(sd_weights *w, const sd_st_set *set, sd_err *err);
  * embeddings N(0, 0.02^2). */
 void sd_weights_init_random(sd_weights *w, uint64_t seed);
 
+/* Writes `data` (a flat buffer laid out by `table`, our layouts) as a safetensors file in
+ * diffusers' key names and PyTorch's layouts, F32, metadata {"format": "pt"} (what
+ * unet_final.safetensors and `sdtool export` hold; written atomically by the safetensors
+ * writer). The same table and data give the same bytes. */
+int sd_weights_save_torch(const sd_param_table *table, const float *data, const char *path,
+                          sd_err *err);
+
 #ifdef __cplusplus
 }
 #endif

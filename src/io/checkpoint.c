@@ -731,6 +731,8 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
         }
         L->sums[ds] = strtoull(str, NULL, 16);
     }
+    if (!t) /* sd_ckpt_peek: the scalars and the configuration only */
+        goto config;
     /* the same model: the parameter table must match name by name */
     if (!json_object_object_get_ex(root, "parameters", &arr) ||
         !json_object_is_type(arr, json_type_array)) {
@@ -766,6 +768,7 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
                    (long long)L->bytes);
         goto out;
     }
+config:
     str = json_str(root, "config");
     *config = sd_xstrdup(str ? str : "");
     L->config_len = (int64_t)strlen(*config);
@@ -898,6 +901,82 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
                               ds_names[ds], SD_CKPT_CHECKSUM_ALGORITHM,
                               (unsigned long long)L.sums[ds], (unsigned long long)sums[ds]);
         }
+    }
+    return 0;
+}
+
+/* ---- one process, one dataset (sdtool export) ----------------------------------------------- */
+
+int sd_ckpt_peek(const char *path, sd_ckpt_info *info, sd_err *err)
+{
+    loaded L;
+    char *config = NULL;
+    memset(&L, 0, sizeof L);
+    memset(info, 0, sizeof *info);
+    if (read_manifest(path, NULL, &L, &config, err))
+        return -1;
+    info->s = L.s;
+    info->config_text = config;
+    snprintf(info->path, sizeof info->path, "%s", path);
+    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    return 0;
+}
+
+int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const char *dataset,
+                         float *dst, sd_ckpt_info *info, sd_err *err)
+{
+    loaded L;
+    sd_ckpt_tensors t;
+    char *config = NULL, file[PATH_SIZE];
+    int ds = -1, rc;
+    hid_t f;
+    uint64_t sum;
+    char h5msg[512];
+    sd_h5_quiet q;
+    for (int i = 0; i < DS_N; i++)
+        if (!strcmp(dataset, ds_names[i]))
+            ds = i;
+    if (ds < 0)
+        return sd_err_set(err, "checkpoint %s: no dataset called '%s'", path, dataset);
+    memset(&L, 0, sizeof L);
+    memset(&t, 0, sizeof t);
+    memset(info, 0, sizeof *info);
+    t.table = table;
+    t.n = table->total_floats;
+    if (read_manifest(path, &t, &L, &config, err))
+        return -1;
+    info->s = L.s;
+    info->config_text = config;
+    snprintf(info->path, sizeof info->path, "%s", path);
+    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    if (ds == DS_EMA && !L.s.has_ema) {
+        sd_ckpt_info_free(info);
+        return sd_err_set(err, "checkpoint %s has no EMA (the run had &train ema_decay = 0)",
+                          path);
+    }
+    snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
+    sd_h5_quiet_begin(&q);
+    f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        rc = sd_err_set(err, "cannot open checkpoint file %s: %s", file,
+                        sd_h5_error_string(h5msg, sizeof h5msg));
+    } else {
+        rc = read_range(f, file, ds, L.n, 0, t.n, dst, err);
+        if (H5Fclose(f) < 0 && !rc)
+            rc = sd_err_set(err, "cannot close checkpoint file %s", file);
+    }
+    sd_h5_quiet_end(&q);
+    if (rc) {
+        sd_ckpt_info_free(info);
+        return -1;
+    }
+    sum = sd_ckpt_checksum(dst, 0, t.n);
+    if (sum != L.sums[ds]) {
+        sd_ckpt_info_free(info);
+        return sd_err_set(err, "checkpoint %s: dataset '%s' fails its checksum (%s: manifest "
+                          "%016llx, data %016llx): the file is corrupt", file, ds_names[ds],
+                          SD_CKPT_CHECKSUM_ALGORITHM, (unsigned long long)L.sums[ds],
+                          (unsigned long long)sum);
     }
     return 0;
 }

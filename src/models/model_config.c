@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "sdtrain/check.h"
 #include "sdtrain/models.h"
 
 /* ---- JSON access with errors that name the file and key --------------------------------- */
@@ -508,4 +509,69 @@ void sd_clip_config_from_namelist(const sd_config *cfg, sd_clip_config *c)
     c->intermediate_size = 4 * c->hidden_size;
     c->num_attention_heads = (int)cfg->model.text_heads;
     c->num_hidden_layers = (int)cfg->model.text_layers;
+}
+
+/* ---- config.json writer -------------------------------------------------------------------- */
+
+static json_object *int_array(const int *v, int n)
+{
+    json_object *a = json_object_new_array();
+    for (int i = 0; i < n; i++)
+        json_object_array_add(a, json_object_new_int(v[i]));
+    return a;
+}
+
+static json_object *number(double x)
+{
+    if (x == floor(x) && fabs(x) < 1e9)
+        return json_object_new_int((int)x);
+    return json_object_new_double(x);
+}
+
+char *sd_unet_config_to_json(const sd_unet_config *c)
+{
+    json_object *o = json_object_new_object(), *down = json_object_new_array(),
+                *up = json_object_new_array();
+    char *text;
+    for (int i = 0; i < c->n_levels; i++) {
+        json_object_array_add(down, json_object_new_string(c->down_cross[i] ? "CrossAttnDownBlock2D"
+                                                                            : "DownBlock2D"));
+        json_object_array_add(up, json_object_new_string(c->up_cross[i] ? "CrossAttnUpBlock2D"
+                                                                        : "UpBlock2D"));
+    }
+    json_object_object_add(o, "_class_name", json_object_new_string("UNet2DConditionModel"));
+    json_object_object_add(o, "_diffusers_version", json_object_new_string("0.42.1"));
+    json_object_object_add(o, "act_fn", json_object_new_string("silu"));
+    /* diffusers reads attention_head_dim as the head COUNT when num_attention_heads is absent */
+    json_object_object_add(o, "attention_head_dim", int_array(c->heads, c->n_levels));
+    json_object_object_add(o, "block_out_channels", int_array(c->block_out_channels, c->n_levels));
+    json_object_object_add(o, "center_input_sample", json_object_new_boolean(0));
+    json_object_object_add(o, "conv_in_kernel", json_object_new_int(c->conv_in_kernel));
+    json_object_object_add(o, "conv_out_kernel", json_object_new_int(c->conv_out_kernel));
+    json_object_object_add(o, "cross_attention_dim", json_object_new_int(c->cross_attention_dim));
+    json_object_object_add(o, "down_block_types", down);
+    json_object_object_add(o, "downsample_padding", json_object_new_int(c->downsample_padding));
+    json_object_object_add(o, "dual_cross_attention", json_object_new_boolean(0));
+    json_object_object_add(o, "flip_sin_to_cos", json_object_new_boolean(c->flip_sin_to_cos));
+    json_object_object_add(o, "freq_shift", number(c->freq_shift));
+    json_object_object_add(o, "in_channels", json_object_new_int(c->in_channels));
+    json_object_object_add(o, "layers_per_block", json_object_new_int(c->layers_per_block));
+    json_object_object_add(o, "mid_block_type", json_object_new_string("UNetMidBlock2DCrossAttn"));
+    json_object_object_add(o, "norm_eps", number(c->norm_eps));
+    json_object_object_add(o, "norm_num_groups", json_object_new_int(c->norm_num_groups));
+    json_object_object_add(o, "only_cross_attention", json_object_new_boolean(0));
+    json_object_object_add(o, "out_channels", json_object_new_int(c->out_channels));
+    json_object_object_add(o, "resnet_time_scale_shift", json_object_new_string("default"));
+    json_object_object_add(o, "sample_size", json_object_new_int(c->sample_size));
+    json_object_object_add(o, "time_embedding_type", json_object_new_string("positional"));
+    json_object_object_add(o, "transformer_layers_per_block",
+                           int_array(c->transformer_layers, c->n_levels));
+    json_object_object_add(o, "up_block_types", up);
+    json_object_object_add(o, "upcast_attention", json_object_new_boolean(c->upcast_attention));
+    json_object_object_add(o, "use_linear_projection",
+                           json_object_new_boolean(c->use_linear_projection));
+    text = sd_xstrdup(json_object_to_json_string_ext(
+        o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(o);
+    return text;
 }

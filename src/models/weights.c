@@ -377,3 +377,26 @@ void sd_weights_init_random(sd_weights *w, uint64_t seed)
     }
     free(tmp);
 }
+
+/* ---- export ------------------------------------------------------------------------------- */
+
+int sd_weights_save_torch(const sd_param_table *table, const float *data, const char *path,
+                          sd_err *err)
+{
+    sd_st_writer *wr = sd_st_writer_new();
+    float *torch = sd_xcalloc(table->total_floats ? table->total_floats : 1, sizeof *torch);
+    int rc = 0;
+    for (size_t i = 0; i < table->n && !rc; i++) {
+        const sd_param *p = &table->params[i];
+        sd_weight_to_torch(p->ndim, p->shape, sizeof(float), data + p->offset, torch + p->offset);
+        rc = sd_st_writer_add(wr, p->name, SD_ST_F32, p->ndim, p->shape, torch + p->offset,
+                              p->numel * sizeof(float), err);
+    }
+    if (!rc)
+        rc = sd_st_writer_set_metadata(wr, "format", "pt", err);
+    if (!rc)
+        rc = sd_st_writer_write(wr, path, err);
+    sd_st_writer_free(wr);
+    free(torch);
+    return rc;
+}

@@ -1,0 +1,192 @@
+#!/bin/sh
+# sdtool export (doc/export.md): a tiny training run's checkpoint and final weights exported as a
+# diffusers snapshot hold the training weights bit for bit (params and --ema), `sdtool forward`
+# on the export equals the forward on the original weights, a run that trained from a snapshot
+# gets its unet config and other parts, and `&sample checkpoint = <export>` samples the same PNG
+# bytes as the training output; bad input ends with exit 2 and a message naming the file.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+
+run probe "$SDTOOL" export --help
+[ "$RC" != 3 ] || skip "sdtool export is not hooked up in this build"
+expect_rc probe 0
+expect_in probe out "usage: sdtool export --from SRC --out DIR"
+
+tokenizer="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
+model="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,
+  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
+  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$tokenizer', layers_per_block = 1"
+snap="$top_srcdir/tests/data/models/tiny-sd2"
+stok="$top_srcdir/tests/data/sample/tokenizer"
+golden="$snap/golden/unet.safetensors"
+
+run data "$SDTOOL" make-demo-data "$TMP/data" --count 24
+expect_rc data 0
+
+# ---- a run from scratch (no snapshot): 4 steps, a checkpoint every 2, an EMA ------------------
+nml proc.nml <<EOF2
+&run mode = 'process', output_dir = '$TMP/proc', seed = 5, device = 'cpu' /
+&model $model /
+&data input = '$TMP/data', shard_dir = '$TMP/shards', samples_per_shard = 16, encode_batch_size = 8 /
+EOF2
+mpi proc 1 "$SDTRAIN" "$TMP/proc.nml"
+expect_rc proc 0
+nml train.nml <<EOF2
+&run mode = 'train', output_dir = '$TMP/run', seed = 11, device = 'cpu' /
+&model $model /
+&data shard_dir = '$TMP/shards' /
+&train max_steps = 4, batch_size_per_rank = 4, learning_rate = 1e-3, ema_decay = 0.9 /
+&checkpoint every_n_steps = 2, keep_last = 0 /
+EOF2
+mpi train 1 "$SDTRAIN" "$TMP/train.nml"
+expect_rc train 0
+
+# a training output directory -> its checkpoints/latest (step 4): the final weights' bytes
+run out "$SDTOOL" export --from "$TMP/run" --out "$TMP/exp"
+expect_rc out 0
+expect_in out out "step 4 (parameters) of checkpoint $TMP/run/checkpoints/step-00000004"
+for f in unet/config.json unet/diffusion_pytorch_model.safetensors model_index.json \
+    scheduler/scheduler_config.json; do
+    [ -s "$TMP/exp/$f" ] || fail "export: $f missing"
+done
+[ ! -e "$TMP/exp/vae" ] && [ ! -e "$TMP/exp.tmp" ] || fail "export: a vae/ or exp.tmp left"
+grep -q '"UNet2DConditionModel"' "$TMP/exp/unet/config.json" || fail "export: config.json class"
+grep -q 'not included (no pretrained snapshot' "$TMP/exp/model_index.json" ||
+    fail "export: model_index.json does not say that the other parts are missing"
+cmp -s "$TMP/exp/unet/diffusion_pytorch_model.safetensors" "$TMP/run/unet_final.safetensors" ||
+    fail "export: the exported weights differ from unet_final.safetensors"
+# --ema: the EMA's bytes; a step directory and a checkpoint root work too
+run ema "$SDTOOL" export --from "$TMP/run/checkpoints" --out "$TMP/exp-ema" --ema
+expect_rc ema 0
+expect_in ema out "(EMA)"
+cmp -s "$TMP/exp-ema/unet/diffusion_pytorch_model.safetensors" "$TMP/run/unet_ema.safetensors" ||
+    fail "export --ema: differs from unet_ema.safetensors"
+run step2 "$SDTOOL" export --from "$TMP/run/checkpoints/step-00000002" --out "$TMP/exp2"
+expect_rc step2 0
+cmp -s "$TMP/exp2/unet/diffusion_pytorch_model.safetensors" "$TMP/run/unet_final.safetensors" &&
+    fail "export of step 2 equals the final weights"
+# no checkpoints: unet_final.safetensors + used.nml
+mkdir -p "$TMP/final"
+cp "$TMP/run/unet_final.safetensors" "$TMP/run/unet_ema.safetensors" "$TMP/run/used.nml" "$TMP/final/"
+run final "$SDTOOL" export --from "$TMP/final" --out "$TMP/exp-final"
+expect_rc final 0
+cmp -s "$TMP/exp-final/unet/diffusion_pytorch_model.safetensors" "$TMP/run/unet_final.safetensors" ||
+    fail "export of unet_final.safetensors: other bytes"
+cmp -s "$TMP/exp-final/unet/config.json" "$TMP/exp/unet/config.json" ||
+    fail "export: the config from used.nml differs from the checkpoint's"
+pass "export of a checkpoint, a checkpoint root, --ema and final weights: the training bytes"
+
+# forward on the export == forward on the original weights (a snapshot made of the same
+# config.json and unet_final.safetensors)
+mkdir -p "$TMP/orig/unet"
+cp "$TMP/exp/unet/config.json" "$TMP/orig/unet/"
+cp "$TMP/run/unet_final.safetensors" "$TMP/orig/unet/diffusion_pytorch_model.safetensors"
+for s in orig exp; do
+    run "fwd-$s" "$SDTOOL" forward --snapshot "$TMP/$s" --module unet --in "$golden" \
+        --out "$TMP/fwd-$s.safetensors"
+    expect_rc "fwd-$s" 0
+done
+cmp -s "$TMP/fwd-orig.safetensors" "$TMP/fwd-exp.safetensors" ||
+    fail "forward on the export differs from the forward on the training weights"
+pass "sdtool forward on the export equals the forward on the training weights"
+
+# ---- a run from the tiny-sd2 snapshot: its unet config and parts, sampling from the export ---
+# (mode 'process' wants a full CLIP vocabulary, which tiny-sd2 lacks: the U-Net trains on the
+# shards above, whose latents and caption embeddings have the widths tiny-sd2's U-Net takes)
+smodel="pretrained = '$snap', tokenizer = '$stok', resolution = 32"
+nml strain.nml <<EOF2
+&run mode = 'train', output_dir = '$TMP/srun', seed = 11, device = 'cpu' /
+&model $smodel, unet_init = 'pretrained' /
+&data shard_dir = '$TMP/shards' /
+&train max_steps = 2, batch_size_per_rank = 4, learning_rate = 1e-3 /
+&sample prompts = 'a red square on a blue background', num_steps = 2, guidance_scale = 2.0 /
+EOF2
+mpi strain 1 "$SDTRAIN" "$TMP/strain.nml"
+expect_rc strain 0
+run sexp "$SDTOOL" export --from "$TMP/srun" --out "$TMP/sexp"
+expect_rc sexp 0
+cmp -s "$TMP/sexp/unet/config.json" "$snap/unet/config.json" || fail "pretrained: other unet config"
+cmp -s "$TMP/sexp/unet/diffusion_pytorch_model.safetensors" "$TMP/srun/unet_final.safetensors" ||
+    fail "pretrained: other weights"
+for d in vae text_encoder; do
+    diff -r "$snap/$d" "$TMP/sexp/$d" >/dev/null || fail "pretrained: $d not copied"
+done
+diff -r "$stok" "$TMP/sexp/tokenizer" >/dev/null || fail "pretrained: &model tokenizer not copied"
+for k in '"vae"' '"text_encoder"' '"tokenizer"' '"scheduler"' '"PNDMScheduler"'; do
+    grep -qF "$k" "$TMP/sexp/model_index.json" || fail "pretrained: $k not in model_index.json"
+done
+# sampling: the training output directory and the export give the same PNG bytes
+for s in srun sexp; do
+    mpi "sample-$s" 1 "$SDTRAIN" "$TMP/strain.nml" --set run.mode=sample \
+        --set "run.output_dir='$TMP/samples-$s'" --set "sample.checkpoint='$TMP/$s'"
+    expect_rc "sample-$s" 0
+done
+cmp -s "$TMP/samples-srun/samples/0-0.png" "$TMP/samples-sexp/samples/0-0.png" ||
+    fail "sampling from the export differs from sampling from the training output"
+pass "a run from a snapshot: its unet config, vae, text encoder, tokenizer; sampling from the export"
+
+# ---- errors -----------------------------------------------------------------------------------
+run exists "$SDTOOL" export --from "$TMP/run" --out "$TMP/exp"
+expect_rc exists 2
+expect_in exists err "$TMP/exp already exists (give --force"
+run force "$SDTOOL" export --from "$TMP/run/checkpoints/step-00000002" --out "$TMP/exp" --force
+expect_rc force 0
+cmp -s "$TMP/exp/unet/diffusion_pytorch_model.safetensors" "$TMP/exp2/unet/diffusion_pytorch_model.safetensors" ||
+    fail "--force did not replace the export"
+run missing "$SDTOOL" export --from "$TMP/nowhere" --out "$TMP/x"
+expect_rc missing 2
+expect_in missing err "--from $TMP/nowhere: no such file or directory"
+mkdir -p "$TMP/empty"
+run empty "$SDTOOL" export --from "$TMP/empty" --out "$TMP/x"
+expect_rc empty 2
+expect_in empty err "not a checkpoint directory"
+run usage "$SDTOOL" export --from "$TMP/run"
+expect_rc usage 2
+expect_in usage err "--from and --out are required"
+# a flipped byte in the parameters: the checksum names file and dataset
+mkdir -p "$TMP/bad"
+cp -r "$TMP/run/checkpoints/step-00000004" "$TMP/bad/"
+h5="$TMP/bad/step-00000004/state.h5"
+if command -v h5dump >/dev/null 2>&1; then
+    off=$(h5dump -p -H -d params "$h5" | sed -n 's/^ *OFFSET \([0-9]*\).*/\1/p')
+    off=$((off + 1001))
+else
+    off=$(($(wc -c <"$h5") / 8))
+fi
+byte=$(od -An -tu1 -j "$off" -N1 "$h5" | tr -d ' ')
+printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$h5" bs=1 seek="$off" conv=notrunc 2>/dev/null
+run corrupt "$SDTOOL" export --from "$TMP/bad/step-00000004" --out "$TMP/x"
+expect_rc corrupt 2
+expect_in corrupt err "fails its checksum"
+expect_in corrupt err "$h5"
+# another model's configuration: the parameter table does not match (names the checkpoint)
+sed 's/block_out_channels = 16, 32/block_out_channels = 32, 32/' "$TMP/run/used.nml" >"$TMP/other.nml"
+run shape "$SDTOOL" export --from "$TMP/run/checkpoints/step-00000004" --out "$TMP/x" --nml "$TMP/other.nml"
+expect_rc shape 2
+expect_in shape err "$TMP/run/checkpoints/step-00000004"
+expect_in shape err "different"
+run shape2 "$SDTOOL" export --from "$TMP/final/unet_final.safetensors" --out "$TMP/x" --nml "$TMP/other.nml"
+expect_rc shape2 2
+expect_in shape2 err "unet_final.safetensors"
+# no EMA in a weight-file directory without unet_ema.safetensors
+rm "$TMP/final/unet_ema.safetensors"
+run noema "$SDTOOL" export --from "$TMP/final" --out "$TMP/x" --ema
+expect_rc noema 2
+expect_in noema err "unet_ema.safetensors"
+# a snapshot run whose snapshot moved away: --pretrained supplies it
+sed "s|$snap|$TMP/moved|" "$TMP/srun/used.nml" >"$TMP/moved.nml"
+run moved "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/moved.nml" --out "$TMP/x"
+expect_rc moved 2
+expect_in moved err "give the snapshot with --pretrained"
+run moved2 "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/moved.nml" \
+    --pretrained "$snap" --out "$TMP/x"
+expect_rc moved2 0
+[ ! -e "$TMP/x.tmp" ] || fail "a failed export left x.tmp"
+chmod 555 "$TMP/empty"
+if ! touch "$TMP/empty/probe" 2>/dev/null; then
+    run ro "$SDTOOL" export --from "$TMP/run" --out "$TMP/empty/x"
+    expect_rc ro 1
+    expect_in ro err "$TMP/empty/x.tmp"
+fi
+chmod 755 "$TMP/empty"
+pass "export errors: exit 2 naming the file, exit 1 when DIR cannot be written"
