@@ -266,25 +266,8 @@ static void fmt_duration(double s, char *buf, size_t size)
 static int write_weights(const trainer *t, const float *data, const char *name, sd_err *err)
 {
     char path[4200];
-    sd_st_writer *wr = sd_st_writer_new();
-    float *torch = sd_xcalloc(t->w.table.total_floats ? t->w.table.total_floats : 1,
-                              sizeof *torch);
-    int rc = 0;
-    for (size_t i = 0; i < t->w.table.n && !rc; i++) {
-        const sd_param *p = &t->w.table.params[i];
-        sd_weight_to_torch(p->ndim, p->shape, sizeof(float), data + p->offset,
-                           torch + p->offset);
-        rc = sd_st_writer_add(wr, p->name, SD_ST_F32, p->ndim, p->shape, torch + p->offset,
-                              p->numel * sizeof(float), err);
-    }
     snprintf(path, sizeof path, "%s/%s", t->cfg->run.output_dir, name);
-    if (!rc) {
-        sd_st_writer_set_metadata(wr, "format", "pt", err);
-        rc = sd_st_writer_write(wr, path, err);
-    }
-    sd_st_writer_free(wr);
-    free(torch);
-    return rc;
+    return sd_weights_save_torch(&t->w.table, data, path, err);
 }
 
 
