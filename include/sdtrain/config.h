@@ -113,6 +113,7 @@ typedef struct sd_config {
         char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm */
         int64_t images_per_prompt;
         char checkpoint[SD_PATH_MAX];   /* '' = &model pretrained (see the schema's help) */
+        bool use_ema;
     } sample;
 } sd_config;
 

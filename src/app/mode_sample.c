@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/checkpoint.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
@@ -25,11 +26,13 @@
 
 #define TEXT_LEN SD_TOKENIZER_LENGTH
 #define TRAIN_UNET_FILE "unet_final.safetensors"
+#define TRAIN_EMA_FILE "unet_ema.safetensors"
 
 /* Where each part comes from, as resolved from &sample checkpoint and &model. */
 typedef struct sources {
     char unet_snapshot[SD_PATH_MAX];  /* a diffusers snapshot holding unet/, or "" */
     char unet_file[SD_PATH_MAX + 64]; /* a U-Net safetensors file (diffusers names), or "" */
+    char ckpt[SD_PATH_MAX + 64];      /* a checkpoint directory (step-K) of mode 'train', or "" */
     char parts[SD_PATH_MAX];          /* snapshot of the VAE / text encoder / tokenizer, or "" */
     char vae[SD_PATH_MAX];            /* VAE snapshot or folder, or "" (random from the seed) */
 } sources;
@@ -46,31 +49,64 @@ static int is_file(const char *p)
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* A checkpoint of mode 'train' in `dir`: dir itself (it has a manifest.json), or what the
+ * `latest` file of a checkpoint root names. 1 and the step directory in out, 0 when dir is
+ * neither. */
+static int find_checkpoint(const char *dir, char *out, size_t size)
+{
+    char path[SD_PATH_MAX + 64], line[256] = "";
+    FILE *f;
+    size_t len;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    if (is_file(path)) {
+        snprintf(out, size, "%s", dir);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/latest", dir);
+    if (!(f = fopen(path, "r")))
+        return 0;
+    if (!fgets(line, sizeof line, f))
+        line[0] = '\0';
+    fclose(f);
+    len = strcspn(line, "\r\n");
+    line[len] = '\0';
+    snprintf(out, size, "%s/%s", dir, line);
+    return 1;
+}
+
+/* A training output directory: its final weights (the EMA file with use_ema), else its newest
+ * checkpoint. 1 when found, 0 when the directory holds neither. */
+static int from_training_output(const sd_config *cfg, const char *dir, sources *s)
+{
+    char path[SD_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, cfg->sample.use_ema ? TRAIN_EMA_FILE : TRAIN_UNET_FILE);
+    if (is_file(path)) {
+        snprintf(s->unet_file, sizeof s->unet_file, "%s", path);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/checkpoints", dir);
+    return is_dir(path) && find_checkpoint(path, s->ckpt, sizeof s->ckpt);
+}
+
 static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
 {
     const char *ck = cfg->sample.checkpoint, *pre = cfg->model.pretrained;
-    char path[SD_PATH_MAX + 64];
     memset(s, 0, sizeof *s);
     if (!ck[0]) {
         if (pre[0]) {
             snprintf(s->unet_snapshot, sizeof s->unet_snapshot, "%s", pre);
-        } else {
-            snprintf(path, sizeof path, "%s/%s", cfg->run.output_dir, TRAIN_UNET_FILE);
-            if (!is_file(path))
-                return sd_err_set(err, "nothing to sample from: &sample checkpoint and &model "
-                                       "pretrained are both '' and '%s' (what mode 'train' writes "
-                                       "to &run output_dir) does not exist. Set &sample "
-                                       "checkpoint to a diffusers snapshot or a training output "
-                                       "directory", path);
-            snprintf(s->unet_file, sizeof s->unet_file, "%s", path);
+        } else if (!from_training_output(cfg, cfg->run.output_dir, s)) {
+            return sd_err_set(err, "nothing to sample from: &sample checkpoint and &model "
+                                   "pretrained are both '' and &run output_dir '%s' holds neither "
+                                   "%s nor checkpoints/ (what mode 'train' writes there). Set "
+                                   "&sample checkpoint to a diffusers snapshot, a training output "
+                                   "directory or a checkpoint", cfg->run.output_dir,
+                              cfg->sample.use_ema ? TRAIN_EMA_FILE : TRAIN_UNET_FILE);
         }
     } else if (is_file(ck)) {
         snprintf(s->unet_file, sizeof s->unet_file, "%s", ck);
     } else if (is_dir(ck)) {
-        snprintf(path, sizeof path, "%s/%s", ck, TRAIN_UNET_FILE);
-        if (is_file(path))
-            snprintf(s->unet_file, sizeof s->unet_file, "%s", path);
-        else
+        if (!find_checkpoint(ck, s->ckpt, sizeof s->ckpt) && !from_training_output(cfg, ck, s))
             snprintf(s->unet_snapshot, sizeof s->unet_snapshot, "%s", ck);
     } else {
         return sd_err_set(err, "&sample checkpoint = '%s': no such file or directory (expected a "
@@ -234,13 +270,32 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
         memset(&table, 0, sizeof table);
         sd_unet_params(&uc, &table);
         sd_weights_init(&uw, &table);
-        if (sd_st_set_open_file(&set, src->unet_file, err))
-            goto out;
-        if (sd_weights_load(&uw, &set, err)) {
+        if (src->ckpt[0]) {
+            /* a checkpoint: its manifest is checked against the table, the dataset's checksum
+             * verified */
+            sd_ckpt_info info;
+            if (sd_ckpt_peek(src->ckpt, &info, err))
+                goto out;
+            if (cfg->sample.use_ema && !info.s.has_ema) {
+                sd_err_set(err, "&sample use_ema = .true. but checkpoint %s holds no EMA (the run "
+                                "had &train ema_decay = 0)", src->ckpt);
+                sd_ckpt_info_free(&info);
+                goto out;
+            }
+            sd_ckpt_info_free(&info);
+            if (sd_ckpt_read_dataset(src->ckpt, &uw.table, cfg->sample.use_ema ? "ema" : "params",
+                                     uw.data, &info, err))
+                goto out;
+            sd_ckpt_info_free(&info);
+        } else {
+            if (sd_st_set_open_file(&set, src->unet_file, err))
+                goto out;
+            if (sd_weights_load(&uw, &set, err)) {
+                sd_st_set_close(&set);
+                goto out;
+            }
             sd_st_set_close(&set);
-            goto out;
         }
-        sd_st_set_close(&set);
     }
 
     /* VAE and text encoder: from a snapshot, or (no snapshot at all, as in the demo) drawn from
@@ -306,11 +361,17 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
         }
     }
 
-    snprintf(what, what_size, "U-Net %s%s, VAE %s, text encoder %s, tokenizer %s",
-             src->unet_snapshot[0] ? src->unet_snapshot : src->unet_file,
-             src->unet_snapshot[0] ? "/unet" : "",
-             src->vae[0] ? src->vae : "random(seed)", src->parts[0] ? src->parts : "random(seed)",
-             tok_path);
+    /* a description for the log; a long one is cut */
+    if (snprintf(what, what_size, "U-Net %s%s, VAE %s, text encoder %s, tokenizer %s",
+                 src->unet_snapshot[0] ? src->unet_snapshot
+                 : src->ckpt[0]        ? src->ckpt
+                                       : src->unet_file,
+                 src->unet_snapshot[0] ? "/unet"
+                 : src->ckpt[0]        ? (cfg->sample.use_ema ? " (EMA)" : " (parameters)")
+                                       : "",
+                 src->vae[0] ? src->vae : "random(seed)",
+                 src->parts[0] ? src->parts : "random(seed)", tok_path) >= (int)what_size)
+        what[what_size - 1] = '\0';
     rc = sd_t2i_open(g, dev->use_cuda ? "cuda" : "cpu", dev->device_id, precision, &uc, &uw, &vc,
                      &vw, &cc, &cw, tok, (int)cfg->model.resolution, err);
     tok = NULL; /* owned by g now */

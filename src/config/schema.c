@@ -176,9 +176,14 @@ static const sd_option options[] = {
     INT(sample, images_per_prompt, "1", 1, 1024, "",
         "Images per prompt; image j of prompt p is a function of (seed, p, j) only."),
     STRING(sample, checkpoint, "''",
-           "What to sample from: a diffusers snapshot, a training output directory holding "
-           "unet_final.safetensors (VAE, text encoder and U-Net config from &model), or a U-Net "
-           ".safetensors file. '' = &model pretrained, or without one <output_dir>/unet_final.safetensors."),
+           "What to sample from: a diffusers snapshot, a training output directory (its "
+           "unet_final.safetensors, else its newest checkpoint), a checkpoint directory (step-K, "
+           "or a checkpoint root with 'latest'), or a U-Net .safetensors file; VAE, text encoder "
+           "and U-Net config then come from &model. '' = &model pretrained, or without one "
+           "<output_dir>'s final weights or newest checkpoint."),
+    LOGICAL(sample, use_ema, ".false.",
+            "Sample with the EMA weights: a checkpoint's EMA, or unet_ema.safetensors beside "
+            "unet_final.safetensors (an error when the source has none)."),
 };
 
 const sd_option *sd_config_options(size_t *n)

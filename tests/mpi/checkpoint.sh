@@ -64,6 +64,34 @@ mpi ref 2 "$SDTRAIN" "$TMP/ref.nml"
 expect_rc ref 0
 expect_in ref out "no checkpoint in $TMP/ref/checkpoints: starting from step 0"
 latest_is ref step-00000012
+
+# mode 'sample' reads checkpoints: the final checkpoint (step 12) holds the parameters of
+# unet_final.safetensors and the EMA of unet_ema.safetensors, so both give the same images
+sample_from() { # sample_from NAME CHECKPOINT USE_EMA
+    nml "$1.nml" <<EOF2
+&run mode = 'sample', output_dir = '$TMP/$1', seed = 3 /
+&model $model /
+&sample prompts = 'a red square', num_steps = 2, guidance_scale = 2.0, checkpoint = '$2',
+        use_ema = $3 /
+EOF2
+    mpi "$1" 1 "$SDTRAIN" "$TMP/$1.nml"
+    expect_rc "$1" 0
+}
+sample_from s-final "$TMP/ref" .false.
+expect_in s-final out "unet_final.safetensors"
+sample_from s-ckpt "$TMP/ref/checkpoints" .false.
+expect_in s-ckpt out "step-00000012 (parameters)"
+cmp -s "$TMP/s-final/samples/0-0.png" "$TMP/s-ckpt/samples/0-0.png" ||
+    fail "sampling from the final checkpoint differs from sampling from unet_final.safetensors"
+sample_from s-ema "$TMP/ref" .true.
+expect_in s-ema out "unet_ema.safetensors"
+sample_from s-ckema "$TMP/ref/checkpoints/step-00000012" .true.
+expect_in s-ckema out "step-00000012 (EMA)"
+cmp -s "$TMP/s-ema/samples/0-0.png" "$TMP/s-ckema/samples/0-0.png" ||
+    fail "sampling from the checkpoint's EMA differs from sampling from unet_ema.safetensors"
+! cmp -s "$TMP/s-ema/samples/0-0.png" "$TMP/s-final/samples/0-0.png" ||
+    fail "use_ema made no difference"
+echo "ok: mode 'sample' from checkpoints (parameters and EMA)"
 for s in 00000004 00000008 00000012; do
     [ -s "$TMP/ref/checkpoints/step-$s/state.h5" ] && [ -s "$TMP/ref/checkpoints/step-$s/manifest.json" ] ||
         fail "ref: checkpoint step-$s missing"
