@@ -626,13 +626,15 @@ static void follow_wait(sd_loader *l, follow_delta *d, int64_t need_shards, int6
             return;
         }
         if (waited >= next_info) {
+            char name[64];
+            sd_shard_file_name(known, name, sizeof name);
             if (next_info == 0)
-                sd_info("waiting for shard %lld of %lld to be committed in %s (the data so far "
-                        "holds %lld training samples)", (long long)known, (long long)in->n_planned,
-                        l->dir, (long long)train);
+                sd_info("waiting for shard %lld (%s) to be committed in %s: %lld of %lld shards "
+                        "known, %lld training samples so far", (long long)known, name, l->dir,
+                        (long long)known, (long long)in->n_planned, (long long)train);
             else
-                sd_info("still waiting for shard %lld of %lld (%.0f s so far; the limit is %.0f s)",
-                        (long long)known, (long long)in->n_planned, waited, l->timeout);
+                sd_info("still waiting for shard %lld (%s): %.0f s so far, the limit is %.0f s "
+                        "(&data shard_wait_timeout)", (long long)known, name, waited, l->timeout);
             next_info = waited + WAIT_INFO_EVERY_S;
         }
         sleep_s(l->poll);

@@ -65,7 +65,7 @@ pass "pipeline trains; its shards equal mode 'process'"
 pipe_nml slow "$TMP/shards-slow" 8
 SDTRAIN_TEST_SHARD_DELAY_MS=1500 mpi slow 4 "$SDTRAIN" "$TMP/slow.nml"
 expect_rc slow 0
-expect_in slow out "waiting for shard 1 of 3 to be committed"
+expect_in slow out "waiting for shard 1 (shard-000001.h5) to be committed in $TMP/shards-slow: 1 of 3 shards known"
 cmp -s "$TMP/pipe/unet_final.safetensors" "$TMP/slow/unet_final.safetensors" ||
     fail "slowed preprocessing changed the trained weights"
 losses "$TMP/pipe" >"$TMP/l-pipe"
