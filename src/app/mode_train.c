@@ -758,12 +758,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     }
     sd_loader_batch_alloc(t.loader, t.bs, &vb);
     sd_info("training the U-Net (%zu parameters, %.1f MB) on %d rank(s), %s, batch %d per rank "
-            "(global %lld), %lld training / %lld validation samples, %lld steps per epoch, "
+            "(global %lld), %lld training / %lld validation samples, %lld steps per epoch%s, "
             "%lld steps",
             t.w.table.total_numel, t.w.table.total_numel * 4e-6, t.size,
             t.zero2 ? "ZeRO-2 (shard_grad_op)" : "DDP (sharding 'none')", t.bs,
             (long long)t.info.global_batch, (long long)t.info.n_train, (long long)t.info.n_val,
-            (long long)t.info.steps_per_epoch, (long long)max_steps);
+            (long long)t.info.steps_per_epoch,
+            t.info.complete ? "" : " (in the shards committed so far)", (long long)max_steps);
     report_compute(&t, rt, dev);
 
     SD_CHECK(sd_loader_seek(t.loader, 0, &err) == 0, "%s", err.msg);

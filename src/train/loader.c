@@ -1137,7 +1137,12 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
             snprintf(h.msg, sizeof h.msg, "%s", err->msg);
         }
     }
-    bcast_bytes(&h, sizeof h, comm);
+    {
+        /* follow mode: rank 0 may wait long for the plan; the others wait without spinning */
+        MPI_Request req;
+        SD_MPI_CHECK(MPI_Ibcast(&h, (int)sizeof h, MPI_BYTE, 0, comm, &req));
+        sd_mpi_wait_idle(&req);
+    }
     if (h.status) {
         if (rank == 0)
             sd_shard_manifest_free(&m);

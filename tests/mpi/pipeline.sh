@@ -88,10 +88,16 @@ pipe_nml kill "$TMP/shards-kill" 8
 SDTRAIN_FAULT=kill:rank=1:phase=shard-write mpi kill 4 "$SDTRAIN" "$TMP/kill.nml"
 [ "$RC" != 0 ] || fail "kill: the job exited 0"
 [ ! -e "$TMP/kill/unet_final.safetensors" ] || fail "kill: the trainers finished"
+# a training rank killed at step 0 (after shard 0): the preprocessing half does not go on alone
+pipe_nml tkill "$TMP/shards-tkill" 8
+SDTRAIN_FAULT=kill:rank=3:step=0 SDTRAIN_TEST_SHARD_DELAY_MS=2500 mpi tkill 4 "$SDTRAIN" "$TMP/tkill.nml"
+[ "$RC" != 0 ] || fail "tkill: the job exited 0"
+expect_in tkill err "killing this rank at step 0"
+[ "$(checksums "$TMP/shards-tkill" | wc -l)" -lt 3 ] || fail "tkill: the preprocessing half went on to the end"
 # a stalled preprocessing half: the trainers give up after shard_wait_timeout, the job ends
 pipe_nml stall "$TMP/shards-stall" 8
 SDTRAIN_TEST_SHARD_DELAY_MS=20000 mpi stall 4 "$SDTRAIN" "$TMP/stall.nml" --set data.shard_wait_timeout=2
 [ "$RC" != 0 ] || fail "stall: the job exited 0"
 expect_in stall err "no shard 0 committed in $TMP/shards-stall after waiting 2 s"
 expect_in stall err "the training half failed"
-pass "a failing preprocessing half ends the job"
+pass "a failing half ends the whole job"
