@@ -137,6 +137,8 @@ struct sd_loader {
     int follow;
     MPI_Comm comm;
     double timeout, poll;
+    struct stat man_seen;    /* rank 0: the manifest as last read (unchanged: no new shards) */
+    int man_seen_valid;
     uint32_t **seg;          /* [n_planned]: shard k's training ordinals, shuffled (epoch 0) */
     int64_t *tfirst;         /* stream position of seg[k][0]; tfirst[n_shards] = n_train */
     size_t heldout_cap;
@@ -538,7 +540,21 @@ static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
 {
     const sd_loader_info *in = &l->info;
     sd_shard_manifest m;
+    char path[SD_PATH_MAX + 32];
+    struct stat st;
     int rc = 0;
+    /* Polls are frequent and a manifest of many shards is large: reread it only when it was
+     * replaced (every commit renames a new file over it) */
+    snprintf(path, sizeof path, "%s/%s", l->dir, SD_SHARD_MANIFEST);
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return 0; /* nothing committed yet */
+        memset(&st, 0, sizeof st);
+    } else if (l->man_seen_valid && st.st_ino == l->man_seen.st_ino && st.st_dev == l->man_seen.st_dev &&
+               st.st_size == l->man_seen.st_size && st.st_mtim.tv_sec == l->man_seen.st_mtim.tv_sec &&
+               st.st_mtim.tv_nsec == l->man_seen.st_mtim.tv_nsec) {
+        return 0;
+    }
     if (sd_shard_manifest_read(l->dir, &m, err))
         return -1;
     for (int64_t k = in->n_shards + d->h.n; k < in->n_planned && rc == 0; k++) {
@@ -591,6 +607,9 @@ static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
         d->h.n++;
     }
     sd_shard_manifest_free(&m);
+    /* only a manifest taken in full counts as seen (a shard scanned with an error is retried) */
+    l->man_seen = st;
+    l->man_seen_valid = rc == 0 && st.st_ino != 0;
     return rc;
 }
 

@@ -81,7 +81,14 @@ expect_rc done 0
 expect_not_in done out "waiting for shard"
 cmp -s "$TMP/pipe/unet_final.safetensors" "$TMP/done/unet_final.safetensors" ||
     fail "a complete shard directory changed the trained weights"
-pass "the training does not depend on when the shards come"
+# one training rank with the whole global batch of 8: the same samples per step, the same
+# training up to the order of the gradient sums
+pipe_nml one "$TMP/shards-one" 8
+mpi one 3 "$SDTRAIN" "$TMP/one.nml" --set train.batch_size_per_rank=8
+expect_rc one 0
+run cmp-one "$top_builddir/tests/mpi/st_compare" "$TMP/pipe/unet_final.safetensors" "$TMP/one/unet_final.safetensors" 1e-6
+expect_rc cmp-one 0
+pass "the training does not depend on when the shards come, nor on the split of the global batch"
 
 # (d) a preprocessing rank killed while writing: the whole job ends, non-zero, no hang
 pipe_nml kill "$TMP/shards-kill" 8
