@@ -79,7 +79,8 @@ typedef struct sd_loader_options {
     int follow;
     MPI_Comm plan_comm;     /* where the preprocessing half's plan arrives (MPI_COMM_WORLD) */
     int plan_source;        /* rank in plan_comm that sends it (preprocessing rank 0) */
-    double wait_timeout_s;  /* longest wait for the plan or for one shard (&data shard_wait_timeout) */
+    double wait_timeout_s;  /* longest wait for the plan or for one shard (&data shard_wait_timeout);
+                             * 0 = 3600 s */
     double poll_interval_s; /* manifest reads while waiting, 0 = 0.2 s */
 } sd_loader_options;
 

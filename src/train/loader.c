@@ -762,7 +762,7 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
 /* Rank 0: the preprocessing half's plan (sd_pipeline_plan), waiting at most the timeout. */
 static int receive_plan(const sd_loader_options *o, int64_t plan[2], sd_err *err)
 {
-    const double t0 = sd_time_now();
+    const double t0 = sd_time_now(), limit = o->wait_timeout_s > 0 ? o->wait_timeout_s : 3600;
     MPI_Request req;
     long ns = 1000000;
     SD_MPI_CHECK(MPI_Irecv(plan, 2, MPI_INT64_T, o->plan_source, SD_PIPELINE_PLAN_TAG, o->plan_comm, &req));
@@ -772,11 +772,11 @@ static int receive_plan(const sd_loader_options *o, int64_t plan[2], sd_err *err
         SD_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
         if (done)
             return 0;
-        if (sd_time_now() - t0 >= o->wait_timeout_s) {
+        if (sd_time_now() - t0 >= limit) {
             SD_MPI_CHECK(MPI_Cancel(&req));
             SD_MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
             return sd_err_set(err, "the preprocessing half sent no plan (how many shards it writes) "
-                                   "within %.0f s (&data shard_wait_timeout)", o->wait_timeout_s);
+                                   "within %.0f s (&data shard_wait_timeout)", limit);
         }
         ts.tv_nsec = ns;
         nanosleep(&ts, NULL);
