@@ -16,14 +16,11 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 rm -rf runs/demo
 build/cpu/sdtool make-demo-data runs/demo/data --count 256
-# Preprocessing on its own first (the demo's pipeline mode would do both at once).
-echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml --set run.mode=process"
-"${launch[@]}" build/cpu/sdtrain inputs/demo.nml --set run.mode=process
+# The main job: the pipeline of inputs/demo.nml, rank 0 preprocessing while ranks 1-3 train
+# (ZeRO-2) on the shards as they are committed.
+echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml"
+"${launch[@]}" build/cpu/sdtrain inputs/demo.nml
 build/cpu/sdtool inspect runs/demo/shards | head -n 20
-# Then training from those shards on all 4 ranks (ZeRO-2). The pipeline mode of inputs/demo.nml
-# (both at once) is the online pipeline, not built yet, so the two halves run one after the other.
-echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml --set run.mode=train"
-"${launch[@]}" build/cpu/sdtrain inputs/demo.nml --set run.mode=train
 # Then images from the trained U-Net for the namelist's &sample prompts, split over the ranks.
 echo "+ ${launch[*]} build/cpu/sdtrain inputs/demo.nml --set run.mode=sample"
 "${launch[@]}" build/cpu/sdtrain inputs/demo.nml --set run.mode=sample

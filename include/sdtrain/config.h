@@ -67,6 +67,7 @@ typedef struct sd_config {
         bool strict_jpeg;
         int64_t encode_batch_size;
         char encode_precision[SD_NAME_MAX]; /* auto | fp32 | bf16 */
+        double shard_wait_timeout;          /* s: mode 'pipeline', the trainers' longest wait */
     } data;
     struct {
         int64_t max_steps;

@@ -38,6 +38,26 @@ extern "C" {
  * read with no state (restarts seek to it). The last n_train mod G samples of each epoch's
  * order are not used in that epoch.
  *
+ * Follow mode (&run mode = 'pipeline', opt->follow): the shards are being written while the
+ * loader reads them. The preprocessing half's plan (sd_pipeline_plan: shards [0, P) will exist)
+ * arrives at rank 0 over opt->plan_comm; rank 0 reads the manifest and takes the shards in index
+ * order as they are committed (shard k only after 0..k-1), scans each (shapes, keys) and
+ * broadcasts what it found, so every rank knows the same shards at the same call. Ordinals
+ * count in index order as above. The validation split is the same key hash; the validation set
+ * is the held-out samples of shard 0 only (fixed from the first step, so every evaluation uses
+ * the same samples, whatever the timing); held-out samples of later shards are never trained on.
+ * Order: the first pass over the data (epoch 0) is the "stream": shard 0's training samples,
+ * then shard 1's, ..., each shard's shuffled by Fisher-Yates with
+ *     j = sd_rng_below(seed, SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 1), k, i >> 24, i & 0xFFFFFF, i + 1)
+ * (k the shard index); step s of epoch 0 takes stream positions [s G, (s + 1) G), so it needs
+ * the shards that hold them. With T the training samples of all P shards, steps_per_epoch =
+ * floor(T / G) as above, and epochs e >= 1 are the full Fisher-Yates permutation of loader.h's
+ * "Order" (the same as mode 'train' on the finished shards). None of it depends on when a shard
+ * is committed. sd_loader_next is then collective over comm: when the step it returns (or, for
+ * prefetch, the one after) is not covered yet, every rank polls together; for the returned step
+ * they block (rank 0 prints "waiting for shard K ..." when the wait starts and every minute),
+ * until it is covered or opt->wait_timeout_s passes (then every rank returns the same error).
+ *
  * Threads and HDF5. HDF5 is not built thread-safe here. With prefetch on, a background thread
  * reads shards while the caller computes; every HDF5 call of the loaders (all of them, in this
  * process) is made under one process-wide lock. While any loader is open the caller must not
@@ -55,9 +75,17 @@ typedef struct sd_loader_options {
     uint64_t seed;          /* &run seed */
     int prefetch;           /* 1 (default): read step s+1 in a thread while step s is used */
     int max_open_shards;    /* 0 means SD_LOADER_MAX_OPEN_SHARDS */
+    /* Follow mode (above): 0 = read the committed shards once at open (the default). */
+    int follow;
+    MPI_Comm plan_comm;     /* where the preprocessing half's plan arrives (MPI_COMM_WORLD) */
+    int plan_source;        /* rank in plan_comm that sends it (preprocessing rank 0) */
+    double wait_timeout_s;  /* longest wait for the plan or for one shard (&data shard_wait_timeout);
+                             * 0 = 3600 s */
+    double poll_interval_s; /* manifest reads while waiting, 0 = 0.2 s */
 } sd_loader_options;
 
-/* val_fraction 0.01, batch_per_rank 8, seed 1234, prefetch on; shard_dir NULL (required). */
+/* val_fraction 0.01, batch_per_rank 8, seed 1234, prefetch on; shard_dir NULL (required);
+ * follow off, plan_comm MPI_COMM_WORLD from rank 0, wait_timeout_s 3600, poll 0.2 s. */
 void sd_loader_options_defaults(sd_loader_options *o);
 
 /* What every sample shares and how the data divide into steps (identical on every rank). */
@@ -71,6 +99,11 @@ typedef struct sd_loader_info {
     int batch_per_rank, rank, n_ranks;
     int64_t global_batch;    /* n_ranks * batch_per_rank */
     int64_t steps_per_epoch; /* floor(n_train / global_batch) >= 1 */
+    /* 1 when every shard is known. Follow mode: 0 until the last planned shard is committed;
+     * until then n_shards, n_samples, n_train and steps_per_epoch count the shards seen so far
+     * (sd_loader_get_info returns the current values; steps_per_epoch may be 0), n_val is final. */
+    int complete;
+    int64_t n_planned;       /* follow mode: the shards the preprocessing half writes; else n_shards */
 } sd_loader_info;
 
 /* A sample's stable name: shard index (as in the manifest and file name) and row in it. */
@@ -83,6 +116,7 @@ typedef struct sd_sample_id {
  * the shards store (fp16 widened exactly). */
 typedef struct sd_loader_batch {
     int64_t step;        /* the training step, or -1 for validation samples */
+    int64_t epoch;       /* the step's epoch, or -1 for validation samples */
     int count;           /* samples held */
     int capacity;        /* samples the arrays have room for */
     float *moments;      /* [count, 2C, h, w], NCHW as stored: mean channels, then logvar */
@@ -113,8 +147,8 @@ const sd_loader_info *sd_loader_get_info(const sd_loader *l);
 const float *sd_loader_empty_embedding(const sd_loader *l);
 
 /* Makes `step` (>= 0) the next step sd_loader_next returns, at start and on resume; with
- * prefetch on its read starts at once. The batch from the last sd_loader_next is given back.
- * Clears an error from an earlier read. */
+ * prefetch on its read starts at once (follow mode: if the shards seen so far cover it). The
+ * batch from the last sd_loader_next is given back. Clears an error from an earlier read. */
 int sd_loader_seek(sd_loader *l, int64_t step, sd_err *err);
 /* The step the next sd_loader_next returns. */
 int64_t sd_loader_tell(const sd_loader *l);
@@ -125,7 +159,8 @@ int64_t sd_loader_tell(const sd_loader *l);
  * receives the time the caller was blocked waiting for data (the whole read without prefetch).
  * A failed read (a shard that became unreadable...) returns -1 with a message naming the file;
  * the step does not advance and later calls fail the same way until sd_loader_seek. Local: each
- * rank reads its own slice, so ranks may disagree on failure (agree with sd_any_failed). */
+ * rank reads its own slice, so ranks may disagree on failure (agree with sd_any_failed, and stop
+ * on failure: in follow mode the call is collective, above). */
 int sd_loader_next(sd_loader *l, const sd_loader_batch **batch, double *wait_seconds, sd_err *err);
 
 /* Validation samples, in ordinal order; index i is the same on every rank and every run. */

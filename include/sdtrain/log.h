@@ -20,7 +20,11 @@ sd_log_level sd_log_get_level(void);
 int sd_log_level_from_name(const char *name);
 double sd_log_elapsed(void);
 
-/* Rank 0 only, stdout: progress and results. */
+/* Which rank prints sd_info: world rank 0 by default; in a pipeline job rank 0 of each half
+ * (both report progress), so the caller passes 1 there and 0 elsewhere. */
+void sd_log_set_info_leader(int leader);
+
+/* Rank 0 only (see sd_log_set_info_leader), stdout: progress and results. */
 void sd_info(const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 1, 2)))

@@ -4,6 +4,7 @@
 #define SDTRAIN_RUNTIME_H
 
 #include <mpi.h>
+#include <stdint.h>
 
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
@@ -58,6 +59,28 @@ int sd_any_failed(int failed);
  * the message of the lowest failing rank, so all report the same cause and none waits in a
  * later collective. */
 int sd_agree(MPI_Comm comm, int failed, sd_err *err);
+
+/* Completes `req` without spinning: MPI_Test with sleeps of 1 ms growing to 50 ms in between.
+ * For ranks that may wait long (the trainers of a pipeline waiting for shards, one half of a
+ * pipeline job waiting for the other): a rank spinning in a blocking call takes a core from the
+ * ranks that work. */
+void sd_mpi_wait_idle(MPI_Request *req);
+
+/* ---- &run mode = 'pipeline': the preprocessing half tells the training half its plan --------
+ * Preprocessing rank 0 (world rank 0) sends one message over MPI_COMM_WORLD to training rank 0
+ * (world rank layout.n_process) once it has indexed the dataset: how many shards it will have
+ * committed when it is done (indices [0, n_shards), committed ones of an earlier run included)
+ * and an upper bound of their samples (the dataset's count; skipped samples make the real total
+ * smaller, known shard by shard from the manifest). */
+typedef struct sd_pipeline_plan {
+    int64_t n_shards;
+    int64_t max_samples;
+} sd_pipeline_plan;
+
+#define SD_PIPELINE_PLAN_TAG 0x5D01
+
+/* Preprocessing rank 0 of a pipeline job; a no-op in every other case. */
+void sd_pipeline_send_plan(const sd_runtime *rt, const sd_pipeline_plan *plan);
 
 /* Prints a table of every rank's role, communicator rank, node and node-local rank (rank 0). */
 void sd_runtime_report(const sd_runtime *rt);

@@ -18,6 +18,7 @@
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
 #include "sdtrain/ops.h"
+#include "sdtrain/runtime.h"
 #include "sdtrain/shards.h"
 #include "sdtrain/snapshot.h"
 #include "sdtrain/timer.h"
@@ -485,10 +486,25 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     slice sl;
     int64_t n, n_shards, n_new = 0;
     double t_start = sd_time_now(), t[T_N] = {0};
+    long delay_ms = 0;
 
     memset(&ds, 0, sizeof ds);
     memset(&sl, 0, sizeof sl);
     sd_err_clear(&err);
+    {
+        /* Test hook: slow preprocessing down by this much per shard, so that tests can show a
+         * pipeline's training does not depend on how fast its shards come. */
+        const char *env = getenv("SDTRAIN_TEST_SHARD_DELAY_MS");
+        char *end;
+        if (env && *env) {
+            delay_ms = strtol(env, &end, 10);
+            if (*end || delay_ms < 0 || delay_ms > 3600000) {
+                if (rank == 0)
+                    sd_warn("SDTRAIN_TEST_SHARD_DELAY_MS = '%s' is not a delay in ms; ignored", env);
+                delay_ms = 0;
+            }
+        }
+    }
 
     if (open_dataset(cfg, comm, rank, &ds, &err) != 0) {
         if (rank == 0)
@@ -497,6 +513,11 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     }
     n = sd_dataset_count(&ds);
     n_shards = sd_dataset_n_shards(n, cfg->data.samples_per_shard);
+    {
+        /* mode 'pipeline': the trainers learn how many shards to expect (a no-op otherwise) */
+        sd_pipeline_plan plan = {n_shards, n};
+        sd_pipeline_send_plan(rt, &plan);
+    }
 
     if (sd_agree(comm, load_encoders(cfg, dev, &enc, &err) != 0, &err) != 0) {
         if (rank == 0)
@@ -552,6 +573,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         sd_shard_entry entry;
         if (sd_shard_manifest_find(&man, k))
             continue; /* committed by an earlier run: its samples are not read again */
+        if (delay_ms > 0)
+            usleep((useconds_t)delay_ms * 1000);
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl);
         process_range(cfg, &ds, &enc, begin, end, &sl, counts, t);

@@ -856,6 +856,13 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     lo.val_fraction = cfg->data.val_fraction;
     lo.batch_per_rank = (int)cfg->train.batch_size_per_rank;
     lo.seed = cfg->run.seed;
+    if (strcmp(cfg->run.mode, "pipeline") == 0) {
+        /* online preprocessing: the shards as they are committed (doc/loader.md "Follow mode") */
+        lo.follow = 1;
+        lo.plan_comm = MPI_COMM_WORLD;
+        lo.plan_source = 0; /* preprocessing rank 0 */
+        lo.wait_timeout_s = cfg->data.shard_wait_timeout;
+    }
     if (sd_loader_open(comm, &lo, &t->loader, err))
         return -1; /* collective: every rank has the same message */
     t->info = *sd_loader_get_info(t->loader);
@@ -972,12 +979,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     }
     sd_loader_batch_alloc(t.loader, t.bs, &vb);
     sd_info("training the U-Net (%zu parameters, %.1f MB) on %d rank(s), %s, batch %d per rank "
-            "(global %lld), %lld training / %lld validation samples, %lld steps per epoch, "
+            "(global %lld), %lld training / %lld validation samples, %lld steps per epoch%s, "
             "%lld steps",
             t.w.table.total_numel, t.w.table.total_numel * 4e-6, t.size,
             t.zero2 ? "ZeRO-2 (shard_grad_op)" : "DDP (sharding 'none')", t.bs,
             (long long)t.info.global_batch, (long long)t.info.n_train, (long long)t.info.n_val,
-            (long long)t.info.steps_per_epoch, (long long)max_steps);
+            (long long)t.info.steps_per_epoch,
+            t.info.complete ? "" : " (in the shards committed so far)", (long long)max_steps);
     report_compute(&t, rt, dev);
 
     SD_CHECK(sd_loader_seek(t.loader, t.start_step, &err) == 0, "%s", err.msg);
@@ -1133,7 +1141,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                         "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"lr\": %.9g, "
                         "\"grad_norm\": %.9g, \"skipped\": %lld, \"images_per_s\": %.4f, "
                         "\"step_s\": %.6f",
-                        (long long)step + 1, (long long)(step / t.info.steps_per_epoch),
+                        (long long)step + 1, (long long)b->epoch,
                         isfinite(stats[1]) ? stats[1] : -1.0, lr, isfinite(gnorm) ? gnorm : -1.0,
                         (long long)skipped, ips, dt);
                 for (int i = 0; i < T_N; i++)
@@ -1209,6 +1217,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         sd_allreduce_f64(t.comm, &pk, 1, SD_RED_MAX);
         peak = (size_t)pk;
     }
+    t.info = *sd_loader_get_info(t.loader); /* follow mode: the shards known by now */
     if (t.rank == 0) {
         const double wall = sd_time_now() - t_start;
         const int64_t done = step;
@@ -1216,9 +1225,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                t.zero2 ? "ZeRO-2" : "DDP");
         printf("  %-28s %lld of %lld (%lld skipped: non-finite)\n", "steps", (long long)done,
                (long long)max_steps, (long long)skipped);
-        printf("  %-28s %lld (%.2f epochs)\n", "samples seen",
+        printf("  %-28s %lld (%.2f epochs%s)\n", "samples seen",
                (long long)(done * t.info.global_batch),
-               (double)done / (double)t.info.steps_per_epoch);
+               t.info.steps_per_epoch ? (double)done / (double)t.info.steps_per_epoch : 0.0,
+               t.info.complete ? "" : " of the shards committed so far");
         printf("  %-28s %.6f\n", "last training loss", last_loss);
         if (isfinite(last_val))
             printf("  %-28s %.6f\n", "last validation loss", last_val);

@@ -247,6 +247,47 @@ static void share_cores(const sd_runtime *rt)
 #endif
 }
 
+/* &run mode = 'pipeline': the preprocessing ranks run mode 'process' while the training ranks
+ * run mode 'train' with the loader following the shards as they are committed
+ * (doc/loader.md "Follow mode"). A half that fails ends the whole job at once (MPI_Abort with
+ * its exit status): the other half would otherwise wait for shards that never come, or go on
+ * preprocessing for a job that has failed. A half that is done waits for the other without
+ * spinning (the trainers usually finish first and must leave the cores to preprocessing); the
+ * job ends when both are done, so every planned shard is committed: the shard directory is the
+ * one mode 'process' writes, reusable by later 'train' runs. */
+static int run_pipeline(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
+{
+    const int process = rt->role == SD_ROLE_PROCESS;
+    MPI_Request req;
+    int code;
+    sd_log_set_info_leader(rt->role_rank == 0);
+    code = process ? sd_mode_process(rc, rt, dev) : sd_mode_train(rc, rt, dev);
+    if (code != SD_EXIT_OK) {
+        /* The ranks of a half agree on its status; one MPI_Abort is enough (Open MPI 4.1 can
+         * lose the output when several ranks abort at once), the pause lets the launcher
+         * forward the messages first. The other ranks abort too should rank 0 not. */
+        struct timespec pause = {0, 200000000};
+        if (rt->role_rank == 0)
+            fprintf(stderr, "sdtrain: mode 'pipeline': the %s half failed (exit status %d); ending "
+                            "the whole job\n", process ? "preprocessing" : "training", code);
+        else
+            pause.tv_sec = 5;
+        fflush(stdout);
+        fflush(stderr);
+        nanosleep(&pause, NULL);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
+    if (rt->role_rank == 0)
+        sd_info("mode 'pipeline': the %s half is done; waiting for the %s half", process ?
+                "preprocessing" : "training", process ? "training" : "preprocessing");
+    SD_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
+    sd_mpi_wait_idle(&req);
+    sd_log_set_info_leader(rt->world_rank == 0);
+    if (rt->world_rank == 0)
+        sd_info("mode 'pipeline': both halves are done");
+    return SD_EXIT_OK;
+}
+
 static int run_mode(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const char *mode = rc->cfg.run.mode;
@@ -257,22 +298,8 @@ static int run_mode(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         return sd_mode_train(rc, rt, dev);
     if (!strcmp(mode, "sample"))
         return sd_mode_sample(rc, rt, dev);
-    if (!strcmp(mode, "pipeline")) {
-        /* The preprocessing ranks do their half for real; the training half does not exist
-         * yet, so its ranks say so and the job ends with the worst status of the two. */
-        int code = SD_EXIT_NOT_IMPLEMENTED, worst;
-        if (rt->role == SD_ROLE_PROCESS)
-            code = sd_mode_process(rc, rt, dev);
-        else if (rt->role_rank == 0)
-            fprintf(stderr, "sdtrain: mode 'pipeline': the training half (the online pipeline) is not "
-                            "implemented in this build yet; the %d preprocessing rank(s) wrote their shards, "
-                            "the %d training rank(s) computed nothing.\n",
-                    rt->layout.n_process, rt->layout.n_train);
-        /* a real failure (1, 2) outranks "not implemented" (3) */
-        code = code == SD_EXIT_OK || code == SD_EXIT_NOT_IMPLEMENTED ? -code : code;
-        SD_MPI_CHECK(MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-        return worst > 0 ? worst : SD_EXIT_NOT_IMPLEMENTED;
-    }
+    if (!strcmp(mode, "pipeline"))
+        return run_pipeline(rc, rt, dev);
     /* The other modes' work is not implemented yet: say so instead of pretending. */
     if (rt->world_rank == 0)
         fprintf(stderr, "sdtrain: mode '%s' is not implemented in this build yet: it needs %s. "

@@ -111,6 +111,9 @@ static const sd_option options[] = {
            "fp32 on the CPU; 'bf16' needs &run device = 'cuda' (or 'auto' with a GPU)."),
     LOGICAL(data, exif_transpose, ".false.",
             "Apply the JPEG EXIF orientation before resizing (the reference Pillow pipeline does not)."),
+    REAL(data, shard_wait_timeout, "3600", 0.001, U, "s",
+         "mode = 'pipeline': the longest the training ranks wait for the next shard they need (or "
+         "for the preprocessing half's plan) before the job ends with an error."),
 
     /* &train */
     INT(train, max_steps, "1000", 1, U, "steps", "Optimizer steps to run in total (counting resumed ones)."),

@@ -11,6 +11,7 @@ static int log_rank = 0;
 static int log_size = 1;
 static double log_t0 = -1.0;
 static sd_log_level log_level = SD_LOG_INFO;
+static int log_leader = -1; /* -1: world rank 0 prints sd_info */
 
 void sd_log_init(int rank, int size)
 {
@@ -20,6 +21,7 @@ void sd_log_init(int rank, int size)
 }
 
 int sd_log_rank(void) { return log_rank; }
+void sd_log_set_info_leader(int leader) { log_leader = leader != 0; }
 void sd_log_set_level(sd_log_level level) { log_level = level; }
 sd_log_level sd_log_get_level(void) { return log_level; }
 
@@ -64,7 +66,7 @@ static void log_emit(FILE *f, const char *kind, const char *fmt, va_list ap)
 void sd_info(const char *fmt, ...)
 {
     va_list ap;
-    if (log_rank != 0 || log_level > SD_LOG_INFO)
+    if ((log_leader < 0 ? log_rank != 0 : !log_leader) || log_level > SD_LOG_INFO)
         return;
     va_start(ap, fmt);
     log_emit(stdout, "", fmt, ap);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sdtrain/log.h"
@@ -110,6 +111,32 @@ int sd_agree(MPI_Comm comm, int failed, sd_err *err)
     SD_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, comm));
     snprintf(err->msg, sizeof err->msg, "%s", msg);
     return -1;
+}
+
+void sd_mpi_wait_idle(MPI_Request *req)
+{
+    long ns = 1000000;
+    for (;;) {
+        int done = 0;
+        struct timespec ts;
+        SD_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        if (done)
+            return;
+        ts.tv_sec = 0;
+        ts.tv_nsec = ns;
+        nanosleep(&ts, NULL);
+        if (ns < 50000000)
+            ns *= 2;
+    }
+}
+
+void sd_pipeline_send_plan(const sd_runtime *rt, const sd_pipeline_plan *plan)
+{
+    int64_t msg[2] = {plan->n_shards, plan->max_samples};
+    if (rt->role != SD_ROLE_PROCESS || rt->role_rank != 0 || rt->layout.n_train == 0)
+        return;
+    SD_MPI_CHECK(MPI_Send(msg, 2, MPI_INT64_T, rt->layout.n_process, SD_PIPELINE_PLAN_TAG,
+                          MPI_COMM_WORLD));
 }
 
 void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *rt)

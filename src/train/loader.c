@@ -10,15 +10,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
+#include "sdtrain/log.h"
 #include "sdtrain/rng.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/shards.h"
 #include "sdtrain/timer.h"
 
 #define SHUFFLE_PURPOSE SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 0)
+/* Follow mode: each shard's training samples in the first pass (loader.h). */
+#define STREAM_PURPOSE SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 1)
+/* Follow mode: how often rank 0 repeats the "waiting for shard K" line. */
+#define WAIT_INFO_EVERY_S 60.0
 /* Validation samples read per round: the run-finding scratch lives on the stack. */
 #define VAL_CHUNK 64
 /* Largest broadcast message; MPI counts are int. */
@@ -27,6 +33,8 @@
 /* Every HDF5 call of every loader in the process runs under this lock (HDF5 is not built
  * thread-safe), and so does the shard cache, which only those calls touch. */
 static pthread_mutex_t h5_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void bcast_bytes(void *buf, size_t bytes, MPI_Comm comm);
 
 void sd_loader_h5_lock(void) { SD_CHECK(pthread_mutex_lock(&h5_lock) == 0, "HDF5 lock"); }
 
@@ -39,6 +47,8 @@ void sd_loader_options_defaults(sd_loader_options *o)
     o->batch_per_rank = 8;
     o->seed = 1234;
     o->prefetch = 1;
+    o->plan_comm = MPI_COMM_WORLD;
+    o->wait_timeout_s = 3600;
 }
 
 /* ---- the validation split (sd-keyhash-v1: loader.h; never change it) ------------------------- */
@@ -73,11 +83,19 @@ int sd_loader_key_is_val(const char *key, double val_fraction)
 
 enum { SLOT_EMPTY, SLOT_REQUESTED, SLOT_READING, SLOT_READY };
 
+/* Where a step's samples come from: decided on the caller's thread (in follow mode from the
+ * shards known at that call) and handed to the reader with the request. */
+typedef struct step_plan {
+    int64_t step, epoch, idx; /* idx: the step's place in its epoch */
+    int64_t n_shards;         /* shards the reader may look up (follow mode adds more later) */
+} step_plan;
+
 /* One of the two step buffers: the caller holds one while the thread fills the other. */
 typedef struct slot {
     sd_loader_batch batch;
     int state;
     int64_t step;
+    step_plan plan;
     int rc;
     sd_err err;
 } slot;
@@ -97,10 +115,14 @@ typedef struct read_item {
 struct sd_loader {
     sd_loader_info info;
     uint64_t seed;
+    double val_fraction;
     char dir[SD_PATH_MAX];
-    sd_shard_entry *entries; /* the manifest, n_shards */
+    sd_shard_entry *entries; /* the manifest, n_shards (follow mode: room for n_planned) */
     int64_t *first;          /* ordinal of each shard's row 0; first[n_shards] = n_samples */
-    uint32_t *val;           /* validation ordinals, ascending */
+    uint32_t *val;           /* validation ordinals, ascending (n_val) */
+    uint32_t *heldout;       /* every held-out ordinal, ascending: the train list is the rest
+                              * (val itself, except in follow mode where val is its prefix) */
+    int64_t n_heldout;
     float *empty;            /* [L, D] */
     size_t m_el, e_el;       /* floats per sample: moments, embedding */
 
@@ -109,6 +131,17 @@ struct sd_loader {
     int64_t order_epoch;     /* -1 before the first */
     read_item *items;        /* [batch_per_rank] */
     float *stage_m, *stage_e; /* [batch_per_rank] samples, for runs whose rows are scattered */
+
+    /* Follow mode (loader.h). The caller's thread appends shards; the reader only looks at
+     * shards below the n_shards of the plan it was handed, which were complete before. */
+    int follow;
+    MPI_Comm comm;
+    double timeout, poll;
+    struct stat man_seen;    /* rank 0: the manifest as last read (unchanged: no new shards) */
+    int man_seen_valid;
+    uint32_t **seg;          /* [n_planned]: shard k's training ordinals, shuffled (epoch 0) */
+    int64_t *tfirst;         /* stream position of seg[k][0]; tfirst[n_shards] = n_train */
+    size_t heldout_cap;
 
     /* Under h5_lock. */
     open_shard *cache;
@@ -165,10 +198,10 @@ int64_t sd_loader_tell(const sd_loader *l) { return l->next_step; }
 
 /* ---- shards: the cache and the reads -------------------------------------------------------- */
 
-/* Manifest position of the shard holding ordinal `ord`. */
-static int64_t shard_of(const sd_loader *l, uint32_t ord)
+/* Position (among the first n_shards) of the shard holding ordinal `ord`. */
+static int64_t shard_of(const sd_loader *l, int64_t n_shards, uint32_t ord)
 {
-    int64_t lo = 0, hi = l->info.n_shards - 1;
+    int64_t lo = 0, hi = n_shards - 1;
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
         if (l->first[mid] <= (int64_t)ord)
@@ -179,9 +212,9 @@ static int64_t shard_of(const sd_loader *l, uint32_t ord)
     return lo;
 }
 
-static sd_sample_id id_of(const sd_loader *l, uint32_t ord)
+static sd_sample_id id_of(const sd_loader *l, int64_t n_shards, uint32_t ord)
 {
-    int64_t pos = shard_of(l, ord);
+    int64_t pos = shard_of(l, n_shards, ord);
     sd_sample_id id = {l->entries[pos].index, (int64_t)ord - l->first[pos]};
     return id;
 }
@@ -255,12 +288,12 @@ static int read_rows(sd_loader *l, int64_t pos, int64_t row, int64_t n, float *m
 /* Reads items (ascending ordinals) into their rows of b. Consecutive ordinals of one shard are
  * one read: straight into b when their rows are consecutive too, else through the staging
  * buffers (which runs of scattered rows need, so only the training reader may meet them). */
-static int read_items(sd_loader *l, const read_item *items, int n, sd_loader_batch *b, float *stage_m,
-                      float *stage_e, sd_err *err)
+static int read_items(sd_loader *l, int64_t n_shards, const read_item *items, int n,
+                      sd_loader_batch *b, float *stage_m, float *stage_e, sd_err *err)
 {
     int end;
     for (int i = 0; i < n; i = end) {
-        int64_t pos = shard_of(l, items[i].ord), row = (int64_t)items[i].ord - l->first[pos];
+        int64_t pos = shard_of(l, n_shards, items[i].ord), row = (int64_t)items[i].ord - l->first[pos];
         int contiguous = 1, cnt;
         for (end = i + 1; end < n && items[end].ord == items[end - 1].ord + 1 &&
                           (int64_t)items[end].ord < l->first[pos + 1]; end++)
@@ -304,14 +337,14 @@ static void sort_items(read_item *it, int n)
  * Fisher-Yates of loader.h for `epoch`: a pure function of (seed, epoch) and the split. */
 static int build_order(sd_loader *l, int64_t epoch, sd_err *err)
 {
-    const int64_t n = l->info.n_train, n_val = l->info.n_val;
+    const int64_t n = l->info.n_train, n_val = l->n_heldout;
     int64_t k = 0, v = 0;
     uint32_t *o = l->order;
     if (epoch > (int64_t)SD_RNG_MAX_STEP)
         return sd_err_set(err, "epoch %lld is beyond the shuffle stream's limit %llu", (long long)epoch,
                           (unsigned long long)SD_RNG_MAX_STEP);
     for (int64_t g = 0; g < l->info.n_samples; g++) {
-        if (v < n_val && (int64_t)l->val[v] == g) {
+        if (v < n_val && (int64_t)l->heldout[v] == g) {
             v++;
             continue;
         }
@@ -329,35 +362,436 @@ static int build_order(sd_loader *l, int64_t epoch, sd_err *err)
     return 0;
 }
 
-/* This rank's samples of `step` into b. Runs in the reader (thread or caller). */
-static int read_step(sd_loader *l, int64_t step, sd_loader_batch *b, sd_err *err)
+/* Follow mode: the shard (of the first n_shards) whose part of the stream holds position p. */
+static int64_t segment_of(const sd_loader *l, int64_t n_shards, int64_t p)
 {
-    const sd_loader_info *in = &l->info;
-    int64_t epoch = step / in->steps_per_epoch;
+    int64_t lo = 0, hi = n_shards - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (l->tfirst[mid] <= p)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* This rank's samples of the planned step into b. Runs in the reader (thread or caller). */
+static int read_step(sd_loader *l, const step_plan *p, sd_loader_batch *b, sd_err *err)
+{
+    const sd_loader_info *in = &l->info; /* only the fields fixed at open */
     int64_t mine = (int64_t)in->rank * in->batch_per_rank;
-    int64_t base = (step % in->steps_per_epoch) * in->global_batch + mine;
-    if (epoch != l->order_epoch && build_order(l, epoch, err))
+    int64_t base = p->idx * in->global_batch + mine;
+    int64_t k = l->follow && p->epoch == 0 ? segment_of(l, p->n_shards, base) : 0;
+    if (!(l->follow && p->epoch == 0) && p->epoch != l->order_epoch && build_order(l, p->epoch, err))
         return -1;
-    b->step = step;
+    b->step = p->step;
+    b->epoch = p->epoch;
     b->count = in->batch_per_rank;
     for (int j = 0; j < in->batch_per_rank; j++) {
-        uint32_t ord = l->order[base + j];
+        uint32_t ord;
+        if (l->follow && p->epoch == 0) {
+            /* the stream: shard k's shuffled training samples at [tfirst[k], tfirst[k + 1]) */
+            while (l->tfirst[k + 1] <= base + j)
+                k++;
+            ord = l->seg[k][base + j - l->tfirst[k]];
+        } else {
+            ord = l->order[base + j];
+        }
         l->items[j].ord = ord;
         l->items[j].dst = j;
         b->positions[j] = mine + j;
-        b->ids[j] = id_of(l, ord);
+        b->ids[j] = id_of(l, p->n_shards, ord);
     }
     /* Sorted by ordinal, neighbouring rows of a shard become one read. */
     sort_items(l->items, in->batch_per_rank);
-    return read_items(l, l->items, in->batch_per_rank, b, l->stage_m, l->stage_e, err);
+    return read_items(l, p->n_shards, l->items, in->batch_per_rank, b, l->stage_m, l->stage_e, err);
+}
+
+/* Where `step` comes from, on the caller's thread: 0 with *p set; 1 in follow mode when the
+ * shards known so far do not reach it yet (poll, then ask again); -1 with err (may be NULL)
+ * when it cannot be read. */
+static int locate(const sd_loader *l, int64_t step, step_plan *p, sd_err *err)
+{
+    const sd_loader_info *in = &l->info;
+    if (step < 0)
+        return sd_err_set(err, "cannot seek the data loader to step %lld", (long long)step);
+    p->step = step;
+    p->n_shards = in->n_shards;
+    if (l->follow && !in->complete) {
+        /* step s of the first pass takes stream positions [s G, (s + 1) G) */
+        if (step < in->n_train / in->global_batch) {
+            p->epoch = 0;
+            p->idx = step;
+            return 0;
+        }
+        return 1;
+    }
+    if (in->steps_per_epoch < 1)
+        return sd_err_set(err, "%s: the %lld shards hold %lld training samples (of %lld; %lld held "
+                               "out for validation), fewer than one global batch of %lld (%d ranks x %d)",
+                          l->dir, (long long)in->n_shards, (long long)in->n_train,
+                          (long long)in->n_samples, (long long)l->n_heldout,
+                          (long long)in->global_batch, in->n_ranks, in->batch_per_rank);
+    p->epoch = step / in->steps_per_epoch;
+    p->idx = step % in->steps_per_epoch;
+    if (p->epoch > (int64_t)SD_RNG_MAX_STEP)
+        return sd_err_set(err, "step %lld is in epoch %lld, beyond the shuffle stream's limit %llu",
+                          (long long)step, (long long)p->epoch, (unsigned long long)SD_RNG_MAX_STEP);
+    return 0;
+}
+
+/* ---- follow mode: the shards as they are committed (loader.h) ----------------------------- */
+
+static void sleep_s(double s)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    nanosleep(&ts, NULL);
+}
+
+static void push_u32(uint32_t **a, int64_t *n, size_t *cap, uint32_t v)
+{
+    if ((size_t)*n == *cap) {
+        *cap = *cap ? 2 * *cap : 1024;
+        *a = sd_xrealloc(*a, *cap * sizeof **a);
+    }
+    (*a)[(*n)++] = v;
+}
+
+/* Rank 0: opens shard `e` of dir and checks it against *want; with *have_want == 0 the shard's
+ * shapes become *want instead and its empty-caption embedding is read into *empty. Appends
+ * base + row to (*rows, *n_rows, *cap) for every row whose key is held out for validation. */
+static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fraction, sd_loader_info *want,
+                      int *have_want, float **empty, uint32_t base, uint32_t **rows, int64_t *n_rows,
+                      size_t *cap, sd_err *err)
+{
+    const sd_shard_info *in;
+    sd_shard *s;
+    char *keys = NULL;
+    size_t kw;
+    int r;
+    sd_loader_h5_lock();
+    if (sd_shard_open_entry(dir, e, &s, err)) {
+        sd_loader_h5_unlock();
+        return -1;
+    }
+    in = sd_shard_get_info(s);
+    r = 0;
+    if (!*have_want) {
+        want->resolution = in->resolution;
+        want->latent_channels = in->latent_channels;
+        want->latent_size = in->latent_size;
+        want->text_len = in->text_len;
+        want->embed_dim = in->embed_dim;
+        want->scaling_factor = in->scaling_factor;
+        *empty = sd_xmalloc((size_t)in->text_len * (size_t)in->embed_dim * sizeof(float));
+        r = sd_shard_read_empty_embedding(s, *empty, err);
+        *have_want = r == 0;
+    }
+    if (r == 0)
+        r = check_shape(want, in, err);
+    kw = in->key_width + 1;
+    if (r == 0) {
+        keys = sd_xmalloc((size_t)in->n_samples * kw);
+        r = sd_shard_read_keys(s, 0, in->n_samples, 1, keys, kw, err);
+    }
+    sd_shard_close(s);
+    sd_loader_h5_unlock();
+    if (r == 0)
+        for (int64_t i = 0; i < e->samples; i++)
+            if (sd_loader_key_is_val(keys + (size_t)i * kw, val_fraction))
+                push_u32(rows, n_rows, cap, base + (uint32_t)i);
+    free(keys);
+    return r ? -1 : 0;
+}
+
+/* What rank 0 found since the last poll, as broadcast: the shards that follow the loader's
+ * known ones in index order. With shard 0 come the shapes and the empty-caption embedding. */
+typedef struct follow_head {
+    int32_t status;
+    char msg[sizeof(((sd_err *)0)->msg)];
+    int64_t n, n_rows;
+    int32_t resolution, latent_channels, latent_size, text_len, embed_dim;
+    double scaling_factor;
+} follow_head;
+
+typedef struct follow_delta {
+    follow_head h;
+    sd_shard_entry *entries;  /* [n] */
+    int64_t *n_held;          /* [n] held-out rows of each shard */
+    uint32_t *rows;           /* [n_rows] those rows, shard by shard, ascending */
+    size_t cap_shards, cap_rows;
+    float *empty;             /* [L, D], with shard 0 */
+    int64_t samples, train;   /* of the n shards */
+} follow_delta;
+
+static void delta_free(follow_delta *d)
+{
+    free(d->entries);
+    free(d->n_held);
+    free(d->rows);
+    free(d->empty);
+}
+
+/* Rank 0: adds to d the shards of the manifest that come next in index order. */
+static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
+{
+    const sd_loader_info *in = &l->info;
+    sd_shard_manifest m;
+    char path[SD_PATH_MAX + 32];
+    struct stat st;
+    int rc = 0;
+    /* Polls are frequent and a manifest of many shards is large: reread it only when it was
+     * replaced (every commit renames a new file over it) */
+    snprintf(path, sizeof path, "%s/%s", l->dir, SD_SHARD_MANIFEST);
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return 0; /* nothing committed yet */
+        memset(&st, 0, sizeof st);
+    } else if (l->man_seen_valid && st.st_ino == l->man_seen.st_ino && st.st_dev == l->man_seen.st_dev &&
+               st.st_size == l->man_seen.st_size && st.st_mtim.tv_sec == l->man_seen.st_mtim.tv_sec &&
+               st.st_mtim.tv_nsec == l->man_seen.st_mtim.tv_nsec) {
+        return 0;
+    }
+    if (sd_shard_manifest_read(l->dir, &m, err))
+        return -1;
+    for (int64_t k = in->n_shards + d->h.n; k < in->n_planned && rc == 0; k++) {
+        const sd_shard_entry *e = sd_shard_manifest_find(&m, k);
+        sd_loader_info want;
+        int have = 1;
+        int64_t before = d->h.n_rows;
+        if (!e)
+            break;
+        if (in->n_samples + d->samples + e->samples >= (int64_t)UINT32_MAX) {
+            rc = sd_err_set(err, "%s: more than %llu samples; the loader takes at most that many",
+                            l->dir, (unsigned long long)UINT32_MAX - 1);
+            break;
+        }
+        memset(&want, 0, sizeof want);
+        if (in->n_shards > 0) {
+            want = *in;
+        } else if (d->h.n > 0) {
+            want.resolution = d->h.resolution;
+            want.latent_channels = d->h.latent_channels;
+            want.latent_size = d->h.latent_size;
+            want.text_len = d->h.text_len;
+            want.embed_dim = d->h.embed_dim;
+            want.scaling_factor = d->h.scaling_factor;
+        } else {
+            have = 0;
+        }
+        if ((size_t)d->h.n == d->cap_shards) {
+            d->cap_shards = d->cap_shards ? 2 * d->cap_shards : 16;
+            d->entries = sd_xrealloc(d->entries, d->cap_shards * sizeof *d->entries);
+            d->n_held = sd_xrealloc(d->n_held, d->cap_shards * sizeof *d->n_held);
+        }
+        if (scan_shard(l->dir, e, l->val_fraction, &want, &have, &d->empty, 0, &d->rows, &d->h.n_rows,
+                       &d->cap_rows, err)) {
+            rc = -1;
+            break;
+        }
+        if (in->n_shards == 0 && d->h.n == 0) {
+            d->h.resolution = want.resolution;
+            d->h.latent_channels = want.latent_channels;
+            d->h.latent_size = want.latent_size;
+            d->h.text_len = want.text_len;
+            d->h.embed_dim = want.embed_dim;
+            d->h.scaling_factor = want.scaling_factor;
+        }
+        d->entries[d->h.n] = *e;
+        d->n_held[d->h.n] = d->h.n_rows - before;
+        d->samples += e->samples;
+        d->train += e->samples - (d->h.n_rows - before);
+        d->h.n++;
+    }
+    sd_shard_manifest_free(&m);
+    /* only a manifest taken in full counts as seen (a shard scanned with an error is retried) */
+    l->man_seen = st;
+    l->man_seen_valid = rc == 0 && st.st_ino != 0;
+    return rc;
+}
+
+/* Rank 0: polls until the known shards and those in d reach need_shards shards and need_train
+ * training samples, or every planned shard is known, or the timeout passes (d->h.status -1).
+ * Zero needs poll once. */
+static void follow_wait(sd_loader *l, follow_delta *d, int64_t need_shards, int64_t need_train)
+{
+    const sd_loader_info *in = &l->info;
+    const double t0 = sd_time_now();
+    double next_info = 0;
+    sd_err e;
+    e.msg[0] = '\0';
+    for (;;) {
+        int64_t known, train;
+        double waited;
+        if (follow_collect(l, d, &e)) {
+            d->h.status = -1;
+            snprintf(d->h.msg, sizeof d->h.msg, "%s", e.msg);
+            return;
+        }
+        known = in->n_shards + d->h.n;
+        train = in->n_train + d->train;
+        if (known == in->n_planned || (known >= need_shards && train >= need_train))
+            return;
+        waited = sd_time_now() - t0;
+        if (waited >= l->timeout) {
+            d->h.status = -1;
+            snprintf(d->h.msg, sizeof d->h.msg,
+                     "no shard %lld committed in %.512s after waiting %.0f s (&data shard_wait_timeout): "
+                     "%lld of the %lld planned shards are known; is the preprocessing half stuck?",
+                     (long long)known, l->dir, waited, (long long)known, (long long)in->n_planned);
+            return;
+        }
+        if (waited >= next_info) {
+            char name[64];
+            sd_shard_file_name(known, name, sizeof name);
+            if (next_info == 0)
+                sd_info("waiting for shard %lld (%s) to be committed in %s: %lld of %lld shards "
+                        "known, %lld training samples so far", (long long)known, name, l->dir,
+                        (long long)known, (long long)in->n_planned, (long long)train);
+            else
+                sd_info("still waiting for shard %lld (%s): %.0f s so far, the limit is %.0f s "
+                        "(&data shard_wait_timeout)", (long long)known, name, waited, l->timeout);
+            next_info = waited + WAIT_INFO_EVERY_S;
+        }
+        sleep_s(l->poll);
+    }
+}
+
+/* Every rank: adds the shards of d (identical on every rank) to the loader. Caller's thread. */
+static void follow_apply(sd_loader *l, follow_delta *d)
+{
+    sd_loader_info *in = &l->info;
+    const uint32_t *rows = d->rows;
+    for (int64_t j = 0; j < d->h.n; j++) {
+        const int64_t k = in->n_shards, n = d->entries[j].samples, nh = d->n_held[j];
+        int64_t t = 0, h = 0;
+        uint32_t *seg = sd_xmalloc((size_t)(n - nh + 1) * sizeof *seg);
+        l->entries[k] = d->entries[j];
+        l->first[k + 1] = l->first[k] + n;
+        for (int64_t r = 0; r < n; r++) {
+            uint32_t ord = (uint32_t)(l->first[k] + r);
+            if (h < nh && (int64_t)rows[h] == r) {
+                push_u32(&l->heldout, &l->n_heldout, &l->heldout_cap, ord);
+                h++;
+            } else {
+                seg[t++] = ord;
+            }
+        }
+        /* the shard's training samples in a seeded order of their own (loader.h) */
+        for (int64_t i = t - 1; i >= 1; i--) {
+            uint32_t x = sd_rng_below(l->seed, STREAM_PURPOSE, (uint64_t)k, (uint64_t)i >> 24,
+                                      (uint32_t)(i & 0xFFFFFF), (uint32_t)(i + 1));
+            uint32_t tmp = seg[i];
+            seg[i] = seg[x];
+            seg[x] = tmp;
+        }
+        l->seg[k] = seg;
+        l->tfirst[k + 1] = l->tfirst[k] + t;
+        if (k == 0)
+            in->n_val = nh; /* the validation set: shard 0's held-out samples */
+        rows += nh;
+        in->n_shards = k + 1;
+    }
+    l->val = l->heldout;
+    in->n_samples = l->first[in->n_shards];
+    in->n_train = l->tfirst[in->n_shards];
+    in->steps_per_epoch = in->n_train / in->global_batch;
+    in->complete = in->n_shards == in->n_planned;
+    if (in->complete && !l->order) {
+        l->order = sd_xmalloc((size_t)(in->n_train + 1) * sizeof *l->order);
+        sd_info("all %lld planned shards are committed: %lld samples, %lld for training, %lld "
+                "held out (%lld of them in shard 0, the validation set); %lld steps per epoch",
+                (long long)in->n_shards, (long long)in->n_samples, (long long)in->n_train,
+                (long long)l->n_heldout, (long long)in->n_val, (long long)in->steps_per_epoch);
+    }
+}
+
+/* Collective over the training ranks: rank 0 polls (waiting as follow_wait says), the others
+ * wait for its broadcast without spinning, and every rank adds the same shards. 0, or -1 with
+ * the same message on every rank. */
+static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd_err *err)
+{
+    follow_delta d;
+    MPI_Request req;
+    int rank;
+    memset(&d, 0, sizeof d);
+    SD_MPI_CHECK(MPI_Comm_rank(l->comm, &rank));
+    if (rank == 0)
+        follow_wait(l, &d, need_shards, need_train);
+    SD_MPI_CHECK(MPI_Ibcast(&d.h, (int)sizeof d.h, MPI_BYTE, 0, l->comm, &req));
+    sd_mpi_wait_idle(&req);
+    if (d.h.status) {
+        snprintf(err->msg, sizeof err->msg, "%s", d.h.msg);
+        delta_free(&d);
+        return -1;
+    }
+    if (d.h.n > 0) {
+        if (rank != 0) {
+            d.entries = sd_xmalloc((size_t)d.h.n * sizeof *d.entries);
+            d.n_held = sd_xmalloc((size_t)d.h.n * sizeof *d.n_held);
+            d.rows = sd_xmalloc(((size_t)d.h.n_rows + 1) * sizeof *d.rows);
+        }
+        bcast_bytes(d.entries, (size_t)d.h.n * sizeof *d.entries, l->comm);
+        bcast_bytes(d.n_held, (size_t)d.h.n * sizeof *d.n_held, l->comm);
+        bcast_bytes(d.rows, (size_t)d.h.n_rows * sizeof *d.rows, l->comm);
+        if (l->info.n_shards == 0) {
+            sd_loader_info *in = &l->info;
+            in->resolution = d.h.resolution;
+            in->latent_channels = d.h.latent_channels;
+            in->latent_size = d.h.latent_size;
+            in->text_len = d.h.text_len;
+            in->embed_dim = d.h.embed_dim;
+            in->scaling_factor = d.h.scaling_factor;
+            l->m_el = (size_t)(2 * in->latent_channels) * (size_t)in->latent_size * (size_t)in->latent_size;
+            l->e_el = (size_t)in->text_len * (size_t)in->embed_dim;
+            if (rank != 0)
+                d.empty = sd_xmalloc(l->e_el * sizeof *d.empty);
+            bcast_bytes(d.empty, l->e_el * sizeof *d.empty, l->comm);
+            l->empty = d.empty;
+            d.empty = NULL;
+        }
+        follow_apply(l, &d);
+    }
+    delta_free(&d);
+    return 0;
+}
+
+/* Rank 0: the preprocessing half's plan (sd_pipeline_plan), waiting at most the timeout. */
+static int receive_plan(const sd_loader_options *o, int64_t plan[2], sd_err *err)
+{
+    const double t0 = sd_time_now(), limit = o->wait_timeout_s > 0 ? o->wait_timeout_s : 3600;
+    MPI_Request req;
+    long ns = 1000000;
+    SD_MPI_CHECK(MPI_Irecv(plan, 2, MPI_INT64_T, o->plan_source, SD_PIPELINE_PLAN_TAG, o->plan_comm, &req));
+    for (;;) {
+        int done = 0;
+        struct timespec ts = {0, 0};
+        SD_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done)
+            return 0;
+        if (sd_time_now() - t0 >= limit) {
+            SD_MPI_CHECK(MPI_Cancel(&req));
+            SD_MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+            return sd_err_set(err, "the preprocessing half sent no plan (how many shards it writes) "
+                                   "within %.0f s (&data shard_wait_timeout)", limit);
+        }
+        ts.tv_nsec = ns;
+        nanosleep(&ts, NULL);
+        if (ns < 50000000)
+            ns *= 2;
+    }
 }
 
 /* ---- prefetch ------------------------------------------------------------------------------- */
 
-static void request(sd_loader *l, int k, int64_t step)
+static void request(sd_loader *l, int k, const step_plan *p)
 {
     l->slots[k].state = SLOT_REQUESTED;
-    l->slots[k].step = step;
+    l->slots[k].step = p->step;
+    l->slots[k].plan = *p;
     SD_CHECK(pthread_cond_broadcast(&l->cv) == 0, "signal the prefetch thread");
 }
 
@@ -367,7 +801,7 @@ static void *prefetch_main(void *arg)
     SD_CHECK(pthread_mutex_lock(&l->mu) == 0, "prefetch lock");
     for (;;) {
         int k = -1;
-        int64_t step;
+        step_plan p;
         sd_err e;
         int rc;
         for (int s = 0; s < l->n_slots; s++)
@@ -380,10 +814,10 @@ static void *prefetch_main(void *arg)
             continue;
         }
         l->slots[k].state = SLOT_READING;
-        step = l->slots[k].step;
+        p = l->slots[k].plan;
         SD_CHECK(pthread_mutex_unlock(&l->mu) == 0, "prefetch unlock");
         e.msg[0] = '\0';
-        rc = read_step(l, step, &l->slots[k].batch, &e);
+        rc = read_step(l, &p, &l->slots[k].batch, &e);
         SD_CHECK(pthread_mutex_lock(&l->mu) == 0, "prefetch lock");
         l->slots[k].rc = rc;
         l->slots[k].err = e;
@@ -394,20 +828,36 @@ static void *prefetch_main(void *arg)
     return NULL;
 }
 
-static int check_step(const sd_loader *l, int64_t step, sd_err *err)
+/* locate, and in follow mode when the known shards do not reach the step, a poll of every rank
+ * together (collective then; every rank decides alike, the state it depends on being the
+ * same); with `block` it waits until they do. 0 with *p set, 1 (not yet; only without block),
+ * -1 (the step cannot be read) or -2 (the poll failed) with err. */
+static int plan_step(sd_loader *l, int64_t step, int block, step_plan *p, sd_err *err)
 {
-    if (step < 0)
-        return sd_err_set(err, "cannot seek the data loader to step %lld", (long long)step);
-    if (step / l->info.steps_per_epoch > (int64_t)SD_RNG_MAX_STEP)
-        return sd_err_set(err, "step %lld is in epoch %lld, beyond the shuffle stream's limit %llu",
-                          (long long)step, (long long)(step / l->info.steps_per_epoch),
-                          (unsigned long long)SD_RNG_MAX_STEP);
-    return 0;
+    int rc = locate(l, step, p, err);
+    if (rc != 1)
+        return rc;
+    if (follow_sync(l, 0, block ? (step + 1) * l->info.global_batch : 0, err))
+        return -2;
+    return locate(l, step, p, err);
+}
+
+/* 1 when a slot holds or reads `step` (prefetch on). */
+static int requested(sd_loader *l, int64_t step)
+{
+    int found = 0;
+    SD_CHECK(pthread_mutex_lock(&l->mu) == 0, "loader lock");
+    for (int i = 0; i < l->n_slots; i++)
+        found |= l->slots[i].state != SLOT_EMPTY && l->slots[i].step == step;
+    SD_CHECK(pthread_mutex_unlock(&l->mu) == 0, "loader unlock");
+    return found;
 }
 
 int sd_loader_seek(sd_loader *l, int64_t step, sd_err *err)
 {
-    if (check_step(l, step, err))
+    step_plan p;
+    int rc = locate(l, step, &p, err);
+    if (rc < 0)
         return -1;
     if (!l->prefetch) {
         l->slots[0].state = SLOT_EMPTY;
@@ -428,7 +878,8 @@ int sd_loader_seek(sd_loader *l, int64_t step, sd_err *err)
         l->slots[s].state = SLOT_EMPTY;
     l->held = -1;
     l->next_step = step;
-    request(l, 0, step);
+    if (rc == 0) /* follow mode: a step the known shards do not reach is read by the next call */
+        request(l, 0, &p);
     SD_CHECK(pthread_mutex_unlock(&l->mu) == 0, "loader unlock");
     return 0;
 }
@@ -437,18 +888,33 @@ int sd_loader_next(sd_loader *l, const sd_loader_batch **batch, double *wait_sec
 {
     double t0 = sd_time_now();
     const int64_t step = l->next_step;
+    step_plan cur, nxt;
+    sd_err scratch;
     slot *s;
-    int k = -1;
+    int k = -1, have_nxt = 0, rc;
     *batch = NULL;
     if (wait_seconds)
         *wait_seconds = 0;
+    /* Follow mode makes this collective (plan_step): every rank polls here, before anything
+     * local can fail. */
+    if (!l->prefetch || !requested(l, step))
+        if (plan_step(l, step, 1, &cur, err))
+            return -1;
+    if (l->prefetch) {
+        rc = plan_step(l, step + 1, 0, &nxt, &scratch);
+        if (rc == -2) {
+            *err = scratch;
+            return -1;
+        }
+        have_nxt = rc == 0;
+    }
     if (!l->prefetch) {
         s = &l->slots[0];
         /* A failed step stays failed until a seek (as with prefetch). */
         if (!(s->state == SLOT_READY && s->step == step && s->rc)) {
             s->step = step;
             s->err.msg[0] = '\0';
-            s->rc = check_step(l, step, &s->err) || read_step(l, step, &s->batch, &s->err);
+            s->rc = read_step(l, &cur, &s->batch, &s->err);
             s->state = SLOT_READY;
         }
         if (wait_seconds)
@@ -476,11 +942,7 @@ int sd_loader_next(sd_loader *l, const sd_loader_batch **batch, double *wait_sec
             if (l->slots[i].state == SLOT_EMPTY)
                 k = i;
         SD_CHECK(k >= 0, "no free slot for step %lld", (long long)step);
-        if (check_step(l, step, err)) {
-            SD_CHECK(pthread_mutex_unlock(&l->mu) == 0, "loader unlock");
-            return -1;
-        }
-        request(l, k, step);
+        request(l, k, &cur);
     }
     s = &l->slots[k];
     while (s->state != SLOT_READY)
@@ -495,9 +957,9 @@ int sd_loader_next(sd_loader *l, const sd_loader_batch **batch, double *wait_sec
     l->held = k;
     l->next_step = step + 1;
     /* Double buffering: the other slot takes the next step while the caller uses this one. */
-    for (int i = 0; i < l->n_slots; i++)
-        if (i != k && l->slots[i].state == SLOT_EMPTY && check_step(l, step + 1, NULL) == 0) {
-            request(l, i, step + 1);
+    for (int i = 0; i < l->n_slots && have_nxt; i++)
+        if (i != k && l->slots[i].state == SLOT_EMPTY) {
+            request(l, i, &nxt);
             break;
         }
     SD_CHECK(pthread_mutex_unlock(&l->mu) == 0, "loader unlock");
@@ -515,6 +977,7 @@ int sd_loader_read_val(sd_loader *l, int64_t first, int count, sd_loader_batch *
         return sd_err_set(err, "%d validation samples do not fit a batch of capacity %d", count,
                           b->capacity);
     b->step = -1;
+    b->epoch = -1;
     b->count = 0;
     for (int i = 0; i < count; i += VAL_CHUNK) {
         int n = count - i < VAL_CHUNK ? count - i : VAL_CHUNK;
@@ -523,10 +986,10 @@ int sd_loader_read_val(sd_loader *l, int64_t first, int count, sd_loader_batch *
             items[k].ord = ord;
             items[k].dst = i + k;
             b->positions[i + k] = first + i + k;
-            b->ids[i + k] = id_of(l, ord);
+            b->ids[i + k] = id_of(l, l->info.n_shards, ord);
         }
         /* The list is ascending, so runs land on consecutive rows: no staging needed. */
-        if (read_items(l, items, n, b, NULL, NULL, err))
+        if (read_items(l, l->info.n_shards, items, n, b, NULL, NULL, err))
             return -1;
     }
     b->count = count;
@@ -546,6 +1009,8 @@ typedef struct open_header {
     int32_t batch_per_rank;
     uint64_t seed;
     double val_fraction;
+    int32_t follow;
+    int64_t n_planned;      /* follow mode: the preprocessing half's shards */
 } open_header;
 
 static void bcast_bytes(void *buf, size_t bytes, MPI_Comm comm)
@@ -581,7 +1046,6 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     uint32_t *val = NULL;
     size_t val_cap = 0;
     float *empty = NULL;
-    char *keys = NULL;
     int64_t ord = 0, n_train, global;
     struct stat st;
     int rc = -1;
@@ -599,47 +1063,11 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
         return sd_err_set(err, "%s: %lld samples; the loader takes at most %llu", dir,
                           (long long)m->total_samples, (unsigned long long)UINT32_MAX - 1);
     for (int64_t k = 0; k < m->n; k++) {
-        const sd_shard_entry *e = &m->entries[k];
-        const sd_shard_info *in;
-        sd_shard *s;
-        size_t kw;
-        int r;
-        sd_loader_h5_lock();
-        r = sd_shard_open_entry(dir, e, &s, err);
-        if (r) {
-            sd_loader_h5_unlock();
+        int have = k > 0;
+        if (scan_shard(dir, &m->entries[k], o->val_fraction, &want, &have, &empty, (uint32_t)ord, &val,
+                       &h->n_val, &val_cap, err))
             goto out;
-        }
-        in = sd_shard_get_info(s);
-        if (k == 0) {
-            want.resolution = in->resolution;
-            want.latent_channels = in->latent_channels;
-            want.latent_size = in->latent_size;
-            want.text_len = in->text_len;
-            want.embed_dim = in->embed_dim;
-            want.scaling_factor = in->scaling_factor;
-            empty = sd_xmalloc((size_t)in->text_len * (size_t)in->embed_dim * sizeof(float));
-            r = sd_shard_read_empty_embedding(s, empty, err);
-        }
-        if (r == 0)
-            r = check_shape(&want, in, err);
-        kw = in->key_width + 1;
-        if (r == 0) {
-            keys = sd_xrealloc(keys, (size_t)in->n_samples * kw);
-            r = sd_shard_read_keys(s, 0, in->n_samples, 1, keys, kw, err);
-        }
-        sd_shard_close(s);
-        sd_loader_h5_unlock();
-        if (r)
-            goto out;
-        for (int64_t i = 0; i < e->samples; i++, ord++)
-            if (sd_loader_key_is_val(keys + (size_t)i * kw, o->val_fraction)) {
-                if ((size_t)h->n_val == val_cap) {
-                    val_cap = val_cap ? 2 * val_cap : 1024;
-                    val = sd_xrealloc(val, val_cap * sizeof *val);
-                }
-                val[h->n_val++] = (uint32_t)ord;
-            }
+        ord += m->entries[k].samples;
     }
     n_train = m->total_samples - h->n_val;
     global = (int64_t)n_ranks * o->batch_per_rank;
@@ -660,7 +1088,6 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     h->n_samples = m->total_samples;
     rc = 0;
 out:
-    free(keys);
     if (rc) {
         free(val);
         free(empty);
@@ -704,7 +1131,23 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
 
     memset(&h, 0, sizeof h);
     if (rank == 0) {
-        if (check_options(opt, err) == 0 && scan_shards(opt, size, &h, &m, &val, &empty, err) == 0) {
+        int64_t plan[2] = {0, 0};
+        int rc = check_options(opt, err);
+        if (rc == 0 && opt->follow) {
+            /* follow mode: the shards come later (follow_sync below), the plan now */
+            rc = receive_plan(opt, plan, err);
+            if (rc == 0 && plan[0] < 1)
+                rc = sd_err_set(err, "the preprocessing half has no shards to write (its dataset "
+                                     "has %lld samples)", (long long)plan[1]);
+            if (rc == 0 && plan[1] >= (int64_t)UINT32_MAX)
+                rc = sd_err_set(err, "the preprocessing half plans %lld samples; the loader takes at "
+                                     "most %llu", (long long)plan[1], (unsigned long long)UINT32_MAX - 1);
+            h.follow = 1;
+            h.n_planned = plan[0];
+        } else if (rc == 0) {
+            rc = scan_shards(opt, size, &h, &m, &val, &empty, err);
+        }
+        if (rc == 0) {
             h.batch_per_rank = opt->batch_per_rank;
             h.seed = opt->seed;
             h.val_fraction = opt->val_fraction;
@@ -713,7 +1156,12 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
             snprintf(h.msg, sizeof h.msg, "%s", err->msg);
         }
     }
-    bcast_bytes(&h, sizeof h, comm);
+    {
+        /* follow mode: rank 0 may wait long for the plan; the others wait without spinning */
+        MPI_Request req;
+        SD_MPI_CHECK(MPI_Ibcast(&h, (int)sizeof h, MPI_BYTE, 0, comm, &req));
+        sd_mpi_wait_idle(&req);
+    }
     if (h.status) {
         if (rank == 0)
             sd_shard_manifest_free(&m);
@@ -737,12 +1185,27 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     l->info.n_ranks = size;
     l->info.global_batch = (int64_t)size * h.batch_per_rank;
     l->info.steps_per_epoch = l->info.n_train / l->info.global_batch;
+    l->info.complete = !h.follow;
+    l->info.n_planned = h.follow ? h.n_planned : h.n_shards;
     l->seed = h.seed;
+    l->val_fraction = h.val_fraction;
+    l->follow = h.follow;
+    l->comm = comm;
+    l->timeout = opt->wait_timeout_s > 0 ? opt->wait_timeout_s : 3600;
+    l->poll = opt->poll_interval_s > 0 ? opt->poll_interval_s : 0.2;
+    snprintf(l->dir, sizeof l->dir, "%s", opt->shard_dir ? opt->shard_dir : "");
     l->m_el = (size_t)(2 * h.latent_channels) * (size_t)h.latent_size * (size_t)h.latent_size;
     l->e_el = (size_t)h.text_len * (size_t)h.embed_dim;
     n_empty = l->e_el;
 
-    if (rank == 0) {
+    if (l->follow) {
+        /* room for every planned shard: the reader thread looks at these arrays while the
+         * caller's thread appends shards, so they never move */
+        l->entries = sd_xcalloc((size_t)h.n_planned, sizeof *l->entries);
+        l->first = sd_xcalloc((size_t)h.n_planned + 1, sizeof *l->first);
+        l->seg = sd_xcalloc((size_t)h.n_planned, sizeof *l->seg);
+        l->tfirst = sd_xcalloc((size_t)h.n_planned + 1, sizeof *l->tfirst);
+    } else if (rank == 0) {
         l->entries = m.entries;
         l->val = val;
         l->empty = empty;
@@ -752,9 +1215,13 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         l->val = sd_xmalloc(((size_t)h.n_val + 1) * sizeof *l->val);
         l->empty = sd_xmalloc(n_empty * sizeof *l->empty);
     }
-    bcast_bytes(l->entries, (size_t)h.n_shards * sizeof *l->entries, comm);
-    bcast_bytes(l->val, (size_t)h.n_val * sizeof *l->val, comm);
-    bcast_bytes(l->empty, n_empty * sizeof *l->empty, comm);
+    if (!l->follow) {
+        bcast_bytes(l->entries, (size_t)h.n_shards * sizeof *l->entries, comm);
+        bcast_bytes(l->val, (size_t)h.n_val * sizeof *l->val, comm);
+        bcast_bytes(l->empty, n_empty * sizeof *l->empty, comm);
+        l->heldout = l->val;
+        l->n_heldout = h.n_val;
+    }
 
     /* Every rank checks its own options against rank 0's; the first failure is everyone's. */
     failed = check_options(opt, err) != 0;
@@ -763,8 +1230,23 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         failed = sd_err_set(err, "rank %d was given other loader options than rank 0 (batch per rank %d, "
                                  "seed %llu, validation fraction %g)", rank, opt->batch_per_rank,
                             (unsigned long long)opt->seed, opt->val_fraction) != 0;
-    if (!failed) {
-        snprintf(l->dir, sizeof l->dir, "%s", opt->shard_dir);
+    if (l->follow) {
+        /* every rank agrees on the options before the first poll (collective) */
+        if (sd_agree(comm, failed, err) == 0) {
+            if (rank == 0)
+                sd_info("data: following the shards of %s as the preprocessing half commits them "
+                        "(%lld planned; the first pass takes them in index order)", l->dir,
+                        (long long)h.n_planned);
+            failed = follow_sync(l, 1, 0, err) != 0 ? -1 : 0;
+        } else {
+            failed = -1;
+        }
+        if (failed) {
+            sd_loader_close(l);
+            return -1; /* the same message on every rank */
+        }
+    }
+    if (!failed && !l->follow) {
         l->first = sd_xmalloc(((size_t)h.n_shards + 1) * sizeof *l->first);
         l->first[0] = 0;
         for (int64_t k = 0; k < h.n_shards; k++)
@@ -772,6 +1254,8 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         SD_CHECK(l->first[h.n_shards] == h.n_samples, "manifest of %lld samples, expected %lld",
                  (long long)l->first[h.n_shards], (long long)h.n_samples);
         l->order = sd_xmalloc((size_t)l->info.n_train * sizeof *l->order);
+    }
+    if (!failed) {
         l->order_epoch = -1;
         l->items = sd_xmalloc((size_t)h.batch_per_rank * sizeof *l->items);
         l->stage_m = sd_xmalloc((size_t)h.batch_per_rank * l->m_el * sizeof(float));
@@ -829,7 +1313,14 @@ void sd_loader_close(sd_loader *l)
     free(l->order);
     free(l->first);
     free(l->empty);
+    if (l->heldout != l->val)
+        free(l->heldout);
     free(l->val);
     free(l->entries);
+    if (l->seg)
+        for (int64_t k = 0; k < l->info.n_shards; k++)
+            free(l->seg[k]);
+    free(l->seg);
+    free(l->tfirst);
     free(l);
 }

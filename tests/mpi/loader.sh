@@ -89,3 +89,24 @@ for np in 1 3; do
     expect_count "unreadable-$np" out "ok " 2
 done
 pass "training data loader"
+
+# Follow mode (&run mode = 'pipeline'): world rank 0 writes shards 0..3 one by one while the
+# other ranks read; the first pass goes shard by shard, later epochs are the usual permutations,
+# validation is shard 0's held-out part. The same global batches for 1 x 6, 2 x 3 and 3 x 2
+# readers, with and without prefetch, and whether the writer is fast or slow.
+FSPEC=0:13,1:5,2:19,3:11
+mpi fol-1 2 "$prog" follow "$TMP/fol-1" f16 "$FSPEC" 6 0.2 77 "$K" 0 1 "$TMP/fdigest-1"
+expect_rc fol-1 0
+mpi fol-2 3 "$prog" follow "$TMP/fol-2" f16 "$FSPEC" 3 0.2 77 "$K" 300 1 "$TMP/fdigest-2"
+expect_rc fol-2 0
+expect_in fol-2 out "waiting for shard 2 (shard-000002.h5) to be committed in $TMP/fol-2"
+mpi fol-3 4 "$prog" follow "$TMP/fol-3" f32 "$FSPEC" 2 0.2 77 "$K" 100 0 "$TMP/fdigest-3"
+expect_rc fol-3 0
+for n in 1 2 3; do
+    expect_not_in "fol-$n" out "not ok"
+    grep -q '^1\.\.[0-9]' "$TMP/fol-$n.out" || fail "fol-$n: no TAP plan (crashed?)"
+    [ "$(wc -l <"$TMP/fdigest-$n")" = "$K" ] || fail "fol-$n: digest has not $K steps"
+done
+cmp -s "$TMP/fdigest-1" "$TMP/fdigest-2" && cmp -s "$TMP/fdigest-1" "$TMP/fdigest-3" ||
+    fail "follow mode: the global batches depend on the reader split or the writer's speed"
+pass "follow mode: the same global batches for any split and any writer speed"

@@ -83,73 +83,93 @@ static int parse_spec(const char *s, spec *sp)
     return 0;
 }
 
+/* Writes shard `index` of n samples into dir: every rank of comm contributes a contiguous slice. */
+static int write_shard(MPI_Comm comm, const char *dir, const sd_shard_meta *meta, const float *empty,
+                       int64_t index, int64_t n)
+{
+    const int D = meta->embed_dim;
+    int rank, size, rc;
+    int64_t lo, cnt;
+    float *mom, *emb;
+    int32_t *ids;
+    char **caps, **keys;
+    sd_shard_batch b;
+    sd_shard_entry e;
+    sd_err err;
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    SD_MPI_CHECK(MPI_Comm_size(comm, &size));
+    lo = n * rank / size;
+    cnt = n * (rank + 1) / size - lo;
+    mom = sd_xmalloc((size_t)(cnt + 1) * M_EL * sizeof(float));
+    emb = sd_xmalloc((size_t)(cnt + 1) * L * D * sizeof(float));
+    ids = sd_xcalloc((size_t)(cnt + 1) * L, sizeof(int32_t));
+    caps = sd_xcalloc((size_t)cnt + 1, sizeof(char *));
+    keys = sd_xcalloc((size_t)cnt + 1, sizeof(char *));
+    for (int64_t i = 0; i < cnt; i++) {
+        int64_t g = index * 1000 + lo + i;
+        char buf[64];
+        for (int64_t j = 0; j < M_EL; j++)
+            mom[i * M_EL + j] = value(g, 0, j);
+        for (int64_t j = 0; j < (int64_t)L * D; j++)
+            emb[i * L * D + j] = value(g, 1, j);
+        make_key(g, buf, sizeof buf);
+        keys[i] = sd_xstrdup(buf);
+        caps[i] = sd_xstrdup("a caption");
+    }
+    b.n = cnt;
+    b.layout = SD_LATENT_NCHW;
+    b.moments = mom;
+    b.embeddings = emb;
+    b.ids = ids;
+    b.captions = (const char *const *)caps;
+    b.keys = (const char *const *)keys;
+    rc = sd_shard_write(comm, dir, index, meta, empty, &b, &e, &err);
+    if (rc)
+        fprintf(stderr, "[rank %d] write error: %s\n", g_rank, err.msg);
+    else if (rank == 0)
+        printf("committed %s: %lld samples\n", e.file, (long long)e.samples);
+    fflush(stdout);
+    for (int64_t i = 0; i < cnt; i++) {
+        free(keys[i]);
+        free(caps[i]);
+    }
+    free(keys);
+    free(caps);
+    free(ids);
+    free(emb);
+    free(mom);
+    return rc ? 1 : 0;
+}
+
+static float *test_meta(sd_shard_meta *meta, sd_dtype dt, int D)
+{
+    float *empty;
+    sd_shard_meta_defaults(meta);
+    meta->resolution = RES;
+    meta->embed_dim = D;
+    meta->float_dtype = dt;
+    empty = sd_xmalloc((size_t)L * D * sizeof(float));
+    for (int64_t j = 0; j < (int64_t)L * D; j++)
+        empty[j] = value(-1, 9, j);
+    return empty;
+}
+
 /* write DIR f16|f32 SPEC [D]: every rank of the job contributes a contiguous slice. */
 static int cmd_write(int argc, char **argv)
 {
     const char *dir = argv[2];
-    int D = argc > 5 ? atoi(argv[5]) : 8;
+    int D = argc > 5 ? atoi(argv[5]) : 8, rc = 0;
     sd_dtype dt;
     spec sp;
     sd_shard_meta meta;
     float *empty;
     if (parse_dtype(argv[3], &dt) || parse_spec(argv[4], &sp) || D < 1)
         return 2;
-    sd_shard_meta_defaults(&meta);
-    meta.resolution = RES;
-    meta.embed_dim = D;
-    meta.float_dtype = dt;
-    empty = sd_xmalloc((size_t)L * D * sizeof(float));
-    for (int64_t j = 0; j < (int64_t)L * D; j++)
-        empty[j] = value(-1, 9, j);
-    for (int k = 0; k < sp.n; k++) {
-        int64_t n = sp.samples[k], lo = n * g_rank / g_size, cnt = n * (g_rank + 1) / g_size - lo;
-        float *mom = sd_xmalloc((size_t)(cnt + 1) * M_EL * sizeof(float));
-        float *emb = sd_xmalloc((size_t)(cnt + 1) * L * D * sizeof(float));
-        int32_t *ids = sd_xcalloc((size_t)(cnt + 1) * L, sizeof(int32_t));
-        char **caps = sd_xcalloc((size_t)cnt + 1, sizeof(char *)), **keys = sd_xcalloc((size_t)cnt + 1, sizeof(char *));
-        sd_shard_batch b;
-        sd_shard_entry e;
-        sd_err err;
-        int rc;
-        for (int64_t i = 0; i < cnt; i++) {
-            int64_t g = sp.index[k] * 1000 + lo + i;
-            char buf[64];
-            for (int64_t j = 0; j < M_EL; j++)
-                mom[i * M_EL + j] = value(g, 0, j);
-            for (int64_t j = 0; j < (int64_t)L * D; j++)
-                emb[i * L * D + j] = value(g, 1, j);
-            make_key(g, buf, sizeof buf);
-            keys[i] = sd_xstrdup(buf);
-            caps[i] = sd_xstrdup("a caption");
-        }
-        b.n = cnt;
-        b.layout = SD_LATENT_NCHW;
-        b.moments = mom;
-        b.embeddings = emb;
-        b.ids = ids;
-        b.captions = (const char *const *)caps;
-        b.keys = (const char *const *)keys;
-        rc = sd_shard_write(MPI_COMM_WORLD, dir, sp.index[k], &meta, empty, &b, &e, &err);
-        if (rc)
-            fprintf(stderr, "[rank %d] write error: %s\n", g_rank, err.msg);
-        else if (g_rank == 0)
-            printf("committed %s: %lld samples\n", e.file, (long long)e.samples);
-        for (int64_t i = 0; i < cnt; i++) {
-            free(keys[i]);
-            free(caps[i]);
-        }
-        free(keys);
-        free(caps);
-        free(ids);
-        free(emb);
-        free(mom);
-        if (rc) {
-            free(empty);
-            return 1;
-        }
-    }
+    empty = test_meta(&meta, dt, D);
+    for (int k = 0; k < sp.n && rc == 0; k++)
+        rc = write_shard(MPI_COMM_WORLD, dir, &meta, empty, sp.index[k], sp.samples[k]);
     free(empty);
-    return 0;
+    return rc;
 }
 
 /* ---- checks: every rank tests, rank 0 reports one TAP line per section -------------------- */
@@ -659,6 +679,159 @@ static int cmd_unreadable(int argc, char **argv)
     return g_rank == 0 ? tap_done() : 0;
 }
 
+/* Follow mode's first pass as loader.h specifies it, written out again: shard by shard, each
+ * shard's training ordinals shuffled with the shard index as the counter. */
+static void model_stream(const model *m, const spec *sp, uint64_t seed, int64_t *out)
+{
+    int64_t o = 0, t = 0;
+    for (int k = 0; k < sp->n; k++) {
+        int64_t first = t;
+        for (int64_t r = 0; r < sp->samples[k]; r++, o++)
+            if (!m->is_val[o])
+                out[t++] = o;
+        for (int64_t i = t - first - 1; i >= 1; i--) {
+            uint32_t j = sd_rng_below(seed, SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 1), (uint64_t)sp->index[k],
+                                      (uint64_t)i >> 24, (uint32_t)(i & 0xFFFFFF), (uint32_t)(i + 1));
+            int64_t x = out[first + i];
+            out[first + i] = out[first + j];
+            out[first + j] = x;
+        }
+    }
+}
+
+/* follow DIR f16|f32 SPEC B FRAC SEED K DELAY_MS PREFETCH DIGEST: world rank 0 writes the shards
+ * of SPEC (indices 0..P-1) one by one, DELAY_MS before each, after sending the plan; the other
+ * ranks train-read K steps with a follow-mode loader and check every batch against the model. */
+static int cmd_follow(int argc, char **argv)
+{
+    const char *dir = argv[2], *digest = argv[11];
+    int B = atoi(argv[5]), K = atoi(argv[8]), delay = atoi(argv[9]), prefetch = atoi(argv[10]);
+    double frac = atof(argv[6]);
+    uint64_t seed = strtoull(argv[7], NULL, 10);
+    MPI_Comm sub;
+    sd_dtype dt;
+    spec sp;
+    int rank, size;
+    (void)argc;
+    if (parse_dtype(argv[3], &dt) || parse_spec(argv[4], &sp) || B < 1 || K < 1 || g_size < 2)
+        return 2;
+    for (int k = 0; k < sp.n; k++)
+        if (sp.index[k] != k)
+            return 2;
+    SD_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g_rank == 0 ? 0 : 1, g_rank, &sub));
+    SD_MPI_CHECK(MPI_Comm_rank(sub, &rank));
+    SD_MPI_CHECK(MPI_Comm_size(sub, &size));
+    if (g_rank == 0) {
+        sd_shard_meta meta;
+        float *empty = test_meta(&meta, dt, 8);
+        int64_t plan[2] = {sp.n, 0};
+        int rc = 0;
+        for (int k = 0; k < sp.n; k++)
+            plan[1] += sp.samples[k];
+        SD_MPI_CHECK(MPI_Send(plan, 2, MPI_INT64_T, 1, SD_PIPELINE_PLAN_TAG, MPI_COMM_WORLD));
+        for (int k = 0; k < sp.n && rc == 0; k++) {
+            usleep((useconds_t)delay * 1000);
+            rc = write_shard(sub, dir, &meta, empty, sp.index[k], sp.samples[k]);
+        }
+        check(rc == 0, "writing the shards");
+        free(empty);
+    } else {
+        model m, scratch;
+        sd_loader_options o;
+        sd_loader *l;
+        const sd_loader_info *in;
+        const sd_loader_batch *b;
+        sd_loader_batch vb;
+        sd_err err;
+        int64_t *stream, *rec, *global = NULL, n_val0 = 0, G = (int64_t)B * size, spe;
+        FILE *dig = NULL;
+        sd_log_set_info_leader(rank == 0);
+        model_build(&m, &sp, frac);
+        model_build(&scratch, &sp, frac);
+        stream = sd_xmalloc((size_t)m.n * sizeof *stream);
+        model_stream(&m, &sp, seed, stream);
+        spe = m.n_train / G;
+        for (int64_t v = 0; v < m.n_val; v++)
+            n_val0 += m.shard[m.val[v]] == 0;
+        sd_loader_options_defaults(&o);
+        o.shard_dir = dir;
+        o.val_fraction = frac;
+        o.batch_per_rank = B;
+        o.seed = seed;
+        o.prefetch = prefetch;
+        o.follow = 1;
+        o.plan_comm = MPI_COMM_WORLD;
+        o.plan_source = 0;
+        o.poll_interval_s = 0.02;
+        o.wait_timeout_s = 60;
+        if (!check(sd_loader_open(sub, &o, &l, &err) == 0, "open (follow): %s", err.msg))
+            goto done;
+        in = sd_loader_get_info(l);
+        check(in->n_planned == sp.n && in->n_shards >= 1 && in->n_val == n_val0 && in->embed_dim == 8 &&
+                  in->global_batch == G && in->rank == rank && in->n_ranks == size &&
+                  (in->complete == (in->n_shards == sp.n)),
+              "info at open: planned %lld shards %lld val %lld (want %lld) complete %d", (long long)in->n_planned,
+              (long long)in->n_shards, (long long)in->n_val, (long long)n_val0, in->complete);
+        /* the validation set: shard 0's held-out samples */
+        sd_loader_batch_alloc(l, (int)(n_val0 + 1), &vb);
+        if (check(sd_loader_read_val(l, 0, (int)n_val0, &vb, &err) == 0, "validation read: %s", err.msg))
+            for (int i = 0; i < vb.count; i++)
+                check(ordinal_of(&m, vb.ids[i]) == m.val[i] && m.shard[m.val[i]] == 0 &&
+                          content_ok(&vb, i, vb.ids[i], 8, dt),
+                      "validation sample %d", i);
+        sd_loader_batch_free(&vb);
+        rec = sd_xmalloc((size_t)B * sizeof *rec);
+        if (rank == 0) {
+            global = sd_xmalloc((size_t)G * sizeof *global);
+            dig = fopen(digest, "w");
+            check(dig != NULL, "cannot write %s", digest);
+        }
+        for (int64_t st = 0; st < K; st++) {
+            int64_t e = st / spe, idx = st % spe;
+            if (!check(sd_loader_next(l, &b, NULL, &err) == 0, "next at step %lld: %s", (long long)st, err.msg))
+                break;
+            model_epoch(&scratch, seed, e);
+            check(b->step == st && b->epoch == e && b->count == B, "step %lld: batch of step %lld epoch %lld",
+                  (long long)st, (long long)b->step, (long long)b->epoch);
+            for (int j = 0; j < B; j++) {
+                int64_t pos = (int64_t)rank * B + j;
+                int64_t want = e == 0 ? stream[idx * G + pos] : scratch.order[idx * G + pos];
+                rec[j] = ordinal_of(&m, b->ids[j]);
+                check(rec[j] == want && b->positions[j] == pos && content_ok(b, j, b->ids[j], 8, dt),
+                      "step %lld sample %d: ordinal %lld, expected %lld", (long long)st, j, (long long)rec[j],
+                      (long long)want);
+            }
+            SD_MPI_CHECK(MPI_Gather(rec, B, MPI_INT64_T, global, B, MPI_INT64_T, 0, sub));
+            if (dig) {
+                fprintf(dig, "step %lld epoch %lld:", (long long)st, (long long)e);
+                for (int64_t p = 0; p < G; p++)
+                    fprintf(dig, " %lld/%lld", (long long)m.shard[global[p]], (long long)m.row[global[p]]);
+                fprintf(dig, "\n");
+            }
+        }
+        in = sd_loader_get_info(l);
+        check(K <= spe || (in->complete && in->n_shards == sp.n && in->n_train == m.n_train &&
+                           in->steps_per_epoch == spe),
+              "info after epoch 0: complete %d shards %lld train %lld spe %lld", in->complete,
+              (long long)in->n_shards, (long long)in->n_train, (long long)in->steps_per_epoch);
+        if (rank == 0)
+            tap_diag("%lld samples: %lld train (%lld steps per epoch of %lld), %lld validation in shard 0",
+                     (long long)m.n, (long long)m.n_train, (long long)spe, (long long)G, (long long)n_val0);
+        if (dig)
+            fclose(dig);
+        free(rec);
+        free(global);
+        sd_loader_close(l);
+    done:
+        free(stream);
+        model_free(&m);
+        model_free(&scratch);
+    }
+    section("follow mode: the first pass shard by shard, then the epoch permutations; shard 0's validation set");
+    MPI_Comm_free(&sub);
+    return g_rank == 0 ? tap_done() : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -674,9 +847,12 @@ int main(int argc, char **argv)
         rc = cmd_open(argc, argv);
     else if (!strcmp(mode, "unreadable") && argc == 4)
         rc = cmd_unreadable(argc, argv);
+    else if (!strcmp(mode, "follow") && argc == 12)
+        rc = cmd_follow(argc, argv);
     else if (g_rank == 0)
         fprintf(stderr, "usage: loader_test write DIR f16|f32 SPEC [D] | check DIR f16|f32 SPEC B FRAC SEED K "
-                        "DIGEST | open DIR B FRAC | unreadable DIR B\n");
+                        "DIGEST | open DIR B FRAC | unreadable DIR B | follow DIR f16|f32 SPEC B FRAC SEED K DELAY_MS "
+                        "PREFETCH DIGEST\n");
     /* Any rank's failure is the job's (rank 0 alone prints the TAP plan). */
     SD_MPI_CHECK(MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     MPI_Finalize();

@@ -1,7 +1,6 @@
 #!/bin/sh
 # Modes whose work has not landed say so and exit 3 on every rank, after setting up the run.
-# The training half of 'pipeline' is the one left (its exit 3 is checked in process.sh);
-# 'sample' has landed: it no longer refuses, and a namelist that gives it nothing to sample
+# None is left: 'pipeline' has landed (tests/mpi/pipeline.sh), and 'sample' has landed: it no longer refuses, and a namelist that gives it nothing to sample
 # from is an input error (exit 2) that says what is missing.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
@@ -16,4 +15,4 @@ expect_rc sample 2
 expect_not_in sample err "is not implemented in this build"
 expect_count sample err "nothing to sample from" 1
 [ -f "$TMP/sample/used.nml" ] || fail "sample: used.nml missing"
-pass "mode 'sample' is implemented; no mode of the schema but 'pipeline' refuses"
+pass "mode 'sample' is implemented; no mode of the schema refuses"

@@ -97,13 +97,14 @@ expect_rc resume 0
 checksums "$TMP/shards-kill" >"$TMP/sum-kill"
 diff "$TMP/sum-np3" "$TMP/sum-kill" || fail "resumed run wrote different data"
 
-# mode = 'pipeline': the preprocessing ranks write the same shards; the training half says it
-# is not implemented (exit 3)
+# mode = 'pipeline': the preprocessing ranks write the same shards while the training rank
+# trains on them (tests/mpi/pipeline.sh checks the training half)
 write_nml pipe files "$TMP/data-files" "$TMP/shards-pipe"
-sed -i "s/mode = 'process'/mode = 'pipeline', n_process_ranks = 3/" "$TMP/pipe.nml"
-mpi pipe 4 "$SDTRAIN" "$TMP/pipe.nml"
-expect_rc pipe 3
-expect_count pipe err "the training half (the online pipeline) is not implemented" 1
+sed -i "s/mode = 'process'/mode = 'pipeline', n_process_ranks = 3, device = 'cpu'/" "$TMP/pipe.nml"
+mpi pipe 4 "$SDTRAIN" "$TMP/pipe.nml" --set train.max_steps=2 --set train.batch_size_per_rank=2
+expect_rc pipe 0
+expect_in pipe out "training summary"
+expect_not_in pipe err "not implemented"
 checksums "$TMP/shards-pipe" >"$TMP/sum-pipe"
 diff "$TMP/sum-np3" "$TMP/sum-pipe" || fail "pipeline preprocessing wrote other data than process mode"
 
