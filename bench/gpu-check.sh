@@ -8,7 +8,8 @@
 #   --bundle DIR  use DIR/bundle.tar.xz made by bench/gpu-bundle.sh (for GPU machines without
 #                 MPI / HDF5 / ...; default when .gpu/bundle.tar.xz exists)
 #   --build DIR   use (and first build) a tree configured with --with-cuda (default build/cuda)
-#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, peer, train
+#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, profile, peer,
+#                 train
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
@@ -169,6 +170,22 @@ if want models && [ -x "$B/bench/models_cuda" ]; then
         cat "$logdir/models_$p.txt"
         if [ "$rc" = 0 ]; then add "bench models_cuda $p" "done" "$logdir/models_$p.txt"
         else status=1; add "bench models_cuda $p" "FAIL" "exit $rc"; fi
+    done
+fi
+
+# per-op GPU time of whole models (SDTRAIN_CUDA_PROFILE=1: the backend's op profile, printed when
+# the benchmark closes its backend; warm-up runs included)
+if want profile && [ -x "$B/bench/models_cuda" ]; then
+    for w in unet-train:256 unet-fwd:256 vae-encode:256 unet-train:512; do
+        what=${w%%:*}
+        res=${w#*:}
+        f="$logdir/profile_${what}_$res.txt"
+        SDTRAIN_CUDA_PROFILE=1 timeout 600 "$B/bench/models_cuda" --what "$what" --res "$res" \
+            --reps 5 --warmup 2 >"$f" 2>&1
+        rc=$?
+        grep -v '^RESULT' "$f" | head -30
+        if [ "$rc" = 0 ]; then add "profile $what $res" "done" "$f"
+        else status=1; add "profile $what $res" "FAIL" "exit $rc"; fi
     done
 fi
 

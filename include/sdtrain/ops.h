@@ -243,6 +243,10 @@ typedef struct sd_ops {
                          void *y);
     void (*diag_gaussian_sample)(const sd_backend *be, int64_t rows, int c, const void *moments,
                                  const void *eps, float scale, void *z);
+
+    /* Optional profiling hook (CUDA with SDTRAIN_CUDA_PROFILE=1; NULL otherwise): the sd_*
+     * wrappers call it before each compute op with NULL and after it with the op's name. */
+    void (*profile_mark)(const sd_backend *be, const char *label);
 } sd_ops;
 
 struct sd_backend {

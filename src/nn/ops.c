@@ -17,6 +17,14 @@
                  #entry, (be)->name);                                                         \
     } while (0)
 
+/* Op profiling (SDTRAIN_CUDA_PROFILE=1): a mark before each compute op closes the interval of
+ * whatever ran between ops (copies, optimizer, host work), the mark after it the op's own. */
+#define SD_PROF_MARK(be, label)                                                               \
+    do {                                                                                      \
+        if ((be)->ops->profile_mark)                                                          \
+            (be)->ops->profile_mark((be), (label));                                           \
+    } while (0)
+
 #define SD_NOT_NULL(p) SD_CHECK((p) != NULL, "%s must not be NULL", #p)
 
 static void check_scratch(const char *op, sd_scratch ws, size_t need)
@@ -214,7 +222,9 @@ void sd_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void
     SD_NOT_NULL(w);
     SD_NOT_NULL(y);
     check_scratch("conv2d_forward", ws, sd_conv2d_forward_scratch_bytes(be, d));
+    SD_PROF_MARK(be, NULL);
     be->ops->conv2d_forward(be, d, x, w, b, y, ws);
+    SD_PROF_MARK(be, "conv2d_forward");
 }
 
 size_t sd_conv2d_backward_scratch_bytes(const sd_backend *be, const sd_conv2d_desc *d)
@@ -235,7 +245,9 @@ void sd_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, const voi
     SD_NOT_NULL(dy);
     SD_NOT_NULL(dw);
     check_scratch("conv2d_backward", ws, sd_conv2d_backward_scratch_bytes(be, d));
+    SD_PROF_MARK(be, NULL);
     be->ops->conv2d_backward(be, d, x, w, dy, dx, accumulate, dw, db, ws);
+    SD_PROF_MARK(be, "conv2d_backward");
 }
 
 static void check_linear(int64_t rows, int in, int out)
@@ -252,7 +264,9 @@ void sd_linear_forward(const sd_backend *be, int64_t rows, int in, int out, cons
     SD_NOT_NULL(x);
     SD_NOT_NULL(w);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->linear_forward(be, rows, in, out, x, w, b, y);
+    SD_PROF_MARK(be, "linear_forward");
 }
 
 size_t sd_linear_backward_scratch_bytes(const sd_backend *be, int64_t rows, int in, int out)
@@ -274,7 +288,9 @@ void sd_linear_backward(const sd_backend *be, int64_t rows, int in, int out, con
     SD_NOT_NULL(dy);
     SD_NOT_NULL(dw);
     check_scratch("linear_backward", ws, sd_linear_backward_scratch_bytes(be, rows, in, out));
+    SD_PROF_MARK(be, NULL);
     be->ops->linear_backward(be, rows, in, out, x, w, dy, dx, accumulate, dw, db, ws);
+    SD_PROF_MARK(be, "linear_backward");
 }
 
 /* ---- normalization ------------------------------------------------------------------------ */
@@ -295,7 +311,9 @@ void sd_group_norm_forward(const sd_backend *be, const sd_group_norm_desc *d, co
     SD_NOT_NULL(x);
     SD_NOT_NULL(y);
     check_scratch("group_norm_forward", ws, sd_group_norm_forward_scratch_bytes(be, d));
+    SD_PROF_MARK(be, NULL);
     be->ops->group_norm_forward(be, d, x, gamma, beta, y, mean, rstd, ws);
+    SD_PROF_MARK(be, "group_norm_forward");
 }
 
 size_t sd_group_norm_backward_scratch_bytes(const sd_backend *be, const sd_group_norm_desc *d)
@@ -318,8 +336,10 @@ void sd_group_norm_backward(const sd_backend *be, const sd_group_norm_desc *d, c
     SD_NOT_NULL(rstd);
     SD_NOT_NULL(dy);
     check_scratch("group_norm_backward", ws, sd_group_norm_backward_scratch_bytes(be, d));
+    SD_PROF_MARK(be, NULL);
     be->ops->group_norm_backward(be, d, x, gamma, beta, mean, rstd, dy, dx, accumulate, dgamma,
                                  dbeta, ws);
+    SD_PROF_MARK(be, "group_norm_backward");
 }
 
 void sd_layer_norm_forward(const sd_backend *be, int64_t rows, int c, float eps, const void *x,
@@ -331,7 +351,9 @@ void sd_layer_norm_forward(const sd_backend *be, int64_t rows, int c, float eps,
     SD_CHECK(eps >= 0.0f, "layer norm eps %g must not be negative", (double)eps);
     SD_NOT_NULL(x);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->layer_norm_forward(be, rows, c, eps, x, gamma, beta, y, mean, rstd);
+    SD_PROF_MARK(be, "layer_norm_forward");
 }
 
 size_t sd_layer_norm_backward_scratch_bytes(const sd_backend *be, int64_t rows, int c)
@@ -354,8 +376,10 @@ void sd_layer_norm_backward(const sd_backend *be, int64_t rows, int c, const voi
     SD_NOT_NULL(rstd);
     SD_NOT_NULL(dy);
     check_scratch("layer_norm_backward", ws, sd_layer_norm_backward_scratch_bytes(be, rows, c));
+    SD_PROF_MARK(be, NULL);
     be->ops->layer_norm_backward(be, rows, c, x, gamma, mean, rstd, dy, dx, accumulate, dgamma,
                                  dbeta, ws);
+    SD_PROF_MARK(be, "layer_norm_backward");
 }
 
 /* ---- activations -------------------------------------------------------------------------- */
@@ -370,7 +394,9 @@ void sd_silu_forward(const sd_backend *be, int64_t n, const void *x, void *y)
 {
     SD_OP_ENTRY(be, silu_forward);
     check_elementwise(n, x, y);
+    SD_PROF_MARK(be, NULL);
     be->ops->silu_forward(be, n, x, y);
+    SD_PROF_MARK(be, "silu_forward");
 }
 
 void sd_silu_backward(const sd_backend *be, int64_t n, const void *x, const void *dy, void *dx,
@@ -379,14 +405,18 @@ void sd_silu_backward(const sd_backend *be, int64_t n, const void *x, const void
     SD_OP_ENTRY(be, silu_backward);
     check_elementwise(n, x, dx);
     check_elementwise(n, dy, dx);
+    SD_PROF_MARK(be, NULL);
     be->ops->silu_backward(be, n, x, dy, dx, accumulate);
+    SD_PROF_MARK(be, "silu_backward");
 }
 
 void sd_gelu_forward(const sd_backend *be, int64_t n, const void *x, void *y)
 {
     SD_OP_ENTRY(be, gelu_forward);
     check_elementwise(n, x, y);
+    SD_PROF_MARK(be, NULL);
     be->ops->gelu_forward(be, n, x, y);
+    SD_PROF_MARK(be, "gelu_forward");
 }
 
 void sd_gelu_backward(const sd_backend *be, int64_t n, const void *x, const void *dy, void *dx,
@@ -395,14 +425,18 @@ void sd_gelu_backward(const sd_backend *be, int64_t n, const void *x, const void
     SD_OP_ENTRY(be, gelu_backward);
     check_elementwise(n, x, dx);
     check_elementwise(n, dy, dx);
+    SD_PROF_MARK(be, NULL);
     be->ops->gelu_backward(be, n, x, dy, dx, accumulate);
+    SD_PROF_MARK(be, "gelu_backward");
 }
 
 void sd_quick_gelu_forward(const sd_backend *be, int64_t n, const void *x, void *y)
 {
     SD_OP_ENTRY(be, quick_gelu_forward);
     check_elementwise(n, x, y);
+    SD_PROF_MARK(be, NULL);
     be->ops->quick_gelu_forward(be, n, x, y);
+    SD_PROF_MARK(be, "quick_gelu_forward");
 }
 
 void sd_quick_gelu_backward(const sd_backend *be, int64_t n, const void *x, const void *dy,
@@ -411,7 +445,9 @@ void sd_quick_gelu_backward(const sd_backend *be, int64_t n, const void *x, cons
     SD_OP_ENTRY(be, quick_gelu_backward);
     check_elementwise(n, x, dx);
     check_elementwise(n, dy, dx);
+    SD_PROF_MARK(be, NULL);
     be->ops->quick_gelu_backward(be, n, x, dy, dx, accumulate);
+    SD_PROF_MARK(be, "quick_gelu_backward");
 }
 
 void sd_geglu_forward(const sd_backend *be, int64_t rows, int inner, const void *x, void *y)
@@ -419,7 +455,9 @@ void sd_geglu_forward(const sd_backend *be, int64_t rows, int inner, const void 
     SD_OP_ENTRY(be, geglu_forward);
     SD_CHECK(rows >= 0 && inner > 0, "geglu sizes rows=%lld inner=%d", (long long)rows, inner);
     check_elementwise(rows, x, y);
+    SD_PROF_MARK(be, NULL);
     be->ops->geglu_forward(be, rows, inner, x, y);
+    SD_PROF_MARK(be, "geglu_forward");
 }
 
 void sd_geglu_backward(const sd_backend *be, int64_t rows, int inner, const void *x,
@@ -429,7 +467,9 @@ void sd_geglu_backward(const sd_backend *be, int64_t rows, int inner, const void
     SD_CHECK(rows >= 0 && inner > 0, "geglu sizes rows=%lld inner=%d", (long long)rows, inner);
     check_elementwise(rows, x, dx);
     check_elementwise(rows, dy, dx);
+    SD_PROF_MARK(be, NULL);
     be->ops->geglu_backward(be, rows, inner, x, dy, dx, accumulate);
+    SD_PROF_MARK(be, "geglu_backward");
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -451,7 +491,9 @@ void sd_attention_forward(const sd_backend *be, const sd_attention_desc *d, cons
     SD_NOT_NULL(v);
     SD_NOT_NULL(o);
     check_scratch("attention_forward", ws, sd_attention_forward_scratch_bytes(be, d));
+    SD_PROF_MARK(be, NULL);
     be->ops->attention_forward(be, d, q, k, v, o, lse, ws);
+    SD_PROF_MARK(be, "attention_forward");
 }
 
 size_t sd_attention_backward_scratch_bytes(const sd_backend *be, const sd_attention_desc *d)
@@ -475,7 +517,9 @@ void sd_attention_backward(const sd_backend *be, const sd_attention_desc *d, con
     SD_NOT_NULL(lse);
     SD_NOT_NULL(dout);
     check_scratch("attention_backward", ws, sd_attention_backward_scratch_bytes(be, d));
+    SD_PROF_MARK(be, NULL);
     be->ops->attention_backward(be, d, q, k, v, o, lse, dout, dq, dk, dv, accumulate, ws);
+    SD_PROF_MARK(be, "attention_backward");
 }
 
 /* ---- resampling and data movement ---------------------------------------------------------- */
@@ -494,7 +538,9 @@ void sd_upsample_nearest_forward(const sd_backend *be, int n, int h, int w, int 
     check_upsample(n, h, w, c, h_out, w_out);
     SD_NOT_NULL(x);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->upsample_nearest_forward(be, n, h, w, c, h_out, w_out, x, y);
+    SD_PROF_MARK(be, "upsample_nearest_forward");
 }
 
 void sd_upsample_nearest_backward(const sd_backend *be, int n, int h, int w, int c, int h_out,
@@ -504,7 +550,9 @@ void sd_upsample_nearest_backward(const sd_backend *be, int n, int h, int w, int
     check_upsample(n, h, w, c, h_out, w_out);
     SD_NOT_NULL(dy);
     SD_NOT_NULL(dx);
+    SD_PROF_MARK(be, NULL);
     be->ops->upsample_nearest_backward(be, n, h, w, c, h_out, w_out, dy, dx, accumulate);
+    SD_PROF_MARK(be, "upsample_nearest_backward");
 }
 
 void sd_timestep_embedding(const sd_backend *be, int n, const sd_timestep_embedding_desc *d,
@@ -517,7 +565,9 @@ void sd_timestep_embedding(const sd_backend *be, int n, const sd_timestep_embedd
              "timestep embedding: downscale_freq_shift equals dim/2 (division by zero)");
     SD_NOT_NULL(t);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->timestep_embedding(be, n, d, t, y);
+    SD_PROF_MARK(be, "timestep_embedding");
 }
 
 void sd_embedding_forward(const sd_backend *be, int batch, int t, int c, int vocab,
@@ -529,7 +579,9 @@ void sd_embedding_forward(const sd_backend *be, int batch, int t, int c, int voc
     SD_NOT_NULL(ids);
     SD_NOT_NULL(table);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->embedding_forward(be, batch, t, c, vocab, ids, table, pos_table, y);
+    SD_PROF_MARK(be, "embedding_forward");
 }
 
 void sd_add(const sd_backend *be, int64_t n, const void *a, const void *b, void *y)
@@ -544,14 +596,18 @@ void sd_add_scaled(const sd_backend *be, int64_t n, const void *a, const void *b
     check_elementwise(n, a, y);
     check_elementwise(n, b, y);
     SD_CHECK(divisor != 0.0f, "add: divisor must not be 0");
+    SD_PROF_MARK(be, NULL);
     be->ops->add(be, n, a, b, divisor, y);
+    SD_PROF_MARK(be, "add");
 }
 
 void sd_axpby(const sd_backend *be, int64_t n, float alpha, const void *x, float beta, void *y)
 {
     SD_OP_ENTRY(be, axpby);
     check_elementwise(n, x, y);
+    SD_PROF_MARK(be, NULL);
     be->ops->axpby(be, n, alpha, x, beta, y);
+    SD_PROF_MARK(be, "axpby");
 }
 
 void sd_add_bcast_forward(const sd_backend *be, int n, int64_t rows, int c, const void *x,
@@ -563,7 +619,9 @@ void sd_add_bcast_forward(const sd_backend *be, int n, int64_t rows, int c, cons
     SD_NOT_NULL(x);
     SD_NOT_NULL(v);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->add_bcast_forward(be, n, rows, c, x, v, y);
+    SD_PROF_MARK(be, "add_bcast_forward");
 }
 
 size_t sd_add_bcast_backward_scratch_bytes(const sd_backend *be, int n, int64_t rows, int c)
@@ -585,7 +643,9 @@ void sd_add_bcast_backward(const sd_backend *be, int n, int64_t rows, int c, con
     SD_NOT_NULL(dy);
     SD_NOT_NULL(dv);
     check_scratch("add_bcast_backward", ws, sd_add_bcast_backward_scratch_bytes(be, n, rows, c));
+    SD_PROF_MARK(be, NULL);
     be->ops->add_bcast_backward(be, n, rows, c, dy, dv, accumulate, ws);
+    SD_PROF_MARK(be, "add_bcast_backward");
 }
 
 void sd_concat_channels(const sd_backend *be, int64_t rows, int c1, int c2, const void *a,
@@ -597,7 +657,9 @@ void sd_concat_channels(const sd_backend *be, int64_t rows, int c1, int c2, cons
     SD_NOT_NULL(a);
     SD_NOT_NULL(b);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->concat_channels(be, rows, c1, c2, a, b, y);
+    SD_PROF_MARK(be, "concat_channels");
 }
 
 void sd_split_channels(const sd_backend *be, int64_t rows, int c1, int c2, const void *x,
@@ -607,7 +669,9 @@ void sd_split_channels(const sd_backend *be, int64_t rows, int c1, int c2, const
     SD_CHECK(rows > 0 && c1 > 0 && c2 > 0, "split sizes rows=%lld c1=%d c2=%d", (long long)rows,
              c1, c2);
     SD_NOT_NULL(x);
+    SD_PROF_MARK(be, NULL);
     be->ops->split_channels(be, rows, c1, c2, x, a, b, accumulate);
+    SD_PROF_MARK(be, "split_channels");
 }
 
 void sd_nchw_to_nhwc(const sd_backend *be, int n, int c, int h, int w, const void *x, void *y)
@@ -616,7 +680,9 @@ void sd_nchw_to_nhwc(const sd_backend *be, int n, int c, int h, int w, const voi
     SD_CHECK(n > 0 && c > 0 && h > 0 && w > 0, "permute sizes n=%d c=%d h=%d w=%d", n, c, h, w);
     SD_NOT_NULL(x);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->nchw_to_nhwc(be, n, c, h, w, x, y);
+    SD_PROF_MARK(be, "nchw_to_nhwc");
 }
 
 void sd_nhwc_to_nchw(const sd_backend *be, int n, int c, int h, int w, const void *x, void *y)
@@ -625,7 +691,9 @@ void sd_nhwc_to_nchw(const sd_backend *be, int n, int c, int h, int w, const voi
     SD_CHECK(n > 0 && c > 0 && h > 0 && w > 0, "permute sizes n=%d c=%d h=%d w=%d", n, c, h, w);
     SD_NOT_NULL(x);
     SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
     be->ops->nhwc_to_nchw(be, n, c, h, w, x, y);
+    SD_PROF_MARK(be, "nhwc_to_nchw");
 }
 
 void sd_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c, const void *moments,
@@ -635,7 +703,9 @@ void sd_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c, const vo
     SD_CHECK(rows > 0 && c > 0, "gaussian sample sizes rows=%lld c=%d", (long long)rows, c);
     SD_NOT_NULL(moments);
     SD_NOT_NULL(z);
+    SD_PROF_MARK(be, NULL);
     be->ops->diag_gaussian_sample(be, rows, c, moments, eps, scale, z);
+    SD_PROF_MARK(be, "diag_gaussian_sample");
 }
 
 /* ---- weight layouts ----------------------------------------------------------------------- */

@@ -6,6 +6,111 @@
 
 #include "cuda_internal.h"
 
+/* ---- op profile (SDTRAIN_CUDA_PROFILE=1) -----------------------------------------------------
+ * The sd_* wrappers put a mark (a CUDA event on the backend's stream) before and after every
+ * compute op; the GPU time between two consecutive marks goes to the label of the later one, so
+ * each op gets its own kernels and "(between ops)" what ran in between: copies, the optimizer,
+ * the objective, and idle time while the host had nothing queued. Events are read back in
+ * batches, so profiling costs two event records per op and a synchronization per batch. The
+ * table goes to stderr when the backend is destroyed; it covers every op since creation, warm-up
+ * steps included. */
+#define PROF_BATCH 1024
+#define PROF_ROWS 64
+
+typedef struct {
+    const char *label;
+    double ms;
+    long calls;
+} prof_row;
+
+struct sd_cuda_prof {
+    cudaEvent_t ev[PROF_BATCH];
+    const char *lab[PROF_BATCH];
+    int n; /* pending marks; ev[0] opens the first interval */
+    prof_row rows[PROF_ROWS];
+    int nrows;
+};
+
+static prof_row *prof_row_for(sd_cuda_prof *p, const char *label)
+{
+    if (!label)
+        label = "(between ops)";
+    for (int i = 0; i < p->nrows; i++)
+        if (p->rows[i].label == label || strcmp(p->rows[i].label, label) == 0)
+            return &p->rows[i];
+    if (p->nrows == PROF_ROWS)
+        return &p->rows[PROF_ROWS - 1]; /* more labels than rows: the last row takes the rest */
+    prof_row *r = &p->rows[p->nrows++];
+    r->label = label;
+    return r;
+}
+
+/* Reads back every pending interval; the last mark opens the next one. */
+static void prof_flush(sd_cuda_prof *p)
+{
+    if (p->n < 2)
+        return;
+    SD_CUDA_CHECK(cudaEventSynchronize(p->ev[p->n - 1]));
+    for (int i = 1; i < p->n; i++) {
+        float ms = 0.0f;
+        SD_CUDA_CHECK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+        prof_row *r = prof_row_for(p, p->lab[i]);
+        r->ms += ms;
+        r->calls += p->lab[i] != NULL;
+    }
+    cudaEvent_t last = p->ev[p->n - 1];
+    p->ev[p->n - 1] = p->ev[0];
+    p->ev[0] = last;
+    p->lab[0] = NULL;
+    p->n = 1;
+}
+
+static void cuda_profile_mark(const sd_backend *be, const char *label)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    sd_cuda_prof *p = st->prof;
+    if (p->n == PROF_BATCH)
+        prof_flush(p);
+    SD_CUDA_CHECK(cudaEventRecord(p->ev[p->n], st->stream));
+    p->lab[p->n++] = label;
+}
+
+static int prof_row_cmp(const void *a, const void *b)
+{
+    const double x = ((const prof_row *)a)->ms, y = ((const prof_row *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void prof_report(sd_cuda_state *st)
+{
+    sd_cuda_prof *p = st->prof;
+    prof_flush(p);
+    double total = 0.0;
+    for (int i = 0; i < p->nrows; i++)
+        total += p->rows[i].ms;
+    qsort(p->rows, (size_t)p->nrows, sizeof p->rows[0], prof_row_cmp);
+    fprintf(stderr, "# sdtrain CUDA op profile (%s, GPU %d): %.3f ms of GPU time from the first "
+                    "to the last op\n",
+            st->dtype == SD_BF16 ? "bf16" : "fp32", st->device, total);
+    fprintf(stderr, "%-28s %8s %12s %10s %7s\n", "op", "calls", "total ms", "ms/call", "%");
+    for (int i = 0; i < p->nrows; i++) {
+        const prof_row *r = &p->rows[i];
+        fprintf(stderr, "%-28s %8ld %12.3f %10.4f %6.1f%%\n", r->label, r->calls, r->ms,
+                r->calls ? r->ms / (double)r->calls : 0.0, total > 0 ? 100.0 * r->ms / total : 0.0);
+    }
+}
+
+static void prof_destroy(sd_cuda_state *st)
+{
+    if (!st->prof)
+        return;
+    prof_report(st);
+    for (int i = 0; i < PROF_BATCH; i++)
+        cudaEventDestroy(st->prof->ev[i]);
+    free(st->prof);
+    st->prof = nullptr;
+}
+
 static void cuda_synchronize(const sd_backend *be)
 {
     SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
@@ -115,15 +220,14 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     if (e != cudaSuccess)
         return sd_err_set(err, "CUDA backend: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
 
-    /* SDTRAIN_CUDA_ATTENTION = math | flash | auto (default). auto is the math path until the
-     * fused kernels have passed tests/gpu on a GPU (doc/cuda/attention.md); then it becomes
-     * flash. */
-    int attention_mode = SD_CUDA_ATTENTION_MATH;
+    /* SDTRAIN_CUDA_ATTENTION = math | flash | auto (default = flash: the fused kernels where
+     * they apply, doc/cuda/attention.md; they passed tests/gpu on an H100 on 2026-11-22). */
+    int attention_mode = SD_CUDA_ATTENTION_FLASH;
     const char *attn = getenv("SDTRAIN_CUDA_ATTENTION");
     if (attn && *attn) {
-        if (strcmp(attn, "flash") == 0)
-            attention_mode = SD_CUDA_ATTENTION_FLASH;
-        else if (strcmp(attn, "math") != 0 && strcmp(attn, "auto") != 0)
+        if (strcmp(attn, "math") == 0)
+            attention_mode = SD_CUDA_ATTENTION_MATH;
+        else if (strcmp(attn, "flash") != 0 && strcmp(attn, "auto") != 0)
             return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_ATTENTION=%s is not one of math, "
                                    "flash, auto", attn);
     }
@@ -167,6 +271,14 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     sd_cuda_fill_conv_ops(ops);
     sd_cuda_fill_gemm_ops(ops);
     sd_cuda_fill_attention_ops(ops); /* after the math path it falls back on */
+    const char *profile = getenv("SDTRAIN_CUDA_PROFILE");
+    if (profile && strcmp(profile, "1") == 0) {
+        st->prof = (sd_cuda_prof *)calloc(1, sizeof *st->prof);
+        SD_CHECK(st->prof != nullptr, "CUDA backend: out of host memory for the op profile");
+        for (int i = 0; i < PROF_BATCH; i++)
+            SD_CUDA_CHECK(cudaEventCreate(&st->prof->ev[i]));
+        ops->profile_mark = cuda_profile_mark;
+    }
 
     st->backend.name = "cuda";
     st->backend.device = SD_DEV_CUDA;
@@ -189,6 +301,7 @@ extern "C" void sd_backend_cuda_destroy(sd_backend *be)
         return;
     sd_cuda_state *st = sd_cuda(be);
     cudaStreamSynchronize(st->stream);
+    prof_destroy(st);
     sd_cuda_conv_cache_destroy(st);
     sd_cuda_gemm_cache_destroy(st);
     if (st->stage)

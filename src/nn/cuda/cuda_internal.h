@@ -26,6 +26,7 @@
 
 struct sd_cuda_conv_cache; /* ops_cuda_conv.cu */
 struct sd_cuda_gemm_cache; /* ops_cuda_gemm.cu */
+struct sd_cuda_prof;       /* backend_cuda.cu: SDTRAIN_CUDA_PROFILE=1 */
 
 /* be->impl of a CUDA backend. One stream: every op is enqueued on it in program order. */
 typedef struct sd_cuda_state {
@@ -41,6 +42,7 @@ typedef struct sd_cuda_state {
     int attention_mode;       /* SDTRAIN_CUDA_ATTENTION: SD_CUDA_ATTENTION_MATH or _FLASH */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;
+    struct sd_cuda_prof *prof; /* op timings (SDTRAIN_CUDA_PROFILE=1), or NULL */
     sd_backend backend;       /* the object handed out; backend.impl points back here */
     sd_ops ops;               /* the table backend.ops points at */
 } sd_cuda_state;
