@@ -180,10 +180,10 @@ if want profile && [ -x "$B/bench/models_cuda" ]; then
         what=${w%%:*}
         res=${w#*:}
         f="$logdir/profile_${what}_$res.txt"
-        SDTRAIN_CUDA_PROFILE=1 timeout 600 "$B/bench/models_cuda" --what "$what" --res "$res" \
+        SDTRAIN_CUDA_PROFILE=1 SDTRAIN_CUDA_CONV_LOG=1 timeout 600 "$B/bench/models_cuda" --what "$what" --res "$res" \
             --reps 5 --warmup 2 >"$f" 2>&1
         rc=$?
-        grep -v '^RESULT' "$f" | head -30
+        grep -v -e '^RESULT' -e '^sdtrain conv' "$f" | head -40
         if [ "$rc" = 0 ]; then add "profile $what $res" "done" "$f"
         else status=1; add "profile $what $res" "FAIL" "exit $rc"; fi
     done

@@ -354,6 +354,10 @@ int main(void)
         {"fused QKV b2 h2 d16 t9 ld 3C", 2, 2, 16, 9, 9, 0, 1, 0, 0},
         {"fused QKV causal b1 h3 d8 t11, accumulate, dv NULL", 1, 3, 8, 11, 11, 1, 1, 1, 3},
         {"VAE mid-block b1 h1 d512 t64, dq NULL", 1, 1, 512, 64, 64, 0, 0, 0, 1},
+        /* one head, several batch elements: the forward folds the batch into one GEMM */
+        {"VAE mid-block b3 h1 d512 t40", 3, 1, 512, 40, 40, 0, 0, 0, 0},
+        {"one head b4 h1 d16 t9 fused QKV", 4, 1, 16, 9, 9, 0, 1, 0, 0},
+        {"one head causal b3 h1 d8 t7", 3, 1, 8, 7, 7, 1, 0, 0, 0},
     };
 
     for (int i = 0; i < n; i++) {

@@ -65,7 +65,7 @@ static void prof_flush(sd_cuda_prof *p)
     p->n = 1;
 }
 
-static void cuda_profile_mark(const sd_backend *be, const char *label)
+void sd_cuda_profile_mark(const sd_backend *be, const char *label)
 {
     sd_cuda_state *st = sd_cuda(be);
     sd_cuda_prof *p = st->prof;
@@ -277,7 +277,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
         SD_CHECK(st->prof != nullptr, "CUDA backend: out of host memory for the op profile");
         for (int i = 0; i < PROF_BATCH; i++)
             SD_CUDA_CHECK(cudaEventCreate(&st->prof->ev[i]));
-        ops->profile_mark = cuda_profile_mark;
+        ops->profile_mark = sd_cuda_profile_mark;
     }
 
     st->backend.name = "cuda";

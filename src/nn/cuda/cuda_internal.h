@@ -57,6 +57,16 @@ static inline cudaStream_t sd_cuda_stream(const sd_backend *be)
     return sd_cuda(be)->stream;
 }
 
+/* Op profile (SDTRAIN_CUDA_PROFILE=1, backend_cuda.cu): a mark inside an op splits its time, the
+ * GPU work since the previous mark going to `label` (a string literal such as "linear_backward:dw");
+ * what follows the last sub-mark keeps the op's own name. No-op without profiling. */
+void sd_cuda_profile_mark(const sd_backend *be, const char *label);
+#define SD_CUDA_SUBMARK(be, label)                                                             \
+    do {                                                                                       \
+        if (sd_cuda(be)->prof)                                                                 \
+            sd_cuda_profile_mark((be), (label));                                               \
+    } while (0)
+
 /* After every kernel launch: a launch error (bad configuration) is reported at once; with
  * SDTRAIN_CUDA_SYNC=1 the stream is also synchronized so an error inside the kernel is reported
  * at the op that caused it rather than at a later synchronization. */

@@ -41,6 +41,12 @@ typedef struct conv_entry {
     size_t fwd_ws, bwd_data_ws, bwd_filter_ws; /* workspace bytes of each algorithm */
     int bwd_data_ok;   /* 0: cuDNN has no usable backward-data algorithm for this shape (the
                         * error is raised only if a backward pass asks for dx) */
+    /* Bias in cuDNN's epilogue (cudnnConvolutionBiasActivationForward, identity activation: only
+     * with the IMPLICIT_PRECOMP_GEMM algorithm) instead of a separate pass over y: 0 not tried
+     * yet, 1 works, -1 refused by cuDNN for this shape (then the separate kernel). */
+    int fused_bias;
+    cudnnTensorDescriptor_t b_desc; /* [1, c_out, 1, 1] */
+    cudnnActivationDescriptor_t act; /* identity */
 } conv_entry;
 
 struct sd_cuda_conv_cache {
@@ -254,6 +260,14 @@ static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
                                                    d->stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                                    CUDNN_DATA_FLOAT));
     SD_CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv_desc, conv_exec_math(st->dtype)));
+    SD_CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->b_desc));
+    SD_CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->b_desc, CUDNN_TENSOR_NHWC, dt, 1, d->c_out, 1, 1));
+    SD_CUDNN_CHECK(cudnnCreateActivationDescriptor(&e->act));
+    SD_CUDNN_CHECK(cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_IDENTITY,
+                                                CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    const char *fb = getenv("SDTRAIN_CUDA_CONV_BIAS");
+    if (fb && strcmp(fb, "separate") == 0)
+        e->fused_bias = -1;
 
     /* cuDNN's idea of the output must be ours (floor division, as PyTorch). */
     int on = 0, oc = 0, oh = 0, ow = 0;
@@ -280,6 +294,8 @@ static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
 
 static void conv_entry_free(conv_entry *e)
 {
+    SD_CUDNN_CHECK(cudnnDestroyActivationDescriptor(e->act));
+    SD_CUDNN_CHECK(cudnnDestroyTensorDescriptor(e->b_desc));
     SD_CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(e->conv_desc));
     SD_CUDNN_CHECK(cudnnDestroyFilterDescriptor(e->w_desc));
     SD_CUDNN_CHECK(cudnnDestroyTensorDescriptor(e->y_desc));
@@ -461,7 +477,7 @@ static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, c
                                 const void *w, const void *b, void *y, sd_scratch ws)
 {
     sd_cuda_state *st = sd_cuda(be);
-    const conv_entry *e = conv_entry_get(be, d);
+    conv_entry *e = conv_entry_get(be, d);
     const conv_layout L = conv_forward_layout(be, e);
     SD_CHECK(ws.bytes >= L.total && (L.total == 0 || ws.ptr != nullptr),
              "conv2d forward needs %zu bytes of scratch, got %zu", L.total, ws.bytes);
@@ -473,10 +489,26 @@ static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, c
         xin = base + L.xpad;
     }
     const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data */
+    if (b && e->fused_bias >= 0 && e->fwd_algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
+        /* y = conv(x) + bias, rounded once; z = y with alpha2 = 0 (cuDNN allows z == y) */
+        const cudnnStatus_t r = cudnnConvolutionBiasActivationForward(
+            st->dnn, &one, e->x_desc, xin, e->w_desc, w, e->conv_desc, e->fwd_algo,
+            e->fwd_ws ? base + L.ws : nullptr, e->fwd_ws, &zero, e->y_desc, y, e->b_desc, b,
+            e->act, e->y_desc, y);
+        if (r == CUDNN_STATUS_SUCCESS) {
+            e->fused_bias = 1;
+            return;
+        }
+        /* refused on first use: this shape takes the separate bias pass from now on */
+        SD_CHECK(e->fused_bias == 0, "cudnnConvolutionBiasActivationForward: %s",
+                 cudnnGetErrorString(r));
+        e->fused_bias = -1;
+    }
     SD_CUDNN_CHECK(cudnnConvolutionForward(st->dnn, &one, e->x_desc, xin, e->w_desc, w,
                                            e->conv_desc, e->fwd_algo,
                                            e->fwd_ws ? base + L.ws : nullptr, e->fwd_ws, &zero,
                                            e->y_desc, y));
+    SD_CUDA_SUBMARK(be, "conv2d_forward:cudnn");
     if (b) {
         const int64_t total = (int64_t)d->n * d->h_out * d->w_out * d->c_out;
         const unsigned grid = sd_cuda_grid(be, total, 256);
@@ -536,6 +568,7 @@ static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, 
         }
     }
 
+    SD_CUDA_SUBMARK(be, "conv2d_backward:dx");
     if (dw) {
         const void *xin = x;
         if (e->explicit_pad) {
@@ -559,6 +592,7 @@ static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, 
         }
     }
 
+    SD_CUDA_SUBMARK(be, "conv2d_backward:dw");
     if (db)
         sd_cuda_colsum(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, dy, db, 1,
                        base + L.colsum);

@@ -315,11 +315,14 @@ static void cuda_linear_backward(const sd_backend *be, int64_t rows, int in, int
 {
     const cudaDataType_t t = sd_cuda_data_type(be);
     SD_CHECK(rows <= INT32_MAX, "linear rows %lld out of range", (long long)rows);
-    if (dx)
+    if (dx) {
         gemm(be, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, 1.0f, gemm_op(w, in, t, 0),
              gemm_op(dy, out, t, 0), accumulate ? 1.0f : 0.0f, gemm_op(dx, in, t, 0), 1);
+        SD_CUDA_SUBMARK(be, "linear_backward:dx");
+    }
     gemm(be, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, 1.0f, gemm_op(x, in, t, 0),
          gemm_op(dy, out, t, 0), 1.0f, gemm_op(dw, in, CUDA_R_32F, 0), 1);
+    SD_CUDA_SUBMARK(be, "linear_backward:dw");
     if (db) {
         SD_CHECK(ws.bytes >= sd_cuda_colsum_scratch(rows, out), "linear backward scratch");
         sd_cuda_colsum(be, rows, out, dy, db, 1, ws.ptr);
@@ -342,6 +345,7 @@ static void cuda_linear_backward(const sd_backend *be, int64_t rows, int in, int
 #define ATTN_THREADS 128
 
 struct attn_chunks {
+    int bc;            /* batch elements per chunk: 1, or more for a single head (forward) */
     int hc, qc;        /* heads and query rows per chunk */
     int ldp;           /* row stride of S and P: t_kv rounded up to 8 (16-byte rows in bf16) */
     size_t s_bytes;    /* fp32 scores (and dP) of one chunk */
@@ -367,7 +371,15 @@ static attn_chunks attn_make_chunks(const sd_backend *be, const sd_attention_des
         size_t q = ATTN_CAP / per_row;
         c.qc = q < 1 ? 1 : (int)q;
     }
-    const size_t elems = (size_t)c.hc * (size_t)c.qc * (size_t)c.ldp;
+    /* One head (the VAE's mid-block attention, 512 wide): the batch elements are as uniform as
+     * heads, so the forward folds as many as fit into one strided-batched GEMM instead of a
+     * loop over the batch (32 small GEMM pairs at 256 px, each too small to fill the GPU). */
+    c.bc = 1;
+    if (!backward && d->heads == 1 && c.qc == d->t_q) {
+        const size_t fit = ATTN_CAP / per_head;
+        c.bc = fit >= (size_t)d->batch ? d->batch : (int)fit;
+    }
+    const size_t elems = (size_t)c.bc * c.hc * (size_t)c.qc * (size_t)c.ldp;
     c.s_bytes = sd_cuda_align(elems * sizeof(float));
     c.p_bytes = sd_cuda_align(elems * elem);
     c.dd_bytes = backward ? sd_cuda_align((size_t)d->batch * d->heads * d->t_q * sizeof(float))
@@ -530,15 +542,18 @@ struct attn_at {
     }
 };
 
-/* S' [t_kv, qn] per head = scale Kc^T Qc, fp32, row stride ldp, head stride qn * ldp. */
+/* S' [t_kv, qn] per head = scale Kc^T Qc, fp32, row stride ldp, head stride qn * ldp. With
+ * bn > 1 (one head, bn batch elements folded) the GEMM batch runs over batch elements instead. */
 static void attn_scores(const sd_backend *be, const sd_attention_desc *d, const attn_at &at,
-                        const void *q, const void *k, int hn, int qn, int ldp, float *s)
+                        const void *q, const void *k, int bn, int hn, int qn, int ldp, float *s)
 {
     const cudaDataType_t t = sd_cuda_data_type(be);
     const int hd = d->head_dim;
-    gemm(be, CUBLAS_OP_T, CUBLAS_OP_N, d->t_kv, qn, hd, d->scale, gemm_op(at.k(k), d->ld_k, t, hd),
-         gemm_op(at.q(q), d->ld_q, t, hd), 0.0f,
-         gemm_op(s, ldp, CUDA_R_32F, (int64_t)qn * ldp), hn);
+    const int64_t sk = bn > 1 ? (int64_t)d->t_kv * d->ld_k : hd;
+    const int64_t sq = bn > 1 ? (int64_t)d->t_q * d->ld_q : hd;
+    gemm(be, CUBLAS_OP_T, CUBLAS_OP_N, d->t_kv, qn, hd, d->scale, gemm_op(at.k(k), d->ld_k, t, sk),
+         gemm_op(at.q(q), d->ld_q, t, sq), 0.0f,
+         gemm_op(s, ldp, CUDA_R_32F, (int64_t)qn * ldp), bn > 1 ? bn : hn);
 }
 
 static void cuda_attention_forward(const sd_backend *be, const sd_attention_desc *d,
@@ -556,25 +571,29 @@ static void cuda_attention_forward(const sd_backend *be, const sd_attention_desc
     attn_at at;
     at.d = d;
     at.elem = sd_cuda_elem(be);
-    for (at.b = 0; at.b < d->batch; at.b++)
+    for (at.b = 0; at.b < d->batch; at.b += c.bc)
         for (at.h0 = 0; at.h0 < d->heads; at.h0 += c.hc)
             for (at.q0 = 0; at.q0 < d->t_q; at.q0 += c.qc) {
+                const int bn = d->batch - at.b < c.bc ? d->batch - at.b : c.bc;
                 const int hn = d->heads - at.h0 < c.hc ? d->heads - at.h0 : c.hc;
                 const int qn = d->t_q - at.q0 < c.qc ? d->t_q - at.q0 : c.qc;
-                attn_scores(be, d, at, q, k, hn, qn, c.ldp, s);
+                attn_scores(be, d, at, q, k, bn, hn, qn, c.ldp, s);
+                SD_CUDA_SUBMARK(be, "attention_forward:math scores");
                 float *lse_at = lse ? lse + at.row_index() : NULL;
                 const int q0 = at.q0;
                 SD_CUDA_DISPATCH(be, T, {
-                    attn_softmax_kernel<T><<<(unsigned)((int64_t)hn * qn), ATTN_THREADS, 0,
+                    attn_softmax_kernel<T><<<(unsigned)((int64_t)bn * hn * qn), ATTN_THREADS, 0,
                                              stream>>>(qn, q0, d->t_q, d->t_kv, c.ldp, d->causal,
                                                        s, (T *)p, lse_at);
                 });
                 SD_CUDA_LAUNCHED(be);
+                SD_CUDA_SUBMARK(be, "attention_forward:math softmax");
                 /* O' [hd, qn] = Vc [hd, t_kv] P' [t_kv, qn] */
                 gemm(be, CUBLAS_OP_N, CUBLAS_OP_N, hd, qn, d->t_kv, 1.0f,
-                     gemm_op(at.v(v), d->ld_v, t, hd),
+                     gemm_op(at.v(v), d->ld_v, t, bn > 1 ? (int64_t)d->t_kv * d->ld_v : hd),
                      gemm_op(p, c.ldp, t, (int64_t)qn * c.ldp), 0.0f,
-                     gemm_op(at.o(o), d->ld_o, t, hd), hn);
+                     gemm_op(at.o(o), d->ld_o, t, bn > 1 ? (int64_t)d->t_q * d->ld_o : hd),
+                     bn > 1 ? bn : hn);
             }
 }
 
@@ -621,7 +640,7 @@ static void cuda_attention_backward(const sd_backend *be, const sd_attention_des
                 const float *lse_at = lse + at.row_index();
                 const float *dd_at = dd + at.row_index();
 
-                attn_scores(be, d, at, q, k, hn, qn, c.ldp, s);
+                attn_scores(be, d, at, q, k, 1, hn, qn, c.ldp, s);
                 SD_CUDA_DISPATCH(be, T, {
                     attn_probs_kernel<T><<<sd_cuda_grid(be, n, 256), 256, 0, stream>>>(
                         n, qn, q0, d->t_q, d->t_kv, c.ldp, d->causal, s, lse_at, (T *)p);
