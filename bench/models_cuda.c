@@ -109,6 +109,8 @@ static void bench_vae(const sd_cmd_backend *cb, int batch, int res, int reps, in
     for (int r = 0; r < warmup + reps; r++) {
         double t0;
         sd_synchronize(be);
+        if (r == warmup)
+            sd_profile_reset(be); /* SDTRAIN_CUDA_PROFILE=1: the timed runs only */
         t0 = sd_time_now();
         sd_vae_encode(m, batch, res, res, img, out, &a, NULL);
         sd_synchronize(be);
@@ -169,6 +171,8 @@ static void bench_unet(const sd_cmd_backend *cb, int batch, int res, int reps, i
     for (int r = 0; r < warmup + reps; r++) {
         double t0;
         sd_synchronize(be);
+        if (r == warmup)
+            sd_profile_reset(be); /* SDTRAIN_CUDA_PROFILE=1: the timed runs only */
         t0 = sd_time_now();
         if (train) {
             sd_zero(be, grads, w.table.total_floats * sizeof(float));
@@ -226,6 +230,8 @@ static void bench_text(const sd_cmd_backend *cb, int batch, int reps, int warmup
     for (int r = 0; r < warmup + reps; r++) {
         double t0;
         sd_synchronize(be);
+        if (r == warmup)
+            sd_profile_reset(be); /* SDTRAIN_CUDA_PROFILE=1: the timed runs only */
         t0 = sd_time_now();
         sd_clip_forward(m, batch, T, (const int32_t *)ids_d, out, &a, NULL);
         sd_synchronize(be);

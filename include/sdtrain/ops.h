@@ -157,6 +157,10 @@ typedef struct sd_ops {
     size_t (*conv2d_forward_scratch)(const sd_backend *be, const sd_conv2d_desc *d);
     void (*conv2d_forward)(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
                            const void *w, const void *b, void *y, sd_scratch ws);
+    /* optional (NULL: conv2d_forward, then add): y = conv(x, w) + b + z, scratch as forward */
+    void (*conv2d_forward_add)(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                               const void *w, const void *b, const void *z, void *y,
+                               sd_scratch ws);
     size_t (*conv2d_backward_scratch)(const sd_backend *be, const sd_conv2d_desc *d);
     void (*conv2d_backward)(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
                             const void *w, const void *dy, void *dx, int accumulate,
@@ -247,6 +251,7 @@ typedef struct sd_ops {
     /* Optional profiling hook (CUDA with SDTRAIN_CUDA_PROFILE=1; NULL otherwise): the sd_*
      * wrappers call it before each compute op with NULL and after it with the op's name. */
     void (*profile_mark)(const sd_backend *be, const char *label);
+    void (*profile_reset)(const sd_backend *be); /* forget what was measured so far */
 } sd_ops;
 
 struct sd_backend {
@@ -278,6 +283,9 @@ void *sd_backend_cuda_stream(const sd_backend *be);
 
 /* Waits until every op issued on the backend has finished (CPU: returns at once). */
 void sd_synchronize(const sd_backend *be);
+/* Op profile (SDTRAIN_CUDA_PROFILE=1 on a CUDA backend; nothing otherwise): forget the timings so
+ * far, e.g. after warm-up runs whose first calls include plan creation and kernel loading. */
+void sd_profile_reset(const sd_backend *be);
 void sd_zero(const sd_backend *be, void *dst, size_t bytes);
 /* Copies within the backend's memory; the ranges must not overlap. */
 void sd_copy(const sd_backend *be, void *dst, const void *src, size_t bytes);
@@ -299,6 +307,11 @@ void sd_download(const sd_backend *be, void *dst, const void *src, size_t bytes)
 size_t sd_conv2d_forward_scratch_bytes(const sd_backend *be, const sd_conv2d_desc *d);
 void sd_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
                        const void *w, const void *b, void *y, sd_scratch ws);
+/* y = conv(x, w) + b + z: a residual z ([n, h_out, w_out, c_out], not aliasing y) added in the
+ * same pass where the backend can (CUDA: cuDNN's epilogue), else exactly conv then sd_add(y, z).
+ * Scratch: sd_conv2d_forward_scratch_bytes. */
+void sd_conv2d_forward_add(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                           const void *w, const void *b, const void *z, void *y, sd_scratch ws);
 /* dx (optional) = transposed conv of dy; dw += (fp32); db += sum of dy (optional). For an
  * asymmetric padding the padded row/column simply receives no gradient. */
 size_t sd_conv2d_backward_scratch_bytes(const sd_backend *be, const sd_conv2d_desc *d);

@@ -371,8 +371,9 @@ static void tap(run *r, const char *name, const act *x)
         r->tap->fn(r->tap->user, name, x->p, r->n, x->h, x->w, x->c);
 }
 
+/* y = conv(x) + b, plus the residual z when z is not NULL (one pass where the backend can) */
 static void conv(run *r, const conv_p *p, const act *x, int cout, int k, int stride, int pt,
-                 int pb, int pl, int pr, const act *y)
+                 int pb, int pl, int pr, const void *z, const act *y)
 {
     sd_conv2d_desc d = sd_conv2d_make_padded(r->n, x->h, x->w, x->c, cout, k, k, stride, pt, pb,
                                              pl, pr);
@@ -383,19 +384,28 @@ static void conv(run *r, const conv_p *p, const act *x, int cout, int k, int str
     r->flops += 2.0 * r->n * d.h_out * d.w_out * (double)cout * k * k * x->c;
     sb = r->be ? sd_conv2d_forward_scratch_bytes(r->be, &d) : 0;
     s = tmp(r, sb);
-    if (!r->dry)
+    if (!r->dry && z)
+        sd_conv2d_forward_add(r->be, &d, x->p, p->w, p->b, z, y->p, (sd_scratch){s, sb});
+    else if (!r->dry)
         sd_conv2d_forward(r->be, &d, x->p, p->w, p->b, y->p, (sd_scratch){s, sb});
     sd_arena_reset_to(r->a, mark);
 }
 
 static void conv3(run *r, const conv_p *p, const act *x, int cout, const act *y)
 {
-    conv(r, p, x, cout, 3, 1, 1, 1, 1, 1, y);
+    conv(r, p, x, cout, 3, 1, 1, 1, 1, 1, NULL, y);
+}
+
+/* y = conv3(x) + z */
+static void conv3_add(run *r, const conv_p *p, const act *x, int cout, const void *z,
+                      const act *y)
+{
+    conv(r, p, x, cout, 3, 1, 1, 1, 1, 1, z, y);
 }
 
 static void conv1(run *r, const conv_p *p, const act *x, int cout, const act *y)
 {
-    conv(r, p, x, cout, 1, 1, 0, 0, 0, 0, y);
+    conv(r, p, x, cout, 1, 1, 0, 0, 0, 0, NULL, y);
 }
 
 /* y [n, h*w, c] = GroupNorm(x) (eps 1e-6), then SiLU when `silu`. */
@@ -437,17 +447,16 @@ static void resnet(run *r, const resnet_p *p, const act *x, int cout, const act 
     size_t mark = sd_arena_mark(r->a);
     act t = {tmp(r, act_bytes(r, x->h, x->w, cmax)), -1, x->h, x->w, cin};
     act h = {tmp(r, act_bytes(r, x->h, x->w, cout)), -1, x->h, x->w, cout};
-    const int64_t n_out = (int64_t)r->n * x->h * x->w * cout;
     gnorm(r, SUB(p, norm1), x, 1, t.p);
     conv3(r, SUB(p, conv1), &t, cout, &h);
     t.c = cout; /* t is free again: it takes norm2's output */
     gnorm(r, SUB(p, norm2), &h, 1, t.p);
-    conv3(r, SUB(p, conv2), &t, cout, y);
+    /* y = conv2(t) + residual in one pass where the backend can (diffusers: residual + h) */
     if (cin != cout) {
         conv1(r, SUB(p, shortcut), x, cout, &h); /* h is free again */
-        add(r, n_out, h.p, y->p, y->p);
+        conv3_add(r, SUB(p, conv2), &t, cout, h.p, y);
     } else {
-        add(r, n_out, x->p, y->p, y->p);
+        conv3_add(r, SUB(p, conv2), &t, cout, x->p, y);
     }
     sd_arena_reset_to(r->a, mark);
 }
@@ -524,7 +533,7 @@ static void encode_run(run *r, const act *images, void *moments)
         if (i < L - 1) {
             /* Downsample2D with padding 0: F.pad (0, 1, 0, 1), then 3x3 stride 2 */
             y = next_act(r, &x, (x.h - 2) / 2 + 1, (x.w - 2) / 2 + 1, cout);
-            conv(r, m ? &m->enc_down[i] : NULL, &x, cout, 3, 2, 0, 1, 0, 1, &y);
+            conv(r, m ? &m->enc_down[i] : NULL, &x, cout, 3, 2, 0, 1, 0, 1, NULL, &y);
             x = y;
         }
         snprintf(name, sizeof name, "encoder.down_blocks.%d", i);

@@ -142,6 +142,13 @@ void sd_synchronize(const sd_backend *be)
     be->ops->synchronize(be);
 }
 
+void sd_profile_reset(const sd_backend *be)
+{
+    SD_CHECK(be != NULL && be->ops != NULL, "no backend given to sd_profile_reset");
+    if (be->ops->profile_reset)
+        be->ops->profile_reset(be);
+}
+
 void sd_zero(const sd_backend *be, void *dst, size_t bytes)
 {
     SD_OP_ENTRY(be, zero);
@@ -225,6 +232,27 @@ void sd_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void
     SD_PROF_MARK(be, NULL);
     be->ops->conv2d_forward(be, d, x, w, b, y, ws);
     SD_PROF_MARK(be, "conv2d_forward");
+}
+
+void sd_conv2d_forward_add(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                           const void *w, const void *b, const void *z, void *y, sd_scratch ws)
+{
+    SD_OP_ENTRY(be, conv2d_forward);
+    check_conv(d);
+    SD_NOT_NULL(x);
+    SD_NOT_NULL(w);
+    SD_NOT_NULL(z);
+    SD_NOT_NULL(y);
+    SD_CHECK(z != y, "conv2d_forward_add: the residual must not alias the output");
+    check_scratch("conv2d_forward_add", ws, sd_conv2d_forward_scratch_bytes(be, d));
+    if (!be->ops->conv2d_forward_add) {
+        sd_conv2d_forward(be, d, x, w, b, y, ws);
+        sd_add(be, (int64_t)d->n * d->h_out * d->w_out * d->c_out, y, z, y);
+        return;
+    }
+    SD_PROF_MARK(be, NULL);
+    be->ops->conv2d_forward_add(be, d, x, w, b, z, y, ws);
+    SD_PROF_MARK(be, "conv2d_forward_add");
 }
 
 size_t sd_conv2d_backward_scratch_bytes(const sd_backend *be, const sd_conv2d_desc *d)

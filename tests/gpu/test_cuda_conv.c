@@ -1,6 +1,7 @@
-/* CUDA backend vs CPU backend: conv2d forward (with and without bias) and backward (dx written
- * and added, dw and db accumulated onto preloaded values, each gradient left out once), on the
- * shapes SD2 uses scaled down, in F32 and BF16 mode; a repeated call must give the same bits. */
+/* CUDA backend vs CPU backend: conv2d forward (with and without bias, with a residual) and
+ * backward (dx written and added, dw and db accumulated onto preloaded values, each gradient left
+ * out once), on the shapes SD2 uses scaled down, in F32 and BF16 mode; a repeated call must give
+ * the same bits. */
 #include "cuda_compare.h"
 
 typedef struct conv_case {
@@ -29,6 +30,15 @@ static void cpu_forward(const sd_conv2d_desc *d, const float *x, const float *w,
     const sd_backend *cpu = sd_backend_cpu();
     sd_scratch ws = hscratch(sd_conv2d_forward_scratch_bytes(cpu, d));
     sd_conv2d_forward(cpu, d, x, w, b, y, ws);
+    free(ws.ptr);
+}
+
+static void cpu_forward_add(const sd_conv2d_desc *d, const float *x, const float *w,
+                            const float *b, const float *z, float *y)
+{
+    const sd_backend *cpu = sd_backend_cpu();
+    sd_scratch ws = hscratch(sd_conv2d_forward_scratch_bytes(cpu, d));
+    sd_conv2d_forward_add(cpu, d, x, w, b, z, y, ws);
     free(ws.ptr);
 }
 
@@ -63,6 +73,20 @@ static float *gpu_forward(const sd_backend *be, const sd_conv2d_desc *d, const v
     void *y = dnan(be, y_count(d));
     sd_scratch ws = poisoned_scratch(be, sd_conv2d_forward_scratch_bytes(be, d));
     sd_conv2d_forward(be, d, x, w, b, y, ws);
+    float *h = dget(be, y, y_count(d));
+    sd_backend_free(be, y);
+    if (ws.ptr)
+        sd_backend_free(be, ws.ptr);
+    return h;
+}
+
+/* y = conv + b + z (the residual form); z on the device */
+static float *gpu_forward_add(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                              const void *w, const void *b, const void *z)
+{
+    void *y = dnan(be, y_count(d));
+    sd_scratch ws = poisoned_scratch(be, sd_conv2d_forward_scratch_bytes(be, d));
+    sd_conv2d_forward_add(be, d, x, w, b, z, y, ws);
     float *h = dget(be, y, y_count(d));
     sd_backend_free(be, y);
     if (ws.ptr)
@@ -164,6 +188,28 @@ static void test_case(const sd_backend *be, const conv_case *c)
     float *yb2 = gpu_forward(be, d, x_d, w_d, b_d);
     tap_ok(same_bits(yb, yb2, ny), "%s forward twice: same bits [%s]", c->name,
            sd_dtype_name(be->dtype));
+
+    /* forward with a residual (bias and none): cuDNN's fused epilogue where it applies */
+    {
+        float *z = hrand(ny, 1.0f, 0.0f), *yz_ref = (float *)malloc((size_t)ny * sizeof(float));
+        hround(be, z, ny);
+        void *z_d = dput(be, z, ny);
+        for (int with_bias = 1; with_bias >= 0; with_bias--) {
+            cpu_forward_add(d, x, w, with_bias ? b : NULL, z, yz_ref);
+            float *yz = gpu_forward_add(be, d, x_d, w_d, with_bias ? b_d : NULL, z_d);
+            snprintf(what, sizeof what, "%s forward + residual, %s", c->name,
+                     with_bias ? "bias" : "no bias");
+            check_close(be, what, yz, yz_ref, ny, tol);
+            float *yz2 = gpu_forward_add(be, d, x_d, w_d, with_bias ? b_d : NULL, z_d);
+            tap_ok(same_bits(yz, yz2, ny), "%s forward + residual twice: same bits [%s]",
+                   c->name, sd_dtype_name(be->dtype));
+            free(yz);
+            free(yz2);
+        }
+        sd_backend_free(be, z_d);
+        free(z);
+        free(yz_ref);
+    }
 
     /* backward: all three gradients, dx written */
     grads a = gpu_backward(be, d, x_d, w_d, dy_d, 1, 0, dx0, 1, dw0, 1, db0);

@@ -206,6 +206,13 @@ static void conv_case(const char *name, sd_conv2d_desc d, int bias, int threads)
            d.n, d.h, d.w, d.c_in, d.n, d.h_out, d.w_out, d.c_out, e, TOL);
     if (threads)
         check_threads(name, run_conv, &c, y, ny);
+    /* with a residual: exactly the conv, then sd_add */
+    float *z = rnd(ny, -1.0f, 1.0f), *yz = fbuf(ny), *want = fbuf(ny);
+    sd_conv2d_forward_add(be, &d, x, w, c.b, z, yz, c.ws);
+    sd_add(be, ny, y, z, want);
+    tap_ok(memcmp(yz, want, (size_t)ny * sizeof(float)) == 0,
+           "conv2d %s + residual: the bits of conv then add", name);
+    free(z), free(yz), free(want);
     free(x), free(wt), free(b), free(w), free(y), free(ref), free(c.ws.ptr);
 }
 

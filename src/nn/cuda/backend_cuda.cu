@@ -10,10 +10,11 @@
  * The sd_* wrappers put a mark (a CUDA event on the backend's stream) before and after every
  * compute op; the GPU time between two consecutive marks goes to the label of the later one, so
  * each op gets its own kernels and "(between ops)" what ran in between: copies, the optimizer,
- * the objective, and idle time while the host had nothing queued. Events are read back in
+ * the objective, and idle time while the host had nothing queued (first calls of a shape, which
+ * make cuDNN / cuBLASLt plans on the host, count that way too). Events are read back in
  * batches, so profiling costs two event records per op and a synchronization per batch. The
- * table goes to stderr when the backend is destroyed; it covers every op since creation, warm-up
- * steps included. */
+ * table goes to stderr when the backend is destroyed; it covers every op since creation or the
+ * last sd_profile_reset (bench/models_cuda resets after its warm-up runs). */
 #define PROF_BATCH 1024
 #define PROF_ROWS 64
 
@@ -73,6 +74,14 @@ void sd_cuda_profile_mark(const sd_backend *be, const char *label)
         prof_flush(p);
     SD_CUDA_CHECK(cudaEventRecord(p->ev[p->n], st->stream));
     p->lab[p->n++] = label;
+}
+
+static void cuda_profile_reset(const sd_backend *be)
+{
+    sd_cuda_prof *p = sd_cuda(be)->prof;
+    prof_flush(p);
+    p->nrows = 0;
+    memset(p->rows, 0, sizeof p->rows);
 }
 
 static int prof_row_cmp(const void *a, const void *b)
@@ -278,6 +287,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
         for (int i = 0; i < PROF_BATCH; i++)
             SD_CUDA_CHECK(cudaEventCreate(&st->prof->ev[i]));
         ops->profile_mark = sd_cuda_profile_mark;
+        ops->profile_reset = cuda_profile_reset;
     }
 
     st->backend.name = "cuda";

@@ -473,8 +473,9 @@ static size_t cuda_conv2d_forward_scratch(const sd_backend *be, const sd_conv2d_
     return conv_forward_layout(be, conv_entry_get(be, d)).total;
 }
 
-static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
-                                const void *w, const void *b, void *y, sd_scratch ws)
+/* y = conv(x) + b (+ z when z is not NULL). */
+static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                         const void *w, const void *b, const void *z, void *y, sd_scratch ws)
 {
     sd_cuda_state *st = sd_cuda(be);
     conv_entry *e = conv_entry_get(be, d);
@@ -490,11 +491,12 @@ static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, c
     }
     const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data */
     if (b && e->fused_bias >= 0 && e->fwd_algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
-        /* y = conv(x) + bias, rounded once; z = y with alpha2 = 0 (cuDNN allows z == y) */
+        /* y = conv(x) + bias (+ z), rounded once; without a residual z = y with alpha2 = 0
+         * (cuDNN allows z == y) */
         const cudnnStatus_t r = cudnnConvolutionBiasActivationForward(
             st->dnn, &one, e->x_desc, xin, e->w_desc, w, e->conv_desc, e->fwd_algo,
-            e->fwd_ws ? base + L.ws : nullptr, e->fwd_ws, &zero, e->y_desc, y, e->b_desc, b,
-            e->act, e->y_desc, y);
+            e->fwd_ws ? base + L.ws : nullptr, e->fwd_ws, z ? &one : &zero, e->y_desc,
+            z ? z : y, e->b_desc, b, e->act, e->y_desc, y);
         if (r == CUDNN_STATUS_SUCCESS) {
             e->fused_bias = 1;
             return;
@@ -518,6 +520,21 @@ static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, c
         });
         SD_CUDA_LAUNCHED(be);
     }
+    if (z) /* the order of the unfused ops: (conv + b) + z, as sd_conv2d_forward then sd_add */
+        st->ops.add(be, (int64_t)d->n * d->h_out * d->w_out * d->c_out, y, z, 1.0f, y);
+}
+
+static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                                const void *w, const void *b, void *y, sd_scratch ws)
+{
+    conv_forward(be, d, x, w, b, nullptr, y, ws);
+}
+
+static void cuda_conv2d_forward_add(const sd_backend *be, const sd_conv2d_desc *d,
+                                    const void *x, const void *w, const void *b, const void *z,
+                                    void *y, sd_scratch ws)
+{
+    conv_forward(be, d, x, w, b, z, y, ws);
 }
 
 static size_t cuda_conv2d_backward_scratch(const sd_backend *be, const sd_conv2d_desc *d)
@@ -602,6 +619,7 @@ void sd_cuda_fill_conv_ops(sd_ops *ops)
 {
     ops->conv2d_forward_scratch = cuda_conv2d_forward_scratch;
     ops->conv2d_forward = cuda_conv2d_forward;
+    ops->conv2d_forward_add = cuda_conv2d_forward_add;
     ops->conv2d_backward_scratch = cuda_conv2d_backward_scratch;
     ops->conv2d_backward = cuda_conv2d_backward;
 }
