@@ -461,7 +461,9 @@ void ufw_linear(ufw *f, int n, int64_t per, int in, int out, const void *x, cons
         sd_linear_forward(f->be, (int64_t)n * per, in, out, x, w, b, y);
 }
 
-void ufw_conv(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, void *y)
+/* conv (z NULL) or conv + residual z */
+static void conv_z(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, const void *z,
+                   void *y)
 {
     size_t mark = sd_arena_mark(f->a);
     f->flops += 2.0 * d->n * d->h_out * d->w_out * (double)d->c_out * d->c_in * d->kh * d->kw;
@@ -473,15 +475,34 @@ void ufw_conv(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, void *y)
         one.n = 1;
         ws = ufw_scratch(f, sd_conv2d_forward_scratch_bytes(f->be, &one));
         if (!f->dry)
-            for (int i = 0; i < d->n; i++)
-                sd_conv2d_forward(f->be, &one, (const char *)x + i * in_bytes, l.w, l.b,
-                                  (char *)y + i * out_bytes, ws);
+            for (int i = 0; i < d->n; i++) {
+                const void *xi = (const char *)x + i * in_bytes;
+                void *yi = (char *)y + i * out_bytes;
+                if (z)
+                    sd_conv2d_forward_add(f->be, &one, xi, l.w, l.b,
+                                          (const char *)z + i * out_bytes, yi, ws);
+                else
+                    sd_conv2d_forward(f->be, &one, xi, l.w, l.b, yi, ws);
+            }
     } else {
         sd_scratch ws = ufw_scratch(f, sd_conv2d_forward_scratch_bytes(f->be, d));
-        if (!f->dry)
+        if (!f->dry && z)
+            sd_conv2d_forward_add(f->be, d, x, l.w, l.b, z, y, ws);
+        else if (!f->dry)
             sd_conv2d_forward(f->be, d, x, l.w, l.b, y, ws);
     }
     sd_arena_reset_to(f->a, mark);
+}
+
+void ufw_conv(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, void *y)
+{
+    conv_z(f, d, x, l, NULL, y);
+}
+
+void ufw_conv_add(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, const void *z,
+                  void *y)
+{
+    conv_z(f, d, x, l, z, y);
 }
 
 void ufw_group_norm(ufw *f, int n, int64_t hw, int c, float eps, int silu, const void *x,
@@ -541,13 +562,13 @@ static void fw_resnet(ufw *f, const ut_resnet *r, int n, int h, int w, const voi
     if (!f->dry)
         sd_add_bcast_forward(f->be, n, hw, r->cout, hb, tp, hb);
     ufw_group_norm(f, n, hw, r->cout, eps, 1, hb, r->norm2, t);
-    ufw_conv(f, &d2, t, r->conv2, hb);
+    /* y = residual + conv2(t), the add in the convolution's pass where the backend can */
     if (r->cin != r->cout) {
         sd_conv2d_desc ds = sd_conv2d_make(n, h, w, r->cin, r->cout, 1, 1, 0);
-        ufw_conv(f, &ds, x, r->shortcut, y);
-        ufw_add(f, rows * r->cout, y, hb, y);
+        ufw_conv(f, &ds, x, r->shortcut, hb); /* hb is free once norm2 has read it */
+        ufw_conv_add(f, &d2, t, r->conv2, hb, y);
     } else {
-        ufw_add(f, rows * r->cout, x, hb, y);
+        ufw_conv_add(f, &d2, t, r->conv2, x, y);
     }
     sd_arena_reset_to(f->a, mark);
 }

@@ -89,6 +89,9 @@ int ufw_tapping(const ufw *f);
 void ufw_linear(ufw *f, int n, int64_t per, int in, int out, const void *x, const void *w,
                 const void *b, void *y);
 void ufw_conv(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, void *y);
+/* y = conv(x) + z in one pass where the backend can (z must not alias y) */
+void ufw_conv_add(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, const void *z,
+                  void *y);
 void ufw_group_norm(ufw *f, int n, int64_t hw, int c, float eps, int silu, const void *x,
                     ut_norm g, void *y);
 void ufw_attention(ufw *f, const sd_attention_desc *d, const void *q, const void *k,

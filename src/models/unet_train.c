@@ -246,13 +246,13 @@ static void resnet_fwd(tr *t, const ut_resnet *r, int n, int h, int w, const voi
     if (running(t))
         sd_add_bcast_forward(f->be, n, hw, r->cout, h1, tp, h1);
     gn_fwd(t, &g2, h1, r->norm2, t2, m2, r2);
-    ufw_conv(f, &d2, t2, r->conv2, hb);
+    /* y = residual + conv2(t2), the add in the convolution's pass where the backend can */
     if (r->cin != r->cout) {
         sd_conv2d_desc ds = sd_conv2d_make(n, h, w, r->cin, r->cout, 1, 1, 0);
-        ufw_conv(f, &ds, x, r->shortcut, y);
-        ufw_add(f, rows * r->cout, y, hb, y);
+        ufw_conv(f, &ds, x, r->shortcut, hb);
+        ufw_conv_add(f, &d2, t2, r->conv2, hb, y);
     } else {
-        ufw_add(f, rows * r->cout, x, hb, y);
+        ufw_conv_add(f, &d2, t2, r->conv2, x, y);
     }
     if (save) {
         push(t, m1);
