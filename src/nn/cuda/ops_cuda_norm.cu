@@ -563,11 +563,14 @@ static void cuda_layer_norm_backward(const sd_backend *be, int64_t rows, int c, 
                 rows, c, (const T *)x, (const T *)gamma, mean, rstd, (const T *)dy, (T *)dx,
                 accumulate);
             SD_CUDA_LAUNCHED(be);
+            SD_CUDA_SUBMARK(be, "layer_norm_backward:dx");
         }
         if (dgamma || dbeta) {
             ln_param_sums<T> f = {(const T *)x, (const T *)dy, mean, rstd};
             norm_colpartial<2>(be, 1, rows, c, f, partial);
+            SD_CUDA_SUBMARK(be, "layer_norm_backward:colpartial");
             norm_chunk_sum(be, 1, 2, c, rows, partial, tot);
+            SD_CUDA_SUBMARK(be, "layer_norm_backward:chunk_sum");
             norm_param_grad(be, 1, c, tot, dgamma, dbeta);
         }
     });
