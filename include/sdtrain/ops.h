@@ -168,6 +168,10 @@ typedef struct sd_ops {
 
     void (*linear_forward)(const sd_backend *be, int64_t rows, int in, int out, const void *x,
                            const void *w, const void *b, void *y);
+    /* optional (NULL: linear_forward, then add): y = x w^T + b + z */
+    void (*linear_forward_add)(const sd_backend *be, int64_t rows, int in, int out,
+                               const void *x, const void *w, const void *b, const void *z,
+                               void *y);
     size_t (*linear_backward_scratch)(const sd_backend *be, int64_t rows, int in, int out);
     void (*linear_backward)(const sd_backend *be, int64_t rows, int in, int out, const void *x,
                             const void *w, const void *dy, void *dx, int accumulate, float *dw,
@@ -323,6 +327,10 @@ void sd_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, const voi
  * 1 in NHWC are this with rows = n*h*w. */
 void sd_linear_forward(const sd_backend *be, int64_t rows, int in, int out, const void *x,
                        const void *w, const void *b, void *y);
+/* y = x w^T + b + z: a residual z ([rows, out], not aliasing y) added in the GEMM's pass where
+ * the backend can (CUDA: cuBLASLt's C input), else exactly sd_linear_forward then sd_add(y, z). */
+void sd_linear_forward_add(const sd_backend *be, int64_t rows, int in, int out, const void *x,
+                           const void *w, const void *b, const void *z, void *y);
 /* dx (optional) = dy w; dw += dy^T x; db += column sums of dy (optional). */
 size_t sd_linear_backward_scratch_bytes(const sd_backend *be, int64_t rows, int in, int out);
 void sd_linear_backward(const sd_backend *be, int64_t rows, int in, int out, const void *x,

@@ -461,6 +461,24 @@ void ufw_linear(ufw *f, int n, int64_t per, int in, int out, const void *x, cons
         sd_linear_forward(f->be, (int64_t)n * per, in, out, x, w, b, y);
 }
 
+/* y = ufw_linear(x) + z in one pass where the backend can (z must not alias y) */
+void ufw_linear_add(ufw *f, int n, int64_t per, int in, int out, const void *x, const void *w,
+                    const void *b, const void *z, void *y)
+{
+    f->flops += 2.0 * (double)n * per * in * out;
+    if (f->dry)
+        return;
+    if (f->u->batch_invariant && n > 1)
+        for (int i = 0; i < n; i++) {
+            const size_t yo = (size_t)(i * per * out) * f->es;
+            sd_linear_forward_add(f->be, per, in, out,
+                                  (const char *)x + (size_t)(i * per * in) * f->es, w, b,
+                                  (const char *)z + yo, (char *)y + yo);
+        }
+    else
+        sd_linear_forward_add(f->be, (int64_t)n * per, in, out, x, w, b, z, y);
+}
+
 /* conv (z NULL) or conv + residual z */
 static void conv_z(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, const void *z,
                    void *y)
@@ -573,6 +591,13 @@ static void fw_resnet(ufw *f, const ut_resnet *r, int n, int h, int w, const voi
     sd_arena_reset_to(f->a, mark);
 }
 
+static void swap_ptr(void **a, void **b)
+{
+    void *t = *a;
+    *a = *b;
+    *b = t;
+}
+
 /* Transformer2DModel: y = x + proj_out(blocks(proj_in(GroupNorm(x)))), tokens = pixels (NHWC
  * rows), so the reshapes of the PyTorch code are no-ops here and a 1x1-conv projection is the
  * same GEMM as a linear one. */
@@ -610,8 +635,9 @@ static void fw_transformer(ufw *f, const ut_transformer *x, int n, int h, int w,
         ufw_linear(f, n, hw, D, D, ln, b->k1, NULL, k);
         ufw_linear(f, n, hw, D, D, ln, b->v1, NULL, v);
         ufw_attention(f, &self, q, k, v, o);
-        ufw_linear(f, n, hw, D, D, o, b->out1.w, b->out1.b, q);
-        ufw_add(f, rows * D, q, hs, hs);
+        /* q = out1(o) + hs, then q and hs trade places (the add in the GEMM's pass) */
+        ufw_linear_add(f, n, hw, D, D, o, b->out1.w, b->out1.b, hs, q);
+        swap_ptr(&q, &hs);
         /* h = h + attn2(norm2(h), ctx) */
         if (!f->dry)
             sd_layer_norm_forward(f->be, rows, D, UNET_LAYER_NORM_EPS, hs, b->norm2.g, b->norm2.b,
@@ -620,8 +646,8 @@ static void fw_transformer(ufw *f, const ut_transformer *x, int n, int h, int w,
         ufw_linear(f, n, ctx_len, X, D, ctx, b->k2, NULL, k);
         ufw_linear(f, n, ctx_len, X, D, ctx, b->v2, NULL, v);
         ufw_attention(f, &cross, q, k, v, o);
-        ufw_linear(f, n, hw, D, D, o, b->out2.w, b->out2.b, q);
-        ufw_add(f, rows * D, q, hs, hs);
+        ufw_linear_add(f, n, hw, D, D, o, b->out2.w, b->out2.b, hs, q);
+        swap_ptr(&q, &hs);
         /* h = h + ff(norm3(h)), ff = Linear(4D -> D)(GEGLU(Linear(D -> 8D))) */
         if (!f->dry)
             sd_layer_norm_forward(f->be, rows, D, UNET_LAYER_NORM_EPS, hs, b->norm3.g, b->norm3.b,
@@ -629,11 +655,15 @@ static void fw_transformer(ufw *f, const ut_transformer *x, int n, int h, int w,
         ufw_linear(f, n, hw, D, 8 * D, ln, b->ff_in.w, b->ff_in.b, ff);
         if (!f->dry)
             sd_geglu_forward(f->be, rows, 4 * D, ff, gg);
-        ufw_linear(f, n, hw, 4 * D, D, gg, b->ff_out.w, b->ff_out.b, q);
-        ufw_add(f, rows * D, q, hs, hs);
+        ufw_linear_add(f, n, hw, 4 * D, D, gg, b->ff_out.w, b->ff_out.b, hs, q);
+        swap_ptr(&q, &hs);
     }
-    ufw_linear(f, n, hw, D, C, hs, x->proj_out.w, x->proj_out.b, y);
-    ufw_add(f, rows * C, y, in, y);
+    if (y != in) {
+        ufw_linear_add(f, n, hw, D, C, hs, x->proj_out.w, x->proj_out.b, in, y);
+    } else {
+        ufw_linear(f, n, hw, D, C, hs, x->proj_out.w, x->proj_out.b, y);
+        ufw_add(f, rows * C, y, in, y);
+    }
     sd_arena_reset_to(f->a, mark);
 }
 

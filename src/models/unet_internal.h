@@ -88,6 +88,9 @@ void ufw_tap(ufw *f, const char *name, const void *x, int n, int h, int w, int c
 int ufw_tapping(const ufw *f);
 void ufw_linear(ufw *f, int n, int64_t per, int in, int out, const void *x, const void *w,
                 const void *b, void *y);
+/* ufw_linear + z, the add in the GEMM's pass where the backend can (z must not alias y) */
+void ufw_linear_add(ufw *f, int n, int64_t per, int in, int out, const void *x, const void *w,
+                    const void *b, const void *z, void *y);
 void ufw_conv(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, void *y);
 /* y = conv(x) + z in one pass where the backend can (z must not alias y) */
 void ufw_conv_add(ufw *f, const sd_conv2d_desc *d, const void *x, ut_lin l, const void *z,

@@ -372,23 +372,20 @@ static void transformer_fwd(tr *t, const ut_transformer *x, int n, int h, int w,
         ufw_linear(f, n, hw, D, D, s.ln[0], b->k1, NULL, k);
         ufw_linear(f, n, hw, D, D, s.ln[0], b->v1, NULL, v);
         attn_fwd(t, &self, q, k, v, o, lse1);
-        ufw_linear(f, n, hw, D, D, o, b->out1.w, b->out1.b, h1);
-        ufw_add(f, rows * D, h1, hs, h1);
+        ufw_linear_add(f, n, hw, D, D, o, b->out1.w, b->out1.b, hs, h1);
         /* h2 = h1 + attn2(norm2(h1), ctx) */
         ln_fwd(t, rows, D, h1, b->norm2, (void *)s.ln[1], (float *)s.lm[1], (float *)s.lr[1]);
         ufw_linear(f, n, hw, D, D, s.ln[1], b->q2, NULL, q2);
         ufw_linear(f, n, t->ctx_len, X, D, t->ctx, b->k2, NULL, k2);
         ufw_linear(f, n, t->ctx_len, X, D, t->ctx, b->v2, NULL, v2);
         attn_fwd(t, &cross, q2, k2, v2, o2, lse2);
-        ufw_linear(f, n, hw, D, D, o2, b->out2.w, b->out2.b, h2);
-        ufw_add(f, rows * D, h2, h1, h2);
+        ufw_linear_add(f, n, hw, D, D, o2, b->out2.w, b->out2.b, h1, h2);
         /* h3 = h2 + ff(norm3(h2)) */
         ln_fwd(t, rows, D, h2, b->norm3, (void *)s.ln[2], (float *)s.lm[2], (float *)s.lr[2]);
         ufw_linear(f, n, hw, D, 8 * D, s.ln[2], b->ff_in.w, b->ff_in.b, ff);
         if (running(t))
             sd_geglu_forward(f->be, rows, 4 * D, ff, gg);
-        ufw_linear(f, n, hw, 4 * D, D, gg, b->ff_out.w, b->ff_out.b, h3);
-        ufw_add(f, rows * D, h3, h2, h3);
+        ufw_linear_add(f, n, hw, 4 * D, D, gg, b->ff_out.w, b->ff_out.b, h2, h3);
         if (save) {
             /* hs, h1, h2 enter the three norms; q..gg feed the linears and attentions */
             const void *keep[] = {hs, h1, h2, s.lm[0], s.lr[0], s.ln[0], s.lm[1], s.lr[1],

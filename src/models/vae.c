@@ -434,12 +434,6 @@ static void linear(run *r, const conv_p *p, const void *x, int64_t rows, int in,
         sd_linear_forward(r->be, rows, in, out, x, p->w, p->b, y);
 }
 
-static void add(run *r, int64_t n, const void *a, const void *b, void *y)
-{
-    if (!r->dry)
-        sd_add(r->be, n, a, b, y);
-}
-
 /* ResnetBlock2D without time input: y = shortcut(x) + conv2(SiLU(norm2(conv1(SiLU(norm1 x))))). */
 static void resnet(run *r, const resnet_p *p, const act *x, int cout, const act *y)
 {
@@ -479,8 +473,11 @@ static void attention(run *r, const attn_p *p, const act *x, const act *y)
     s = tmp(r, sb);
     if (!r->dry)
         sd_attention_forward(r->be, &d, q, k, v, tn, NULL, (sd_scratch){s, sb});
-    linear(r, SUB(p, o), tn, rows, c, c, y->p);
-    add(r, rows * c, y->p, x->p, y->p); /* diffusers: hidden_states + residual */
+    /* y = to_out(tn) + x, the add in the GEMM's pass where the backend can (diffusers:
+     * hidden_states + residual) */
+    r->flops += 2.0 * (double)rows * c * c;
+    if (!r->dry)
+        sd_linear_forward_add(r->be, rows, c, c, tn, SUB(p, o)->w, SUB(p, o)->b, x->p, y->p);
     sd_arena_reset_to(r->a, mark);
 }
 

@@ -297,6 +297,26 @@ void sd_linear_forward(const sd_backend *be, int64_t rows, int in, int out, cons
     SD_PROF_MARK(be, "linear_forward");
 }
 
+void sd_linear_forward_add(const sd_backend *be, int64_t rows, int in, int out, const void *x,
+                           const void *w, const void *b, const void *z, void *y)
+{
+    SD_OP_ENTRY(be, linear_forward);
+    check_linear(rows, in, out);
+    SD_NOT_NULL(x);
+    SD_NOT_NULL(w);
+    SD_NOT_NULL(z);
+    SD_NOT_NULL(y);
+    SD_CHECK(z != y, "linear_forward_add: the residual must not alias the output");
+    if (!be->ops->linear_forward_add) {
+        sd_linear_forward(be, rows, in, out, x, w, b, y);
+        sd_add(be, rows * out, y, z, y);
+        return;
+    }
+    SD_PROF_MARK(be, NULL);
+    be->ops->linear_forward_add(be, rows, in, out, x, w, b, z, y);
+    SD_PROF_MARK(be, "linear_forward_add");
+}
+
 size_t sd_linear_backward_scratch_bytes(const sd_backend *be, int64_t rows, int in, int out)
 {
     SD_CHECK(be != NULL && be->ops != NULL, "no backend");

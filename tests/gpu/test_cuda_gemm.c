@@ -56,6 +56,23 @@ static void test_linear_forward(const sd_backend *g, int64_t rows, int in, int o
              in, out, bias_mode == 0 ? "none" : bias_mode == 1 ? "aligned" : "unaligned");
     check_close(g, what, got, ref, rows * out, gpu_tol(g));
 
+    /* with a residual z (cuBLASLt's C input): against the CPU's linear then add */
+    float *z = hrand_for(g, rows * out, 1.0f);
+    float *zref = (float *)malloc((size_t)(rows * out) * sizeof(float));
+    sd_linear_forward_add(cpu, rows, in, out, x, w, hb, z, zref);
+    void *gz = dput(g, z, rows * out), *gy2 = dnan(g, rows * out);
+    sd_linear_forward_add(g, rows, in, out, gx, gw, gbias, gz, gy2);
+    float *got2 = dget(g, gy2, rows * out);
+    snprintf(what, sizeof what, "linear forward + residual rows %lld in %d out %d bias %s",
+             (long long)rows, in, out,
+             bias_mode == 0 ? "none" : bias_mode == 1 ? "aligned" : "unaligned");
+    check_close(g, what, got2, zref, rows * out, gpu_tol(g));
+    free(z);
+    free(zref);
+    free(got2);
+    sd_backend_free(g, gz);
+    sd_backend_free(g, gy2);
+
     free(x);
     free(w);
     free(b);

@@ -271,6 +271,16 @@ static void linear_case(int64_t rows, int in, int out, int bias, int threads)
     double e = max_err(y, ref, rows * out);
     tap_ok(e <= TOL, "linear rows=%lld %d->%d%s: max rel err %.2e", (long long)rows, in, out,
            bias ? " +bias" : "", e);
+    {
+        /* with a residual: exactly the linear, then sd_add */
+        float *z = rnd(rows * out, -1, 1), *yz = fbuf(rows * out), *want = fbuf(rows * out);
+        sd_linear_forward_add(be, rows, in, out, x, w, c.b, z, yz);
+        sd_add(be, rows * out, y, z, want);
+        tap_ok(memcmp(yz, want, (size_t)(rows * out) * sizeof(float)) == 0,
+               "linear rows=%lld %d->%d%s + residual: the bits of linear then add",
+               (long long)rows, in, out, bias ? " +bias" : "");
+        free(z), free(yz), free(want);
+    }
     if (threads)
         check_threads("linear", run_linear, &c, y, rows * out);
     free(x), free(w), free(b), free(y), free(ref);

@@ -42,6 +42,7 @@ struct gemm_key {
     int64_t stride_a, stride_b, stride_d;
     int32_t bias; /* 1: CUBLASLT_EPILOGUE_BIAS */
     uint32_t align_a, align_b, align_d, align_bias;
+    uint32_t align_c; /* a C input apart from D (a residual): its alignment; 0 = C is D */
 };
 
 struct gemm_plan {
@@ -194,8 +195,9 @@ static const gemm_plan *gemm_plan_get(sd_cuda_state *st, const gemm_key *key, co
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
     SD_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    uint32_t al_c = key->align_c ? key->align_c : al_d;
     SD_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
     SD_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
 
@@ -208,7 +210,7 @@ static const gemm_plan *gemm_plan_get(sd_cuda_state *st, const gemm_key *key, co
     p->ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
             res.workspaceSize <= SD_CUDA_LT_WORKSPACE;
     /* without the epilogue the caller has a fallback; a plain GEMM must have an algorithm */
-    SD_CHECK(p->ok || key->bias,
+    SD_CHECK(p->ok || key->bias || key->align_c,
              "cuBLASLt heuristic: no algorithm (%s, %d found) for m=%lld n=%lld k=%lld "
              "trans=%d%d lda=%lld ldb=%lld ldd=%lld types=%d,%d,%d batch=%d strides=%lld,%lld,%lld "
              "align=%u,%u,%u",
@@ -225,18 +227,26 @@ static const gemm_plan *gemm_plan_get(sd_cuda_state *st, const gemm_key *key, co
     return p;
 }
 
-static void gemm_run(const sd_backend *be, const gemm_plan *p, float alpha, gemm_operand a,
-                     gemm_operand b, float beta, gemm_operand d, const void *bias)
+/* D = alpha op(A) op(B) + beta C (+ bias), C = D unless c is given (same layout as D) */
+static void gemm_run_c(const sd_backend *be, const gemm_plan *p, float alpha, gemm_operand a,
+                       gemm_operand b, float beta, const void *c, gemm_operand d,
+                       const void *bias)
 {
     sd_cuda_state *st = sd_cuda(be);
     if (p->key.bias) /* the pointer of this call (same alignment as when the plan was made) */
         SD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
             p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     SD_CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, &alpha, a.ptr, p->la, b.ptr, p->lb, &beta,
-                                   d.ptr, p->ld, (void *)d.ptr, p->ld, &p->algo, st->lt_workspace,
-                                   SD_CUDA_LT_WORKSPACE, st->stream));
+                                   c ? c : d.ptr, p->ld, (void *)d.ptr, p->ld, &p->algo,
+                                   st->lt_workspace, SD_CUDA_LT_WORKSPACE, st->stream));
     if (st->sync_each_op)
         SD_CUDA_CHECK(cudaStreamSynchronize(st->stream));
+}
+
+static void gemm_run(const sd_backend *be, const gemm_plan *p, float alpha, gemm_operand a,
+                     gemm_operand b, float beta, gemm_operand d, const void *bias)
+{
+    gemm_run_c(be, p, alpha, a, b, beta, NULL, d, bias);
 }
 
 /* D = alpha op(A) op(B) + beta D, `batch` times with the operands' strides. beta = 0 does not
@@ -274,12 +284,27 @@ static __global__ void add_bias_kernel(int64_t n, int out, const T *b, T *y)
         sd_st(y, i, sd_ld(y, i) + sd_ld(b, i % out));
 }
 
-static void cuda_linear_forward(const sd_backend *be, int64_t rows, int in, int out,
-                                const void *x, const void *w, const void *b, void *y)
+/* y = x w^T + b (+ z: the residual goes in as cuBLASLt's C with beta 1, else an add after) */
+static void linear_forward(const sd_backend *be, int64_t rows, int in, int out, const void *x,
+                           const void *w, const void *b, const void *z, void *y)
 {
     const cudaDataType_t t = sd_cuda_data_type(be);
     const gemm_operand A = gemm_op(w, in, t, 0), B = gemm_op(x, in, t, 0), D = gemm_op(y, out, t, 0);
     SD_CHECK(rows <= INT32_MAX, "linear rows %lld out of range", (long long)rows);
+    if (z && (!b || (uintptr_t)b % 16 == 0)) {
+        gemm_key key = gemm_make_key(CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, A, B, D, 1, b);
+        key.align_c = gemm_alignment(z, out, 0, t);
+        const gemm_plan *p = gemm_plan_get(sd_cuda(be), &key, b);
+        if (p->ok) {
+            gemm_run_c(be, p, 1.0f, A, B, 1.0f, z, D, b);
+            return;
+        }
+    }
+    if (z) { /* no fused plan: the plain linear, then the add in the unfused order */
+        linear_forward(be, rows, in, out, x, w, b, NULL, y);
+        sd_cuda(be)->ops.add(be, rows * out, y, z, 1.0f, y);
+        return;
+    }
     /* Bias in the cuBLASLt epilogue (D type, added in fp32 before the rounding to D) when the
      * bias is 16-byte aligned and an algorithm exists; otherwise a plain GEMM and a kernel. */
     if (b && (uintptr_t)b % 16 == 0) {
@@ -300,6 +325,19 @@ static void cuda_linear_forward(const sd_backend *be, int64_t rows, int in, int 
         });
         SD_CUDA_LAUNCHED(be);
     }
+}
+
+static void cuda_linear_forward(const sd_backend *be, int64_t rows, int in, int out,
+                                const void *x, const void *w, const void *b, void *y)
+{
+    linear_forward(be, rows, in, out, x, w, b, NULL, y);
+}
+
+static void cuda_linear_forward_add(const sd_backend *be, int64_t rows, int in, int out,
+                                    const void *x, const void *w, const void *b, const void *z,
+                                    void *y)
+{
+    linear_forward(be, rows, in, out, x, w, b, z, y);
 }
 
 static size_t cuda_linear_backward_scratch(const sd_backend *be, int64_t rows, int in, int out)
@@ -677,6 +715,7 @@ static void cuda_attention_backward(const sd_backend *be, const sd_attention_des
 void sd_cuda_fill_gemm_ops(sd_ops *ops)
 {
     ops->linear_forward = cuda_linear_forward;
+    ops->linear_forward_add = cuda_linear_forward_add;
     ops->linear_backward_scratch = cuda_linear_backward_scratch;
     ops->linear_backward = cuda_linear_backward;
     ops->attention_forward_scratch = cuda_attention_forward_scratch;
