@@ -268,22 +268,37 @@ struct gn_bwd_sums {
     }
 };
 
-/* One thread per (sample, group): adds the chunk partials of the group's channels (chunk
- * order, then channel order, in double). stage 0: mean[g] = sum / count; stage 1: rstd[g] =
- * 1 / sqrt(sum / count + eps). */
-static __global__ void gn_group_stat_kernel(int n, int groups, int c, int64_t chunks,
-                                            double count, float eps, const float *partial,
-                                            int stage, float *out)
+/* One block per (sample, group) adds the group's chunk partials (chunks x channels of the
+ * group) in double: thread j takes elements j, j + GN_STAT_THREADS, ... of the (chunk, channel)
+ * list, then a fixed-order tree in shared memory. The order depends on the shape only (the same
+ * bits on every run). One thread per group doing all of them in sequence was the old way: at the
+ * VAE's 256x256 levels that is 1024 dependent loads per thread on 1024 threads, about 0.3 ms a
+ * pass. stage 0: mean[g] = sum / count; stage 1: rstd[g] = 1 / sqrt(sum / count + eps). */
+#define GN_STAT_THREADS 256
+static __global__ void gn_group_stat_kernel(int groups, int c, int64_t chunks, double count,
+                                            float eps, const float *partial, int stage,
+                                            float *out)
 {
+    __shared__ double sh[GN_STAT_THREADS];
     const int cg = c / groups;
-    NORM_LOOP(t, (int64_t)n * groups)
-    {
-        const int64_t b = t / groups, g = t % groups;
-        double s = 0.0;
-        for (int64_t p = 0; p < chunks; p++)
-            for (int k = 0; k < cg; k++)
-                s += partial[(b * chunks + p) * c + g * cg + k];
-        out[t] = stage == 0 ? (float)(s / count) : (float)(1.0 / sqrt(s / count + (double)eps));
+    const int64_t t = blockIdx.x, b = t / groups, g = t % groups;
+    const int64_t items = chunks * cg;
+    double s = 0.0;
+    for (int64_t e = threadIdx.x; e < items; e += GN_STAT_THREADS) {
+        const int64_t p = e / cg;
+        const int k = (int)(e - p * cg);
+        s += partial[(b * chunks + p) * c + g * cg + k];
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = GN_STAT_THREADS / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h)
+            sh[threadIdx.x] += sh[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const double v = sh[0];
+        out[t] = stage == 0 ? (float)(v / count) : (float)(1.0 / sqrt(v / count + (double)eps));
     }
 }
 
@@ -305,6 +320,53 @@ static __global__ void gn_apply_kernel(int64_t total, int64_t per_sample, int c,
             v = v + sd_ld(beta, ch);
         sd_st(y, i, silu ? norm_silu(v) : v);
     }
+}
+
+/* The same map over one sample, 16 bytes (8 bf16 or 4 fp32) per thread and 32-bit index
+ * arithmetic (blockIdx.y = sample): for c a multiple of the vector width and 16-byte aligned
+ * tensors. Each element goes through the same operations in the same order as above, so the
+ * bits are the same; only the 64-bit divisions per element and the 2-byte accesses are gone. */
+template <typename T>
+static __global__ void gn_apply_vec_kernel(int per_sample, int c, int groups, const T *x,
+                                           const T *gamma, const T *beta, const float *mean,
+                                           const float *rstd, int silu, T *y)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    union pack {
+        uint4 u;
+        T e[VEC];
+    };
+    const int cg = c / groups;
+    const int64_t base = (int64_t)blockIdx.y * per_sample;
+    const float *mb = mean + (int64_t)blockIdx.y * groups;
+    const float *rb = rstd + (int64_t)blockIdx.y * groups;
+    const int nvec = per_sample / VEC;
+    for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
+        pack in, out;
+        in.u = *(const uint4 *)(x + base + (int64_t)v * VEC);
+        const int ch0 = (v * VEC) % c;
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const int ch = ch0 + j, g = ch / cg;
+            float o = (sd_ld(in.e, j) - mb[g]) * rb[g];
+            if (gamma)
+                o = o * sd_ld(gamma, ch);
+            if (beta)
+                o = o + sd_ld(beta, ch);
+            sd_st(out.e, j, silu ? norm_silu(o) : o);
+        }
+        *(uint4 *)(y + base + (int64_t)v * VEC) = out.u;
+    }
+}
+
+/* Whether the 16-byte kernels take a tensor: c a multiple of the vector width (so a vector never
+ * crosses a row), 16-byte aligned pointers, a sample's elements addressable in 32 bits. */
+static int gn_vec_ok(const sd_backend *be, int64_t per_sample, int c, const void *a,
+                     const void *b, int n)
+{
+    const int vec = 16 / (int)sd_cuda_elem(be);
+    return c % vec == 0 && per_sample < INT32_MAX && (uintptr_t)a % 16 == 0 &&
+           (uintptr_t)b % 16 == 0 && n <= 65535;
 }
 
 /* coef[t] = (sum_j gamma_j tot0[b, j], sum_j gamma_j tot1[b, j]) / count over the group's
@@ -350,6 +412,47 @@ static __global__ void gn_dx_kernel(int64_t total, int64_t per_sample, int c, in
     }
 }
 
+/* gn_dx_kernel over one sample with 16-byte vectors (blockIdx.y = sample), the same operations
+ * per element in the same order (see gn_apply_vec_kernel). */
+template <typename T>
+static __global__ void gn_dx_vec_kernel(int per_sample, int c, int groups, const T *x,
+                                        const T *gamma, const T *beta, const float *mean,
+                                        const float *rstd, const float *coef, const T *dy,
+                                        int silu, T *dx, int accumulate)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    union pack {
+        uint4 u;
+        T e[VEC];
+    };
+    const int cg = c / groups;
+    const int64_t base = (int64_t)blockIdx.y * per_sample;
+    const float *mb = mean + (int64_t)blockIdx.y * groups;
+    const float *rb = rstd + (int64_t)blockIdx.y * groups;
+    const float *cb = coef + 2 * (int64_t)blockIdx.y * groups;
+    const int nvec = per_sample / VEC;
+    for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
+        const int64_t at = base + (int64_t)v * VEC;
+        pack xv, dyv, old, out;
+        xv.u = *(const uint4 *)(x + at);
+        dyv.u = *(const uint4 *)(dy + at);
+        if (accumulate)
+            old.u = *(const uint4 *)(dx + at);
+        const int ch0 = (v * VEC) % c;
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const int ch = ch0 + j, g = ch / cg;
+            const float rs = rb[g];
+            float xh;
+            float dz = gn_dz(xv.e, dyv.e, gamma, beta, mb[g], rs, silu, ch, j, &xh);
+            float gg = gamma ? dz * sd_ld(gamma, ch) : dz;
+            float val = rs * (gg - cb[2 * g] - xh * cb[2 * g + 1]);
+            sd_st(out.e, j, accumulate ? sd_ld(old.e, j) + val : val);
+        }
+        *(uint4 *)(dx + at) = out.u;
+    }
+}
+
 static size_t cuda_group_norm_forward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
 {
     (void)be;
@@ -371,22 +474,37 @@ static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_de
     float *own_rstd = (float *)norm_carve(&cur, (size_t)n * groups * sizeof(float));
     float *mu = mean ? mean : own_mean, *rs = rstd ? rstd : own_rstd;
     cudaStream_t s = sd_cuda_stream(be);
-    const unsigned sgrid = sd_cuda_grid(be, (int64_t)n * groups, NORM_THREADS);
+    const unsigned sgrid = (unsigned)((int64_t)n * groups);
     const int64_t total = (int64_t)n * hw * c;
+    SD_CHECK((int64_t)n * groups < INT32_MAX, "group norm: %d x %d groups", n, groups);
     SD_CUDA_DISPATCH(be, T, {
         gn_load_x<T> f0 = {(const T *)x};
         norm_colpartial<1>(be, n, hw, c, f0, partial);
-        gn_group_stat_kernel<<<sgrid, NORM_THREADS, 0, s>>>(n, groups, c, chunks, count, d->eps,
-                                                             partial, 0, mu);
+        gn_group_stat_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, chunks, count, d->eps,
+                                                                partial, 0, mu);
         SD_CUDA_LAUNCHED(be);
+        SD_CUDA_SUBMARK(be, "group_norm_forward:mean");
         gn_sq_dev<T> f1 = {(const T *)x, mu, groups, cg};
         norm_colpartial<1>(be, n, hw, c, f1, partial);
-        gn_group_stat_kernel<<<sgrid, NORM_THREADS, 0, s>>>(n, groups, c, chunks, count, d->eps,
-                                                             partial, 1, rs);
+        gn_group_stat_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, chunks, count, d->eps,
+                                                                partial, 1, rs);
         SD_CUDA_LAUNCHED(be);
-        gn_apply_kernel<T><<<sd_cuda_grid(be, total, NORM_THREADS), NORM_THREADS, 0, s>>>(
-            total, hw * c, c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu, rs,
-            d->silu, (T *)y);
+        SD_CUDA_SUBMARK(be, "group_norm_forward:rstd");
+        if (gn_vec_ok(be, hw * c, c, x, y, n)) {
+            const int64_t nvec = hw * c / (16 / (int64_t)sizeof(T));
+            int64_t gx = (nvec + NORM_THREADS - 1) / NORM_THREADS;
+            const int64_t cap = (int64_t)sd_cuda(be)->sm_count * 16 / n + 1;
+            if (gx > cap)
+                gx = cap;
+            dim3 grid((unsigned)gx, (unsigned)n);
+            gn_apply_vec_kernel<T><<<grid, NORM_THREADS, 0, s>>>(
+                (int)(hw * c), c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu,
+                rs, d->silu, (T *)y);
+        } else {
+            gn_apply_kernel<T><<<sd_cuda_grid(be, total, NORM_THREADS), NORM_THREADS, 0, s>>>(
+                total, hw * c, c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu,
+                rs, d->silu, (T *)y);
+        }
         SD_CUDA_LAUNCHED(be);
     });
 }
@@ -428,9 +546,23 @@ static void cuda_group_norm_backward(const sd_backend *be, const sd_group_norm_d
                                 NORM_THREADS, 0, s>>>(n, groups, c, count, (const T *)gamma,
                                                       tot, coef);
             SD_CUDA_LAUNCHED(be);
-            gn_dx_kernel<T><<<sd_cuda_grid(be, total, NORM_THREADS), NORM_THREADS, 0, s>>>(
-                total, hw * c, c, groups, (const T *)x, (const T *)gamma, (const T *)beta_used,
-                mean, rstd, coef, (const T *)dy, d->silu, (T *)dx, accumulate);
+            if (gn_vec_ok(be, hw * c, c, x, dx, n) && (uintptr_t)dy % 16 == 0) {
+                const int64_t nvec = hw * c / (16 / (int64_t)sizeof(T));
+                int64_t gx = (nvec + NORM_THREADS - 1) / NORM_THREADS;
+                const int64_t cap = (int64_t)sd_cuda(be)->sm_count * 16 / n + 1;
+                if (gx > cap)
+                    gx = cap;
+                dim3 grid((unsigned)gx, (unsigned)n);
+                gn_dx_vec_kernel<T><<<grid, NORM_THREADS, 0, s>>>(
+                    (int)(hw * c), c, groups, (const T *)x, (const T *)gamma,
+                    (const T *)beta_used, mean, rstd, coef, (const T *)dy, d->silu, (T *)dx,
+                    accumulate);
+            } else {
+                gn_dx_kernel<T><<<sd_cuda_grid(be, total, NORM_THREADS), NORM_THREADS, 0, s>>>(
+                    total, hw * c, c, groups, (const T *)x, (const T *)gamma,
+                    (const T *)beta_used, mean, rstd, coef, (const T *)dy, d->silu, (T *)dx,
+                    accumulate);
+            }
             SD_CUDA_LAUNCHED(be);
         }
     });
@@ -528,6 +660,74 @@ static __global__ void ln_dx_kernel(int64_t rows, int c, const T *x, const T *ga
     }
 }
 
+/* The same dx with the row held in registers: each lane loads its 16-byte pieces of x and dy
+ * (and dx when accumulating) once, all loads issued before any arithmetic, instead of two passes
+ * of 2-byte loads that the compiler must keep in order around the stores (dx may alias). Lane l
+ * takes pieces l, l + 32, ...; its partial sums go in that order, then the same butterfly. */
+#define LN_VEC_MAX 6 /* pieces per lane: c up to 1536 (bf16) / 768 (fp32) */
+template <typename T>
+static __global__ void ln_dx_vec_kernel(int64_t rows, int c, const T *__restrict__ x,
+                                        const T *__restrict__ gamma,
+                                        const float *__restrict__ mean,
+                                        const float *__restrict__ rstd, const T *__restrict__ dy,
+                                        T *__restrict__ dx, int accumulate)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    union pack {
+        uint4 u;
+        T e[VEC];
+    };
+    const int lane = threadIdx.x & 31;
+    const int pieces = c / VEC;
+    const int64_t warp = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    for (int64_t r = warp; r < rows; r += (int64_t)gridDim.x * LN_WARPS) {
+        const int64_t at = r * c;
+        pack xv[LN_VEC_MAX], dv[LN_VEC_MAX];
+#pragma unroll
+        for (int k = 0; k < LN_VEC_MAX; k++) {
+            const int pc = lane + 32 * k;
+            if (pc < pieces) {
+                xv[k].u = *(const uint4 *)(x + at + (int64_t)pc * VEC);
+                dv[k].u = *(const uint4 *)(dy + at + (int64_t)pc * VEC);
+            }
+        }
+        const float m = mean[r], rs = rstd[r];
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int k = 0; k < LN_VEC_MAX; k++) {
+            const int pc = lane + 32 * k;
+            if (pc < pieces)
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    const int ch = pc * VEC + j;
+                    float xh = (sd_ld(xv[k].e, j) - m) * rs;
+                    float g = gamma ? sd_ld(dv[k].e, j) * sd_ld(gamma, ch) : sd_ld(dv[k].e, j);
+                    s1 += g;
+                    s2 += g * xh;
+                }
+        }
+        const float a = warp_sum(s1) / (float)c, bb = warp_sum(s2) / (float)c;
+#pragma unroll
+        for (int k = 0; k < LN_VEC_MAX; k++) {
+            const int pc = lane + 32 * k;
+            if (pc < pieces) {
+                pack old, out;
+                if (accumulate)
+                    old.u = *(const uint4 *)(dx + at + (int64_t)pc * VEC);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    const int ch = pc * VEC + j;
+                    float xh = (sd_ld(xv[k].e, j) - m) * rs;
+                    float g = gamma ? sd_ld(dv[k].e, j) * sd_ld(gamma, ch) : sd_ld(dv[k].e, j);
+                    float v = rs * (g - a - xh * bb);
+                    sd_st(out.e, j, accumulate ? sd_ld(old.e, j) + v : v);
+                }
+                *(uint4 *)(dx + at + (int64_t)pc * VEC) = out.u;
+            }
+        }
+    }
+}
+
 /* v[0] = dy (dbeta), v[1] = dy * xhat (dgamma) */
 template <typename T>
 struct ln_param_sums {
@@ -558,7 +758,17 @@ static void cuda_layer_norm_backward(const sd_backend *be, int64_t rows, int c, 
     float *partial = (float *)norm_carve(&cur, 2 * (size_t)norm_chunks(rows) * c * sizeof(float));
     float *tot = (float *)norm_carve(&cur, 2 * (size_t)c * sizeof(float));
     SD_CUDA_DISPATCH(be, T, {
-        if (dx) {
+        const int vec = 16 / (int)sizeof(T);
+        const int vec_ok = c % vec == 0 && c / vec <= 32 * LN_VEC_MAX &&
+                           (uintptr_t)x % 16 == 0 && (uintptr_t)dy % 16 == 0 &&
+                           (uintptr_t)dx % 16 == 0 && x != dx && dy != dx;
+        if (dx && vec_ok) {
+            ln_dx_vec_kernel<T><<<sd_cuda_grid(be, rows, LN_WARPS), LN_WARPS * 32, 0, s>>>(
+                rows, c, (const T *)x, (const T *)gamma, mean, rstd, (const T *)dy, (T *)dx,
+                accumulate);
+            SD_CUDA_LAUNCHED(be);
+            SD_CUDA_SUBMARK(be, "layer_norm_backward:dx");
+        } else if (dx) {
             ln_dx_kernel<T><<<sd_cuda_grid(be, rows, LN_WARPS), LN_WARPS * 32, 0, s>>>(
                 rows, c, (const T *)x, (const T *)gamma, mean, rstd, (const T *)dy, (T *)dx,
                 accumulate);
