@@ -59,3 +59,23 @@ expect_count() {
 
 # nml FILE <<EOF: writes a namelist into the scratch directory.
 nml() { cat >"$TMP/$1"; }
+
+# The tiny model of the end-to-end tests (the body of a &model group) and its tokenizer.
+TINY_TOKENIZER="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
+TINY_MODEL="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,
+  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
+  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$TINY_TOKENIZER', layers_per_block = 1"
+
+# tiny_shards COUNT NP: COUNT demo images into $TMP/data, encoded by mode 'process' on NP ranks
+# into $TMP/shards (16 samples a shard, seed 5) on the CPU, so every machine gets the same bits.
+tiny_shards() {
+    run data "$SDTOOL" make-demo-data "$TMP/data" --count "$1"
+    expect_rc data 0
+    nml proc.nml <<EOF2
+&run mode = 'process', output_dir = '$TMP/proc', seed = 5, device = 'cpu' /
+&model $TINY_MODEL /
+&data input = '$TMP/data', shard_dir = '$TMP/shards', samples_per_shard = 16, encode_batch_size = 8 /
+EOF2
+    mpi proc "$2" "$SDTRAIN" "$TMP/proc.nml"
+    expect_rc proc 0
+}

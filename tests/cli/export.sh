@@ -12,25 +12,14 @@ run probe "$SDTOOL" export --help
 expect_rc probe 0
 expect_in probe out "usage: sdtool export --from SRC --out DIR"
 
-tokenizer="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
-model="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,
-  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
-  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$tokenizer', layers_per_block = 1"
+model=$TINY_MODEL
 snap="$top_srcdir/tests/data/models/tiny-sd2"
 stok="$top_srcdir/tests/data/sample/tokenizer"
 golden="$snap/golden/unet.safetensors"
 
-run data "$SDTOOL" make-demo-data "$TMP/data" --count 24
-expect_rc data 0
 
 # ---- a run from scratch (no snapshot): 4 steps, a checkpoint every 2, an EMA ------------------
-nml proc.nml <<EOF2
-&run mode = 'process', output_dir = '$TMP/proc', seed = 5, device = 'cpu' /
-&model $model /
-&data input = '$TMP/data', shard_dir = '$TMP/shards', samples_per_shard = 16, encode_batch_size = 8 /
-EOF2
-mpi proc 1 "$SDTRAIN" "$TMP/proc.nml"
-expect_rc proc 0
+tiny_shards 24 1
 nml train.nml <<EOF2
 &run mode = 'train', output_dir = '$TMP/run', seed = 11, device = 'cpu' /
 &model $model /

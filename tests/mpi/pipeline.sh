@@ -10,10 +10,7 @@
 need_mpi
 # 4 ranks: the default launcher passes --oversubscribe for machines with fewer cores
 
-tokenizer="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
-model="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,
-  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
-  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$tokenizer', layers_per_block = 1"
+model=$TINY_MODEL
 
 run data "$SDTOOL" make-demo-data "$TMP/data" --count 48
 expect_rc data 0

@@ -7,20 +7,9 @@
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
 
-tokenizer="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
-model="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,
-  cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
-  vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$tokenizer', layers_per_block = 1"
+model=$TINY_MODEL
 
-run data "$SDTOOL" make-demo-data "$TMP/data" --count 48
-expect_rc data 0
-nml proc.nml <<EOF2
-&run mode = 'process', output_dir = '$TMP/proc', seed = 5 /
-&model $model /
-&data input = '$TMP/data', shard_dir = '$TMP/shards', samples_per_shard = 16, encode_batch_size = 8 /
-EOF2
-mpi proc 2 "$SDTRAIN" "$TMP/proc.nml"
-expect_rc proc 0
+tiny_shards 48 2 # demo images encoded on the CPU into $TMP/shards
 
 # train_nml NAME BATCH SHARDING: the namelist of a 10-step run, on the CPU whatever the machine
 # has (tests/gpu/train.sh trains on the GPU)
