@@ -21,6 +21,7 @@
 #include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/h5check.h"
+#include "sdtrain/h5util.h"
 #include "sdtrain/log.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
@@ -227,31 +228,15 @@ static int write_state_file(writer *w, sd_err *e)
     const sd_ckpt_tensors *t = w->t;
     const float *bufs[DS_N] = {t->params, t->m, t->v, t->ema};
     size_t pb, pe, ob, oe;
-    hid_t fapl;
-    int created, n_created, failed = 0;
+    int failed = 0;
     char creator[160];
 
     if (own_range(w->comm, t->n, 0, t->n, &pb, &pe, e) ||
         own_range(w->comm, t->n, t->begin, t->end, &ob, &oe, e))
         return -1; /* the same on every rank */
 
-    SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
-    SD_H5_CHECK(H5Pset_fapl_mpio(fapl, w->comm, MPI_INFO_NULL));
-    SD_H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1));
-    SD_H5_CHECK(H5Pset_coll_metadata_write(fapl, 1));
-    w->h5 = H5Fcreate(w->file, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    created = w->h5 >= 0;
-    if (!created) {
-        char h5msg[512];
-        sd_err_set(e, "cannot create '%s': %s", w->file, sd_h5_error_string(h5msg, sizeof h5msg));
-    }
-    SD_H5_CHECK(H5Pclose(fapl));
-    SD_MPI_CHECK(MPI_Allreduce(&created, &n_created, 1, MPI_INT, MPI_SUM, w->comm));
-    if (n_created != 0 && n_created != w->size)
-        sd_fatalf(__FILE__, __LINE__, __func__, "H5Fcreate",
-                  "'%s' was created on %d of %d ranks; cannot continue without a hang", w->file,
-                  n_created, w->size);
-    if (!created)
+    w->h5 = sd_h5_create_parallel(w->file, w->comm, e);
+    if (w->h5 < 0)
         return sd_agree(w->comm, 1, e);
 
     snprintf(creator, sizeof creator, "sdtrain %s (git %s)", sd_version(), sd_git_revision());

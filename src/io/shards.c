@@ -20,6 +20,7 @@
 #include "sdtrain/config.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/h5check.h"
+#include "sdtrain/h5util.h"
 #include "sdtrain/log.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
@@ -936,8 +937,6 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     uint64_t fp, checksum = 0;
     size_t sample_bytes;
     sd_shard_entry entry;
-    hid_t fapl;
-    int created, n_created;
 
     SD_MPI_CHECK(MPI_Comm_rank(w->comm, &w->rank));
     SD_MPI_CHECK(MPI_Comm_size(w->comm, &w->size));
@@ -1005,24 +1004,8 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
 
     /* 4. Create the temporary file together. MPI_File_open is collective, so it fails everywhere
      * or nowhere; a split outcome cannot be cleaned up without a hang and ends the job. */
-    SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
-    SD_H5_CHECK(H5Pset_fapl_mpio(fapl, w->comm, MPI_INFO_NULL));
-    SD_H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1));
-    SD_H5_CHECK(H5Pset_coll_metadata_write(fapl, 1));
-    w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    created = w->file >= 0;
-    if (!created) {
-        /* now: the next HDF5 call clears the error stack */
-        char h5msg[512];
-        sd_err_set(e, "cannot create '%s': %s", w->tmp_path, sd_h5_error_string(h5msg, sizeof h5msg));
-    }
-    SD_H5_CHECK(H5Pclose(fapl));
-    SD_MPI_CHECK(MPI_Allreduce(&created, &n_created, 1, MPI_INT, MPI_SUM, w->comm));
-    if (n_created != 0 && n_created != w->size)
-        sd_fatalf(__FILE__, __LINE__, __func__, "H5Fcreate",
-                  "'%s' was created on %d of %d ranks; cannot continue without a hang", w->tmp_path,
-                  n_created, w->size);
-    if (!created) {
+    w->file = sd_h5_create_parallel(w->tmp_path, w->comm, e);
+    if (w->file < 0) {
         sd_agree(w->comm, w->rank == 0, e);
         return -1;
     }
