@@ -318,6 +318,10 @@ static void test_gaussian(const sd_backend *g, int64_t rows, int c)
 
 /* ---- group norm --------------------------------------------------------------------------- */
 
+/* x of the group norm cases: 2 * uniform + gn_shift (a large shift relative to the spread tests
+ * the numerics of the statistics) */
+static float gn_shift = 0.5f;
+
 /* affine: 0 = gamma and beta NULL, 1 = both given */
 static void test_group_norm(const sd_backend *g, int n, int hw, int c, int groups, int silu,
                             int affine, int stats_null)
@@ -327,7 +331,8 @@ static void test_group_norm(const sd_backend *g, int n, int hw, int c, int group
              silu ? " +SiLU" : "", affine ? "" : " no gamma/beta");
     sd_group_norm_desc d = {n, hw, c, groups, 1e-5f, silu};
     const int64_t nx = (int64_t)n * hw * c, ns = (int64_t)n * groups;
-    float *x = hr(g, nx, 2.0f, 0.5f), *dy = hr(g, nx, 1.0f, 0.0f), *pre = hr(g, nx, 1.0f, 0.0f);
+    float *x = hr(g, nx, 2.0f, gn_shift), *dy = hr(g, nx, 1.0f, 0.0f);
+    float *pre = hr(g, nx, 1.0f, 0.0f);
     float *gm = hr(g, c, 0.5f, 1.0f), *bt = hr(g, c, 0.5f, 0.0f);
     float *pg = hrand(c, 1.0f, 0.0f), *pb = hrand(c, 1.0f, 0.0f);
     const float *gam = affine ? gm : NULL, *bet = affine ? bt : NULL;
@@ -472,6 +477,20 @@ static void test_layer_norm(const sd_backend *g, int64_t rows, int c, int affine
     free(ref), free(rm), free(rr), free(rg), free(rb);
 }
 
+static void run_group_norms(const sd_backend *g)
+{
+    gn_shift = 0.5f;
+    test_group_norm(g, 2, 37, 24, 4, 0, 1, 0);
+    test_group_norm(g, 2, 37, 24, 4, 1, 1, 0);
+    test_group_norm(g, 2, 37, 24, 4, 1, 0, 1);
+    test_group_norm(g, 2, 256, 320, 32, 1, 1, 0);
+    test_group_norm(g, 1, 600, 40, 8, 1, 1, 1); /* three row chunks, the last one partial */
+    test_group_norm(g, 2, 1100, 128, 32, 1, 1, 0); /* VAE-like: 4 channels a group, 5 chunks */
+    gn_shift = 40.0f; /* mean 35 times the spread */
+    test_group_norm(g, 2, 600, 40, 8, 1, 1, 0);
+    gn_shift = 0.5f;
+}
+
 static void run_all(const sd_backend *g)
 {
     const int64_t big = 1000003;
@@ -494,11 +513,7 @@ static void run_all(const sd_backend *g)
     test_embedding(g, 3, 11, 40, 100);
     test_gaussian(g, 333, 4);
 
-    test_group_norm(g, 2, 37, 24, 4, 0, 1, 0);
-    test_group_norm(g, 2, 37, 24, 4, 1, 1, 0);
-    test_group_norm(g, 2, 37, 24, 4, 1, 0, 1);
-    test_group_norm(g, 2, 256, 320, 32, 1, 1, 0);
-    test_group_norm(g, 1, 600, 40, 8, 1, 1, 1); /* three row chunks, the last one partial */
+    run_group_norms(g);
     test_layer_norm(g, 333, 77, 1, 0);
     test_layer_norm(g, 64, 1280, 1, 1);
     test_layer_norm(g, 300, 24, 0, 0);
@@ -514,5 +529,22 @@ int main(void)
         run_all(gpu[i]);
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
+
+    /* the group norm's one-pass statistics (read when a backend is created) */
+    setenv("SDTRAIN_CUDA_GN_STATS", "onepass", 1);
+    n = gpu_backends(gpu);
+    tap_diag("group norm with SDTRAIN_CUDA_GN_STATS=onepass");
+    for (int i = 0; i < n; i++)
+        run_group_norms(gpu[i]);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
+    setenv("SDTRAIN_CUDA_GN_STATS", "bogus", 1);
+    sd_backend *bad = NULL;
+    sd_err err;
+    tap_ok(sd_backend_cuda_create(0, SD_F32, &bad, &err) != 0,
+           "SDTRAIN_CUDA_GN_STATS=bogus is refused: %s", bad ? "(accepted)" : err.msg);
+    if (bad)
+        sd_backend_cuda_destroy(bad);
+    unsetenv("SDTRAIN_CUDA_GN_STATS");
     return tap_done();
 }

@@ -241,12 +241,26 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
                                    "flash, auto", attn);
     }
 
+    /* SDTRAIN_CUDA_GN_STATS = twopass (default) | onepass (doc/cuda/elementwise.md) */
+    int gn_onepass = 0;
+    const char *gns = getenv("SDTRAIN_CUDA_GN_STATS");
+    if (gns && *gns) {
+        if (strcmp(gns, "onepass") == 0)
+            gn_onepass = 1;
+        else if (strcmp(gns, "twopass") != 0)
+            return sd_err_set(err,
+                              "CUDA backend: SDTRAIN_CUDA_GN_STATS=%s is not one of twopass, "
+                              "onepass",
+                              gns);
+    }
+
     sd_cuda_state *st = (sd_cuda_state *)calloc(1, sizeof *st);
     if (!st)
         return sd_err_set(err, "CUDA backend: out of host memory");
     st->device = device;
     st->dtype = dtype;
     st->attention_mode = attention_mode;
+    st->gn_onepass = gn_onepass;
     const char *sync = getenv("SDTRAIN_CUDA_SYNC");
     st->sync_each_op = sync && strcmp(sync, "1") == 0;
     SD_CUDA_CHECK(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));

@@ -40,6 +40,7 @@ typedef struct sd_cuda_state {
     int sm_count;
     int sync_each_op;         /* SDTRAIN_CUDA_SYNC=1: synchronize and check after every launch */
     int attention_mode;       /* SDTRAIN_CUDA_ATTENTION: SD_CUDA_ATTENTION_MATH or _FLASH */
+    int gn_onepass;           /* SDTRAIN_CUDA_GN_STATS=onepass: group statistics in one read */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;
     struct sd_cuda_prof *prof; /* op timings (SDTRAIN_CUDA_PROFILE=1), or NULL */
@@ -58,8 +59,8 @@ static inline cudaStream_t sd_cuda_stream(const sd_backend *be)
 }
 
 /* Op profile (SDTRAIN_CUDA_PROFILE=1, backend_cuda.cu): a mark inside an op splits its time, the
- * GPU work since the previous mark going to `label` (a string literal such as "linear_backward:dw");
- * what follows the last sub-mark keeps the op's own name. No-op without profiling. */
+ * GPU work since the previous mark going to `label` (a string literal such as
+ * "linear_backward:dw"); what follows the last sub-mark keeps the op's own name. No-op without profiling. */
 void sd_cuda_profile_mark(const sd_backend *be, const char *label);
 #define SD_CUDA_SUBMARK(be, label)                                                             \
     do {                                                                                       \

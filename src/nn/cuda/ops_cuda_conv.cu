@@ -490,7 +490,8 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
         xin = base + L.xpad;
     }
     const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data */
-    if (b && e->fused_bias >= 0 && e->fwd_algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
+    if (b && e->fused_bias >= 0 &&
+        e->fwd_algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
         /* y = conv(x) + bias (+ z), rounded once; without a residual z = y with alpha2 = 0
          * (cuDNN allows z == y) */
         const cudnnStatus_t r = cudnnConvolutionBiasActivationForward(

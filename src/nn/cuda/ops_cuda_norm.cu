@@ -302,6 +302,120 @@ static __global__ void gn_group_stat_kernel(int groups, int c, int64_t chunks, d
     }
 }
 
+/* ---- one-pass group statistics (SDTRAIN_CUDA_GN_STATS=onepass) --------------------------------
+ * One read of x instead of two. Block (channel block of 32, chunk p, sample b), 32 x 8 threads as
+ * the column pattern: each thread takes its channel over every 8th row of the chunk and sums
+ * x - K and (x - K)^2 in fp32, K its first value (a shift inside the data keeps the sums small, so
+ * M2 = q - s^2 / n loses nothing to cancellation); the 8 row lanes merge in a fixed tree with
+ * Chan's formula (double) into (mean, M2) per (sample, chunk, channel). Then one block per
+ * (sample, group) merges the group's (chunk, channel) pieces the same way, in a fixed order.
+ * Not yet run on a GPU: off by default until tests/gpu/test_cuda_elem passes with it. */
+struct gn_moments {
+    double n, mean, m2;
+};
+
+static __device__ __forceinline__ gn_moments gn_merge(gn_moments a, gn_moments b)
+{
+    if (b.n == 0.0)
+        return a;
+    if (a.n == 0.0)
+        return b;
+    const double n = a.n + b.n, delta = b.mean - a.mean;
+    gn_moments r;
+    r.n = n;
+    r.mean = a.mean + delta * (b.n / n);
+    r.m2 = a.m2 + b.m2 + delta * delta * (a.n * b.n / n);
+    return r;
+}
+
+template <typename T>
+static __global__ void gn_moments_partial_kernel(int64_t rows, int c, int64_t chunks, const T *x,
+                                                 float *partial)
+{
+    __shared__ double sh[3][8][33];
+    const int ch = blockIdx.x * 32 + threadIdx.x;
+    const int64_t b = blockIdx.z, p = blockIdx.y;
+    const int64_t r0 = p * NORM_ROWS;
+    const int64_t r1 = r0 + NORM_ROWS < rows ? r0 + NORM_ROWS : rows;
+    gn_moments m = {0.0, 0.0, 0.0};
+    if (ch < c) {
+        const T *xb = x + b * rows * c + ch;
+        float k = 0.0f, s = 0.0f, q = 0.0f;
+        int cnt = 0;
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            const float v = sd_ld(xb, r * c);
+            if (cnt == 0)
+                k = v;
+            const float d = v - k;
+            s += d;
+            q += d * d;
+            cnt++;
+        }
+        if (cnt) {
+            m.n = cnt;
+            m.mean = (double)k + (double)s / cnt;
+            const double m2 = (double)q - (double)s * (double)s / cnt;
+            m.m2 = m2 > 0.0 ? m2 : 0.0;
+        }
+    }
+    sh[0][threadIdx.y][threadIdx.x] = m.n;
+    sh[1][threadIdx.y][threadIdx.x] = m.mean;
+    sh[2][threadIdx.y][threadIdx.x] = m.m2;
+    __syncthreads();
+    if (threadIdx.y == 0 && ch < c) {
+        gn_moments l[8];
+        for (int y = 0; y < 8; y++)
+            l[y] = {sh[0][y][threadIdx.x], sh[1][y][threadIdx.x], sh[2][y][threadIdx.x]};
+        const gn_moments t = gn_merge(gn_merge(gn_merge(l[0], l[1]), gn_merge(l[2], l[3])),
+                                      gn_merge(gn_merge(l[4], l[5]), gn_merge(l[6], l[7])));
+        partial[((b * chunks + p) * 2 + 0) * c + ch] = (float)t.mean;
+        partial[((b * chunks + p) * 2 + 1) * c + ch] = (float)t.m2;
+    }
+}
+
+/* One block per (sample, group): thread j merges pieces j, j + GN_STAT_THREADS, ... of the
+ * group's (chunk, channel) list in order, then a fixed tree; mean and rstd of the group. */
+static __global__ void gn_moments_group_kernel(int groups, int c, int64_t rows, int64_t chunks,
+                                               float eps, const float *partial, float *mean,
+                                               float *rstd)
+{
+    __shared__ double sh[3][GN_STAT_THREADS];
+    const int cg = c / groups;
+    const int64_t t = blockIdx.x, b = t / groups, g = t % groups;
+    const int64_t items = chunks * cg;
+    gn_moments m = {0.0, 0.0, 0.0};
+    for (int64_t e = threadIdx.x; e < items; e += GN_STAT_THREADS) {
+        const int64_t p = e / cg;
+        const int ch = (int)(g * cg + (e - p * cg));
+        const int64_t r0 = p * NORM_ROWS;
+        gn_moments piece;
+        piece.n = (double)((r0 + NORM_ROWS < rows ? r0 + NORM_ROWS : rows) - r0);
+        piece.mean = partial[((b * chunks + p) * 2 + 0) * c + ch];
+        piece.m2 = partial[((b * chunks + p) * 2 + 1) * c + ch];
+        m = gn_merge(m, piece);
+    }
+    sh[0][threadIdx.x] = m.n;
+    sh[1][threadIdx.x] = m.mean;
+    sh[2][threadIdx.x] = m.m2;
+    __syncthreads();
+    for (int h = GN_STAT_THREADS / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) {
+            const gn_moments a = {sh[0][threadIdx.x], sh[1][threadIdx.x], sh[2][threadIdx.x]};
+            const gn_moments o = {sh[0][threadIdx.x + h], sh[1][threadIdx.x + h],
+                                  sh[2][threadIdx.x + h]};
+            const gn_moments r = gn_merge(a, o);
+            sh[0][threadIdx.x] = r.n;
+            sh[1][threadIdx.x] = r.mean;
+            sh[2][threadIdx.x] = r.m2;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        mean[t] = (float)sh[1][0];
+        rstd[t] = (float)(1.0 / sqrt(sh[2][0] / sh[0][0] + (double)eps));
+    }
+}
+
 template <typename T>
 static __global__ void gn_apply_kernel(int64_t total, int64_t per_sample, int c, int groups,
                                        const T *x, const T *gamma, const T *beta,
@@ -455,9 +569,10 @@ static __global__ void gn_dx_vec_kernel(int per_sample, int c, int groups, const
 
 static size_t cuda_group_norm_forward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
 {
-    (void)be;
-    /* chunk partials (1 value per channel), then mean and rstd for a caller that keeps none */
-    return sd_cuda_align((size_t)d->n * norm_chunks(d->hw) * d->c * sizeof(float)) +
+    /* chunk partials (1 value per channel; 2 in one-pass mode), then mean and rstd for a caller
+     * that keeps none */
+    const size_t per = sd_cuda(be)->gn_onepass ? 2 : 1;
+    return sd_cuda_align(per * d->n * norm_chunks(d->hw) * d->c * sizeof(float)) +
            2 * sd_cuda_align((size_t)d->n * d->groups * sizeof(float));
 }
 
@@ -469,7 +584,8 @@ static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_de
     const int64_t hw = d->hw, chunks = norm_chunks(hw);
     const double count = (double)hw * cg;
     char *cur = (char *)ws.ptr;
-    float *partial = (float *)norm_carve(&cur, (size_t)n * chunks * c * sizeof(float));
+    float *partial = (float *)norm_carve(
+        &cur, (sd_cuda(be)->gn_onepass ? 2 : 1) * (size_t)n * chunks * c * sizeof(float));
     float *own_mean = (float *)norm_carve(&cur, (size_t)n * groups * sizeof(float));
     float *own_rstd = (float *)norm_carve(&cur, (size_t)n * groups * sizeof(float));
     float *mu = mean ? mean : own_mean, *rs = rstd ? rstd : own_rstd;
@@ -478,18 +594,33 @@ static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_de
     const int64_t total = (int64_t)n * hw * c;
     SD_CHECK((int64_t)n * groups < INT32_MAX, "group norm: %d x %d groups", n, groups);
     SD_CUDA_DISPATCH(be, T, {
-        gn_load_x<T> f0 = {(const T *)x};
-        norm_colpartial<1>(be, n, hw, c, f0, partial);
-        gn_group_stat_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, chunks, count, d->eps,
-                                                                partial, 0, mu);
-        SD_CUDA_LAUNCHED(be);
-        SD_CUDA_SUBMARK(be, "group_norm_forward:mean");
-        gn_sq_dev<T> f1 = {(const T *)x, mu, groups, cg};
-        norm_colpartial<1>(be, n, hw, c, f1, partial);
-        gn_group_stat_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, chunks, count, d->eps,
-                                                                partial, 1, rs);
-        SD_CUDA_LAUNCHED(be);
-        SD_CUDA_SUBMARK(be, "group_norm_forward:rstd");
+        if (sd_cuda(be)->gn_onepass) {
+            /* partial holds n * chunks * c floats; the moments need two per channel: the scratch
+             * query asks for the second half when this mode is on */
+            SD_CHECK(chunks < 65536 && n < 65536, "group norm over %d x %lld rows: too many", n,
+                     (long long)hw);
+            dim3 pgrid((unsigned)((c + 31) / 32), (unsigned)chunks, (unsigned)n), pblock(32, 8);
+            gn_moments_partial_kernel<T><<<pgrid, pblock, 0, s>>>(hw, c, chunks, (const T *)x,
+                                                                   partial);
+            SD_CUDA_LAUNCHED(be);
+            gn_moments_group_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, hw, chunks,
+                                                                       d->eps, partial, mu, rs);
+            SD_CUDA_LAUNCHED(be);
+            SD_CUDA_SUBMARK(be, "group_norm_forward:moments");
+        } else {
+            gn_load_x<T> f0 = {(const T *)x};
+            norm_colpartial<1>(be, n, hw, c, f0, partial);
+            gn_group_stat_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, chunks, count, d->eps,
+                                                                    partial, 0, mu);
+            SD_CUDA_LAUNCHED(be);
+            SD_CUDA_SUBMARK(be, "group_norm_forward:mean");
+            gn_sq_dev<T> f1 = {(const T *)x, mu, groups, cg};
+            norm_colpartial<1>(be, n, hw, c, f1, partial);
+            gn_group_stat_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, chunks, count, d->eps,
+                                                                    partial, 1, rs);
+            SD_CUDA_LAUNCHED(be);
+            SD_CUDA_SUBMARK(be, "group_norm_forward:rstd");
+        }
         if (gn_vec_ok(be, hw * c, c, x, y, n)) {
             const int64_t nvec = hw * c / (16 / (int64_t)sizeof(T));
             int64_t gx = (nvec + NORM_THREADS - 1) / NORM_THREADS;
