@@ -60,7 +60,8 @@ static inline cudaStream_t sd_cuda_stream(const sd_backend *be)
 
 /* Op profile (SDTRAIN_CUDA_PROFILE=1, backend_cuda.cu): a mark inside an op splits its time, the
  * GPU work since the previous mark going to `label` (a string literal such as
- * "linear_backward:dw"); what follows the last sub-mark keeps the op's own name. No-op without profiling. */
+ * "linear_backward:dw"); what follows the last sub-mark keeps the op's own name. No-op without
+ * profiling. */
 void sd_cuda_profile_mark(const sd_backend *be, const char *label);
 #define SD_CUDA_SUBMARK(be, label)                                                             \
     do {                                                                                       \
