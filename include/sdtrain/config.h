@@ -72,6 +72,7 @@ typedef struct sd_config {
     struct {
         int64_t max_steps;
         int64_t batch_size_per_rank;
+        int64_t grad_accum_steps;       /* micro-batches per optimizer step */
         double learning_rate;
         char lr_schedule[SD_NAME_MAX];  /* constant | linear | cosine (after warmup) */
         int64_t warmup_steps;

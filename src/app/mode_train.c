@@ -63,8 +63,8 @@ typedef struct trainer {
     sd_lr_schedule sched;
     sd_loader *loader;
     sd_loader_info info;
-    /* per-step host buffers (batch_per_rank samples) */
-    int bs, C, H, W, L, D;
+    /* per-step host buffers (bs * acc samples: the step's micro-batches one after another) */
+    int bs, acc, C, H, W, L, D;
     float *x0, *noise, *xt, *target, *pred, *dpred, *xh, *yh, *ctx;
     int32_t *tsteps;
     float *tfloat, *mse;
@@ -144,7 +144,7 @@ static int check_shapes(trainer *t, sd_err *err)
 
 static void alloc_buffers(trainer *t)
 {
-    const size_t per = (size_t)t->C * t->H * t->W, bs = (size_t)t->bs;
+    const size_t per = (size_t)t->C * t->H * t->W, bs = (size_t)t->bs * t->acc;
     t->x0 = sd_xmalloc(bs * per * sizeof(float));
     t->noise = sd_xmalloc(bs * per * sizeof(float));
     t->xt = sd_xmalloc(bs * per * sizeof(float));
@@ -198,11 +198,13 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
     sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->xt, t->xh);
 }
 
-/* GPU: the first `count` samples' inputs (NHWC latents and contexts) into device memory. */
-static void upload_inputs(trainer *t, int count)
+/* GPU: the inputs (NHWC latents and contexts) of samples [first, first + count) of the host
+ * buffers into device memory. */
+static void upload_inputs(trainer *t, int first, int count)
 {
-    sd_upload_f32(t->be, t->d_xh, t->xh, (int64_t)count * t->C * t->H * t->W);
-    sd_upload_f32(t->be, t->d_ctx, t->ctx, (int64_t)count * t->L * t->D);
+    const int64_t per = (int64_t)t->C * t->H * t->W, ctx = (int64_t)t->L * t->D;
+    sd_upload_f32(t->be, t->d_xh, t->xh + first * per, count * per);
+    sd_upload_f32(t->be, t->d_ctx, t->ctx + first * ctx, count * ctx);
 }
 
 /* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
@@ -221,7 +223,7 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
                  err.msg);
         make_inputs(t, vb, VAL_RNG_STEP, 0);
         if (t->gpu) {
-            upload_inputs(t, count);
+            upload_inputs(t, 0, count);
             sd_unet_forward(t->unet, count, t->H, t->W, t->d_xh, t->tfloat, t->d_ctx, t->L,
                             t->d_yh, &t->arena, NULL);
             sd_download_f32(t->be, t->yh, t->d_yh, (int64_t)count * per);
@@ -854,7 +856,10 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     sd_loader_options_defaults(&lo);
     lo.shard_dir = cfg->data.shard_dir;
     lo.val_fraction = cfg->data.val_fraction;
-    lo.batch_per_rank = (int)cfg->train.batch_size_per_rank;
+    /* a step's samples of this rank: its grad_accum_steps micro-batches, read together */
+    SD_CHECK(cfg->train.batch_size_per_rank * cfg->train.grad_accum_steps <= INT32_MAX,
+             "batch_size_per_rank x grad_accum_steps out of range");
+    lo.batch_per_rank = (int)(cfg->train.batch_size_per_rank * cfg->train.grad_accum_steps);
     lo.seed = cfg->run.seed;
     if (strcmp(cfg->run.mode, "pipeline") == 0) {
         /* online preprocessing: the shards as they are committed (doc/loader.md "Follow mode") */
@@ -867,6 +872,7 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         return -1; /* collective: every rank has the same message */
     t->info = *sd_loader_get_info(t->loader);
     t->bs = (int)cfg->train.batch_size_per_rank;
+    t->acc = (int)cfg->train.grad_accum_steps;
     t->C = t->info.latent_channels;
     t->H = t->W = t->info.latent_size;
     t->L = t->info.text_len;
@@ -978,11 +984,14 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         return SD_EXIT_USAGE;
     }
     sd_loader_batch_alloc(t.loader, t.bs, &vb);
-    sd_info("training the U-Net (%zu parameters, %.1f MB) on %d rank(s), %s, batch %d per rank "
+    char accum_text[64] = "";
+    if (t.acc > 1)
+        snprintf(accum_text, sizeof accum_text, " x %d accumulated micro-batches", t.acc);
+    sd_info("training the U-Net (%zu parameters, %.1f MB) on %d rank(s), %s, batch %d per rank%s "
             "(global %lld), %lld training / %lld validation samples, %lld steps per epoch%s, "
             "%lld steps",
             t.w.table.total_numel, t.w.table.total_numel * 4e-6, t.size,
-            t.zero2 ? "ZeRO-2 (shard_grad_op)" : "DDP (sharding 'none')", t.bs,
+            t.zero2 ? "ZeRO-2 (shard_grad_op)" : "DDP (sharding 'none')", t.bs, accum_text,
             (long long)t.info.global_batch, (long long)t.info.n_train, (long long)t.info.n_val,
             (long long)t.info.steps_per_epoch,
             t.info.complete ? "" : " (in the shards committed so far)", (long long)max_steps);
@@ -1029,32 +1038,46 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         }
         tt[T_DATA] = wait;
 
-        /* forward and backward of this rank's samples */
+        /* forward and backward of this rank's samples: grad_accum_steps micro-batches of
+         * batch_size_per_rank, their parameter gradients adding up (the backward accumulates;
+         * each micro-batch's loss is already divided by the global batch) */
         t1 = sd_time_now();
+        SD_CHECK(b->count == t.bs * t.acc, "step %lld: %d samples, expected %d x %d",
+                 (long long)step, b->count, t.bs, t.acc);
         make_inputs(&t, b, (uint64_t)step, 1);
-        if (t.gpu) {
-            /* the objective stays on the host: the prediction down, its gradient up */
-            sd_zero(t.be, t.d_grads, t.np * sizeof(float));
-            upload_inputs(&t, b->count);
-            sd_unet_train_forward(t.tr, t.d_xh, t.tfloat, t.d_ctx, t.d_yh, &t.arena);
-            sd_download_f32(t.be, t.yh, t.d_yh, (int64_t)b->count * per);
-        } else {
-            memset(t.grads, 0, t.n * sizeof *t.grads);
-            sd_unet_train_forward(t.tr, t.xh, t.tfloat, t.ctx, t.yh, &t.arena);
-        }
-        sd_nhwc_to_nchw(t.hb, b->count, t.C, t.H, t.W, t.yh, t.pred);
-        loss_local = sd_diffusion_loss(&t.diff, t.tsteps, b->count, per, t.info.global_batch,
-                                       t.pred, t.target, NULL, t.dpred);
-        if (sd_fault_armed(SD_FAULT_NAN, t.world_rank, step, NULL))
-            t.dpred[0] = NAN;
-        sd_nchw_to_nhwc(t.hb, b->count, t.C, t.H, t.W, t.dpred, t.yh);
         if (t.gpu)
-            sd_upload_f32(t.be, t.d_dy, t.yh, (int64_t)b->count * per);
+            sd_zero(t.be, t.d_grads, t.np * sizeof(float));
+        else
+            memset(t.grads, 0, t.n * sizeof *t.grads);
+        loss_local = 0;
         tt[T_FWD] = sd_time_now() - t1;
-        t1 = sd_time_now();
-        sd_unet_backward(t.tr, t.gpu ? t.d_dy : t.yh, &t.arena);
-        sd_synchronize(t.be);
-        tt[T_BWD] = sd_time_now() - t1;
+        for (int m0 = 0; m0 < b->count; m0 += t.bs) {
+            const int64_t xo = (int64_t)m0 * per, co = (int64_t)m0 * t.L * t.D;
+            t1 = sd_time_now();
+            if (t.gpu) {
+                /* the objective stays on the host: the prediction down, its gradient up */
+                upload_inputs(&t, m0, t.bs);
+                sd_unet_train_forward(t.tr, t.d_xh, t.tfloat + m0, t.d_ctx, t.d_yh, &t.arena);
+                sd_download_f32(t.be, t.yh + xo, t.d_yh, (int64_t)t.bs * per);
+            } else {
+                sd_unet_train_forward(t.tr, t.xh + xo, t.tfloat + m0, t.ctx + co, t.yh + xo,
+                                      &t.arena);
+            }
+            sd_nhwc_to_nchw(t.hb, t.bs, t.C, t.H, t.W, t.yh + xo, t.pred + xo);
+            loss_local += sd_diffusion_loss(&t.diff, t.tsteps + m0, t.bs, per,
+                                            t.info.global_batch, t.pred + xo, t.target + xo, NULL,
+                                            t.dpred + xo);
+            if (m0 == 0 && sd_fault_armed(SD_FAULT_NAN, t.world_rank, step, NULL))
+                t.dpred[0] = NAN;
+            sd_nchw_to_nhwc(t.hb, t.bs, t.C, t.H, t.W, t.dpred + xo, t.yh + xo);
+            if (t.gpu)
+                sd_upload_f32(t.be, t.d_dy, t.yh + xo, (int64_t)t.bs * per);
+            tt[T_FWD] += sd_time_now() - t1;
+            t1 = sd_time_now();
+            sd_unet_backward(t.tr, t.gpu ? t.d_dy : t.yh + xo, &t.arena);
+            sd_synchronize(t.be);
+            tt[T_BWD] += sd_time_now() - t1;
+        }
 
         /* gradients: the global mean loss's gradient is the sum over ranks (each rank's loss
          * is already divided by the global batch); ZeRO-2 keeps only this rank's shard */

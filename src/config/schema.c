@@ -118,7 +118,12 @@ static const sd_option options[] = {
     /* &train */
     INT(train, max_steps, "1000", 1, U, "steps", "Optimizer steps to run in total (counting resumed ones)."),
     INT(train, batch_size_per_rank, "8", 1, U, "samples",
-        "Samples per training rank per step; the global batch is this times the training ranks."),
+        "Samples per training rank per forward/backward pass; the global batch is this times the "
+        "training ranks times grad_accum_steps."),
+    INT(train, grad_accum_steps, "1", 1, 4096, "micro-batches",
+        "Forward/backward passes of batch_size_per_rank samples each rank adds up before one "
+        "optimizer step: a global batch larger than memory allows, same result as one pass over "
+        "all of them."),
     REAL(train, learning_rate, "1e-4", 0, 1, "", "Peak AdamW learning rate (reached after warmup)."),
     CHOICE(train, lr_schedule, "'constant'", "constant|linear|cosine",
            "Learning rate after warmup: constant, linear decay to 0, or cosine decay to 0 at max_steps."),

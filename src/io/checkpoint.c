@@ -978,7 +978,8 @@ void sd_ckpt_info_free(sd_ckpt_info *i)
 
 /* Keys that may change between a checkpoint and its resume without a word. */
 static const char *const free_keys[] = {
-    "train.max_steps", "train.batch_size_per_rank", "train.sharding", "train.precision",
+    "train.max_steps", "train.batch_size_per_rank", "train.grad_accum_steps", "train.sharding",
+    "train.precision",
     "train.log_every", "train.val_every", "train.recompute_activations", NULL};
 /* Groups whose other keys shape the training: a change is worth a warning. */
 static const char *const watched_groups[] = {"model", "train", "diffusion", NULL};

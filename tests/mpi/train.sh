@@ -1,7 +1,7 @@
 #!/bin/sh
 # mode = 'train' end to end under MPI on shards made by mode = 'process': DDP and ZeRO-2 give
-# the same bits at -np 1..4, 2 ranks x batch 4 equals 1 rank x batch 8 (and 4 x 2) within 1e-6,
-# metrics.jsonl and validation lines, a NaN injected on one rank skips the step everywhere, and
+# the same bits at -np 1..4, 2 ranks x batch 4 equals 1 rank x batch 8 (and 4 x 2, and gradient
+# accumulation over micro-batches) within 1e-6, metrics.jsonl and validation lines, a NaN injected on one rank skips the step everywhere, and
 # bad set-ups end every rank with one clear message.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
@@ -86,6 +86,18 @@ done
 for np in 2 4; do
     run "cmp$np" "$COMPARE" "$TMP/ddp1/unet_final.safetensors" "$TMP/ddp$np/unet_final.safetensors" 1e-6
     expect_rc "cmp$np" 0
+done
+# and as gradient accumulation: 1 rank x 4 x 2 micro-batches, 2 ranks x 2 x 2 (ZeRO-2), and
+# 1 x 2 x 4: the same samples per step, the same training within 1e-6
+for v in "acc1x4x2 1 4 none 2" "acc2x2x2 2 2 shard_grad_op 2" "acc1x2x4 1 2 none 4"; do
+    set -- $v
+    train_nml "$1" "$3" "$4"
+    sed -i "s/ema_decay = 0.9/ema_decay = 0.9, grad_accum_steps = $5/" "$TMP/$1.nml"
+    mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
+    expect_rc "$1" 0
+    expect_in "$1" out "x $5 accumulated micro-batches (global 8)"
+    run "cmp-$1" "$COMPARE" "$TMP/ddp1/unet_final.safetensors" "$TMP/$1/unet_final.safetensors" 1e-6
+    expect_rc "cmp-$1" 0
 done
 
 # a NaN gradient on rank 1 at step 3: skipped on every rank, counted, training goes on
