@@ -26,7 +26,8 @@ model=$TINY_MODEL
 tiny_shards 48 2 # demo images encoded on the CPU into $TMP/shards
 
 # train NAME NP BATCH SHARDING DEVICE PRECISION [EXTRA]: a 10-step run (the namelist of
-# tests/mpi/train.sh); EXTRA is appended to the namelist (another group)
+# tests/mpi/train.sh); EXTRA is appended to the namelist (another group); $ACCUM, when set, is
+# the run's grad_accum_steps
 train() {
     nml "$1.nml" <<EOF2
 &run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = '$5' /
@@ -34,7 +35,7 @@ train() {
 &data shard_dir = '$TMP/shards', val_fraction = 0.2 /
 &train max_steps = 10, batch_size_per_rank = $3, learning_rate = 1e-3, warmup_steps = 3,
        sharding = '$4', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9,
-       precision = '$6' /
+       precision = '$6', grad_accum_steps = ${ACCUM:-1} /
 &diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
 ${7:-}
 EOF2
@@ -107,6 +108,14 @@ expect_rc hzero2 0
 identical hddp2 hzero2 "two ranks, host path: DDP == ZeRO-2"
 losses hddp2 gpu1 1e-4
 weights hddp2 gpu1 1e-3
+
+# gradient accumulation on the GPU: 1 rank x 4 x 2 micro-batches trains like 1 x 8
+ACCUM=2
+train acc1 1 4 none cuda fp32
+ACCUM=1
+expect_rc acc1 0
+losses acc1 gpu1 1e-4
+weights acc1 gpu1 1e-3
 
 if [ "${ngpus:-1}" -ge 2 ]; then
     # NCCL: one GPU per rank
