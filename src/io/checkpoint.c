@@ -802,7 +802,10 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
     return rc < 0 ? -1 : 0;
 }
 
-static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors *t, sd_err *err)
+/* This rank's part of the checkpoint: parameters [pb, pe) (the rest comes from the other ranks
+ * by an allgather), optimizer moments and EMA over the rank's held range. */
+static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors *t, size_t pb,
+                        size_t pe, sd_err *err)
 {
     float *dst[DS_N] = {t->params, t->m, t->v, t->ema};
     hid_t f;
@@ -817,7 +820,7 @@ static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors
         if (ds == DS_EMA && (!L->s.has_ema || !t->ema))
             continue;
         if (ds == DS_PARAMS)
-            rc = read_range(f, file, ds, L->n, 0, t->n, dst[ds], err);
+            rc = read_range(f, file, ds, L->n, pb, pe, dst[ds] + pb, err);
         else
             rc = read_range(f, file, ds, L->n, t->begin, t->end, dst[ds], err);
     }
@@ -861,11 +864,22 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
         return -1;
     }
     sd_h5_quiet_begin(&q);
-    failed = read_tensors(file, &L, t, err) != 0;
+    failed = read_tensors(file, &L, t, pb, pe, err) != 0;
     sd_h5_quiet_end(&q);
     if (sd_agree(comm, failed, err)) {
         sd_ckpt_info_free(info);
         return -1;
+    }
+    /* each rank read one slice of the parameters (not all of them: at scale that is the
+     * file read once per rank); the slices are sd_comm_shard's, so the allgather completes them */
+    {
+        sd_comm *c = sd_comm_create_mpi(comm);
+        size_t cb, ce;
+        sd_comm_shard(c, t->n, &cb, &ce);
+        SD_CHECK(cb == pb && ce == pe, "checkpoint: parameter slice [%zu, %zu) is not the "
+                 "collectives' shard [%zu, %zu)", pb, pe, cb, ce);
+        sd_allgather_f32(c, t->params, t->n);
+        sd_comm_destroy(c);
     }
 
     /* checksums over the ranks' disjoint slices, summed: each dataset verified exactly once */
