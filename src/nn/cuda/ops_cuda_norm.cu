@@ -440,23 +440,45 @@ static __global__ void gn_apply_kernel(int64_t total, int64_t per_sample, int c,
  * arithmetic (blockIdx.y = sample): for c a multiple of the vector width and 16-byte aligned
  * tensors. Each element goes through the same operations in the same order as above, so the
  * bits are the same; only the 64-bit divisions per element and the 2-byte accesses are gone. */
+/* 16 bytes of a tensor, as one load and as elements */
+template <typename T>
+union pack16 {
+    uint4 u;
+    T e[16 / sizeof(T)];
+};
+
+/* One sample's place in the 16-byte kernels (blockIdx.y = sample). */
+struct gn_sample {
+    int64_t base;             /* first element of the sample */
+    const float *mean, *rstd; /* the sample's group statistics */
+    int cg, nvec;             /* channels per group, 16-byte pieces in the sample */
+};
+
+static __device__ __forceinline__ gn_sample gn_sample_at(int per_sample, int c, int groups,
+                                                         int vec, const float *mean,
+                                                         const float *rstd)
+{
+    gn_sample s;
+    s.base = (int64_t)blockIdx.y * per_sample;
+    s.mean = mean + (int64_t)blockIdx.y * groups;
+    s.rstd = rstd + (int64_t)blockIdx.y * groups;
+    s.cg = c / groups;
+    s.nvec = per_sample / vec;
+    return s;
+}
+
 template <typename T>
 static __global__ void gn_apply_vec_kernel(int per_sample, int c, int groups, const T *x,
                                            const T *gamma, const T *beta, const float *mean,
                                            const float *rstd, int silu, T *y)
 {
     constexpr int VEC = 16 / sizeof(T);
-    union pack {
-        uint4 u;
-        T e[VEC];
-    };
-    const int cg = c / groups;
-    const int64_t base = (int64_t)blockIdx.y * per_sample;
-    const float *mb = mean + (int64_t)blockIdx.y * groups;
-    const float *rb = rstd + (int64_t)blockIdx.y * groups;
-    const int nvec = per_sample / VEC;
-    for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
-        pack in, out;
+    const gn_sample sm = gn_sample_at(per_sample, c, groups, VEC, mean, rstd);
+    const int cg = sm.cg;
+    const int64_t base = sm.base;
+    const float *mb = sm.mean, *rb = sm.rstd;
+    for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < sm.nvec; v += gridDim.x * blockDim.x) {
+        pack16<T> in, out;
         in.u = *(const uint4 *)(x + base + (int64_t)v * VEC);
         const int ch0 = (v * VEC) % c;
 #pragma unroll
@@ -471,6 +493,18 @@ static __global__ void gn_apply_vec_kernel(int per_sample, int c, int groups, co
         }
         *(uint4 *)(y + base + (int64_t)v * VEC) = out.u;
     }
+}
+
+/* Grid of the 16-byte kernels: x over a sample's pieces (capped near 16 blocks per SM in all),
+ * y over the samples. */
+static dim3 gn_vec_grid(const sd_backend *be, int64_t per_sample, int n)
+{
+    const int64_t nvec = per_sample / (16 / (int64_t)sd_cuda_elem(be));
+    int64_t gx = (nvec + NORM_THREADS - 1) / NORM_THREADS;
+    const int64_t cap = (int64_t)sd_cuda(be)->sm_count * 16 / n + 1;
+    if (gx > cap)
+        gx = cap;
+    return dim3((unsigned)gx, (unsigned)n);
 }
 
 /* Whether the 16-byte kernels take a tensor: c a multiple of the vector width (so a vector never
@@ -535,19 +569,13 @@ static __global__ void gn_dx_vec_kernel(int per_sample, int c, int groups, const
                                         int silu, T *dx, int accumulate)
 {
     constexpr int VEC = 16 / sizeof(T);
-    union pack {
-        uint4 u;
-        T e[VEC];
-    };
-    const int cg = c / groups;
-    const int64_t base = (int64_t)blockIdx.y * per_sample;
-    const float *mb = mean + (int64_t)blockIdx.y * groups;
-    const float *rb = rstd + (int64_t)blockIdx.y * groups;
+    const gn_sample sm = gn_sample_at(per_sample, c, groups, VEC, mean, rstd);
+    const int cg = sm.cg;
+    const float *mb = sm.mean, *rb = sm.rstd;
     const float *cb = coef + 2 * (int64_t)blockIdx.y * groups;
-    const int nvec = per_sample / VEC;
-    for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
-        const int64_t at = base + (int64_t)v * VEC;
-        pack xv, dyv, old, out;
+    for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < sm.nvec; v += gridDim.x * blockDim.x) {
+        const int64_t at = sm.base + (int64_t)v * VEC;
+        pack16<T> xv, dyv, old, out;
         xv.u = *(const uint4 *)(x + at);
         dyv.u = *(const uint4 *)(dy + at);
         if (accumulate)
@@ -622,13 +650,7 @@ static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_de
             SD_CUDA_SUBMARK(be, "group_norm_forward:rstd");
         }
         if (gn_vec_ok(be, hw * c, c, x, y, n)) {
-            const int64_t nvec = hw * c / (16 / (int64_t)sizeof(T));
-            int64_t gx = (nvec + NORM_THREADS - 1) / NORM_THREADS;
-            const int64_t cap = (int64_t)sd_cuda(be)->sm_count * 16 / n + 1;
-            if (gx > cap)
-                gx = cap;
-            dim3 grid((unsigned)gx, (unsigned)n);
-            gn_apply_vec_kernel<T><<<grid, NORM_THREADS, 0, s>>>(
+            gn_apply_vec_kernel<T><<<gn_vec_grid(be, hw * c, n), NORM_THREADS, 0, s>>>(
                 (int)(hw * c), c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu,
                 rs, d->silu, (T *)y);
         } else {
@@ -678,13 +700,7 @@ static void cuda_group_norm_backward(const sd_backend *be, const sd_group_norm_d
                                                       tot, coef);
             SD_CUDA_LAUNCHED(be);
             if (gn_vec_ok(be, hw * c, c, x, dx, n) && (uintptr_t)dy % 16 == 0) {
-                const int64_t nvec = hw * c / (16 / (int64_t)sizeof(T));
-                int64_t gx = (nvec + NORM_THREADS - 1) / NORM_THREADS;
-                const int64_t cap = (int64_t)sd_cuda(be)->sm_count * 16 / n + 1;
-                if (gx > cap)
-                    gx = cap;
-                dim3 grid((unsigned)gx, (unsigned)n);
-                gn_dx_vec_kernel<T><<<grid, NORM_THREADS, 0, s>>>(
+                gn_dx_vec_kernel<T><<<gn_vec_grid(be, hw * c, n), NORM_THREADS, 0, s>>>(
                     (int)(hw * c), c, groups, (const T *)x, (const T *)gamma,
                     (const T *)beta_used, mean, rstd, coef, (const T *)dy, d->silu, (T *)dx,
                     accumulate);
@@ -804,16 +820,12 @@ static __global__ void ln_dx_vec_kernel(int64_t rows, int c, const T *__restrict
                                         T *__restrict__ dx, int accumulate)
 {
     constexpr int VEC = 16 / sizeof(T);
-    union pack {
-        uint4 u;
-        T e[VEC];
-    };
     const int lane = threadIdx.x & 31;
     const int pieces = c / VEC;
     const int64_t warp = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
     for (int64_t r = warp; r < rows; r += (int64_t)gridDim.x * LN_WARPS) {
         const int64_t at = r * c;
-        pack xv[LN_VEC_MAX], dv[LN_VEC_MAX];
+        pack16<T> xv[LN_VEC_MAX], dv[LN_VEC_MAX];
 #pragma unroll
         for (int k = 0; k < LN_VEC_MAX; k++) {
             const int pc = lane + 32 * k;
@@ -842,7 +854,7 @@ static __global__ void ln_dx_vec_kernel(int64_t rows, int c, const T *__restrict
         for (int k = 0; k < LN_VEC_MAX; k++) {
             const int pc = lane + 32 * k;
             if (pc < pieces) {
-                pack old, out;
+                pack16<T> old, out;
                 if (accumulate)
                     old.u = *(const uint4 *)(dx + at + (int64_t)pc * VEC);
 #pragma unroll
