@@ -29,12 +29,15 @@ static const char *shapes[] = {"square", "circle", "triangle", "stripe"};
 #define N_COLOURS (int)(sizeof colours / sizeof colours[0])
 
 /* One sample: the picture and its caption, a pure function of (seed, index). */
-static void draw(uint64_t seed, int64_t i, int *w_out, int *h_out, uint8_t **rgb, char *caption, size_t cap)
+/* Sides are drawn from [40, 128] scaled by max_side / 128 (the default 128 keeps the original set). */
+static void draw(uint64_t seed, int64_t i, int max_side, int *w_out, int *h_out, uint8_t **rgb, char *caption,
+                 size_t cap)
 {
     uint32_t r[8];
     for (int k = 0; k < 8; k++)
         r[k] = sd_rng_uniform_u32(seed, SD_RNG_PURPOSE(SD_RNG_USER, 1), 0, (uint64_t)i, (uint64_t)k);
-    int w = 40 + (int)(r[0] % 89), h = 40 + (int)(r[1] % 89);
+    const int lo = (int)((int64_t)40 * max_side / 128), span = max_side - lo + 1;
+    int w = lo + (int)(r[0] % (uint32_t)span), h = lo + (int)(r[1] % (uint32_t)span);
     int fg = (int)(r[2] % N_COLOURS), bg = (int)(r[3] % N_COLOURS), shape = (int)(r[4] % 4);
     if (bg == fg)
         bg = (bg + 1) % N_COLOURS;
@@ -125,7 +128,7 @@ int sd_cmd_make_demo_data(int argc, char **argv)
 {
     const char *dir = NULL, *format = "files";
     long long count = 64, seed = 1234;
-    int with_bad = 0, png_every = 3;
+    int with_bad = 0, png_every = 3, max_side = 128;
     sd_err err;
     char path[4200];
     FILE *tsv = NULL;
@@ -138,17 +141,19 @@ int sd_cmd_make_demo_data(int argc, char **argv)
             seed = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--format") && i + 1 < argc)
             format = argv[++i];
+        else if (!strcmp(argv[i], "--max-side") && i + 1 < argc)
+            max_side = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--bad"))
             with_bad = 1;
         else if (argv[i][0] == '-' || dir) {
-            fprintf(stderr, "usage: sdtool make-demo-data DIR [--count N] [--seed S] [--format files|webdataset|tsv] [--bad]\n");
+            fprintf(stderr, "usage: sdtool make-demo-data DIR [--count N] [--seed S] [--format files|webdataset|tsv] [--bad] [--max-side PX]\n");
             return SD_EXIT_USAGE;
         } else
             dir = argv[i];
     }
-    if (!dir || count < 1 || count > 10000000 || seed < 0 ||
+    if (!dir || count < 1 || count > 10000000 || seed < 0 || max_side < 16 || max_side > 8192 ||
         (strcmp(format, "files") && strcmp(format, "webdataset") && strcmp(format, "tsv"))) {
-        fprintf(stderr, "usage: sdtool make-demo-data DIR [--count N >= 1] [--seed S >= 0] [--format files|webdataset|tsv] [--bad]\n");
+        fprintf(stderr, "usage: sdtool make-demo-data DIR [--count N >= 1] [--seed S >= 0] [--format files|webdataset|tsv] [--bad] [--max-side 16..8192]\n");
         return SD_EXIT_USAGE;
     }
     if (sd_mkdir_p(dir, "directory", &err) != 0) {
@@ -178,7 +183,7 @@ int sd_cmd_make_demo_data(int argc, char **argv)
         bad_kind bad = bad_for(i, count, with_bad);
         const char *ext = png ? "png" : "jpg";
 
-        draw((uint64_t)seed, i, &w, &h, &rgb, caption, sizeof caption);
+        draw((uint64_t)seed, i, max_side, &w, &h, &rgb, caption, sizeof caption);
         if (png) {
             snprintf(path, sizeof path, "%s/.demo-%lld.png", dir, (long long)i);
             if (sd_image_write_png(path, rgb, w, h, &err) || read_file(path, &img, &isize, &err))

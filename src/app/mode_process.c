@@ -9,6 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/clip.h"
@@ -303,69 +307,160 @@ static void encode_batch(encoders *e, batch *b, slice *s)
     b->n = 0;
 }
 
-/* Reads, decodes, transforms, tokenizes and encodes global samples [begin, end). */
-static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e, int64_t begin,
-                          int64_t end, slice *s, uint64_t *counts, double *t)
-{
+/* One input sample as a worker left it, committed in input order by the rank's main thread. */
+typedef struct prepared {
+    int kept;          /* read, decoded, transformed: goes into the batch */
+    int count;         /* the counts[] entry it adds to: its dataset reason, or the image's */
+    char *key, *caption; /* kept only: owned, moved into the slice */
+    float *image;      /* [res, res, 3] in [-1, 1]: window memory */
+    int32_t ids[TEXT_LEN];
+    sd_err err;        /* why it was skipped (logged at debug level) */
+} prepared;
+
+/* What one decode thread keeps between samples: its own reader (open-shard cache), decoder and
+ * resize scratch, and the time it spent per stage. */
+typedef struct worker {
     sd_sample smp;
-    sd_image img = SD_IMAGE_INIT;
-    sd_image_decoder *dec = sd_image_decoder_new();
+    sd_image img;
+    sd_image_decoder *dec;
+    sd_resize_ws ws;
+    uint8_t *rgb;
+    double t[T_N];
+} worker;
+
+/* Reads, decodes, transforms, normalizes and tokenizes global sample i into *p (any thread). */
+static void prepare_sample(const sd_config *cfg, const sd_dataset *ds, const encoders *e,
+                           int64_t i, worker *w, prepared *p)
+{
     sd_image_opts iopts;
     sd_transform_opts topts = {e->res, 0};
-    sd_resize_ws ws = {NULL, 0};
-    batch b = {0, NULL, NULL};
-    uint8_t *rgb = sd_xmalloc((size_t)e->res * (size_t)e->res * 3);
-    sd_err err;
+    double t0 = sd_time_now(), t1;
+    sd_image_status st;
 
-    SD_CHECK(dec != NULL, "TurboJPEG cannot initialise");
-    memset(&smp, 0, sizeof smp);
     sd_image_opts_default(&iopts);
     iopts.exif_transpose = cfg->data.exif_transpose;
     iopts.alpha = strcmp(cfg->data.alpha, "white") == 0 ? SD_ALPHA_WHITE : SD_ALPHA_DROP;
     iopts.max_pixels = cfg->data.max_image_pixels;
     iopts.min_side = (int)cfg->data.min_image_side;
     iopts.strict_jpeg = cfg->data.strict_jpeg;
-    b.images = sd_xmalloc((size_t)e->batch * (size_t)e->res * (size_t)e->res * 3 * sizeof(float));
+    p->kept = 0;
+    p->key = p->caption = NULL;
+    sd_err_clear(&p->err);
+
+    int read_ok = sd_dataset_read(ds, i, &w->smp, &p->err) == 0;
+    t1 = sd_time_now();
+    w->t[T_READ] += t1 - t0;
+    p->count = (int)w->smp.reason;
+    if (!read_ok)
+        return;
+    st = sd_image_decoder_run(w->dec, w->smp.image, w->smp.image_size, w->smp.key, &iopts,
+                              &w->img, &p->err);
+    t0 = sd_time_now();
+    w->t[T_DECODE] += t0 - t1;
+    if (st == SD_IMG_OK && sd_transform_rgb8(w->img.data, w->img.width, w->img.height, &topts,
+                                             w->rgb, &w->ws, &p->err) != 0)
+        st = SD_IMG_CORRUPT;
+    if (st != SD_IMG_OK) {
+        /* read fine, but the image is not usable: counted under the image's reason */
+        p->count = SD_SAMPLE_N_REASONS + (int)st;
+        if (!p->err.msg[0])
+            sd_err_set(&p->err, "%s: image not usable", w->smp.key);
+        return;
+    }
+    sd_normalize_rgb8(w->rgb, e->res, e->res, SD_LAYOUT_HWC, p->image);
+    t1 = sd_time_now();
+    w->t[T_TRANSFORM] += t1 - t0;
+    sd_tokenize(e->tok, w->smp.caption, w->smp.caption_len, p->ids, NULL);
+    p->caption = sd_xstrdup(w->smp.caption);
+    p->key = sd_xstrdup(w->smp.key);
+    p->kept = 1;
+    w->t[T_TOKENIZE] += sd_time_now() - t1;
+}
+
+/* Reads, decodes, transforms, tokenizes and encodes global samples [begin, end).
+ *
+ * The CPU stages run on the rank's OpenMP threads, a window of samples at a time (each thread
+ * its own reader, decoder and resize scratch); the main thread then takes the window's samples
+ * in input order into encoder batches. So the data and the counts do not depend on the thread
+ * count, and on a GPU the next window decodes while the previous batch encodes (the encoders
+ * run asynchronously until their results are fetched). */
+static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e, int64_t begin,
+                          int64_t end, slice *s, uint64_t *counts, double *t)
+{
+    const size_t img_elems = (size_t)e->res * (size_t)e->res * 3;
+    int nthreads = 1;
+    int64_t win;
+    batch b = {0, NULL, NULL};
+    worker *ws;
+    prepared *pw;
+    float *win_images;
+
+#ifdef _OPENMP
+    nthreads = omp_get_max_threads();
+#endif
+    /* enough samples per window to keep every thread busy despite uneven images, and at least
+     * one encoder batch */
+    win = 4 * (int64_t)nthreads;
+    if (win < e->batch)
+        win = e->batch;
+    if (win > end - begin)
+        win = end - begin > 0 ? end - begin : 1;
+    ws = sd_xcalloc((size_t)nthreads, sizeof *ws);
+    for (int k = 0; k < nthreads; k++) {
+        ws[k].dec = sd_image_decoder_new();
+        SD_CHECK(ws[k].dec != NULL, "TurboJPEG cannot initialise");
+        ws[k].rgb = sd_xmalloc(img_elems);
+    }
+    pw = sd_xcalloc((size_t)win, sizeof *pw);
+    win_images = sd_xmalloc((size_t)win * img_elems * sizeof(float));
+    for (int64_t j = 0; j < win; j++)
+        pw[j].image = win_images + (size_t)j * img_elems;
+    b.images = sd_xmalloc((size_t)e->batch * img_elems * sizeof(float));
     b.ids = sd_xmalloc((size_t)e->batch * TEXT_LEN * sizeof(int32_t));
     slice_reserve(s, end - begin, e);
 
-    for (int64_t i = begin; i < end; i++) {
-        double t0 = sd_time_now(), t1;
-        sd_image_status st;
-        int kept = sd_dataset_read(ds, i, &smp, &err) == 0;
-        t1 = sd_time_now();
-        t[T_READ] += t1 - t0;
-        counts[smp.reason]++;
-        if (!kept) {
-            sd_debug("skipped %s: %s", sd_dataset_key(ds, i), err.msg);
-            continue;
+    for (int64_t w0 = begin; w0 < end; w0 += win) {
+        const int64_t m = end - w0 < win ? end - w0 : win;
+        double busy[T_N] = {0}, cpu = 0, wall = sd_time_now();
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+#endif
+        for (int64_t j = 0; j < m; j++) {
+            int k = 0;
+#ifdef _OPENMP
+            k = omp_get_thread_num();
+#endif
+            prepare_sample(cfg, ds, e, w0 + j, &ws[k], &pw[j]);
         }
-        st = sd_image_decoder_run(dec, smp.image, smp.image_size, smp.key, &iopts, &img, &err);
-        t0 = sd_time_now();
-        t[T_DECODE] += t0 - t1;
-        if (st == SD_IMG_OK && sd_transform_rgb8(img.data, img.width, img.height, &topts, rgb, &ws, &err) != 0)
-            st = SD_IMG_CORRUPT;
-        if (st != SD_IMG_OK) {
-            /* the sample was counted as read-ok above; move it to the image's reason */
-            counts[smp.reason]--;
-            counts[SD_SAMPLE_N_REASONS + st]++;
-            sd_debug("skipped %s: %s", smp.key, err.msg);
-            continue;
-        }
-        sd_normalize_rgb8(rgb, e->res, e->res, SD_LAYOUT_HWC,
-                          b.images + (size_t)b.n * (size_t)e->res * (size_t)e->res * 3);
-        t1 = sd_time_now();
-        t[T_TRANSFORM] += t1 - t0;
-        sd_tokenize(e->tok, smp.caption, smp.caption_len, b.ids + (size_t)b.n * TEXT_LEN, NULL);
-        s->captions[s->n] = sd_xstrdup(smp.caption);
-        s->keys[s->n] = sd_xstrdup(smp.key);
-        s->n++;
-        b.n++;
-        t0 = sd_time_now();
-        t[T_TOKENIZE] += t0 - t1;
-        if (b.n == e->batch) {
-            encode_batch(e, &b, s);
-            t[T_ENCODE] += sd_time_now() - t0;
+        /* the window's wall time, split over the CPU stages as their thread time was */
+        wall = sd_time_now() - wall;
+        for (int k = 0; k < nthreads; k++)
+            for (int i = T_READ; i <= T_TOKENIZE; i++) {
+                busy[i] += ws[k].t[i];
+                cpu += ws[k].t[i];
+                ws[k].t[i] = 0;
+            }
+        for (int i = T_READ; i <= T_TOKENIZE; i++)
+            t[i] += cpu > 0 ? wall * busy[i] / cpu : 0;
+
+        for (int64_t j = 0; j < m; j++) {
+            prepared *p = &pw[j];
+            counts[p->count]++;
+            if (!p->kept) {
+                sd_debug("skipped %s: %s", sd_dataset_key(ds, w0 + j), p->err.msg);
+                continue;
+            }
+            memcpy(b.images + (size_t)b.n * img_elems, p->image, img_elems * sizeof(float));
+            memcpy(b.ids + (size_t)b.n * TEXT_LEN, p->ids, sizeof p->ids);
+            s->captions[s->n] = p->caption;
+            s->keys[s->n] = p->key;
+            s->n++;
+            b.n++;
+            if (b.n == e->batch) {
+                double t0 = sd_time_now();
+                encode_batch(e, &b, s);
+                t[T_ENCODE] += sd_time_now() - t0;
+            }
         }
     }
     {
@@ -376,14 +471,18 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
     }
     free(b.images);
     free(b.ids);
-    free(rgb);
-    sd_resize_ws_free(&ws);
-    sd_image_free(&img);
-    sd_image_decoder_free(dec);
-    sd_sample_free(&smp);
+    free(win_images);
+    free(pw);
+    for (int k = 0; k < nthreads; k++) {
+        free(ws[k].rgb);
+        sd_resize_ws_free(&ws[k].ws);
+        sd_image_free(&ws[k].img);
+        sd_image_decoder_free(ws[k].dec);
+        sd_sample_free(&ws[k].smp);
+    }
+    free(ws);
 }
 
-/* Rank 0 indexes the dataset once; the others receive the packed index. Collective. */
 static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_dataset *ds, sd_err *err)
 {
     long long size = 0;
@@ -618,6 +717,16 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             for (int i = 0; i < T_N; i++)
                 printf(" %s %.1f%%", stage_names[i], all > 0 ? 100.0 * sum[i] / all : 0.0);
             printf("\n");
+            /* what the decode threads alone would deliver: the rate to compare with the
+             * encoders' (on a GPU the two overlap and the slower one sets the throughput) */
+            {
+                double cpu = 0;
+                for (int i = T_READ; i <= T_TOKENIZE; i++)
+                    cpu += sum[i];
+                printf("CPU stages (read to tokenize): %.1f images/s per rank; encode: %.1f "
+                       "images/s per rank\n", cpu > 0 ? (double)kept / cpu : 0.0,
+                       sum[T_ENCODE] > 0 ? (double)kept / sum[T_ENCODE] : 0.0);
+            }
             fflush(stdout);
         }
     }

@@ -91,3 +91,24 @@ run none "$SDTOOL" score-demo --samples "$TMP/none"
 expect_rc none 2
 expect_in none err "no images to score"
 pass "score-demo: bad input ends with exit 2"
+
+# make-demo-data --max-side: the same pictures drawn larger (benchmarks), still read right
+png_width() { od -An -tu1 -j16 -N4 "$1" | awk '{print (($1 * 256 + $2) * 256 + $3) * 256 + $4}'; }
+run big "$SDTOOL" make-demo-data "$TMP/big" --count 12 --max-side 512
+expect_rc big 0
+for img in "$TMP"/data/00000/*.png; do
+    w=$(png_width "$img")
+    [ "$w" -ge 40 ] && [ "$w" -le 128 ] || fail "default demo image $img is $w px wide"
+done
+for img in "$TMP"/big/00000/*.png; do
+    w=$(png_width "$img")
+    [ "$w" -ge 160 ] && [ "$w" -le 512 ] || fail "--max-side 512 image $img is $w px wide"
+done
+run bigscore "$SDTOOL" score-demo --samples "$TMP/big"
+expect_rc bigscore 0
+a=$(overall "$TMP/bigscore.out")
+[ -n "$a" ] && [ "$a" -ge 900 ] || { cat "$TMP/bigscore.out"; fail "--max-side 512: accuracy"; }
+run badside "$SDTOOL" make-demo-data "$TMP/bad-side" --max-side 8
+expect_rc badside 2
+expect_in badside err "--max-side 16..8192"
+pass "make-demo-data --max-side draws larger images"

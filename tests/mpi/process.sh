@@ -60,6 +60,23 @@ expect_rc again 0
 checksums "$TMP/shards-files" >"$TMP/sum-np3"
 checksums "$TMP/shards-again" >"$TMP/sum-again"
 diff "$TMP/sum-np3" "$TMP/sum-again" || fail "two runs with 3 ranks wrote different data"
+# decode threads per rank (OpenMP; the runs above have one thread per rank on 2 cores): 3 and
+# 5 threads read and decode windows of 12 and 20 samples in parallel, bad samples among them,
+# and must write the same data with the same counts
+for th in 3 5; do
+    write_nml "th$th" files "$TMP/data-files" "$TMP/shards-th$th"
+    OMP_NUM_THREADS=$th mpi "th$th" 3 "$SDTRAIN" "$TMP/th$th.nml"
+    expect_rc "th$th" 0
+    expect_in "th$th" out "OpenMP threads per rank: $th"
+    checksums "$TMP/shards-th$th" >"$TMP/sum-th$th"
+    diff "$TMP/sum-np3" "$TMP/sum-th$th" || fail "$th decode threads per rank wrote other data"
+    grep -o '"read": 40, "kept": 35, "skipped": 5' "$TMP/shards-th$th/preprocess_summary.json" \
+        >/dev/null || fail "$th threads: counts: $(cat "$TMP/shards-th$th/preprocess_summary.json")"
+    for reason in missing_caption unsupported_image image_truncated image_not_image; do
+        grep -q "\"$reason\": 1" "$TMP/shards-th$th/preprocess_summary.json" ||
+            fail "$th threads: $reason not counted once"
+    done
+done
 # another rank count puts the same samples into the same shards in the same order (encoder
 # outputs may then differ in the last bits: the encoder batches are cut differently)
 write_nml np2 files "$TMP/data-files" "$TMP/shards-np2"
