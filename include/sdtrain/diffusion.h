@@ -171,6 +171,15 @@ double sd_diffusion_loss(const sd_diffusion *d, const int32_t *t, int64_t batch,
                          int64_t batch_global, const float *pred, const float *target,
                          float *mse, float *grad);
 
+/* The same loss in two halves, for a backend that computes the per-sample MSE and the gradient
+ * itself (sd_mse_loss): coef[b] = w_b / batch_global / per, in sd_diffusion_loss's float
+ * steps, so that coef[b] * 2 (pred - target) is its grad bit for bit; and L from mse[batch] as
+ * sd_diffusion_loss sums it. batch_global = 0 means `batch`. */
+void sd_diffusion_loss_coef(const sd_diffusion *d, const int32_t *t, int64_t batch, int64_t per,
+                            int64_t batch_global, float *coef);
+double sd_diffusion_loss_from_mse(const sd_diffusion *d, const int32_t *t, int64_t batch,
+                                  int64_t batch_global, const float *mse);
+
 #ifdef __cplusplus
 }
 #endif

@@ -153,6 +153,10 @@ typedef struct sd_ops {
     void (*release)(const sd_backend *be, void *ptr);
     void (*upload)(const sd_backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(const sd_backend *be, void *dst, const void *src, size_t bytes);
+    /* host memory for asynchronous uploads (CUDA: pinned) and the upload itself */
+    void *(*host_alloc)(const sd_backend *be, size_t bytes);
+    void (*host_release)(const sd_backend *be, void *ptr);
+    void (*upload_async)(const sd_backend *be, void *dst, const void *src, size_t bytes);
 
     size_t (*conv2d_forward_scratch)(const sd_backend *be, const sd_conv2d_desc *d);
     void (*conv2d_forward)(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
@@ -251,6 +255,9 @@ typedef struct sd_ops {
                          void *y);
     void (*diag_gaussian_sample)(const sd_backend *be, int64_t rows, int c, const void *moments,
                                  const void *eps, float scale, void *z);
+    void (*cast_f32)(const sd_backend *be, int64_t n, const float *x, void *y);
+    void (*mse_loss)(const sd_backend *be, int n, int64_t hw, int c, const void *pred,
+                     const float *target, const float *coef, float *mse, void *dy);
 
     /* Optional profiling hook (CUDA with SDTRAIN_CUDA_PROFILE=1; NULL otherwise): the sd_*
      * wrappers call it before each compute op with NULL and after it with the op's name. */
@@ -304,6 +311,17 @@ void sd_backend_free(const sd_backend *be, void *ptr);
  * and weight gradients). Both wait until the copy is done (ordered after earlier ops). */
 void sd_upload(const sd_backend *be, void *dst, const void *src, size_t bytes);
 void sd_download(const sd_backend *be, void *dst, const void *src, size_t bytes);
+/* Host memory that sd_upload_async copies from without staging (CUDA: page-locked, from
+ * cudaMallocHost; CPU: 256-byte aligned). NULL when it cannot be had. Allocate once. */
+void *sd_host_alloc(const sd_backend *be, size_t bytes);
+void sd_host_free(const sd_backend *be, void *ptr);
+/* Byte copy host -> backend that returns at once: on CUDA it runs on the backend's copy stream,
+ * beside the ops already issued, and every op issued after it waits for it (an event), so
+ * inputs of the next step travel while the current one computes. `src` must come from
+ * sd_host_alloc and stay unchanged, and `dst` unused by earlier ops that have not finished,
+ * until an sd_synchronize issued after a later op has returned (the copy is then done). CPU:
+ * memcpy. */
+void sd_upload_async(const sd_backend *be, void *dst, const void *src, size_t bytes);
 
 /* ---- Convolution and linear ------------------------------------------------------------- */
 
@@ -449,6 +467,22 @@ void sd_nhwc_to_nchw(const sd_backend *be, int n, int c, int h, int w, const voi
  * (the mode). eps [rows, c] are standard normals from the caller (sd_rng_fill_normal). */
 void sd_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c, const void *moments,
                              const void *eps, float scale, void *z);
+
+/* y = x converted to be->dtype (rounding to nearest even), both in the backend's memory; x
+ * [n] fp32 (e.g. inputs that travelled by sd_upload_async in fp32). y must not overlap x. */
+void sd_cast_f32(const sd_backend *be, int64_t n, const float *x, void *y);
+
+/* The diffusion objective of a batch on the backend (doc/training.md): pred [n, hw, c] (NHWC,
+ * be->dtype), target [n, hw, c] fp32, coef [n] fp32, all in the backend's memory.
+ *   mse[b] = mean over the sample's hw * c elements of (pred - target)^2, fp32 [n] in the
+ *            backend's memory, the squares summed in double (the CPU sums them in the order of
+ *            the sample's NCHW tensor, exactly as sd_diffusion_loss does on NCHW arrays);
+ *   dy     = coef[b] * (2 * (pred - target)), fp32 arithmetic rounded once to be->dtype (the
+ *            loss gradient when coef[b] = w_b / (global batch) / (hw * c): sd_diffusion_loss's
+ *            grad, permuted to NHWC).
+ * dy may be NULL (validation: only mse), and then coef may be NULL; dy may not alias pred. */
+void sd_mse_loss(const sd_backend *be, int n, int64_t hw, int c, const void *pred,
+                 const float *target, const float *coef, float *mse, void *dy);
 
 /* ---- Weight layouts (host memory, any element size) ------------------------------------- */
 

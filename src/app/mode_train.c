@@ -43,6 +43,27 @@
 enum { T_DATA, T_FWD, T_BWD, T_COMM, T_OPT, T_N };
 static const char *const t_names[T_N] = {"data_wait", "forward", "backward", "comm", "optimizer"};
 
+/* One step's inputs (doc/training.md "Inputs"): made on the host by make_inputs, then carried
+ * to the backend by one sd_upload_async of `h` into `d` (fp32; the micro-batches cast them to
+ * the compute type). Two alternate so that step s+1's are made and travel while step s
+ * computes. */
+typedef struct step_inputs {
+    int count;              /* samples: bs * acc (a step) or up to bs (validation) */
+    int cap;                /* samples the buffers hold */
+    int64_t epoch;          /* the loader's epoch of the step */
+    int ready;              /* fetched for the step the loop runs next */
+    int failed;             /* sd_loader_next failed (err says why) */
+    sd_err err;
+    double wait;            /* seconds blocked in sd_loader_next */
+    int32_t *tsteps;        /* [cap] timesteps, for the loss weights */
+    float *tfloat;          /* [cap] the same as floats, for the U-Net */
+    unsigned char *drop;    /* [cap] caption dropped */
+    /* the block that travels: [xh | ctx | target | coef], fp32, host (sd_host_alloc: pinned on
+     * CUDA) and backend copies; xh = x_t and target in NHWC, coef = sd_diffusion_loss_coef */
+    float *h, *d;
+    size_t floats;
+} step_inputs;
+
 /* Everything one training rank holds. */
 typedef struct trainer {
     const sd_config *cfg;
@@ -55,6 +76,7 @@ typedef struct trainer {
     float *m, *v, *ema;    /* optimizer state and EMA: the shard [begin, end) only */
     size_t n, begin, end;  /* buffer size in floats and this rank's shard */
     int zero2;
+    int follow;            /* mode 'pipeline': the loader follows the shards being written */
     sd_unet *unet;
     sd_unet_trainer *tr;
     sd_arena arena;
@@ -63,12 +85,13 @@ typedef struct trainer {
     sd_lr_schedule sched;
     sd_loader *loader;
     sd_loader_info info;
-    /* per-step host buffers (bs * acc samples: the step's micro-batches one after another) */
+    /* make_inputs' host work arrays, NCHW (bs * acc samples: the micro-batches in a row) */
     int bs, acc, C, H, W, L, D;
-    float *x0, *noise, *xt, *target, *pred, *dpred, *xh, *yh, *ctx;
-    int32_t *tsteps;
-    float *tfloat, *mse;
-    unsigned char *drop;
+    float *x0, *noise, *xt, *target;
+    /* the inputs of two steps (the current one and the next, made and uploaded while the
+     * current one computes) and of a validation batch */
+    step_inputs in[2], val_in;
+    float *mse;            /* host copy of d_mse (bs * acc) */
     FILE *metrics;
     /* The GPU (doc/training.md "On the GPU"); unused on the CPU, where be is the CPU backend and
      * the U-Net works on the host arrays above in place. */
@@ -83,7 +106,11 @@ typedef struct trainer {
     float *d_grads;        /* fp32 gradients, np */
     float *d_m, *d_v, *d_ema; /* device path: [begin, end) */
     void *d_scratch;       /* device path: sumsq / non-finite scratch */
-    void *d_xh, *d_ctx, *d_yh, *d_dy; /* one batch in and out */
+    /* one micro-batch in and out, in the backend's memory (the CPU's: host arrays) and dtype:
+     * the latents and contexts (cast from the fp32 inputs), the prediction, the loss gradient;
+     * and the per-sample MSE of a step (fp32, bs * acc) */
+    void *d_xh, *d_ctx, *d_yh, *d_dy;
+    float *d_mse;
 #if defined(SD_HAVE_CUDA)
     sd_nccl *nccl;         /* device path with several ranks */
 #endif
@@ -142,27 +169,79 @@ static int check_shapes(trainer *t, sd_err *err)
     return sd_unet_check_shape(&t->uc, t->bs, i->latent_size, i->latent_size, i->text_len, err);
 }
 
-static void alloc_buffers(trainer *t)
+/* The parts of an input block: sample offsets in floats. */
+static size_t in_xh(const trainer *t, int j) { return (size_t)j * t->C * t->H * t->W; }
+static size_t in_ctx(const trainer *t, const step_inputs *in, int j)
+{
+    return in_xh(t, in->cap) + (size_t)j * t->L * t->D;
+}
+static size_t in_target(const trainer *t, const step_inputs *in, int j)
+{
+    return in_ctx(t, in, in->cap) + in_xh(t, j);
+}
+static size_t in_coef(const trainer *t, const step_inputs *in, int j)
+{
+    return in_target(t, in, in->cap) + (size_t)j;
+}
+
+/* Host (pinned) and backend memory for `cap` samples' inputs, or -1 with err set. */
+static int inputs_alloc(trainer *t, step_inputs *in, int cap, sd_err *err)
+{
+    in->cap = cap;
+    in->floats = in_coef(t, in, cap);
+    in->tsteps = sd_xmalloc((size_t)cap * sizeof *in->tsteps);
+    in->tfloat = sd_xmalloc((size_t)cap * sizeof *in->tfloat);
+    in->drop = sd_xmalloc((size_t)cap);
+    in->h = sd_host_alloc(t->be, in->floats * sizeof(float));
+    in->d = sd_backend_alloc(t->be, in->floats * sizeof(float));
+    if (!in->h || !in->d)
+        return sd_err_set(err, "training rank %d cannot allocate %.1f MB of %s memory for the "
+                          "inputs of %d samples", t->rank, (double)in->floats * 4e-6,
+                          !in->h ? (t->gpu ? "pinned host" : "host") : "GPU", cap);
+    return 0;
+}
+
+static void inputs_free(trainer *t, step_inputs *in)
+{
+    free(in->tsteps);
+    free(in->tfloat);
+    free(in->drop);
+    if (in->h)
+        sd_host_free(t->be, in->h);
+    if (in->d)
+        sd_backend_free(t->be, in->d);
+    memset(in, 0, sizeof *in);
+}
+
+/* The work arrays, the inputs of two steps and a validation batch, one micro-batch's buffers. */
+static int alloc_buffers(trainer *t, sd_err *err)
 {
     const size_t per = (size_t)t->C * t->H * t->W, bs = (size_t)t->bs * t->acc;
+    const size_t es = sd_dtype_size(t->be->dtype);
     t->x0 = sd_xmalloc(bs * per * sizeof(float));
     t->noise = sd_xmalloc(bs * per * sizeof(float));
     t->xt = sd_xmalloc(bs * per * sizeof(float));
     t->target = sd_xmalloc(bs * per * sizeof(float));
-    t->pred = sd_xmalloc(bs * per * sizeof(float));
-    t->dpred = sd_xmalloc(bs * per * sizeof(float));
-    t->xh = sd_xmalloc(bs * per * sizeof(float));
-    t->yh = sd_xmalloc(bs * per * sizeof(float));
-    t->ctx = sd_xmalloc(bs * (size_t)t->L * t->D * sizeof(float));
-    t->tsteps = sd_xmalloc(bs * sizeof(int32_t));
-    t->tfloat = sd_xmalloc(bs * sizeof(float));
     t->mse = sd_xmalloc(bs * sizeof(float));
-    t->drop = sd_xmalloc(bs);
+    if (inputs_alloc(t, &t->in[0], (int)bs, err) || inputs_alloc(t, &t->in[1], (int)bs, err) ||
+        inputs_alloc(t, &t->val_in, t->bs, err))
+        return -1;
+    t->d_xh = sd_backend_alloc(t->be, (size_t)t->bs * per * es);
+    t->d_ctx = sd_backend_alloc(t->be, (size_t)t->bs * t->L * t->D * es);
+    t->d_yh = sd_backend_alloc(t->be, (size_t)t->bs * per * es);
+    t->d_dy = sd_backend_alloc(t->be, (size_t)t->bs * per * es);
+    t->d_mse = sd_backend_alloc(t->be, bs * sizeof(float));
+    if (!t->d_xh || !t->d_ctx || !t->d_yh || !t->d_dy || !t->d_mse)
+        return sd_err_set(err, "training rank %d cannot allocate the %s buffers of a batch of %d",
+                          t->rank, t->gpu ? "GPU" : "host", t->bs);
+    return 0;
 }
 
-/* x0 (latent samples), noise, timesteps and contexts of `count` samples; sample j uses the
- * counters (step, ids[j]), so the draws of a sample never depend on the rank that has it. */
-static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int train)
+/* x0 (latent samples), noise, timesteps and contexts of `count` samples into `in`'s host block;
+ * sample j uses the counters (step, ids[j]), so the draws of a sample never depend on the rank
+ * that has it. */
+static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int train,
+                        step_inputs *in)
 {
     const int64_t hw = (int64_t)t->H * t->W, per = (int64_t)t->C * hw;
     const size_t ctx_elems = (size_t)t->L * t->D;
@@ -170,6 +249,8 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
     const float scale = (float)(t->cfg->train.latent_scale > 0 ? t->cfg->train.latent_scale
                                                                : t->info.scaling_factor);
     sd_err err;
+    SD_CHECK(b->count <= in->cap, "%d samples for inputs of %d", b->count, in->cap);
+    in->count = b->count;
     for (int j = 0; j < b->count; j++) {
         const uint64_t i = (uint64_t)b->positions[j];
         const float *mom = b->moments + (size_t)j * 2 * per;
@@ -185,26 +266,51 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
         SD_CHECK(sd_diffusion_noise(&t->diff, seed, step, i, t->C, hw, 0,
                                     t->noise + (size_t)j * per, (size_t)per, &err) == 0,
                  "%s", err.msg);
-        t->tsteps[j] = (int32_t)sd_diffusion_timestep(&t->diff, seed, step, i);
-        t->tfloat[j] = (float)t->tsteps[j];
-        t->drop[j] = train && sd_diffusion_drop_caption(&t->diff, seed, step, i);
-        memcpy(t->ctx + (size_t)j * ctx_elems,
-               t->drop[j] ? sd_loader_empty_embedding(t->loader)
-                          : b->embeddings + (size_t)j * ctx_elems,
+        in->tsteps[j] = (int32_t)sd_diffusion_timestep(&t->diff, seed, step, i);
+        in->tfloat[j] = (float)in->tsteps[j];
+        in->drop[j] = train && sd_diffusion_drop_caption(&t->diff, seed, step, i);
+        memcpy(in->h + in_ctx(t, in, j),
+               in->drop[j] ? sd_loader_empty_embedding(t->loader)
+                           : b->embeddings + (size_t)j * ctx_elems,
                ctx_elems * sizeof(float));
     }
-    sd_diffusion_add_noise(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->xt);
-    sd_diffusion_target(&t->diff, t->tsteps, b->count, per, t->x0, t->noise, t->target);
-    sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->xt, t->xh);
+    sd_diffusion_add_noise(&t->diff, in->tsteps, b->count, per, t->x0, t->noise, t->xt);
+    sd_diffusion_target(&t->diff, in->tsteps, b->count, per, t->x0, t->noise, t->target);
+    sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->xt, in->h + in_xh(t, 0));
+    sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->target, in->h + in_target(t, in, 0));
+    sd_diffusion_loss_coef(&t->diff, in->tsteps, b->count, per, t->info.global_batch,
+                           in->h + in_coef(t, in, 0));
 }
 
-/* GPU: the inputs (NHWC latents and contexts) of samples [first, first + count) of the host
- * buffers into device memory. */
-static void upload_inputs(trainer *t, int first, int count)
+/* The host block to the backend, asynchronously (the whole block: its size is fixed). */
+static void send_inputs(trainer *t, step_inputs *in)
+{
+    sd_upload_async(t->be, in->d, in->h, in->floats * sizeof(float));
+}
+
+/* The training inputs of `step` into `in`: the loader's batch, the inputs made, the copy
+ * started. A failed read leaves in->failed set (the loop stops on it, every rank together). */
+static void fetch_inputs(trainer *t, step_inputs *in, int64_t step)
+{
+    const sd_loader_batch *b;
+    in->ready = 1;
+    in->wait = 0;
+    in->failed = sd_loader_next(t->loader, &b, &in->wait, &in->err) != 0;
+    if (in->failed)
+        return;
+    SD_CHECK(b->count == t->bs * t->acc, "step %lld: %d samples, expected %d x %d",
+             (long long)step, b->count, t->bs, t->acc);
+    in->epoch = b->epoch;
+    make_inputs(t, b, (uint64_t)step, 1, in);
+    send_inputs(t, in);
+}
+
+/* Micro-batch [first, first + bs) of `in` into the U-Net's input buffers (compute type). */
+static void stage_micro_batch(trainer *t, const step_inputs *in, int first, int count)
 {
     const int64_t per = (int64_t)t->C * t->H * t->W, ctx = (int64_t)t->L * t->D;
-    sd_upload_f32(t->be, t->d_xh, t->xh + first * per, count * per);
-    sd_upload_f32(t->be, t->d_ctx, t->ctx + first * ctx, count * ctx);
+    sd_cast_f32(t->be, count * per, in->d + in_xh(t, first), t->d_xh);
+    sd_cast_f32(t->be, count * ctx, in->d + in_ctx(t, in, first), t->d_ctx);
 }
 
 /* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
@@ -212,29 +318,25 @@ static void upload_inputs(trainer *t, int first, int count)
 static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
 {
     const int64_t nv = sd_loader_val_count(t->loader);
-    const int64_t hw = (int64_t)t->H * t->W, per = (int64_t)t->C * hw;
     const int64_t first = nv * t->rank / t->size, last = nv * (t->rank + 1) / t->size;
+    step_inputs *in = &t->val_in;
     double sum = 0;
-    float *mse = t->mse;
     sd_err err;
     for (int64_t i = first; i < last; i += t->bs) {
         int count = (int)(last - i < t->bs ? last - i : t->bs);
         SD_CHECK(sd_loader_read_val(t->loader, i, count, vb, &err) == 0, "validation read: %s",
                  err.msg);
-        make_inputs(t, vb, VAL_RNG_STEP, 0);
-        if (t->gpu) {
-            upload_inputs(t, 0, count);
-            sd_unet_forward(t->unet, count, t->H, t->W, t->d_xh, t->tfloat, t->d_ctx, t->L,
-                            t->d_yh, &t->arena, NULL);
-            sd_download_f32(t->be, t->yh, t->d_yh, (int64_t)count * per);
-        } else {
-            sd_unet_forward(t->unet, count, t->H, t->W, t->xh, t->tfloat, t->ctx, t->L, t->yh,
-                            &t->arena, NULL);
-        }
-        sd_nhwc_to_nchw(t->hb, count, t->C, t->H, t->W, t->yh, t->pred);
-        sd_diffusion_loss(&t->diff, t->tsteps, count, per, count, t->pred, t->target, mse, NULL);
+        make_inputs(t, vb, VAL_RNG_STEP, 0, in);
+        send_inputs(t, in);
+        stage_micro_batch(t, in, 0, count);
+        sd_unet_forward(t->unet, count, t->H, t->W, t->d_xh, in->tfloat, t->d_ctx, t->L,
+                        t->d_yh, &t->arena, NULL);
+        sd_mse_loss(t->be, count, (int64_t)t->H * t->W, t->C, t->d_yh,
+                    in->d + in_target(t, in, 0), NULL, t->d_mse, NULL);
+        sd_synchronize(t->be); /* also: the block's copy is done before the next is made */
+        sd_download(t->be, t->mse, t->d_mse, (size_t)count * sizeof(float));
         for (int j = 0; j < count; j++)
-            sum += mse[j];
+            sum += t->mse[j];
     }
     /* the ranks' ranges partition the nv samples */
     sd_allreduce_f64(t->comm, &sum, 1, SD_RED_SUM);
@@ -411,16 +513,10 @@ static int place_model(trainer *t, const sd_device_info *dev, sd_err *err)
     return sd_unet_create(&t->unet, &t->uc, &t->w.table, t->d_params, t->be, err);
 }
 
-/* GPU: the optimizer state of the device path and one batch of inputs and outputs. */
+/* GPU: the optimizer state of the device path. */
 static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err)
 {
-    const size_t es = sd_dtype_size(t->be->dtype), bs = (size_t)t->bs;
-    const size_t per = (size_t)t->C * t->H * t->W;
     int failed = 0;
-    t->d_xh = dev_alloc(t, dev, bs * per * es, "the input latents", &failed, err);
-    t->d_ctx = dev_alloc(t, dev, bs * (size_t)t->L * t->D * es, "the contexts", &failed, err);
-    t->d_yh = dev_alloc(t, dev, bs * per * es, "the prediction", &failed, err);
-    t->d_dy = dev_alloc(t, dev, bs * per * es, "the loss gradient", &failed, err);
     if (t->dev_opt) {
 #if defined(SD_HAVE_CUDA)
         const size_t len = t->end - t->begin;
@@ -776,6 +872,15 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
 static void free_trainer(trainer *t)
 {
     sd_loader_close(t->loader);
+    /* the backend's buffers of the inputs and of one micro-batch (CPU: host memory) */
+    inputs_free(t, &t->in[0]);
+    inputs_free(t, &t->in[1]);
+    inputs_free(t, &t->val_in);
+    dev_free(t, t->d_xh);
+    dev_free(t, t->d_ctx);
+    dev_free(t, t->d_yh);
+    dev_free(t, t->d_dy);
+    dev_free(t, t->d_mse);
     sd_unet_trainer_free(t->tr);
     sd_unet_free(t->unet);
     sd_weights_free(&t->w);
@@ -790,10 +895,6 @@ static void free_trainer(trainer *t)
         dev_free(t, t->d_v);
         dev_free(t, t->d_ema);
         dev_free(t, t->d_scratch);
-        dev_free(t, t->d_xh);
-        dev_free(t, t->d_ctx);
-        dev_free(t, t->d_yh);
-        dev_free(t, t->d_dy);
 #if defined(SD_HAVE_CUDA)
         sd_nccl_destroy(t->nccl);
 #endif
@@ -810,15 +911,7 @@ static void free_trainer(trainer *t)
     free(t->noise);
     free(t->xt);
     free(t->target);
-    free(t->pred);
-    free(t->dpred);
-    free(t->xh);
-    free(t->yh);
-    free(t->ctx);
-    free(t->tsteps);
-    free(t->tfloat);
     free(t->mse);
-    free(t->drop);
     if (t->metrics)
         fclose(t->metrics);
     sd_comm_destroy(t->comm);
@@ -864,6 +957,7 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     if (strcmp(cfg->run.mode, "pipeline") == 0) {
         /* online preprocessing: the shards as they are committed (doc/loader.md "Follow mode") */
         lo.follow = 1;
+        t->follow = 1;
         lo.plan_comm = MPI_COMM_WORLD;
         lo.plan_source = 0; /* preprocessing rank 0 */
         lo.wait_timeout_s = cfg->data.shard_wait_timeout;
@@ -929,7 +1023,8 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     t->adam.beta2 = cfg->train.adam_beta2;
     t->adam.eps = cfg->train.adam_eps;
     t->adam.weight_decay = cfg->train.weight_decay;
-    alloc_buffers(t);
+    if (sd_agree(comm, alloc_buffers(t, err) != 0, err))
+        return -1;
     if (resume_from_checkpoint(t, err))
         return -1; /* collective: every rank has the same message */
 
@@ -1016,12 +1111,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     }
     t_start = sd_time_now();
     for (step = t.start_step; step < max_steps; step++) {
-        const sd_loader_batch *b;
-        const int64_t per = (int64_t)t.C * t.H * t.W;
-        double t0 = sd_time_now(), t1, wait = 0, loss_local, stats[2], sumsq, gnorm, lr, coef;
+        step_inputs *in = &t.in[step & 1], *next = &t.in[(step + 1) & 1];
+        double t0 = sd_time_now(), t1, loss_local, stats[2], sumsq, gnorm, lr, coef;
         double tt[T_N] = {0};
         int64_t bad;
-        int failed;
 
         if (sd_fault_armed(SD_FAULT_KILL, t.world_rank, step, NULL)) {
             fprintf(stderr, "[rank %d] SDTRAIN_FAULT: killing this rank at step %lld\n",
@@ -1029,55 +1122,58 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             fflush(stderr);
             raise(SIGKILL);
         }
-        failed = sd_loader_next(t.loader, &b, &wait, &err) != 0;
-        if (any_failed(t.comm, failed)) {
-            if (failed)
-                sd_error("%s", err.msg);
+        /* this step's inputs: fetched during the previous step, or now (the first step; follow
+         * mode, whose loader calls are collective and may wait for preprocessing) */
+        if (!in->ready) {
+            t1 = sd_time_now();
+            fetch_inputs(&t, in, step);
+            tt[T_DATA] += sd_time_now() - t1;
+        }
+        in->ready = 0;
+        if (any_failed(t.comm, in->failed)) {
+            if (in->failed)
+                sd_error("%s", in->err.msg);
             code = SD_EXIT_FAILURE;
             break;
         }
-        tt[T_DATA] = wait;
 
-        /* forward and backward of this rank's samples: grad_accum_steps micro-batches of
-         * batch_size_per_rank, their parameter gradients adding up (the backward accumulates;
-         * each micro-batch's loss is already divided by the global batch) */
+        /* forward, objective and backward of this rank's samples: grad_accum_steps
+         * micro-batches of batch_size_per_rank, their parameter gradients adding up (the
+         * backward accumulates; each micro-batch's loss is already divided by the global
+         * batch). On a GPU all of it is queued at once and runs while the host goes on. */
         t1 = sd_time_now();
-        SD_CHECK(b->count == t.bs * t.acc, "step %lld: %d samples, expected %d x %d",
-                 (long long)step, b->count, t.bs, t.acc);
-        make_inputs(&t, b, (uint64_t)step, 1);
-        if (t.gpu)
-            sd_zero(t.be, t.d_grads, t.np * sizeof(float));
-        else
-            memset(t.grads, 0, t.n * sizeof *t.grads);
-        loss_local = 0;
-        tt[T_FWD] = sd_time_now() - t1;
-        for (int m0 = 0; m0 < b->count; m0 += t.bs) {
-            const int64_t xo = (int64_t)m0 * per, co = (int64_t)m0 * t.L * t.D;
-            t1 = sd_time_now();
-            if (t.gpu) {
-                /* the objective stays on the host: the prediction down, its gradient up */
-                upload_inputs(&t, m0, t.bs);
-                sd_unet_train_forward(t.tr, t.d_xh, t.tfloat + m0, t.d_ctx, t.d_yh, &t.arena);
-                sd_download_f32(t.be, t.yh + xo, t.d_yh, (int64_t)t.bs * per);
-            } else {
-                sd_unet_train_forward(t.tr, t.xh + xo, t.tfloat + m0, t.ctx + co, t.yh + xo,
-                                      &t.arena);
+        sd_zero(t.be, t.gpu ? t.d_grads : t.grads, (t.gpu ? t.np : t.n) * sizeof(float));
+        for (int m0 = 0; m0 < in->count; m0 += t.bs) {
+            stage_micro_batch(&t, in, m0, t.bs);
+            sd_unet_train_forward(t.tr, t.d_xh, in->tfloat + m0, t.d_ctx, t.d_yh, &t.arena);
+            sd_mse_loss(t.be, t.bs, (int64_t)t.H * t.W, t.C, t.d_yh,
+                        in->d + in_target(&t, in, m0), in->d + in_coef(&t, in, m0),
+                        t.d_mse + m0, t.d_dy);
+            if (m0 == 0 && sd_fault_armed(SD_FAULT_NAN, t.world_rank, step, NULL)) {
+                const float nan_value = NAN;
+                sd_upload_f32(t.be, t.d_dy, &nan_value, 1);
             }
-            sd_nhwc_to_nchw(t.hb, t.bs, t.C, t.H, t.W, t.yh + xo, t.pred + xo);
-            loss_local += sd_diffusion_loss(&t.diff, t.tsteps + m0, t.bs, per,
-                                            t.info.global_batch, t.pred + xo, t.target + xo, NULL,
-                                            t.dpred + xo);
-            if (m0 == 0 && sd_fault_armed(SD_FAULT_NAN, t.world_rank, step, NULL))
-                t.dpred[0] = NAN;
-            sd_nchw_to_nhwc(t.hb, t.bs, t.C, t.H, t.W, t.dpred + xo, t.yh + xo);
-            if (t.gpu)
-                sd_upload_f32(t.be, t.d_dy, t.yh + xo, (int64_t)t.bs * per);
             tt[T_FWD] += sd_time_now() - t1;
             t1 = sd_time_now();
-            sd_unet_backward(t.tr, t.gpu ? t.d_dy : t.yh + xo, &t.arena);
-            sd_synchronize(t.be);
+            sd_unet_backward(t.tr, t.d_dy, &t.arena);
             tt[T_BWD] += sd_time_now() - t1;
+            t1 = sd_time_now();
         }
+        /* the next step's inputs while the GPU computes (the loader's own thread has read its
+         * samples meanwhile); follow mode fetches at the top of the step instead */
+        if (!t.follow && step + 1 < max_steps) {
+            t1 = sd_time_now();
+            fetch_inputs(&t, next, step + 1);
+            tt[T_DATA] += sd_time_now() - t1;
+        }
+        t1 = sd_time_now();
+        sd_synchronize(t.be);
+        sd_download(t.be, t.mse, t.d_mse, (size_t)in->count * sizeof(float));
+        loss_local = 0;
+        for (int m0 = 0; m0 < in->count; m0 += t.bs)
+            loss_local += sd_diffusion_loss_from_mse(&t.diff, in->tsteps + m0, t.bs,
+                                                     t.info.global_batch, t.mse + m0);
+        tt[T_BWD] += sd_time_now() - t1;
 
         /* gradients: the global mean loss's gradient is the sum over ranks (each rank's loss
          * is already divided by the global batch); ZeRO-2 keeps only this rank's shard */
@@ -1164,7 +1260,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                         "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"lr\": %.9g, "
                         "\"grad_norm\": %.9g, \"skipped\": %lld, \"images_per_s\": %.4f, "
                         "\"step_s\": %.6f",
-                        (long long)step + 1, (long long)b->epoch,
+                        (long long)step + 1, (long long)in->epoch,
                         isfinite(stats[1]) ? stats[1] : -1.0, lr, isfinite(gnorm) ? gnorm : -1.0,
                         (long long)skipped, ips, dt);
                 for (int i = 0; i < T_N; i++)

@@ -211,6 +211,28 @@ void sd_download(const sd_backend *be, void *dst, const void *src, size_t bytes)
         be->ops->download(be, dst, src, bytes);
 }
 
+void *sd_host_alloc(const sd_backend *be, size_t bytes)
+{
+    SD_OP_ENTRY(be, host_alloc);
+    return be->ops->host_alloc(be, bytes);
+}
+
+void sd_host_free(const sd_backend *be, void *ptr)
+{
+    SD_OP_ENTRY(be, host_release);
+    if (ptr)
+        be->ops->host_release(be, ptr);
+}
+
+void sd_upload_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    SD_OP_ENTRY(be, upload_async);
+    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL),
+             "asynchronous upload of %zu bytes with a NULL pointer", bytes);
+    if (bytes)
+        be->ops->upload_async(be, dst, src, bytes);
+}
+
 /* ---- convolution and linear --------------------------------------------------------------- */
 
 size_t sd_conv2d_forward_scratch_bytes(const sd_backend *be, const sd_conv2d_desc *d)
@@ -754,6 +776,34 @@ void sd_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c, const vo
     SD_PROF_MARK(be, NULL);
     be->ops->diag_gaussian_sample(be, rows, c, moments, eps, scale, z);
     SD_PROF_MARK(be, "diag_gaussian_sample");
+}
+
+void sd_cast_f32(const sd_backend *be, int64_t n, const float *x, void *y)
+{
+    SD_OP_ENTRY(be, cast_f32);
+    SD_CHECK(n >= 0, "cast of %lld elements", (long long)n);
+    if (n == 0)
+        return;
+    SD_NOT_NULL(x);
+    SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
+    be->ops->cast_f32(be, n, x, y);
+    SD_PROF_MARK(be, "cast_f32");
+}
+
+void sd_mse_loss(const sd_backend *be, int n, int64_t hw, int c, const void *pred,
+                 const float *target, const float *coef, float *mse, void *dy)
+{
+    SD_OP_ENTRY(be, mse_loss);
+    SD_CHECK(n > 0 && hw > 0 && c > 0, "mse loss sizes n=%d hw=%lld c=%d", n, (long long)hw, c);
+    SD_NOT_NULL(pred);
+    SD_NOT_NULL(target);
+    SD_NOT_NULL(mse);
+    SD_CHECK(dy == NULL || coef != NULL, "mse loss: a gradient needs the per-sample coefficients");
+    SD_CHECK(dy == NULL || dy != pred, "mse loss: dy may not alias pred");
+    SD_PROF_MARK(be, NULL);
+    be->ops->mse_loss(be, n, hw, c, pred, target, coef, mse, dy);
+    SD_PROF_MARK(be, "mse_loss");
 }
 
 /* ---- weight layouts ----------------------------------------------------------------------- */

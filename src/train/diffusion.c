@@ -295,6 +295,14 @@ void sd_diffusion_loss_weights(const sd_diffusion *d, const int32_t *t, int64_t 
     }
 }
 
+/* w_b / batch_global / per in float, as torch's backward scales: 1/B (the batch mean) times
+ * w_b, over per (the mean over C, H, W). */
+static float grad_coef(float w, int64_t per, int64_t batch_global)
+{
+    float g = (1.0f / (float)batch_global) * w;
+    return g / (float)per;
+}
+
 double sd_diffusion_loss(const sd_diffusion *d, const int32_t *t, int64_t batch, int64_t per,
                          int64_t batch_global, const float *pred, const float *target,
                          float *mse, float *grad)
@@ -316,16 +324,40 @@ double sd_diffusion_loss(const sd_diffusion *d, const int32_t *t, int64_t batch,
             mse[b] = m;
         total += (double)(m * w);
         if (grad) {
-            /* torch's backward: 1/B (mean over the batch), times w, over `per` (mean over
-             * C,H,W), then mse_loss_backward's 2 * (pred - target) * grad */
-            float g = (1.0f / (float)batch_global) * w;
-            g = g / (float)per;
+            /* then mse_loss_backward's 2 * (pred - target) * grad */
+            float g = grad_coef(w, per, batch_global);
             for (int64_t i = 0; i < per; i++) {
                 float diff = pred[o + i] - target[o + i];
                 float two = 2.0f * diff;
                 grad[o + i] = two * g;
             }
         }
+    }
+    return total / (double)batch_global;
+}
+
+void sd_diffusion_loss_coef(const sd_diffusion *d, const int32_t *t, int64_t batch, int64_t per,
+                            int64_t batch_global, float *coef)
+{
+    if (batch_global <= 0)
+        batch_global = batch;
+    for (int64_t b = 0; b < batch; b++) {
+        float w;
+        sd_diffusion_loss_weights(d, t + b, 1, &w);
+        coef[b] = grad_coef(w, per, batch_global);
+    }
+}
+
+double sd_diffusion_loss_from_mse(const sd_diffusion *d, const int32_t *t, int64_t batch,
+                                  int64_t batch_global, const float *mse)
+{
+    double total = 0.0;
+    if (batch_global <= 0)
+        batch_global = batch;
+    for (int64_t b = 0; b < batch; b++) {
+        float w;
+        sd_diffusion_loss_weights(d, t + b, 1, &w);
+        total += (double)(mse[b] * w);
     }
     return total / (double)batch_global;
 }

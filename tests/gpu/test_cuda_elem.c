@@ -316,6 +316,67 @@ static void test_gaussian(const sd_backend *g, int64_t rows, int c)
     free(m), free(eps), free(ref);
 }
 
+/* ---- the training loop's transport and objective ----------------------------------------- */
+
+/* sd_cast_f32 rounds like sd_upload_f32 (bit for bit); sd_upload_async from pinned host memory
+ * is seen by the ops issued after it, while a long op issued before it still runs. */
+static void test_cast_upload(const sd_backend *g, int64_t n)
+{
+    float *h = hrand(n, 8.0f, -4.0f);
+    float *pin = sd_host_alloc(g, (size_t)n * sizeof(float));
+    tap_ok(pin != NULL, "sd_host_alloc of %lld floats [%s]", (long long)n, sd_dtype_name(g->dtype));
+    if (!pin) {
+        free(h);
+        return;
+    }
+    memcpy(pin, h, (size_t)n * sizeof(float));
+    float *d32 = dput32(g, NULL, n);
+    void *a = dnan(g, n), *b = dput(g, h, n);
+    /* some work in flight on the compute stream first: a cast of a large buffer */
+    const int64_t big = 1 << 24;
+    float *bigx = dput32(g, NULL, big);
+    void *bigy = dnan(g, big);
+    sd_zero(g, bigx, (size_t)big * sizeof(float));
+    sd_cast_f32(g, big, bigx, bigy);
+    sd_upload_async(g, d32, pin, (size_t)n * sizeof(float));
+    sd_cast_f32(g, n, d32, a);
+    sd_synchronize(g);
+    memset(pin, 0, (size_t)n * sizeof(float)); /* after the synchronize: the copy is done */
+    same_bits(g, "sd_upload_async + sd_cast_f32 == sd_upload_f32", a, b,
+              (size_t)n * sd_dtype_size(g->dtype));
+    sd_host_free(g, pin);
+    sd_backend_free(g, d32), sd_backend_free(g, a), sd_backend_free(g, b);
+    sd_backend_free(g, bigx), sd_backend_free(g, bigy);
+    free(h);
+}
+
+/* sd_mse_loss against the CPU backend: mse (fp32) and dy, with and without the gradient. */
+static void test_mse_loss(const sd_backend *g, int n, int64_t hw, int c)
+{
+    const int64_t per = hw * c, nx = n * per;
+    char what[128];
+    float *pred = hr(g, nx, 4.0f, -2.0f), *target = hrand(nx, 4.0f, -2.0f);
+    float *coef = hrand(n, 1e-3f, 1e-4f);
+    float *rm = malloc((size_t)n * sizeof(float)), *rdy = malloc((size_t)nx * sizeof(float));
+    sd_mse_loss(cpu, n, hw, c, pred, target, coef, rm, rdy);
+    void *pd = dput(g, pred, nx), *dy = dnan(g, nx);
+    float *td = dput32(g, target, nx), *cd = dput32(g, coef, n), *md = dput32(g, NULL, n);
+    sd_mse_loss(g, n, hw, c, pd, td, cd, md, dy);
+    snprintf(what, sizeof what, "mse_loss n=%d hw=%lld c=%d: per-sample mse", n, (long long)hw, c);
+    float *got = dget32(g, md, n);
+    /* the mse is of the same inputs, summed in double: fp32-close in both modes */
+    check_close(g, what, got, rm, n, GPU_TOL_F32);
+    free(got);
+    snprintf(what, sizeof what, "mse_loss n=%d hw=%lld c=%d: dy", n, (long long)hw, c);
+    cmp_dev(g, what, dy, rdy, nx);
+    float *md2 = dput32(g, NULL, n);
+    sd_mse_loss(g, n, hw, c, pd, td, NULL, md2, NULL);
+    same_bits(g, "mse_loss without dy: the same mse", md, md2, (size_t)n * sizeof(float));
+    sd_backend_free(g, pd), sd_backend_free(g, dy), sd_backend_free(g, td);
+    sd_backend_free(g, cd), sd_backend_free(g, md), sd_backend_free(g, md2);
+    free(pred), free(target), free(coef), free(rm), free(rdy);
+}
+
 /* ---- group norm --------------------------------------------------------------------------- */
 
 /* x of the group norm cases: 2 * uniform + gn_shift (a large shift relative to the spread tests
@@ -512,6 +573,9 @@ static void run_all(const sd_backend *g)
     test_timestep(g, 9, d, "dim 33, sin first, shift 1, scale 0.5");
     test_embedding(g, 3, 11, 40, 100);
     test_gaussian(g, 333, 4);
+    test_cast_upload(g, 100003);
+    test_mse_loss(g, 5, 32 * 32, 4);
+    test_mse_loss(g, 3, 77, 3);
 
     run_group_norms(g);
     test_layer_norm(g, 333, 77, 1, 0);

@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sdtrain/check.h"
 #include "sdtrain/config.h"
 #include "sdtrain/diffusion.h"
+#include "sdtrain/ops.h"
 #include "sdtrain/rng.h"
 #include "sdtrain/safetensors.h"
 #include "tap.h"
@@ -474,6 +476,44 @@ static void test_config(void)
     sd_run_config_free(&rc);
 }
 
+/* The backend objective (sd_mse_loss on the CPU backend, NHWC, with sd_diffusion_loss_coef and
+ * sd_diffusion_loss_from_mse) against sd_diffusion_loss on the NCHW arrays: the same bits. */
+static void test_backend_objective(void)
+{
+    enum { B = 5, C = 4, H = 6, W = 7, HW = H * W, PER = C * HW };
+    const sd_backend *be = sd_backend_cpu();
+    static float pred[B * PER], target[B * PER], ph[B * PER], th[B * PER], grad[B * PER],
+        gh[B * PER], dy[B * PER];
+    float mse[B], mse2[B], mse3[B], coef[B];
+    int32_t t[B] = {0, 17, 250, 600, 999};
+    sd_diffusion d;
+    sd_err err;
+    int ok = 1;
+    for (int pi = 0; pi < 2; pi++) {
+        const char *pred_type = pi ? "v_prediction" : "epsilon";
+        SD_CHECK(sd_diffusion_init(&d, "scaled_linear", 0.00085, 0.012, 1000, pred_type,
+                                   SD_LINSPACE_FUSED, &err) == 0, "%s", err.msg);
+        d.min_snr_gamma = 5.0; /* weights other than 1 */
+        for (int i = 0; i < B * PER; i++) {
+            pred[i] = sd_rng_uniform_float(11, 1, 0, (uint64_t)pi, (uint64_t)i) * 4.0f - 2.0f;
+            target[i] = sd_rng_uniform_float(11, 2, 0, (uint64_t)pi, (uint64_t)i) * 4.0f - 2.0f;
+        }
+        double l = sd_diffusion_loss(&d, t, B, PER, 16, pred, target, mse, grad);
+        sd_nchw_to_nhwc(be, B, C, H, W, pred, ph);
+        sd_nchw_to_nhwc(be, B, C, H, W, target, th);
+        sd_nchw_to_nhwc(be, B, C, H, W, grad, gh);
+        sd_diffusion_loss_coef(&d, t, B, PER, 16, coef);
+        sd_mse_loss(be, B, HW, C, ph, th, coef, mse2, dy);
+        sd_mse_loss(be, B, HW, C, ph, th, NULL, mse3, NULL);
+        double l2 = sd_diffusion_loss_from_mse(&d, t, B, 16, mse2);
+        ok = ok && memcmp(mse, mse2, sizeof mse) == 0 && memcmp(mse, mse3, sizeof mse) == 0 &&
+             memcmp(gh, dy, sizeof dy) == 0 && l == l2 && l > 0;
+        sd_diffusion_free(&d);
+    }
+    tap_ok(ok, "sd_mse_loss (CPU, NHWC) + loss_coef + loss_from_mse == sd_diffusion_loss bit for bit "
+               "(epsilon and v, min-SNR 5)");
+}
+
 int main(void)
 {
     const char *srcdir = getenv("srcdir");
@@ -491,6 +531,7 @@ int main(void)
     test_config();
     test_invariance();
     test_distributions();
+    test_backend_objective();
     if (have_gold)
         sd_st_close(&gold);
     return tap_done();

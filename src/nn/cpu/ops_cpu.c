@@ -413,6 +413,43 @@ static void cpu_bytes(const sd_backend *be, void *dst, const void *src, size_t b
     memcpy(dst, src, bytes);
 }
 
+static void cpu_cast_f32(const sd_backend *be, int64_t n, const float *x, void *y)
+{
+    (void)be;
+    memcpy(y, x, (size_t)n * sizeof(float));
+}
+
+/* sd_diffusion_loss's arithmetic on NHWC samples: the squares in double, in the order of the
+ * NCHW tensor (channel after channel), so the mean is the same bits. */
+static void cpu_mse_loss(const sd_backend *be, int n, int64_t hw, int c, const void *pv,
+                         const float *target, const float *coef, float *mse, void *dv)
+{
+    const float *pred = pv;
+    float *dy = dv;
+    const int64_t per = hw * c;
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < n; b++) {
+        const float *p = pred + (size_t)b * per, *t = target + (size_t)b * per;
+        double sum = 0.0;
+        for (int ch = 0; ch < c; ch++)
+            for (int64_t i = 0; i < hw; i++) {
+                double e = (double)p[i * c + ch] - (double)t[i * c + ch];
+                sum += e * e;
+            }
+        mse[b] = (float)(sum / (double)per);
+        if (dy) {
+            const float g = coef[b];
+            float *d = dy + (size_t)b * per;
+            for (int64_t i = 0; i < per; i++) {
+                float diff = p[i] - t[i];
+                float two = 2.0f * diff;
+                d[i] = two * g;
+            }
+        }
+    }
+}
+
 /* ---- conv2d ------------------------------------------------------------------------------- */
 
 static int conv_is_pointwise(const sd_conv2d_desc *d)
@@ -1962,6 +1999,11 @@ static const sd_ops cpu_ops = {
     .release = cpu_release,
     .upload = cpu_bytes,
     .download = cpu_bytes,
+    .host_alloc = cpu_alloc,
+    .host_release = cpu_release,
+    .upload_async = cpu_bytes,
+    .cast_f32 = cpu_cast_f32,
+    .mse_loss = cpu_mse_loss,
     .conv2d_forward_scratch = cpu_conv2d_forward_scratch,
     .conv2d_forward = cpu_conv2d_forward,
     .linear_forward = cpu_linear_forward,

@@ -165,6 +165,34 @@ static void cuda_download(const sd_backend *be, void *dst, const void *src, size
     SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
 }
 
+static void *cuda_host_alloc(const sd_backend *be, size_t bytes)
+{
+    void *p = nullptr;
+    SD_CUDA_CHECK(cudaSetDevice(sd_cuda(be)->device));
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* reported by the caller */
+        return nullptr;
+    }
+    return p;
+}
+
+static void cuda_host_release(const sd_backend *be, void *ptr)
+{
+    (void)be;
+    SD_CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+/* On the copy stream, then the compute stream waits for it: ops issued later see the data,
+ * ops issued earlier run meanwhile (the copy engine works beside the SMs). */
+static void cuda_upload_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->copy_stream));
+    SD_CUDA_CHECK(cudaEventRecord(st->copy_done, st->copy_stream));
+    SD_CUDA_CHECK(cudaStreamWaitEvent(st->stream, st->copy_done, 0));
+}
+
 /* The backend's pinned staging buffer for bf16 conversions (SD_CUDA_STAGE_ELEMS halves), made on
  * first use and kept until the backend is destroyed. The copies through it are synchronous, so
  * one buffer serves every call. */
@@ -265,6 +293,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     st->sync_each_op = sync && strcmp(sync, "1") == 0;
     SD_CUDA_CHECK(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));
     SD_CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    SD_CUDA_CHECK(cudaStreamCreateWithFlags(&st->copy_stream, cudaStreamNonBlocking));
+    SD_CUDA_CHECK(cudaEventCreateWithFlags(&st->copy_done, cudaEventDisableTiming));
     SD_CUBLAS_CHECK(cublasLtCreate(&st->lt));
     SD_CUDNN_CHECK(cudnnCreate(&st->dnn));
     SD_CUDNN_CHECK(cudnnSetStream(st->dnn, st->stream));
@@ -273,6 +303,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
         cudaGetLastError();
         cudnnDestroy(st->dnn);
         cublasLtDestroy(st->lt);
+        cudaEventDestroy(st->copy_done);
+        cudaStreamDestroy(st->copy_stream);
         cudaStreamDestroy(st->stream);
         free(st);
         return sd_err_set(err, "CUDA backend: cannot allocate the %u MiB cuBLASLt workspace: %s",
@@ -289,6 +321,9 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     ops->release = cuda_release;
     ops->upload = cuda_upload;
     ops->download = cuda_download;
+    ops->host_alloc = cuda_host_alloc;
+    ops->host_release = cuda_host_release;
+    ops->upload_async = cuda_upload_async;
     sd_cuda_fill_elementwise_ops(ops);
     sd_cuda_fill_norm_ops(ops);
     sd_cuda_fill_conv_ops(ops);
@@ -324,6 +359,7 @@ extern "C" void sd_backend_cuda_destroy(sd_backend *be)
     if (!be)
         return;
     sd_cuda_state *st = sd_cuda(be);
+    cudaStreamSynchronize(st->copy_stream);
     cudaStreamSynchronize(st->stream);
     prof_destroy(st);
     sd_cuda_conv_cache_destroy(st);
@@ -333,6 +369,8 @@ extern "C" void sd_backend_cuda_destroy(sd_backend *be)
     cudaFree(st->lt_workspace);
     cudnnDestroy(st->dnn);
     cublasLtDestroy(st->lt);
+    cudaEventDestroy(st->copy_done);
+    cudaStreamDestroy(st->copy_stream);
     cudaStreamDestroy(st->stream);
     free(st);
 }

@@ -33,6 +33,8 @@ typedef struct sd_cuda_state {
     int device;
     sd_dtype dtype;           /* SD_F32 or SD_BF16 */
     cudaStream_t stream;
+    cudaStream_t copy_stream; /* sd_upload_async's copies, beside the compute stream */
+    cudaEvent_t copy_done;    /* recorded after each such copy; the compute stream waits on it */
     cublasLtHandle_t lt;
     cudnnHandle_t dnn;
     void *lt_workspace;       /* SD_CUDA_LT_WORKSPACE bytes of device memory */

@@ -678,6 +678,76 @@ static void cuda_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c,
     SD_CUDA_LAUNCHED(be);
 }
 
+/* ---- fp32 -> compute type ------------------------------------------------------------------ */
+
+template <typename T>
+static __global__ void cast_f32_kernel(int64_t n, const float *x, T *y)
+{
+    GRID_STRIDE_LOOP(i, n)
+    sd_st(y, i, x[i]);
+}
+
+static void cuda_cast_f32(const sd_backend *be, int64_t n, const float *x, void *y)
+{
+    cudaStream_t s = sd_cuda_stream(be);
+    if (sd_cuda(be)->dtype == SD_F32) {
+        SD_CUDA_CHECK(cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        return;
+    }
+    unsigned grid = sd_cuda_grid(be, n, EW_THREADS);
+    SD_CUDA_DISPATCH(be, T, { cast_f32_kernel<T><<<grid, EW_THREADS, 0, s>>>(n, x, (T *)y); });
+    SD_CUDA_LAUNCHED(be);
+}
+
+/* ---- the diffusion objective ---------------------------------------------------------------- */
+
+#define MSE_THREADS 256
+
+/* One block per sample: dy = coef * (2 (pred - target)) in fp32 steps as the CPU rounds them,
+ * and the squares (differences in double, as sd_diffusion_loss forms them) summed in double:
+ * each thread a fixed strided subset, then a fixed tree over the block, so the result depends
+ * on the shape only. */
+template <typename T>
+static __global__ void mse_loss_kernel(int64_t per, const T *pred, const float *target,
+                                       const float *coef, float *mse, T *dy)
+{
+    __shared__ double part[MSE_THREADS];
+    const int b = blockIdx.x;
+    const T *p = pred + (size_t)b * per;
+    const float *t = target + (size_t)b * per;
+    const float g = dy ? coef[b] : 0.0f;
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < per; i += MSE_THREADS) {
+        const float pv = sd_ld(p, i), tv = t[i];
+        const double e = (double)pv - (double)tv;
+        sum += e * e;
+        if (dy) {
+            const float two = 2.0f * (pv - tv);
+            sd_st(dy + (size_t)b * per, i, __fmul_rn(two, g));
+        }
+    }
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    for (int w = MSE_THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        mse[b] = (float)(part[0] / (double)per);
+}
+
+static void cuda_mse_loss(const sd_backend *be, int n, int64_t hw, int c, const void *pred,
+                          const float *target, const float *coef, float *mse, void *dy)
+{
+    cudaStream_t s = sd_cuda_stream(be);
+    SD_CUDA_DISPATCH(be, T, {
+        mse_loss_kernel<T><<<n, MSE_THREADS, 0, s>>>(hw * c, (const T *)pred, target, coef, mse,
+                                                     (T *)dy);
+    });
+    SD_CUDA_LAUNCHED(be);
+}
+
 void sd_cuda_fill_elementwise_ops(sd_ops *ops)
 {
     ops->silu_forward = cuda_silu_forward;
@@ -694,6 +764,8 @@ void sd_cuda_fill_elementwise_ops(sd_ops *ops)
     ops->embedding_forward = cuda_embedding_forward;
     ops->add = cuda_add;
     ops->axpby = cuda_axpby;
+    ops->cast_f32 = cuda_cast_f32;
+    ops->mse_loss = cuda_mse_loss;
     ops->add_bcast_forward = cuda_add_bcast_forward;
     ops->add_bcast_backward_scratch = cuda_add_bcast_backward_scratch;
     ops->add_bcast_backward = cuda_add_bcast_backward;
