@@ -8,12 +8,13 @@
 #   --bundle DIR  use DIR/bundle.tar.xz made by bench/gpu-bundle.sh (for GPU machines without
 #                 MPI / HDF5 / ...; default when .gpu/bundle.tar.xz exists)
 #   --build DIR   use (and first build) a tree configured with --with-cuda (default build/cuda)
-#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, profile, peer,
-#                 train
+#   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, profile,
+#                 variants, peer, train
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
-#                 "train" runs tests/gpu/train.sh under MPI, with the bundle's mpirun)
+#                 "train" runs tests/gpu/train.sh under MPI, with the bundle's mpirun;
+#                 "variants" times the VAE and U-Net with each SDTRAIN_CUDA_* alternative)
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
 #                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
 # Exit status: 0 when every part that ran passed, 1 otherwise, 77 without a usable GPU.
@@ -187,6 +188,35 @@ if want profile && [ -x "$B/bench/models_cuda" ]; then
         if [ "$rc" = 0 ]; then add "profile $what $res" "done" "$f"
         else status=1; add "profile $what $res" "FAIL" "exit $rc"; fi
     done
+fi
+
+# the backend's switchable variants on the models they matter for (bf16, batch 32, median of
+# 10): which of the alternatives should become the default
+if want variants && [ -x "$B/bench/models_cuda" ]; then
+    f="$logdir/variants.txt"
+    : >"$f"
+    printf '%-44s %-12s %-5s %10s %10s\n' "variant" "model" "res" "ms" "img/s" | tee -a "$f"
+    for v in "default:" "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
+        "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find" \
+        "regs+find:SDTRAIN_CUDA_GN_APPLY=regs SDTRAIN_CUDA_CONV_ALGO=find"; do
+        name=${v%%:*}
+        envs=${v#*:}
+        for w in vae-encode:256 vae-encode:512 unet-fwd:256 unet-train:256; do
+            what=${w%%:*}
+            res=${w#*:}
+            # shellcheck disable=SC2086 # envs is a list of VAR=value words
+            out=$(env $envs timeout 300 "$B/bench/models_cuda" --what "$what" --res "$res" \
+                --reps 10 --warmup 3 2>&1)
+            rc=$?
+            line=$(grep '^RESULT' <<<"$out" | tail -1)
+            ms=$(sed -n 's/.* ms=\([0-9.]*\).*/\1/p' <<<"$line")
+            ips=$(sed -n 's/.* img_s=\([0-9.]*\).*/\1/p' <<<"$line")
+            [ "$rc" = 0 ] || { status=1; ms="FAIL($rc)"; }
+            printf '%-44s %-12s %-5s %10s %10s\n' "$name" "$what" "$res" "${ms:-?}" "${ips:-?}" |
+                tee -a "$f"
+        done
+    done
+    add "variants (models_cuda)" "done" "$f"
 fi
 
 if want peer; then

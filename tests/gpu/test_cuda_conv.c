@@ -302,5 +302,24 @@ int main(void)
 
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
+
+    /* the algorithms of cuDNN's timed runs (SDTRAIN_CUDA_CONV_ALGO=find, read when a backend
+     * is created): the same filters, so the same checks must hold */
+    setenv("SDTRAIN_CUDA_CONV_ALGO", "find", 1);
+    n = gpu_backends(gpu);
+    tap_diag("convolutions with SDTRAIN_CUDA_CONV_ALGO=find");
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < ncases; k++)
+            test_case(gpu[i], &cases[k]);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
+    setenv("SDTRAIN_CUDA_CONV_ALGO", "bogus", 1);
+    sd_backend *bad = NULL;
+    sd_err err;
+    tap_ok(sd_backend_cuda_create(0, SD_F32, &bad, &err) != 0,
+           "SDTRAIN_CUDA_CONV_ALGO=bogus is refused: %s", bad ? "(accepted)" : err.msg);
+    if (bad)
+        sd_backend_cuda_destroy(bad);
+    unsetenv("SDTRAIN_CUDA_CONV_ALGO");
     return tap_done();
 }

@@ -547,6 +547,11 @@ static void run_group_norms(const sd_backend *g)
     test_group_norm(g, 2, 256, 320, 32, 1, 1, 0);
     test_group_norm(g, 1, 600, 40, 8, 1, 1, 1); /* three row chunks, the last one partial */
     test_group_norm(g, 2, 1100, 128, 32, 1, 1, 0); /* VAE-like: 4 channels a group, 5 chunks */
+    /* large enough that the 16-byte kernels' grid-stride loops wrap (the grid is capped near 16
+     * blocks per SM), with the channels a multiple (128) and not a multiple (320) of the
+     * vectors a block covers */
+    test_group_norm(g, 32, 4096, 128, 32, 1, 1, 0);
+    test_group_norm(g, 16, 1024, 320, 32, 1, 1, 0);
     gn_shift = 40.0f; /* mean 35 times the spread */
     test_group_norm(g, 2, 600, 40, 8, 1, 1, 0);
     gn_shift = 0.5f;
@@ -603,6 +608,31 @@ int main(void)
         run_group_norms(gpu[i]);
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
+    /* the group norm's apply kernel with the channel constants in registers */
+    setenv("SDTRAIN_CUDA_GN_APPLY", "regs", 1);
+    n = gpu_backends(gpu);
+    tap_diag("group norm with SDTRAIN_CUDA_GN_APPLY=regs (and GN_STATS=twopass)");
+    for (int i = 0; i < n; i++)
+        run_group_norms(gpu[i]);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
+    unsetenv("SDTRAIN_CUDA_GN_STATS");
+    n = gpu_backends(gpu);
+    tap_diag("group norm with SDTRAIN_CUDA_GN_APPLY=regs (GN_STATS default)");
+    for (int i = 0; i < n; i++)
+        run_group_norms(gpu[i]);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
+    setenv("SDTRAIN_CUDA_GN_APPLY", "bogus", 1);
+    {
+        sd_backend *bad_apply = NULL;
+        sd_err e2;
+        tap_ok(sd_backend_cuda_create(0, SD_F32, &bad_apply, &e2) != 0,
+               "SDTRAIN_CUDA_GN_APPLY=bogus is refused: %s", bad_apply ? "(accepted)" : e2.msg);
+        if (bad_apply)
+            sd_backend_cuda_destroy(bad_apply);
+    }
+    unsetenv("SDTRAIN_CUDA_GN_APPLY");
     setenv("SDTRAIN_CUDA_GN_STATS", "bogus", 1);
     sd_backend *bad = NULL;
     sd_err err;

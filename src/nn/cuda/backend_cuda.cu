@@ -282,6 +282,26 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
                               gns);
     }
 
+    /* SDTRAIN_CUDA_GN_APPLY = loads (default) | regs; SDTRAIN_CUDA_CONV_ALGO = heuristic
+     * (default) | find (doc/cuda/README.md: both written 2026-11-26 without a GPU, to be timed) */
+    int gn_apply_regs = 0, conv_find = 0;
+    const char *gna = getenv("SDTRAIN_CUDA_GN_APPLY");
+    if (gna && *gna) {
+        if (strcmp(gna, "regs") == 0)
+            gn_apply_regs = 1;
+        else if (strcmp(gna, "loads") != 0)
+            return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_GN_APPLY=%s is not one of loads, "
+                                   "regs", gna);
+    }
+    const char *ca = getenv("SDTRAIN_CUDA_CONV_ALGO");
+    if (ca && *ca) {
+        if (strcmp(ca, "find") == 0)
+            conv_find = 1;
+        else if (strcmp(ca, "heuristic") != 0)
+            return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_CONV_ALGO=%s is not one of "
+                                   "heuristic, find", ca);
+    }
+
     sd_cuda_state *st = (sd_cuda_state *)calloc(1, sizeof *st);
     if (!st)
         return sd_err_set(err, "CUDA backend: out of host memory");
@@ -289,6 +309,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     st->dtype = dtype;
     st->attention_mode = attention_mode;
     st->gn_onepass = gn_onepass;
+    st->gn_apply_regs = gn_apply_regs;
+    st->conv_find = conv_find;
     const char *sync = getenv("SDTRAIN_CUDA_SYNC");
     st->sync_each_op = sync && strcmp(sync, "1") == 0;
     SD_CUDA_CHECK(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));

@@ -140,14 +140,24 @@ static void conv_shape_text(const sd_conv2d_desc *d, sd_dtype dtype, char *buf, 
              d->pad_top, d->pad_bottom, d->pad_left, d->pad_right);
 }
 
-static void conv_choose_forward(cudnnHandle_t h, conv_entry *e, const char *shape)
+/* The candidates, best first: cuDNN's heuristics (no runs), or with `find`
+ * (SDTRAIN_CUDA_CONV_ALGO=find) cuDNN's timed runs of every algorithm on memory it allocates
+ * itself (once per shape, when the entry is made: normally in a model's dry run). Either list
+ * goes through the same filters (determinism, GEMM type, math type, workspace). */
+static void conv_choose_forward(cudnnHandle_t h, conv_entry *e, const char *shape, int find)
 {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int got = 0;
-    SD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e->x_desc, e->w_desc, e->conv_desc,
-                                                          e->y_desc,
-                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
-                                                          perf));
+    if (find)
+        SD_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, e->x_desc, e->w_desc, e->conv_desc,
+                                                            e->y_desc,
+                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                            &got, perf));
+    else
+        SD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e->x_desc, e->w_desc,
+                                                              e->conv_desc, e->y_desc,
+                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                              &got, perf));
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < got; i++) {
             size_t ws = 0;
@@ -167,13 +177,19 @@ static void conv_choose_forward(cudnnHandle_t h, conv_entry *e, const char *shap
     e->fwd_ws = ws;
 }
 
-static void conv_choose_backward_data(cudnnHandle_t h, conv_entry *e, const char *shape)
+static void conv_choose_backward_data(cudnnHandle_t h, conv_entry *e, const char *shape,
+                                      int find)
 {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int got = 0;
-    SD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-        &got, perf));
+    if (find)
+        SD_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
+            h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
+    else
+        SD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < got; i++) {
             size_t ws = 0;
@@ -200,13 +216,19 @@ static void conv_choose_backward_data(cudnnHandle_t h, conv_entry *e, const char
     e->bwd_data_ok = 1;
 }
 
-static void conv_choose_backward_filter(cudnnHandle_t h, conv_entry *e, const char *shape)
+static void conv_choose_backward_filter(cudnnHandle_t h, conv_entry *e, const char *shape,
+                                        int find)
 {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int got = 0;
-    SD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+    if (find)
+        SD_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
+            h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+    else
+        SD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < got; i++) {
             size_t ws = 0;
@@ -277,9 +299,9 @@ static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
              "cuDNN computes output [%d, %d, %d, %d] for %s, expected [%d, %d, %d, %d]", on, oh,
              ow, oc, shape, d->n, d->h_out, d->w_out, d->c_out);
 
-    conv_choose_forward(st->dnn, e, shape);
-    conv_choose_backward_data(st->dnn, e, shape);
-    conv_choose_backward_filter(st->dnn, e, shape);
+    conv_choose_forward(st->dnn, e, shape, st->conv_find);
+    conv_choose_backward_data(st->dnn, e, shape, st->conv_find);
+    conv_choose_backward_filter(st->dnn, e, shape, st->conv_find);
 
     const char *log = getenv("SDTRAIN_CUDA_CONV_LOG");
     if (log && strcmp(log, "1") == 0)
