@@ -197,8 +197,9 @@ if want variants && [ -x "$B/bench/models_cuda" ]; then
     : >"$f"
     printf '%-44s %-12s %-5s %10s %10s\n' "variant" "model" "res" "ms" "img/s" | tee -a "$f"
     for v in "default:" "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
+        "GN_APPLY=fast:SDTRAIN_CUDA_GN_APPLY=fast" \
         "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find" \
-        "regs+find:SDTRAIN_CUDA_GN_APPLY=regs SDTRAIN_CUDA_CONV_ALGO=find"; do
+        "fast+find:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_CONV_ALGO=find"; do
         name=${v%%:*}
         envs=${v#*:}
         for w in vae-encode:256 vae-encode:512 unet-fwd:256 unet-train:256; do

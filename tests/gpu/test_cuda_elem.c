@@ -623,6 +623,14 @@ int main(void)
         run_group_norms(gpu[i]);
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
+    /* and with the approximate SiLU (within the same tolerances) */
+    setenv("SDTRAIN_CUDA_GN_APPLY", "fast", 1);
+    n = gpu_backends(gpu);
+    tap_diag("group norm with SDTRAIN_CUDA_GN_APPLY=fast");
+    for (int i = 0; i < n; i++)
+        run_group_norms(gpu[i]);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
     setenv("SDTRAIN_CUDA_GN_APPLY", "bogus", 1);
     {
         sd_backend *bad_apply = NULL;

@@ -282,16 +282,18 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
                               gns);
     }
 
-    /* SDTRAIN_CUDA_GN_APPLY = loads (default) | regs; SDTRAIN_CUDA_CONV_ALGO = heuristic
+    /* SDTRAIN_CUDA_GN_APPLY = loads (default) | regs | fast; SDTRAIN_CUDA_CONV_ALGO = heuristic
      * (default) | find (doc/cuda/README.md: both written 2026-11-26 without a GPU, to be timed) */
     int gn_apply_regs = 0, conv_find = 0;
     const char *gna = getenv("SDTRAIN_CUDA_GN_APPLY");
     if (gna && *gna) {
         if (strcmp(gna, "regs") == 0)
             gn_apply_regs = 1;
+        else if (strcmp(gna, "fast") == 0)
+            gn_apply_regs = 2;
         else if (strcmp(gna, "loads") != 0)
             return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_GN_APPLY=%s is not one of loads, "
-                                   "regs", gna);
+                                   "regs, fast", gna);
     }
     const char *ca = getenv("SDTRAIN_CUDA_CONV_ALGO");
     if (ca && *ca) {

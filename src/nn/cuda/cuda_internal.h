@@ -43,7 +43,8 @@ typedef struct sd_cuda_state {
     int sync_each_op;         /* SDTRAIN_CUDA_SYNC=1: synchronize and check after every launch */
     int attention_mode;       /* SDTRAIN_CUDA_ATTENTION: SD_CUDA_ATTENTION_MATH or _FLASH */
     int gn_onepass;           /* SDTRAIN_CUDA_GN_STATS=onepass: group statistics in one read */
-    int gn_apply_regs;        /* SDTRAIN_CUDA_GN_APPLY=regs: channel constants in registers */
+    int gn_apply_regs;        /* SDTRAIN_CUDA_GN_APPLY: 1 regs (channel constants in registers),
+                               * 2 fast (the same with the approximate SiLU), 0 loads */
     int conv_find;            /* SDTRAIN_CUDA_CONV_ALGO=find: timed algorithm choice */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;

@@ -501,7 +501,15 @@ static __global__ void gn_apply_vec_kernel(int per_sample, int c, int groups, co
  * gamma and beta of its VEC channels are loaded once instead of per element (with a 32-bit
  * division for the group). The arithmetic per element is the one above, in the same order:
  * the same bits. */
-template <typename T>
+/* SiLU with the hardware approximations (SDTRAIN_CUDA_GN_APPLY=fast): ex2.approx for the
+ * exponential and an approximate reciprocal for the division, a few ulps from norm_silu. For
+ * v < -87 (where expf(-v) overflows) __fdividef returns 0, the limit. */
+static __device__ __forceinline__ float norm_silu_fast(float v)
+{
+    return __fdividef(v, 1.0f + __expf(-v));
+}
+
+template <typename T, bool FAST>
 static __global__ void gn_apply_regs_kernel(int per_sample, int c, int groups, const T *x,
                                             const T *gamma, const T *beta, const float *mean,
                                             const float *rstd, int silu, T *y)
@@ -531,7 +539,7 @@ static __global__ void gn_apply_regs_kernel(int per_sample, int c, int groups, c
                 o = o * gk[j];
             if (beta)
                 o = o + bk[j];
-            sd_st(out.e, j, silu ? norm_silu(o) : o);
+            sd_st(out.e, j, silu ? (FAST ? norm_silu_fast(o) : norm_silu(o)) : o);
         }
         *(uint4 *)(y + sm.base + (int64_t)v * VEC) = out.u;
     }
@@ -718,8 +726,12 @@ static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_de
             SD_CUDA_LAUNCHED(be);
             SD_CUDA_SUBMARK(be, "group_norm_forward:rstd");
         }
-        if (gn_vec_ok(be, hw * c, c, x, y, n) && sd_cuda(be)->gn_apply_regs) {
-            gn_apply_regs_kernel<T><<<gn_regs_grid(be, hw * c, c, n), NORM_THREADS, 0, s>>>(
+        if (gn_vec_ok(be, hw * c, c, x, y, n) && sd_cuda(be)->gn_apply_regs == 2) {
+            gn_apply_regs_kernel<T, true><<<gn_regs_grid(be, hw * c, c, n), NORM_THREADS, 0, s>>>(
+                (int)(hw * c), c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu,
+                rs, d->silu, (T *)y);
+        } else if (gn_vec_ok(be, hw * c, c, x, y, n) && sd_cuda(be)->gn_apply_regs) {
+            gn_apply_regs_kernel<T, false><<<gn_regs_grid(be, hw * c, c, n), NORM_THREADS, 0, s>>>(
                 (int)(hw * c), c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu,
                 rs, d->silu, (T *)y);
         } else if (gn_vec_ok(be, hw * c, c, x, y, n)) {
