@@ -157,6 +157,8 @@ typedef struct sd_ops {
     void *(*host_alloc)(const sd_backend *be, size_t bytes);
     void (*host_release)(const sd_backend *be, void *ptr);
     void (*upload_async)(const sd_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download_async)(const sd_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download_wait)(const sd_backend *be);
 
     size_t (*conv2d_forward_scratch)(const sd_backend *be, const sd_conv2d_desc *d);
     void (*conv2d_forward)(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
@@ -256,6 +258,7 @@ typedef struct sd_ops {
     void (*diag_gaussian_sample)(const sd_backend *be, int64_t rows, int c, const void *moments,
                                  const void *eps, float scale, void *z);
     void (*cast_f32)(const sd_backend *be, int64_t n, const float *x, void *y);
+    void (*cast_to_f32)(const sd_backend *be, int64_t n, const void *x, float *y);
     void (*mse_loss)(const sd_backend *be, int n, int64_t hw, int c, const void *pred,
                      const float *target, const float *coef, float *mse, void *dy);
 
@@ -322,6 +325,12 @@ void sd_host_free(const sd_backend *be, void *ptr);
  * until an sd_synchronize issued after a later op has returned (the copy is then done). CPU:
  * memcpy. */
 void sd_upload_async(const sd_backend *be, void *dst, const void *src, size_t bytes);
+/* Byte copy backend -> host that returns at once: on CUDA it runs on the copy stream once the
+ * ops issued so far have finished (an event), beside the ops issued after it. `dst` must come
+ * from sd_host_alloc; its bytes are there once sd_download_wait returns, which waits for every
+ * copy on the copy stream (not for the compute stream). CPU: memcpy, and waiting is nothing. */
+void sd_download_async(const sd_backend *be, void *dst, const void *src, size_t bytes);
+void sd_download_wait(const sd_backend *be);
 
 /* ---- Convolution and linear ------------------------------------------------------------- */
 
@@ -471,6 +480,8 @@ void sd_diag_gaussian_sample(const sd_backend *be, int64_t rows, int c, const vo
 /* y = x converted to be->dtype (rounding to nearest even), both in the backend's memory; x
  * [n] fp32 (e.g. inputs that travelled by sd_upload_async in fp32). y must not overlap x. */
 void sd_cast_f32(const sd_backend *be, int64_t n, const float *x, void *y);
+/* y = x converted to fp32 (exact), both in the backend's memory; the inverse of sd_cast_f32. */
+void sd_cast_to_f32(const sd_backend *be, int64_t n, const void *x, float *y);
 
 /* The diffusion objective of a batch on the backend (doc/training.md): pred [n, hw, c] (NHWC,
  * be->dtype), target [n, hw, c] fp32, coef [n] fp32, all in the backend's memory.

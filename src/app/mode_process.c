@@ -35,16 +35,26 @@
 
 struct slice;
 
-/* The frozen encoders and the tokenizer, as one rank uses them. On a GPU the weights, the
- * arenas and one batch of inputs and outputs live in device memory, and a batch's results are
- * copied back when the next batch is handed over (or the slice ends), so the CPU decodes the
- * next images while the GPU encodes. */
+/* The frozen encoders and the tokenizer, as one rank uses them, and the pipeline of encoder
+ * batches (doc/architecture.md, "Preprocessing"): the same code on both backends, where on the
+ * CPU every copy below is a memcpy and every op runs at once. A batch is made in host memory from
+ * sd_host_alloc (pinned on CUDA), one of two that alternate; it travels by sd_upload_async on the
+ * copy stream, is cast to the compute type and encoded; its results come back (cast to fp32,
+ * sd_download_async) while the next batch encodes, and are waited for only once that next batch
+ * has been queued. So the GPU always has a batch to work on while the host fetches the previous
+ * results and decodes the next images. */
 typedef struct encoders {
     const sd_backend *be;
     sd_cmd_backend cb;
     void *vparams, *cparams;            /* device copies of vw / cw (host: vw.data / cw.data) */
-    void *d_images, *d_ids, *d_mom, *d_emb; /* one batch on the device (GPU only) */
-    struct slice *pending;              /* the slice whose last encoded batch is on the device */
+    float *h_img[2];                    /* host: a batch of images [B, res, res, 3] fp32 */
+    int32_t *h_ids[2];                  /* host: its token ids [B, 77] */
+    float *d_img32[2];                  /* backend: the images as they arrive (fp32) */
+    int32_t *d_ids[2];                  /* backend: the ids */
+    void *d_images, *d_mom, *d_emb;     /* backend, compute type: the encoders' input / outputs */
+    float *d_out32, *h_out;             /* a batch's [moments | embeddings] fp32, backend / host */
+    int slot;                           /* which h_img / h_ids the batch being filled uses */
+    struct slice *pending;              /* the slice whose last encoded batch is not fetched yet */
     int64_t pending_first;
     int pending_n;
     sd_vae_config vcfg;
@@ -177,14 +187,28 @@ static int load_encoders(const sd_config *cfg, const sd_device_info *dev, encode
                      &e->clip_arena))
         return sd_err_set(err, "cannot allocate the encoders' activation memory for batches of %d "
                                "(&data encode_batch_size) on the %s backend", e->batch, e->be->name);
-    if (!e->cb.host) {
+    {
         const size_t es = sd_dtype_size(e->be->dtype), B = (size_t)e->batch;
-        e->d_images = sd_cmd_alloc(&e->cb, B * (size_t)e->res * (size_t)e->res * 3 * es);
-        e->d_ids = sd_cmd_alloc(&e->cb, B * TEXT_LEN * sizeof(int32_t));
-        e->d_mom = sd_cmd_alloc(&e->cb, B * (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels) * es);
-        e->d_emb = sd_cmd_alloc(&e->cb, B * TEXT_LEN * (size_t)e->ccfg.hidden_size * es);
-        if (!e->d_images || !e->d_ids || !e->d_mom || !e->d_emb)
-            return sd_err_set(err, "cannot allocate a batch of %d on the GPU", e->batch);
+        const size_t img = B * (size_t)e->res * (size_t)e->res * 3, ids = B * TEXT_LEN;
+        const size_t mom = B * (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
+        const size_t emb = B * TEXT_LEN * (size_t)e->ccfg.hidden_size;
+        int ok = 1;
+        for (int k = 0; k < 2; k++) {
+            e->h_img[k] = sd_host_alloc(e->be, img * sizeof(float));
+            e->h_ids[k] = sd_host_alloc(e->be, ids * sizeof(int32_t));
+            e->d_img32[k] = sd_backend_alloc(e->be, img * sizeof(float));
+            e->d_ids[k] = sd_backend_alloc(e->be, ids * sizeof(int32_t));
+            ok = ok && e->h_img[k] && e->h_ids[k] && e->d_img32[k] && e->d_ids[k];
+        }
+        e->d_images = sd_backend_alloc(e->be, img * es);
+        e->d_mom = sd_backend_alloc(e->be, mom * es);
+        e->d_emb = sd_backend_alloc(e->be, emb * es);
+        e->d_out32 = sd_backend_alloc(e->be, (mom + emb) * sizeof(float));
+        e->h_out = sd_host_alloc(e->be, (mom + emb) * sizeof(float));
+        if (!ok || !e->d_images || !e->d_mom || !e->d_emb || !e->d_out32 || !e->h_out)
+            return sd_err_set(err, "cannot allocate the buffers of two batches of %d "
+                                   "(&data encode_batch_size) on the %s backend",
+                              e->batch, e->be->name);
     }
     return 0;
 }
@@ -200,10 +224,19 @@ static void free_encoders(encoders *e)
     if (e->cb.be) {
         sd_cmd_release(&e->cb, e->vparams, e->vw.data);
         sd_cmd_release(&e->cb, e->cparams, e->cw.data);
-        sd_cmd_release(&e->cb, e->d_images, NULL);
-        sd_cmd_release(&e->cb, e->d_ids, NULL);
-        sd_cmd_release(&e->cb, e->d_mom, NULL);
-        sd_cmd_release(&e->cb, e->d_emb, NULL);
+        sd_synchronize(e->be);
+        sd_download_wait(e->be);
+        for (int k = 0; k < 2; k++) {
+            sd_host_free(e->be, e->h_img[k]);
+            sd_host_free(e->be, e->h_ids[k]);
+            sd_backend_free(e->be, e->d_img32[k]);
+            sd_backend_free(e->be, e->d_ids[k]);
+        }
+        sd_backend_free(e->be, e->d_images);
+        sd_backend_free(e->be, e->d_mom);
+        sd_backend_free(e->be, e->d_emb);
+        sd_backend_free(e->be, e->d_out32);
+        sd_host_free(e->be, e->h_out);
         sd_cmd_arena_free(&e->cb, &e->vae_arena);
         sd_cmd_arena_free(&e->cb, &e->clip_arena);
         sd_cmd_backend_close(&e->cb);
@@ -263,47 +296,67 @@ typedef struct batch {
     int32_t *ids;   /* [B, 77] */
 } batch;
 
-/* GPU: copies the batch left on the device into its slice (waits for the encoders). */
-static void flush_pending(encoders *e)
+/* The pending batch's results: cast to fp32 after its encoders (queued before anything that
+ * overwrites their outputs) and sent to the host on the copy stream; returns at once. */
+static void fetch_pending(encoders *e)
 {
     const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
     const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+    const size_t n = (size_t)e->pending_n;
+    sd_cast_to_f32(e->be, (int64_t)(n * mom), e->d_mom, e->d_out32);
+    sd_cast_to_f32(e->be, (int64_t)(n * emb), e->d_emb, e->d_out32 + n * mom);
+    sd_download_async(e->be, e->h_out, e->d_out32, n * (mom + emb) * sizeof(float));
+}
+
+/* Waits for the results fetch_pending sent and copies them into their slice. */
+static void land_pending(encoders *e)
+{
+    const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
+    const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+    const size_t n = (size_t)e->pending_n, first = (size_t)e->pending_first;
     slice *s = e->pending;
-    if (!s)
-        return;
-    sd_synchronize(e->be);
-    sd_download_f32(e->be, s->moments + (size_t)e->pending_first * mom, e->d_mom,
-                    (int64_t)((size_t)e->pending_n * mom));
-    sd_download_f32(e->be, s->embeddings + (size_t)e->pending_first * emb, e->d_emb,
-                    (int64_t)((size_t)e->pending_n * emb));
+    sd_download_wait(e->be);
+    memcpy(s->moments + first * mom, e->h_out, n * mom * sizeof(float));
+    memcpy(s->embeddings + first * emb, e->h_out + n * mom, n * emb * sizeof(float));
     e->pending = NULL;
 }
 
+/* The last batch's results into its slice (before the slice is written). */
+static void flush_pending(encoders *e)
+{
+    if (!e->pending)
+        return;
+    fetch_pending(e);
+    land_pending(e);
+}
+
+/* Encodes the batch being filled (host slot e->slot): sends it, queues its encoders, fetches the
+ * previous batch's results meanwhile, then hands the caller the other slot to fill. */
 static void encode_batch(encoders *e, batch *b, slice *s)
 {
     const int64_t first = s->n - b->n; /* the batch's samples are the slice's last b->n */
-    const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
-    const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+    const size_t img = (size_t)e->res * (size_t)e->res * 3;
+    const int k = e->slot;
     if (b->n == 0)
         return;
-    if (e->cb.host) {
-        sd_vae_encode(e->vae, b->n, e->res, e->res, b->images, s->moments + (size_t)first * mom,
-                      &e->vae_arena, NULL);
-        sd_clip_forward(e->clip, b->n, TEXT_LEN, b->ids, s->embeddings + (size_t)first * emb,
-                        &e->clip_arena, NULL);
-    } else {
-        /* the previous batch comes back first: the device buffers hold one batch */
-        flush_pending(e);
-        sd_upload_f32(e->be, e->d_images, b->images, (int64_t)b->n * e->res * e->res * 3);
-        sd_upload(e->be, e->d_ids, b->ids, (size_t)b->n * TEXT_LEN * sizeof(int32_t));
-        sd_vae_encode(e->vae, b->n, e->res, e->res, e->d_images, e->d_mom, &e->vae_arena, NULL);
-        sd_clip_forward(e->clip, b->n, TEXT_LEN, (const int32_t *)e->d_ids, e->d_emb,
-                        &e->clip_arena, NULL);
-        e->pending = s;
-        e->pending_first = first;
-        e->pending_n = b->n;
-    }
+    sd_upload_async(e->be, e->d_img32[k], e->h_img[k], (size_t)b->n * img * sizeof(float));
+    sd_upload_async(e->be, e->d_ids[k], e->h_ids[k], (size_t)b->n * TEXT_LEN * sizeof(int32_t));
+    if (e->pending)
+        fetch_pending(e); /* before this batch's encoders overwrite d_mom / d_emb */
+    sd_cast_f32(e->be, (int64_t)((size_t)b->n * img), e->d_img32[k], e->d_images);
+    sd_vae_encode(e->vae, b->n, e->res, e->res, e->d_images, e->d_mom, &e->vae_arena, NULL);
+    sd_clip_forward(e->clip, b->n, TEXT_LEN, e->d_ids[k], e->d_emb, &e->clip_arena, NULL);
+    if (e->pending)
+        land_pending(e); /* the GPU works on this batch meanwhile */
     memcpy(s->ids + (size_t)first * TEXT_LEN, b->ids, (size_t)b->n * TEXT_LEN * sizeof(int32_t));
+    e->pending = s;
+    e->pending_first = first;
+    e->pending_n = b->n;
+    /* the other slot: its last upload was two batches ago, complete since that batch's results
+     * were fetched */
+    e->slot ^= 1;
+    b->images = e->h_img[e->slot];
+    b->ids = e->h_ids[e->slot];
     b->n = 0;
 }
 
@@ -415,8 +468,8 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
     win_images = sd_xmalloc((size_t)win * img_elems * sizeof(float));
     for (int64_t j = 0; j < win; j++)
         pw[j].image = win_images + (size_t)j * img_elems;
-    b.images = sd_xmalloc((size_t)e->batch * img_elems * sizeof(float));
-    b.ids = sd_xmalloc((size_t)e->batch * TEXT_LEN * sizeof(int32_t));
+    b.images = e->h_img[e->slot];
+    b.ids = e->h_ids[e->slot];
     slice_reserve(s, end - begin, e);
 
     for (int64_t w0 = begin; w0 < end; w0 += win) {
@@ -469,8 +522,6 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
         flush_pending(e);
         t[T_ENCODE] += sd_time_now() - t0;
     }
-    free(b.images);
-    free(b.ids);
     free(win_images);
     free(pw);
     for (int k = 0; k < nthreads; k++) {
@@ -645,15 +696,10 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         int32_t ids[TEXT_LEN];
         empty = sd_xmalloc((size_t)TEXT_LEN * (size_t)enc.ccfg.hidden_size * sizeof(float));
         sd_tokenize(enc.tok, "", 0, ids, NULL);
-        if (enc.cb.host) {
-            sd_clip_forward(enc.clip, 1, TEXT_LEN, ids, empty, &enc.clip_arena, NULL);
-        } else {
-            sd_upload(enc.be, enc.d_ids, ids, sizeof ids);
-            sd_clip_forward(enc.clip, 1, TEXT_LEN, (const int32_t *)enc.d_ids, enc.d_emb,
-                            &enc.clip_arena, NULL);
-            sd_synchronize(enc.be);
-            sd_download_f32(enc.be, empty, enc.d_emb, (int64_t)TEXT_LEN * enc.ccfg.hidden_size);
-        }
+        sd_upload(enc.be, enc.d_ids[0], ids, sizeof ids);
+        sd_clip_forward(enc.clip, 1, TEXT_LEN, enc.d_ids[0], enc.d_emb, &enc.clip_arena, NULL);
+        sd_synchronize(enc.be);
+        sd_download_f32(enc.be, empty, enc.d_emb, (int64_t)TEXT_LEN * enc.ccfg.hidden_size);
     }
     sd_shard_meta_defaults(&meta);
     meta.resolution = enc.res;

@@ -233,6 +233,21 @@ void sd_upload_async(const sd_backend *be, void *dst, const void *src, size_t by
         be->ops->upload_async(be, dst, src, bytes);
 }
 
+void sd_download_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    SD_OP_ENTRY(be, download_async);
+    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL),
+             "asynchronous download of %zu bytes with a NULL pointer", bytes);
+    if (bytes)
+        be->ops->download_async(be, dst, src, bytes);
+}
+
+void sd_download_wait(const sd_backend *be)
+{
+    SD_OP_ENTRY(be, download_wait);
+    be->ops->download_wait(be);
+}
+
 /* ---- convolution and linear --------------------------------------------------------------- */
 
 size_t sd_conv2d_forward_scratch_bytes(const sd_backend *be, const sd_conv2d_desc *d)
@@ -789,6 +804,19 @@ void sd_cast_f32(const sd_backend *be, int64_t n, const float *x, void *y)
     SD_PROF_MARK(be, NULL);
     be->ops->cast_f32(be, n, x, y);
     SD_PROF_MARK(be, "cast_f32");
+}
+
+void sd_cast_to_f32(const sd_backend *be, int64_t n, const void *x, float *y)
+{
+    SD_OP_ENTRY(be, cast_to_f32);
+    SD_CHECK(n >= 0, "cast of %lld elements", (long long)n);
+    if (n == 0)
+        return;
+    SD_NOT_NULL(x);
+    SD_NOT_NULL(y);
+    SD_PROF_MARK(be, NULL);
+    be->ops->cast_to_f32(be, n, x, y);
+    SD_PROF_MARK(be, "cast_to_f32");
 }
 
 void sd_mse_loss(const sd_backend *be, int n, int64_t hw, int c, const void *pred,

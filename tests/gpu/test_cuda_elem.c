@@ -344,6 +344,16 @@ static void test_cast_upload(const sd_backend *g, int64_t n)
     memset(pin, 0, (size_t)n * sizeof(float)); /* after the synchronize: the copy is done */
     same_bits(g, "sd_upload_async + sd_cast_f32 == sd_upload_f32", a, b,
               (size_t)n * sd_dtype_size(g->dtype));
+    /* and back: sd_cast_to_f32 + sd_download_async (queued behind a long op) give the values
+     * sd_download_f32 gives */
+    float *back = dget(g, b, n);
+    sd_cast_f32(g, big, bigx, bigy);
+    sd_cast_to_f32(g, n, a, d32);
+    sd_download_async(g, pin, d32, (size_t)n * sizeof(float));
+    sd_download_wait(g);
+    tap_ok(memcmp(pin, back, (size_t)n * sizeof(float)) == 0,
+           "sd_cast_to_f32 + sd_download_async == sd_download_f32 [%s]", sd_dtype_name(g->dtype));
+    free(back);
     sd_host_free(g, pin);
     sd_backend_free(g, d32), sd_backend_free(g, a), sd_backend_free(g, b);
     sd_backend_free(g, bigx), sd_backend_free(g, bigy);

@@ -419,6 +419,12 @@ static void cpu_cast_f32(const sd_backend *be, int64_t n, const float *x, void *
     memcpy(y, x, (size_t)n * sizeof(float));
 }
 
+static void cpu_cast_to_f32(const sd_backend *be, int64_t n, const void *x, float *y)
+{
+    (void)be;
+    memcpy(y, x, (size_t)n * sizeof(float));
+}
+
 /* sd_diffusion_loss's arithmetic on NHWC samples: the squares in double, in the order of the
  * NCHW tensor (channel after channel), so the mean is the same bits. */
 static void cpu_mse_loss(const sd_backend *be, int n, int64_t hw, int c, const void *pv,
@@ -2002,7 +2008,10 @@ static const sd_ops cpu_ops = {
     .host_alloc = cpu_alloc,
     .host_release = cpu_release,
     .upload_async = cpu_bytes,
+    .download_async = cpu_bytes,
+    .download_wait = cpu_synchronize,
     .cast_f32 = cpu_cast_f32,
+    .cast_to_f32 = cpu_cast_to_f32,
     .mse_loss = cpu_mse_loss,
     .conv2d_forward_scratch = cpu_conv2d_forward_scratch,
     .conv2d_forward = cpu_conv2d_forward,

@@ -193,6 +193,20 @@ static void cuda_upload_async(const sd_backend *be, void *dst, const void *src, 
     SD_CUDA_CHECK(cudaStreamWaitEvent(st->stream, st->copy_done, 0));
 }
 
+/* On the copy stream after the ops issued so far (an event on the compute stream). */
+static void cuda_download_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    SD_CUDA_CHECK(cudaEventRecord(st->compute_mark, st->stream));
+    SD_CUDA_CHECK(cudaStreamWaitEvent(st->copy_stream, st->compute_mark, 0));
+    SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->copy_stream));
+}
+
+static void cuda_download_wait(const sd_backend *be)
+{
+    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda(be)->copy_stream));
+}
+
 /* The backend's pinned staging buffer for bf16 conversions (SD_CUDA_STAGE_ELEMS halves), made on
  * first use and kept until the backend is destroyed. The copies through it are synchronous, so
  * one buffer serves every call. */
@@ -319,6 +333,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     SD_CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
     SD_CUDA_CHECK(cudaStreamCreateWithFlags(&st->copy_stream, cudaStreamNonBlocking));
     SD_CUDA_CHECK(cudaEventCreateWithFlags(&st->copy_done, cudaEventDisableTiming));
+    SD_CUDA_CHECK(cudaEventCreateWithFlags(&st->compute_mark, cudaEventDisableTiming));
     SD_CUBLAS_CHECK(cublasLtCreate(&st->lt));
     SD_CUDNN_CHECK(cudnnCreate(&st->dnn));
     SD_CUDNN_CHECK(cudnnSetStream(st->dnn, st->stream));
@@ -327,6 +342,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
         cudaGetLastError();
         cudnnDestroy(st->dnn);
         cublasLtDestroy(st->lt);
+        cudaEventDestroy(st->compute_mark);
         cudaEventDestroy(st->copy_done);
         cudaStreamDestroy(st->copy_stream);
         cudaStreamDestroy(st->stream);
@@ -348,6 +364,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     ops->host_alloc = cuda_host_alloc;
     ops->host_release = cuda_host_release;
     ops->upload_async = cuda_upload_async;
+    ops->download_async = cuda_download_async;
+    ops->download_wait = cuda_download_wait;
     sd_cuda_fill_elementwise_ops(ops);
     sd_cuda_fill_norm_ops(ops);
     sd_cuda_fill_conv_ops(ops);
@@ -393,6 +411,7 @@ extern "C" void sd_backend_cuda_destroy(sd_backend *be)
     cudaFree(st->lt_workspace);
     cudnnDestroy(st->dnn);
     cublasLtDestroy(st->lt);
+    cudaEventDestroy(st->compute_mark);
     cudaEventDestroy(st->copy_done);
     cudaStreamDestroy(st->copy_stream);
     cudaStreamDestroy(st->stream);

@@ -699,6 +699,25 @@ static void cuda_cast_f32(const sd_backend *be, int64_t n, const float *x, void 
     SD_CUDA_LAUNCHED(be);
 }
 
+template <typename T>
+static __global__ void cast_to_f32_kernel(int64_t n, const T *x, float *y)
+{
+    GRID_STRIDE_LOOP(i, n)
+    y[i] = sd_ld(x, i);
+}
+
+static void cuda_cast_to_f32(const sd_backend *be, int64_t n, const void *x, float *y)
+{
+    cudaStream_t s = sd_cuda_stream(be);
+    if (sd_cuda(be)->dtype == SD_F32) {
+        SD_CUDA_CHECK(cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        return;
+    }
+    unsigned grid = sd_cuda_grid(be, n, EW_THREADS);
+    SD_CUDA_DISPATCH(be, T, { cast_to_f32_kernel<T><<<grid, EW_THREADS, 0, s>>>(n, (const T *)x, y); });
+    SD_CUDA_LAUNCHED(be);
+}
+
 /* ---- the diffusion objective ---------------------------------------------------------------- */
 
 #define MSE_THREADS 256
@@ -765,6 +784,7 @@ void sd_cuda_fill_elementwise_ops(sd_ops *ops)
     ops->add = cuda_add;
     ops->axpby = cuda_axpby;
     ops->cast_f32 = cuda_cast_f32;
+    ops->cast_to_f32 = cuda_cast_to_f32;
     ops->mse_loss = cuda_mse_loss;
     ops->add_bcast_forward = cuda_add_bcast_forward;
     ops->add_bcast_backward_scratch = cuda_add_bcast_backward_scratch;
