@@ -13,7 +13,8 @@
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
-#                 "train" runs tests/gpu/train.sh under MPI, with the bundle's mpirun;
+#                 "train" runs tests/gpu/train.sh and tests/gpu/process.sh under MPI, with the
+#                 bundle's mpirun;
 #                 "variants" times the VAE and U-Net with each SDTRAIN_CUDA_* alternative)
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
 #                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
@@ -233,22 +234,24 @@ if want peer; then
     else status=1; add "bench gpu_vs_torch" "FAIL" "exit $rc"; fi
 fi
 
-# ---- training under MPI on the GPU -----------------------------------------------------------
+# ---- training and preprocessing under MPI on the GPU -------------------------------------------
 if want train; then
-    if [ ! -f tests/gpu/train.sh ]; then
-        add train.sh "n/a" "tests/gpu/train.sh not in this tree"
-    else
+    for t in train process; do
+        if [ ! -f "tests/gpu/$t.sh" ]; then
+            add "$t.sh" "n/a" "tests/gpu/$t.sh not in this tree"
+            continue
+        fi
         t0=$(date +%s)
         top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="$MPIEXEC" \
-            timeout 600 sh tests/gpu/train.sh >"$logdir/train.log" 2>&1
+            timeout 600 sh "tests/gpu/$t.sh" >"$logdir/$t.log" 2>&1
         rc=$?
-        grep -E '^(ok|FAIL|SKIP)' "$logdir/train.log" | sed 's/^/  /' | cut -c1-200
-        nok=$(grep -c '^ok' "$logdir/train.log")
-        nfail=$(grep -c '^FAIL' "$logdir/train.log")
-        if [ "$rc" = 0 ]; then add train.sh pass "$nok checks, $(($(date +%s) - t0)) s"
-        elif [ "$rc" = 77 ]; then add train.sh skip "$(grep -m1 '^SKIP' "$logdir/train.log" | cut -c1-60)"
-        else status=1; add train.sh FAIL "$nfail failed, $nok ok, exit $rc"; fi
-    fi
+        grep -E '^(ok|FAIL|SKIP)' "$logdir/$t.log" | sed 's/^/  /' | cut -c1-200
+        nok=$(grep -c '^ok' "$logdir/$t.log")
+        nfail=$(grep -c '^FAIL' "$logdir/$t.log")
+        if [ "$rc" = 0 ]; then add "$t.sh" pass "$nok checks, $(($(date +%s) - t0)) s"
+        elif [ "$rc" = 77 ]; then add "$t.sh" skip "$(grep -m1 '^SKIP' "$logdir/$t.log" | cut -c1-60)"
+        else status=1; add "$t.sh" FAIL "$nfail failed, $nok ok, exit $rc"; fi
+    done
 fi
 
 echo

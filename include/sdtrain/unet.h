@@ -41,7 +41,7 @@ extern "C" {
 
 /* Largest layers_per_block the forward supports (its skip stack lives on the C stack). */
 #define SD_UNET_MAX_LAYERS_PER_BLOCK 8
-/* Largest block_out_channels[0] (the sinusoid is built on the host one row at a time for
+/* Largest block_out_channels[0] (the sinusoid is built on the host, a few rows at a time, for
  * backends whose memory is not host fp32). */
 #define SD_UNET_MAX_TIME_PROJ_DIM 4096
 

@@ -92,6 +92,19 @@ if command -v h5dump >/dev/null; then
         done
     done
 fi
+# ... and the encoder outputs of the two cuts agree to rounding (tests/mpi/shard_compare: keys,
+# captions and ids equal, moments and embeddings within 1e-5)
+for k in 0 1 2; do
+    f=$(printf 'shard-%06d.h5' "$k")
+    run "cmp2v3-$k" "$top_builddir/tests/mpi/shard_compare" "$TMP/shards-files/$f" \
+        "$TMP/shards-np2/$f" 1e-5
+    expect_rc "cmp2v3-$k" 0
+    expect_in "cmp2v3-$k" out "keys, captions, token ids: equal"
+done
+# the comparer itself: other data is caught
+run cmpother "$top_builddir/tests/mpi/shard_compare" "$TMP/shards-files/shard-000000.h5" \
+    "$TMP/shards-files/shard-000001.h5" 1e-5
+expect_rc cmpother 1
 # the three formats hold the same images and captions in the same order: the same latents
 # and embeddings (keys differ: files keys carry the folder)
 if command -v h5dump >/dev/null; then
