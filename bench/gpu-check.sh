@@ -199,8 +199,10 @@ if want variants && [ -x "$B/bench/models_cuda" ]; then
     printf '%-44s %-12s %-5s %10s %10s\n' "variant" "model" "res" "ms" "img/s" | tee -a "$f"
     for v in "default:" "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
         "GN_APPLY=fast:SDTRAIN_CUDA_GN_APPLY=fast" \
+        "GN_STATS=wide:SDTRAIN_CUDA_GN_STATS=wide" \
         "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find" \
-        "fast+find:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_CONV_ALGO=find"; do
+        "fast+wide:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide" \
+        "fast+wide+find:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide SDTRAIN_CUDA_CONV_ALGO=find"; do
         name=${v%%:*}
         envs=${v#*:}
         for w in vae-encode:256 vae-encode:512 unet-fwd:256 unet-train:256; do

@@ -633,7 +633,7 @@ int main(void)
         run_group_norms(gpu[i]);
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
-    /* and with the approximate SiLU (within the same tolerances) */
+    /* and with the approximate SiLU (within the same tolerances), and the wide statistics */
     setenv("SDTRAIN_CUDA_GN_APPLY", "fast", 1);
     n = gpu_backends(gpu);
     tap_diag("group norm with SDTRAIN_CUDA_GN_APPLY=fast");
@@ -641,6 +641,15 @@ int main(void)
         run_group_norms(gpu[i]);
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
+    unsetenv("SDTRAIN_CUDA_GN_APPLY");
+    setenv("SDTRAIN_CUDA_GN_STATS", "wide", 1);
+    n = gpu_backends(gpu);
+    tap_diag("group norm with SDTRAIN_CUDA_GN_STATS=wide");
+    for (int i = 0; i < n; i++)
+        run_group_norms(gpu[i]);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
+    unsetenv("SDTRAIN_CUDA_GN_STATS");
     setenv("SDTRAIN_CUDA_GN_APPLY", "bogus", 1);
     {
         sd_backend *bad_apply = NULL;

@@ -283,16 +283,18 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
                                    "flash, auto", attn);
     }
 
-    /* SDTRAIN_CUDA_GN_STATS = onepass (default) | twopass (doc/cuda/elementwise.md) */
+    /* SDTRAIN_CUDA_GN_STATS = onepass (default) | twopass | wide (doc/cuda/elementwise.md) */
     int gn_onepass = 1;
     const char *gns = getenv("SDTRAIN_CUDA_GN_STATS");
     if (gns && *gns) {
         if (strcmp(gns, "twopass") == 0)
             gn_onepass = 0;
+        else if (strcmp(gns, "wide") == 0)
+            gn_onepass = 2;
         else if (strcmp(gns, "onepass") != 0)
             return sd_err_set(err,
                               "CUDA backend: SDTRAIN_CUDA_GN_STATS=%s is not one of twopass, "
-                              "onepass",
+                              "onepass, wide",
                               gns);
     }
 

@@ -43,7 +43,8 @@ typedef struct sd_cuda_state {
     int sm_count;
     int sync_each_op;         /* SDTRAIN_CUDA_SYNC=1: synchronize and check after every launch */
     int attention_mode;       /* SDTRAIN_CUDA_ATTENTION: SD_CUDA_ATTENTION_MATH or _FLASH */
-    int gn_onepass;           /* SDTRAIN_CUDA_GN_STATS=onepass: group statistics in one read */
+    int gn_onepass;           /* SDTRAIN_CUDA_GN_STATS: 1 onepass (group statistics in one
+                               * read), 2 wide (the same, 4 channels per thread), 0 twopass */
     int gn_apply_regs;        /* SDTRAIN_CUDA_GN_APPLY: 1 regs (channel constants in registers),
                                * 2 fast (the same with the approximate SiLU), 0 loads */
     int conv_find;            /* SDTRAIN_CUDA_CONV_ALGO=find: timed algorithm choice */

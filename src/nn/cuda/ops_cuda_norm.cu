@@ -309,7 +309,11 @@ static __global__ void gn_group_stat_kernel(int groups, int c, int64_t chunks, d
  * M2 = q - s^2 / n loses nothing to cancellation); the 8 row lanes merge in a fixed tree with
  * Chan's formula (double) into (mean, M2) per (sample, chunk, channel). Then one block per
  * (sample, group) merges the group's (chunk, channel) pieces the same way, in a fixed order.
- * Not yet run on a GPU: off by default until tests/gpu/test_cuda_elem passes with it. */
+ * The default since it passed tests/gpu/test_cuda_elem on an H100 (2026-11-22).
+ * SDTRAIN_CUDA_GN_STATS=wide (2026-11-26, not yet run on a GPU) has each thread take 4 adjacent
+ * channels with one 8-byte (bf16) or 16-byte (fp32) load per row: a warp reads 256 or 512
+ * contiguous bytes of a row instead of 64 or 128, four times the bytes in flight per load;
+ * every channel's sums are formed in the same order, so the bits are those of onepass. */
 struct gn_moments {
     double n, mean, m2;
 };
@@ -370,6 +374,84 @@ static __global__ void gn_moments_partial_kernel(int64_t rows, int c, int64_t ch
                                       gn_merge(gn_merge(l[4], l[5]), gn_merge(l[6], l[7])));
         partial[((b * chunks + p) * 2 + 0) * c + ch] = (float)t.mean;
         partial[((b * chunks + p) * 2 + 1) * c + ch] = (float)t.m2;
+    }
+}
+
+/* 4 consecutive elements of a row as floats (8 or 16 bytes, aligned) */
+static __device__ __forceinline__ void gn_load4(const float *p, float v[4])
+{
+    const float4 f = *(const float4 *)p;
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+static __device__ __forceinline__ void gn_load4(const __nv_bfloat16 *p, float v[4])
+{
+    union {
+        uint2 u;
+        __nv_bfloat16 e[4];
+    } b;
+    b.u = *(const uint2 *)p;
+    for (int j = 0; j < 4; j++)
+        v[j] = __bfloat162float(b.e[j]);
+}
+
+#define GN_WIDE 4 /* channels per thread in gn_moments_partial_wide_kernel */
+
+template <typename T>
+static __global__ void gn_moments_partial_wide_kernel(int64_t rows, int c, int64_t chunks,
+                                                      const T *x, float *partial)
+{
+    __shared__ double sh[3][8][32 * GN_WIDE + 1];
+    const int ch0 = (blockIdx.x * 32 + threadIdx.x) * GN_WIDE;
+    const int64_t b = blockIdx.z, p = blockIdx.y;
+    const int64_t r0 = p * NORM_ROWS;
+    const int64_t r1 = r0 + NORM_ROWS < rows ? r0 + NORM_ROWS : rows;
+    gn_moments m[GN_WIDE];
+    for (int j = 0; j < GN_WIDE; j++)
+        m[j] = {0.0, 0.0, 0.0};
+    if (ch0 < c) {
+        const T *xb = x + b * rows * c + ch0;
+        float k[GN_WIDE], sm[GN_WIDE], q[GN_WIDE];
+        int cnt = 0;
+        for (int j = 0; j < GN_WIDE; j++)
+            k[j] = sm[j] = q[j] = 0.0f;
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            float v[GN_WIDE];
+            gn_load4(xb + r * c, v);
+#pragma unroll
+            for (int j = 0; j < GN_WIDE; j++) {
+                if (cnt == 0)
+                    k[j] = v[j];
+                const float d = v[j] - k[j];
+                sm[j] += d;
+                q[j] += d * d;
+            }
+            cnt++;
+        }
+        if (cnt)
+            for (int j = 0; j < GN_WIDE; j++) {
+                m[j].n = cnt;
+                m[j].mean = (double)k[j] + (double)sm[j] / cnt;
+                const double m2 = (double)q[j] - (double)sm[j] * (double)sm[j] / cnt;
+                m[j].m2 = m2 > 0.0 ? m2 : 0.0;
+            }
+    }
+    for (int j = 0; j < GN_WIDE; j++) {
+        sh[0][threadIdx.y][threadIdx.x * GN_WIDE + j] = m[j].n;
+        sh[1][threadIdx.y][threadIdx.x * GN_WIDE + j] = m[j].mean;
+        sh[2][threadIdx.y][threadIdx.x * GN_WIDE + j] = m[j].m2;
+    }
+    __syncthreads();
+    if (threadIdx.y == 0 && ch0 < c) {
+        for (int j = 0; j < GN_WIDE; j++) {
+            const int col = threadIdx.x * GN_WIDE + j, ch = ch0 + j;
+            gn_moments l[8];
+            for (int y = 0; y < 8; y++)
+                l[y] = {sh[0][y][col], sh[1][y][col], sh[2][y][col]};
+            const gn_moments t = gn_merge(gn_merge(gn_merge(l[0], l[1]), gn_merge(l[2], l[3])),
+                                          gn_merge(gn_merge(l[4], l[5]), gn_merge(l[6], l[7])));
+            partial[((b * chunks + p) * 2 + 0) * c + ch] = (float)t.mean;
+            partial[((b * chunks + p) * 2 + 1) * c + ch] = (float)t.m2;
+        }
     }
 }
 
@@ -704,9 +786,18 @@ static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_de
              * query asks for the second half when this mode is on */
             SD_CHECK(chunks < 65536 && n < 65536, "group norm over %d x %lld rows: too many", n,
                      (long long)hw);
-            dim3 pgrid((unsigned)((c + 31) / 32), (unsigned)chunks, (unsigned)n), pblock(32, 8);
-            gn_moments_partial_kernel<T><<<pgrid, pblock, 0, s>>>(hw, c, chunks, (const T *)x,
-                                                                   partial);
+            dim3 pblock(32, 8);
+            if (sd_cuda(be)->gn_onepass == 2 && c % GN_WIDE == 0 &&
+                (uintptr_t)x % (GN_WIDE * sizeof(T)) == 0) {
+                dim3 pgrid((unsigned)((c + 32 * GN_WIDE - 1) / (32 * GN_WIDE)), (unsigned)chunks,
+                           (unsigned)n);
+                gn_moments_partial_wide_kernel<T><<<pgrid, pblock, 0, s>>>(hw, c, chunks,
+                                                                            (const T *)x, partial);
+            } else {
+                dim3 pgrid((unsigned)((c + 31) / 32), (unsigned)chunks, (unsigned)n);
+                gn_moments_partial_kernel<T><<<pgrid, pblock, 0, s>>>(hw, c, chunks,
+                                                                       (const T *)x, partial);
+            }
             SD_CUDA_LAUNCHED(be);
             gn_moments_group_kernel<<<sgrid, GN_STAT_THREADS, 0, s>>>(groups, c, hw, chunks,
                                                                        d->eps, partial, mu, rs);
