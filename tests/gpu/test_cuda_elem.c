@@ -598,6 +598,89 @@ static void run_all(const sd_backend *g)
     test_layer_norm(g, 300, 24, 0, 0);
 }
 
+/* The group norms again on fresh backends made with SDTRAIN_CUDA_GN_STATS = stats and
+ * SDTRAIN_CUDA_GN_APPLY = apply (NULL: unset, the default; both are read when a backend is
+ * created). */
+static void group_norm_round(const char *stats, const char *apply)
+{
+    sd_backend *gpu[2];
+    if (stats)
+        setenv("SDTRAIN_CUDA_GN_STATS", stats, 1);
+    else
+        unsetenv("SDTRAIN_CUDA_GN_STATS");
+    if (apply)
+        setenv("SDTRAIN_CUDA_GN_APPLY", apply, 1);
+    else
+        unsetenv("SDTRAIN_CUDA_GN_APPLY");
+    int n = gpu_backends(gpu);
+    tap_diag("group norm with SDTRAIN_CUDA_GN_STATS=%s SDTRAIN_CUDA_GN_APPLY=%s",
+             stats ? stats : "(default)", apply ? apply : "(default)");
+    for (int i = 0; i < n; i++)
+        run_group_norms(gpu[i]);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
+    unsetenv("SDTRAIN_CUDA_GN_STATS");
+    unsetenv("SDTRAIN_CUDA_GN_APPLY");
+}
+
+/* Group norm forward (+SiLU) on a default backend and on one made with `var` = `value`, same
+ * inputs: the same bits (the variants that promise it). Both dtypes; a shape whose grid-stride
+ * loops wrap. */
+static void same_bits_as_default(const char *var, const char *value)
+{
+    const sd_dtype dts[2] = {SD_F32, SD_BF16};
+    for (int k = 0; k < 2; k++) {
+        sd_backend *a = NULL, *b = NULL;
+        sd_err err;
+        if (sd_backend_cuda_create(0, dts[k], &a, &err) != 0)
+            continue;
+        setenv(var, value, 1);
+        int made = sd_backend_cuda_create(0, dts[k], &b, &err) == 0;
+        unsetenv(var);
+        if (!tap_ok(made, "%s=%s backend: %s", var, value, made ? "made" : err.msg)) {
+            sd_backend_cuda_destroy(a);
+            continue;
+        }
+        sd_group_norm_desc d = {16, 1024, 320, 32, 1e-5f, 1};
+        const int64_t nx = (int64_t)d.n * d.hw * d.c;
+        float *x = hr(a, nx, 2.0f, 0.5f), *gm = hr(a, d.c, 0.5f, 1.0f), *bt = hr(a, d.c, 0.5f, 0.0f);
+        void *outs[2];
+        sd_backend *bes[2] = {a, b};
+        for (int j = 0; j < 2; j++) {
+            void *xd = dput(bes[j], x, nx), *gd = dput(bes[j], gm, d.c), *bd = dput(bes[j], bt, d.c);
+            sd_scratch ws = dscratch(bes[j], sd_group_norm_forward_scratch_bytes(bes[j], &d));
+            outs[j] = dnan(bes[j], nx);
+            sd_group_norm_forward(bes[j], &d, xd, gd, bd, outs[j], NULL, NULL, ws);
+            sd_synchronize(bes[j]);
+            sd_backend_free(bes[j], xd), sd_backend_free(bes[j], gd), sd_backend_free(bes[j], bd);
+            sd_backend_free(bes[j], ws.ptr);
+        }
+        const size_t bytes = (size_t)nx * sd_dtype_size(dts[k]);
+        unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+        sd_download(a, ha, outs[0], bytes);
+        sd_download(b, hb, outs[1], bytes);
+        tap_ok(memcmp(ha, hb, bytes) == 0, "group norm with %s=%s: the default's bits [%s]", var,
+               value, sd_dtype_name(dts[k]));
+        free(ha), free(hb), free(x), free(gm), free(bt);
+        sd_backend_free(a, outs[0]), sd_backend_free(b, outs[1]);
+        sd_backend_cuda_destroy(a);
+        sd_backend_cuda_destroy(b);
+    }
+}
+
+/* A backend with `var` = `value` must not be created. */
+static void refused(const char *var, const char *value)
+{
+    sd_backend *bad = NULL;
+    sd_err err;
+    setenv(var, value, 1);
+    tap_ok(sd_backend_cuda_create(0, SD_F32, &bad, &err) != 0, "%s=%s is refused: %s", var, value,
+           bad ? "(accepted)" : err.msg);
+    if (bad)
+        sd_backend_cuda_destroy(bad);
+    unsetenv(var);
+}
+
 int main(void)
 {
     sd_backend *gpu[2];
@@ -609,64 +692,18 @@ int main(void)
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
 
-    /* the group norm's other statistics mode (the default is onepass; read when a backend is
-     * created) */
-    setenv("SDTRAIN_CUDA_GN_STATS", "twopass", 1);
-    n = gpu_backends(gpu);
-    tap_diag("group norm with SDTRAIN_CUDA_GN_STATS=twopass");
-    for (int i = 0; i < n; i++)
-        run_group_norms(gpu[i]);
-    for (int i = 0; i < n; i++)
-        sd_backend_cuda_destroy(gpu[i]);
-    /* the group norm's apply kernel with the channel constants in registers */
-    setenv("SDTRAIN_CUDA_GN_APPLY", "regs", 1);
-    n = gpu_backends(gpu);
-    tap_diag("group norm with SDTRAIN_CUDA_GN_APPLY=regs (and GN_STATS=twopass)");
-    for (int i = 0; i < n; i++)
-        run_group_norms(gpu[i]);
-    for (int i = 0; i < n; i++)
-        sd_backend_cuda_destroy(gpu[i]);
-    unsetenv("SDTRAIN_CUDA_GN_STATS");
-    n = gpu_backends(gpu);
-    tap_diag("group norm with SDTRAIN_CUDA_GN_APPLY=regs (GN_STATS default)");
-    for (int i = 0; i < n; i++)
-        run_group_norms(gpu[i]);
-    for (int i = 0; i < n; i++)
-        sd_backend_cuda_destroy(gpu[i]);
-    /* and with the approximate SiLU (within the same tolerances), and the wide statistics */
-    setenv("SDTRAIN_CUDA_GN_APPLY", "fast", 1);
-    n = gpu_backends(gpu);
-    tap_diag("group norm with SDTRAIN_CUDA_GN_APPLY=fast");
-    for (int i = 0; i < n; i++)
-        run_group_norms(gpu[i]);
-    for (int i = 0; i < n; i++)
-        sd_backend_cuda_destroy(gpu[i]);
-    unsetenv("SDTRAIN_CUDA_GN_APPLY");
-    setenv("SDTRAIN_CUDA_GN_STATS", "wide", 1);
-    n = gpu_backends(gpu);
-    tap_diag("group norm with SDTRAIN_CUDA_GN_STATS=wide");
-    for (int i = 0; i < n; i++)
-        run_group_norms(gpu[i]);
-    for (int i = 0; i < n; i++)
-        sd_backend_cuda_destroy(gpu[i]);
-    unsetenv("SDTRAIN_CUDA_GN_STATS");
-    setenv("SDTRAIN_CUDA_GN_APPLY", "bogus", 1);
-    {
-        sd_backend *bad_apply = NULL;
-        sd_err e2;
-        tap_ok(sd_backend_cuda_create(0, SD_F32, &bad_apply, &e2) != 0,
-               "SDTRAIN_CUDA_GN_APPLY=bogus is refused: %s", bad_apply ? "(accepted)" : e2.msg);
-        if (bad_apply)
-            sd_backend_cuda_destroy(bad_apply);
-    }
-    unsetenv("SDTRAIN_CUDA_GN_APPLY");
-    setenv("SDTRAIN_CUDA_GN_STATS", "bogus", 1);
-    sd_backend *bad = NULL;
-    sd_err err;
-    tap_ok(sd_backend_cuda_create(0, SD_F32, &bad, &err) != 0,
-           "SDTRAIN_CUDA_GN_STATS=bogus is refused: %s", bad ? "(accepted)" : err.msg);
-    if (bad)
-        sd_backend_cuda_destroy(bad);
-    unsetenv("SDTRAIN_CUDA_GN_STATS");
+    /* the group norm's other statistics modes (onepass is the default) and apply kernels
+     * (loads is the default): regs gives the bits of loads, fast the approximate SiLU, wide the
+     * bits of onepass */
+    group_norm_round("twopass", NULL);
+    group_norm_round("twopass", "regs");
+    group_norm_round(NULL, "regs");
+    group_norm_round(NULL, "fast");
+    group_norm_round("wide", NULL);
+    group_norm_round("wide", "fast");
+    same_bits_as_default("SDTRAIN_CUDA_GN_APPLY", "regs");
+    same_bits_as_default("SDTRAIN_CUDA_GN_STATS", "wide");
+    refused("SDTRAIN_CUDA_GN_APPLY", "bogus");
+    refused("SDTRAIN_CUDA_GN_STATS", "bogus");
     return tap_done();
 }
