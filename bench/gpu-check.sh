@@ -220,6 +220,17 @@ if want variants && [ -x "$B/bench/models_cuda" ]; then
                 tee -a "$f"
         done
     done
+    # the group norm alone at the U-Net's and the VAE's shapes (bench/ops_cuda), per variant
+    for v in "default:" "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
+        "GN_APPLY=fast:SDTRAIN_CUDA_GN_APPLY=fast" "GN_STATS=wide:SDTRAIN_CUDA_GN_STATS=wide" \
+        "fast+wide:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide"; do
+        name=${v%%:*}
+        envs=${v#*:}
+        echo "# ops_cuda groupnorm, $name" | tee -a "$f"
+        # shellcheck disable=SC2086 # envs is a list of VAR=value words
+        env $envs timeout 300 "$B/bench/ops_cuda" --batch 32 --res both --only groupnorm 2>&1 |
+            grep -v '^#' | tee -a "$f"
+    done
     add "variants (models_cuda)" "done" "$f"
 fi
 

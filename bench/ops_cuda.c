@@ -757,6 +757,9 @@ static void bench_resolution(int res)
     bench_attention(n, res * res, res * res, "self");
     bench_attention(n, res * res, 77, "cross");
     bench_group_norm(n, res, 320);
+    /* the VAE encoder's first level at this resolution (images of res * 8 px, 128 channels):
+     * the largest group norms of preprocessing */
+    bench_group_norm(n, res * 8, 128);
     bench_layer_norm(rows, 320);
     bench_geglu(rows, 1280);
     bench_upsample(n, res / 2, 640);
