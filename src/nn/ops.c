@@ -193,22 +193,24 @@ void sd_backend_free(const sd_backend *be, void *ptr)
         be->ops->release(be, ptr);
 }
 
+/* The byte copies between host and backend: both pointers unless nothing moves. */
+#define SD_BYTE_COPY(be, entry, dst, src, bytes)                                              \
+    do {                                                                                      \
+        SD_OP_ENTRY(be, entry);                                                               \
+        SD_CHECK((bytes) == 0 || ((dst) != NULL && (src) != NULL),                            \
+                 "%s of %zu bytes with a NULL pointer", #entry, (size_t)(bytes));             \
+        if (bytes)                                                                            \
+            (be)->ops->entry((be), (dst), (src), (bytes));                                    \
+    } while (0)
+
 void sd_upload(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
-    SD_OP_ENTRY(be, upload);
-    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL), "upload of %zu bytes with a NULL pointer",
-             bytes);
-    if (bytes)
-        be->ops->upload(be, dst, src, bytes);
+    SD_BYTE_COPY(be, upload, dst, src, bytes);
 }
 
 void sd_download(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
-    SD_OP_ENTRY(be, download);
-    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL),
-             "download of %zu bytes with a NULL pointer", bytes);
-    if (bytes)
-        be->ops->download(be, dst, src, bytes);
+    SD_BYTE_COPY(be, download, dst, src, bytes);
 }
 
 void *sd_host_alloc(const sd_backend *be, size_t bytes)
@@ -226,20 +228,12 @@ void sd_host_free(const sd_backend *be, void *ptr)
 
 void sd_upload_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
-    SD_OP_ENTRY(be, upload_async);
-    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL),
-             "asynchronous upload of %zu bytes with a NULL pointer", bytes);
-    if (bytes)
-        be->ops->upload_async(be, dst, src, bytes);
+    SD_BYTE_COPY(be, upload_async, dst, src, bytes);
 }
 
 void sd_download_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
-    SD_OP_ENTRY(be, download_async);
-    SD_CHECK(bytes == 0 || (dst != NULL && src != NULL),
-             "asynchronous download of %zu bytes with a NULL pointer", bytes);
-    if (bytes)
-        be->ops->download_async(be, dst, src, bytes);
+    SD_BYTE_COPY(be, download_async, dst, src, bytes);
 }
 
 void sd_download_wait(const sd_backend *be)

@@ -252,6 +252,25 @@ static void cuda_download_f32(const sd_backend *be, float *dst, const void *src,
     }
 }
 
+/* The index of environment variable `name`'s value in `values` (NULL-terminated, the default
+ * first): 0 when unset or empty, -1 with err set (listing the values) when it is none of them. */
+static int env_choice(const char *name, const char *const *values, sd_err *err)
+{
+    const char *v = getenv(name);
+    char list[160] = "";
+    size_t used = 0;
+    if (!v || !*v)
+        return 0;
+    for (int i = 0; values[i]; i++) {
+        if (strcmp(v, values[i]) == 0)
+            return i;
+        used += (size_t)snprintf(list + used, used < sizeof list ? sizeof list - used : 0, "%s%s",
+                                 i ? ", " : "", values[i]);
+    }
+    sd_err_set(err, "CUDA backend: %s=%s is not one of %s", name, v, list);
+    return -1;
+}
+
 extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **out, sd_err *err)
 {
     *out = nullptr;
@@ -271,64 +290,33 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     if (e != cudaSuccess)
         return sd_err_set(err, "CUDA backend: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
 
-    /* SDTRAIN_CUDA_ATTENTION = math | flash | auto (default = flash: the fused kernels where
-     * they apply, doc/cuda/attention.md; they passed tests/gpu on an H100 on 2026-11-22). */
-    int attention_mode = SD_CUDA_ATTENTION_FLASH;
-    const char *attn = getenv("SDTRAIN_CUDA_ATTENTION");
-    if (attn && *attn) {
-        if (strcmp(attn, "math") == 0)
-            attention_mode = SD_CUDA_ATTENTION_MATH;
-        else if (strcmp(attn, "flash") != 0 && strcmp(attn, "auto") != 0)
-            return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_ATTENTION=%s is not one of math, "
-                                   "flash, auto", attn);
-    }
-
-    /* SDTRAIN_CUDA_GN_STATS = onepass (default) | twopass | wide (doc/cuda/elementwise.md) */
-    int gn_onepass = 1;
-    const char *gns = getenv("SDTRAIN_CUDA_GN_STATS");
-    if (gns && *gns) {
-        if (strcmp(gns, "twopass") == 0)
-            gn_onepass = 0;
-        else if (strcmp(gns, "wide") == 0)
-            gn_onepass = 2;
-        else if (strcmp(gns, "onepass") != 0)
-            return sd_err_set(err,
-                              "CUDA backend: SDTRAIN_CUDA_GN_STATS=%s is not one of twopass, "
-                              "onepass, wide",
-                              gns);
-    }
-
-    /* SDTRAIN_CUDA_GN_APPLY = loads (default) | regs | fast; SDTRAIN_CUDA_CONV_ALGO = heuristic
-     * (default) | find (doc/cuda/README.md: both written 2026-11-26 without a GPU, to be timed) */
-    int gn_apply_regs = 0, conv_find = 0;
-    const char *gna = getenv("SDTRAIN_CUDA_GN_APPLY");
-    if (gna && *gna) {
-        if (strcmp(gna, "regs") == 0)
-            gn_apply_regs = 1;
-        else if (strcmp(gna, "fast") == 0)
-            gn_apply_regs = 2;
-        else if (strcmp(gna, "loads") != 0)
-            return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_GN_APPLY=%s is not one of loads, "
-                                   "regs, fast", gna);
-    }
-    const char *ca = getenv("SDTRAIN_CUDA_CONV_ALGO");
-    if (ca && *ca) {
-        if (strcmp(ca, "find") == 0)
-            conv_find = 1;
-        else if (strcmp(ca, "heuristic") != 0)
-            return sd_err_set(err, "CUDA backend: SDTRAIN_CUDA_CONV_ALGO=%s is not one of "
-                                   "heuristic, find", ca);
-    }
+    /* The switches (doc/cuda/README.md), each a list of values, the default first:
+     *   SDTRAIN_CUDA_ATTENTION  flash (= auto: the fused kernels where they apply; passed
+     *                           tests/gpu on an H100 on 2026-11-22) | math
+     *   SDTRAIN_CUDA_GN_STATS   onepass | twopass | wide (onepass, 4 channels a thread)
+     *   SDTRAIN_CUDA_GN_APPLY   loads | regs | fast
+     *   SDTRAIN_CUDA_CONV_ALGO  heuristic | find
+     * (wide, regs, fast and find written 2026-11-26 without a GPU, to be timed). */
+    static const char *const attention_values[] = {"flash", "auto", "math", nullptr};
+    static const char *const stats_values[] = {"onepass", "twopass", "wide", nullptr};
+    static const char *const apply_values[] = {"loads", "regs", "fast", nullptr};
+    static const char *const algo_values[] = {"heuristic", "find", nullptr};
+    const int attention = env_choice("SDTRAIN_CUDA_ATTENTION", attention_values, err);
+    const int stats = env_choice("SDTRAIN_CUDA_GN_STATS", stats_values, err);
+    const int apply = env_choice("SDTRAIN_CUDA_GN_APPLY", apply_values, err);
+    const int algo = env_choice("SDTRAIN_CUDA_CONV_ALGO", algo_values, err);
+    if (attention < 0 || stats < 0 || apply < 0 || algo < 0)
+        return -1;
 
     sd_cuda_state *st = (sd_cuda_state *)calloc(1, sizeof *st);
     if (!st)
         return sd_err_set(err, "CUDA backend: out of host memory");
     st->device = device;
     st->dtype = dtype;
-    st->attention_mode = attention_mode;
-    st->gn_onepass = gn_onepass;
-    st->gn_apply_regs = gn_apply_regs;
-    st->conv_find = conv_find;
+    st->attention_mode = attention == 2 ? SD_CUDA_ATTENTION_MATH : SD_CUDA_ATTENTION_FLASH;
+    st->gn_onepass = stats == 0 ? 1 : stats == 1 ? 0 : 2;
+    st->gn_apply_regs = apply;
+    st->conv_find = algo;
     const char *sync = getenv("SDTRAIN_CUDA_SYNC");
     st->sync_each_op = sync && strcmp(sync, "1") == 0;
     SD_CUDA_CHECK(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));
