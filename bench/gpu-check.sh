@@ -139,7 +139,7 @@ if want sanitizer; then
     else
         for p in $optests; do
             n=$(basename "$p")
-            timeout 900 "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$p" \
+            SD_GPU_TEST_QUICK=1 timeout 900 "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$p" \
                 >"$logdir/memcheck-$n.log" 2>&1
             rc=$?
             errs=$(grep -E -o 'ERROR SUMMARY: [0-9]+' "$logdir/memcheck-$n.log" | tail -1)
@@ -205,19 +205,24 @@ if want variants && [ -x "$B/bench/models_cuda" ]; then
         "fast+wide+find:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide SDTRAIN_CUDA_CONV_ALGO=find"; do
         name=${v%%:*}
         envs=${v#*:}
-        for w in vae-encode:256 vae-encode:512 unet-fwd:256 unet-train:256; do
+        # one process for every model at 256 px (the weights are made once), one for the VAE at
+        # 512 px
+        for w in all:256 vae-encode:512; do
             what=${w%%:*}
             res=${w#*:}
             # shellcheck disable=SC2086 # envs is a list of VAR=value words
             out=$(env $envs timeout 300 "$B/bench/models_cuda" --what "$what" --res "$res" \
                 --reps 10 --warmup 3 2>&1)
             rc=$?
-            line=$(grep '^RESULT' <<<"$out" | tail -1)
-            ms=$(sed -n 's/.* ms=\([0-9.]*\).*/\1/p' <<<"$line")
-            ips=$(sed -n 's/.* img_s=\([0-9.]*\).*/\1/p' <<<"$line")
-            [ "$rc" = 0 ] || { status=1; ms="FAIL($rc)"; }
-            printf '%-44s %-12s %-5s %10s %10s\n' "$name" "$what" "$res" "${ms:-?}" "${ips:-?}" |
-                tee -a "$f"
+            [ "$rc" = 0 ] || { status=1; printf '%-44s %-12s %-5s %10s\n' "$name" "$what" "$res" \
+                "FAIL($rc)" | tee -a "$f"; }
+            grep '^RESULT' <<<"$out" | while read -r line; do
+                m=$(sed -n 's/.* what=\([^ ]*\).*/\1/p' <<<"$line")
+                r=$(sed -n 's/.* res=\([0-9]*\).*/\1/p' <<<"$line")
+                ms=$(sed -n 's/.* ms=\([0-9.]*\).*/\1/p' <<<"$line")
+                ips=$(sed -n 's/.* img_s=\([0-9.]*\).*/\1/p' <<<"$line")
+                printf '%-44s %-12s %-5s %10s %10s\n' "$name" "$m" "$r" "$ms" "$ips" | tee -a "$f"
+            done
         done
     done
     # the group norm alone at the U-Net's and the VAE's shapes (bench/ops_cuda), per variant
