@@ -1,0 +1,77 @@
+#!/bin/sh
+# Runs the host emulation (tests/gpu/norm_emulate.cpp) of the group-norm statistics and apply
+# kernels of src/nn/cuda/ops_cuda_norm.cu and of the objective / cast kernels of
+# ops_cuda_elem.cu, on the current sources: the definitions are extracted by name, so what runs
+# is the code the GPU would run (with threads of a block as OS threads and a real barrier where
+# the kernel synchronizes). It checks the indexing and the "same bits" claims of the variants
+# (SDTRAIN_CUDA_GN_APPLY=regs|fast, SDTRAIN_CUDA_GN_STATS=wide) where there is no GPU; it says
+# nothing about speed, resources or the hardware intrinsics (__expf is expf here).
+# Needs python3 and g++ >= 11 (C++20 <barrier>). Also run by `make check` in the CUDA tree;
+# skipped in the CPU tree (one run is enough).
+set -eu
+if [ -n "${top_builddir:-}" ] && [ "${SD_TEST_CUDA_BUILD:-no}" != yes ]; then
+    echo "SKIP: the emulation runs in the CUDA tree"
+    exit 77
+fi
+command -v python3 >/dev/null 2>&1 && command -v "${CXX:-g++}" >/dev/null 2>&1 || {
+    echo "SKIP: needs python3 and g++"
+    exit 77
+}
+top=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 - "$top/src/nn/cuda" "$tmp/kernels.inc" <<'PY'
+import re, sys
+cuda_dir, out_path = sys.argv[1], sys.argv[2]
+
+def macro(lines, name):
+    for i, l in enumerate(lines):
+        if re.match(r'#define %s\b' % name, l):
+            out = [l]
+            while out[-1].rstrip().endswith('\\'):
+                i += 1
+                out.append(lines[i])
+            return out
+    sys.exit('norm_emulate: macro %s not found' % name)
+
+def definitions(lines, name):
+    """Every top-level definition of `name` (with its template line), up to its closing brace."""
+    found = []
+    pat = re.compile(r'^(static |struct |union ).*\b%s\b *(\(|\{|$)' % name)
+    for i, l in enumerate(lines):
+        if not pat.match(l) or l.rstrip().endswith(';'):
+            continue
+        start = i - 1 if i > 0 and lines[i - 1].startswith('template') else i
+        j = i
+        while lines[j] not in ('}', '};'):
+            j += 1
+        found.append(lines[start:j + 1])
+    if not found:
+        sys.exit('norm_emulate: definition of %s not found' % name)
+    return found
+
+out = []
+norm = open(cuda_dir + '/ops_cuda_norm.cu').read().split('\n')
+for m in ('NORM_ROWS', 'NORM_THREADS', 'NORM_LOOP', 'GN_STAT_THREADS', 'GN_WIDE'):
+    out += macro(norm, m)
+for name in ('norm_chunks', 'norm_silu', 'norm_silu_fast', 'gn_moments', 'gn_merge',
+             'gn_moments_partial_kernel', 'gn_load4', 'gn_moments_partial_wide_kernel',
+             'gn_moments_group_kernel', 'gn_apply_kernel', 'pack16', 'gn_sample',
+             'gn_sample_at', 'gn_apply_vec_kernel', 'gn_apply_regs_kernel', 'gn_gcd',
+             'gn_regs_grid', 'gn_vec_grid', 'gn_vec_ok'):
+    for d in definitions(norm, name):
+        out += d + ['']
+elem = open(cuda_dir + '/ops_cuda_elem.cu').read().split('\n')
+for m in ('GRID_STRIDE_LOOP', 'MSE_THREADS'):
+    out += macro(elem, m)
+for name in ('cast_f32_kernel', 'cast_to_f32_kernel', 'mse_loss_kernel'):
+    for d in definitions(elem, name):
+        out += d + ['']
+open(out_path, 'w').write('\n'.join(out) + '\n')
+PY
+flags="-std=c++20 -O1 -pthread -fno-strict-aliasing -Wno-unknown-pragmas"
+if [ "${NORM_EMU_ASAN:-0}" = 1 ]; then
+    flags="$flags -g -fsanitize=address,undefined"
+fi
+${CXX:-g++} $flags -I"$tmp" -o "$tmp/emu" "$top/tests/gpu/norm_emulate.cpp"
+"$tmp/emu"
