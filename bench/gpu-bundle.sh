@@ -23,7 +23,7 @@ make -C "$build" -j"$jobs" >/dev/null
 # the check programs without running the tests
 make -C "$build" -j"$jobs" check TESTS= >/dev/null
 
-progs="sdtool sdtrain tests/mpi/st_compare tests/mpi/shard_compare"
+progs="sdtool sdtrain tests/mpi/st_compare tests/mpi/shard_compare tests/mpi/png_compare"
 for p in "$build"/tests/gpu/* "$build"/bench/*; do
     [ -f "$p" ] && [ -x "$p" ] || continue
     case "$p" in *.o | *.sh | *.log | *.trs) continue ;; esac

@@ -13,7 +13,7 @@
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
-#                 "train" runs tests/gpu/train.sh and tests/gpu/process.sh under MPI, with the
+#                 "train" runs tests/gpu/train.sh, process.sh and sample.sh under MPI, with the
 #                 bundle's mpirun;
 #                 "variants" times the VAE and U-Net with each SDTRAIN_CUDA_* alternative)
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
@@ -254,7 +254,7 @@ fi
 
 # ---- training and preprocessing under MPI on the GPU -------------------------------------------
 if want train; then
-    for t in train process; do
+    for t in train process sample; do
         if [ ! -f "tests/gpu/$t.sh" ]; then
             add "$t.sh" "n/a" "tests/gpu/$t.sh not in this tree"
             continue

@@ -45,6 +45,13 @@ line=$(sed -n 5p "$TMP/ddim1/samples.jsonl")
 want='{"prompt_index": 2, "image_index": 0, "prompt": "x \"quoted\" \\ back", "seed": 7, "steps": 3, "scheduler": "ddim", "guidance_scale": 7.5, "width": 16, "height": 16, "file": "samples/2-0.png"}'
 [ "$line" = "$want" ] || fail "samples.jsonl line 5: $line"
 cmp -s "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" && fail "ddim and pndm gave the same image"
+# tests/mpi/png_compare (tests/gpu/sample.sh compares GPU and CPU images with it): the same
+# image is within 0 levels, the two schedulers' are not
+run pngsame "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" "$TMP/ddim2/samples/0-0.png" 0
+expect_rc pngsame 0
+expect_in pngsame out "largest difference 0, mean 0.000"
+run pngother "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" 0
+expect_rc pngother 1
 pass "ddim, pndm, ddpm: same PNG bytes at -np 1 and 2, samples.jsonl"
 
 # guidance 1: no unconditional pass, and a different image

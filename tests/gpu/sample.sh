@@ -1,0 +1,60 @@
+#!/bin/sh
+# mode = 'sample' on the GPU (doc/sampling.md) against the CPU, on the tiny-sd2 snapshot at 16 px,
+# 3 DDIM steps with classifier-free guidance 7.5, 3 prompts x 2 images:
+#   1. fp32 (no TF32): every PNG within 2 levels (of 255) of the CPU's (tests/mpi/png_compare);
+#   2. the same PNG bytes at -np 1 and -np 2 on the GPU (images split over ranks sharing it);
+#   3. bf16: runs and writes every image (the difference to the CPU is printed, not held to a
+#      bound: with random tiny weights and guidance 7.5 it says little).
+# Skips without a CUDA build or a GPU.
+SD_TEST_NAME=gpu-sample # not the scratch directory of tests/mpi/sample.sh
+. "$top_srcdir/tests/lib.sh"
+
+[ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
+"$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+need_mpi
+CMP="$top_builddir/tests/mpi/png_compare"
+snap="$top_srcdir/tests/data/models/tiny-sd2"
+tok="$top_srcdir/tests/data/sample/tokenizer"
+
+# sample NAME NP DEVICE PRECISION
+sample() {
+    nml "$1.nml" <<EOF2
+&run mode = 'sample', output_dir = '$TMP/$1', seed = 7, device = '$3' /
+&model pretrained = '$snap', tokenizer = '$tok', resolution = 16 /
+&train precision = '$4' /
+&sample prompts = 'a photo of the cat', 'red car at the sea', 'x "quoted" \\ back',
+        num_steps = 3, guidance_scale = 7.5, scheduler = 'ddim', images_per_prompt = 2 /
+EOF2
+    mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
+    expect_rc "$1" 0
+    expect_in "$1" out "wrote 6 image(s)"
+}
+# compare NAME REF MAXDIFF: every image of NAME against REF's
+compare() {
+    for p in 0 1 2; do
+        for j in 0 1; do
+            f="samples/$p-$j.png"
+            run "cmp-$1-$p-$j" "$CMP" "$TMP/$1/$f" "$TMP/$2/$f" "$3"
+            sed 's/^/  /' "$TMP/cmp-$1-$p-$j.out"
+            expect_rc "cmp-$1-$p-$j" 0
+        done
+    done
+}
+
+sample cpu 1 cpu fp32
+sample gpu1 1 cuda fp32
+compare gpu1 cpu 2
+pass "fp32 on the GPU: every image within 2 levels of the CPU's"
+
+sample gpu2 2 cuda fp32
+for p in 0 1 2; do
+    for j in 0 1; do
+        cmp -s "$TMP/gpu1/samples/$p-$j.png" "$TMP/gpu2/samples/$p-$j.png" ||
+            fail "GPU: samples/$p-$j.png differs between -np 1 and -np 2"
+    done
+done
+pass "GPU: the same PNG bytes at -np 1 and -np 2"
+
+sample gpu16 1 cuda bf16
+compare gpu16 cpu 255
+pass "bf16 on the GPU writes every image (differences to the CPU printed above)"
