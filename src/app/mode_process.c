@@ -39,10 +39,10 @@ struct slice;
  * batches (doc/architecture.md, "Preprocessing"): the same code on both backends, where on the
  * CPU every copy below is a memcpy and every op runs at once. A batch is made in host memory from
  * sd_host_alloc (pinned on CUDA), one of two that alternate; it travels by sd_upload_async on the
- * copy stream, is cast to the compute type and encoded; its results come back (cast to fp32,
- * sd_download_async) while the next batch encodes, and are waited for only once that next batch
- * has been queued. So the GPU always has a batch to work on while the host fetches the previous
- * results and decodes the next images. */
+ * copy stream, is cast to the compute type and encoded. Its results are sent back (cast to fp32,
+ * sd_download_async) when the next batch is handed over, and waited for only when the batch
+ * after that is: so up to two batches are queued on the GPU while the host decodes images, and
+ * the host waits only for a batch the GPU finished while it worked. */
 typedef struct encoders {
     const sd_backend *be;
     sd_cmd_backend cb;
@@ -54,9 +54,14 @@ typedef struct encoders {
     void *d_images, *d_mom, *d_emb;     /* backend, compute type: the encoders' input / outputs */
     float *d_out32, *h_out;             /* a batch's [moments | embeddings] fp32, backend / host */
     int slot;                           /* which h_img / h_ids the batch being filled uses */
-    struct slice *pending;              /* the slice whose last encoded batch is not fetched yet */
-    int64_t pending_first;
-    int pending_n;
+    int slot_sent[2];                   /* that slot's upload may still be on the copy stream */
+    /* up to two encoded batches whose results have not landed in their slices: `queued` (the
+     * last one, still on the device) and `fetched` (the one before, on its way to h_out) */
+    struct batch_ref {
+        struct slice *s;                /* NULL: none */
+        int64_t first;                  /* its first sample in the slice */
+        int n;
+    } queued, fetched;
     sd_vae_config vcfg;
     sd_clip_config ccfg;
     sd_weights vw, cw;
@@ -296,42 +301,53 @@ typedef struct batch {
     int32_t *ids;   /* [B, 77] */
 } batch;
 
-/* The pending batch's results: cast to fp32 after its encoders (queued before anything that
- * overwrites their outputs) and sent to the host on the copy stream; returns at once. */
-static void fetch_pending(encoders *e)
+/* The queued batch's results: cast to fp32 behind its encoders (and before the next batch's
+ * encoders overwrite d_mom / d_emb, which come later in the stream) and sent to the host on the
+ * copy stream; returns at once. h_out / d_out32 must be free (the fetched batch landed). */
+static void fetch_queued(encoders *e)
 {
     const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
     const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
-    const size_t n = (size_t)e->pending_n;
+    const size_t n = (size_t)e->queued.n;
     sd_cast_to_f32(e->be, (int64_t)(n * mom), e->d_mom, e->d_out32);
     sd_cast_to_f32(e->be, (int64_t)(n * emb), e->d_emb, e->d_out32 + n * mom);
     sd_download_async(e->be, e->h_out, e->d_out32, n * (mom + emb) * sizeof(float));
+    e->fetched = e->queued;
+    e->queued.s = NULL;
 }
 
-/* Waits for the results fetch_pending sent and copies them into their slice. */
-static void land_pending(encoders *e)
+/* Waits for the fetched batch's results and copies them into their slice. */
+static void land_fetched(encoders *e)
 {
     const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
     const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
-    const size_t n = (size_t)e->pending_n, first = (size_t)e->pending_first;
-    slice *s = e->pending;
-    sd_download_wait(e->be);
+    const size_t n = (size_t)e->fetched.n, first = (size_t)e->fetched.first;
+    slice *s = e->fetched.s;
+    sd_download_wait(e->be); /* every copy on the copy stream, the uploads too */
+    e->slot_sent[0] = e->slot_sent[1] = 0;
     memcpy(s->moments + first * mom, e->h_out, n * mom * sizeof(float));
     memcpy(s->embeddings + first * emb, e->h_out + n * mom, n * emb * sizeof(float));
-    e->pending = NULL;
+    e->fetched.s = NULL;
 }
 
-/* The last batch's results into its slice (before the slice is written). */
+/* Every encoded batch's results into its slice (before the slice is written). */
 static void flush_pending(encoders *e)
 {
-    if (!e->pending)
-        return;
-    fetch_pending(e);
-    land_pending(e);
+    if (e->fetched.s)
+        land_fetched(e);
+    if (e->queued.s) {
+        fetch_queued(e);
+        land_fetched(e);
+    }
 }
 
-/* Encodes the batch being filled (host slot e->slot): sends it, queues its encoders, fetches the
- * previous batch's results meanwhile, then hands the caller the other slot to fill. */
+/* Encodes the batch being filled (host slot e->slot): the batch before the previous one lands
+ * first (its input slot and the output buffers become free; the GPU is working on the previous
+ * one meanwhile), then this batch is sent, the previous one's results are sent back, and this
+ * batch's encoders are queued; the caller fills the other slot next.
+ * Why the slots are free: landing a batch waits for the whole copy stream, so every upload sent
+ * before it has arrived; a slot is refilled two batches after its upload, with a landing in
+ * between except right after a slice's second batch, where encode_batch waits itself. */
 static void encode_batch(encoders *e, batch *b, slice *s)
 {
     const int64_t first = s->n - b->n; /* the batch's samples are the slice's last b->n */
@@ -339,22 +355,27 @@ static void encode_batch(encoders *e, batch *b, slice *s)
     const int k = e->slot;
     if (b->n == 0)
         return;
+    if (e->fetched.s)
+        land_fetched(e); /* two batches ago: slot k's last upload and cast are done */
     sd_upload_async(e->be, e->d_img32[k], e->h_img[k], (size_t)b->n * img * sizeof(float));
     sd_upload_async(e->be, e->d_ids[k], e->h_ids[k], (size_t)b->n * TEXT_LEN * sizeof(int32_t));
-    if (e->pending)
-        fetch_pending(e); /* before this batch's encoders overwrite d_mom / d_emb */
+    e->slot_sent[k] = 1;
+    if (e->queued.s)
+        fetch_queued(e);
     sd_cast_f32(e->be, (int64_t)((size_t)b->n * img), e->d_img32[k], e->d_images);
     sd_vae_encode(e->vae, b->n, e->res, e->res, e->d_images, e->d_mom, &e->vae_arena, NULL);
     sd_clip_forward(e->clip, b->n, TEXT_LEN, e->d_ids[k], e->d_emb, &e->clip_arena, NULL);
-    if (e->pending)
-        land_pending(e); /* the GPU works on this batch meanwhile */
     memcpy(s->ids + (size_t)first * TEXT_LEN, b->ids, (size_t)b->n * TEXT_LEN * sizeof(int32_t));
-    e->pending = s;
-    e->pending_first = first;
-    e->pending_n = b->n;
-    /* the other slot: its last upload was two batches ago, complete since that batch's results
-     * were fetched */
+    e->queued.s = s;
+    e->queued.first = first;
+    e->queued.n = b->n;
     e->slot ^= 1;
+    /* the caller writes the other slot next: its upload must be done. It is, unless no batch
+     * has landed since it was sent (the second batch of a slice): then wait for the copies */
+    if (e->slot_sent[e->slot]) {
+        sd_download_wait(e->be);
+        e->slot_sent[0] = e->slot_sent[1] = 0;
+    }
     b->images = e->h_img[e->slot];
     b->ids = e->h_ids[e->slot];
     b->n = 0;
