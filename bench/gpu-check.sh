@@ -9,13 +9,14 @@
 #                 MPI / HDF5 / ...; default when .gpu/bundle.tar.xz exists)
 #   --build DIR   use (and first build) a tree configured with --with-cuda (default build/cuda)
 #   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, profile,
-#                 variants, peer, train
+#                 variants, preprocess, peer, train
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
 #                 "train" runs tests/gpu/train.sh, process.sh and sample.sh under MPI, with the
 #                 bundle's mpirun;
-#                 "variants" times the VAE and U-Net with each SDTRAIN_CUDA_* alternative)
+#                 "variants" times the VAE and U-Net with each SDTRAIN_CUDA_* alternative;
+#                 "preprocess" runs mode 'process' end to end with SD2-sized encoders)
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
 #                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
 # Exit status: 0 when every part that ran passed, 1 otherwise, 77 without a usable GPU.
@@ -237,6 +238,19 @@ if want variants && [ -x "$B/bench/models_cuda" ]; then
             grep -v '^#' | tee -a "$f"
     done
     add "variants (models_cuda)" "done" "$f"
+fi
+
+# preprocessing end to end on the GPU: SD2-sized encoders (random weights) in bf16, batches of
+# 32, 2048 demo images of up to 512 px to 256 px, one rank with 16 decode threads and two ranks
+# with 8 sharing the GPU (bench/preprocess.sh); compare with the VAE-alone rate of "models"
+if want preprocess; then
+    f="$logdir/preprocess.txt"
+    LAUNCH="$MPIEXEC --bind-to none" DEVICE=cuda MODEL=sd2 BATCH=32 MAX_SIDE=512 \
+        timeout 600 bash bench/preprocess.sh "$B" 2048 256 "1x16 2x8" >"$f" 2>&1
+    rc=$?
+    cat "$f"
+    if [ "$rc" = 0 ]; then add "preprocess (mode process)" "done" "$f"
+    else status=1; add "preprocess (mode process)" "FAIL" "exit $rc"; fi
 fi
 
 if want peer; then

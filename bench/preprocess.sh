@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Preprocessing throughput on the CPU with the demo's tiny encoders: images/s for several
-# ranks x decode-threads layouts, the rate of the CPU stages alone (read, decode, transform,
-# tokenize: what feeds a GPU encoder) and where the time goes (summed over ranks).
-# Usage: [MAX_SIDE=PX] bench/preprocess.sh [BUILD_DIR] [SAMPLES] [RESOLUTION] [LAYOUTS]
-#   MAX_SIDE: largest side of the generated images (sdtool make-demo-data --max-side; 128)
+# Preprocessing throughput (mode 'process'): images/s for several ranks x decode-threads layouts,
+# the rate of the CPU stages alone (read, decode, transform, tokenize: what feeds an encoder) and
+# of the encoders, and where the time goes (summed over ranks).
+# Usage: [MAX_SIDE=PX] [DEVICE=cpu|cuda] [MODEL=demo|sd2] [BATCH=N] [LAUNCH="mpirun ..."] \
+#          bench/preprocess.sh [BUILD_DIR] [SAMPLES] [RESOLUTION] [LAYOUTS]
 #   LAYOUTS: space-separated RANKSxTHREADS (default "1x1 1x2 2x1")
+#   MAX_SIDE: largest side of the generated images (sdtool make-demo-data --max-side; 128)
+#   DEVICE: where the encoders run (cpu; cuda: bf16 encoders on the GPU, ranks share it)
+#   MODEL: demo = the demo's tiny encoders (default); sd2 = SD2's VAE encoder and OpenCLIP
+#          ViT-H text encoder shapes with random weights (the cost of the real models)
+#   BATCH: &data encode_batch_size (default 8; 32 suits a GPU)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$top/build/cpu}
@@ -13,11 +18,19 @@ res=${3:-64}
 layouts=${4:-1x1 1x2 2x1}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-launch=(mpirun -q --oversubscribe --bind-to none) # threads of a rank may use every core
+# threads of a rank may use every core
+read -r -a launch <<<"${LAUNCH:-mpirun -q --oversubscribe --bind-to none}"
 [ "$(id -u)" != 0 ] || launch+=(--allow-run-as-root)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_WAIT_POLICY=passive
+model=()
+if [ "${MODEL:-demo}" = sd2 ]; then
+    model=(--set model.vae_block_out_channels=128,256,512,512 --set model.norm_num_groups=32
+           --set model.text_hidden_size=1024 --set model.text_layers=23 --set model.text_heads=16
+           --set model.cross_attention_dim=1024)
+fi
 
 "$build/sdtool" make-demo-data "$work/data" --count "$n" --max-side "${MAX_SIDE:-128}" >/dev/null
+echo "# $n images of up to ${MAX_SIDE:-128} px -> $res px, encoders ${MODEL:-demo} on ${DEVICE:-cpu}, batch ${BATCH:-8}"
 printf '%-7s %-8s %-10s %-16s %-14s %s\n' layout images images/s "CPU stages/rank" "encode/rank" \
     "time by stage"
 run=0
@@ -29,7 +42,8 @@ for l in $layouts; do
         --set run.mode=process --set run.output_dir="$work/run$run" --set data.input="$work/data" \
         --set data.shard_dir="$work/shards$run" --set model.resolution="$res" \
         --set model.tokenizer="$top/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz" \
-        --set data.samples_per_shard=128 2>&1)
+        --set run.device="${DEVICE:-cpu}" --set data.encode_batch_size="${BATCH:-8}" \
+        "${model[@]}" --set data.samples_per_shard=128 2>&1) || { echo "$out" | tail -20; exit 1; }
     line=$(grep '^throughput:' <<<"$out")
     rate=$(sed -n 's/^throughput: \([0-9.]*\) images.*/\1/p' <<<"$line")
     shares=$(sed -n 's/.*time by stage: //p' <<<"$line")
