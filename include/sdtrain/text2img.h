@@ -5,9 +5,10 @@
 /*
  * The models run on the backend (weights and activations in its memory, elements of its
  * dtype); latents, embeddings and images cross to the host as fp32 at every step, where the
- * scheduler (sampler.h) works. One image at a time: with guidance the U-Net runs on the batch
- * [uncond, cond] (the pipeline's order); the CPU backend's batch invariance makes each half the
- * same bits as a batch of one. Tensors are channels-last: latents [h, w, C], images [H, W, 3].
+ * scheduler (sampler.h) works. Up to max_images images at a time: with guidance the U-Net runs
+ * on the batch [uncond x nb, cond_0 .. cond_nb-1] (the pipeline's order for one image); the CPU
+ * backend's batch invariance makes every image the same bits as a batch of one. Tensors are
+ * channels-last: latents [h, w, C], images [H, W, 3].
  */
 #include <stdint.h>
 #include "sdtrain/arena.h"
@@ -39,7 +40,10 @@ typedef struct sd_t2i {
     sd_tokenizer *tok;               /* owned */
     sd_arena unet_arena, vae_arena, clip_arena;
     void *d_lat, *d_eps, *d_ctx, *d_ids, *d_emb, *d_img; /* backend buffers */
-    float *h_eps;                    /* host [2 n] */
+    float *h_eps;                    /* host [2 max_images n] */
+    float *h_ts;                     /* host [2 max_images]: the timestep of each batch row */
+    float *h_z;                      /* host [max_images n]: DDPM noise */
+    int max_images;                  /* images per denoising call at most */
     int res, lh, lw, lc, hidden;
     int64_t n_latent, n_image, n_emb;
 } sd_t2i;
@@ -52,7 +56,7 @@ typedef struct sd_t2i {
 int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
                 const sd_unet_config *uc, sd_weights *uw, const sd_vae_config *vc,
                 sd_weights *vw, const sd_clip_config *cc, sd_weights *cw, sd_tokenizer *tok,
-                int resolution, sd_err *err);
+                int resolution, int max_images, sd_err *err);
 void sd_t2i_close(sd_t2i *g);
 
 /* Tokenizes `prompt` (77 ids, the pipeline's max_length padding and truncation) into ids
@@ -71,6 +75,12 @@ typedef void (*sd_t2i_noise_fn)(void *user, int k, float *out, int64_t n);
  * then the scheduler step. latents (host [lh, lw, C]) in: the initial noise, out: the result. */
 void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *uncond,
                     double guidance, float *latents, sd_t2i_noise_fn noise, void *noise_user);
+/* The same for nb images at once (1 <= nb <= max_images): conds [nb, 77, hidden], latents
+ * [nb, lh, lw, C], the sampler made for nb latents (s->n = nb * n_latent), noise_users[b] the
+ * noise source of image b. */
+void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
+                          const float *uncond, double guidance, float *latents,
+                          sd_t2i_noise_fn noise, void *const *noise_users);
 
 /* image (host [res, res, 3], about [-1, 1]) = VAE decode of latents / scale (fp32 division,
  * as the pipeline's latents / vae.config.scaling_factor). */

@@ -222,7 +222,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
 
 /* Loads every part on the host (fp32) and opens the generator on this rank's device. */
 static int load_models(const sd_config *cfg, const sd_device_info *dev, const sources *src,
-                       sd_t2i *g, char *what, size_t what_size, sd_err *err)
+                       int max_images, sd_t2i *g, char *what, size_t what_size, sd_err *err)
 {
     sd_unet_config uc;
     sd_vae_config vc;
@@ -373,7 +373,7 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
                  src->parts[0] ? src->parts : "random(seed)", tok_path) >= (int)what_size)
         what[what_size - 1] = '\0';
     rc = sd_t2i_open(g, dev->use_cuda ? "cuda" : "cpu", dev->device_id, precision, &uc, &uw, &vc,
-                     &vw, &cc, &cw, tok, (int)cfg->model.resolution, err);
+                     &vw, &cc, &cw, tok, (int)cfg->model.resolution, max_images, err);
     tok = NULL; /* owned by g now */
 out:
     sd_weights_free(&uw);
@@ -397,6 +397,19 @@ static void json_str(FILE *f, const char *s)
             fputc(*p, f);
     }
     fputc('"', f);
+}
+
+/* A scheduler for `n` latent elements (nb images of a batch) with the snapshot's options. */
+static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd_config *cfg,
+                        const sched_setup *ss, int64_t n, sd_err *err)
+{
+    if (sd_sampler_init(s, (sd_sampler_kind)kind, d, (int)cfg->sample.num_steps, ss->steps_offset,
+                        n, err) != 0)
+        return -1;
+    if (ss->set_alpha_to_one)
+        s->final_alpha_cumprod = 1.0f;
+    s->clip_sample_range = (float)ss->clip;
+    return 0;
 }
 
 typedef struct noise_ctx {
@@ -476,6 +489,12 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     const int64_t n_total = (int64_t)cfg->sample.n_prompts * cfg->sample.images_per_prompt;
     double t0 = sd_time_now();
     float scale;
+    /* images per U-Net call: &sample batch_size (0: 8 on a GPU, 1 on the CPU), at most this
+     * rank's share (images i = rank, rank + size, ...) */
+    const int64_t mine = n_total > rank ? (n_total - rank + size - 1) / size : 0;
+    int nb_max = cfg->sample.batch_size > 0 ? (int)cfg->sample.batch_size : dev->use_cuda ? 8 : 1;
+    if (nb_max > mine)
+        nb_max = mine > 0 ? (int)mine : 1;
 
     memset(&g, 0, sizeof g);
     memset(&d, 0, sizeof d);
@@ -500,15 +519,9 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         free(ts);
     }
     if (!failed)
-        failed = load_models(cfg, dev, &src, &g, what, sizeof what, &err) != 0;
+        failed = load_models(cfg, dev, &src, nb_max, &g, what, sizeof what, &err) != 0;
     if (!failed)
-        failed = sd_sampler_init(&s, (sd_sampler_kind)kind, &d, (int)cfg->sample.num_steps,
-                                 ss.steps_offset, g.n_latent, &err) != 0;
-    if (!failed) {
-        if (ss.set_alpha_to_one)
-            s.final_alpha_cumprod = 1.0f;
-        s.clip_sample_range = (float)ss.clip;
-    }
+        failed = make_sampler(&s, kind, &d, cfg, &ss, (int64_t)nb_max * g.n_latent, &err) != 0;
     if (!failed) {
         snprintf(dir, sizeof dir, "%s/samples", cfg->run.output_dir);
         failed = sd_mkdir_p(dir, "samples directory", &err) != 0;
@@ -536,6 +549,11 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 ss.clip > 0 ? ", clip_sample" : "", (double)scale);
 
     if (rank == 0)
+        sd_info("%d image(s) per denoising call (&sample batch_size %lld%s): a U-Net batch of %d",
+                nb_max, (long long)cfg->sample.batch_size,
+                cfg->sample.batch_size ? "" : dev->use_cuda ? ": 8 on a GPU" : ": 1 on the CPU",
+                guided ? 2 * nb_max : nb_max);
+    if (rank == 0)
         for (int p = 0; p < cfg->sample.n_prompts; p++) {
             int32_t ids[TEXT_LEN];
             int n_tok = 0;
@@ -547,8 +565,8 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 sd_warn("&sample prompts(%d) has %d tokens; the text encoder sees the first %d "
                         "(truncated, as the pipeline does)", p + 1, n_tok - 2, TEXT_LEN - 2);
         }
-    cond = sd_xmalloc((size_t)g.n_emb * sizeof *cond);
-    lat = sd_xmalloc((size_t)g.n_latent * sizeof *lat);
+    cond = sd_xmalloc((size_t)nb_max * (size_t)g.n_emb * sizeof *cond);
+    lat = sd_xmalloc((size_t)nb_max * (size_t)g.n_latent * sizeof *lat);
     img = sd_xmalloc((size_t)g.n_image * sizeof *img);
     rgb = sd_xmalloc((size_t)g.n_image);
     failed = 0;
@@ -557,41 +575,70 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         failed = sd_t2i_encode(&g, "", NULL, uncond, &err) != 0;
     }
     /* Image i = p * images_per_prompt + j goes to rank i mod size: a fixed assignment, and each
-     * image depends on (seed, p, j) only, so the files do not depend on the rank count. */
-    int last_p = -1;
-    for (int64_t i = rank; i < n_total && !failed; i += size) {
-        const int p = (int)(i / cfg->sample.images_per_prompt);
-        const int64_t j = i % cfg->sample.images_per_prompt;
-        noise_ctx nc = {(uint64_t)cfg->run.seed, (uint64_t)j, (uint64_t)p, g.lc, g.lh, g.lw, 0};
-        char file[SD_PATH_MAX + 64];
-        double ti = sd_time_now();
-        if (p != last_p) {
-            if (sd_t2i_encode(&g, cfg->sample.prompts[p], NULL, cond, &err)) {
-                failed = 1;
-                break;
+     * image depends on (seed, p, j) only, so the files do not depend on the rank count (nor, on
+     * the CPU, on batch_size). A rank denoises its images nb_max at a time, in order. */
+    {
+        noise_ctx nc[256];
+        void *users[256];
+        int64_t ids[256];
+        int last_p = -1;
+        float *last_cond = sd_xmalloc((size_t)g.n_emb * sizeof *last_cond);
+        SD_CHECK(nb_max <= 256, "batch_size %d", nb_max);
+        for (int64_t i0 = rank; i0 < n_total && !failed; i0 += (int64_t)nb_max * size) {
+            int nb = 0;
+            double ti = sd_time_now();
+            for (int64_t i = i0; i < n_total && nb < nb_max; i += size)
+                ids[nb++] = i;
+            for (int b = 0; b < nb && !failed; b++) {
+                const int p = (int)(ids[b] / cfg->sample.images_per_prompt);
+                const int64_t j = ids[b] % cfg->sample.images_per_prompt;
+                float *cb = cond + (size_t)b * (size_t)g.n_emb;
+                nc[b] = (noise_ctx){(uint64_t)cfg->run.seed, (uint64_t)j, (uint64_t)p, g.lc, g.lh,
+                                    g.lw, 0};
+                users[b] = &nc[b];
+                /* one text-encoder pass per prompt change (images come prompt by prompt) */
+                if (p != last_p) {
+                    failed = sd_t2i_encode(&g, cfg->sample.prompts[p], NULL, last_cond, &err) != 0;
+                    last_p = p;
+                }
+                memcpy(cb, last_cond, (size_t)g.n_emb * sizeof *cb);
+                if (!failed)
+                    failed = sd_sampler_normals_nhwc(nc[b].seed, SD_SAMPLER_RNG_INIT,
+                                                     nc[b].image, nc[b].prompt, 0, g.lc, g.lh,
+                                                     g.lw, lat + (size_t)b * (size_t)g.n_latent,
+                                                     &err) != 0;
             }
-            last_p = p;
+            if (failed)
+                break;
+            if (s.n != (int64_t)nb * g.n_latent) { /* the last, smaller batch */
+                sd_sampler_free(&s);
+                SD_CHECK(make_sampler(&s, kind, &d, cfg, &ss, (int64_t)nb * g.n_latent,
+                                      &err) == 0, "%s", err.msg);
+            }
+            sd_t2i_denoise_batch(&g, &s, nb, cond, guided ? uncond : NULL, g_scale, lat,
+                                 ddpm_noise, users);
+            for (int b = 0; b < nb && !failed; b++) {
+                const int p = (int)(ids[b] / cfg->sample.images_per_prompt);
+                const int64_t j = ids[b] % cfg->sample.images_per_prompt;
+                char file[SD_PATH_MAX + 64];
+                if (nc[b].failed) {
+                    failed = sd_err_set(&err, "DDPM noise of image %lld beyond the RNG limits",
+                                        (long long)ids[b]) != 0;
+                    break;
+                }
+                sd_t2i_decode(&g, lat + (size_t)b * (size_t)g.n_latent, scale, img);
+                sd_image_to_u8(g.n_image, img, rgb);
+                snprintf(file, sizeof file, "%s/%d-%" PRId64 ".png", dir, p, j);
+                if (sd_image_write_png(file, rgb, g.res, g.res, &err)) {
+                    failed = 1;
+                    break;
+                }
+                n_mine++;
+                sd_debug("wrote %s", file);
+            }
+            sd_debug("%d image(s) in %.2f s", nb, sd_time_now() - ti);
         }
-        if (sd_sampler_normals_nhwc(nc.seed, SD_SAMPLER_RNG_INIT, nc.image, nc.prompt, 0, g.lc,
-                                    g.lh, g.lw, lat, &err)) {
-            failed = 1;
-            break;
-        }
-        sd_t2i_denoise(&g, &s, cond, guided ? uncond : NULL, g_scale, lat, ddpm_noise, &nc);
-        if (nc.failed) {
-            failed = sd_err_set(&err, "DDPM noise of image %lld beyond the RNG limits",
-                                (long long)i) != 0;
-            break;
-        }
-        sd_t2i_decode(&g, lat, scale, img);
-        sd_image_to_u8(g.n_image, img, rgb);
-        snprintf(file, sizeof file, "%s/%d-%" PRId64 ".png", dir, p, j);
-        if (sd_image_write_png(file, rgb, g.res, g.res, &err)) {
-            failed = 1;
-            break;
-        }
-        n_mine++;
-        sd_debug("wrote %s (%.2f s)", file, sd_time_now() - ti);
+        free(last_cond);
     }
     if (sd_agree(comm, failed, &err) != 0) {
         if (rank == 0)

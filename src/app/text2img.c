@@ -45,16 +45,19 @@ void sd_t2i_close(sd_t2i *g)
     if (g->cw.data)
         sd_weights_free(&g->cw);
     free(g->h_eps);
+    free(g->h_ts);
+    free(g->h_z);
     memset(g, 0, sizeof *g);
 }
 
 int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
                 const sd_unet_config *uc, sd_weights *uw, const sd_vae_config *vc,
                 sd_weights *vw, const sd_clip_config *cc, sd_weights *cw, sd_tokenizer *tok,
-                int resolution, sd_err *err)
+                int resolution, int max_images, sd_err *err)
 {
     int factor, oh, ow;
     memset(g, 0, sizeof *g);
+    g->max_images = max_images > 0 ? max_images : 1;
     g->ucfg = *uc;
     g->vcfg = *vc;
     g->ccfg = *cc;
@@ -85,7 +88,7 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
     if (g->vcfg.out_channels != 3)
         return sd_err_set(err, "the VAE decodes to %d channels; images need 3 (RGB)",
                           g->vcfg.out_channels);
-    if (sd_unet_check_shape(&g->ucfg, 2, g->lh, g->lw, TEXT_LEN, err) ||
+    if (sd_unet_check_shape(&g->ucfg, 2 * g->max_images, g->lh, g->lw, TEXT_LEN, err) ||
         sd_vae_check_latent_shape(&g->vcfg, 1, g->lh, g->lw, &oh, &ow, err) ||
         sd_clip_check_shape(&g->ccfg, 1, TEXT_LEN, err))
         return -1;
@@ -105,7 +108,8 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
         sd_vae_create(&g->vae, &g->vcfg, &g->vw.table, g->vparams, g->be, err) ||
         sd_clip_create(&g->clip, &g->ccfg, &g->cw.table, g->cparams, g->be, err))
         return -1;
-    if (sd_cmd_arena(&g->cb, sd_unet_scratch_bytes(&g->ucfg, g->be, 2, g->lh, g->lw, TEXT_LEN),
+    if (sd_cmd_arena(&g->cb, sd_unet_scratch_bytes(&g->ucfg, g->be, 2 * g->max_images, g->lh,
+                                                   g->lw, TEXT_LEN),
                      &g->unet_arena) ||
         sd_cmd_arena(&g->cb, sd_vae_decode_scratch_bytes(&g->vcfg, g->be, 1, g->lh, g->lw),
                      &g->vae_arena) ||
@@ -113,10 +117,10 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
         return sd_err_set(err, "cannot allocate the activation memory on the %s backend",
                           g->be->name);
     {
-        const size_t es = sd_dtype_size(g->be->dtype);
-        g->d_lat = sd_backend_alloc(g->be, 2 * (size_t)g->n_latent * es);
-        g->d_eps = sd_backend_alloc(g->be, 2 * (size_t)g->n_latent * es);
-        g->d_ctx = sd_backend_alloc(g->be, 2 * (size_t)g->n_emb * es);
+        const size_t es = sd_dtype_size(g->be->dtype), rows = 2 * (size_t)g->max_images;
+        g->d_lat = sd_backend_alloc(g->be, rows * (size_t)g->n_latent * es);
+        g->d_eps = sd_backend_alloc(g->be, rows * (size_t)g->n_latent * es);
+        g->d_ctx = sd_backend_alloc(g->be, rows * (size_t)g->n_emb * es);
         g->d_ids = sd_backend_alloc(g->be, TEXT_LEN * sizeof(int32_t));
         g->d_emb = sd_backend_alloc(g->be, (size_t)g->n_emb * es);
         g->d_img = sd_backend_alloc(g->be, (size_t)g->n_image * es);
@@ -124,7 +128,9 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
             return sd_err_set(err, "cannot allocate the sampling buffers on the %s backend",
                               g->be->name);
     }
-    g->h_eps = sd_xmalloc(2 * (size_t)g->n_latent * sizeof(float));
+    g->h_eps = sd_xmalloc(2 * (size_t)g->max_images * (size_t)g->n_latent * sizeof(float));
+    g->h_ts = sd_xmalloc(2 * (size_t)g->max_images * sizeof(float));
+    g->h_z = sd_xmalloc((size_t)g->max_images * (size_t)g->n_latent * sizeof(float));
     return 0;
 }
 
@@ -152,43 +158,55 @@ int sd_t2i_encode(sd_t2i *g, const char *prompt, int32_t *ids_out, float *emb, s
     return 0;
 }
 
-void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *uncond,
-                    double guidance, float *latents, sd_t2i_noise_fn noise, void *noise_user)
+void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
+                          const float *uncond, double guidance, float *latents,
+                          sd_t2i_noise_fn noise, void *const *noise_users)
 {
-    const int64_t n = g->n_latent;
-    const int batch = uncond ? 2 : 1;
+    const int64_t n = g->n_latent, nn = (int64_t)nb * n;
+    const int rows = uncond ? 2 * nb : nb;
     const size_t es = sd_dtype_size(g->be->dtype);
-    float *z = NULL, *eps = g->h_eps;
-    SD_CHECK(s->n == n, "sampler for %lld elements, latents have %lld", (long long)s->n,
-             (long long)n);
-    /* context [uncond, cond] (or [cond]) stays on the backend for the whole loop */
-    if (uncond) {
-        sd_upload_f32(g->be, g->d_ctx, uncond, g->n_emb);
-        sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)g->n_emb * es, cond, g->n_emb);
-    } else {
-        sd_upload_f32(g->be, g->d_ctx, cond, g->n_emb);
-    }
-    if (s->kind == SD_SAMPLER_DDPM)
-        z = sd_xmalloc((size_t)n * sizeof *z);
+    float *eps = g->h_eps;
+    SD_CHECK(nb >= 1 && nb <= g->max_images, "%d images for a generator of %d", nb,
+             g->max_images);
+    SD_CHECK(s->n == nn, "sampler for %lld elements, latents of %d images have %lld",
+             (long long)s->n, nb, (long long)nn);
+    /* contexts [uncond x nb, cond_0 .. cond_nb-1] (or the conds) stay on the backend for the
+     * whole loop */
+    if (uncond)
+        for (int b = 0; b < nb; b++)
+            sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)b * (size_t)g->n_emb * es, uncond,
+                          g->n_emb);
+    sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)(rows - nb) * (size_t)g->n_emb * es, conds,
+                  (int64_t)nb * g->n_emb);
     sd_sampler_reset(s);
     for (int i = 0; i < s->n_timesteps; i++) {
-        const float t = (float)s->timesteps[i];
-        const float ts[2] = {t, t};
-        for (int b = 0; b < batch; b++)
-            sd_upload_f32(g->be, (char *)g->d_lat + (size_t)b * (size_t)n * es, latents, n);
-        sd_unet_forward(g->unet, batch, g->lh, g->lw, g->d_lat, ts, g->d_ctx, TEXT_LEN, g->d_eps,
-                        &g->unet_arena, NULL);
+        for (int r = 0; r < rows; r++)
+            g->h_ts[r] = (float)s->timesteps[i];
+        /* the latents once per half of the batch */
+        for (int h = 0; h < rows / nb; h++)
+            sd_upload_f32(g->be, (char *)g->d_lat + (size_t)h * (size_t)nn * es, latents, nn);
+        sd_unet_forward(g->unet, rows, g->lh, g->lw, g->d_lat, g->h_ts, g->d_ctx, TEXT_LEN,
+                        g->d_eps, &g->unet_arena, NULL);
         sd_synchronize(g->be);
-        sd_download_f32(g->be, eps, g->d_eps, (int64_t)batch * n);
+        sd_download_f32(g->be, eps, g->d_eps, (int64_t)rows * n);
         if (uncond)
-            sd_guidance_combine(n, eps, eps + n, guidance, eps);
-        if (z && s->timesteps[i] > 0) {
+            sd_guidance_combine(nn, eps, eps + nn, guidance, eps);
+        const float *z = NULL;
+        if (s->kind == SD_SAMPLER_DDPM && s->timesteps[i] > 0) {
             SD_CHECK(noise != NULL, "DDPM sampling needs a noise source");
-            noise(noise_user, i, z, n);
+            for (int b = 0; b < nb; b++)
+                noise(noise_users[b], i, g->h_z + (size_t)b * (size_t)n, n);
+            z = g->h_z;
         }
         sd_sampler_step(s, i, eps, latents, z);
     }
-    free(z);
+}
+
+void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *uncond,
+                    double guidance, float *latents, sd_t2i_noise_fn noise, void *noise_user)
+{
+    void *users[1] = {noise_user};
+    sd_t2i_denoise_batch(g, s, 1, cond, uncond, guidance, latents, noise, users);
 }
 
 void sd_t2i_decode(sd_t2i *g, const float *latents, double scale, float *image)

@@ -183,6 +183,10 @@ static const sd_option options[] = {
     CHOICE(sample, scheduler, "'ddim'", "ddim|pndm|ddpm", "Sampler (noise scheduler) used to generate images."),
     INT(sample, images_per_prompt, "1", 1, 1024, "",
         "Images per prompt; image j of prompt p is a function of (seed, p, j) only."),
+    INT(sample, batch_size, "0", 0, 256, "images",
+        "Images denoised together in one U-Net call (each rank's images, in order; the images do "
+        "not depend on it on the CPU, whose U-Net is batch-invariant). 0 = 8 on a GPU, 1 on the "
+        "CPU."),
     STRING(sample, checkpoint, "''",
            "What to sample from: a diffusers snapshot, a training output directory (its "
            "unet_final.safetensors, else its newest checkpoint), a checkpoint directory (step-K, "

@@ -54,11 +54,40 @@ run pngother "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" 
 expect_rc pngother 1
 pass "ddim, pndm, ddpm: same PNG bytes at -np 1 and 2, samples.jsonl"
 
+# several images per U-Net call (&sample batch_size): the CPU's U-Net is batch-invariant, so the
+# same bytes; 6 images as 4 + 2 on one rank, and as 2 + 1 on each of two ranks (the last batch
+# smaller: the scheduler is remade for it); DDPM draws its noise per image
+for sched in ddim pndm ddpm; do
+    sample_nml "${sched}b4" "$sched" ", batch_size = 4"
+    mpi "${sched}b4" 1 "$SDTRAIN" "$TMP/${sched}b4.nml"
+    expect_rc "${sched}b4" 0
+    expect_in "${sched}b4" out "4 image(s) per denoising call (&sample batch_size 4): a U-Net batch of 8"
+    sample_nml "${sched}b2" "$sched" ", batch_size = 2"
+    mpi "${sched}b2" 2 "$SDTRAIN" "$TMP/${sched}b2.nml"
+    expect_rc "${sched}b2" 0
+    for p in 0 1 2; do
+        for j in 0 1; do
+            f="samples/$p-$j.png"
+            cmp -s "$TMP/${sched}1/$f" "$TMP/${sched}b4/$f" || fail "$sched: $f differs with batch_size 4"
+            cmp -s "$TMP/${sched}1/$f" "$TMP/${sched}b2/$f" || fail "$sched: $f differs with batch_size 2 at -np 2"
+        done
+    done
+done
+expect_in ddim1 out "1 image(s) per denoising call (&sample batch_size 0: 1 on the CPU): a U-Net batch of 2"
+pass "batch_size 4 and 2: the same PNG bytes as one image at a time"
+
 # guidance 1: no unconditional pass, and a different image
 sample_nml g1 ddim
 mpi g1 2 "$SDTRAIN" "$TMP/g1.nml" --set sample.guidance_scale=1.0
 expect_rc g1 0
 expect_in g1 out "(no unconditional pass)"
+mpi g1b3 1 "$SDTRAIN" "$TMP/g1.nml" --set sample.guidance_scale=1.0 --set sample.batch_size=3 \
+    --set run.output_dir="'$TMP/g1b3'"
+expect_rc g1b3 0
+expect_in g1b3 out "a U-Net batch of 3"
+for f in 0-0 1-1 2-1; do
+    cmp -s "$TMP/g1b3/samples/$f.png" "$TMP/g1/samples/$f.png" || fail "guidance 1, batch 3: $f differs"
+done
 cmp -s "$TMP/g1/samples/0-0.png" "$TMP/ddim1/samples/0-0.png" && fail "guidance 1 gave the guided image"
 pass "guidance_scale 1 skips the unconditional pass"
 
