@@ -65,7 +65,7 @@ typedef struct sd_config {
         int64_t max_image_pixels;
         int64_t min_image_side;
         bool strict_jpeg;
-        int64_t encode_batch_size;
+        int64_t encode_batch_size;      /* 0 = 32 on a GPU, 8 on the CPU */
         char encode_precision[SD_NAME_MAX]; /* auto | fp32 | bf16 */
         double shard_wait_timeout;          /* s: mode 'pipeline', the trainers' longest wait */
     } data;

@@ -120,7 +120,9 @@ static int load_encoders(const sd_config *cfg, const sd_device_info *dev, encode
         return -1;
     e->be = e->cb.be;
     e->res = (int)cfg->model.resolution;
-    e->batch = (int)cfg->data.encode_batch_size;
+    e->batch = cfg->data.encode_batch_size > 0 ? (int)cfg->data.encode_batch_size
+               : dev->use_cuda                  ? 32
+                                                : 8;
 
     if (cfg->model.pretrained[0] || cfg->model.autoencoder[0]) {
         sd_snapshot s;

@@ -104,8 +104,9 @@ static const sd_option options[] = {
     LOGICAL(data, strict_jpeg, ".true.",
             "Treat libjpeg's corrupt-data warnings as errors (skip the image); truncated files are "
             "always skipped."),
-    INT(data, encode_batch_size, "8", 1, 4096, "samples",
-        "Images and captions encoded per VAE / text-encoder call during preprocessing."),
+    INT(data, encode_batch_size, "0", 0, 4096, "samples",
+        "Images and captions encoded per VAE / text-encoder call during preprocessing; 0 = 32 "
+        "on a GPU, 8 on the CPU."),
     CHOICE(data, encode_precision, "'auto'", "auto|fp32|bf16",
            "Compute type of the VAE and text encoders in preprocessing: 'auto' = bf16 on a GPU, "
            "fp32 on the CPU; 'bf16' needs &run device = 'cuda' (or 'auto' with a GPU)."),
