@@ -9,6 +9,7 @@
 #      rank with the same global batch; with two GPUs or more also the NCCL path, DDP and ZeRO-2
 #      within 1e-3 of one rank;
 #   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message;
+#      gradient accumulation (4 x 2) trains like batch 8; an injected NaN skips its step;
 #   6. checkpoints on the GPU (device and host paths): killed at the start of step 7 with a
 #      checkpoint of step 4, the resumed run gives the same weights as the uninterrupted one.
 # Skips without a CUDA build or a GPU.
@@ -116,6 +117,16 @@ ACCUM=1
 expect_rc acc1 0
 losses acc1 gpu1 1e-4
 weights acc1 gpu1 1e-3
+
+# a NaN written into the first micro-batch's loss gradient on the GPU (2 micro-batches): the
+# step is skipped (the device path's non-finite check), counted, training goes on
+ACCUM=2
+SDTRAIN_FAULT=nan:rank=0:step=3 train nan1 1 4 none cuda fp32
+ACCUM=1
+expect_rc nan1 0
+expect_in nan1 err "non-finite loss or gradients"
+expect_in nan1 out "(1 skipped: non-finite)"
+grep -q '"skipped": 1' "$TMP/nan1/metrics.jsonl" || fail "GPU nan: skipped count not in metrics"
 
 if [ "${ngpus:-1}" -ge 2 ]; then
     # NCCL: one GPU per rank
