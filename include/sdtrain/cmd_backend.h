@@ -43,6 +43,24 @@ float *sd_cmd_get(const sd_cmd_backend *b, const void *x, int64_t n);
 int sd_cmd_arena(const sd_cmd_backend *b, size_t bytes, sd_arena *a);
 void sd_cmd_arena_free(const sd_cmd_backend *b, sd_arena *a);
 
+/* ---- options of an sdtool command ------------------------------------------------------- */
+
+/* One option: "--name VALUE" into *str, "--name N" (an integer in [lo, hi]) into *num, or a
+ * flag "--name" setting *num to 1. Exactly one of str / num is given; lo = hi = 0 marks a flag. */
+typedef struct sd_cmd_opt {
+    const char *name;
+    const char **str;
+    int *num;
+    int lo, hi;
+} sd_cmd_opt;
+
+/* Parses argv[1..] against `opts` (n entries) for "sdtool CMD". Returns 1 for --help / -h (the
+ * caller prints its usage), 0 when everything parsed, -1 with a message in err naming the
+ * argument ("unknown argument '--x' (see sdtool CMD --help)", "--n needs a value ...",
+ * "--n 'v': expected a whole number from lo to hi"). */
+int sd_cmd_parse_opts(int argc, char **argv, const char *cmd, const sd_cmd_opt *opts, int n,
+                      sd_err *err);
+
 #ifdef __cplusplus
 }
 #endif

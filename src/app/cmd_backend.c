@@ -1,6 +1,8 @@
-/* sdtool's --device / --precision: one backend per command, and host <-> backend moves. */
+/* sdtool's --device / --precision: one backend per command, and host <-> backend moves; the
+ * commands' option parsing. */
 #include "sdtrain/cmd_backend.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,4 +103,40 @@ void sd_cmd_arena_free(const sd_cmd_backend *b, sd_arena *a)
     if (!b->host && a->base)
         sd_backend_free(b->be, a->base);
     sd_arena_free(a);
+}
+
+int sd_cmd_parse_opts(int argc, char **argv, const char *cmd, const sd_cmd_opt *opts, int n,
+                      sd_err *err)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const sd_cmd_opt *o = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return 1;
+        for (int k = 0; k < n && !o; k++)
+            if (!strcmp(a, opts[k].name))
+                o = &opts[k];
+        if (!o)
+            return sd_err_set(err, "unknown argument '%s' (see sdtool %s --help)", a, cmd);
+        if (o->num && o->lo == 0 && o->hi == 0) {
+            *o->num = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return sd_err_set(err, "%s needs a value (see sdtool %s --help)", a, cmd);
+        i++;
+        if (o->str) {
+            *o->str = argv[i];
+        } else {
+            char *end;
+            long v;
+            errno = 0;
+            v = strtol(argv[i], &end, 10);
+            if (errno || *end || end == argv[i] || v < o->lo || v > o->hi)
+                return sd_err_set(err, "%s '%s': expected a whole number from %d to %d", a,
+                                  argv[i], o->lo, o->hi);
+            *o->num = (int)v;
+        }
+    }
+    return 0;
 }

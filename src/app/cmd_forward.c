@@ -664,46 +664,22 @@ int sd_cmd_forward(int argc, char **argv)
     memset(&o, 0, sizeof o);
     o.threads = 0;
     o.repeat = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char **slot = NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    {
+        const sd_cmd_opt opts[] = {
+            {"--snapshot", &o.snapshot, NULL, 0, 0}, {"--module", &o.module, NULL, 0, 0},
+            {"--in", &o.in, NULL, 0, 0},             {"--out", &o.out, NULL, 0, 0},
+            {"--weights", &o.weights, NULL, 0, 0},   {"--device", &o.device, NULL, 0, 0},
+            {"--precision", &o.precision, NULL, 0, 0},
+            {"--threads", NULL, &o.threads, 1, 4096}, {"--repeat", NULL, &o.repeat, 1, 4096},
+        };
+        int r = sd_cmd_parse_opts(argc, argv, "forward", opts, (int)(sizeof opts / sizeof opts[0]),
+                                  &err);
+        if (r == 1) {
             forward_usage(stdout);
             return SD_EXIT_OK;
         }
-        if (!strcmp(a, "--snapshot"))
-            slot = &o.snapshot;
-        else if (!strcmp(a, "--module"))
-            slot = &o.module;
-        else if (!strcmp(a, "--in"))
-            slot = &o.in;
-        else if (!strcmp(a, "--out"))
-            slot = &o.out;
-        else if (!strcmp(a, "--weights"))
-            slot = &o.weights;
-        else if (!strcmp(a, "--device"))
-            slot = &o.device;
-        else if (!strcmp(a, "--precision"))
-            slot = &o.precision;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "--repeat")) {
-            char *end;
-            long v;
-            if (i + 1 >= argc)
-                return fail_input("%s needs a value (see sdtool forward --help)", a);
-            errno = 0;
-            v = strtol(argv[++i], &end, 10);
-            if (errno || *end || end == argv[i] || v < 1 || v > 4096)
-                return fail_input("%s '%s': expected a whole number from 1 to 4096", a, argv[i]);
-            if (!strcmp(a, "--threads"))
-                o.threads = (int)v;
-            else
-                o.repeat = (int)v;
-            continue;
-        } else
-            return fail_input("unknown argument '%s' (see sdtool forward --help)", a);
-        if (i + 1 >= argc)
-            return fail_input("%s needs a value (see sdtool forward --help)", a);
-        *slot = argv[++i];
+        if (r < 0)
+            return fail_input("%s", err.msg);
     }
     if (!o.snapshot || !o.module || !o.in || !o.out) {
         forward_usage(stderr);

@@ -419,48 +419,23 @@ int sd_cmd_grad(int argc, char **argv)
 {
     grad_opts o;
     memset(&o, 0, sizeof o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char **slot = NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    {
+        const sd_cmd_opt opts[] = {
+            {"--snapshot", &o.snapshot, NULL, 0, 0}, {"--batch", &o.batch, NULL, 0, 0},
+            {"--out", &o.out, NULL, 0, 0},           {"--weights", &o.weights, NULL, 0, 0},
+            {"--prediction-type", &o.prediction, NULL, 0, 0},
+            {"--device", &o.device, NULL, 0, 0},     {"--precision", &o.precision, NULL, 0, 0},
+            {"--threads", NULL, &o.threads, 1, 4096}, {"--recompute", NULL, &o.recompute, 0, 0},
+        };
+        sd_err perr;
+        int r = sd_cmd_parse_opts(argc, argv, "grad", opts, (int)(sizeof opts / sizeof opts[0]),
+                                  &perr);
+        if (r == 1) {
             grad_usage(stdout);
             return SD_EXIT_OK;
         }
-        if (!strcmp(a, "--recompute")) {
-            o.recompute = 1;
-            continue;
-        }
-        if (!strcmp(a, "--snapshot"))
-            slot = &o.snapshot;
-        else if (!strcmp(a, "--batch"))
-            slot = &o.batch;
-        else if (!strcmp(a, "--out"))
-            slot = &o.out;
-        else if (!strcmp(a, "--weights"))
-            slot = &o.weights;
-        else if (!strcmp(a, "--prediction-type"))
-            slot = &o.prediction;
-        else if (!strcmp(a, "--device"))
-            slot = &o.device;
-        else if (!strcmp(a, "--precision"))
-            slot = &o.precision;
-        else if (!strcmp(a, "--threads")) {
-            char *end;
-            long v;
-            if (i + 1 >= argc)
-                return fail(SD_EXIT_USAGE, "--threads needs a value");
-            errno = 0;
-            v = strtol(argv[++i], &end, 10);
-            if (errno || *end || end == argv[i] || v < 1 || v > 4096)
-                return fail(SD_EXIT_USAGE, "--threads '%s': expected a whole number from 1 to 4096",
-                            argv[i]);
-            o.threads = (int)v;
-            continue;
-        } else
-            return fail(SD_EXIT_USAGE, "unknown argument '%s' (see sdtool grad --help)", a);
-        if (i + 1 >= argc)
-            return fail(SD_EXIT_USAGE, "%s needs a value (see sdtool grad --help)", a);
-        *slot = argv[++i];
+        if (r < 0)
+            return fail(SD_EXIT_USAGE, "%s", perr.msg);
     }
     if (!o.snapshot || !o.batch || !o.out) {
         grad_usage(stderr);
