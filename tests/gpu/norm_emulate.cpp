@@ -6,7 +6,7 @@
 // from the backend's own grid helpers on a pretend GPU of 2 SMs, so the grid-stride loops wrap.
 // Checks: the 16-byte apply kernel and the register variant give the bits of a scalar reference
 // of the same expression (fp32 and bf16, with and without SiLU and affine parameters); the
-// "fast" variant runs; the wide moments kernel gives the partials of the narrow one bit for bit,
+// "fast" variant runs; the input-gradient kernels (scalar, 16-byte, register) agree bit for bit; the wide moments kernel gives the partials of the narrow one bit for bit,
 // and the group statistics are those of a double-precision reference; mse_loss and the casts
 // against host references.
 #include <barrier>
@@ -218,6 +218,50 @@ static void apply_case(int n, int hw, int c, int groups, int silu, int affine)
     check((int64_t)gr.x * NORM_THREADS % (c / vec) == 0, "%s", w2);
 }
 
+// input gradient: the scalar, 16-byte and register kernels give the same bits (written and
+// accumulated), on random statistics and group coefficients
+template <typename T>
+static void dx_case(int n, int hw, int c, int groups, int silu, int affine, int accumulate)
+{
+    const sd_backend be = {2, sizeof(T)};
+    const int64_t per = (int64_t)hw * c, total = n * per;
+    std::vector<float> xf(total), dyf(total), oldf(total), gf(c), bf(c), mean(n * groups),
+        rstd(n * groups), coef(2 * n * groups);
+    for (auto &v : xf)
+        v = uni(-3, 3);
+    for (auto &v : dyf)
+        v = uni(-1, 1);
+    for (auto &v : oldf)
+        v = uni(-1, 1);
+    for (int i = 0; i < c; i++)
+        gf[i] = uni(0.5f, 1.5f), bf[i] = uni(-0.5f, 0.5f);
+    for (int i = 0; i < n * groups; i++)
+        mean[i] = uni(-0.5f, 0.5f), rstd[i] = uni(0.5f, 2.0f);
+    for (auto &v : coef)
+        v = uni(-0.1f, 0.1f);
+    std::vector<T> x = to_t<T>(xf), dy = to_t<T>(dyf), g = to_t<T>(gf), b = to_t<T>(bf);
+    const T *gp = affine ? g.data() : nullptr, *bp = affine && silu ? b.data() : nullptr;
+    std::vector<T> ds = to_t<T>(oldf), dv = ds, dr = ds;
+    launch(dim3(5), dim3(NORM_THREADS), false, [&] {
+        gn_dx_kernel<T>(total, per, c, groups, x.data(), gp, bp, mean.data(), rstd.data(),
+                        coef.data(), dy.data(), silu, ds.data(), accumulate);
+    });
+    launch(gn_vec_grid(&be, per, n), dim3(NORM_THREADS), false, [&] {
+        gn_dx_vec_kernel<T>((int)per, c, groups, x.data(), gp, bp, mean.data(), rstd.data(),
+                            coef.data(), dy.data(), silu, dv.data(), accumulate);
+    });
+    launch(gn_regs_grid(&be, per, c, n), dim3(NORM_THREADS), false, [&] {
+        gn_dx_regs_kernel<T>((int)per, c, groups, x.data(), gp, bp, mean.data(), rstd.data(),
+                             coef.data(), dy.data(), silu, dr.data(), accumulate);
+    });
+    char what[160];
+    snprintf(what, sizeof what, "%s n=%d hw=%d c=%d groups=%d%s%s%s", tname<T>(), n, hw, c,
+             groups, silu ? " silu" : "", affine ? " affine" : "", accumulate ? " accumulate" : "");
+    const size_t bytes = (size_t)total * sizeof(T);
+    check(memcmp(ds.data(), dv.data(), bytes) == 0, "dx %s: 16-byte kernel = scalar kernel", what);
+    check(memcmp(ds.data(), dr.data(), bytes) == 0, "dx %s: regs kernel = scalar kernel", what);
+}
+
 // moments: narrow and wide partials bit for bit, then the group statistics against double
 template <typename T>
 static void moments_case(int n, int64_t rows, int c, int groups, float shift)
@@ -333,6 +377,10 @@ static void all_cases()
     apply_case<T>(2, 1100, 128, 32, 1, 1);
     apply_case<T>(2, 180, 320, 32, 1, 1);
     apply_case<T>(1, 64, 1280, 32, 1, 1);
+    dx_case<T>(2, 1100, 128, 32, 1, 1, 0);
+    dx_case<T>(2, 180, 320, 32, 1, 1, 1);
+    dx_case<T>(3, 200, 24, 4, 0, 1, 0);
+    dx_case<T>(2, 333, 40, 8, 1, 0, 1);
     moments_case<T>(2, 600, 40, 8, 0.5f);
     moments_case<T>(2, 300, 128, 32, 40.0f);
     moments_case<T>(1, 257, 136, 8, 0.0f);

@@ -54,11 +54,13 @@ out = []
 norm = open(cuda_dir + '/ops_cuda_norm.cu').read().split('\n')
 for m in ('NORM_ROWS', 'NORM_THREADS', 'NORM_LOOP', 'GN_STAT_THREADS', 'GN_WIDE'):
     out += macro(norm, m)
-for name in ('norm_chunks', 'norm_silu', 'norm_silu_fast', 'gn_moments', 'gn_merge',
+for name in ('norm_chunks', 'norm_silu', 'norm_silu_grad', 'norm_silu_fast', 'gn_dz',
+             'gn_moments', 'gn_merge',
              'gn_moments_partial_kernel', 'gn_load4', 'gn_moments_partial_wide_kernel',
              'gn_moments_group_kernel', 'gn_apply_kernel', 'pack16', 'gn_sample',
              'gn_sample_at', 'gn_apply_vec_kernel', 'gn_apply_regs_kernel', 'gn_gcd',
-             'gn_regs_grid', 'gn_vec_grid', 'gn_vec_ok'):
+             'gn_regs_grid', 'gn_vec_grid', 'gn_vec_ok', 'gn_dx_kernel', 'gn_dx_vec_kernel',
+             'gn_dx_regs_kernel'):
     for d in definitions(norm, name):
         out += d + ['']
 elem = open(cuda_dir + '/ops_cuda_elem.cu').read().split('\n')

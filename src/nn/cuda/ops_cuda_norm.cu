@@ -754,6 +754,61 @@ static __global__ void gn_dx_vec_kernel(int per_sample, int c, int groups, const
     }
 }
 
+/* gn_dx_vec_kernel with each thread's channel constants in registers (SDTRAIN_CUDA_GN_APPLY=regs
+ * or fast; the grid of gn_regs_grid, so a thread's pieces all start at one channel): mean, rstd,
+ * the two group coefficients, gamma and beta of its VEC channels are loaded once. Per element
+ * the operations of gn_dz and gn_dx_vec_kernel in the same order: the same bits. */
+template <typename T>
+static __global__ void gn_dx_regs_kernel(int per_sample, int c, int groups, const T *x,
+                                         const T *gamma, const T *beta, const float *mean,
+                                         const float *rstd, const float *coef, const T *dy,
+                                         int silu, T *dx, int accumulate)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    const gn_sample sm = gn_sample_at(per_sample, c, groups, VEC, mean, rstd);
+    const int v0 = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
+    if (v0 >= sm.nvec)
+        return;
+    const float *cb = coef + 2 * (int64_t)blockIdx.y * groups;
+    const int ch0 = (v0 * VEC) % c;
+    float mk[VEC], rk[VEC], c1[VEC], c2[VEC], gk[VEC], bk[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) {
+        const int ch = ch0 + j, g = ch / sm.cg;
+        mk[j] = sm.mean[g];
+        rk[j] = sm.rstd[g];
+        c1[j] = cb[2 * g];
+        c2[j] = cb[2 * g + 1];
+        gk[j] = gamma ? sd_ld(gamma, ch) : 1.0f;
+        bk[j] = beta ? sd_ld(beta, ch) : 0.0f;
+    }
+    for (int v = v0; v < sm.nvec; v += stride) {
+        const int64_t at = sm.base + (int64_t)v * VEC;
+        pack16<T> xv, dyv, old, out;
+        xv.u = *(const uint4 *)(x + at);
+        dyv.u = *(const uint4 *)(dy + at);
+        if (accumulate)
+            old.u = *(const uint4 *)(dx + at);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const float xh = (sd_ld(xv.e, j) - mk[j]) * rk[j];
+            float dz = sd_ld(dyv.e, j);
+            if (silu) {
+                float z = xh;
+                if (gamma)
+                    z = z * gk[j];
+                if (beta)
+                    z = z + bk[j];
+                dz = dz * norm_silu_grad(z);
+            }
+            const float gg = gamma ? dz * gk[j] : dz;
+            const float val = rk[j] * (gg - c1[j] - xh * c2[j]);
+            sd_st(out.e, j, accumulate ? sd_ld(old.e, j) + val : val);
+        }
+        *(uint4 *)(dx + at) = out.u;
+    }
+}
+
 static size_t cuda_group_norm_forward_scratch(const sd_backend *be, const sd_group_norm_desc *d)
 {
     /* chunk partials (1 value per channel; 2 in one-pass mode), then mean and rstd for a caller
@@ -875,7 +930,13 @@ static void cuda_group_norm_backward(const sd_backend *be, const sd_group_norm_d
                                 NORM_THREADS, 0, s>>>(n, groups, c, count, (const T *)gamma,
                                                       tot, coef);
             SD_CUDA_LAUNCHED(be);
-            if (gn_vec_ok(be, hw * c, c, x, dx, n) && (uintptr_t)dy % 16 == 0) {
+            if (gn_vec_ok(be, hw * c, c, x, dx, n) && (uintptr_t)dy % 16 == 0 &&
+                sd_cuda(be)->gn_apply_regs) {
+                gn_dx_regs_kernel<T><<<gn_regs_grid(be, hw * c, c, n), NORM_THREADS, 0, s>>>(
+                    (int)(hw * c), c, groups, (const T *)x, (const T *)gamma,
+                    (const T *)beta_used, mean, rstd, coef, (const T *)dy, d->silu, (T *)dx,
+                    accumulate);
+            } else if (gn_vec_ok(be, hw * c, c, x, dx, n) && (uintptr_t)dy % 16 == 0) {
                 gn_dx_vec_kernel<T><<<gn_vec_grid(be, hw * c, n), NORM_THREADS, 0, s>>>(
                     (int)(hw * c), c, groups, (const T *)x, (const T *)gamma,
                     (const T *)beta_used, mean, rstd, coef, (const T *)dy, d->silu, (T *)dx,
