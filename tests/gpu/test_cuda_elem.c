@@ -711,6 +711,16 @@ int main(void)
     group_norm_round(NULL, "fast");
     group_norm_round("wide", NULL);
     group_norm_round("wide", "fast");
+    /* the asynchronous copies in order on the compute stream */
+    setenv("SDTRAIN_CUDA_COPY_STREAM", "off", 1);
+    n = gpu_backends(gpu);
+    tap_diag("asynchronous copies with SDTRAIN_CUDA_COPY_STREAM=off");
+    for (int i = 0; i < n; i++)
+        test_cast_upload(gpu[i], 100003);
+    for (int i = 0; i < n; i++)
+        sd_backend_cuda_destroy(gpu[i]);
+    unsetenv("SDTRAIN_CUDA_COPY_STREAM");
+    refused("SDTRAIN_CUDA_COPY_STREAM", "bogus");
     same_bits_as_default("SDTRAIN_CUDA_GN_APPLY", "regs");
     same_bits_as_default("SDTRAIN_CUDA_GN_STATS", "wide");
     refused("SDTRAIN_CUDA_GN_APPLY", "bogus");

@@ -188,6 +188,10 @@ static void cuda_host_release(const sd_backend *be, void *ptr)
 static void cuda_upload_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
     sd_cuda_state *st = sd_cuda(be);
+    if (!st->copy_stream_on) { /* SDTRAIN_CUDA_COPY_STREAM=off: in order on the compute stream */
+        SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream));
+        return;
+    }
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->copy_stream));
     SD_CUDA_CHECK(cudaEventRecord(st->copy_done, st->copy_stream));
     SD_CUDA_CHECK(cudaStreamWaitEvent(st->stream, st->copy_done, 0));
@@ -197,6 +201,10 @@ static void cuda_upload_async(const sd_backend *be, void *dst, const void *src, 
 static void cuda_download_async(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
     sd_cuda_state *st = sd_cuda(be);
+    if (!st->copy_stream_on) {
+        SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
+        return;
+    }
     SD_CUDA_CHECK(cudaEventRecord(st->compute_mark, st->stream));
     SD_CUDA_CHECK(cudaStreamWaitEvent(st->copy_stream, st->compute_mark, 0));
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->copy_stream));
@@ -204,7 +212,8 @@ static void cuda_download_async(const sd_backend *be, void *dst, const void *src
 
 static void cuda_download_wait(const sd_backend *be)
 {
-    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda(be)->copy_stream));
+    sd_cuda_state *st = sd_cuda(be);
+    SD_CUDA_CHECK(cudaStreamSynchronize(st->copy_stream_on ? st->copy_stream : st->stream));
 }
 
 /* The backend's pinned staging buffer for bf16 conversions (SD_CUDA_STAGE_ELEMS halves), made on
@@ -296,16 +305,20 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
      *   SDTRAIN_CUDA_GN_STATS   onepass | twopass | wide (onepass, 4 channels a thread)
      *   SDTRAIN_CUDA_GN_APPLY   loads | regs | fast
      *   SDTRAIN_CUDA_CONV_ALGO  heuristic | find
+     *   SDTRAIN_CUDA_COPY_STREAM on | off (asynchronous copies in order on the compute stream:
+     *                           no overlap, for telling a copy-stream problem apart)
      * (wide, regs, fast and find written 2026-11-26 without a GPU, to be timed). */
     static const char *const attention_values[] = {"flash", "auto", "math", nullptr};
     static const char *const stats_values[] = {"onepass", "twopass", "wide", nullptr};
     static const char *const apply_values[] = {"loads", "regs", "fast", nullptr};
     static const char *const algo_values[] = {"heuristic", "find", nullptr};
+    static const char *const copy_values[] = {"on", "off", nullptr};
     const int attention = env_choice("SDTRAIN_CUDA_ATTENTION", attention_values, err);
     const int stats = env_choice("SDTRAIN_CUDA_GN_STATS", stats_values, err);
     const int apply = env_choice("SDTRAIN_CUDA_GN_APPLY", apply_values, err);
     const int algo = env_choice("SDTRAIN_CUDA_CONV_ALGO", algo_values, err);
-    if (attention < 0 || stats < 0 || apply < 0 || algo < 0)
+    const int copy = env_choice("SDTRAIN_CUDA_COPY_STREAM", copy_values, err);
+    if (attention < 0 || stats < 0 || apply < 0 || algo < 0 || copy < 0)
         return -1;
 
     sd_cuda_state *st = (sd_cuda_state *)calloc(1, sizeof *st);
@@ -317,6 +330,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     st->gn_onepass = stats == 0 ? 1 : stats == 1 ? 0 : 2;
     st->gn_apply_regs = apply;
     st->conv_find = algo;
+    st->copy_stream_on = copy == 0;
     const char *sync = getenv("SDTRAIN_CUDA_SYNC");
     st->sync_each_op = sync && strcmp(sync, "1") == 0;
     SD_CUDA_CHECK(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));

@@ -36,6 +36,7 @@ typedef struct sd_cuda_state {
     cudaStream_t copy_stream; /* sd_upload_async's copies, beside the compute stream */
     cudaEvent_t copy_done;    /* recorded after each such copy; the compute stream waits on it */
     cudaEvent_t compute_mark; /* sd_download_async: the copy stream waits for the ops so far */
+    int copy_stream_on;       /* SDTRAIN_CUDA_COPY_STREAM=off: async copies on the compute stream */
     cublasLtHandle_t lt;
     cudnnHandle_t dnn;
     void *lt_workspace;       /* SD_CUDA_LT_WORKSPACE bytes of device memory */
