@@ -54,7 +54,8 @@ out = []
 norm = open(cuda_dir + '/ops_cuda_norm.cu').read().split('\n')
 for m in ('NORM_ROWS', 'NORM_THREADS', 'NORM_LOOP', 'GN_STAT_THREADS', 'GN_WIDE'):
     out += macro(norm, m)
-for name in ('norm_chunks', 'norm_silu', 'norm_silu_grad', 'norm_silu_fast', 'gn_dz',
+for name in ('norm_chunks', 'norm_silu', 'norm_silu_fast', 'norm_silu_grad', 'gn_apply_one',
+             'gn_dz_one', 'gn_dx_one', 'gn_dz',
              'gn_moments', 'gn_merge',
              'gn_moments_partial_kernel', 'gn_load4', 'gn_moments_partial_wide_kernel',
              'gn_moments_group_kernel', 'gn_apply_kernel', 'pack16', 'gn_sample',

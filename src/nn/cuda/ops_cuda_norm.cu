@@ -199,6 +199,14 @@ static __device__ __forceinline__ float norm_silu(float v)
     return v / (1.0f + expf(-v));
 }
 
+/* SiLU with the hardware approximations (SDTRAIN_CUDA_GN_APPLY=fast): ex2.approx for the
+ * exponential and an approximate reciprocal for the division, a few ulps from norm_silu. For
+ * v < -87 (where expf(-v) overflows) __fdividef returns 0, the limit. */
+static __device__ __forceinline__ float norm_silu_fast(float v)
+{
+    return __fdividef(v, 1.0f + __expf(-v));
+}
+
 static __device__ __forceinline__ float norm_silu_grad(float v)
 {
     float s = 1.0f / (1.0f + expf(-v));
@@ -235,22 +243,55 @@ struct gn_sq_dev {
 };
 
 /* dz and xhat of one element (gn_dz of the CPU backend) */
+/* The per-element arithmetic of group norm, one function each, shared by every kernel variant
+ * (scalar, 16-byte, registers) so that they all round alike. gamma / beta take part only where
+ * given (has_g, has_b).
+ * gn_apply_one: (x - m) r, times gamma, plus beta, then SiLU when asked (FAST: the approximate
+ *   one); gn_dz_one: xhat = (x - m) rs and dz = dy (times SiLU' of the affine xhat with silu);
+ *   gn_dx_one: rs (gamma dz - c1 - xhat c2), the input gradient from the group coefficients. */
+template <bool FAST>
+static __device__ __forceinline__ float gn_apply_one(float x, float m, float r, bool has_g,
+                                                     float g, bool has_b, float b, int silu)
+{
+    float o = (x - m) * r;
+    if (has_g)
+        o = o * g;
+    if (has_b)
+        o = o + b;
+    return silu ? (FAST ? norm_silu_fast(o) : norm_silu(o)) : o;
+}
+
+static __device__ __forceinline__ float gn_dz_one(float x, float dy, float m, float rs,
+                                                  bool has_g, float g, bool has_b, float b,
+                                                  int silu, float *xh)
+{
+    const float h = (x - m) * rs;
+    *xh = h;
+    if (!silu)
+        return dy;
+    float z = h;
+    if (has_g)
+        z = z * g;
+    if (has_b)
+        z = z + b;
+    return dy * norm_silu_grad(z);
+}
+
+static __device__ __forceinline__ float gn_dx_one(float dz, float xh, float rs, bool has_g,
+                                                  float g, float c1, float c2)
+{
+    const float gg = has_g ? dz * g : dz;
+    return rs * (gg - c1 - xh * c2);
+}
+
 template <typename T>
 static __device__ __forceinline__ float gn_dz(const T *x, const T *dy, const T *gamma,
                                               const T *beta, float m, float rs, int silu,
                                               int ch, int64_t i, float *xh)
 {
-    float h = (sd_ld(x, i) - m) * rs;
-    *xh = h;
-    float d = sd_ld(dy, i);
-    if (!silu)
-        return d;
-    float z = h;
-    if (gamma)
-        z = z * sd_ld(gamma, ch);
-    if (beta)
-        z = z + sd_ld(beta, ch);
-    return d * norm_silu_grad(z);
+    return gn_dz_one(sd_ld(x, i), sd_ld(dy, i), m, rs, gamma != nullptr,
+                     gamma ? sd_ld(gamma, ch) : 1.0f, beta != nullptr,
+                     beta ? sd_ld(beta, ch) : 0.0f, silu, xh);
 }
 
 template <typename T>
@@ -509,12 +550,9 @@ static __global__ void gn_apply_kernel(int64_t total, int64_t per_sample, int c,
         const int64_t b = i / per_sample;
         const int ch = (int)(i % c);
         const int64_t gi = b * groups + ch / cg;
-        float v = (sd_ld(x, i) - mean[gi]) * rstd[gi];
-        if (gamma)
-            v = v * sd_ld(gamma, ch);
-        if (beta)
-            v = v + sd_ld(beta, ch);
-        sd_st(y, i, silu ? norm_silu(v) : v);
+        sd_st(y, i, gn_apply_one<false>(sd_ld(x, i), mean[gi], rstd[gi], gamma != nullptr,
+                                        gamma ? sd_ld(gamma, ch) : 1.0f, beta != nullptr,
+                                        beta ? sd_ld(beta, ch) : 0.0f, silu));
     }
 }
 
@@ -566,12 +604,9 @@ static __global__ void gn_apply_vec_kernel(int per_sample, int c, int groups, co
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
             const int ch = ch0 + j, g = ch / cg;
-            float o = (sd_ld(in.e, j) - mb[g]) * rb[g];
-            if (gamma)
-                o = o * sd_ld(gamma, ch);
-            if (beta)
-                o = o + sd_ld(beta, ch);
-            sd_st(out.e, j, silu ? norm_silu(o) : o);
+            sd_st(out.e, j, gn_apply_one<false>(sd_ld(in.e, j), mb[g], rb[g], gamma != nullptr,
+                                                gamma ? sd_ld(gamma, ch) : 1.0f, beta != nullptr,
+                                                beta ? sd_ld(beta, ch) : 0.0f, silu));
         }
         *(uint4 *)(y + base + (int64_t)v * VEC) = out.u;
     }
@@ -583,14 +618,6 @@ static __global__ void gn_apply_vec_kernel(int per_sample, int c, int groups, co
  * gamma and beta of its VEC channels are loaded once instead of per element (with a 32-bit
  * division for the group). The arithmetic per element is the one above, in the same order:
  * the same bits. */
-/* SiLU with the hardware approximations (SDTRAIN_CUDA_GN_APPLY=fast): ex2.approx for the
- * exponential and an approximate reciprocal for the division, a few ulps from norm_silu. For
- * v < -87 (where expf(-v) overflows) __fdividef returns 0, the limit. */
-static __device__ __forceinline__ float norm_silu_fast(float v)
-{
-    return __fdividef(v, 1.0f + __expf(-v));
-}
-
 template <typename T, bool FAST>
 static __global__ void gn_apply_regs_kernel(int per_sample, int c, int groups, const T *x,
                                             const T *gamma, const T *beta, const float *mean,
@@ -615,14 +642,9 @@ static __global__ void gn_apply_regs_kernel(int per_sample, int c, int groups, c
         pack16<T> in, out;
         in.u = *(const uint4 *)(x + sm.base + (int64_t)v * VEC);
 #pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            float o = (sd_ld(in.e, j) - mk[j]) * rk[j];
-            if (gamma)
-                o = o * gk[j];
-            if (beta)
-                o = o + bk[j];
-            sd_st(out.e, j, silu ? (FAST ? norm_silu_fast(o) : norm_silu(o)) : o);
-        }
+        for (int j = 0; j < VEC; j++)
+            sd_st(out.e, j, gn_apply_one<FAST>(sd_ld(in.e, j), mk[j], rk[j], gamma != nullptr,
+                                               gk[j], beta != nullptr, bk[j], silu));
         *(uint4 *)(y + sm.base + (int64_t)v * VEC) = out.u;
     }
 }
@@ -713,8 +735,8 @@ static __global__ void gn_dx_kernel(int64_t total, int64_t per_sample, int c, in
         const float rs = rstd[gi];
         float xh;
         float dz = gn_dz(x, dy, gamma, beta, mean[gi], rs, silu, ch, i, &xh);
-        float g = gamma ? dz * sd_ld(gamma, ch) : dz;
-        float v = rs * (g - coef[2 * gi] - xh * coef[2 * gi + 1]);
+        float v = gn_dx_one(dz, xh, rs, gamma != nullptr, gamma ? sd_ld(gamma, ch) : 1.0f,
+                            coef[2 * gi], coef[2 * gi + 1]);
         sd_st(dx, i, accumulate ? sd_ld(dx, i) + v : v);
     }
 }
@@ -746,8 +768,8 @@ static __global__ void gn_dx_vec_kernel(int per_sample, int c, int groups, const
             const float rs = rb[g];
             float xh;
             float dz = gn_dz(xv.e, dyv.e, gamma, beta, mb[g], rs, silu, ch, j, &xh);
-            float gg = gamma ? dz * sd_ld(gamma, ch) : dz;
-            float val = rs * (gg - cb[2 * g] - xh * cb[2 * g + 1]);
+            float val = gn_dx_one(dz, xh, rs, gamma != nullptr, gamma ? sd_ld(gamma, ch) : 1.0f,
+                                  cb[2 * g], cb[2 * g + 1]);
             sd_st(out.e, j, accumulate ? sd_ld(old.e, j) + val : val);
         }
         *(uint4 *)(dx + at) = out.u;
@@ -791,18 +813,11 @@ static __global__ void gn_dx_regs_kernel(int per_sample, int c, int groups, cons
             old.u = *(const uint4 *)(dx + at);
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
-            const float xh = (sd_ld(xv.e, j) - mk[j]) * rk[j];
-            float dz = sd_ld(dyv.e, j);
-            if (silu) {
-                float z = xh;
-                if (gamma)
-                    z = z * gk[j];
-                if (beta)
-                    z = z + bk[j];
-                dz = dz * norm_silu_grad(z);
-            }
-            const float gg = gamma ? dz * gk[j] : dz;
-            const float val = rk[j] * (gg - c1[j] - xh * c2[j]);
+            float xh;
+            const float dz = gn_dz_one(sd_ld(xv.e, j), sd_ld(dyv.e, j), mk[j], rk[j],
+                                       gamma != nullptr, gk[j], beta != nullptr, bk[j], silu,
+                                       &xh);
+            const float val = gn_dx_one(dz, xh, rk[j], gamma != nullptr, gk[j], c1[j], c2[j]);
             sd_st(out.e, j, accumulate ? sd_ld(old.e, j) + val : val);
         }
         *(uint4 *)(dx + at) = out.u;
