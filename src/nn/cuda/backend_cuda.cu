@@ -135,16 +135,24 @@ static void cuda_copy(const sd_backend *be, void *dst, const void *src, size_t b
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, sd_cuda_stream(be)));
 }
 
-static void *cuda_alloc(const sd_backend *be, size_t bytes)
+/* Device memory, or page-locked host memory with `pinned`; NULL when it cannot be had (out of
+ * memory is reported by the caller, not sticky). */
+static void *cuda_alloc_on(const sd_backend *be, size_t bytes, int pinned)
 {
     void *p = nullptr;
     SD_CUDA_CHECK(cudaSetDevice(sd_cuda(be)->device));
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    cudaError_t e = pinned ? cudaMallocHost(&p, bytes ? bytes : 256)
+                           : cudaMalloc(&p, bytes ? bytes : 256);
     if (e != cudaSuccess) {
-        cudaGetLastError(); /* out of memory is reported by the caller, not sticky */
+        cudaGetLastError();
         return nullptr;
     }
     return p;
+}
+
+static void *cuda_alloc(const sd_backend *be, size_t bytes)
+{
+    return cuda_alloc_on(be, bytes, 0);
 }
 
 static void cuda_release(const sd_backend *be, void *ptr)
@@ -167,14 +175,7 @@ static void cuda_download(const sd_backend *be, void *dst, const void *src, size
 
 static void *cuda_host_alloc(const sd_backend *be, size_t bytes)
 {
-    void *p = nullptr;
-    SD_CUDA_CHECK(cudaSetDevice(sd_cuda(be)->device));
-    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 256);
-    if (e != cudaSuccess) {
-        cudaGetLastError(); /* reported by the caller */
-        return nullptr;
-    }
-    return p;
+    return cuda_alloc_on(be, bytes, 1);
 }
 
 static void cuda_host_release(const sd_backend *be, void *ptr)
