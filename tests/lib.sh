@@ -21,6 +21,11 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*"; exit 77; }
 pass() { echo "ok: $*"; }
 need_mpi() { [ -n "${MPIEXEC:-}" ] || skip "no MPI launcher (MPIEXEC is empty)"; }
+# need_gpu: skip without a CUDA build or a usable GPU ($TMP/device.out keeps `sdtool device`)
+need_gpu() {
+    [ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
+    "$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+}
 
 # run NAME CMD...: runs CMD with a time limit, stdout/stderr to $TMP/NAME.out/.err, status in RC.
 run() {

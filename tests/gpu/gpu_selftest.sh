@@ -2,8 +2,7 @@
 # GPU self-test (Philox on the device == on the host, device discovery); skips without a GPU.
 . "$top_srcdir/tests/lib.sh"
 
-[ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
-"$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+need_gpu
 "$top_builddir/tests/gpu/gpu_selftest" >"$TMP/selftest.out" 2>&1 || { cat "$TMP/selftest.out"; fail "GPU self-test"; }
 cat "$TMP/selftest.out"
 ! grep -q "^not ok" "$TMP/selftest.out" || fail "GPU self-test has failures"

@@ -8,8 +8,7 @@
 # Skips without a CUDA build or a GPU.
 . "$top_srcdir/tests/lib.sh"
 
-[ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
-"$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+need_gpu
 CMP="$top_builddir/tests/mpi/st_compare"
 MODELS="$top_srcdir/tests/data/models"
 GRAD="$top_srcdir/tests/data/grad"

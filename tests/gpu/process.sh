@@ -12,8 +12,7 @@
 SD_TEST_NAME=gpu-process # not the scratch directory of tests/mpi/process.sh
 . "$top_srcdir/tests/lib.sh"
 
-[ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
-"$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+need_gpu
 need_mpi
 CMP="$top_builddir/tests/mpi/shard_compare"
 

@@ -12,8 +12,7 @@
 SD_TEST_NAME=gpu-sample # not the scratch directory of tests/mpi/sample.sh
 . "$top_srcdir/tests/lib.sh"
 
-[ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
-"$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+need_gpu
 need_mpi
 CMP="$top_builddir/tests/mpi/png_compare"
 snap="$top_srcdir/tests/data/models/tiny-sd2"

@@ -16,8 +16,7 @@
 SD_TEST_NAME=gpu-train # not the scratch directory of tests/mpi/train.sh
 . "$top_srcdir/tests/lib.sh"
 
-[ "$SD_TEST_CUDA_BUILD" = yes ] || skip "built without CUDA (./configure --with-cuda)"
-"$SDTOOL" device >"$TMP/device.out" 2>&1 || skip "no usable GPU: $(grep gpus "$TMP/device.out")"
+need_gpu
 need_mpi
 ngpus=$(sed -n 's/^gpus: \([0-9]*\),.*/\1/p' "$TMP/device.out")
 COMPARE="$top_builddir/tests/mpi/st_compare"
