@@ -28,8 +28,8 @@ static const struct {
 static const char *shapes[] = {"square", "circle", "triangle", "stripe"};
 #define N_COLOURS (int)(sizeof colours / sizeof colours[0])
 
-/* One sample: the picture and its caption, a pure function of (seed, index). */
-/* Sides are drawn from [40, 128] scaled by max_side / 128 (the default 128 keeps the original set). */
+/* One sample: the picture and its caption, a pure function of (seed, index). Sides are drawn from
+ * [40, 128] scaled by max_side / 128 (the default 128 keeps the original set). */
 static void draw(uint64_t seed, int64_t i, int max_side, int *w_out, int *h_out, uint8_t **rgb, char *caption,
                  size_t cap)
 {

@@ -74,6 +74,16 @@ typedef struct encoders {
     char weights_hash[128];
 } encoders;
 
+/* Floats of one sample's posterior moments [lh, lw, 2C] and caption embedding [77, D]. */
+static size_t enc_mom(const encoders *e)
+{
+    return (size_t)e->lh * (size_t)e->lw * 2 * (size_t)e->vcfg.latent_channels;
+}
+static size_t enc_emb(const encoders *e)
+{
+    return (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+}
+
 /* Counts of every reason a sample was kept or skipped: the dataset's reasons, then the
  * decoder's (a plain array, summed over ranks with one reduction). */
 #define N_COUNTS (SD_SAMPLE_N_REASONS + SD_IMG_STATUS_COUNT)
@@ -197,8 +207,7 @@ static int load_encoders(const sd_config *cfg, const sd_device_info *dev, encode
     {
         const size_t es = sd_dtype_size(e->be->dtype), B = (size_t)e->batch;
         const size_t img = B * (size_t)e->res * (size_t)e->res * 3, ids = B * TEXT_LEN;
-        const size_t mom = B * (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
-        const size_t emb = B * TEXT_LEN * (size_t)e->ccfg.hidden_size;
+        const size_t mom = B * enc_mom(e), emb = B * enc_emb(e);
         int ok = 1;
         for (int k = 0; k < 2; k++) {
             e->h_img[k] = sd_host_alloc(e->be, img * sizeof(float));
@@ -274,8 +283,8 @@ static void slice_reserve(slice *s, int64_t cap, const encoders *e)
 {
     if (cap <= s->cap)
         return;
-    s->moments = sd_xrealloc(s->moments, (size_t)cap * (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels) * sizeof(float));
-    s->embeddings = sd_xrealloc(s->embeddings, (size_t)cap * TEXT_LEN * (size_t)e->ccfg.hidden_size * sizeof(float));
+    s->moments = sd_xrealloc(s->moments, (size_t)cap * enc_mom(e) * sizeof(float));
+    s->embeddings = sd_xrealloc(s->embeddings, (size_t)cap * enc_emb(e) * sizeof(float));
     s->ids = sd_xrealloc(s->ids, (size_t)cap * TEXT_LEN * sizeof(int32_t));
     s->captions = sd_xrealloc(s->captions, (size_t)cap * sizeof(char *));
     s->keys = sd_xrealloc(s->keys, (size_t)cap * sizeof(char *));
@@ -308,8 +317,7 @@ typedef struct batch {
  * copy stream; returns at once. h_out / d_out32 must be free (the fetched batch landed). */
 static void fetch_queued(encoders *e)
 {
-    const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
-    const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+    const size_t mom = enc_mom(e), emb = enc_emb(e);
     const size_t n = (size_t)e->queued.n;
     sd_cast_to_f32(e->be, (int64_t)(n * mom), e->d_mom, e->d_out32);
     sd_cast_to_f32(e->be, (int64_t)(n * emb), e->d_emb, e->d_out32 + n * mom);
@@ -321,8 +329,7 @@ static void fetch_queued(encoders *e)
 /* Waits for the fetched batch's results and copies them into their slice. */
 static void land_fetched(encoders *e)
 {
-    const size_t mom = (size_t)(e->lh * e->lw * 2 * e->vcfg.latent_channels);
-    const size_t emb = (size_t)TEXT_LEN * (size_t)e->ccfg.hidden_size;
+    const size_t mom = enc_mom(e), emb = enc_emb(e);
     const size_t n = (size_t)e->fetched.n, first = (size_t)e->fetched.first;
     slice *s = e->fetched.s;
     sd_download_wait(e->be); /* every copy on the copy stream, the uploads too */
@@ -405,20 +412,13 @@ typedef struct worker {
 } worker;
 
 /* Reads, decodes, transforms, normalizes and tokenizes global sample i into *p (any thread). */
-static void prepare_sample(const sd_config *cfg, const sd_dataset *ds, const encoders *e,
-                           int64_t i, worker *w, prepared *p)
+static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *topts,
+                           const sd_dataset *ds, const encoders *e, int64_t i, worker *w,
+                           prepared *p)
 {
-    sd_image_opts iopts;
-    sd_transform_opts topts = {e->res, 0};
     double t0 = sd_time_now(), t1;
     sd_image_status st;
 
-    sd_image_opts_default(&iopts);
-    iopts.exif_transpose = cfg->data.exif_transpose;
-    iopts.alpha = strcmp(cfg->data.alpha, "white") == 0 ? SD_ALPHA_WHITE : SD_ALPHA_DROP;
-    iopts.max_pixels = cfg->data.max_image_pixels;
-    iopts.min_side = (int)cfg->data.min_image_side;
-    iopts.strict_jpeg = cfg->data.strict_jpeg;
     p->kept = 0;
     p->key = p->caption = NULL;
     sd_err_clear(&p->err);
@@ -429,11 +429,11 @@ static void prepare_sample(const sd_config *cfg, const sd_dataset *ds, const enc
     p->count = (int)w->smp.reason;
     if (!read_ok)
         return;
-    st = sd_image_decoder_run(w->dec, w->smp.image, w->smp.image_size, w->smp.key, &iopts,
+    st = sd_image_decoder_run(w->dec, w->smp.image, w->smp.image_size, w->smp.key, iopts,
                               &w->img, &p->err);
     t0 = sd_time_now();
     w->t[T_DECODE] += t0 - t1;
-    if (st == SD_IMG_OK && sd_transform_rgb8(w->img.data, w->img.width, w->img.height, &topts,
+    if (st == SD_IMG_OK && sd_transform_rgb8(w->img.data, w->img.width, w->img.height, topts,
                                              w->rgb, &w->ws, &p->err) != 0)
         st = SD_IMG_CORRUPT;
     if (st != SD_IMG_OK) {
@@ -464,6 +464,8 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
                           int64_t end, slice *s, uint64_t *counts, double *t)
 {
     const size_t img_elems = (size_t)e->res * (size_t)e->res * 3;
+    const sd_transform_opts topts = {e->res, 0};
+    sd_image_opts iopts;
     int nthreads = 1;
     int64_t win;
     batch b = {0, NULL, NULL};
@@ -471,6 +473,12 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
     prepared *pw;
     float *win_images;
 
+    sd_image_opts_default(&iopts);
+    iopts.exif_transpose = cfg->data.exif_transpose;
+    iopts.alpha = strcmp(cfg->data.alpha, "white") == 0 ? SD_ALPHA_WHITE : SD_ALPHA_DROP;
+    iopts.max_pixels = cfg->data.max_image_pixels;
+    iopts.min_side = (int)cfg->data.min_image_side;
+    iopts.strict_jpeg = cfg->data.strict_jpeg;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
 #endif
@@ -506,7 +514,7 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
 #ifdef _OPENMP
             k = omp_get_thread_num();
 #endif
-            prepare_sample(cfg, ds, e, w0 + j, &ws[k], &pw[j]);
+            prepare_sample(&iopts, &topts, ds, e, w0 + j, &ws[k], &pw[j]);
         }
         /* the window's wall time, split over the CPU stages as their thread time was */
         wall = sd_time_now() - wall;

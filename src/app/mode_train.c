@@ -54,7 +54,6 @@ typedef struct step_inputs {
     int ready;              /* fetched for the step the loop runs next */
     int failed;             /* sd_loader_next failed (err says why) */
     sd_err err;
-    double wait;            /* seconds blocked in sd_loader_next */
     int32_t *tsteps;        /* [cap] timesteps, for the loss weights */
     float *tfloat;          /* [cap] the same as floats, for the U-Net */
     unsigned char *drop;    /* [cap] caption dropped */
@@ -93,8 +92,8 @@ typedef struct trainer {
     step_inputs in[2], val_in;
     float *mse;            /* host copy of d_mse (bs * acc) */
     FILE *metrics;
-    /* The GPU (doc/training.md "On the GPU"); unused on the CPU, where be is the CPU backend and
-     * the U-Net works on the host arrays above in place. */
+    /* The GPU (doc/training.md "On the GPU"); on the CPU be is the CPU backend, the d_* buffers
+     * of a micro-batch below are host memory and the rest of this part is unused. */
     int gpu;               /* the CUDA backend computes the U-Net */
     int dev_opt;           /* "device" path: reduction and optimizer on the GPU; else "host" path */
     const char *path_why;  /* why the host path was chosen (rank 0's info line), or NULL */
@@ -294,8 +293,7 @@ static void fetch_inputs(trainer *t, step_inputs *in, int64_t step)
 {
     const sd_loader_batch *b;
     in->ready = 1;
-    in->wait = 0;
-    in->failed = sd_loader_next(t->loader, &b, &in->wait, &in->err) != 0;
+    in->failed = sd_loader_next(t->loader, &b, NULL, &in->err) != 0;
     if (in->failed)
         return;
     SD_CHECK(b->count == t->bs * t->acc, "step %lld: %d samples, expected %d x %d",
