@@ -48,6 +48,9 @@ typedef struct sd_comm_ops {
      * shard of n. `shard` may be `send + begin` (in place). op: SUM or AVG. */
     void (*reduce_scatter_f32)(sd_comm *c, const float *send, float *shard, size_t n,
                                sd_red_op op);
+    /* buf[n] on rank `root` <- sum (or average) over ranks, in place; the other ranks' buf is
+     * only read. op: SUM or AVG. */
+    void (*reduce_f32)(sd_comm *c, float *buf, size_t n, sd_red_op op, int root);
     /* buf[n]: each rank's shard [begin_r, end_r) is copied to every rank, in place. */
     void (*allgather_f32)(sd_comm *c, float *buf, size_t n);
     /* bytes from `root` to every rank. */
@@ -94,6 +97,10 @@ static inline void sd_reduce_scatter_f32(sd_comm *c, const float *send, float *s
                                          sd_red_op op)
 {
     c->ops->reduce_scatter_f32(c, send, shard, n, op);
+}
+static inline void sd_reduce_f32(sd_comm *c, float *buf, size_t n, sd_red_op op, int root)
+{
+    c->ops->reduce_f32(c, buf, n, op, root);
 }
 static inline void sd_allgather_f32(sd_comm *c, float *buf, size_t n)
 {

@@ -82,6 +82,8 @@ typedef struct sd_config {
         double adam_eps;
         double grad_clip;
         char sharding[SD_NAME_MAX];     /* none | shard_grad_op */
+        char grad_reduce[SD_NAME_MAX];  /* auto | overlap | after_backward */
+        double grad_bucket_mb;          /* bucket size of the overlapped reduction, MiB */
         char precision[SD_NAME_MAX];    /* fp32 | bf16 */
         double ema_decay;
         int64_t ema_start_step;

@@ -47,6 +47,17 @@ void sd_nccl_reduce_scatter_sum(sd_nccl *c, float *buf, size_t shard);
 /* buf[nranks * shard]: every rank's shard copied to every rank, in place. */
 void sd_nccl_allgather(sd_nccl *c, float *buf, size_t shard);
 
+/* Reductions that overlap the backward (the gradient buckets, doc/training.md "Gradient
+ * reduction"): each call makes the communicator's own stream wait for everything queued on the
+ * backend's stream so far, then queues the reduction there, so the backward goes on meanwhile;
+ * sd_nccl_join makes the backend's stream wait for every reduction queued before it. Every rank
+ * must make the same calls in the same order. */
+/* buf[n] <- sum over ranks, in place, on every rank. */
+void sd_nccl_bucket_allreduce_sum(sd_nccl *c, float *buf, size_t n);
+/* buf[n] on rank `root` <- sum over ranks, in place; the others' buf is only read. */
+void sd_nccl_bucket_reduce_sum(sd_nccl *c, float *buf, size_t n, int root);
+void sd_nccl_join(sd_nccl *c);
+
 #endif /* SD_HAVE_CUDA */
 
 #ifdef __cplusplus

@@ -154,6 +154,18 @@ void sd_unet_train_forward(sd_unet_trainer *t, const void *sample, const float *
  * parameter gradient into `grads`, then returns the arena to where the forward began. */
 void sd_unet_backward(sd_unet_trainer *t, const void *dout, sd_arena *arena);
 
+/* The gradient-ready hook, for reducing gradients while the backward still runs
+ * (doc/training.md "Gradient reduction"). During sd_unet_backward, fn(user, from) says that the
+ * gradients at floats [from, total_floats) of `grads` are final for this backward: nothing later
+ * in it writes there. The backward finishes the blocks from the end of the buffer to its start,
+ * so `from` falls from call to call: once after conv_norm_out / conv_out, after every up block,
+ * the mid block and every down block, and a last time with from = 0. The calls come when the
+ * block's work has been issued to the backend: on a GPU it is queued on the backend's stream,
+ * not yet done, so fn must order what it does after that stream's work. NULL fn: no calls (the
+ * default). */
+typedef void (*sd_unet_ready_fn)(void *user, size_t from);
+void sd_unet_trainer_set_ready_hook(sd_unet_trainer *t, sd_unet_ready_fn fn, void *user);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,7 @@
 #include "sdtrain/device.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/fault.h"
+#include "sdtrain/grad_buckets.h"
 #include "sdtrain/loader.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
@@ -75,6 +76,10 @@ typedef struct trainer {
     float *m, *v, *ema;    /* optimizer state and EMA: the shard [begin, end) only */
     size_t n, begin, end;  /* buffer size in floats and this rank's shard */
     int zero2;
+    /* grad_reduce = 'overlap': the last micro-batch's backward launches the buckets' reductions
+     * as it finishes them (doc/training.md "Gradient reduction") */
+    int overlap;
+    sd_grad_buckets gb;
     int follow;            /* mode 'pipeline': the loader follows the shards being written */
     sd_unet *unet;
     sd_unet_trainer *tr;
@@ -455,7 +460,8 @@ static int choose_comm_path(trainer *t, const sd_runtime *rt, const sd_device_in
         t->path_why = "another rank chose the host path";
     t->dev_opt = (int)v[0];
 #if defined(SD_HAVE_CUDA)
-    if (t->dev_opt && t->size > 1) {
+    /* one rank needs no communicator, except to run the overlapped path when asked to */
+    if (t->dev_opt && (t->size > 1 || !strcmp(t->cfg->train.grad_reduce, "overlap"))) {
         unsigned char id[SD_NCCL_ID_BYTES];
         memset(id, 0, sizeof id);
         failed = t->rank == 0 && sd_nccl_unique_id(id, err) != 0;
@@ -511,6 +517,67 @@ static int place_model(trainer *t, const sd_device_info *dev, sd_err *err)
     return sd_unet_create(&t->unet, &t->uc, &t->w.table, t->d_params, t->be, err);
 }
 
+/* One bucket's reduction, launched by the backward's ready hook: the sum over the ranks, on
+ * every rank (DDP) or on the bucket's owner (ZeRO-2), in place. On the CPU a blocking MPI
+ * collective, the same rank-order sum as the whole-buffer one, so the same bits; on the GPU's
+ * device path an NCCL call on the communicator's side stream, after the backward so far. */
+static void launch_bucket(void *user, const sd_grad_bucket *b)
+{
+    trainer *t = user;
+    const size_t len = b->end - b->begin;
+#if defined(SD_HAVE_CUDA)
+    if (t->dev_opt) {
+        if (t->zero2)
+            sd_nccl_bucket_reduce_sum(t->nccl, t->d_grads + b->begin, len, b->owner);
+        else
+            sd_nccl_bucket_allreduce_sum(t->nccl, t->d_grads + b->begin, len);
+        return;
+    }
+#endif
+    if (t->zero2)
+        sd_reduce_f32(t->comm, t->grads + b->begin, len, SD_RED_SUM, b->owner);
+    else
+        sd_allreduce_f32(t->comm, t->grads + b->begin, len, SD_RED_SUM);
+}
+
+/* &train grad_reduce: whether the gradients are reduced during the backward, and the buckets.
+ * The same answer on every rank (the configuration and the comm path agree). */
+static void plan_grad_reduce(trainer *t)
+{
+    const char *want = t->cfg->train.grad_reduce;
+    const int P = t->size;
+    size_t *bounds, max_floats;
+    t->overlap = !strcmp(want, "overlap") ||
+                 (!strcmp(want, "auto") && t->gpu && t->dev_opt && P > 1);
+    if (t->overlap && t->gpu && !t->dev_opt) {
+        /* the host path downloads the gradients after the backward */
+        if (t->rank == 0)
+            sd_warn("grad_reduce = 'overlap' needs the GPU's device path (NCCL); on the host "
+                    "path the gradients are reduced after the backward");
+        t->overlap = 0;
+    }
+    if (!t->overlap)
+        return;
+    bounds = sd_xmalloc(((size_t)P + 1) * sizeof *bounds);
+    for (int r = 0; r < P; r++) {
+        size_t e;
+        if (t->dev_opt)
+            bounds[r] = (size_t)r * t->shard; /* NCCL's equal shards */
+        else
+            sd_shard_range(t->n, P, r, t->comm->align, &bounds[r], &e);
+    }
+    bounds[P] = t->dev_opt ? t->np : t->n;
+    max_floats = (size_t)(t->cfg->train.grad_bucket_mb * (double)(1 << 20) / sizeof(float));
+    sd_grad_buckets_init(&t->gb, bounds, P, max_floats, SD_SHARD_ALIGN, launch_bucket, t);
+    free(bounds);
+    if (t->rank == 0)
+        sd_info("gradient reduction: overlapped with the backward, %d buckets of up to %g MiB "
+                "(%s)", t->gb.count, t->cfg->train.grad_bucket_mb,
+                t->dev_opt ? "NCCL on a stream of its own"
+                           : "blocking MPI calls: on the CPU this saves no time, it runs the GPU "
+                             "path's bucket order");
+}
+
 /* GPU: the optimizer state of the device path. */
 static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err)
 {
@@ -543,7 +610,9 @@ static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err
  * rank's part of the squared norm (its shard, in both modes) and the non-finite flag. */
 static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *bad)
 {
-    if (t->size > 1 && t->zero2)
+    if (t->overlap)
+        ; /* reduced during the backward */
+    else if (t->size > 1 && t->zero2)
         sd_nccl_reduce_scatter_sum(t->nccl, t->d_grads, t->shard);
     else if (t->size > 1)
         sd_nccl_allreduce_sum(t->nccl, t->d_grads, t->np);
@@ -870,6 +939,7 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
 static void free_trainer(trainer *t)
 {
     sd_loader_close(t->loader);
+    sd_grad_buckets_free(&t->gb);
     /* the backend's buffers of the inputs and of one micro-batch (CPU: host memory) */
     inputs_free(t, &t->in[0]);
     inputs_free(t, &t->in[1]);
@@ -1000,6 +1070,7 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         failed = alloc_device_state(t, dev, err) != 0;
     if (sd_agree(comm, failed, err))
         return -1;
+    plan_grad_reduce(t);
 
     /* ZeRO-2 keeps optimizer state for this rank's shard only; DDP for everything (the GPU's
      * device path keeps it on the GPU, over the ranges place_model set) */
@@ -1153,7 +1224,21 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             }
             tt[T_FWD] += sd_time_now() - t1;
             t1 = sd_time_now();
-            sd_unet_backward(t.tr, t.d_dy, &t.arena);
+            if (t.overlap && m0 + t.bs >= in->count) {
+                /* the last micro-batch: each bucket reduced as soon as the backward is done
+                 * with it */
+                sd_grad_buckets_begin(&t.gb);
+                sd_unet_trainer_set_ready_hook(t.tr, sd_grad_buckets_ready, &t.gb);
+                sd_unet_backward(t.tr, t.d_dy, &t.arena);
+                sd_unet_trainer_set_ready_hook(t.tr, NULL, NULL);
+                sd_grad_buckets_finish(&t.gb);
+#if defined(SD_HAVE_CUDA)
+                if (t.dev_opt)
+                    sd_nccl_join(t.nccl);
+#endif
+            } else {
+                sd_unet_backward(t.tr, t.d_dy, &t.arena);
+            }
             tt[T_BWD] += sd_time_now() - t1;
             t1 = sd_time_now();
         }
@@ -1181,7 +1266,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         } else {
             if (t.gpu) /* host path */
                 sd_download(t.be, t.grads, t.d_grads, t.n * sizeof *t.grads);
-            if (t.zero2)
+            if (t.overlap)
+                ; /* reduced bucket by bucket during the backward */
+            else if (t.zero2)
                 sd_reduce_scatter_f32(t.comm, t.grads, t.grads + t.begin, t.n, SD_RED_SUM);
             else
                 sd_allreduce_f32(t.comm, t.grads, t.n, SD_RED_SUM);

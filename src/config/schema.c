@@ -137,6 +137,14 @@ static const sd_option options[] = {
     CHOICE(train, sharding, "'none'", "none|shard_grad_op",
            "'none' = DDP (all-reduce gradients); 'shard_grad_op' = ZeRO-2 (reduce-scatter "
            "gradients, optimizer state sharded, all-gather parameters)."),
+    CHOICE(train, grad_reduce, "'auto'", "auto|overlap|after_backward",
+           "When the gradients are reduced between the ranks: 'overlap' = bucket by bucket "
+           "while the backward still runs (the last micro-batch's), 'after_backward' = the whole "
+           "buffer after it; 'auto' = overlap on GPUs with NCCL and several ranks, else after "
+           "the backward. The same result either way (on the CPU, the same bits)."),
+    REAL(train, grad_bucket_mb, "64", 0.001, 65536, "MiB",
+        "Largest gradient bucket of grad_reduce = 'overlap' (fp32; buckets never straddle two "
+        "ranks' shards)."),
     CHOICE(train, precision, "'fp32'", "fp32|bf16",
            "Compute precision. 'bf16' = bf16 activations with fp32 master weights (GPU); 'fp32' "
            "= full fp32, no TF32 (comparable with the CPU reference)."),

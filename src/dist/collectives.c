@@ -33,7 +33,7 @@ void sd_shard_range(size_t n_total, int n_ranks, int rank, size_t align, size_t 
 
 /* ---- MPI backend ---------------------------------------------------------------------------- */
 
-enum { TAG_RS = 7101, TAG_AG = 7102 };
+enum { TAG_RS = 7101, TAG_AG = 7102, TAG_RD = 7103 };
 
 typedef struct mpi_impl {
     MPI_Comm comm;
@@ -72,6 +72,27 @@ static size_t n_rounds(const sd_comm *c, size_t n, size_t chunk)
     return (e - b + chunk - 1) / chunk;
 }
 
+/* o[0:cnt] = x_0 + x_1 + ... + x_{P-1} (then / P for AVG), left to right, element by element,
+ * x_q = tmp + q * stride: the one summation every reduction here uses. */
+static void sum_in_rank_order(float *o, const float *tmp, size_t stride, size_t cnt, int P,
+                              sd_red_op op)
+{
+    const float pf = (float)P;
+    for (size_t b0 = 0; b0 < cnt; b0 += 2048) {
+        size_t bn = cnt - b0 < 2048 ? cnt - b0 : 2048;
+        float *ob = o + b0;
+        memcpy(ob, tmp + b0, bn * sizeof(float));
+        for (int q = 1; q < P; q++) {
+            const float *x = tmp + (size_t)q * stride + b0;
+            for (size_t i = 0; i < bn; i++)
+                ob[i] += x[i];
+        }
+        if (op == SD_RED_AVG)
+            for (size_t i = 0; i < bn; i++)
+                ob[i] /= pf;
+    }
+}
+
 static void mpi_reduce_scatter_f32(sd_comm *c, const float *send, float *shard, size_t n,
                                    sd_red_op op)
 {
@@ -89,7 +110,6 @@ static void mpi_reduce_scatter_f32(sd_comm *c, const float *send, float *shard, 
         return; /* n == 0 */
     const size_t rounds = n_rounds(c, n, chunk);
     float *tmp = tmp_floats(c, (size_t)P * chunk);
-    const float pf = (float)P;
 
     for (size_t k = 0; k < rounds; k++) {
         int nr = 0;
@@ -116,21 +136,35 @@ static void mpi_reduce_scatter_f32(sd_comm *c, const float *send, float *shard, 
         SD_MPI_CHECK(MPI_Waitall(nr, m->reqs, MPI_STATUSES_IGNORE));
         if (cnt == 0)
             continue;
-        /* out = x_0 + x_1 + ... + x_{P-1}, left to right, element by element */
-        float *out = shard + off;
-        for (size_t b0 = 0; b0 < cnt; b0 += 2048) {
-            size_t bn = cnt - b0 < 2048 ? cnt - b0 : 2048;
-            float *o = out + b0;
-            memcpy(o, tmp + b0, bn * sizeof(float));
-            for (int q = 1; q < P; q++) {
-                const float *x = tmp + (size_t)q * chunk + b0;
-                for (size_t i = 0; i < bn; i++)
-                    o[i] += x[i];
-            }
-            if (op == SD_RED_AVG)
-                for (size_t i = 0; i < bn; i++)
-                    o[i] /= pf;
+        sum_in_rank_order(shard + off, tmp, chunk, cnt, P, op);
+    }
+}
+
+static void mpi_reduce_f32(sd_comm *c, float *buf, size_t n, sd_red_op op, int root)
+{
+    mpi_impl *m = impl_of(c);
+    const int P = c->size, me = c->rank;
+    SD_CHECK(op == SD_RED_SUM || op == SD_RED_AVG, "reduce_f32: op %d", (int)op);
+    SD_CHECK(root >= 0 && root < P, "reduce_f32: root %d of %d ranks", root, P);
+    SD_CHECK(n == 0 || buf != NULL, "reduce_f32: NULL buffer for %zu floats", n);
+    const size_t chunk = c->chunk_elems < n ? c->chunk_elems : n;
+    if (chunk == 0)
+        return;
+    float *tmp = me == root ? tmp_floats(c, (size_t)P * chunk) : NULL;
+    for (size_t off = 0; off < n; off += chunk) {
+        const size_t cnt = chunk_count(n, off / chunk, chunk);
+        int nr = 0;
+        if (me != root) {
+            SD_MPI_CHECK(MPI_Send(buf + off, (int)cnt, MPI_FLOAT, root, TAG_RD, m->comm));
+            continue;
         }
+        for (int q = 0; q < P; q++)
+            if (q != me)
+                SD_MPI_CHECK(MPI_Irecv(tmp + (size_t)q * chunk, (int)cnt, MPI_FLOAT, q, TAG_RD,
+                                       m->comm, &m->reqs[nr++]));
+        memcpy(tmp + (size_t)me * chunk, buf + off, cnt * sizeof(float));
+        SD_MPI_CHECK(MPI_Waitall(nr, m->reqs, MPI_STATUSES_IGNORE));
+        sum_in_rank_order(buf + off, tmp, chunk, cnt, P, op);
     }
 }
 
@@ -241,6 +275,7 @@ static const sd_comm_ops mpi_ops = {
     .name = "mpi",
     .allreduce_f32 = mpi_allreduce_f32,
     .reduce_scatter_f32 = mpi_reduce_scatter_f32,
+    .reduce_f32 = mpi_reduce_f32,
     .allgather_f32 = mpi_allgather_f32,
     .broadcast = mpi_broadcast,
     .allreduce_f64 = mpi_allreduce_f64,

@@ -1,5 +1,6 @@
 /* NCCL communicator of the GPU training ranks (include/sdtrain/nccl_comm.h). Every call is
- * enqueued on the CUDA backend's stream, in order with the ops before and after it. */
+ * enqueued on the CUDA backend's stream, in order with the ops before and after it, except the
+ * bucket reductions, which go on a stream of their own ordered by events. */
 #include <cstdlib>
 #include <cstring>
 
@@ -14,8 +15,13 @@ static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size")
 
 struct sd_nccl {
     ncclComm_t comm;
-    cudaStream_t stream;
+    cudaStream_t stream;  /* the backend's */
     int rank, nranks;
+    /* the overlapped reductions: their stream (created on first use), an event marking how far
+     * the backend's stream had got, and one marking the last reduction queued */
+    cudaStream_t side;
+    cudaEvent_t at_compute, at_side;
+    int side_pending;
 };
 
 extern "C" int sd_nccl_unique_id(unsigned char id[SD_NCCL_ID_BYTES], sd_err *err)
@@ -49,6 +55,12 @@ extern "C" void sd_nccl_destroy(sd_nccl *c)
     if (!c)
         return;
     SD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (c->side) {
+        SD_CUDA_CHECK(cudaStreamSynchronize(c->side));
+        SD_CUDA_CHECK(cudaEventDestroy(c->at_compute));
+        SD_CUDA_CHECK(cudaEventDestroy(c->at_side));
+        SD_CUDA_CHECK(cudaStreamDestroy(c->side));
+    }
     SD_NCCL_CHECK(ncclCommDestroy(c->comm));
     free(c);
 }
@@ -70,4 +82,45 @@ extern "C" void sd_nccl_allgather(sd_nccl *c, float *buf, size_t shard)
     /* in place: sendbuff == recvbuff + rank * sendcount */
     SD_NCCL_CHECK(ncclAllGather(buf + (size_t)c->rank * shard, buf, shard, ncclFloat32, c->comm,
                                 c->stream));
+}
+
+/* The side stream, after the work queued on the backend's stream so far. */
+static cudaStream_t side_after_compute(sd_nccl *c)
+{
+    if (!c->side) {
+        int lo, hi;
+        /* the highest priority: a reduction's small kernels should not wait behind the
+         * backward's big ones */
+        SD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+        SD_CUDA_CHECK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, hi));
+        SD_CUDA_CHECK(cudaEventCreateWithFlags(&c->at_compute, cudaEventDisableTiming));
+        SD_CUDA_CHECK(cudaEventCreateWithFlags(&c->at_side, cudaEventDisableTiming));
+    }
+    /* the wait takes the event as recorded now, so one event serves every call */
+    SD_CUDA_CHECK(cudaEventRecord(c->at_compute, c->stream));
+    SD_CUDA_CHECK(cudaStreamWaitEvent(c->side, c->at_compute, 0));
+    c->side_pending = 1;
+    return c->side;
+}
+
+extern "C" void sd_nccl_bucket_allreduce_sum(sd_nccl *c, float *buf, size_t n)
+{
+    cudaStream_t s = side_after_compute(c);
+    SD_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, s));
+}
+
+extern "C" void sd_nccl_bucket_reduce_sum(sd_nccl *c, float *buf, size_t n, int root)
+{
+    cudaStream_t s = side_after_compute(c);
+    SD_CHECK(root >= 0 && root < c->nranks, "NCCL reduce to rank %d of %d", root, c->nranks);
+    SD_NCCL_CHECK(ncclReduce(buf, buf, n, ncclFloat32, ncclSum, root, c->comm, s));
+}
+
+extern "C" void sd_nccl_join(sd_nccl *c)
+{
+    if (!c->side_pending)
+        return;
+    SD_CUDA_CHECK(cudaEventRecord(c->at_side, c->side));
+    SD_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->at_side, 0));
+    c->side_pending = 0;
 }

@@ -35,6 +35,12 @@ struct sd_unet_trainer {
         int h, w, c;
     } skips[1 + SD_MODEL_MAX_LEVELS * (SD_UNET_MAX_LAYERS_PER_BLOCK + 1)];
     int n_skips;
+    /* the gradient-ready hook (sd_unet_trainer_set_ready_hook) and the first offset of every
+     * block the backward finishes, in floats: [0] conv_norm_out, [1 + i] up_blocks.i,
+     * [1 + L] mid_block, [2 + L + i] down_blocks.i */
+    sd_unet_ready_fn ready_fn;
+    void *ready_user;
+    size_t ready_at[3 + 2 * SD_MODEL_MAX_LEVELS];
 };
 
 typedef struct sd_unet_trainer tr;
@@ -75,6 +81,13 @@ static void *alloc_zero(tr *t, int64_t elems)
 static int running(const tr *t)
 {
     return !t->f.dry;
+}
+
+/* Tells the hook that the gradients from ready_at[slot] to the end of the buffer are final. */
+static void ready(tr *t, int slot)
+{
+    if (running(t) && t->ready_fn)
+        t->ready_fn(t->ready_user, slot < 0 ? 0 : t->ready_at[slot]);
 }
 
 /* ---- ops with saved statistics, and the backward ops (per sample when batch invariant) ---- */
@@ -732,6 +745,7 @@ static void run_backward(tr *t, const void *dout)
         gn_bwd(t, &gd, cur, u->norm_out, g->norm_out, gm, gr, dt, dcur, 0);
         sd_arena_reset_to(f->a, mark);
     }
+    ready(t, 0);
 
     /* up path, last block first; skips come back in the order they were stacked */
     k = 0;
@@ -777,6 +791,7 @@ static void run_backward(tr *t, const void *dout)
             dcur = spare;
             spare = tmp;
         }
+        ready(t, 1 + i);
     }
     SD_CHECK(k == ns, "%d of %d skips met on the way back", k, ns);
 
@@ -789,6 +804,7 @@ static void run_backward(tr *t, const void *dout)
         transformer_step_bwd(t, &u->mid_attn, &g->mid_attn, n, hb, wb, a, spare, dcur, 0);
         resnet_step_bwd(t, &u->mid_res[0], &g->mid_res[0], n, hb, wb, st[ns - 1].p, dcur, gx, 1);
     }
+    ready(t, 1 + L);
 
     /* down path, last block first: skip k came from skip k - 1 */
     k = ns - 1;
@@ -817,6 +833,7 @@ static void run_backward(tr *t, const void *dout)
             }
             k--;
         }
+        ready(t, 2 + L + i);
     }
     SD_CHECK(k == 0, "down path ended at skip %d", k);
 
@@ -841,6 +858,8 @@ static void run_backward(tr *t, const void *dout)
         sd_arena_reset_to(f->a, mark);
     }
     SD_CHECK(t->tape_n == 0, "%d tape entries left after the backward", t->tape_n);
+    /* conv_in and the time embedding, at the start of the buffer, came last */
+    ready(t, -1);
 }
 
 /* ---- public API ----------------------------------------------------------------------------- */
@@ -877,6 +896,59 @@ static size_t plan(tr *t, int bi, double *flops)
     return bytes;
 }
 
+/* The first offset of the tensors named `prefix`*, which the table lists together (module order). */
+static size_t first_offset(const sd_param_table *table, const char *prefix, int *found)
+{
+    const size_t len = strlen(prefix);
+    for (size_t i = 0; i < table->n; i++)
+        if (!strncmp(table->params[i].name, prefix, len)) {
+            *found = 1;
+            return table->params[i].offset;
+        }
+    *found = 0;
+    return 0;
+}
+
+/* ready_at[] from the parameter table. The backward finishes the blocks from the end of the
+ * buffer to its start (conv_norm_out and conv_out, up_blocks L-1 .. 0, mid_block, down_blocks
+ * L-1 .. 0; then conv_in and the time embedding at the very start), so after each of them
+ * everything from its first tensor on is final. Checked here: the offsets must fall. */
+static int find_ready_offsets(tr *t, const sd_param_table *table, sd_err *err)
+{
+    const int L = t->u->c.n_levels;
+    char name[64];
+    int found;
+    size_t prev = table->total_floats;
+    for (int slot = 0; slot < 2 * L + 2; slot++) {
+        if (slot == 0)
+            snprintf(name, sizeof name, "conv_norm_out.");
+        else if (slot <= L)
+            snprintf(name, sizeof name, "up_blocks.%d.", slot - 1);
+        else if (slot == L + 1)
+            snprintf(name, sizeof name, "mid_block.");
+        else
+            snprintf(name, sizeof name, "down_blocks.%d.", slot - L - 2);
+        t->ready_at[slot] = first_offset(table, name, &found);
+        if (!found)
+            return sd_err_set(err, "the U-Net parameter table has no tensor %s*", name);
+    }
+    /* the order the backward reports them: 0, 1+L-1 .. 1+0, 1+L, 2+L+L-1 .. 2+L+0 */
+    for (int j = 0; j < 2 * L + 2; j++) {
+        int slot = j == 0 ? 0 : j <= L ? 1 + (L - j) : j == L + 1 ? 1 + L : 2 + L + (2 * L + 1 - j);
+        SD_CHECK(t->ready_at[slot] < prev,
+                 "U-Net parameter table: block %d starts at %zu, after the block finished before "
+                 "it in the backward (%zu)", slot, t->ready_at[slot], prev);
+        prev = t->ready_at[slot];
+    }
+    return 0;
+}
+
+void sd_unet_trainer_set_ready_hook(sd_unet_trainer *t, sd_unet_ready_fn fn, void *user)
+{
+    t->ready_fn = fn;
+    t->ready_user = user;
+}
+
 int sd_unet_trainer_create(sd_unet_trainer **out, const sd_unet *u, const sd_param_table *table,
                            float *grads, int batch, int h, int w, int ctx_len, int recompute,
                            sd_err *err)
@@ -895,6 +967,11 @@ int sd_unet_trainer_create(sd_unet_trainer **out, const sd_unet *u, const sd_par
     t->ctx_len = ctx_len;
     t->recompute = recompute != 0;
     if (sd_unet_build_tree(&t->g, &u->c, table, grads, sizeof(float), u->be, err)) {
+        free(t);
+        return -1;
+    }
+    if (find_ready_offsets(t, table, err)) {
+        sd_unet_free(t->g);
         free(t);
         return -1;
     }

@@ -9,7 +9,9 @@
 #      rank with the same global batch; with two GPUs or more also the NCCL path, DDP and ZeRO-2
 #      within 1e-3 of one rank;
 #   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message;
-#      gradient accumulation (4 x 2) trains like batch 8; an injected NaN skips its step;
+#      gradient accumulation (4 x 2) trains like batch 8; gradients reduced during the backward
+#      (grad_reduce = 'overlap', NCCL with one rank) give the same files; an injected NaN skips
+#      its step;
 #   6. checkpoints on the GPU (device and host paths): killed at the start of step 7 with a
 #      checkpoint of step 4, the resumed run gives the same weights as the uninterrupted one.
 # Skips without a CUDA build or a GPU.
@@ -27,7 +29,7 @@ tiny_shards 48 2 # demo images encoded on the CPU into $TMP/shards
 
 # train NAME NP BATCH SHARDING DEVICE PRECISION [EXTRA]: a 10-step run (the namelist of
 # tests/mpi/train.sh); EXTRA is appended to the namelist (another group); $ACCUM, when set, is
-# the run's grad_accum_steps
+# the run's grad_accum_steps; $TRAIN_EXTRA, when set, is appended to the &train group
 train() {
     nml "$1.nml" <<EOF2
 &run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = '$5' /
@@ -35,7 +37,7 @@ train() {
 &data shard_dir = '$TMP/shards', val_fraction = 0.2 /
 &train max_steps = 10, batch_size_per_rank = $3, learning_rate = 1e-3, warmup_steps = 3,
        sharding = '$4', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9,
-       precision = '$6', grad_accum_steps = ${ACCUM:-1} /
+       precision = '$6', grad_accum_steps = ${ACCUM:-1}${TRAIN_EXTRA:-} /
 &diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
 ${7:-}
 EOF2
@@ -117,6 +119,25 @@ expect_rc acc1 0
 losses acc1 gpu1 1e-4
 weights acc1 gpu1 1e-3
 
+# the gradients reduced bucket by bucket during the backward (grad_reduce = 'overlap'): NCCL
+# with one rank, on the communicator's own stream after events on the backend's: the same files
+# as after the backward, DDP and ZeRO-2, and with micro-batches
+TRAIN_EXTRA=", grad_reduce = 'overlap', grad_bucket_mb = 0.02"
+train ov1 1 8 none cuda fp32
+expect_rc ov1 0
+expect_in ov1 out "gradient reduction: overlapped with the backward"
+expect_in ov1 out "NCCL on a stream of its own"
+identical gpu1 ov1 "grad_reduce = 'overlap', one rank, DDP: the bits of the reduction after"
+train ovz1 1 8 shard_grad_op cuda fp32
+expect_rc ovz1 0
+identical gpu1 ovz1 "grad_reduce = 'overlap', one rank, ZeRO-2: the bits of DDP"
+ACCUM=2
+train ovacc1 1 4 none cuda fp32
+ACCUM=1
+expect_rc ovacc1 0
+identical acc1 ovacc1 "grad_reduce = 'overlap' with 2 micro-batches: the bits of the reduction after"
+TRAIN_EXTRA=
+
 # a NaN written into the first micro-batch's loss gradient on the GPU (2 micro-batches): the
 # step is skipped (the device path's non-finite check), counted, training goes on
 ACCUM=2
@@ -138,6 +159,15 @@ if [ "${ngpus:-1}" -ge 2 ]; then
     losses nzero2 gpu1 1e-4
     weights nddp2 gpu1 1e-3
     weights nzero2 gpu1 1e-3
+    # several ranks reduce during the backward by default; after it, the same training
+    expect_in nzero2 out "gradient reduction: overlapped with the backward"
+    TRAIN_EXTRA=", grad_reduce = 'after_backward'"
+    SDTRAIN_GPU_COMM=device train nzero2a 2 4 shard_grad_op cuda fp32
+    TRAIN_EXTRA=
+    expect_rc nzero2a 0
+    expect_not_in nzero2a out "gradient reduction: overlapped"
+    losses nzero2a nzero2 1e-5
+    weights nzero2a nzero2 1e-5
 else
     # 5. NCCL cannot put two ranks on one GPU: a clear error on every rank, no hang
     SDTRAIN_GPU_COMM=device train dev2 2 4 shard_grad_op cuda fp32

@@ -176,6 +176,25 @@ static void test_reductions(sd_comm *c, size_t n, size_t align)
             ok = 0;
             snprintf(why, sizeof why, "reduce-scatter + allgather (chunk %zu)", ch);
         }
+        /* reduce to each root in turn, in place: the whole buffer, then a middle range (the
+         * gradient buckets); the other ranks' buffers stay as they were */
+        for (int root = 0; root < P; root++) {
+            const size_t lo = n / 3, hi = n - n / 5;
+            memcpy(a, x, n * sizeof(float));
+            sd_reduce_f32(c, a, n, root == 1 ? SD_RED_AVG : SD_RED_SUM, root);
+            if (!same(a, c->rank != root ? x : root == 1 ? ref_avg : ref_sum, n) && ok) {
+                ok = 0;
+                snprintf(why, sizeof why, "reduce to rank %d (chunk %zu)", root, ch);
+            }
+            memcpy(a, x, n * sizeof(float));
+            sd_reduce_f32(c, a + lo, hi - lo, SD_RED_SUM, root);
+            if ((!same(a + lo, (c->rank == root ? ref_sum : x) + lo, hi - lo) ||
+                 !same(a, x, lo) || !same(a + hi, x + hi, n - hi)) && ok) {
+                ok = 0;
+                snprintf(why, sizeof why, "reduce of [%zu, %zu) to rank %d (chunk %zu)", lo, hi,
+                         root, ch);
+            }
+        }
         /* in place, averaged (the ZeRO-2 gradient path) */
         memcpy(a, x, n * sizeof(float));
         sd_reduce_scatter_f32(c, a, a + b, n, SD_RED_AVG);
@@ -201,7 +220,7 @@ static void test_reductions(sd_comm *c, size_t n, size_t align)
                 align, why);
     char label[160];
     snprintf(label, sizeof label,
-             "n=%zu align=%zu: allreduce = RS+AG = serial rank-order sum, bit for bit (%d chunk sizes)",
+             "n=%zu align=%zu: allreduce = RS+AG = reduce = serial rank-order sum, bit for bit (%d chunk sizes)",
              n, align, rounds_tested);
     check(ok, "%s", label);
     sd_comm_set_chunk_elems(c, default_chunk);

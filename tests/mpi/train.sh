@@ -1,8 +1,9 @@
 #!/bin/sh
 # mode = 'train' end to end under MPI on shards made by mode = 'process': DDP and ZeRO-2 give
 # the same bits at -np 1..4, 2 ranks x batch 4 equals 1 rank x batch 8 (and 4 x 2, and gradient
-# accumulation over micro-batches) within 1e-6, metrics.jsonl and validation lines, a NaN injected on one rank skips the step everywhere, and
-# bad set-ups end every rank with one clear message.
+# accumulation over micro-batches) within 1e-6, metrics.jsonl and validation lines, gradients
+# reduced during the backward give the bits of the reduction after it, a NaN injected on one
+# rank skips the step everywhere, and bad set-ups end every rank with one clear message.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
@@ -106,6 +107,28 @@ expect_rc nan 0
 expect_in nan err "non-finite loss or gradients"
 expect_in nan out "(1 skipped: non-finite)"
 grep -q '"skipped": 1' "$TMP/nan/metrics.jsonl" || fail "nan: skipped count not in metrics"
+
+# the gradients reduced bucket by bucket during the backward (grad_reduce = 'overlap', buckets
+# of 5242 floats: dozens, most inside one block, some cut by shard ends) give the bits of the
+# whole-buffer reduction after it: DDP and ZeRO-2 at 1-3 ranks, and with micro-batches (only
+# the last one's backward reduces)
+for v in "ddp1 1 8 none" "ddp2 2 4 none" "zero2 2 4 shard_grad_op" "ddp3 3 4 none" \
+         "zero3 3 4 shard_grad_op" "acc2x2x2 2 2 shard_grad_op 2"; do
+    set -- $v
+    train_nml "ov-$1" "$3" "$4"
+    sed -i "s/ema_decay = 0.9/ema_decay = 0.9, grad_reduce = 'overlap', grad_bucket_mb = 0.02${5:+, grad_accum_steps = $5}/" \
+        "$TMP/ov-$1.nml"
+    mpi "ov-$1" "$2" "$SDTRAIN" "$TMP/ov-$1.nml"
+    expect_rc "ov-$1" 0
+    expect_in "ov-$1" out "gradient reduction: overlapped with the backward"
+    for f in unet_final unet_ema; do
+        cmp -s "$TMP/$1/$f.safetensors" "$TMP/ov-$1/$f.safetensors" ||
+            fail "$1: grad_reduce = 'overlap' changed $f"
+    done
+done
+grep -o '"loss": [^,]*' "$TMP/zero3/metrics.jsonl" >"$TMP/l-a"
+grep -o '"loss": [^,]*' "$TMP/ov-zero3/metrics.jsonl" >"$TMP/l-b"
+cmp -s "$TMP/l-a" "$TMP/l-b" || fail "zero3: grad_reduce = 'overlap' changed the losses"
 
 # bad set-ups: one message, every rank ends
 train_nml noshards 4 none

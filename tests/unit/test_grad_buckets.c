@@ -1,0 +1,270 @@
+/* TAP tests of the gradient buckets (include/sdtrain/grad_buckets.h) and of the U-Net
+ * backward's gradient-ready hook (sd_unet_trainer_set_ready_hook) that launches them.
+ *
+ * Buckets: for many buffer sizes, rank counts, alignments and bucket sizes, the buckets tile
+ * the buffer from its end to its start without gap or overlap, each inside its owner's shard,
+ * none longer than the limit, cut at aligned offsets, as few as the limit allows; a sequence of
+ * ready calls launches exactly the buckets inside each announced range, in order, once.
+ *
+ * Hook: on the three small golden U-Nets, with and without recomputation, every range the
+ * backward announces as final holds, at that moment, the bits the gradients have at the end of
+ * the backward (a range announced too early would still change); the announcements fall, the
+ * last is 0, and there is one per finished block. */
+#include "sdtrain/grad_buckets.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdtrain/arena.h"
+#include "sdtrain/check.h"
+#include "sdtrain/collectives.h"
+#include "sdtrain/snapshot.h"
+#include "sdtrain/unet.h"
+#include "sdtrain/weights.h"
+#include "tap.h"
+
+/* ---- buckets ------------------------------------------------------------------------------ */
+
+typedef struct launch_log {
+    const sd_grad_buckets *g;
+    int n, order_ok;
+} launch_log;
+
+static void on_launch(void *user, const sd_grad_bucket *b)
+{
+    launch_log *l = user;
+    /* launched in list order, each once */
+    if (l->n >= l->g->count || b != &l->g->b[l->n])
+        l->order_ok = 0;
+    l->n++;
+}
+
+/* One plan: 1 if every property holds (diagnostics on the first failure). */
+static int check_plan(size_t n, int P, size_t align, size_t max_floats)
+{
+    size_t bounds[65];
+    sd_grad_buckets g;
+    launch_log log = {&g, 0, 1};
+    size_t expect = n, lim = max_floats / align * align, want = 0;
+    int ok = 1;
+    if (lim < align)
+        lim = align;
+    for (int r = 0; r <= P; r++) {
+        size_t b, e;
+        if (r == P) {
+            bounds[r] = n;
+            break;
+        }
+        sd_shard_range(n, P, r, align, &b, &e);
+        bounds[r] = b;
+        want += (e - b + lim - 1) / lim;
+    }
+    sd_grad_buckets_init(&g, bounds, P, max_floats, align, on_launch, &log);
+    if (g.count != (int)want) {
+        tap_diag("n %zu P %d align %zu max %zu: %d buckets, expected %zu", n, P, align,
+                 max_floats, g.count, want);
+        ok = 0;
+    }
+    for (int i = 0; ok && i < g.count; i++) {
+        const sd_grad_bucket *b = &g.b[i];
+        const int r = b->owner;
+        if (b->end != expect || b->begin >= b->end || b->end - b->begin > lim || r < 0 ||
+            r >= P || b->begin < bounds[r] || b->end > bounds[r + 1] ||
+            (b->begin - bounds[r]) % align != 0) {
+            tap_diag("n %zu P %d align %zu max %zu: bucket %d [%zu, %zu) of rank %d (shard "
+                     "[%zu, %zu)) wrong", n, P, align, max_floats, i, b->begin, b->end, r,
+                     r >= 0 && r < P ? bounds[r] : 0, r >= 0 && r < P ? bounds[r + 1] : 0);
+            ok = 0;
+        }
+        expect = b->begin;
+    }
+    if (ok && expect != 0) {
+        tap_diag("n %zu P %d: the buckets stop at %zu", n, P, expect);
+        ok = 0;
+    }
+    /* ready calls at falling points launch exactly the buckets inside [from, n) */
+    for (int round = 0; ok && round < 2; round++) {
+        size_t from = n;
+        uint64_t s = 0x9e3779b97f4a7c15ull * (n + 1) + (uint64_t)P + round;
+        log.n = 0;
+        sd_grad_buckets_begin(&g);
+        while (ok && from > 0) {
+            int inside = 0;
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            from = from > 0 ? (size_t)((s >> 33) % (from + 1)) : 0;
+            if (round == 1 && from > 0)
+                from = from - 1 < from / 2 ? 0 : from / 2; /* big strides */
+            sd_grad_buckets_ready(&g, from);
+            for (int i = 0; i < g.count; i++)
+                inside += g.b[i].begin >= from;
+            if (log.n != inside || !log.order_ok) {
+                tap_diag("n %zu P %d: after ready(%zu) %d launched, %d inside", n, P, from, log.n,
+                         inside);
+                ok = 0;
+            }
+        }
+        sd_grad_buckets_finish(&g);
+        ok = ok && log.n == g.count && log.order_ok;
+    }
+    sd_grad_buckets_free(&g);
+    return ok;
+}
+
+static void test_plans(void)
+{
+    static const size_t sizes[] = {1, 63, 64, 65, 1000, 4096, 100003, 1u << 20};
+    static const int ranks[] = {1, 2, 3, 7, 64};
+    static const size_t aligns[] = {1, 64};
+    static const size_t maxes[] = {1, 100, 4096, 50000, (size_t)1 << 30};
+    int plans = 0, bad = 0;
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+        for (size_t b = 0; b < sizeof ranks / sizeof *ranks; b++)
+            for (size_t c = 0; c < sizeof aligns / sizeof *aligns; c++)
+                for (size_t d = 0; d < sizeof maxes / sizeof *maxes; d++) {
+                    if (sizes[a] / (maxes[d] < aligns[c] ? aligns[c] : maxes[d]) > 200000)
+                        continue; /* a million one-float buckets: slow, nothing new */
+                    plans++;
+                    bad += !check_plan(sizes[a], ranks[b], aligns[c], maxes[d]);
+                }
+    tap_ok(bad == 0, "%d bucket plans tile their buffer, inside shards, within the limit, "
+           "launched in order exactly when complete (%d wrong)", plans, bad);
+    {
+        /* a hand-checked one: 1000 floats on 3 ranks (align 64: 384 / 320 / 296), max 200 */
+        size_t bounds[4] = {0, 384, 704, 1000};
+        sd_grad_buckets g;
+        sd_grad_buckets_init(&g, bounds, 3, 200, 64, NULL, NULL);
+        tap_ok(g.count == 6 && g.b[0].begin == 896 && g.b[0].end == 1000 && g.b[1].begin == 704 &&
+               g.b[2].begin == 576 && g.b[2].end == 704 && g.b[3].begin == 384 &&
+               g.b[4].begin == 192 && g.b[5].begin == 0 && g.b[5].owner == 0 && g.b[2].owner == 1,
+               "1000 floats, 3 ranks, align 64, max 200 (128 used): 6 buckets at 896, 704, 576, "
+               "384, 192, 0 (%d)", g.count);
+        sd_grad_buckets_free(&g);
+    }
+}
+
+/* ---- the U-Net's ready hook ------------------------------------------------------------------ */
+
+typedef struct snap_log {
+    const float *grads;
+    size_t total;
+    int n, cap, falls;
+    size_t from[64];
+    float *copy[64]; /* grads[from, total) when announced */
+} snap_log;
+
+static void on_ready(void *user, size_t from)
+{
+    snap_log *l = user;
+    SD_CHECK(l->n < l->cap, "more ready calls than expected");
+    if (l->n > 0 && from > l->from[l->n - 1])
+        l->falls = 0;
+    l->from[l->n] = from;
+    l->copy[l->n] = sd_xmalloc((l->total - from) * sizeof(float) + 1);
+    memcpy(l->copy[l->n], l->grads + from, (l->total - from) * sizeof(float));
+    l->n++;
+}
+
+static void fill(float *x, size_t n, uint64_t seed, float scale)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = scale * ((float)(s >> 40) * (1.0f / 16777216.0f) - 0.5f);
+    }
+}
+
+static void test_hook(const char *srcdir, const char *name, int h, int w, int recompute)
+{
+    char dir[1024];
+    sd_snapshot s;
+    sd_unet_config c;
+    sd_weights wt;
+    sd_unet *u = NULL;
+    sd_unet_trainer *tr = NULL;
+    sd_err err;
+    sd_arena a;
+    const int B = 2, T = 5;
+    float *grads, *x, *ctx, *y, *dy, ts[2] = {17.0f, 901.0f};
+    snap_log log;
+    size_t total, nx;
+    int good = 1, L;
+
+    snprintf(dir, sizeof dir, "%s/tests/data/models/%s", srcdir, name);
+    SD_CHECK(sd_snapshot_open(&s, dir, &err) == 0, "%s", err.msg);
+    SD_CHECK(sd_snapshot_load_unet(&s, NULL, &c, &wt, &err) == 0, "%s", err.msg);
+    sd_snapshot_close(&s);
+    SD_CHECK(sd_unet_create_from_weights(&u, &c, &wt, sd_backend_cpu(), &err) == 0, "%s",
+             err.msg);
+    total = wt.table.total_floats;
+    L = c.n_levels;
+    grads = sd_xcalloc(total, sizeof *grads);
+    SD_CHECK(sd_unet_trainer_create(&tr, u, &wt.table, grads, B, h, w, T, recompute, &err) == 0,
+             "%s: %s", name, err.msg);
+    SD_CHECK(sd_arena_init(&a, sd_unet_trainer_arena_bytes(tr), 0) == 0, "arena");
+    nx = (size_t)B * h * w * c.in_channels;
+    x = sd_xmalloc(nx * sizeof *x);
+    y = sd_xmalloc(nx * sizeof *y);
+    dy = sd_xmalloc(nx * sizeof *dy);
+    ctx = sd_xmalloc((size_t)B * T * c.cross_attention_dim * sizeof *ctx);
+    fill(x, nx, 1, 2.0f);
+    fill(dy, nx, 2, 0.1f);
+    fill(ctx, (size_t)B * T * c.cross_attention_dim, 3, 2.0f);
+
+    memset(&log, 0, sizeof log);
+    log.grads = grads;
+    log.total = total;
+    log.cap = 64;
+    log.falls = 1;
+    sd_unet_trainer_set_ready_hook(tr, on_ready, &log);
+    /* a first backward adds into non-zero gradients, as micro-batches do; the second is logged */
+    sd_unet_trainer_set_ready_hook(tr, NULL, NULL);
+    sd_unet_train_forward(tr, x, ts, ctx, y, &a);
+    sd_unet_backward(tr, dy, &a);
+    sd_unet_trainer_set_ready_hook(tr, on_ready, &log);
+    fill(x, nx, 4, 2.0f);
+    sd_unet_train_forward(tr, x, ts, ctx, y, &a);
+    sd_unet_backward(tr, dy, &a);
+
+    tap_ok(log.n == 2 * L + 3 && log.falls && log.from[log.n - 1] == 0 && log.from[0] < total,
+           "%s%s: %d announcements (expected %d), falling, the last at 0", name,
+           recompute ? " (recompute)" : "", log.n, 2 * L + 3);
+    for (int i = 0; i < log.n; i++) {
+        size_t len = total - log.from[i];
+        if (memcmp(log.copy[i], grads + log.from[i], len * sizeof(float))) {
+            size_t k = 0;
+            while (log.copy[i][k] == grads[log.from[i] + k])
+                k++;
+            tap_diag("%s: announcement %d ([%zu, %zu)) changed later, first at float %zu", name,
+                     i, log.from[i], total, log.from[i] + k);
+            good = 0;
+        }
+        free(log.copy[i]);
+    }
+    tap_ok(good, "%s%s: every announced range already held its final gradients", name,
+           recompute ? " (recompute)" : "");
+
+    sd_arena_free(&a);
+    sd_unet_trainer_free(tr);
+    sd_unet_free(u);
+    sd_weights_free(&wt);
+    free(grads);
+    free(x);
+    free(y);
+    free(dy);
+    free(ctx);
+}
+
+int main(void)
+{
+    const char *srcdir = getenv("srcdir");
+    if (!srcdir)
+        srcdir = ".";
+    test_plans();
+    test_hook(srcdir, "tiny-sd2", 8, 8, 0);
+    test_hook(srcdir, "tiny-sd2", 8, 8, 1);
+    test_hook(srcdir, "tiny-sd1", 8, 8, 0);
+    test_hook(srcdir, "odd-train", 6, 10, 0);
+    return tap_done();
+}
