@@ -89,8 +89,9 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
 /* ---- resuming (collective over comm) --------------------------------------------------------
  * Decides where a run starts. Rank 0 first removes leftovers of interrupted writes in dir
  * (".step-*.tmp" directories, "latest.tmp"). resume = "auto": the checkpoint `latest` names, or
- * none (*found = 0) when dir has no `latest`; a `latest` naming a missing or incomplete
- * directory is an error. "never": none (a warning when dir holds checkpoints). Otherwise a path:
+ * none (*found = 0) when dir has no `latest`; when `latest` names a missing or incomplete
+ * directory, a warning and the newest complete checkpoint of dir (`latest` is pointed at it),
+ * an error when there is none. "never": none (a warning when dir holds checkpoints). Otherwise a path:
  * a checkpoint directory, or a checkpoint root holding `latest`; an error when it is neither.
  * Every rank gets the same path and verdict. */
 int sd_ckpt_resolve(MPI_Comm comm, const char *dir, const char *resume, char *path,
@@ -105,6 +106,19 @@ int sd_ckpt_resolve(MPI_Comm comm, const char *dir, const char *resume, char *pa
  * failure). The caller holds the loader's HDF5 lock when a loader is open. */
 int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_ckpt_info *info,
                  sd_err *err);
+
+/* sd_ckpt_load's return value when the checkpoint's files are damaged (unreadable or malformed
+ * manifest, a state file of the wrong size, an HDF5 read error, a failed checksum), as opposed
+ * to -1 for an intact checkpoint this run cannot use (another format version, another model). */
+#define SD_CKPT_DAMAGED (-2)
+
+/* resume = 'auto' after sd_ckpt_load said SD_CKPT_DAMAGED for `path` (a checkpoint of dir):
+ * rank 0 moves it aside to "<path>.damaged" (kept for inspection, never pruned), warns with
+ * `why` (the load's message), and points `latest` at the newest complete checkpoint left, whose
+ * path every rank gets in `older`. None left: -1 with a message (start fresh with resume =
+ * 'never'). Collective. */
+int sd_ckpt_set_aside(MPI_Comm comm, const char *dir, const char *path, const char *why,
+                      char *older, size_t older_size, sd_err *err);
 
 /* ---- one process, no MPI (sdtool export) ----------------------------------------------------
  * sd_ckpt_peek reads and checks the manifest of the checkpoint at `path` (format, version,

@@ -850,7 +850,25 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
     ckpt_tensors(t, &ts);
     sd_loader_h5_lock();
     rc = sd_ckpt_load(t->mpi_comm, path, &ts, &info, err);
+    /* resume = 'auto' (a requeued job): a damaged newest checkpoint is moved aside and the one
+     * before it loaded, rather than ending a run that can go on (a load overwrites all the state
+     * a failed one may have touched); a checkpoint named explicitly stays an error */
+    while (rc == SD_CKPT_DAMAGED && !strcmp(cfg->checkpoint.resume, "auto")) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        sd_err_clear(err);
+        if (sd_ckpt_set_aside(t->mpi_comm, t->ckpt_dir, path, why, path, sizeof path, err)) {
+            rc = -1;
+            break;
+        }
+        rc = sd_ckpt_load(t->mpi_comm, path, &ts, &info, err);
+    }
     sd_loader_h5_unlock();
+    if (rc == SD_CKPT_DAMAGED) {
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, "; resume from an older checkpoint with "
+                 "&checkpoint resume = '<its directory>'");
+    }
     if (rc) {
         dev_stage_free(t);
         return -1;

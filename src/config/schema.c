@@ -181,7 +181,8 @@ static const sd_option options[] = {
     INT(checkpoint, every_n_steps, "1000", 0, U, "steps", "Checkpoint interval (0 = only at the end)."),
     INT(checkpoint, keep_last, "3", 0, U, "", "Complete checkpoints kept (0 = all)."),
     STRING(checkpoint, resume, "'auto'",
-           "'auto' = continue from the newest complete checkpoint if there is one; 'never' = start "
+           "'auto' = continue from the newest checkpoint if there is one (a damaged or missing one is "
+           "moved aside with a warning and the one before it used); 'never' = start "
            "fresh; or the path of one checkpoint directory (or of a checkpoint root: its latest)."),
 
     /* &sample */

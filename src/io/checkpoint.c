@@ -551,6 +551,55 @@ static int is_checkpoint(const char *path)
     return path_exists(p);
 }
 
+/* The newest complete checkpoint directory of dir (is_checkpoint), into name; "" when none. */
+static void newest_complete(const char *dir, char *name, size_t size)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int64_t best = -1;
+    name[0] = '\0';
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        char path[PATH_SIZE];
+        int64_t st;
+        if (!is_step_name(de->d_name, &st) || st <= best || strlen(de->d_name) >= size ||
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
+            !is_checkpoint(path))
+            continue;
+        best = st;
+        snprintf(name, size, "%s", de->d_name);
+    }
+    closedir(d);
+}
+
+/* `latest` of dir := name (atomically). */
+static int point_latest(const char *dir, const char *name, sd_err *err)
+{
+    char path[PATH_SIZE], text[128];
+    snprintf(text, sizeof text, "%s\n", name);
+    if (join(path, sizeof path, dir, SD_CKPT_LATEST, err))
+        return -1;
+    return sd_write_file_atomic(path, text, strlen(text), err);
+}
+
+/* Rank 0, resume = 'auto' and `latest` naming a missing, incomplete or damaged checkpoint
+ * (`bad` says which and why): the newest complete checkpoint left in dir into path, `latest`
+ * pointed at it, and a warning: 0. None left: an error saying so. */
+static int fall_back(const char *dir, const char *bad, char *path, size_t size, sd_err *err)
+{
+    char name[128];
+    newest_complete(dir, name, sizeof name);
+    if (!name[0])
+        return sd_err_set(err, "%s, and %s holds no older complete checkpoint; start fresh with "
+                          "&checkpoint resume = 'never'", bad, dir);
+    if (snprintf(path, size, "%s/%s", dir, name) >= (int)size)
+        return sd_err_set(err, "path too long: '%s/%s'", dir, name);
+    sd_warn("resume: %s; continuing from the newest complete checkpoint before it, %s", bad,
+            path);
+    return point_latest(dir, name, err);
+}
+
 static int resolve_root(const char *dir, const char *resume, char *path, size_t size, int *found,
                         sd_err *err)
 {
@@ -573,10 +622,13 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
         }
         if (snprintf(path, size, "%s/%s", dir, name) >= (int)size)
             return sd_err_set(err, "path too long: '%s/%s'", dir, name);
-        if (!is_checkpoint(path))
-            return sd_err_set(err, "%s/%s names %s, which is missing or incomplete (no %s or %s); "
-                              "resume from an older one with &checkpoint resume = '<path>'",
-                              dir, SD_CKPT_LATEST, path, SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE);
+        if (!is_checkpoint(path)) {
+            char bad[2 * PATH_SIZE + 256];
+            snprintf(bad, sizeof bad, "%s/%s names %s, which is missing or incomplete (no %s or "
+                     "%s)", dir, SD_CKPT_LATEST, path, SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE);
+            if (fall_back(dir, bad, path, size, err))
+                return -1;
+        }
         *found = 1;
         return 0;
     }
@@ -597,6 +649,36 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
     return sd_err_set(err, "&checkpoint resume = '%s': not a complete checkpoint directory (it "
                       "needs %s and %s) nor a checkpoint directory with a valid '%s'", resume,
                       SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE, SD_CKPT_LATEST);
+}
+
+int sd_ckpt_set_aside(MPI_Comm comm, const char *dir, const char *path, const char *why,
+                      char *older, size_t older_size, sd_err *err)
+{
+    int rank, failed = 0;
+    char *buf = sd_xcalloc(1, PATH_SIZE);
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    if (rank == 0) {
+        char aside[PATH_SIZE + 32], bad[PATH_SIZE + 1200];
+        int k = 1;
+        snprintf(aside, sizeof aside, "%s.damaged", path);
+        while (path_exists(aside) && k < 1000)
+            snprintf(aside, sizeof aside, "%s.damaged.%d", path, ++k);
+        if (rename(path, aside) != 0) {
+            failed = sd_err_set(err, "%s; moving it aside to '%s' failed: %s", why, aside,
+                                strerror(errno)) != 0;
+        } else {
+            snprintf(bad, sizeof bad, "%s (moved aside to %s)", why, aside);
+            failed = fall_back(dir, bad, buf, PATH_SIZE, err) != 0;
+        }
+    }
+    if (sd_agree(comm, failed, err)) {
+        free(buf);
+        return -1;
+    }
+    SD_MPI_CHECK(MPI_Bcast(buf, PATH_SIZE, MPI_CHAR, 0, comm));
+    snprintf(older, older_size, "%s", buf);
+    free(buf);
+    return 0;
 }
 
 int sd_ckpt_resolve(MPI_Comm comm, const char *dir, const char *resume, char *path,
@@ -649,9 +731,11 @@ static const char *json_str(json_object *o, const char *key)
     return json_object_get_string(v);
 }
 
-/* Rank 0: the manifest, checked for format and completeness and against this run's model. */
+/* Rank 0: the manifest, checked for format and completeness and against this run's model.
+ * *incompatible is set when the checkpoint is intact but not for this sdtrain or this model (another
+ * format or version, another parameter table); every other failure means damaged files. */
 static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, char **config,
-                         sd_err *err)
+                         int *incompatible, sd_err *err)
 {
     char path[PATH_SIZE], file[PATH_SIZE];
     json_object *root, *arr, *sums;
@@ -672,6 +756,7 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
     if (!str || strcmp(str, SD_CKPT_FORMAT) != 0) {
         sd_err_set(err, "%s: not an sdtrain checkpoint manifest (format '%s')", path,
                    str ? str : "?");
+        *incompatible = str != NULL;
         goto out;
     }
     if (json_i64(root, "version", &v, path, err))
@@ -679,6 +764,7 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
     if (v != SD_CKPT_FORMAT_VERSION) {
         sd_err_set(err, "%s: checkpoint format version %lld; this sdtrain reads version %d", path,
                    (long long)v, SD_CKPT_FORMAT_VERSION);
+        *incompatible = 1;
         goto out;
     }
     if (json_i64(root, "step", &L->s.step, path, err) ||
@@ -728,6 +814,7 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
         sd_err_set(err, "checkpoint %s holds a model of %zu tensors in %llu floats; this run's "
                    "U-Net has %zu tensors in %zu floats (a different &model?)", dir,
                    json_object_array_length(arr), (unsigned long long)L->n, t->table->n, t->n);
+        *incompatible = 1;
         goto out;
     }
     for (size_t i = 0; i < t->table->n; i++) {
@@ -744,6 +831,7 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
             sd_err_set(err, "checkpoint %s holds a different model: tensor %zu is '%s' there, "
                        "'%s' here (or its shape or offset differs; a different &model?)", dir, i,
                        name ? name : "?", p->name);
+            *incompatible = 1;
             goto out;
         }
     }
@@ -834,7 +922,7 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
 {
     loaded L;
     char *config = NULL, file[PATH_SIZE];
-    int rank, failed = 0;
+    int rank, failed = 0, incompatible = 0;
     size_t pb, pe, ob, oe;
     uint64_t part[DS_N] = {0}, sums[DS_N];
     sd_h5_quiet q;
@@ -842,10 +930,11 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
     memset(info, 0, sizeof *info);
     SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     if (rank == 0)
-        failed = read_manifest(path, t, &L, &config, err) != 0;
+        failed = read_manifest(path, t, &L, &config, &incompatible, err) != 0;
     if (sd_agree(comm, failed, err)) {
         free(config);
-        return -1;
+        SD_MPI_CHECK(MPI_Bcast(&incompatible, 1, MPI_INT, 0, comm));
+        return incompatible ? -1 : SD_CKPT_DAMAGED;
     }
     SD_MPI_CHECK(MPI_Bcast(&L, (int)sizeof L, MPI_BYTE, 0, comm));
     if (rank != 0)
@@ -868,7 +957,7 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
     sd_h5_quiet_end(&q);
     if (sd_agree(comm, failed, err)) {
         sd_ckpt_info_free(info);
-        return -1;
+        return SD_CKPT_DAMAGED;
     }
     /* each rank read one slice of the parameters (not all of them: at scale that is the
      * file read once per rank); the slices are sd_comm_shard's, so the allgather completes them */
@@ -894,11 +983,11 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
             continue;
         if (sums[ds] != L.sums[ds]) {
             sd_ckpt_info_free(info);
-            return sd_err_set(err, "checkpoint %s: dataset '%s' fails its checksum (%s: manifest "
-                              "%016llx, data %016llx): the file is corrupt; resume from an older "
-                              "checkpoint with &checkpoint resume = '<its directory>'", file,
-                              ds_names[ds], SD_CKPT_CHECKSUM_ALGORITHM,
-                              (unsigned long long)L.sums[ds], (unsigned long long)sums[ds]);
+            sd_err_set(err, "checkpoint %s: dataset '%s' fails its checksum (%s: manifest "
+                       "%016llx, data %016llx): the file is corrupt", file,
+                       ds_names[ds], SD_CKPT_CHECKSUM_ALGORITHM,
+                       (unsigned long long)L.sums[ds], (unsigned long long)sums[ds]);
+            return SD_CKPT_DAMAGED;
         }
     }
     return 0;
@@ -910,9 +999,10 @@ int sd_ckpt_peek(const char *path, sd_ckpt_info *info, sd_err *err)
 {
     loaded L;
     char *config = NULL;
+    int incompatible = 0;
     memset(&L, 0, sizeof L);
     memset(info, 0, sizeof *info);
-    if (read_manifest(path, NULL, &L, &config, err))
+    if (read_manifest(path, NULL, &L, &config, &incompatible, err))
         return -1;
     info->s = L.s;
     info->config_text = config;
@@ -927,7 +1017,7 @@ int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const ch
     loaded L;
     sd_ckpt_tensors t;
     char *config = NULL, file[PATH_SIZE];
-    int ds = -1, rc;
+    int ds = -1, rc, incompatible = 0;
     hid_t f;
     uint64_t sum;
     char h5msg[512];
@@ -942,7 +1032,7 @@ int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const ch
     memset(info, 0, sizeof *info);
     t.table = table;
     t.n = table->total_floats;
-    if (read_manifest(path, &t, &L, &config, err))
+    if (read_manifest(path, &t, &L, &config, &incompatible, err))
         return -1;
     info->s = L.s;
     info->config_text = config;

@@ -2,8 +2,8 @@
 # Checkpoints and resume of mode = 'train' (doc/checkpoints.md): a run killed at a step and
 # resumed gives the same bits as an uninterrupted one (weights and every loss); a kill during the
 # checkpoint write or between rename and `latest` leaves the previous checkpoint latest; SIGUSR1
-# checkpoints and exits 0; another rank count or sharding resumes; a corrupt file is named;
-# keep_last and resume = 'never'.
+# checkpoints and exits 0; another rank count or sharding resumes; a corrupt file is named, and
+# with resume = 'auto' the checkpoint before it resumes; keep_last and resume = 'never'.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
@@ -216,21 +216,27 @@ mpi seed 2 "$SDTRAIN" "$TMP/gb.nml" --set run.seed=12 --set run.output_dir="$TMP
 expect_rc seed 2
 expect_in seed err "seed"
 
+# flip_byte FILE: one byte of the adam_m data changed (of the middle of the file without
+# h5dump); $dataset says which dataset, or is empty
+flip_byte() {
+    if command -v h5dump >/dev/null 2>&1; then
+        off=$(h5dump -p -H -d adam_m "$1" | sed -n 's/^ *OFFSET \([0-9]*\).*/\1/p')
+        off=$((off + 1001))
+        dataset=adam_m
+    else
+        off=$(($(wc -c <"$1") / 2))
+        dataset=
+    fi
+    byte=$(od -An -tu1 -j "$off" -N1 "$1" | tr -d ' ')
+    printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$1" bs=1 seek="$off" conv=notrunc 2>/dev/null
+}
+
 # (e) a flipped byte in the data of adam_m: an error naming the file and the dataset on every
 # rank, no hang
 mkdir -p "$TMP/bad"
 cp -r "$TMP/ref/checkpoints/step-00000008" "$TMP/bad/"
 h5="$TMP/bad/step-00000008/state.h5"
-if command -v h5dump >/dev/null 2>&1; then
-    off=$(h5dump -p -H -d adam_m "$h5" | sed -n 's/^ *OFFSET \([0-9]*\).*/\1/p')
-    off=$((off + 1001))
-    dataset=adam_m
-else
-    off=$(($(wc -c <"$h5") / 2))
-    dataset=
-fi
-byte=$(od -An -tu1 -j "$off" -N1 "$h5" | tr -d ' ')
-printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$h5" bs=1 seek="$off" conv=notrunc 2>/dev/null
+flip_byte "$h5"
 train_nml bad 4 none ", resume = '$TMP/bad/step-00000008'"
 mpi bad 2 "$SDTRAIN" "$TMP/bad.nml"
 expect_rc bad 2
@@ -243,6 +249,43 @@ rm "$TMP/bad/step-00000008/manifest.json"
 mpi bad2 2 "$SDTRAIN" "$TMP/bad.nml" --set run.output_dir="$TMP/bad2"
 expect_rc bad2 2
 expect_in bad2 err "not a complete checkpoint directory"
+
+# (f) resume = 'auto' (a requeued job) whose newest checkpoint is damaged: a warning naming the
+# file and the problem, the damaged one moved aside (kept), the one before it resumed, and the
+# run ends with the uninterrupted run's bits; the same when `latest` names a missing directory;
+# with no older checkpoint left, one clear error
+for v in flip missing; do
+    train_nml "fb-$v" 4 none
+    mkdir -p "$TMP/fb-$v"
+    cp -r "$TMP/ref/checkpoints" "$TMP/fb-$v/"
+    cp "$TMP/ref/metrics.jsonl" "$TMP/fb-$v/"
+    if [ $v = flip ]; then
+        flip_byte "$TMP/fb-$v/checkpoints/step-00000012/state.h5"
+    else
+        rm -r "$TMP/fb-$v/checkpoints/step-00000012"
+    fi
+    mpi "fb-$v" 2 "$SDTRAIN" "$TMP/fb-$v.nml"
+    expect_rc "fb-$v" 0
+    expect_in "fb-$v" out "resuming from $TMP/fb-$v/checkpoints/step-00000008: step 8"
+    expect_in "fb-$v" err "continuing from the newest complete checkpoint before it"
+    same_as_ref "fb-$v" 8
+    latest_is "fb-$v" step-00000012
+done
+expect_in fb-flip err "fails its checksum"
+expect_in fb-flip err "moved aside to $TMP/fb-flip/checkpoints/step-00000012.damaged"
+[ -f "$TMP/fb-flip/checkpoints/step-00000012.damaged/state.h5" ] ||
+    fail "fb-flip: the damaged checkpoint was not kept"
+expect_in fb-missing err "which is missing or incomplete"
+# only a damaged checkpoint: an error, nothing started
+train_nml fb-none 4 none
+mkdir -p "$TMP/fb-none/checkpoints"
+cp -r "$TMP/ref/checkpoints/step-00000004" "$TMP/fb-none/checkpoints/"
+echo step-00000004 >"$TMP/fb-none/checkpoints/latest"
+flip_byte "$TMP/fb-none/checkpoints/step-00000004/state.h5"
+mpi fb-none 2 "$SDTRAIN" "$TMP/fb-none.nml"
+expect_rc fb-none 2
+expect_in fb-none err "holds no older complete checkpoint; start fresh with &checkpoint resume = 'never'"
+expect_count fb-none err "sdtrain:" 1
 
 # (g) resume = 'never' in a directory with checkpoints: a warning, a fresh start, the same
 # training as the reference
