@@ -132,6 +132,22 @@ int sd_ckpt_peek(const char *path, sd_ckpt_info *info, sd_err *err);
 int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const char *dataset,
                          float *dst, sd_ckpt_info *info, sd_err *err);
 
+/* One dataset of a checkpoint checked by sd_ckpt_verify. */
+typedef struct sd_ckpt_dataset_check {
+    char name[16];     /* "params", "adam_m", "adam_v", "ema" */
+    uint64_t n;        /* floats */
+    uint64_t expected; /* the manifest's checksum */
+    uint64_t actual;   /* recomputed from state.h5 */
+} sd_ckpt_dataset_check;
+
+/* One process (sdtool inspect --verify): the manifest read and checked as sd_ckpt_peek does,
+ * the state file's size checked, then every stored dataset read in blocks and its checksum
+ * recomputed into out[0 .. *n_out) (3 or 4 entries; a mismatch is reported there, not as an
+ * error). Returns 0 (free info with sd_ckpt_info_free), or -1 with a message naming the file
+ * when the checkpoint cannot be read at all. */
+int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check out[4],
+                   int *n_out, sd_err *err);
+
 /* Rank 0 after a load: compares the writer's configuration with this run's (both namelist
  * texts from sd_config_to_namelist). A different seed is an error (the data order and every
  * draw depend on it); differences in the model, training and diffusion settings are warnings

@@ -1,4 +1,5 @@
-/* sdtool inspect: schema, attributes and value statistics of an HDF5 file, or a shard directory. */
+/* sdtool inspect: schema, attributes and value statistics of an HDF5 file, a shard directory, or
+ * a training checkpoint (one step's directory, or a checkpoint root with `latest`). */
 #include "sdtrain/commands.h"
 
 #include <dirent.h>
@@ -11,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/checkpoint.h"
 #include "sdtrain/error.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/shards.h"
@@ -24,6 +26,7 @@
 typedef struct inspect_opts {
     int stats;
     int verify;
+    int config; /* checkpoints: print the writing run's namelist */
 } inspect_opts;
 
 static int is_f16(hid_t t)
@@ -471,9 +474,128 @@ static int inspect_dir(const char *dir, const inspect_opts *o)
     return problems ? SD_EXIT_FAILURE : SD_EXIT_OK;
 }
 
+static int file_in(const char *dir, const char *name)
+{
+    char path[4600];
+    struct stat st;
+    if (strlen(dir) + strlen(name) + 2 > sizeof path)
+        return 0;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) == 0;
+}
+
+/* One checkpoint directory: its scalars, the writer's configuration in short, the datasets with
+ * their checksums (recomputed with --verify). */
+static int inspect_checkpoint(const char *dir, const inspect_opts *o)
+{
+    sd_ckpt_info info;
+    sd_ckpt_dataset_check ds[4];
+    sd_err err;
+    int n = 0, problems = 0;
+    if (o->verify ? sd_ckpt_verify(dir, &info, ds, &n, &err) : sd_ckpt_peek(dir, &info, &err)) {
+        fprintf(stderr, "sdtool inspect: %s\n", err.msg);
+        return SD_EXIT_FAILURE;
+    }
+    printf("checkpoint: %s (written by sdtrain %s)\n", dir, info.sdtrain_version);
+    printf("  step %lld (optimizer steps %lld, skipped %lld), epoch %lld of %lld steps\n",
+           (long long)info.s.step, (long long)info.s.opt_step, (long long)info.s.skipped,
+           (long long)info.s.epoch, (long long)info.s.steps_per_epoch);
+    printf("  written by %lld rank(s), sharding '%s', batch %lld per rank (global %lld), seed "
+           "%lld, EMA %s\n", (long long)info.s.n_ranks, info.s.sharding,
+           (long long)info.s.batch_per_rank, (long long)info.s.global_batch,
+           (long long)info.s.seed, info.s.has_ema ? "yes" : "no");
+    if (o->verify) {
+        printf("  %-8s %12s  %-16s  %-16s  %s\n", "dataset", "floats", "manifest", "data",
+               "status");
+        for (int i = 0; i < n; i++) {
+            int ok = ds[i].expected == ds[i].actual;
+            problems += !ok;
+            printf("  %-8s %12llu  %016llx  %016llx  %s\n", ds[i].name,
+                   (unsigned long long)ds[i].n, (unsigned long long)ds[i].expected,
+                   (unsigned long long)ds[i].actual, ok ? "ok, checksum verified" : "CHECKSUM MISMATCH");
+        }
+    } else {
+        printf("  datasets: params, adam_m, adam_v%s (checksums not verified: --verify)\n",
+               info.s.has_ema ? ", ema" : "");
+    }
+    if (!o->config) {
+        printf("  the writing run's namelist: --config\n");
+    } else if (info.config_text && info.config_text[0]) {
+        printf("  the writing run's namelist:\n");
+        for (const char *l = info.config_text; *l;) {
+            const char *e = strchr(l, '\n');
+            int len = e ? (int)(e - l) : (int)strlen(l);
+            if (len > 0)
+                printf("    %.*s\n", len, l);
+            l += len + (e != NULL);
+        }
+    }
+    sd_ckpt_info_free(&info);
+    if (problems)
+        printf("problems: %d dataset(s) fail their checksum: the checkpoint is damaged\n",
+               problems);
+    return problems ? SD_EXIT_FAILURE : SD_EXIT_OK;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A checkpoint root: what `latest` names, every step directory (complete or not, moved aside
+ * as damaged), then the latest one in detail. */
+static int inspect_ckpt_root(const char *dir, const inspect_opts *o)
+{
+    char latest[128] = "", path[4400];
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    DIR *d;
+    struct dirent *de;
+    FILE *f;
+    int rc = SD_EXIT_OK;
+    snprintf(path, sizeof path, "%s/%s", dir, SD_CKPT_LATEST);
+    if ((f = fopen(path, "r"))) {
+        if (fgets(latest, sizeof latest, f))
+            latest[strcspn(latest, "\r\n ")] = '\0';
+        fclose(f);
+    }
+    printf("checkpoint root: %s\n", dir);
+    printf("latest: %s\n", latest[0] ? latest : "(none)");
+    if (!(d = opendir(dir))) {
+        fprintf(stderr, "sdtool inspect: cannot list '%s': %s\n", dir, strerror(errno));
+        return SD_EXIT_FAILURE;
+    }
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "step-", 5)) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 16;
+                names = sd_xrealloc(names, cap * sizeof *names);
+            }
+            names[n++] = sd_xstrdup(de->d_name);
+        }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_names);
+    for (size_t i = 0; i < n; i++) {
+        char sub[4400];
+        snprintf(sub, sizeof sub, "%s/%s", dir, names[i]);
+        printf("  %-28s %s%s\n", names[i],
+               strchr(names[i], '.') ? "moved aside (damaged)"
+               : file_in(sub, SD_CKPT_MANIFEST) && file_in(sub, SD_CKPT_STATE_FILE)
+                   ? "complete" : "INCOMPLETE (no manifest or state file)",
+               !strcmp(names[i], latest) ? "  <- latest" : "");
+        free(names[i]);
+    }
+    free(names);
+    if (latest[0]) {
+        snprintf(path, sizeof path, "%s/%s", dir, latest);
+        rc = inspect_checkpoint(path, o);
+    }
+    return rc;
+}
+
 int sd_cmd_inspect(int argc, char **argv)
 {
-    inspect_opts o = {1, 0};
+    inspect_opts o = {1, 0, 0};
     const char *path = NULL;
     struct stat st;
     sd_h5_quiet q;
@@ -483,13 +605,19 @@ int sd_cmd_inspect(int argc, char **argv)
             o.verify = 1;
         else if (!strcmp(argv[i], "--no-stats"))
             o.stats = 0;
+        else if (!strcmp(argv[i], "--config"))
+            o.config = 1;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: sdtool inspect [--verify] [--no-stats] FILE.h5|SHARD_DIR\n"
+            printf("usage: sdtool inspect [--verify] [--no-stats] [--config] FILE.h5|SHARD_DIR|CHECKPOINT\n"
                    "  FILE.h5    datasets (shape, dtype, chunks, min/max/mean/std), attributes; a latent\n"
                    "             shard is also validated as training would read it\n"
                    "  SHARD_DIR  the manifest: committed shards, their checks, uncommitted leftovers\n"
-                   "  --verify   recompute each shard's content checksum\n"
-                   "  --no-stats skip the value statistics (a pass over all data)\n");
+                   "  CHECKPOINT a checkpoint directory (step-N: step, ranks, sharding, datasets, the\n"
+                   "             writer's configuration) or a checkpoint root (its step directories\n"
+                   "             and the one `latest` names)\n"
+                   "  --verify   recompute each shard's or checkpoint dataset's checksum\n"
+                   "  --no-stats skip the value statistics (a pass over all data)\n"
+                   "  --config   a checkpoint's run namelist (the configuration that wrote it)\n");
             return SD_EXIT_OK;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "sdtool inspect: unknown option '%s' (see sdtool inspect --help)\n", argv[i]);
@@ -502,7 +630,7 @@ int sd_cmd_inspect(int argc, char **argv)
         }
     }
     if (!path) {
-        fprintf(stderr, "usage: sdtool inspect [--verify] [--no-stats] FILE.h5|SHARD_DIR\n");
+        fprintf(stderr, "usage: sdtool inspect [--verify] [--no-stats] [--config] FILE.h5|SHARD_DIR|CHECKPOINT\n");
         return SD_EXIT_USAGE;
     }
     if (stat(path, &st) != 0) {
@@ -510,7 +638,14 @@ int sd_cmd_inspect(int argc, char **argv)
         return SD_EXIT_FAILURE;
     }
     sd_h5_quiet_begin(&q);
-    rc = S_ISDIR(st.st_mode) ? inspect_dir(path, &o) : inspect_file(path, &o);
+    if (!S_ISDIR(st.st_mode))
+        rc = inspect_file(path, &o);
+    else if (file_in(path, SD_CKPT_STATE_FILE))
+        rc = inspect_checkpoint(path, &o);
+    else if (file_in(path, SD_CKPT_LATEST))
+        rc = inspect_ckpt_root(path, &o);
+    else
+        rc = inspect_dir(path, &o);
     sd_h5_quiet_end(&q);
     fflush(stdout);
     return rc;

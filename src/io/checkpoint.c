@@ -1070,6 +1070,71 @@ int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const ch
     return 0;
 }
 
+int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check out[4],
+                   int *n_out, sd_err *err)
+{
+    loaded L;
+    char *config = NULL, file[PATH_SIZE], h5msg[512];
+    int incompatible = 0, rc = 0;
+    hid_t f;
+    sd_h5_quiet q;
+    const size_t block = (size_t)4 << 20;
+    float *buf;
+    struct stat st;
+    memset(&L, 0, sizeof L);
+    memset(info, 0, sizeof *info);
+    *n_out = 0;
+    if (read_manifest(path, NULL, &L, &config, &incompatible, err))
+        return -1;
+    info->s = L.s;
+    info->config_text = config;
+    snprintf(info->path, sizeof info->path, "%s", path);
+    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
+    if (stat(file, &st) != 0 || (int64_t)st.st_size != L.bytes) {
+        sd_ckpt_info_free(info);
+        return sd_err_set(err, "checkpoint %s is incomplete: %s is %s (the manifest says %lld "
+                          "bytes)", path, file, path_exists(file) ? "of another size" : "missing",
+                          (long long)L.bytes);
+    }
+    sd_h5_quiet_begin(&q);
+    f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        sd_h5_quiet_end(&q);
+        sd_ckpt_info_free(info);
+        return sd_err_set(err, "cannot open checkpoint file %s: %s", file,
+                          sd_h5_error_string(h5msg, sizeof h5msg));
+    }
+    buf = sd_xmalloc(block * sizeof *buf);
+    for (int ds = 0; ds < DS_N && !rc; ds++) {
+        sd_ckpt_dataset_check *c;
+        uint64_t sum = 0;
+        if (ds == DS_EMA && !L.s.has_ema)
+            continue;
+        c = &out[(*n_out)++];
+        memset(c, 0, sizeof *c);
+        snprintf(c->name, sizeof c->name, "%s", ds_names[ds]);
+        c->n = L.n;
+        c->expected = L.sums[ds];
+        /* the checksum is a sum over elements of a function of (flat index, value), so the
+         * blocks' sums add up to the whole dataset's */
+        for (size_t b = 0; b < L.n && !rc; b += block) {
+            size_t e = L.n - b < block ? L.n : b + block;
+            rc = read_range(f, file, ds, L.n, b, e, buf, err);
+            if (!rc)
+                sum += sd_ckpt_checksum(buf, b, e - b);
+        }
+        c->actual = sum;
+    }
+    free(buf);
+    if (H5Fclose(f) < 0 && !rc)
+        rc = sd_err_set(err, "cannot close checkpoint file %s", file);
+    sd_h5_quiet_end(&q);
+    if (rc)
+        sd_ckpt_info_free(info);
+    return rc;
+}
+
 void sd_ckpt_info_free(sd_ckpt_info *i)
 {
     if (i) {

@@ -276,6 +276,23 @@ expect_in fb-flip err "moved aside to $TMP/fb-flip/checkpoints/step-00000012.dam
 [ -f "$TMP/fb-flip/checkpoints/step-00000012.damaged/state.h5" ] ||
     fail "fb-flip: the damaged checkpoint was not kept"
 expect_in fb-missing err "which is missing or incomplete"
+# sdtool inspect of checkpoints: a root lists its step directories and details the latest; with
+# --verify the damaged one moved aside fails with the dataset named, an intact one passes
+run insp-root "$SDTOOL" inspect "$TMP/fb-flip/checkpoints"
+expect_rc insp-root 0
+expect_in insp-root out "latest: step-00000012"
+expect_in insp-root out "step-00000012.damaged        moved aside (damaged)"
+expect_in insp-root out "step 12 (optimizer steps 12, skipped 0)"
+expect_in insp-root out "written by 2 rank(s), sharding 'none', batch 4 per rank (global 8), seed 11, EMA yes"
+run insp-bad "$SDTOOL" inspect --verify --config "$TMP/fb-flip/checkpoints/step-00000012.damaged"
+expect_rc insp-bad 1
+expect_in insp-bad out "CHECKSUM MISMATCH"
+expect_in insp-bad out "problems: 1 dataset(s) fail their checksum"
+expect_in insp-bad out "seed = 11"
+run insp-good "$SDTOOL" inspect --verify "$TMP/fb-flip/checkpoints/step-00000008"
+expect_rc insp-good 0
+[ "$(grep -c 'ok, checksum verified' "$TMP/insp-good.out")" = 4 ] ||
+    fail "insp-good: expected 4 verified datasets"
 # only a damaged checkpoint: an error, nothing started
 train_nml fb-none 4 none
 mkdir -p "$TMP/fb-none/checkpoints"
