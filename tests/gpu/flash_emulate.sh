@@ -6,18 +6,7 @@
 # FLASH_EMU_ASAN=1: AddressSanitizer (shared memory is a heap buffer of the launch size).
 # Also run by `make check` in the CUDA tree (SD_TEST_CUDA_BUILD=yes), where it is the only
 # execution of the fused kernels' code that CI has; skipped in the CPU tree (one run is enough).
-set -eu
-if [ -n "${top_builddir:-}" ] && [ "${SD_TEST_CUDA_BUILD:-no}" != yes ]; then
-    echo "SKIP: the emulation runs in the CUDA tree"
-    exit 77
-fi
-command -v python3 >/dev/null 2>&1 && command -v "${CXX:-g++}" >/dev/null 2>&1 || {
-    echo "SKIP: needs python3 and g++"
-    exit 77
-}
-top=$(cd "$(dirname "$0")/../.." && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/emulate_lib.sh" # skips, $top, $tmp
 python3 - "$top/src/nn/cuda/ops_cuda_attention.cu" "$tmp/kernels.inc" <<'PY'
 import sys
 src = open(sys.argv[1]).read().split('\n')

@@ -8,18 +8,7 @@
 # nothing about speed, resources or the hardware intrinsics (__expf is expf here).
 # Needs python3 and g++ >= 11 (C++20 <barrier>). Also run by `make check` in the CUDA tree;
 # skipped in the CPU tree (one run is enough).
-set -eu
-if [ -n "${top_builddir:-}" ] && [ "${SD_TEST_CUDA_BUILD:-no}" != yes ]; then
-    echo "SKIP: the emulation runs in the CUDA tree"
-    exit 77
-fi
-command -v python3 >/dev/null 2>&1 && command -v "${CXX:-g++}" >/dev/null 2>&1 || {
-    echo "SKIP: needs python3 and g++"
-    exit 77
-}
-top=$(cd "$(dirname "$0")/../.." && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/emulate_lib.sh" # skips, $top, $tmp
 python3 - "$top/src/nn/cuda" "$tmp/kernels.inc" <<'PY'
 import re, sys
 cuda_dir, out_path = sys.argv[1], sys.argv[2]

@@ -140,115 +140,161 @@ static void conv_shape_text(const sd_conv2d_desc *d, sd_dtype dtype, char *buf, 
              d->pad_top, d->pad_bottom, d->pad_left, d->pad_right);
 }
 
-/* The candidates, best first: cuDNN's heuristics (no runs), or with `find`
+/* ---- choosing an algorithm per direction -------------------------------------------------
+ * The candidates, best first: cuDNN's heuristics (no runs), or with `find`
  * (SDTRAIN_CUDA_CONV_ALGO=find) cuDNN's timed runs of every algorithm on memory it allocates
- * itself (once per shape, when the entry is made: normally in a model's dry run). Either list
- * goes through the same filters (determinism, GEMM type, math type, workspace). */
-static void conv_choose_forward(cudnnHandle_t h, conv_entry *e, const char *shape, int find)
+ * itself (once per shape, when the entry is made: normally in a model's dry run). The three
+ * directions' perf structs differ only in the algorithm's enum, so each list is copied into one
+ * neutral form and goes through the same filters (determinism, GEMM type, math type,
+ * workspace). */
+enum conv_dir { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER };
+
+struct conv_cand {
+    int algo;
+    cudnnStatus_t status;
+    cudnnDeterminism_t determinism;
+    cudnnMathType_t math;
+    size_t memory;
+};
+
+static constexpr int CONV_MAX_CANDS = 16;
+static_assert((int)CUDNN_CONVOLUTION_FWD_ALGO_COUNT <= CONV_MAX_CANDS &&
+                  (int)CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT <= CONV_MAX_CANDS &&
+                  (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT <= CONV_MAX_CANDS,
+              "more cuDNN algorithms than CONV_MAX_CANDS");
+
+template <typename Perf> static int conv_cands_from(const Perf *perf, int got, conv_cand *c)
 {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int got = 0;
-    if (find)
-        SD_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, e->x_desc, e->w_desc, e->conv_desc,
-                                                            e->y_desc,
-                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                            &got, perf));
-    else
-        SD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e->x_desc, e->w_desc,
-                                                              e->conv_desc, e->y_desc,
-                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                              &got, perf));
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < got; i++) {
-            size_t ws = 0;
-            if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-                perf[i].determinism == CUDNN_DETERMINISTIC && fwd_algo_is_gemm(perf[i].algo) &&
-                conv_math_ok(e->dtype, perf[i].mathType, pass) &&
-                perf[i].memory <= CONV_WORKSPACE_CAP && fwd_algo_runs(h, e, perf[i].algo, &ws)) {
-                e->fwd_algo = perf[i].algo;
-                e->fwd_ws = ws > perf[i].memory ? ws : perf[i].memory;
-                return;
-            }
-        }
-    size_t ws = 0;
-    if (!fwd_algo_runs(h, e, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, &ws))
-        SD_CHECK(0, "cuDNN offers no usable forward convolution algorithm for %s", shape);
-    e->fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-    e->fwd_ws = ws;
+    for (int i = 0; i < got; i++) {
+        c[i].algo = (int)perf[i].algo;
+        c[i].status = perf[i].status;
+        c[i].determinism = perf[i].determinism;
+        c[i].math = perf[i].mathType;
+        c[i].memory = perf[i].memory;
+    }
+    return got;
 }
 
-static void conv_choose_backward_data(cudnnHandle_t h, conv_entry *e, const char *shape,
-                                      int find)
+static int conv_candidates(cudnnHandle_t h, const conv_entry *e, conv_dir dir, int find,
+                           conv_cand *c)
 {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int got = 0;
-    if (find)
-        SD_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
-            h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc,
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
-    else
-        SD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-            h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc,
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
+    switch (dir) {
+    case CONV_FWD: {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        const int cap = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+        if (find)
+            SD_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(
+                h, e->x_desc, e->w_desc, e->conv_desc, e->y_desc, cap, &got, perf));
+        else
+            SD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+                h, e->x_desc, e->w_desc, e->conv_desc, e->y_desc, cap, &got, perf));
+        return conv_cands_from(perf, got, c);
+    }
+    case CONV_BWD_DATA: {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        const int cap = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+        if (find)
+            SD_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
+                h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc, cap, &got, perf));
+        else
+            SD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                h, e->w_desc, e->y_desc, e->conv_desc, e->x_desc, cap, &got, perf));
+        return conv_cands_from(perf, got, c);
+    }
+    case CONV_BWD_FILTER: {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        const int cap = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+        if (find)
+            SD_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
+                h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc, cap, &got, perf));
+        else
+            SD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc, cap, &got, perf));
+        return conv_cands_from(perf, got, c);
+    }
+    }
+    return 0;
+}
+
+static int conv_algo_is_gemm(conv_dir dir, int algo)
+{
+    switch (dir) {
+    case CONV_FWD: return fwd_algo_is_gemm((cudnnConvolutionFwdAlgo_t)algo);
+    case CONV_BWD_DATA: return bwd_data_algo_is_gemm((cudnnConvolutionBwdDataAlgo_t)algo);
+    case CONV_BWD_FILTER: return bwd_filter_algo_is_gemm((cudnnConvolutionBwdFilterAlgo_t)algo);
+    }
+    return 0;
+}
+
+static int conv_algo_runs(cudnnHandle_t h, const conv_entry *e, conv_dir dir, int algo,
+                          size_t *bytes)
+{
+    switch (dir) {
+    case CONV_FWD: return fwd_algo_runs(h, e, (cudnnConvolutionFwdAlgo_t)algo, bytes);
+    case CONV_BWD_DATA:
+        return bwd_data_algo_runs(h, e, (cudnnConvolutionBwdDataAlgo_t)algo, bytes);
+    case CONV_BWD_FILTER:
+        return bwd_filter_algo_runs(h, e, (cudnnConvolutionBwdFilterAlgo_t)algo, bytes);
+    }
+    return 0;
+}
+
+/* The first candidate that passes the filters, preferring (pass 0) those reported with the
+ * execution math type, and its workspace in *ws; else `fallback` if it runs; else -1 (*ws
+ * untouched). */
+static int conv_choose(cudnnHandle_t h, const conv_entry *e, conv_dir dir, int find, int fallback,
+                       size_t *ws)
+{
+    conv_cand c[CONV_MAX_CANDS];
+    const int got = conv_candidates(h, e, dir, find, c);
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < got; i++) {
-            size_t ws = 0;
-            if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-                perf[i].determinism == CUDNN_DETERMINISTIC && bwd_data_algo_is_gemm(perf[i].algo) &&
-                conv_math_ok(e->dtype, perf[i].mathType, pass) &&
-                perf[i].memory <= CONV_WORKSPACE_CAP &&
-                bwd_data_algo_runs(h, e, perf[i].algo, &ws)) {
-                e->bwd_data_algo = perf[i].algo;
-                e->bwd_data_ws = ws > perf[i].memory ? ws : perf[i].memory;
-                e->bwd_data_ok = 1;
-                return;
+            size_t b = 0;
+            if (c[i].status == CUDNN_STATUS_SUCCESS && c[i].determinism == CUDNN_DETERMINISTIC &&
+                conv_algo_is_gemm(dir, c[i].algo) && conv_math_ok(e->dtype, c[i].math, pass) &&
+                c[i].memory <= CONV_WORKSPACE_CAP && conv_algo_runs(h, e, dir, c[i].algo, &b)) {
+                *ws = b > c[i].memory ? b : c[i].memory;
+                return c[i].algo;
             }
         }
-    size_t ws = 0;
+    {
+        size_t b = 0;
+        if (!conv_algo_runs(h, e, dir, fallback, &b))
+            return -1;
+        *ws = b;
+        return fallback;
+    }
+}
+
+static void conv_choose_forward(cudnnHandle_t h, conv_entry *e, const char *shape, int find)
+{
+    int algo = conv_choose(h, e, CONV_FWD, find, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                           &e->fwd_ws);
+    SD_CHECK(algo >= 0, "cuDNN offers no usable forward convolution algorithm for %s", shape);
+    e->fwd_algo = (cudnnConvolutionFwdAlgo_t)algo;
+}
+
+static void conv_choose_backward_data(cudnnHandle_t h, conv_entry *e, int find)
+{
     /* None may exist: cuDNN 9.14 has no deterministic GEMM-type backward-data kernel for an F32
      * NHWC input of 3 channels (the VAE's conv_in). Nothing ever asks for the gradient of the
      * images, so the shape stays usable and only a backward pass that wants dx fails. */
-    (void)shape;
-    if (!bwd_data_algo_runs(h, e, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, &ws))
-        return;
-    e->bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    e->bwd_data_ws = ws;
-    e->bwd_data_ok = 1;
+    int algo = conv_choose(h, e, CONV_BWD_DATA, find, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                           &e->bwd_data_ws);
+    e->bwd_data_ok = algo >= 0;
+    if (algo >= 0)
+        e->bwd_data_algo = (cudnnConvolutionBwdDataAlgo_t)algo;
 }
 
 static void conv_choose_backward_filter(cudnnHandle_t h, conv_entry *e, const char *shape,
                                         int find)
 {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int got = 0;
-    if (find)
-        SD_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
-            h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
-    else
-        SD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            h, e->x_desc, e->y_desc, e->conv_desc, e->w_desc,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < got; i++) {
-            size_t ws = 0;
-            if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-                perf[i].determinism == CUDNN_DETERMINISTIC &&
-                bwd_filter_algo_is_gemm(perf[i].algo) &&
-                conv_math_ok(e->dtype, perf[i].mathType, pass) &&
-                perf[i].memory <= CONV_WORKSPACE_CAP &&
-                bwd_filter_algo_runs(h, e, perf[i].algo, &ws)) {
-                e->bwd_filter_algo = perf[i].algo;
-                e->bwd_filter_ws = ws > perf[i].memory ? ws : perf[i].memory;
-                return;
-            }
-        }
-    size_t ws = 0;
-    if (!bwd_filter_algo_runs(h, e, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, &ws))
-        SD_CHECK(0, "cuDNN offers no usable deterministic backward-filter algorithm for %s",
-                 shape);
-    e->bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    e->bwd_filter_ws = ws;
+    int algo = conv_choose(h, e, CONV_BWD_FILTER, find, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+                           &e->bwd_filter_ws);
+    SD_CHECK(algo >= 0, "cuDNN offers no usable deterministic backward-filter algorithm for %s",
+             shape);
+    e->bwd_filter_algo = (cudnnConvolutionBwdFilterAlgo_t)algo;
 }
 
 static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
@@ -300,7 +346,7 @@ static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
              ow, oc, shape, d->n, d->h_out, d->w_out, d->c_out);
 
     conv_choose_forward(st->dnn, e, shape, st->conv_find);
-    conv_choose_backward_data(st->dnn, e, shape, st->conv_find);
+    conv_choose_backward_data(st->dnn, e, st->conv_find);
     conv_choose_backward_filter(st->dnn, e, shape, st->conv_find);
 
     const char *log = getenv("SDTRAIN_CUDA_CONV_LOG");
