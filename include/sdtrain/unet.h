@@ -150,6 +150,17 @@ double sd_unet_trainer_flops(const sd_unet_trainer *t);
  * unchanged until sd_unet_backward() returns. */
 void sd_unet_train_forward(sd_unet_trainer *t, const void *sample, const float *timesteps,
                            const void *ctx, void *out, sd_arena *arena);
+/* The same, with the timestep sinusoids given instead of the timesteps: tsin [batch,
+ * block_out_channels[0]] fp32 in the backend's memory, as sd_unet_time_sinusoid makes them
+ * (cast to the compute type on the backend, so a GPU step needs no host copy of its own; same
+ * result). tsin must stay unchanged until sd_unet_backward() returns. */
+void sd_unet_train_forward_sin(sd_unet_trainer *t, const void *sample, const float *tsin,
+                               const void *ctx, void *out, sd_arena *arena);
+/* The U-Net's timestep sinusoids of n timesteps on the host, fp32: out [n,
+ * block_out_channels[0]] (diffusers' Timesteps with the config's flip_sin_to_cos and
+ * freq_shift). What the forward computes from its timesteps. */
+void sd_unet_time_sinusoid(const sd_unet_config *c, int n, const float *timesteps, float *out);
+
 /* Back-propagates dout [batch, h, w, out_channels] (the loss gradient w.r.t. out), adding every
  * parameter gradient into `grads`, then returns the arena to where the forward began. */
 void sd_unet_backward(sd_unet_trainer *t, const void *dout, sd_arena *arena);

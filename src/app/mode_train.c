@@ -56,10 +56,11 @@ typedef struct step_inputs {
     int failed;             /* sd_loader_next failed (err says why) */
     sd_err err;
     int32_t *tsteps;        /* [cap] timesteps, for the loss weights */
-    float *tfloat;          /* [cap] the same as floats, for the U-Net */
+    float *tfloat;          /* [cap] the same as floats (validation's U-Net calls) */
     unsigned char *drop;    /* [cap] caption dropped */
-    /* the block that travels: [xh | ctx | target | coef], fp32, host (sd_host_alloc: pinned on
-     * CUDA) and backend copies; xh = x_t and target in NHWC, coef = sd_diffusion_loss_coef */
+    /* the block that travels: [xh | ctx | target | coef | tsin], fp32, host (sd_host_alloc:
+     * pinned on CUDA) and backend copies; xh = x_t and target in NHWC, coef =
+     * sd_diffusion_loss_coef, tsin = the timesteps' sinusoids (sd_unet_time_sinusoid) */
     float *h, *d;
     size_t floats;
 } step_inputs;
@@ -187,12 +188,16 @@ static size_t in_coef(const trainer *t, const step_inputs *in, int j)
 {
     return in_target(t, in, in->cap) + (size_t)j;
 }
+static size_t in_tsin(const trainer *t, const step_inputs *in, int j)
+{
+    return in_coef(t, in, in->cap) + (size_t)j * t->uc.block_out_channels[0];
+}
 
 /* Host (pinned) and backend memory for `cap` samples' inputs, or -1 with err set. */
 static int inputs_alloc(trainer *t, step_inputs *in, int cap, sd_err *err)
 {
     in->cap = cap;
-    in->floats = in_coef(t, in, cap);
+    in->floats = in_tsin(t, in, cap);
     in->tsteps = sd_xmalloc((size_t)cap * sizeof *in->tsteps);
     in->tfloat = sd_xmalloc((size_t)cap * sizeof *in->tfloat);
     in->drop = sd_xmalloc((size_t)cap);
@@ -284,6 +289,7 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
     sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->target, in->h + in_target(t, in, 0));
     sd_diffusion_loss_coef(&t->diff, in->tsteps, b->count, per, t->info.global_batch,
                            in->h + in_coef(t, in, 0));
+    sd_unet_time_sinusoid(&t->uc, b->count, in->tfloat, in->h + in_tsin(t, in, 0));
 }
 
 /* The host block to the backend, asynchronously (the whole block: its size is fixed). */
@@ -1232,7 +1238,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         sd_zero(t.be, t.gpu ? t.d_grads : t.grads, (t.gpu ? t.np : t.n) * sizeof(float));
         for (int m0 = 0; m0 < in->count; m0 += t.bs) {
             stage_micro_batch(&t, in, m0, t.bs);
-            sd_unet_train_forward(t.tr, t.d_xh, in->tfloat + m0, t.d_ctx, t.d_yh, &t.arena);
+            sd_unet_train_forward_sin(t.tr, t.d_xh, in->d + in_tsin(&t, in, m0), t.d_ctx,
+                                      t.d_yh, &t.arena);
             sd_mse_loss(t.be, t.bs, (int64_t)t.H * t.W, t.C, t.d_yh,
                         in->d + in_target(&t, in, m0), in->d + in_coef(&t, in, m0),
                         t.d_mse + m0, t.d_dy);

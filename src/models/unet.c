@@ -667,32 +667,39 @@ static void fw_transformer(ufw *f, const ut_transformer *x, int n, int h, int w,
     sd_arena_reset_to(f->a, mark);
 }
 
+static sd_timestep_embedding_desc time_desc(const sd_unet_config *c)
+{
+    sd_timestep_embedding_desc td = sd_timestep_embedding_sd2(c->block_out_channels[0]);
+    td.flip_sin_to_cos = c->flip_sin_to_cos;
+    td.downscale_freq_shift = (float)c->freq_shift;
+    return td;
+}
+
+void sd_unet_time_sinusoid(const sd_unet_config *c, int n, const float *timesteps, float *out)
+{
+    const sd_timestep_embedding_desc td = time_desc(c);
+    sd_timestep_embedding(sd_backend_cpu(), n, &td, timesteps, out);
+}
+
 void ufw_time_sinusoid(ufw *f, int n, const float *timesteps, void *tsin)
 {
     const sd_unet_config *c = &f->u->c;
     const int c0 = c->block_out_channels[0];
     if (f->dry)
         return;
-    {
-        sd_timestep_embedding_desc td = sd_timestep_embedding_sd2(c0);
-        td.flip_sin_to_cos = c->flip_sin_to_cos;
-        td.downscale_freq_shift = (float)c->freq_shift;
-        if (f->be->device == SD_DEV_CPU && f->be->dtype == SD_F32) {
-            sd_timestep_embedding(f->be, n, &td, timesteps, tsin);
-        } else {
-            /* host fp32, then converted to the compute type (diffusers casts t_emb to the
-             * sample's dtype the same way); as many rows per (synchronous) upload as the
-             * buffer holds (64 KiB): one upload for a batch of up to 51 at SD2's 320 channels */
-            float rows[4 * SD_UNET_MAX_TIME_PROJ_DIM];
-            const int per_upload = (int)(sizeof rows / sizeof rows[0]) / c0;
-            for (int b0 = 0; b0 < n; b0 += per_upload) {
-                const int m = n - b0 < per_upload ? n - b0 : per_upload;
-                for (int b = 0; b < m; b++)
-                    sd_timestep_embedding(sd_backend_cpu(), 1, &td, timesteps + b0 + b,
-                                          rows + (size_t)b * c0);
-                sd_upload_f32(f->be, (char *)tsin + (size_t)b0 * c0 * f->es, rows,
-                              (int64_t)m * c0);
-            }
+    if (f->be->device == SD_DEV_CPU && f->be->dtype == SD_F32) {
+        sd_unet_time_sinusoid(c, n, timesteps, tsin);
+    } else {
+        /* host fp32, then converted to the compute type (diffusers casts t_emb to the sample's
+         * dtype the same way); as many rows per (synchronous) upload as the buffer holds
+         * (64 KiB): one upload for a batch of up to 51 at SD2's 320 channels. The training
+         * step avoids the wait: its sinusoids travel with its inputs (sd_unet_train_forward_sin) */
+        float rows[4 * SD_UNET_MAX_TIME_PROJ_DIM];
+        const int per_upload = (int)(sizeof rows / sizeof rows[0]) / c0;
+        for (int b0 = 0; b0 < n; b0 += per_upload) {
+            const int m = n - b0 < per_upload ? n - b0 : per_upload;
+            sd_unet_time_sinusoid(c, m, timesteps + b0, rows);
+            sd_upload_f32(f->be, (char *)tsin + (size_t)b0 * c0 * f->es, rows, (int64_t)m * c0);
         }
     }
 }

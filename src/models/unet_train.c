@@ -29,6 +29,7 @@ struct sd_unet_trainer {
     int forward_done;
     size_t mark0;
     const void *sample, *ctx;
+    const float *tsin_in; /* sd_unet_train_forward_sin's sinusoids, or NULL */
     void *emb_act, *d_emb_act;
     struct tskip {
         void *p;
@@ -579,7 +580,10 @@ static void run_forward(tr *t, const void *sample, const float *timesteps, void 
     sd_unet_level_sizes(c, h, w, hs, ws, &forced);
 
     tsin = ufw_alloc(f, (int64_t)n * c0);
-    ufw_time_sinusoid(f, n, timesteps, tsin);
+    if (t->tsin_in && running(t))
+        sd_cast_f32(f->be, (int64_t)n * c0, t->tsin_in, tsin);
+    else
+        ufw_time_sinusoid(f, n, timesteps, tsin);
     t1pre = ufw_alloc(f, (int64_t)n * T);
     t1act = ufw_alloc(f, (int64_t)n * T);
     emb = ufw_alloc(f, (int64_t)n * T);
@@ -1028,6 +1032,16 @@ void sd_unet_train_forward(sd_unet_trainer *t, const void *sample, const float *
     t->tape_n = 0;
     run_forward(t, sample, timesteps, out);
     t->forward_done = 1;
+}
+
+void sd_unet_train_forward_sin(sd_unet_trainer *t, const void *sample, const float *tsin,
+                               const void *ctx, void *out, sd_arena *arena)
+{
+    SD_CHECK(t && tsin, "sd_unet_train_forward_sin needs the sinusoids");
+    t->tsin_in = tsin;
+    /* the timesteps argument is not read when tsin_in is set */
+    sd_unet_train_forward(t, sample, tsin, ctx, out, arena);
+    t->tsin_in = NULL;
 }
 
 void sd_unet_backward(sd_unet_trainer *t, const void *dout, sd_arena *arena)
