@@ -100,7 +100,10 @@ typedef struct trainer {
     FILE *metrics;
     /* The GPU (doc/training.md "On the GPU"); on the CPU be is the CPU backend, the d_* buffers
      * of a micro-batch below are host memory and the rest of this part is unused. */
-    int gpu;               /* the CUDA backend computes the U-Net */
+    int gpu;               /* the CUDA backend computes the U-Net (or emu) */
+    int emu;               /* SDTRAIN_EMULATE_DEVICE_PATH=1 on the CPU: the device path's buffers,
+                              ranges and collectives with the CPU backend and MPI (a test mode) */
+    sd_comm *ecomm;        /* emu: MPI collectives over the device path's equal shards */
     int dev_opt;           /* "device" path: reduction and optimizer on the GPU; else "host" path */
     const char *path_why;  /* why the host path was chosen (rank 0's info line), or NULL */
     sd_cmd_backend cb;     /* owns the CUDA backend */
@@ -436,6 +439,12 @@ static int choose_comm_path(trainer *t, const sd_runtime *rt, const sd_device_in
         else
             failed = sd_err_set(err, "SDTRAIN_GPU_COMM = '%s': expected device or host", env) != 0;
     }
+    if (t->emu) {
+        /* the device path on every rank; its collectives over equal shards (place_model) */
+        t->dev_opt = 1;
+        t->ecomm = sd_comm_create_mpi(rt->role_comm);
+        return sd_agree(rt->role_comm, failed, err);
+    }
     /* v[0]: the most ranks on any node, v[1]: the fewest GPUs any rank sees */
     v[0] = rt->node_size;
     v[1] = -(int64_t)dev->n_devices;
@@ -499,6 +508,8 @@ static int place_model(trainer *t, const sd_device_info *dev, sd_err *err)
         t->shard = (per + SD_SHARD_ALIGN - 1) / SD_SHARD_ALIGN * SD_SHARD_ALIGN;
         t->np = t->shard * (size_t)t->size;
     }
+    if (t->ecomm) /* rank r's shard of np floats is then [r * shard, (r + 1) * shard) */
+        sd_comm_set_align(t->ecomm, t->shard);
     if (t->dev_opt) {
         t->begin = t->zero2 ? (size_t)t->rank * t->shard : 0;
         t->end = t->zero2 ? t->begin + t->shard : t->np;
@@ -527,20 +538,15 @@ static int place_model(trainer *t, const sd_device_info *dev, sd_err *err)
  * every rank (DDP) or on the bucket's owner (ZeRO-2), in place. On the CPU a blocking MPI
  * collective, the same rank-order sum as the whole-buffer one, so the same bits; on the GPU's
  * device path an NCCL call on the communicator's side stream, after the backward so far. */
+static void dp_bucket(trainer *t, float *buf, size_t n, int owner);
+
 static void launch_bucket(void *user, const sd_grad_bucket *b)
 {
     trainer *t = user;
     const size_t len = b->end - b->begin;
-#if defined(SD_HAVE_CUDA)
-    if (t->dev_opt) {
-        if (t->zero2)
-            sd_nccl_bucket_reduce_sum(t->nccl, t->d_grads + b->begin, len, b->owner);
-        else
-            sd_nccl_bucket_allreduce_sum(t->nccl, t->d_grads + b->begin, len);
-        return;
-    }
-#endif
-    if (t->zero2)
+    if (t->dev_opt)
+        dp_bucket(t, t->d_grads + b->begin, len, t->zero2 ? b->owner : -1);
+    else if (t->zero2)
         sd_reduce_f32(t->comm, t->grads + b->begin, len, SD_RED_SUM, b->owner);
     else
         sd_allreduce_f32(t->comm, t->grads + b->begin, len, SD_RED_SUM);
@@ -579,9 +585,119 @@ static void plan_grad_reduce(trainer *t)
     if (t->rank == 0)
         sd_info("gradient reduction: overlapped with the backward, %d buckets of up to %g MiB "
                 "(%s)", t->gb.count, t->cfg->train.grad_bucket_mb,
-                t->dev_opt ? "NCCL on a stream of its own"
+                t->emu       ? "MPI, emulating the device path's NCCL calls"
+                : t->dev_opt ? "NCCL on a stream of its own"
                            : "blocking MPI calls: on the CPU this saves no time, it runs the GPU "
                              "path's bucket order");
+}
+
+/* ---- the device path's collectives and kernels ---------------------------------------------
+ * On a GPU: NCCL and the sd_cuda_* optimizer kernels. In the CPU emulation of the device path
+ * (t->emu, SDTRAIN_EMULATE_DEVICE_PATH=1, a test mode: doc/training.md "Testing the device path
+ * without GPUs"): the deterministic MPI collectives over the same equal shards (t->ecomm, whose
+ * shard alignment is the shard length) and the CPU optimizer, on the same buffers and ranges,
+ * so that CI runs every line of the device path's bookkeeping with several ranks. */
+
+/* All of buf [np] summed in place (DDP), or [np] reduced so that rank r's shard holds the sum
+ * (ZeRO-2). */
+static void dp_allreduce(trainer *t, float *buf, size_t n)
+{
+    if (t->emu) {
+        sd_allreduce_f32(t->ecomm, buf, n, SD_RED_SUM);
+        return;
+    }
+#if defined(SD_HAVE_CUDA)
+    sd_nccl_allreduce_sum(t->nccl, buf, n);
+#endif
+}
+static void dp_reduce_scatter(trainer *t, float *buf)
+{
+    if (t->emu) {
+        sd_reduce_scatter_f32(t->ecomm, buf, buf + (size_t)t->rank * t->shard, t->np,
+                              SD_RED_SUM);
+        return;
+    }
+#if defined(SD_HAVE_CUDA)
+    sd_nccl_reduce_scatter_sum(t->nccl, buf, t->shard);
+#endif
+}
+/* Every rank's shard of buf [np] to every rank. */
+static void dp_allgather(trainer *t, float *buf)
+{
+    if (t->emu) {
+        sd_allgather_f32(t->ecomm, buf, t->np);
+        return;
+    }
+#if defined(SD_HAVE_CUDA)
+    sd_nccl_allgather(t->nccl, buf, t->shard);
+#endif
+}
+/* One gradient bucket during the backward: summed on every rank, or on its owner. */
+static void dp_bucket(trainer *t, float *buf, size_t n, int owner)
+{
+    if (t->emu) {
+        if (owner >= 0)
+            sd_reduce_f32(t->ecomm, buf, n, SD_RED_SUM, owner);
+        else
+            sd_allreduce_f32(t->ecomm, buf, n, SD_RED_SUM);
+        return;
+    }
+#if defined(SD_HAVE_CUDA)
+    if (owner >= 0)
+        sd_nccl_bucket_reduce_sum(t->nccl, buf, n, owner);
+    else
+        sd_nccl_bucket_allreduce_sum(t->nccl, buf, n);
+#endif
+}
+/* The backend's work waits for the buckets' reductions. */
+static void dp_join(trainer *t)
+{
+#if defined(SD_HAVE_CUDA)
+    if (!t->emu)
+        sd_nccl_join(t->nccl);
+#endif
+}
+static double dp_sumsq(trainer *t, const float *x, size_t n)
+{
+    double v = 0;
+    if (t->emu)
+        return sd_sumsq(x, n);
+#if defined(SD_HAVE_CUDA)
+    sd_cuda_sumsq(t->be, x, n, &v, t->d_scratch);
+#endif
+    return v;
+}
+static int dp_nonfinite(trainer *t, const float *x, size_t n)
+{
+    if (t->emu)
+        return sd_any_nonfinite(x, n);
+#if defined(SD_HAVE_CUDA)
+    return sd_cuda_nonfinite(t->be, x, n, t->d_scratch);
+#else
+    return 1;
+#endif
+}
+/* Clipping, AdamW (and the bf16 copy `lowp` of the updated range, GPU only) and the EMA. */
+static void dp_optimizer(trainer *t, double lr, int64_t k, double coef, size_t len, void *lowp)
+{
+    float *p = t->d_master + t->begin, *g = t->d_grads + t->begin;
+    const double d = sd_ema_decay(k, t->cfg->train.ema_decay, t->cfg->train.ema_start_step);
+    if (t->emu) {
+        SD_CHECK(lowp == NULL, "the CPU emulation of the device path runs in fp32");
+        if (coef < 1.0)
+            sd_scale(g, len, coef);
+        sd_adamw_update(&t->adam, lr, k, p, g, t->d_m, t->d_v, len);
+        if (t->d_ema)
+            sd_ema_update(t->d_ema, p, len, d);
+        return;
+    }
+#if defined(SD_HAVE_CUDA)
+    if (coef < 1.0)
+        sd_cuda_scale(t->be, g, len, (float)coef);
+    sd_cuda_adamw_update(t->be, &t->adam, lr, k, p, g, t->d_m, t->d_v, len, lowp);
+    if (t->d_ema)
+        sd_cuda_ema_update(t->be, t->d_ema, p, len, d);
+#endif
 }
 
 /* GPU: the optimizer state of the device path. */
@@ -589,11 +705,15 @@ static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err
 {
     int failed = 0;
     if (t->dev_opt) {
-#if defined(SD_HAVE_CUDA)
         const size_t len = t->end - t->begin;
-        size_t scratch = sd_cuda_sumsq_scratch(t->shard);
-        if (scratch < sd_cuda_nonfinite_scratch())
-            scratch = sd_cuda_nonfinite_scratch();
+        size_t scratch = 256;
+#if defined(SD_HAVE_CUDA)
+        if (!t->emu) {
+            scratch = sd_cuda_sumsq_scratch(t->shard);
+            if (scratch < sd_cuda_nonfinite_scratch())
+                scratch = sd_cuda_nonfinite_scratch();
+        }
+#endif
         t->d_m = dev_alloc(t, dev, len * sizeof(float), "AdamW's first moments", &failed, err);
         t->d_v = dev_alloc(t, dev, len * sizeof(float), "AdamW's second moments", &failed, err);
         if (t->cfg->train.ema_decay > 0)
@@ -606,12 +726,10 @@ static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err
         if (t->d_ema)
             sd_copy(t->be, t->d_ema, t->d_master + t->begin, len * sizeof(float));
         sd_synchronize(t->be);
-#endif
     }
     return failed ? -1 : 0;
 }
 
-#if defined(SD_HAVE_CUDA)
 /* Device path: the gradients summed over the ranks (ZeRO-2: into this rank's shard), this
  * rank's part of the squared norm (its shard, in both modes) and the non-finite flag. */
 static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *bad)
@@ -619,14 +737,12 @@ static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *
     if (t->overlap)
         ; /* reduced during the backward */
     else if (t->size > 1 && t->zero2)
-        sd_nccl_reduce_scatter_sum(t->nccl, t->d_grads, t->shard);
+        dp_reduce_scatter(t, t->d_grads);
     else if (t->size > 1)
-        sd_nccl_allreduce_sum(t->nccl, t->d_grads, t->np);
-    sd_cuda_sumsq(t->be, t->d_grads + (size_t)t->rank * t->shard, t->shard, &stats[0],
-                  t->d_scratch);
+        dp_allreduce(t, t->d_grads, t->np);
+    stats[0] = dp_sumsq(t, t->d_grads + (size_t)t->rank * t->shard, t->shard);
     stats[1] = loss_local;
-    *bad = sd_cuda_nonfinite(t->be, t->d_grads + t->begin, t->end - t->begin, t->d_scratch) ||
-           !isfinite(loss_local);
+    *bad = dp_nonfinite(t, t->d_grads + t->begin, t->end - t->begin) || !isfinite(loss_local);
 }
 
 /* Device path: clipping, AdamW and the EMA on [begin, end), as the host code does them. */
@@ -638,13 +754,7 @@ static void dev_update(trainer *t, double lr, int64_t k, double coef)
      * the all-gather, after which dev_gather converts the whole buffer */
     if ((void *)t->d_master != t->d_params && !(t->zero2 && t->size > 1))
         lowp = (char *)t->d_params + t->begin * sd_dtype_size(t->be->dtype);
-    if (coef < 1.0)
-        sd_cuda_scale(t->be, t->d_grads + t->begin, len, (float)coef);
-    sd_cuda_adamw_update(t->be, &t->adam, lr, k, t->d_master + t->begin, t->d_grads + t->begin,
-                         t->d_m, t->d_v, len, lowp);
-    if (t->d_ema)
-        sd_cuda_ema_update(t->be, t->d_ema, t->d_master + t->begin, len,
-                           sd_ema_decay(k, t->cfg->train.ema_decay, t->cfg->train.ema_start_step));
+    dp_optimizer(t, lr, k, coef, len, lowp);
     sd_synchronize(t->be);
 }
 
@@ -653,9 +763,11 @@ static void dev_gather(trainer *t)
 {
     if (!(t->zero2 && t->size > 1))
         return;
-    sd_nccl_allgather(t->nccl, t->d_master, t->shard);
+    dp_allgather(t, t->d_master);
+#if defined(SD_HAVE_CUDA)
     if ((void *)t->d_master != t->d_params)
         sd_cuda_f32_to_bf16(t->be, t->d_master, t->d_params, t->np);
+#endif
     sd_synchronize(t->be);
 }
 
@@ -671,32 +783,13 @@ static float *dev_fetch(trainer *t)
     if (t->zero2 && t->size > 1) {
         /* the gradients are spent: their buffer gathers the EMA shards */
         sd_copy(t->be, t->d_grads + t->begin, t->d_ema, (t->end - t->begin) * sizeof(float));
-        sd_nccl_allgather(t->nccl, t->d_grads, t->shard);
+        dp_allgather(t, t->d_grads);
         sd_download(t->be, ema, t->d_grads, t->n * sizeof(float));
     } else {
         sd_download(t->be, ema, t->d_ema, t->n * sizeof(float));
     }
     return ema;
 }
-#else
-static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *bad)
-{
-    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
-}
-static void dev_update(trainer *t, double lr, int64_t k, double coef)
-{
-    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
-}
-static void dev_gather(trainer *t)
-{
-    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
-}
-static float *dev_fetch(trainer *t)
-{
-    SD_CHECK(0, "the GPU optimizer path in a build without CUDA");
-    return NULL;
-}
-#endif
 
 /* Rank 0's line on where each rank computes and how the gradients travel. Collective. */
 static void report_compute(const trainer *t, const sd_runtime *rt, const sd_device_info *dev)
@@ -704,7 +797,11 @@ static void report_compute(const trainer *t, const sd_runtime *rt, const sd_devi
     int *ids = t->rank == 0 ? sd_xcalloc((size_t)t->size, sizeof *ids) : NULL;
     int id = t->gpu ? dev->device_id : -1;
     SD_MPI_CHECK(MPI_Gather(&id, 1, MPI_INT, ids, 1, MPI_INT, 0, rt->role_comm));
-    if (t->rank == 0 && t->gpu) {
+    if (t->rank == 0 && t->emu)
+        sd_info("compute: CPU, emulating the GPU's device path (SDTRAIN_EMULATE_DEVICE_PATH=1, a "
+                "test mode): its buffers, equal shards of %zu floats and collectives, over MPI",
+                t->shard);
+    if (t->rank == 0 && t->gpu && !t->emu) {
         char list[256] = "";
         size_t used = 0;
         for (int r = 0; r < t->size && used + 16 < sizeof list; r++)
@@ -990,6 +1087,7 @@ static void free_trainer(trainer *t)
 #if defined(SD_HAVE_CUDA)
         sd_nccl_destroy(t->nccl);
 #endif
+        sd_comm_destroy(t->ecomm);
         sd_cmd_backend_close(&t->cb);
     } else if (sd_arena_capacity(&t->arena)) {
         sd_arena_free(&t->arena);
@@ -1021,14 +1119,15 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     failed = sd_diffusion_init_config(&t->diff, cfg, err) != 0;
     if (!failed)
         failed = sd_lr_schedule_from_name(cfg->train.lr_schedule, &t->sched, err) != 0;
-    if (!failed && !t->gpu && cfg->train.precision[0] &&
+    if (!failed && (!t->gpu || t->emu) && cfg->train.precision[0] &&
         strcmp(cfg->train.precision, "fp32") != 0 && t->rank == 0)
         sd_warn("&train precision = '%s' applies to the CUDA backend; the CPU backend trains "
                 "in fp32", cfg->train.precision);
     /* each rank its own CUDA backend (its stream, handles) on the GPU sd_device_resolve chose */
     if (!failed && t->gpu) {
-        failed = sd_cmd_backend_open("cuda", dev->device_id,
-                                     cfg->train.precision[0] ? cfg->train.precision : "fp32",
+        failed = sd_cmd_backend_open(t->emu ? "cpu" : "cuda", dev->device_id,
+                                     t->emu || !cfg->train.precision[0] ? "fp32"
+                                                                        : cfg->train.precision,
                                      &t->cb, err) != 0;
         if (!failed)
             t->be = t->cb.be;
@@ -1160,6 +1259,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.be = sd_backend_cpu();
     t.hb = sd_backend_cpu();
     t.gpu = dev->use_cuda;
+    if (!t.gpu && getenv("SDTRAIN_EMULATE_DEVICE_PATH") &&
+        !strcmp(getenv("SDTRAIN_EMULATE_DEVICE_PATH"), "1"))
+        t.gpu = t.emu = 1;
     t.comm = sd_comm_create_mpi(rt->role_comm);
     t.rc = rc;
     t.mpi_comm = rt->role_comm;
@@ -1257,10 +1359,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                 sd_unet_backward(t.tr, t.d_dy, &t.arena);
                 sd_unet_trainer_set_ready_hook(t.tr, NULL, NULL);
                 sd_grad_buckets_finish(&t.gb);
-#if defined(SD_HAVE_CUDA)
                 if (t.dev_opt)
-                    sd_nccl_join(t.nccl);
-#endif
+                    dp_join(&t);
             } else {
                 sd_unet_backward(t.tr, t.d_dy, &t.arena);
             }

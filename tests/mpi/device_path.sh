@@ -1,0 +1,112 @@
+#!/bin/sh
+# The GPU's device path (doc/training.md "On the GPU": NCCL, equal padded shards, the optimizer
+# on the GPU over this rank's range, ZeRO-2's all-gathers of the parameters and of the EMA at the
+# end, checkpoints staged through host copies) emulated on the CPU with several ranks
+# (SDTRAIN_EMULATE_DEVICE_PATH=1: the same code with MPI in place of NCCL and the CPU optimizer
+# in place of the CUDA kernels). CI has no GPU and the GPU sessions have one, so this is where the
+# multi-rank bookkeeping of that path is tested: against the CPU's host path, DDP == ZeRO-2,
+# gradient buckets during the backward == after it, accumulation, a NaN, kill + resume, and a
+# resume of its checkpoint on the host path with another rank count.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
+
+model=$TINY_MODEL
+
+tiny_shards 48 2 # demo images encoded on the CPU into $TMP/shards
+
+# train NAME NP BATCH SHARDING [TRAIN-KEYS] [GROUPS]: 10 steps on the CPU (the namelist of
+# tests/mpi/train.sh); EMU=1 emulates the device path
+train() {
+    nml "$1.nml" <<EOF2
+&run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = 'cpu' /
+&model $model /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = 10, batch_size_per_rank = $3, learning_rate = 1e-3, warmup_steps = 3,
+       sharding = '$4', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9 ${5:-} /
+&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
+${6:-}
+EOF2
+    if [ "${EMU:-0}" = 1 ]; then
+        SDTRAIN_EMULATE_DEVICE_PATH=1 mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
+    else
+        mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
+    fi
+}
+same() { # same A B WHAT: byte-identical final weights and EMA
+    for f in unet_final unet_ema; do
+        cmp -s "$TMP/$1/$f.safetensors" "$TMP/$2/$f.safetensors" || fail "$3: $f differs"
+    done
+    echo "ok: $3"
+}
+close() { # close A B WHAT: final weights and EMA within 1e-6
+    for f in unet_final unet_ema; do
+        run "cmp-$1-$2-$f" "$COMPARE" "$TMP/$1/$f.safetensors" "$TMP/$2/$f.safetensors" 1e-6
+        [ "$RC" = 0 ] || { cat "$TMP/cmp-$1-$2-$f.out" "$TMP/cmp-$1-$2-$f.err"; fail "$3: $f"; }
+    done
+    echo "ok: $3"
+}
+
+# the CPU's host path: the reference
+train cpu1 1 8 none
+expect_rc cpu1 0
+train cpu2 2 4 none
+expect_rc cpu2 0
+train cpu3 3 4 none
+expect_rc cpu3 0
+
+# one rank: the device path's buffers and optimizer give the CPU's bits
+EMU=1 train e1 1 8 none
+expect_rc e1 0
+expect_in e1 out "emulating the GPU's device path"
+expect_in e1 out "(0 skipped: non-finite)"
+same e1 cpu1 "one rank: device path == host path"
+
+# two and three ranks: equal padded shards, NCCL's calls done by MPI; DDP == ZeRO-2 (the EMA
+# of ZeRO-2 gathered through the spent gradient buffer), the same training as the host path;
+# by default the buckets are reduced during the backward, 'after_backward' gives the same bits
+for np in 2 3; do
+    bs=4
+    EMU=1 train "ed$np" "$np" "$bs" none
+    expect_rc "ed$np" 0
+    expect_in "ed$np" out "gradient reduction: overlapped with the backward"
+    EMU=1 train "ez$np" "$np" "$bs" shard_grad_op
+    expect_rc "ez$np" 0
+    same "ed$np" "ez$np" "$np ranks, device path: DDP == ZeRO-2"
+    EMU=1 train "eza$np" "$np" "$bs" shard_grad_op ", grad_reduce = 'after_backward'"
+    expect_rc "eza$np" 0
+    expect_not_in "eza$np" out "overlapped"
+    same "ez$np" "eza$np" "$np ranks, device path, ZeRO-2: buckets during the backward == after it"
+done
+close ed2 cpu2 "2 ranks: device path within 1e-6 of the host path"
+close ez3 cpu3 "3 ranks: device path within 1e-6 of the host path"
+
+# gradient accumulation (2 ranks x 2 x 2, ZeRO-2): the same training as 2 x 4
+EMU=1 train eacc 2 2 shard_grad_op ", grad_accum_steps = 2, grad_bucket_mb = 0.02"
+expect_rc eacc 0
+close eacc cpu2 "device path, 2 x 2 x 2 micro-batches, small buckets: as 2 x 4"
+
+# a NaN on rank 1 at step 3: the step is skipped on every rank
+SDTRAIN_FAULT=nan:rank=1:step=3 EMU=1 train enan 2 4 shard_grad_op
+expect_rc enan 0
+expect_in enan out "(1 skipped: non-finite)"
+
+# killed at step 7 with a checkpoint of step 4, resumed: the uninterrupted run's bits
+SDTRAIN_FAULT=kill:rank=1:step=7 EMU=1 train ekill 2 4 shard_grad_op "" "&checkpoint every_n_steps = 4 /"
+[ "$RC" != 0 ] || fail "ekill: the killed run exited 0"
+[ "$(cat "$TMP/ekill/checkpoints/latest")" = step-00000004 ] || fail "ekill: no checkpoint of step 4"
+cp -r "$TMP/ekill/checkpoints" "$TMP/ckpt4"
+EMU=1 train ekill 2 4 shard_grad_op "" "&checkpoint every_n_steps = 4 /"
+expect_rc ekill 0
+expect_in ekill out "resuming from"
+same ekill ed2 "device path, ZeRO-2: killed at step 7 and resumed == uninterrupted"
+# its checkpoint of step 4 (padding not stored) on the host path with 1 rank x 8 and with the
+# device path on 4 ranks x 2: within 1e-6 of the uninterrupted run
+train hres 1 8 none "" "&checkpoint resume = '$TMP/ckpt4/step-00000004' /"
+expect_rc hres 0
+expect_in hres out "written by 2 rank(s) with sharding 'shard_grad_op'"
+close hres ed2 "a device-path checkpoint resumed on the host path, 1 rank"
+EMU=1 train eres4 4 2 shard_grad_op "" "&checkpoint resume = '$TMP/ckpt4/step-00000004' /"
+expect_rc eres4 0
+close eres4 ed2 "a device-path checkpoint resumed on the device path, 4 ranks"
+pass "the device path, emulated on the CPU with 1-4 ranks"
