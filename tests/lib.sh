@@ -71,6 +71,22 @@ TINY_MODEL="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2
   cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
   vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$TINY_TOKENIZER', layers_per_block = 1"
 
+# tiny_train_nml NAME BATCH SHARDING [TRAIN-KEYS] [GROUPS]: $TMP/NAME.nml, the end-to-end tests'
+# training run of the tiny model on $TMP/shards: 10 steps (STEPS=N to change), on the CPU
+# (DEVICE=cuda to change), AdamW with warmup, clipping, EMA, caption dropout and min-SNR.
+# TRAIN-KEYS is appended to &train (", key = value, ..."), GROUPS after the last group.
+tiny_train_nml() {
+    nml "$1.nml" <<EOF2
+&run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = '${DEVICE:-cpu}' /
+&model $TINY_MODEL /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = ${STEPS:-10}, batch_size_per_rank = $2, learning_rate = 1e-3, warmup_steps = 3,
+       sharding = '$3', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9${4:-} /
+&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
+${5:-}
+EOF2
+}
+
 # tiny_shards COUNT NP: COUNT demo images into $TMP/data, encoded by mode 'process' on NP ranks
 # into $TMP/shards (16 samples a shard, seed 5) on the CPU, so every machine gets the same bits.
 tiny_shards() {

@@ -713,6 +713,15 @@ typedef struct loaded {
     char version[64];
 } loaded;
 
+/* What a caller learns of a checkpoint besides its tensors (info takes `config`). */
+static void fill_info(sd_ckpt_info *info, const loaded *L, char *config, const char *path)
+{
+    info->s = L->s;
+    info->config_text = config;
+    snprintf(info->path, sizeof info->path, "%s", path);
+    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L->version);
+}
+
 static int json_i64(json_object *o, const char *key, int64_t *out, const char *path, sd_err *err)
 {
     json_object *v;
@@ -941,10 +950,7 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
         config = sd_xcalloc((size_t)L.config_len + 1, 1);
     if (L.config_len > 0)
         SD_MPI_CHECK(MPI_Bcast(config, (int)L.config_len, MPI_CHAR, 0, comm));
-    info->s = L.s;
-    info->config_text = config;
-    snprintf(info->path, sizeof info->path, "%s", path);
-    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    fill_info(info, &L, config, path);
     snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
 
     if (own_range(comm, t->n, 0, t->n, &pb, &pe, err) ||
@@ -1004,10 +1010,7 @@ int sd_ckpt_peek(const char *path, sd_ckpt_info *info, sd_err *err)
     memset(info, 0, sizeof *info);
     if (read_manifest(path, NULL, &L, &config, &incompatible, err))
         return -1;
-    info->s = L.s;
-    info->config_text = config;
-    snprintf(info->path, sizeof info->path, "%s", path);
-    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    fill_info(info, &L, config, path);
     return 0;
 }
 
@@ -1034,10 +1037,7 @@ int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const ch
     t.n = table->total_floats;
     if (read_manifest(path, &t, &L, &config, &incompatible, err))
         return -1;
-    info->s = L.s;
-    info->config_text = config;
-    snprintf(info->path, sizeof info->path, "%s", path);
-    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    fill_info(info, &L, config, path);
     if (ds == DS_EMA && !L.s.has_ema) {
         sd_ckpt_info_free(info);
         return sd_err_set(err, "checkpoint %s has no EMA (the run had &train ema_decay = 0)",
@@ -1086,10 +1086,7 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
     *n_out = 0;
     if (read_manifest(path, NULL, &L, &config, &incompatible, err))
         return -1;
-    info->s = L.s;
-    info->config_text = config;
-    snprintf(info->path, sizeof info->path, "%s", path);
-    snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L.version);
+    fill_info(info, &L, config, path);
     snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
     if (stat(file, &st) != 0 || (int64_t)st.st_size != L.bytes) {
         sd_ckpt_info_free(info);

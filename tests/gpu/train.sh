@@ -23,24 +23,14 @@ need_mpi
 ngpus=$(sed -n 's/^gpus: \([0-9]*\),.*/\1/p' "$TMP/device.out")
 COMPARE="$top_builddir/tests/mpi/st_compare"
 
-model=$TINY_MODEL
-
 tiny_shards 48 2 # demo images encoded on the CPU into $TMP/shards
 
 # train NAME NP BATCH SHARDING DEVICE PRECISION [EXTRA]: a 10-step run (the namelist of
 # tests/mpi/train.sh); EXTRA is appended to the namelist (another group); $ACCUM, when set, is
 # the run's grad_accum_steps; $TRAIN_EXTRA, when set, is appended to the &train group
 train() {
-    nml "$1.nml" <<EOF2
-&run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = '$5' /
-&model $model /
-&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
-&train max_steps = 10, batch_size_per_rank = $3, learning_rate = 1e-3, warmup_steps = 3,
-       sharding = '$4', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9,
-       precision = '$6', grad_accum_steps = ${ACCUM:-1}${TRAIN_EXTRA:-} /
-&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
-${7:-}
-EOF2
+    DEVICE=$5 tiny_train_nml "$1" "$3" "$4" \
+        ", precision = '$6', grad_accum_steps = ${ACCUM:-1}${TRAIN_EXTRA:-}" "${7:-}"
     mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
 }
 

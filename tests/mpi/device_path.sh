@@ -11,22 +11,12 @@
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
 
-model=$TINY_MODEL
-
 tiny_shards 48 2 # demo images encoded on the CPU into $TMP/shards
 
-# train NAME NP BATCH SHARDING [TRAIN-KEYS] [GROUPS]: 10 steps on the CPU (the namelist of
-# tests/mpi/train.sh); EMU=1 emulates the device path
+# train NAME NP BATCH SHARDING [TRAIN-KEYS] [GROUPS]: 10 steps on the CPU (tiny_train_nml);
+# EMU=1 emulates the device path
 train() {
-    nml "$1.nml" <<EOF2
-&run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = 'cpu' /
-&model $model /
-&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
-&train max_steps = 10, batch_size_per_rank = $3, learning_rate = 1e-3, warmup_steps = 3,
-       sharding = '$4', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9 ${5:-} /
-&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
-${6:-}
-EOF2
+    tiny_train_nml "$1" "$3" "$4" "${5:-}" "${6:-}"
     if [ "${EMU:-0}" = 1 ]; then
         SDTRAIN_EMULATE_DEVICE_PATH=1 mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
     else

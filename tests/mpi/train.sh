@@ -8,22 +8,11 @@
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
 
-model=$TINY_MODEL
-
 tiny_shards 48 2 # demo images encoded on the CPU into $TMP/shards
 
 # train_nml NAME BATCH SHARDING: the namelist of a 10-step run, on the CPU whatever the machine
 # has (tests/gpu/train.sh trains on the GPU)
-train_nml() {
-    nml "$1.nml" <<EOF2
-&run mode = 'train', output_dir = '$TMP/$1', seed = 11, device = 'cpu' /
-&model $model /
-&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
-&train max_steps = 10, batch_size_per_rank = $2, learning_rate = 1e-3, warmup_steps = 3,
-       sharding = '$3', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9 /
-&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
-EOF2
-}
+train_nml() { tiny_train_nml "$1" "$2" "$3"; }
 # train NAME NP BATCH SHARDING
 train() {
     train_nml "$1" "$3" "$4"
