@@ -155,6 +155,85 @@ static inline unsigned sd_cuda_grid(const sd_backend *be, int64_t n, int threads
     return (unsigned)(need > 0 ? need : 1);
 }
 
+/* ---- row-wise kernels ------------------------------------------------------------------------
+ * Kernels over [planes, rows, cols] views (a batch of images' pixel rows, a matrix's rows) put
+ * the columns on x, the rows on y (a stride loop past the grid's y limit) and the planes on z, so
+ * that no thread splits a flat 64-bit index with / and %: 64-bit integer division is a software
+ * routine of some 70 instructions on the GPU, which made the per-element kernels written that way
+ * (padding, nearest upsampling, GEGLU, broadcast add, concat) instruction-bound at a fraction of
+ * the copy bandwidth. Inside a kernel:
+ *   const int j = SD_COL_INDEX(); if (j >= cols) return;  SD_ROW_LOOP(r, rows) { ... }  */
+#define SD_GRID_Y_MAX 65535
+#define SD_COL_INDEX() ((int)(blockIdx.x * blockDim.x + threadIdx.x))
+#define SD_ROW_LOOP(r, rows) for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)
+
+/* Threads of a row-wise block: enough warps for `cols` columns, at most 256. */
+static inline int sd_cuda_row_threads(int64_t cols)
+{
+    return cols >= 256 ? 256 : (int)((cols + 31) / 32 * 32);
+}
+
+/* The grid of a row-wise kernel: x covers the columns, y min(rows, y_max), z the planes. */
+static inline dim3 sd_cuda_row_grid(int64_t rows, int64_t cols, int threads, int64_t planes,
+                                    int64_t y_max)
+{
+    const int64_t gx = (cols + threads - 1) / threads;
+    const int64_t gy = rows < y_max ? rows : y_max;
+    return dim3((unsigned)(gx > 0 ? gx : 1), (unsigned)(gy > 0 ? gy : 1),
+                (unsigned)(planes > 0 ? planes : 1));
+}
+
+/* y [rows, c] += bias [c] (conv and linear when the bias is not in the library's epilogue). */
+template <typename T>
+static __global__ void sd_bias_rows_kernel(int64_t rows, int c, const T *bias, T *y)
+{
+    const int ch = SD_COL_INDEX();
+    if (ch >= c)
+        return;
+    const float bv = sd_ld(bias, ch);
+    SD_ROW_LOOP(r, rows)
+    {
+        const int64_t i = r * c + ch;
+        sd_st(y, i, sd_ld(y, i) + bv);
+    }
+}
+
+/* Pure copies move chunks of 16, 8, 4, 2 or 1 bytes: the widest that divides a pixel's bytes
+ * and both addresses. */
+static inline int sd_cuda_chunk_bytes(size_t pixel_bytes, const void *a, const void *b)
+{
+    for (int u = 16; u > 1; u /= 2)
+        if (pixel_bytes % (size_t)u == 0 && (uintptr_t)a % (uintptr_t)u == 0 &&
+            (uintptr_t)b % (uintptr_t)u == 0)
+            return u;
+    return 1;
+}
+
+/* Runs `body` with U the unsigned type of `bytes` bytes (16: uint4). */
+#define SD_CUDA_CHUNK_DISPATCH(bytes, U, ...)                                                  \
+    do {                                                                                       \
+        switch (bytes) {                                                                       \
+        case 16: { typedef uint4 U; __VA_ARGS__; break; }                                      \
+        case 8: { typedef uint2 U; __VA_ARGS__; break; }                                       \
+        case 4: { typedef unsigned U; __VA_ARGS__; break; }                                    \
+        case 2: { typedef unsigned short U; __VA_ARGS__; break; }                              \
+        default: { typedef unsigned char U; __VA_ARGS__; break; }                              \
+        }                                                                                      \
+    } while (0)
+
+/* Launches a row-wise bias add on the backend's stream. */
+static inline void sd_cuda_bias_rows(const sd_backend *be, int64_t rows, int c, const void *bias,
+                                     void *y)
+{
+    const int threads = sd_cuda_row_threads(c);
+    const dim3 grid = sd_cuda_row_grid(rows, c, threads, 1, SD_GRID_Y_MAX);
+    cudaStream_t s = sd_cuda_stream(be);
+    SD_CUDA_DISPATCH(be, T, {
+        sd_bias_rows_kernel<T><<<grid, threads, 0, s>>>(rows, c, (const T *)bias, (T *)y);
+    });
+    SD_CUDA_LAUNCHED(be);
+}
+
 /* Round a byte count up to 256 (so several scratch pieces carved from one block stay aligned). */
 static inline size_t sd_cuda_align(size_t bytes)
 {

@@ -461,56 +461,47 @@ static conv_layout conv_backward_layout(const sd_backend *be, const conv_entry *
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
-/* xp [n, hp, wp, c] = x [n, h, w, c] placed at (pt, pl), zeros elsewhere (all elements written) */
-template <typename T>
-static __global__ void conv_pad_kernel(int n, int h, int w, int c, int hp, int wp, int pt, int pl,
-                                       const T *x, T *xp)
+/* xp [n, hp, wp, c] = x [n, h, w, c] placed at (pt, pl), zeros elsewhere (all elements
+ * written): a pure copy in chunks of U (cu chunks a pixel). Row-wise (cuda_internal.h): padded
+ * row py of image z on grid y, the row's chunks on x. */
+template <typename U>
+static __global__ void conv_pad_kernel(int h, int w, int hp, int wp, int cu, int pt, int pl,
+                                       const U *x, U *xp)
 {
-    const int64_t total = (int64_t)n * hp * wp * c;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int ch = (int)(i % c);
-        const int64_t pix = i / c;
-        const int px = (int)(pix % wp);
-        const int64_t row = pix / wp;
-        const int py = (int)(row % hp);
-        const int64_t b = row / hp;
-        const int sy = py - pt, sx = px - pl;
-        float v = 0.0f;
+    const int j = SD_COL_INDEX();
+    if (j >= wp * cu)
+        return;
+    const int px = j / cu, k = j - px * cu, sx = px - pl;
+    const int64_t b = blockIdx.z;
+    SD_ROW_LOOP(py, hp)
+    {
+        const int sy = (int)py - pt;
+        U v{};
         if (sy >= 0 && sy < h && sx >= 0 && sx < w)
-            v = sd_ld(x, ((b * h + sy) * w + sx) * c + ch);
-        sd_st(xp, i, v);
+            v = x[((b * h + sy) * w + sx) * cu + k];
+        xp[(b * hp + py) * wp * cu + j] = v;
     }
 }
 
-/* dx [n, h, w, c] (+)= the window at (pt, pl) of dxp [n, hp, wp, c]. */
+/* dx [n, h, w, c] (+)= the window at (pt, pl) of dxp [n, hp, wp, c]; row y of image z on grid
+ * y, the row's w * c elements on x. */
 template <typename T>
-static __global__ void conv_crop_kernel(int n, int h, int w, int c, int hp, int wp, int pt, int pl,
+static __global__ void conv_crop_kernel(int h, int w, int c, int hp, int wp, int pt, int pl,
                                         const T *dxp, T *dx, int accumulate)
 {
-    const int64_t total = (int64_t)n * h * w * c;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int ch = (int)(i % c);
-        const int64_t pix = i / c;
-        const int x = (int)(pix % w);
-        const int64_t row = pix / w;
-        const int y = (int)(row % h);
-        const int64_t b = row / h;
+    const int j = SD_COL_INDEX();
+    if (j >= w * c)
+        return;
+    const int x = j / c, ch = j - x * c;
+    const int64_t b = blockIdx.z;
+    SD_ROW_LOOP(y, h)
+    {
+        const int64_t o = (b * h + y) * w * c + j;
         float v = sd_ld(dxp, ((b * hp + y + pt) * wp + x + pl) * c + ch);
         if (accumulate)
-            v += sd_ld(dx, i);
-        sd_st(dx, i, v);
+            v += sd_ld(dx, o);
+        sd_st(dx, o, v);
     }
-}
-
-/* y [rows, c] += bias [c] */
-template <typename T>
-static __global__ void conv_bias_kernel(int64_t total, int c, const T *bias, T *y)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x)
-        sd_st(y, i, sd_ld(y, i) + sd_ld(bias, i % c));
 }
 
 /* dw (fp32) += g (bf16) */
@@ -524,12 +515,16 @@ static __global__ void conv_dw_add_kernel(int64_t total, const __nv_bfloat16 *g,
 static void conv_pad_input(const sd_backend *be, const conv_entry *e, const void *x, void *xp)
 {
     const sd_conv2d_desc *d = &e->key;
-    const int64_t total = (int64_t)d->n * e->hp * e->wp * d->c_in;
-    const unsigned grid = sd_cuda_grid(be, total, 256);
+    const size_t pixel = (size_t)d->c_in * sd_cuda_elem(be);
+    const int u = sd_cuda_chunk_bytes(pixel, x, xp), cu = (int)(pixel / (size_t)u);
+    const int threads = sd_cuda_row_threads((int64_t)e->wp * cu);
+    const dim3 grid = sd_cuda_row_grid(e->hp, (int64_t)e->wp * cu, threads, d->n, SD_GRID_Y_MAX);
     cudaStream_t s = sd_cuda_stream(be);
-    SD_CUDA_DISPATCH(be, T, {
-        conv_pad_kernel<T><<<grid, 256, 0, s>>>(d->n, d->h, d->w, d->c_in, e->hp, e->wp,
-                                                d->pad_top, d->pad_left, (const T *)x, (T *)xp);
+    SD_CHECK(d->n < 65536 && (int64_t)e->wp * cu < INT32_MAX, "conv2d padding: %d images of "
+             "%d x %d x %d: out of the kernel's range", d->n, e->hp, e->wp, d->c_in);
+    SD_CUDA_CHUNK_DISPATCH(u, U, {
+        conv_pad_kernel<U><<<grid, threads, 0, s>>>(d->h, d->w, e->hp, e->wp, cu, d->pad_top,
+                                                    d->pad_left, (const U *)x, (U *)xp);
     });
     SD_CUDA_LAUNCHED(be);
 }
@@ -581,13 +576,7 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
                                            e->y_desc, y));
     SD_CUDA_SUBMARK(be, "conv2d_forward:cudnn");
     if (b) {
-        const int64_t total = (int64_t)d->n * d->h_out * d->w_out * d->c_out;
-        const unsigned grid = sd_cuda_grid(be, total, 256);
-        cudaStream_t s = st->stream;
-        SD_CUDA_DISPATCH(be, T, {
-            conv_bias_kernel<T><<<grid, 256, 0, s>>>(total, d->c_out, (const T *)b, (T *)y);
-        });
-        SD_CUDA_LAUNCHED(be);
+        sd_cuda_bias_rows(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, b, y);
     }
     if (z) /* the order of the unfused ops: (conv + b) + z, as sd_conv2d_forward then sd_add */
         st->ops.add(be, (int64_t)d->n * d->h_out * d->w_out * d->c_out, y, z, 1.0f, y);
@@ -638,12 +627,15 @@ static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, 
             SD_CUDNN_CHECK(cudnnConvolutionBackwardData(
                 st->dnn, &one, e->w_desc, w, e->y_desc, dy, e->conv_desc, e->bwd_data_algo,
                 e->bwd_data_ws ? base + L.ws : nullptr, e->bwd_data_ws, &zero, e->x_desc, dxp));
-            const int64_t total = (int64_t)d->n * d->h * d->w * d->c_in;
-            const unsigned grid = sd_cuda_grid(be, total, 256);
+            const int64_t cols = (int64_t)d->w * d->c_in;
+            const int threads = sd_cuda_row_threads(cols);
+            const dim3 grid = sd_cuda_row_grid(d->h, cols, threads, d->n, SD_GRID_Y_MAX);
+            SD_CHECK(d->n < 65536 && cols < INT32_MAX, "conv2d padding: %d images of %d x %d x "
+                     "%d: out of the kernel's range", d->n, d->h, d->w, d->c_in);
             SD_CUDA_DISPATCH(be, T, {
-                conv_crop_kernel<T><<<grid, 256, 0, s>>>(d->n, d->h, d->w, d->c_in, e->hp, e->wp,
-                                                         d->pad_top, d->pad_left, (const T *)dxp,
-                                                         (T *)dx, accumulate);
+                conv_crop_kernel<T><<<grid, threads, 0, s>>>(d->h, d->w, d->c_in, e->hp, e->wp,
+                                                             d->pad_top, d->pad_left,
+                                                             (const T *)dxp, (T *)dx, accumulate);
             });
             SD_CUDA_LAUNCHED(be);
         } else {

@@ -156,14 +156,17 @@ static void cuda_quick_gelu_backward(const sd_backend *be, int64_t n, const void
 
 /* ---- GEGLU: x [rows, 2 inner] = [value | gate], y = value * GELU(gate) ---------------------- */
 
+/* row-wise (cuda_internal.h): row r on grid y, column j of `inner` on x */
 template <typename T>
 static __global__ void geglu_fwd_kernel(int64_t rows, int inner, const T *x, T *y)
 {
-    GRID_STRIDE_LOOP(i, rows * inner)
+    const int j = SD_COL_INDEX();
+    if (j >= inner)
+        return;
+    SD_ROW_LOOP(r, rows)
     {
-        int64_t r = i / inner, j = i % inner;
-        int64_t base = r * 2 * inner + j;
-        sd_st(y, i, sd_ld(x, base) * gelu_f(sd_ld(x, base + inner)));
+        const int64_t base = r * 2 * inner + j;
+        sd_st(y, r * inner + j, sd_ld(x, base) * gelu_f(sd_ld(x, base + inner)));
     }
 }
 
@@ -171,11 +174,13 @@ template <typename T>
 static __global__ void geglu_bwd_kernel(int64_t rows, int inner, const T *x, const T *dy, T *dx,
                                         int accumulate)
 {
-    GRID_STRIDE_LOOP(i, rows * inner)
+    const int j = SD_COL_INDEX();
+    if (j >= inner)
+        return;
+    SD_ROW_LOOP(r, rows)
     {
-        int64_t r = i / inner, j = i % inner;
-        int64_t vi = r * 2 * inner + j, gi = vi + inner;
-        float d = sd_ld(dy, i), gate = sd_ld(x, gi);
+        const int64_t vi = r * 2 * inner + j, gi = vi + inner;
+        const float d = sd_ld(dy, r * inner + j), gate = sd_ld(x, gi);
         float a = d * gelu_f(gate);
         float g = d * sd_ld(x, vi) * gelu_grad_f(gate);
         sd_st(dx, vi, accumulate ? sd_ld(dx, vi) + a : a);
@@ -189,9 +194,10 @@ static void cuda_geglu_forward(const sd_backend *be, int64_t rows, int inner, co
     if (rows <= 0)
         return;
     cudaStream_t s = sd_cuda_stream(be);
-    unsigned grid = sd_cuda_grid(be, rows * inner, EW_THREADS);
+    const int threads = sd_cuda_row_threads(inner);
+    const dim3 grid = sd_cuda_row_grid(rows, inner, threads, 1, SD_GRID_Y_MAX);
     SD_CUDA_DISPATCH(be, T, {
-        geglu_fwd_kernel<T><<<grid, EW_THREADS, 0, s>>>(rows, inner, (const T *)x, (T *)y);
+        geglu_fwd_kernel<T><<<grid, threads, 0, s>>>(rows, inner, (const T *)x, (T *)y);
     });
     SD_CUDA_LAUNCHED(be);
 }
@@ -202,10 +208,11 @@ static void cuda_geglu_backward(const sd_backend *be, int64_t rows, int inner, c
     if (rows <= 0)
         return;
     cudaStream_t s = sd_cuda_stream(be);
-    unsigned grid = sd_cuda_grid(be, rows * inner, EW_THREADS);
+    const int threads = sd_cuda_row_threads(inner);
+    const dim3 grid = sd_cuda_row_grid(rows, inner, threads, 1, SD_GRID_Y_MAX);
     SD_CUDA_DISPATCH(be, T, {
-        geglu_bwd_kernel<T><<<grid, EW_THREADS, 0, s>>>(rows, inner, (const T *)x,
-                                                         (const T *)dy, (T *)dx, accumulate);
+        geglu_bwd_kernel<T><<<grid, threads, 0, s>>>(rows, inner, (const T *)x, (const T *)dy,
+                                                     (T *)dx, accumulate);
     });
     SD_CUDA_LAUNCHED(be);
 }
@@ -238,39 +245,40 @@ static __device__ __forceinline__ int nearest_first_dst(int s, int in, int out)
     return d;
 }
 
-template <typename T>
-static __global__ void upsample_fwd_kernel(int n, int h, int w, int c, int h_out, int w_out,
-                                           const T *x, T *y)
+/* A pure copy in chunks of U (cu a pixel); row-wise: output row oy of image z on grid y, the
+ * row's chunks on x. */
+template <typename U>
+static __global__ void upsample_fwd_kernel(int h, int w, int h_out, int w_out, int cu, const U *x,
+                                           U *y)
 {
-    const int64_t total = (int64_t)n * h_out * w_out * c;
-    GRID_STRIDE_LOOP(i, total)
+    const int j = SD_COL_INDEX();
+    if (j >= w_out * cu)
+        return;
+    const int ox = j / cu, k = j - ox * cu, ix = nearest_src(ox, w, w_out);
+    const int64_t b = blockIdx.z;
+    SD_ROW_LOOP(oy, h_out)
     {
-        int64_t ch = i % c, cell = i / c;
-        int ox = (int)(cell % w_out);
-        int64_t row = cell / w_out; /* b * h_out + oy */
-        int oy = (int)(row % h_out);
-        int64_t b = row / h_out;
-        int iy = nearest_src(oy, h, h_out), ix = nearest_src(ox, w, w_out);
-        sd_st(y, i, sd_ld(x, ((b * h + iy) * w + ix) * c + ch));
+        const int iy = nearest_src((int)oy, h, h_out);
+        y[(b * h_out + oy) * w_out * cu + j] = x[((b * h + iy) * w + ix) * cu + k];
     }
 }
 
 /* Gather: each input cell sums the output cells that copied it, in (output row, output
- * column) order as the CPU does, starting from the old dx when accumulating. */
+ * column) order as the CPU does, starting from the old dx when accumulating. Row-wise: input
+ * row iy of image z on grid y, the row's w * c elements on x. */
 template <typename T>
-static __global__ void upsample_bwd_kernel(int n, int h, int w, int c, int h_out, int w_out,
-                                           const T *dy, T *dx, int accumulate)
+static __global__ void upsample_bwd_kernel(int h, int w, int c, int h_out, int w_out, const T *dy,
+                                           T *dx, int accumulate)
 {
-    const int64_t total = (int64_t)n * h * w * c;
-    GRID_STRIDE_LOOP(i, total)
+    const int j = SD_COL_INDEX();
+    if (j >= w * c)
+        return;
+    const int ix = j / c, ch = j - ix * c, ox0 = nearest_first_dst(ix, w, w_out);
+    const int64_t b = blockIdx.z;
+    SD_ROW_LOOP(row, h)
     {
-        int64_t ch = i % c, cell = i / c;
-        int ix = (int)(cell % w);
-        int64_t row = cell / w; /* b * h + iy */
-        int iy = (int)(row % h);
-        int64_t b = row / h;
-        int oy0 = nearest_first_dst(iy, h, h_out);
-        int ox0 = nearest_first_dst(ix, w, w_out);
+        const int iy = (int)row, oy0 = nearest_first_dst(iy, h, h_out);
+        const int64_t i = (b * h + iy) * w * c + j;
         float s = accumulate ? sd_ld(dx, i) : 0.0f;
         for (int oy = oy0; oy < h_out && nearest_src(oy, h, h_out) == iy; oy++)
             for (int ox = ox0; ox < w_out && nearest_src(ox, w, w_out) == ix; ox++)
@@ -283,10 +291,15 @@ static void cuda_upsample_nearest_forward(const sd_backend *be, int n, int h, in
                                           int h_out, int w_out, const void *x, void *y)
 {
     cudaStream_t s = sd_cuda_stream(be);
-    unsigned grid = sd_cuda_grid(be, (int64_t)n * h_out * w_out * c, EW_THREADS);
-    SD_CUDA_DISPATCH(be, T, {
-        upsample_fwd_kernel<T><<<grid, EW_THREADS, 0, s>>>(n, h, w, c, h_out, w_out,
-                                                            (const T *)x, (T *)y);
+    const size_t pixel = (size_t)c * sd_cuda_elem(be);
+    const int u = sd_cuda_chunk_bytes(pixel, x, y), cu = (int)(pixel / (size_t)u);
+    const int threads = sd_cuda_row_threads((int64_t)w_out * cu);
+    const dim3 grid = sd_cuda_row_grid(h_out, (int64_t)w_out * cu, threads, n, SD_GRID_Y_MAX);
+    SD_CHECK(n < 65536 && (int64_t)w_out * c < INT32_MAX, "upsample: %d images of %d x %d x %d: "
+             "out of the kernel's range", n, h_out, w_out, c);
+    SD_CUDA_CHUNK_DISPATCH(u, U, {
+        upsample_fwd_kernel<U><<<grid, threads, 0, s>>>(h, w, h_out, w_out, cu, (const U *)x,
+                                                        (U *)y);
     });
     SD_CUDA_LAUNCHED(be);
 }
@@ -296,10 +309,13 @@ static void cuda_upsample_nearest_backward(const sd_backend *be, int n, int h, i
                                            int accumulate)
 {
     cudaStream_t s = sd_cuda_stream(be);
-    unsigned grid = sd_cuda_grid(be, (int64_t)n * h * w * c, EW_THREADS);
+    const int threads = sd_cuda_row_threads((int64_t)w * c);
+    const dim3 grid = sd_cuda_row_grid(h, (int64_t)w * c, threads, n, SD_GRID_Y_MAX);
+    SD_CHECK(n < 65536 && (int64_t)w * c < INT32_MAX, "upsample backward: %d images of %d x %d x "
+             "%d: out of the kernel's range", n, h, w, c);
     SD_CUDA_DISPATCH(be, T, {
-        upsample_bwd_kernel<T><<<grid, EW_THREADS, 0, s>>>(n, h, w, c, h_out, w_out,
-                                                            (const T *)dy, (T *)dx, accumulate);
+        upsample_bwd_kernel<T><<<grid, threads, 0, s>>>(h, w, c, h_out, w_out, (const T *)dy,
+                                                        (T *)dx, accumulate);
     });
     SD_CUDA_LAUNCHED(be);
 }
@@ -439,14 +455,19 @@ static void cuda_axpby(const sd_backend *be, int64_t n, float alpha, const void 
 
 /* ---- broadcast add and its backward --------------------------------------------------------- */
 
+/* row-wise: row r of sample z on grid y, channel on x */
 template <typename T>
-static __global__ void add_bcast_kernel(int n, int64_t rows, int c, const T *x, const T *v, T *y)
+static __global__ void add_bcast_kernel(int64_t rows, int c, const T *x, const T *v, T *y)
 {
-    const int64_t per = rows * c;
-    GRID_STRIDE_LOOP(i, (int64_t)n * per)
+    const int ch = SD_COL_INDEX();
+    if (ch >= c)
+        return;
+    const int64_t b = blockIdx.z;
+    const float vb = sd_ld(v, b * c + ch);
+    SD_ROW_LOOP(r, rows)
     {
-        int64_t b = i / per, j = i % c;
-        sd_st(y, i, sd_ld(x, i) + sd_ld(v, b * c + j));
+        const int64_t i = (b * rows + r) * c + ch;
+        sd_st(y, i, sd_ld(x, i) + vb);
     }
 }
 
@@ -454,10 +475,12 @@ static void cuda_add_bcast_forward(const sd_backend *be, int n, int64_t rows, in
                                    const void *x, const void *v, void *y)
 {
     cudaStream_t s = sd_cuda_stream(be);
-    unsigned grid = sd_cuda_grid(be, (int64_t)n * rows * c, EW_THREADS);
+    const int threads = sd_cuda_row_threads(c);
+    const dim3 grid = sd_cuda_row_grid(rows, c, threads, n, SD_GRID_Y_MAX);
+    SD_CHECK(n < 65536, "add_bcast: %d samples: too many", n);
     SD_CUDA_DISPATCH(be, T, {
-        add_bcast_kernel<T><<<grid, EW_THREADS, 0, s>>>(n, rows, c, (const T *)x, (const T *)v,
-                                                         (T *)y);
+        add_bcast_kernel<T><<<grid, threads, 0, s>>>(rows, c, (const T *)x, (const T *)v,
+                                                     (T *)y);
     });
     SD_CUDA_LAUNCHED(be);
 }
@@ -539,29 +562,33 @@ static void cuda_add_bcast_backward(const sd_backend *be, int n, int64_t rows, i
 
 /* ---- channel concat / split ----------------------------------------------------------------- */
 
+/* row-wise: row r on grid y, output column j on x */
 template <typename T>
 static __global__ void concat_kernel(int64_t rows, int c1, int c2, const T *a, const T *b, T *y)
 {
-    const int cw = c1 + c2;
-    GRID_STRIDE_LOOP(i, rows * cw)
+    const int j = SD_COL_INDEX(), cw = c1 + c2;
+    if (j >= cw)
+        return;
+    SD_ROW_LOOP(r, rows)
     {
-        int64_t r = i / cw;
-        int j = (int)(i % cw);
-        float v = j < c1 ? sd_ld(a, r * c1 + j) : sd_ld(b, r * c2 + (j - c1));
-        sd_st(y, i, v);
+        const float v = j < c1 ? sd_ld(a, r * c1 + j) : sd_ld(b, r * c2 + (j - c1));
+        sd_st(y, r * cw + j, v);
     }
 }
 
-/* out[r, j] (+)= x[r, offset + j] for j < width, x rows of `cw` */
+/* out[r, j] (+)= x[r, offset + j] for j < width, x rows of `cw`; row-wise like concat */
 template <typename T>
 static __global__ void split_kernel(int64_t rows, int cw, int offset, int width, const T *x,
                                     T *out, int accumulate)
 {
-    GRID_STRIDE_LOOP(i, rows * width)
+    const int j = SD_COL_INDEX();
+    if (j >= width)
+        return;
+    SD_ROW_LOOP(r, rows)
     {
-        int64_t r = i / width, j = i % width;
-        float v = sd_ld(x, r * cw + offset + j);
-        sd_st(out, i, accumulate ? sd_ld(out, i) + v : v);
+        const int64_t o = r * width + j;
+        const float v = sd_ld(x, r * cw + offset + j);
+        sd_st(out, o, accumulate ? sd_ld(out, o) + v : v);
     }
 }
 
@@ -569,10 +596,11 @@ static void cuda_concat_channels(const sd_backend *be, int64_t rows, int c1, int
                                  const void *a, const void *b, void *y)
 {
     cudaStream_t s = sd_cuda_stream(be);
-    unsigned grid = sd_cuda_grid(be, rows * (c1 + c2), EW_THREADS);
+    const int threads = sd_cuda_row_threads(c1 + c2);
+    const dim3 grid = sd_cuda_row_grid(rows, c1 + c2, threads, 1, SD_GRID_Y_MAX);
     SD_CUDA_DISPATCH(be, T, {
-        concat_kernel<T><<<grid, EW_THREADS, 0, s>>>(rows, c1, c2, (const T *)a, (const T *)b,
-                                                      (T *)y);
+        concat_kernel<T><<<grid, threads, 0, s>>>(rows, c1, c2, (const T *)a, (const T *)b,
+                                                  (T *)y);
     });
     SD_CUDA_LAUNCHED(be);
 }
@@ -581,10 +609,11 @@ static void split_part(const sd_backend *be, int64_t rows, int cw, int offset, i
                        const void *x, void *out, int accumulate)
 {
     cudaStream_t s = sd_cuda_stream(be);
-    unsigned grid = sd_cuda_grid(be, rows * width, EW_THREADS);
+    const int threads = sd_cuda_row_threads(width);
+    const dim3 grid = sd_cuda_row_grid(rows, width, threads, 1, SD_GRID_Y_MAX);
     SD_CUDA_DISPATCH(be, T, {
-        split_kernel<T><<<grid, EW_THREADS, 0, s>>>(rows, cw, offset, width, (const T *)x,
-                                                     (T *)out, accumulate);
+        split_kernel<T><<<grid, threads, 0, s>>>(rows, cw, offset, width, (const T *)x, (T *)out,
+                                                 accumulate);
     });
     SD_CUDA_LAUNCHED(be);
 }

@@ -276,14 +276,6 @@ static const void *elem_at(const void *p, int64_t i, size_t elem)
  *   dx       dX' = Wc dYc          m = in,  n = rows, k = out  (A = W, N; B = dy, N)
  *   dw       dWc += Xc dYc^T       m = in,  n = out,  k = rows (A = x, N; B = dy, T), fp32 D */
 
-template <typename T>
-static __global__ void add_bias_kernel(int64_t n, int out, const T *b, T *y)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        sd_st(y, i, sd_ld(y, i) + sd_ld(b, i % out));
-}
-
 /* y = x w^T + b (+ z: the residual goes in as cuBLASLt's C with beta 1, else an add after) */
 static void linear_forward(const sd_backend *be, int64_t rows, int in, int out, const void *x,
                            const void *w, const void *b, const void *z, void *y)
@@ -316,15 +308,8 @@ static void linear_forward(const sd_backend *be, int64_t rows, int in, int out, 
         }
     }
     gemm(be, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, 1.0f, A, B, 0.0f, D, 1);
-    if (b) {
-        const int64_t n = rows * out;
-        cudaStream_t s = sd_cuda_stream(be);
-        SD_CUDA_DISPATCH(be, T, {
-            add_bias_kernel<T><<<sd_cuda_grid(be, n, 256), 256, 0, s>>>(n, out, (const T *)b,
-                                                                        (T *)y);
-        });
-        SD_CUDA_LAUNCHED(be);
-    }
+    if (b)
+        sd_cuda_bias_rows(be, rows, out, b, y);
 }
 
 static void cuda_linear_forward(const sd_backend *be, int64_t rows, int in, int out,
