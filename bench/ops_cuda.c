@@ -365,6 +365,16 @@ static void run_add(ctx *c)
     sd_add(be, c->n, c->x, c->dy, c->y);
 }
 
+static void run_add_bcast(ctx *c)
+{
+    sd_add_bcast_forward(be, (int)c->n, c->rows, c->c, c->x, c->bias, c->y);
+}
+
+static void run_concat(ctx *c)
+{
+    sd_concat_channels(be, c->rows, c->c, c->c, c->x, c->dy, c->y);
+}
+
 /* The two ceilings: bandwidth from a 1 GiB device copy, FLOP/s from an 8192^3 GEMM. */
 static void measure_ceilings(void)
 {
@@ -449,6 +459,32 @@ static void bench_conv(int n, int hw, int ch)
                      (double)es * (3.0 * nx + nw) + 8.0 * (nw + ch));
         }
     }
+}
+
+/* The VAE encoder's Downsample2D: 3x3 stride 2 with the right and bottom padded (cuDNN has no
+ * asymmetric padding: the op pads a copy of x first; its bytes count in the floor's). */
+static void bench_conv_down(int n, int hw, int ch)
+{
+    char shape[96];
+    ctx c;
+    pool pl = {{0}, 0, 0};
+    memset(&c, 0, sizeof c);
+    c.conv = sd_conv2d_make_padded(n, hw, hw, ch, ch, 3, 3, 2, 0, 1, 0, 1);
+    snprintf(shape, sizeof shape, "n%d %dx%d c%d->%d 3x3 s2 pad 0,1 (VAE)", n, hw, hw, ch, ch);
+    const double nx = (double)n * hw * hw * ch, ny = nx / 4.0, nw = 9.0 * ch * ch;
+    if (!wanted("conv2d fwd", shape))
+        return;
+    if (!be->ops->conv2d_forward) {
+        report_na("conv2d fwd", shape, "not implemented");
+        return;
+    }
+    c.x = pool_rand(&pl, (int64_t)nx, 0);
+    c.wt = pool_rand(&pl, (int64_t)nw, 0);
+    c.bias = pool_rand(&pl, ch, 0);
+    c.y = pool_alloc(&pl, (size_t)ny * es);
+    c.ws = pool_scratch(&pl, sd_conv2d_forward_scratch_bytes(be, &c.conv));
+    run_case(&pl, "conv2d fwd", shape, run_conv_fwd, &c, 2.0 * ny * ch * 9.0,
+             (double)es * (nx + ny + nw + ch));
 }
 
 static void bench_linear(int64_t rows, int in, int out, const char *what)
@@ -743,6 +779,41 @@ static void bench_add(int64_t n)
     run_case(&pl, "add", shape, run_add, &c, (double)n, (double)es * 3.0 * (double)n);
 }
 
+/* The ResNet's time-embedding add (one vector per sample over its pixels) and the up path's
+ * skip concat: pure data movement. */
+static void bench_bcast_concat(int n, int hw, int ch)
+{
+    char shape[96];
+    ctx c;
+    pool pl = {{0}, 0, 0};
+    memset(&c, 0, sizeof c);
+    c.n = n, c.rows = (int64_t)hw * hw, c.c = ch;
+    const double nx = (double)n * hw * hw * ch;
+    snprintf(shape, sizeof shape, "n%d %dx%d c%d", n, hw, hw, ch);
+    if (wanted("add_bcast fwd", shape)) {
+        if (!be->ops->add_bcast_forward) {
+            report_na("add_bcast fwd", shape, "not implemented");
+        } else {
+            c.x = pool_rand(&pl, (int64_t)nx, 0);
+            c.bias = pool_rand(&pl, (int64_t)n * ch, 0);
+            c.y = pool_alloc(&pl, (size_t)nx * es);
+            run_case(&pl, "add_bcast fwd", shape, run_add_bcast, &c, nx, (double)es * 2.0 * nx);
+        }
+    }
+    c.rows = (int64_t)n * hw * hw;
+    snprintf(shape, sizeof shape, "rows %lld c%d+%d", (long long)c.rows, ch, ch);
+    if (wanted("concat", shape)) {
+        if (!be->ops->concat_channels) {
+            report_na("concat", shape, "not implemented");
+        } else {
+            c.x = pool_rand(&pl, (int64_t)nx, 0);
+            c.dy = pool_rand(&pl, (int64_t)nx, 0);
+            c.y = pool_alloc(&pl, (size_t)(2.0 * nx) * es);
+            run_case(&pl, "concat", shape, run_concat, &c, 0.0, (double)es * 4.0 * nx);
+        }
+    }
+}
+
 static void bench_resolution(int res)
 {
     const int n = opt.batch;
@@ -764,6 +835,9 @@ static void bench_resolution(int res)
     bench_geglu(rows, 1280);
     bench_upsample(n, res / 2, 640);
     bench_add(rows * 320);
+    bench_bcast_concat(n, res, 320);
+    /* the VAE encoder's first downsampler at this resolution (128 channels at res * 8 px) */
+    bench_conv_down(n, res * 8, 128);
 }
 
 int main(int argc, char **argv)
