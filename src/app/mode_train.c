@@ -592,7 +592,8 @@ static void plan_grad_reduce(trainer *t)
 }
 
 /* ---- the device path's collectives and kernels ---------------------------------------------
- * On a GPU: NCCL and the sd_cuda_* optimizer kernels. In the CPU emulation of the device path
+ * On a GPU: NCCL and the sd_cuda_* optimizer kernels (a build without CUDA reaches the device
+ * path only through the emulation; choose_comm_path ensures it). In the CPU emulation of the device path
  * (t->emu, SDTRAIN_EMULATE_DEVICE_PATH=1, a test mode: doc/training.md "Testing the device path
  * without GPUs"): the deterministic MPI collectives over the same equal shards (t->ecomm, whose
  * shard alignment is the shard length) and the CPU optimizer, on the same buffers and ranges,
@@ -664,6 +665,8 @@ static double dp_sumsq(trainer *t, const float *x, size_t n)
         return sd_sumsq(x, n);
 #if defined(SD_HAVE_CUDA)
     sd_cuda_sumsq(t->be, x, n, &v, t->d_scratch);
+#else
+    SD_CHECK(0, "the GPU device path in a build without CUDA");
 #endif
     return v;
 }
@@ -674,6 +677,7 @@ static int dp_nonfinite(trainer *t, const float *x, size_t n)
 #if defined(SD_HAVE_CUDA)
     return sd_cuda_nonfinite(t->be, x, n, t->d_scratch);
 #else
+    SD_CHECK(0, "the GPU device path in a build without CUDA");
     return 1;
 #endif
 }
