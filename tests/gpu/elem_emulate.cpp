@@ -14,48 +14,7 @@
 #include <random>
 #include <vector>
 
-// ---- the CUDA subset the kernels use --------------------------------------------------------
-struct dim3 {
-    unsigned x, y, z;
-    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
-};
-static dim3 threadIdx, blockIdx, gridDim, blockDim;
-#define __device__
-#define __global__
-#define __forceinline__ inline
-struct uint4 {
-    unsigned x, y, z, w;
-};
-struct uint2 {
-    unsigned x, y;
-};
-struct __nv_bfloat16 {
-    uint16_t r;
-};
-static float __bfloat162float(__nv_bfloat16 b)
-{
-    uint32_t u = (uint32_t)b.r << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static __nv_bfloat16 __float2bfloat16_rn(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    __nv_bfloat16 b;
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        b.r = (uint16_t)((u >> 16) | 0x40);
-        return b;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    b.r = (uint16_t)(u >> 16);
-    return b;
-}
-static float sd_ld(const float *p, int64_t i) { return p[i]; }
-static float sd_ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-static void sd_st(float *p, int64_t i, float v) { p[i] = v; }
-static void sd_st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+#include "emulate_cuda.h"
 
 #include "kernels.inc"
 

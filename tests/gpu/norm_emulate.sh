@@ -9,35 +9,12 @@
 # Needs python3 and g++ >= 11 (C++20 <barrier>). Also run by `make check` in the CUDA tree;
 # skipped in the CPU tree (one run is enough).
 . "$(dirname "$0")/emulate_lib.sh" # skips, $top, $tmp
-python3 - "$top/src/nn/cuda" "$tmp/kernels.inc" <<'PY'
-import re, sys
+python3 - "$top/src/nn/cuda" "$tmp/kernels.inc" "$top/tests/gpu" <<'PY'
+import sys
+sys.dont_write_bytecode = True
+sys.path.insert(0, sys.argv[3])
+from extract_kernels import macro, definitions
 cuda_dir, out_path = sys.argv[1], sys.argv[2]
-
-def macro(lines, name):
-    for i, l in enumerate(lines):
-        if re.match(r'#define %s\b' % name, l):
-            out = [l]
-            while out[-1].rstrip().endswith('\\'):
-                i += 1
-                out.append(lines[i])
-            return out
-    sys.exit('norm_emulate: macro %s not found' % name)
-
-def definitions(lines, name):
-    """Every top-level definition of `name` (with its template line), up to its closing brace."""
-    found = []
-    pat = re.compile(r'^(static |struct |union ).*\b%s\b *(\(|\{|$)' % name)
-    for i, l in enumerate(lines):
-        if not pat.match(l) or l.rstrip().endswith(';'):
-            continue
-        start = i - 1 if i > 0 and lines[i - 1].startswith('template') else i
-        j = i
-        while lines[j] not in ('}', '};'):
-            j += 1
-        found.append(lines[start:j + 1])
-    if not found:
-        sys.exit('norm_emulate: definition of %s not found' % name)
-    return found
 
 out = []
 norm = open(cuda_dir + '/ops_cuda_norm.cu').read().split('\n')
