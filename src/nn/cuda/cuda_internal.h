@@ -167,10 +167,14 @@ static inline unsigned sd_cuda_grid(const sd_backend *be, int64_t n, int threads
 #define SD_COL_INDEX() ((int)(blockIdx.x * blockDim.x + threadIdx.x))
 #define SD_ROW_LOOP(r, rows) for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)
 
-/* Threads of a row-wise block: enough warps for `cols` columns, at most 256. */
+/* Threads of a row-wise block: a row of up to 1024 columns in one block (whole warps, so a
+ * row of 320 does not leave most of a second 256-thread block idle), longer rows in blocks of
+ * 256. */
 static inline int sd_cuda_row_threads(int64_t cols)
 {
-    return cols >= 256 ? 256 : (int)((cols + 31) / 32 * 32);
+    if (cols <= 32)
+        return 32;
+    return cols > 1024 ? 256 : (int)((cols + 31) / 32 * 32);
 }
 
 /* The grid of a row-wise kernel: x covers the columns, y min(rows, y_max), z the planes. */
