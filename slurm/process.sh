@@ -17,7 +17,9 @@ shift
 # The installed binary, or the one of a build tree (SDTRAIN=/path/to/sdtrain to choose).
 sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cpu/sdtrain)}
 # srun starts the MPI ranks through Slurm's PMIx; set LAUNCH="mpirun" where that is missing.
-launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores}
+# --kill-on-bad-exit: a rank that dies (OOM killer, a lost node) ends the whole step at once;
+# without it the other ranks would wait in their next collective until the time limit.
+launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=process "$@" >/dev/null

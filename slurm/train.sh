@@ -20,7 +20,9 @@ set -euo pipefail
 input=${1:?usage: sbatch slurm/train.sh INPUT.nml [--set group.key=value ...]}
 shift
 sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cuda/sdtrain)}
-launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores}
+# --kill-on-bad-exit: a rank that dies (OOM killer, a lost node) ends the whole step at once;
+# without it the other ranks would wait in their next collective until the time limit.
+launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 
 # Refuse a bad configuration before the allocation's GPUs sit idle waiting for all ranks.
