@@ -60,18 +60,6 @@ template <typename T> static const char *tname() { return sizeof(T) == 4 ? "f32"
 
 static const int64_t ycaps[2] = {SD_GRID_Y_MAX, 3};
 
-// the copy kernels on chunks of U, as the host code dispatches them
-#define CHUNK_DISPATCH(bytes, U, ...)                                                          \
-    do {                                                                                       \
-        switch (bytes) {                                                                       \
-        case 16: { typedef uint4 U; __VA_ARGS__; break; }                                      \
-        case 8: { typedef uint2 U; __VA_ARGS__; break; }                                       \
-        case 4: { typedef unsigned U; __VA_ARGS__; break; }                                    \
-        case 2: { typedef unsigned short U; __VA_ARGS__; break; }                              \
-        default: { typedef unsigned char U; __VA_ARGS__; break; }                              \
-        }                                                                                      \
-    } while (0)
-
 template <typename T>
 static void test_pad(int n, int h, int w, int c, int pt, int pb, int pl, int pr, int64_t ycap,
                      int x_offset)
@@ -96,7 +84,7 @@ static void test_pad(int n, int h, int w, int c, int pt, int pb, int pl, int pr,
     const int u = sd_cuda_chunk_bytes(pixel, x, got.data()), cu = (int)(pixel / u);
     const int threads = sd_cuda_row_threads((int64_t)wp * cu);
     const dim3 grid = sd_cuda_row_grid(hp, (int64_t)wp * cu, threads, n, ycap);
-    CHUNK_DISPATCH(u, U, {
+    SD_CUDA_CHUNK_DISPATCH(u, U, {
         launch(grid, dim3(threads), [&] {
             conv_pad_kernel<U>(h, w, hp, wp, cu, pt, pl, (const U *)x, (U *)got.data());
         });
@@ -169,7 +157,7 @@ static void test_upsample(int n, int h, int w, int c, int h_out, int w_out, int6
     const int u = sd_cuda_chunk_bytes(pixel, x.data(), y.data()), cu = (int)(pixel / u);
     const int threads = sd_cuda_row_threads((int64_t)w_out * cu);
     const dim3 grid = sd_cuda_row_grid(h_out, (int64_t)w_out * cu, threads, n, ycap);
-    CHUNK_DISPATCH(u, U, {
+    SD_CUDA_CHUNK_DISPATCH(u, U, {
         launch(grid, dim3(threads), [&] {
             upsample_fwd_kernel<U>(h, w, h_out, w_out, cu, (const U *)x.data(), (U *)y.data());
         });

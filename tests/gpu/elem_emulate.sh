@@ -19,7 +19,7 @@ cuda_dir, out_path = sys.argv[1], sys.argv[2]
 out = []
 src = lambda f: open(cuda_dir + '/' + f).read().split('\n')
 internal, elem, conv = src('cuda_internal.h'), src('ops_cuda_elem.cu'), src('ops_cuda_conv.cu')
-for m in ('SD_GRID_Y_MAX', 'SD_COL_INDEX', 'SD_ROW_LOOP'):
+for m in ('SD_GRID_Y_MAX', 'SD_COL_INDEX', 'SD_ROW_LOOP', 'SD_CUDA_CHUNK_DISPATCH'):
     out += macro(internal, m)
 for m in ('SD_SQRT1_2F', 'SD_INV_SQRT_2PIF'):
     out += macro(elem, m)
@@ -35,9 +35,4 @@ for lines, names in ((internal, ('sd_cuda_row_threads', 'sd_cuda_row_grid',
             out += d + ['']
 open(out_path, 'w').write('\n'.join(out) + '\n')
 PY
-flags="-std=c++20 -O1 -fno-strict-aliasing -Wno-unknown-pragmas"
-if [ "${ELEM_EMU_ASAN:-0}" = 1 ]; then
-    flags="$flags -g -fsanitize=address,undefined"
-fi
-${CXX:-g++} $flags -I"$tmp" -o "$tmp/emu" "$top/tests/gpu/elem_emulate.cpp"
-"$tmp/emu"
+emulate_run elem_emulate ELEM_EMU_ASAN

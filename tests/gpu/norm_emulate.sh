@@ -38,9 +38,4 @@ for name in ('cast_f32_kernel', 'cast_to_f32_kernel', 'mse_loss_kernel'):
         out += d + ['']
 open(out_path, 'w').write('\n'.join(out) + '\n')
 PY
-flags="-std=c++20 -O1 -pthread -fno-strict-aliasing -Wno-unknown-pragmas"
-if [ "${NORM_EMU_ASAN:-0}" = 1 ]; then
-    flags="$flags -g -fsanitize=address,undefined"
-fi
-${CXX:-g++} $flags -I"$tmp" -o "$tmp/emu" "$top/tests/gpu/norm_emulate.cpp"
-"$tmp/emu"
+emulate_run norm_emulate NORM_EMU_ASAN -pthread
