@@ -26,11 +26,8 @@ for l in src[start:end]:
     out.append(l)
 open(sys.argv[2], 'w').write('\n'.join(out) + '\n')
 PY
-flags="-std=c++20 -O1 -pthread -Wno-unknown-pragmas"
 if [ "${FLASH_EMU_TSAN:-0}" = 1 ]; then
-    flags="$flags -g -fsanitize=thread"
-elif [ "${FLASH_EMU_ASAN:-0}" = 1 ]; then
-    flags="$flags -g -fsanitize=address,undefined"
+    emulate_run flash_emulate FLASH_EMU_ASAN -pthread -g -fsanitize=thread
+else
+    emulate_run flash_emulate FLASH_EMU_ASAN -pthread
 fi
-${CXX:-g++} $flags -I"$tmp" -o "$tmp/emu" "$top/tests/gpu/flash_emulate.cpp"
-"$tmp/emu"
