@@ -5,7 +5,8 @@
 # 'process'; the training does not depend on how fast the shards come (a run with slowed
 # preprocessing, and one on an already complete shard directory, give the same weights and
 # losses); a step that needs the next shard waits for it; a preprocessing half that dies or
-# stalls ends the whole job with a non-zero status, without a hang.
+# stalls ends the whole job with a non-zero status, without a hang; the training half on the
+# emulated GPU device path trains the same.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 # 4 ranks: the default launcher passes --oversubscribe for machines with fewer cores
@@ -78,6 +79,14 @@ expect_rc done 0
 expect_not_in done out "waiting for shard"
 cmp -s "$TMP/pipe/unet_final.safetensors" "$TMP/done/unet_final.safetensors" ||
     fail "a complete shard directory changed the trained weights"
+# the training half on the GPU's device path, emulated on the CPU (tests/mpi/device_path.sh),
+# ZeRO-2 with its gradient buckets during the backward: the same training as the host path
+pipe_nml emu "$TMP/shards-proc" 8
+SDTRAIN_EMULATE_DEVICE_PATH=1 mpi emu 4 "$SDTRAIN" "$TMP/emu.nml" --set train.sharding=shard_grad_op
+expect_rc emu 0
+expect_in emu out "emulating the GPU's device path"
+run cmp-emu "$top_builddir/tests/mpi/st_compare" "$TMP/pipe/unet_final.safetensors" "$TMP/emu/unet_final.safetensors" 1e-6
+expect_rc cmp-emu 0
 # one training rank with the whole global batch of 8: the same samples per step, the same
 # training up to the order of the gradient sums
 pipe_nml one "$TMP/shards-one" 8
