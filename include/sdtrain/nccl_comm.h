@@ -46,6 +46,8 @@ void sd_nccl_allreduce_sum(sd_nccl *c, float *buf, size_t n);
 void sd_nccl_reduce_scatter_sum(sd_nccl *c, float *buf, size_t shard);
 /* buf[nranks * shard]: every rank's shard copied to every rank, in place. */
 void sd_nccl_allgather(sd_nccl *c, float *buf, size_t shard);
+/* The same for a buffer of bf16 values (the compute copy of the parameters): half the bytes. */
+void sd_nccl_allgather_bf16(sd_nccl *c, void *buf, size_t shard);
 
 /* Reductions that overlap the backward (the gradient buckets, doc/training.md "Gradient
  * reduction"): each call makes the communicator's own stream wait for everything queued on the

@@ -111,6 +111,8 @@ typedef struct trainer {
     size_t np, shard;      /* device path: padded buffer length (size * shard) and shard length */
     void *d_params;        /* the U-Net's parameters (be->dtype), np elements */
     float *d_master;       /* device path: fp32 master parameters (d_params itself in fp32) */
+    int master_stale;      /* ZeRO-2 in bf16: d_master holds only this rank's shard up to date
+                              (the others' arrive as bf16 in d_params); dp_master_full mends it */
     float *d_grads;        /* fp32 gradients, np */
     float *d_m, *d_v, *d_ema; /* device path: [begin, end) */
     void *d_scratch;       /* device path: sumsq / non-finite scratch */
@@ -754,9 +756,9 @@ static void dev_update(trainer *t, double lr, int64_t k, double coef)
 {
     const size_t len = t->end - t->begin;
     void *lowp = NULL;
-    /* AdamW writes the bf16 compute copy of its range, unless other ranks' shards arrive by
-     * the all-gather, after which dev_gather converts the whole buffer */
-    if ((void *)t->d_master != t->d_params && !(t->zero2 && t->size > 1))
+    /* AdamW writes the bf16 compute copy of its range too; with ZeRO-2 the ranks then
+     * all-gather those bf16 shards (dev_gather) */
+    if ((void *)t->d_master != t->d_params)
         lowp = (char *)t->d_params + t->begin * sd_dtype_size(t->be->dtype);
     dp_optimizer(t, lr, k, coef, len, lowp);
     sd_synchronize(t->be);
@@ -767,12 +769,30 @@ static void dev_gather(trainer *t)
 {
     if (!(t->zero2 && t->size > 1))
         return;
-    dp_allgather(t, t->d_master);
+    if ((void *)t->d_master == t->d_params) {
+        dp_allgather(t, t->d_master);
+    } else {
+        /* bf16: the compute copy travels (half the bytes of the fp32 master, and no conversion
+         * pass over the whole buffer); the other ranks' fp32 master shards are gathered only
+         * when something reads the whole master (dp_master_full) */
 #if defined(SD_HAVE_CUDA)
-    if ((void *)t->d_master != t->d_params)
-        sd_cuda_f32_to_bf16(t->be, t->d_master, t->d_params, t->np);
+        SD_CHECK(!t->emu, "the CPU emulation of the device path runs in fp32");
+        sd_nccl_allgather_bf16(t->nccl, t->d_params, t->shard);
 #endif
+        t->master_stale = 1;
+    }
     sd_synchronize(t->be);
+}
+
+/* Before the whole fp32 master is read (a checkpoint, the final weights): every rank's shard of
+ * it to every rank, if the last all-gather moved only the bf16 copy. Collective. */
+static void dp_master_full(trainer *t)
+{
+    if (!t->master_stale)
+        return;
+    dp_allgather(t, t->d_master);
+    sd_synchronize(t->be);
+    t->master_stale = 0;
 }
 
 /* Device path, at the end: the master parameters into t->w.data and the EMA gathered into a
@@ -780,6 +800,7 @@ static void dev_gather(trainer *t)
 static float *dev_fetch(trainer *t)
 {
     float *ema = NULL;
+    dp_master_full(t);
     sd_download(t->be, t->w.data, t->d_master, t->n * sizeof(float));
     if (!t->d_ema)
         return NULL;
@@ -870,6 +891,7 @@ static void dev_stage_out(trainer *t)
 {
     size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
     dev_stage_alloc(t);
+    dp_master_full(t);
     sd_synchronize(t->be);
     sd_download(t->be, t->w.data, t->d_master, t->n * sizeof(float));
     sd_download(t->be, t->hm, t->d_m, (e - b) * sizeof(float));

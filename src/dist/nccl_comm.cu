@@ -1,6 +1,7 @@
 /* NCCL communicator of the GPU training ranks (include/sdtrain/nccl_comm.h). Every call is
  * enqueued on the CUDA backend's stream, in order with the ops before and after it, except the
  * bucket reductions, which go on a stream of their own ordered by events. */
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -75,6 +76,13 @@ extern "C" void sd_nccl_reduce_scatter_sum(sd_nccl *c, float *buf, size_t shard)
     /* in place: NCCL's rule is recvbuff == sendbuff + rank * recvcount */
     SD_NCCL_CHECK(ncclReduceScatter(buf, buf + (size_t)c->rank * shard, shard, ncclFloat32,
                                     ncclSum, c->comm, c->stream));
+}
+
+extern "C" void sd_nccl_allgather_bf16(sd_nccl *c, void *buf, size_t shard)
+{
+    uint16_t *b = (uint16_t *)buf;
+    SD_NCCL_CHECK(ncclAllGather(b + (size_t)c->rank * shard, b, shard, ncclBfloat16, c->comm,
+                                c->stream));
 }
 
 extern "C" void sd_nccl_allgather(sd_nccl *c, float *buf, size_t shard)

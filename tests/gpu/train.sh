@@ -158,6 +158,13 @@ if [ "${ngpus:-1}" -ge 2 ]; then
     expect_not_in nzero2a out "gradient reduction: overlapped"
     losses nzero2a nzero2 1e-5
     weights nzero2a nzero2 1e-5
+    # bf16 ZeRO-2: the ranks all-gather the bf16 compute copy, the fp32 master shards only for
+    # the checkpoints (every 4 steps) and the final weights: close to one bf16 rank
+    SDTRAIN_GPU_COMM=device train nzero2bf 2 4 shard_grad_op cuda bf16 \
+        "&checkpoint every_n_steps = 4 /"
+    expect_rc nzero2bf 0
+    losses nzero2bf bf16 5e-2
+    weights nzero2bf bf16 1e-2
 else
     # 5. NCCL cannot put two ranks on one GPU: a clear error on every rank, no hang
     SDTRAIN_GPU_COMM=device train dev2 2 4 shard_grad_op cuda fp32
