@@ -87,6 +87,21 @@ ${5:-}
 EOF2
 }
 
+# tiny_sample_nml NAME SCHEDULER [SAMPLE-KEYS] [GROUPS]: $TMP/NAME.nml, the sampling tests' run
+# on the tiny-sd2 snapshot with the tiny tokenizer of tests/data/sample: 3 prompts x 2 images,
+# 3 steps, guidance 7.5, on the CPU (DEVICE=cuda to change). SAMPLE-KEYS is appended to &sample
+# (", key = value, ..."), GROUPS after the last group.
+tiny_sample_nml() {
+    nml "$1.nml" <<EOF2
+&run mode = 'sample', output_dir = '$TMP/$1', seed = 7, device = '${DEVICE:-cpu}' /
+&model pretrained = '$top_srcdir/tests/data/models/tiny-sd2',
+       tokenizer = '$top_srcdir/tests/data/sample/tokenizer', resolution = 16 /
+&sample prompts = 'a photo of the cat', 'red car at the sea', 'x "quoted" \\ back',
+        num_steps = 3, guidance_scale = 7.5, scheduler = '$2', images_per_prompt = 2${3:-} /
+${4:-}
+EOF2
+}
+
 # tiny_shards COUNT NP: COUNT demo images into $TMP/data, encoded by mode 'process' on NP ranks
 # into $TMP/shards (16 samples a shard, seed 5) on the CPU, so every machine gets the same bits.
 tiny_shards() {

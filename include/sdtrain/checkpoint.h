@@ -132,6 +132,12 @@ int sd_ckpt_peek(const char *path, sd_ckpt_info *info, sd_err *err);
 int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const char *dataset,
                          float *dst, sd_ckpt_info *info, sd_err *err);
 
+/* The checkpoint directory a root's `latest` names ("step-NNNNNNNN") into name, or "" when
+ * the root has no `latest`; -1 with a message when it cannot be read or names nothing valid. */
+int sd_ckpt_read_latest(const char *dir, char *name, size_t size, sd_err *err);
+/* 1 when `path` holds a manifest and a state file (a committed checkpoint directory). */
+int sd_ckpt_is_complete(const char *path);
+
 /* One dataset of a checkpoint checked by sd_ckpt_verify. */
 typedef struct sd_ckpt_dataset_check {
     char name[16];     /* "params", "adam_m", "adam_v", "ema" */

@@ -546,21 +546,21 @@ static int cmp_names(const void *a, const void *b)
  * as damaged), then the latest one in detail. */
 static int inspect_ckpt_root(const char *dir, const inspect_opts *o)
 {
-    char latest[128] = "", path[4400];
+    char latest[128], path[4400];
     char **names = NULL;
     size_t n = 0, cap = 0;
     DIR *d;
     struct dirent *de;
-    FILE *f;
+    sd_err err;
     int rc = SD_EXIT_OK;
-    snprintf(path, sizeof path, "%s/%s", dir, SD_CKPT_LATEST);
-    if ((f = fopen(path, "r"))) {
-        if (fgets(latest, sizeof latest, f))
-            latest[strcspn(latest, "\r\n ")] = '\0';
-        fclose(f);
-    }
     printf("checkpoint root: %s\n", dir);
-    printf("latest: %s\n", latest[0] ? latest : "(none)");
+    if (sd_ckpt_read_latest(dir, latest, sizeof latest, &err)) {
+        printf("latest: unreadable (%s)\n", err.msg);
+        latest[0] = '\0';
+        rc = SD_EXIT_FAILURE;
+    } else {
+        printf("latest: %s\n", latest[0] ? latest : "(none)");
+    }
     if (!(d = opendir(dir))) {
         fprintf(stderr, "sdtool inspect: cannot list '%s': %s\n", dir, strerror(errno));
         return SD_EXIT_FAILURE;
@@ -580,8 +580,7 @@ static int inspect_ckpt_root(const char *dir, const inspect_opts *o)
         snprintf(sub, sizeof sub, "%s/%s", dir, names[i]);
         printf("  %-28s %s%s\n", names[i],
                strchr(names[i], '.') ? "moved aside (damaged)"
-               : file_in(sub, SD_CKPT_MANIFEST) && file_in(sub, SD_CKPT_STATE_FILE)
-                   ? "complete" : "INCOMPLETE (no manifest or state file)",
+               : sd_ckpt_is_complete(sub) ? "complete" : "INCOMPLETE (no manifest or state file)",
                !strcmp(names[i], latest) ? "  <- latest" : "");
         free(names[i]);
     }

@@ -322,7 +322,7 @@ static json_object *manifest_json(const writer *w)
 }
 
 /* "latest" names a checkpoint directory of dir, or *name is "" when there is none. */
-static int read_latest(const char *dir, char *name, size_t size, sd_err *err)
+int sd_ckpt_read_latest(const char *dir, char *name, size_t size, sd_err *err)
 {
     char path[PATH_SIZE], buf[128];
     size_t len;
@@ -541,7 +541,7 @@ static void remove_leftovers(const char *dir)
     closedir(d);
 }
 
-static int is_checkpoint(const char *path)
+int sd_ckpt_is_complete(const char *path)
 {
     char p[PATH_SIZE];
     snprintf(p, sizeof p, "%s/%s", path, SD_CKPT_MANIFEST);
@@ -551,7 +551,7 @@ static int is_checkpoint(const char *path)
     return path_exists(p);
 }
 
-/* The newest complete checkpoint directory of dir (is_checkpoint), into name; "" when none. */
+/* The newest complete checkpoint directory of dir (sd_ckpt_is_complete), into name; "" when none. */
 static void newest_complete(const char *dir, char *name, size_t size)
 {
     DIR *d = opendir(dir);
@@ -565,7 +565,7 @@ static void newest_complete(const char *dir, char *name, size_t size)
         int64_t st;
         if (!is_step_name(de->d_name, &st) || st <= best || strlen(de->d_name) >= size ||
             snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
-            !is_checkpoint(path))
+            !sd_ckpt_is_complete(path))
             continue;
         best = st;
         snprintf(name, size, "%s", de->d_name);
@@ -607,14 +607,14 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
     *found = 0;
     remove_leftovers(dir);
     if (!strcmp(resume, "never")) {
-        if (read_latest(dir, name, sizeof name, err) == 0 && name[0])
+        if (sd_ckpt_read_latest(dir, name, sizeof name, err) == 0 && name[0])
             sd_warn("&checkpoint resume = 'never': starting fresh although %s holds checkpoints "
                     "(latest: %s); this run's checkpoints replace them", dir, name);
         sd_err_clear(err);
         return 0;
     }
     if (!strcmp(resume, "auto")) {
-        if (read_latest(dir, name, sizeof name, err))
+        if (sd_ckpt_read_latest(dir, name, sizeof name, err))
             return -1;
         if (!name[0]) {
             sd_info("no checkpoint in %s: starting from step 0", dir);
@@ -622,7 +622,7 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
         }
         if (snprintf(path, size, "%s/%s", dir, name) >= (int)size)
             return sd_err_set(err, "path too long: '%s/%s'", dir, name);
-        if (!is_checkpoint(path)) {
+        if (!sd_ckpt_is_complete(path)) {
             char bad[2 * PATH_SIZE + 256];
             snprintf(bad, sizeof bad, "%s/%s names %s, which is missing or incomplete (no %s or "
                      "%s)", dir, SD_CKPT_LATEST, path, SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE);
@@ -632,16 +632,16 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
         *found = 1;
         return 0;
     }
-    if (is_checkpoint(resume)) {
+    if (sd_ckpt_is_complete(resume)) {
         if (snprintf(path, size, "%s", resume) >= (int)size)
             return sd_err_set(err, "path too long: '%s'", resume);
         *found = 1;
         return 0;
     }
-    if (read_latest(resume, name, sizeof name, err) == 0 && name[0]) {
+    if (sd_ckpt_read_latest(resume, name, sizeof name, err) == 0 && name[0]) {
         if (snprintf(path, size, "%s/%s", resume, name) >= (int)size)
             return sd_err_set(err, "path too long: '%s/%s'", resume, name);
-        if (is_checkpoint(path)) {
+        if (sd_ckpt_is_complete(path)) {
             *found = 1;
             return 0;
         }

@@ -913,6 +913,15 @@ static size_t first_offset(const sd_param_table *table, const char *prefix, int 
     return 0;
 }
 
+/* The block at `slot`, reported next by the backward, starts before the one reported last. */
+static void ready_falls(const tr *t, int slot, size_t *prev)
+{
+    SD_CHECK(t->ready_at[slot] < *prev,
+             "U-Net parameter table: block %d starts at %zu, after the block finished before it "
+             "in the backward (%zu)", slot, t->ready_at[slot], *prev);
+    *prev = t->ready_at[slot];
+}
+
 /* ready_at[] from the parameter table. The backward finishes the blocks from the end of the
  * buffer to its start (conv_norm_out and conv_out, up_blocks L-1 .. 0, mid_block, down_blocks
  * L-1 .. 0; then conv_in and the time embedding at the very start), so after each of them
@@ -936,14 +945,13 @@ static int find_ready_offsets(tr *t, const sd_param_table *table, sd_err *err)
         if (!found)
             return sd_err_set(err, "the U-Net parameter table has no tensor %s*", name);
     }
-    /* the order the backward reports them: 0, 1+L-1 .. 1+0, 1+L, 2+L+L-1 .. 2+L+0 */
-    for (int j = 0; j < 2 * L + 2; j++) {
-        int slot = j == 0 ? 0 : j <= L ? 1 + (L - j) : j == L + 1 ? 1 + L : 2 + L + (2 * L + 1 - j);
-        SD_CHECK(t->ready_at[slot] < prev,
-                 "U-Net parameter table: block %d starts at %zu, after the block finished before "
-                 "it in the backward (%zu)", slot, t->ready_at[slot], prev);
-        prev = t->ready_at[slot];
-    }
+    /* in the order the backward reports them (run_backward) */
+    ready_falls(t, 0, &prev);
+    for (int i = L - 1; i >= 0; i--)
+        ready_falls(t, 1 + i, &prev);
+    ready_falls(t, 1 + L, &prev);
+    for (int i = L - 1; i >= 0; i--)
+        ready_falls(t, 2 + L + i, &prev);
     return 0;
 }
 

@@ -9,13 +9,7 @@
 # sizes, 1-16-byte copy chunks and both element types; it says nothing about speed.
 # Needs python3 and g++. Run by `make check` in the CUDA tree; skipped in the CPU tree.
 . "$(dirname "$0")/emulate_lib.sh" # skips, $top, $tmp
-python3 - "$top/src/nn/cuda" "$tmp/kernels.inc" "$top/tests/gpu" <<'PY'
-import sys
-sys.dont_write_bytecode = True
-sys.path.insert(0, sys.argv[3])
-from extract_kernels import macro, definitions
-cuda_dir, out_path = sys.argv[1], sys.argv[2]
-
+emulate_extract <<'PY'
 out = []
 src = lambda f: open(cuda_dir + '/' + f).read().split('\n')
 internal, elem, conv = src('cuda_internal.h'), src('ops_cuda_elem.cu'), src('ops_cuda_conv.cu')

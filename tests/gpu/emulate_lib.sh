@@ -1,7 +1,7 @@
 # Sourced by the host-emulation scripts (tests/gpu/*_emulate.sh), which also run on their own,
 # outside `make check`: skips in the CPU tree (the CUDA tree's run is enough) and without
 # python3 / g++, then sets $top (the source tree) and $tmp (removed on exit); emulate_run
-# builds and runs an emulation.
+# builds and runs an emulation, emulate_extract copies the kernels it needs.
 set -eu
 if [ -n "${top_builddir:-}" ] && [ "${SD_TEST_CUDA_BUILD:-no}" != yes ]; then
     echo "SKIP: the emulation runs in the CUDA tree"
@@ -26,4 +26,15 @@ emulate_run() {
     # shellcheck disable=SC2086 # $flags is a list of options
     ${CXX:-g++} $flags -I"$tmp" -o "$tmp/emu" "$top/tests/gpu/$name.cpp"
     "$tmp/emu"
+}
+
+# emulate_extract: runs the Python on standard input with macro() and definitions() of
+# tests/gpu/extract_kernels.py, cuda_dir (src/nn/cuda) and out_path ($tmp/kernels.inc) defined.
+emulate_extract() {
+    python3 -c 'import sys
+sys.dont_write_bytecode = True
+sys.path.insert(0, sys.argv[1])
+from extract_kernels import macro, definitions
+cuda_dir, out_path = sys.argv[2], sys.argv[3]
+exec(sys.stdin.read())' "$top/tests/gpu" "$top/src/nn/cuda" "$tmp/kernels.inc"
 }

@@ -9,13 +9,7 @@
 # Needs python3 and g++ >= 11 (C++20 <barrier>). Also run by `make check` in the CUDA tree;
 # skipped in the CPU tree (one run is enough).
 . "$(dirname "$0")/emulate_lib.sh" # skips, $top, $tmp
-python3 - "$top/src/nn/cuda" "$tmp/kernels.inc" "$top/tests/gpu" <<'PY'
-import sys
-sys.dont_write_bytecode = True
-sys.path.insert(0, sys.argv[3])
-from extract_kernels import macro, definitions
-cuda_dir, out_path = sys.argv[1], sys.argv[2]
-
+emulate_extract <<'PY'
 out = []
 norm = open(cuda_dir + '/ops_cuda_norm.cu').read().split('\n')
 for m in ('NORM_ROWS', 'NORM_THREADS', 'NORM_LOOP', 'GN_STAT_THREADS', 'GN_WIDE'):

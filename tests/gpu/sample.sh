@@ -15,19 +15,10 @@ SD_TEST_NAME=gpu-sample # not the scratch directory of tests/mpi/sample.sh
 need_gpu
 need_mpi
 CMP="$top_builddir/tests/mpi/png_compare"
-snap="$top_srcdir/tests/data/models/tiny-sd2"
-tok="$top_srcdir/tests/data/sample/tokenizer"
 
 # sample NAME NP DEVICE PRECISION [BATCH]
 sample() {
-    nml "$1.nml" <<EOF2
-&run mode = 'sample', output_dir = '$TMP/$1', seed = 7, device = '$3' /
-&model pretrained = '$snap', tokenizer = '$tok', resolution = 16 /
-&train precision = '$4' /
-&sample prompts = 'a photo of the cat', 'red car at the sea', 'x "quoted" \\ back',
-        num_steps = 3, guidance_scale = 7.5, scheduler = 'ddim', images_per_prompt = 2,
-        batch_size = ${5:-0} /
-EOF2
+    DEVICE=$3 tiny_sample_nml "$1" ddim ", batch_size = ${5:-0}" "&train precision = '$4' /"
     mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
     expect_rc "$1" 0
     expect_in "$1" out "wrote 6 image(s)"

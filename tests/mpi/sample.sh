@@ -8,17 +8,9 @@
 need_mpi
 
 snap="$top_srcdir/tests/data/models/tiny-sd2"
-tok="$top_srcdir/tests/data/sample/tokenizer"
 
-# sample_nml NAME SCHEDULER [EXTRA &sample KEYS]
-sample_nml() {
-    nml "$1.nml" <<EOF2
-&run mode = 'sample', output_dir = '$TMP/$1', seed = 7, device = 'cpu' /
-&model pretrained = '$snap', tokenizer = '$tok', resolution = 16 /
-&sample prompts = 'a photo of the cat', 'red car at the sea', 'x "quoted" \\ back',
-        num_steps = 3, guidance_scale = 7.5, scheduler = '$2', images_per_prompt = 2 ${3:-} /
-EOF2
-}
+# sample_nml NAME SCHEDULER [EXTRA &sample KEYS]: tiny_sample_nml on the CPU
+sample_nml() { tiny_sample_nml "$1" "$2" "${3:-}"; }
 
 for sched in ddim pndm ddpm; do
     sample_nml "${sched}1" "$sched"
