@@ -72,8 +72,9 @@ TINY_MODEL="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2
   vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$TINY_TOKENIZER', layers_per_block = 1"
 
 # tiny_train_nml NAME BATCH SHARDING [TRAIN-KEYS] [GROUPS]: $TMP/NAME.nml, the end-to-end tests'
-# training run of the tiny model on $TMP/shards: 10 steps (STEPS=N to change), on the CPU
-# (DEVICE=cuda to change), AdamW with warmup, clipping, EMA, caption dropout and min-SNR.
+# training run of the tiny model on $TMP/shards: 10 steps (STEPS=N to change), validation every
+# 5 (VAL_EVERY=N; 0: none), on the CPU (DEVICE=cuda to change), AdamW with warmup, clipping,
+# EMA, caption dropout and min-SNR.
 # TRAIN-KEYS is appended to &train (", key = value, ..."), GROUPS after the last group.
 tiny_train_nml() {
     nml "$1.nml" <<EOF2
@@ -81,7 +82,7 @@ tiny_train_nml() {
 &model $TINY_MODEL /
 &data shard_dir = '$TMP/shards', val_fraction = 0.2 /
 &train max_steps = ${STEPS:-10}, batch_size_per_rank = $2, learning_rate = 1e-3, warmup_steps = 3,
-       sharding = '$3', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9${4:-} /
+       sharding = '$3', grad_clip = 0.5, log_every = 5, val_every = ${VAL_EVERY:-5}, ema_decay = 0.9${4:-} /
 &diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
 ${5:-}
 EOF2

@@ -59,6 +59,14 @@ void sd_nccl_bucket_allreduce_sum(sd_nccl *c, float *buf, size_t n);
 /* buf[n] on rank `root` <- sum over ranks, in place; the others' buf is only read. */
 void sd_nccl_bucket_reduce_sum(sd_nccl *c, float *buf, size_t n, int root);
 void sd_nccl_join(sd_nccl *c);
+/* The parameters' all-gather ahead of the forward (ZeRO-2, the same stream): buf[n] of
+ * `elem_bytes`-byte elements (2: bf16, 4: fp32) from rank `root` to every rank, in place. */
+void sd_nccl_bucket_broadcast(sd_nccl *c, void *buf, size_t n, int elem_bytes, int root);
+/* Marks how far the communicator's stream has got (event `slot`, 0 <= slot, created on first
+ * use; marking a slot again moves the mark), and makes the backend's stream wait for the mark
+ * of `slot` as last set: the forward waits only for the buckets it is about to read. */
+void sd_nccl_side_mark(sd_nccl *c, int slot);
+void sd_nccl_side_wait(sd_nccl *c, int slot);
 
 #endif /* SD_HAVE_CUDA */
 

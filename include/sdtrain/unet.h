@@ -177,6 +177,19 @@ void sd_unet_backward(sd_unet_trainer *t, const void *dout, sd_arena *arena);
 typedef void (*sd_unet_ready_fn)(void *user, size_t from);
 void sd_unet_trainer_set_ready_hook(sd_unet_trainer *t, sd_unet_ready_fn fn, void *user);
 
+/* The parameter-need hook, its mirror for the forward, for gathering sharded parameters while
+ * the forward already runs (doc/training.md "Gradient reduction"). During
+ * sd_unet_train_forward[_sin], fn(user, upto) says that the forward is about to read the
+ * parameters at floats [0, upto) of the table, and nothing beyond until the next call. The
+ * forward reads the blocks in the buffer's order, so `upto` rises from call to call: before the
+ * time embedding and conv_in, before every down block, the mid block, every up block, and a
+ * last time with upto = total_floats before conv_norm_out / conv_out. The backward reads only
+ * what the forward read. Calls come before the reads are issued to the backend: on a GPU, fn
+ * may make the backend's stream wait for the copies that bring the range in. NULL fn: no calls
+ * (the default). */
+typedef void (*sd_unet_need_fn)(void *user, size_t upto);
+void sd_unet_trainer_set_need_hook(sd_unet_trainer *t, sd_unet_need_fn fn, void *user);
+
 #ifdef __cplusplus
 }
 #endif

@@ -81,6 +81,12 @@ typedef struct trainer {
      * as it finishes them (doc/training.md "Gradient reduction") */
     int overlap;
     sd_grad_buckets gb;
+    /* ... and, with ZeRO-2 on the device path, the parameters' all-gather after AdamW runs
+     * bucket by bucket (gb's cuts, from the start of the buffer) ahead of the next forward,
+     * which waits only for the buckets it is about to read (param_need) */
+    int pgather;
+    int pg_pending;        /* launched; the forward has not yet asked for all of it */
+    int pg_next;           /* the first bucket, counted from the buffer's start, not yet asked */
     int follow;            /* mode 'pipeline': the loader follows the shards being written */
     sd_unet *unet;
     sd_unet_trainer *tr;
@@ -327,6 +333,8 @@ static void stage_micro_batch(trainer *t, const step_inputs *in, int first, int 
     sd_cast_f32(t->be, count * ctx, in->d + in_ctx(t, in, first), t->d_ctx);
 }
 
+static void dp_params_complete(trainer *t);
+
 /* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
  * latents, noise and timesteps per validation sample; split over the ranks. */
 static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
@@ -336,6 +344,8 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
     step_inputs *in = &t->val_in;
     double sum = 0;
     sd_err err;
+    if (t->dev_opt)
+        dp_params_complete(t);
     for (int64_t i = first; i < last; i += t->bs) {
         int count = (int)(last - i < t->bs ? last - i : t->bs);
         SD_CHECK(sd_loader_read_val(t->loader, i, count, vb, &err) == 0, "validation read: %s",
@@ -584,9 +594,12 @@ static void plan_grad_reduce(trainer *t)
     max_floats = (size_t)(t->cfg->train.grad_bucket_mb * (double)(1 << 20) / sizeof(float));
     sd_grad_buckets_init(&t->gb, bounds, P, max_floats, SD_SHARD_ALIGN, launch_bucket, t);
     free(bounds);
+    t->pgather = t->dev_opt && t->zero2 && P > 1;
     if (t->rank == 0)
-        sd_info("gradient reduction: overlapped with the backward, %d buckets of up to %g MiB "
-                "(%s)", t->gb.count, t->cfg->train.grad_bucket_mb,
+        sd_info("gradient reduction: overlapped with the backward%s, %d buckets of up to %g MiB "
+                "(%s)",
+                t->pgather ? ", and the parameters' all-gather with the next forward" : "",
+                t->gb.count, t->cfg->train.grad_bucket_mb,
                 t->emu       ? "MPI, emulating the device path's NCCL calls"
                 : t->dev_opt ? "NCCL on a stream of its own"
                            : "blocking MPI calls: on the CPU this saves no time, it runs the GPU "
@@ -764,11 +777,83 @@ static void dev_update(trainer *t, double lr, int64_t k, double coef)
     sd_synchronize(t->be);
 }
 
+/* ZeRO-2 with grad_reduce 'overlap' on the device path, after AdamW: each bucket of the
+ * parameters from its owner to the other ranks, queued from the start of the buffer on the
+ * communicator's stream, a mark after each. The next forward waits for a bucket only when it
+ * is about to read it (param_need). In the CPU emulation nothing moves here: param_need
+ * broadcasts each bucket when asked, and until then the ranges other ranks own are NaN, so a
+ * forward that read a range before asking for it would show in the loss and the weights. */
+static void pg_launch(trainer *t)
+{
+    const size_t es = sd_dtype_size(t->be->dtype);
+    for (int j = 0; j < t->gb.count; j++) {
+        const sd_grad_bucket *b = &t->gb.b[t->gb.count - 1 - j];
+        if (t->emu) {
+            float *p = (float *)t->d_params;
+            SD_CHECK(es == sizeof(float), "the CPU emulation of the device path runs in fp32");
+            if (b->owner != t->rank)
+                for (size_t i = b->begin; i < b->end; i++)
+                    p[i] = NAN;
+            continue;
+        }
+#if defined(SD_HAVE_CUDA)
+        sd_nccl_bucket_broadcast(t->nccl, (char *)t->d_params + b->begin * es, b->end - b->begin,
+                                 (int)es, b->owner);
+        sd_nccl_side_mark(t->nccl, j);
+#endif
+    }
+    t->pg_pending = t->gb.count > 0;
+    t->pg_next = 0;
+    /* bf16: as with the whole all-gather, only the compute copy travels */
+    if ((void *)t->d_master != t->d_params)
+        t->master_stale = 1;
+}
+
+/* The U-Net trainer's need hook: the forward is about to read the parameters [0, upto). The
+ * backend's stream waits for the buckets that hold them (emulation: they are broadcast now). */
+static void param_need(void *user, size_t upto)
+{
+    trainer *t = user;
+    int last = -1;
+    if (!t->pg_pending)
+        return;
+    if (upto >= t->n)
+        upto = t->np; /* the padding of the last shard comes too */
+    while (t->pg_next < t->gb.count) {
+        const sd_grad_bucket *b = &t->gb.b[t->gb.count - 1 - t->pg_next];
+        if (b->begin >= upto)
+            break;
+        if (t->emu)
+            sd_broadcast(t->ecomm, (float *)t->d_params + b->begin,
+                         (b->end - b->begin) * sizeof(float), b->owner);
+        last = t->pg_next++;
+    }
+#if defined(SD_HAVE_CUDA)
+    if (!t->emu && last >= 0)
+        sd_nccl_side_wait(t->nccl, last);
+#else
+    (void)last;
+#endif
+    if (t->pg_next == t->gb.count)
+        t->pg_pending = 0;
+}
+
+/* Before anything but the training forward reads the parameters (validation, checkpoints, the
+ * final weights): the whole all-gather. Collective. */
+static void dp_params_complete(trainer *t)
+{
+    param_need(t, t->np);
+}
+
 /* Device path, ZeRO-2 with several ranks: every shard of the parameters to every rank. */
 static void dev_gather(trainer *t)
 {
     if (!(t->zero2 && t->size > 1))
         return;
+    if (t->pgather) {
+        pg_launch(t);
+        return;
+    }
     if ((void *)t->d_master == t->d_params) {
         dp_allgather(t, t->d_master);
     } else {
@@ -788,6 +873,7 @@ static void dev_gather(trainer *t)
  * it to every rank, if the last all-gather moved only the bf16 copy. Collective. */
 static void dp_master_full(trainer *t)
 {
+    dp_params_complete(t);
     if (!t->master_stale)
         return;
     dp_allgather(t, t->d_master);
@@ -1220,6 +1306,8 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     if (sd_agree(comm, failed, err))
         return -1;
     plan_grad_reduce(t);
+    if (t->pgather)
+        sd_unet_trainer_set_need_hook(t->tr, param_need, t);
 
     /* ZeRO-2 keeps optimizer state for this rank's shard only; DDP for everything (the GPU's
      * device path keeps it on the GPU, over the ranges place_model set) */

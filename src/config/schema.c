@@ -139,9 +139,11 @@ static const sd_option options[] = {
            "gradients, optimizer state sharded, all-gather parameters)."),
     CHOICE(train, grad_reduce, "'auto'", "auto|overlap|after_backward",
            "When the gradients are reduced between the ranks: 'overlap' = bucket by bucket "
-           "while the backward still runs (the last micro-batch's), 'after_backward' = the whole "
-           "buffer after it; 'auto' = overlap on GPUs with NCCL and several ranks, else after "
-           "the backward. The same result either way (on the CPU, the same bits)."),
+           "while the backward still runs (the last micro-batch's; with ZeRO-2 on GPUs the "
+           "parameters' all-gather likewise, bucket by bucket as the next forward reaches "
+           "them), 'after_backward' = the whole buffer after it; 'auto' = overlap on GPUs with "
+           "NCCL and several ranks, else after the backward. The same result either way (on "
+           "the CPU, the same bits)."),
     REAL(train, grad_bucket_mb, "64", 0.001, 65536, "MiB",
         "Largest gradient bucket of grad_reduce = 'overlap' (fp32; buckets never straddle two "
         "ranks' shards)."),

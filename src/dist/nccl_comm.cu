@@ -23,6 +23,9 @@ struct sd_nccl {
     cudaStream_t side;
     cudaEvent_t at_compute, at_side;
     int side_pending;
+    /* sd_nccl_side_mark's events */
+    cudaEvent_t *marks;
+    int n_marks;
 };
 
 extern "C" int sd_nccl_unique_id(unsigned char id[SD_NCCL_ID_BYTES], sd_err *err)
@@ -62,6 +65,9 @@ extern "C" void sd_nccl_destroy(sd_nccl *c)
         SD_CUDA_CHECK(cudaEventDestroy(c->at_side));
         SD_CUDA_CHECK(cudaStreamDestroy(c->side));
     }
+    for (int i = 0; i < c->n_marks; i++)
+        SD_CUDA_CHECK(cudaEventDestroy(c->marks[i]));
+    free(c->marks);
     SD_NCCL_CHECK(ncclCommDestroy(c->comm));
     free(c);
 }
@@ -131,4 +137,34 @@ extern "C" void sd_nccl_join(sd_nccl *c)
     SD_CUDA_CHECK(cudaEventRecord(c->at_side, c->side));
     SD_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->at_side, 0));
     c->side_pending = 0;
+}
+
+extern "C" void sd_nccl_bucket_broadcast(sd_nccl *c, void *buf, size_t n, int elem_bytes, int root)
+{
+    cudaStream_t s = side_after_compute(c);
+    SD_CHECK(root >= 0 && root < c->nranks, "NCCL broadcast from rank %d of %d", root, c->nranks);
+    SD_CHECK(elem_bytes == 2 || elem_bytes == 4, "NCCL broadcast of %d-byte elements", elem_bytes);
+    SD_NCCL_CHECK(ncclBroadcast(buf, buf, n, elem_bytes == 2 ? ncclBfloat16 : ncclFloat32, root,
+                                c->comm, s));
+}
+
+extern "C" void sd_nccl_side_mark(sd_nccl *c, int slot)
+{
+    SD_CHECK(c->side && slot >= 0, "sd_nccl_side_mark(%d) before any work on the side stream",
+             slot);
+    if (slot >= c->n_marks) {
+        cudaEvent_t *m = (cudaEvent_t *)realloc(c->marks, (size_t)(slot + 1) * sizeof *m);
+        SD_CHECK(m != NULL, "out of host memory");
+        c->marks = m;
+        for (; c->n_marks <= slot; c->n_marks++)
+            SD_CUDA_CHECK(cudaEventCreateWithFlags(&c->marks[c->n_marks],
+                                                   cudaEventDisableTiming));
+    }
+    SD_CUDA_CHECK(cudaEventRecord(c->marks[slot], c->side));
+}
+
+extern "C" void sd_nccl_side_wait(sd_nccl *c, int slot)
+{
+    SD_CHECK(slot >= 0 && slot < c->n_marks, "sd_nccl_side_wait(%d): no such mark", slot);
+    SD_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->marks[slot], 0));
 }

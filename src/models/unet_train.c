@@ -42,6 +42,10 @@ struct sd_unet_trainer {
     sd_unet_ready_fn ready_fn;
     void *ready_user;
     size_t ready_at[3 + 2 * SD_MODEL_MAX_LEVELS];
+    /* the parameter-need hook (sd_unet_trainer_set_need_hook) and the buffer's length */
+    sd_unet_need_fn need_fn;
+    void *need_user;
+    size_t total_floats;
 };
 
 typedef struct sd_unet_trainer tr;
@@ -89,6 +93,13 @@ static void ready(tr *t, int slot)
 {
     if (running(t) && t->ready_fn)
         t->ready_fn(t->ready_user, slot < 0 ? 0 : t->ready_at[slot]);
+}
+
+/* Tells the hook that the forward is about to read the parameters [0, upto). */
+static void need(tr *t, size_t upto)
+{
+    if (running(t) && t->need_fn)
+        t->need_fn(t->need_user, upto);
 }
 
 /* ---- ops with saved statistics, and the backward ops (per sample when batch invariant) ---- */
@@ -579,6 +590,8 @@ static void run_forward(tr *t, const void *sample, const float *timesteps, void 
 
     sd_unet_level_sizes(c, h, w, hs, ws, &forced);
 
+    /* the time embedding and conv_in: everything before down_blocks.0 */
+    need(t, t->ready_at[2 + L]);
     tsin = ufw_alloc(f, (int64_t)n * c0);
     if (t->tsin_in && running(t))
         sd_cast_f32(f->be, (int64_t)n * c0, t->tsin_in, tsin);
@@ -611,6 +624,7 @@ static void run_forward(tr *t, const void *sample, const float *timesteps, void 
         SD_CHECK(ns + s->n_res + 1 <= TR_MAX_SKIPS, "too many skips");
         const int cout = c->block_out_channels[i];
         const int64_t rows = (int64_t)n * hs[i] * ws[i];
+        need(t, i + 1 < L ? t->ready_at[2 + L + i + 1] : t->ready_at[1 + L]);
         for (int j = 0; j < s->n_res; j++) {
             void *o = ufw_alloc(f, rows * cout);
             if (s->attn) {
@@ -637,6 +651,7 @@ static void run_forward(tr *t, const void *sample, const float *timesteps, void 
     {
         const int64_t e = (int64_t)n * hs[L - 1] * ws[L - 1] * ch;
         void *a = ufw_alloc(f, e), *b = ufw_alloc(f, e), *m = ufw_alloc(f, e);
+        need(t, t->ready_at[1]);
         resnet_fwd(t, &u->mid_res[0], n, hs[L - 1], ws[L - 1], cur, a, save);
         transformer_fwd(t, &u->mid_attn, n, hs[L - 1], ws[L - 1], a, b, save);
         resnet_fwd(t, &u->mid_res[1], n, hs[L - 1], ws[L - 1], b, m, save);
@@ -649,6 +664,7 @@ static void run_forward(tr *t, const void *sample, const float *timesteps, void 
         const int lvl = L - 1 - i, cout = c->block_out_channels[lvl];
         const int H = hs[lvl], W = ws[lvl];
         const int64_t rows = (int64_t)n * H * W;
+        need(t, i + 1 < L ? t->ready_at[1 + i + 1] : t->ready_at[0]);
         for (int j = 0; j < s->n_res; j++) {
             tskip sk;
             void *o = ufw_alloc(f, rows * cout);
@@ -692,6 +708,7 @@ static void run_forward(tr *t, const void *sample, const float *timesteps, void 
         float *gm = alloc_f32(t, (int64_t)n * c->norm_num_groups);
         float *gr = alloc_f32(t, (int64_t)n * c->norm_num_groups);
         void *tn = ufw_alloc(f, (int64_t)n * h * w * c0);
+        need(t, t->total_floats);
         gn_fwd(t, &gd, cur, u->norm_out, tn, gm, gr);
         ufw_conv(f, &d, tn, u->conv_out, out);
         push(t, cur);
@@ -925,7 +942,9 @@ static void ready_falls(const tr *t, int slot, size_t *prev)
 /* ready_at[] from the parameter table. The backward finishes the blocks from the end of the
  * buffer to its start (conv_norm_out and conv_out, up_blocks L-1 .. 0, mid_block, down_blocks
  * L-1 .. 0; then conv_in and the time embedding at the very start), so after each of them
- * everything from its first tensor on is final. Checked here: the offsets must fall. */
+ * everything from its first tensor on is final. Checked here: the offsets must fall. The
+ * forward's need hook uses the same offsets the other way round: a block's tensors end where
+ * the next block's begin. */
 static int find_ready_offsets(tr *t, const sd_param_table *table, sd_err *err)
 {
     const int L = t->u->c.n_levels;
@@ -961,6 +980,12 @@ void sd_unet_trainer_set_ready_hook(sd_unet_trainer *t, sd_unet_ready_fn fn, voi
     t->ready_user = user;
 }
 
+void sd_unet_trainer_set_need_hook(sd_unet_trainer *t, sd_unet_need_fn fn, void *user)
+{
+    t->need_fn = fn;
+    t->need_user = user;
+}
+
 int sd_unet_trainer_create(sd_unet_trainer **out, const sd_unet *u, const sd_param_table *table,
                            float *grads, int batch, int h, int w, int ctx_len, int recompute,
                            sd_err *err)
@@ -982,6 +1007,7 @@ int sd_unet_trainer_create(sd_unet_trainer **out, const sd_unet *u, const sd_par
         free(t);
         return -1;
     }
+    t->total_floats = table->total_floats;
     if (find_ready_offsets(t, table, err)) {
         sd_unet_free(t->g);
         free(t);

@@ -150,7 +150,7 @@ if [ "${ngpus:-1}" -ge 2 ]; then
     weights nddp2 gpu1 1e-3
     weights nzero2 gpu1 1e-3
     # several ranks reduce during the backward by default; after it, the same training
-    expect_in nzero2 out "gradient reduction: overlapped with the backward"
+    expect_in nzero2 out "gradient reduction: overlapped with the backward, and the parameters' all-gather with the next forward"
     TRAIN_EXTRA=", grad_reduce = 'after_backward'"
     SDTRAIN_GPU_COMM=device train nzero2a 2 4 shard_grad_op cuda fp32
     TRAIN_EXTRA=

@@ -29,6 +29,14 @@ same() { # same A B WHAT: byte-identical final weights and EMA
     done
     echo "ok: $3"
 }
+same_losses() { # same_losses A B WHAT: the same training and validation losses, step by step
+    grep -o '"[a-z_]*loss": [^,}]*' "$TMP/$1/metrics.jsonl" >"$TMP/$1.losses"
+    grep -o '"[a-z_]*loss": [^,}]*' "$TMP/$2/metrics.jsonl" >"$TMP/$2.losses"
+    grep -q val_loss "$TMP/$1.losses" || fail "$3: no validation loss in $1/metrics.jsonl"
+    cmp -s "$TMP/$1.losses" "$TMP/$2.losses" || { diff "$TMP/$1.losses" "$TMP/$2.losses" | head;
+        fail "$3: the losses differ"; }
+    echo "ok: $3 (losses)"
+}
 close() { # close A B WHAT: final weights and EMA within 1e-6
     for f in unet_final unet_ema; do
         run "cmp-$1-$2-$f" "$COMPARE" "$TMP/$1/$f.safetensors" "$TMP/$2/$f.safetensors" 1e-6
@@ -54,7 +62,10 @@ same e1 cpu1 "one rank: device path == host path"
 
 # two and three ranks: equal padded shards, NCCL's calls done by MPI; DDP == ZeRO-2 (the EMA
 # of ZeRO-2 gathered through the spent gradient buffer), the same training as the host path;
-# by default the buckets are reduced during the backward, 'after_backward' gives the same bits
+# by default the buckets are reduced during the backward and ZeRO-2's parameters gathered bucket by
+# bucket as the next forward asks for them (until then the emulation holds NaN where other ranks'
+# parameters go, so a block read before it was asked for would show); 'after_backward' gives the
+# same bits, validation losses (read after an update) included
 for np in 2 3; do
     bs=4
     EMU=1 train "ed$np" "$np" "$bs" none
@@ -62,13 +73,21 @@ for np in 2 3; do
     expect_in "ed$np" out "gradient reduction: overlapped with the backward"
     EMU=1 train "ez$np" "$np" "$bs" shard_grad_op
     expect_rc "ez$np" 0
+    expect_in "ez$np" out "and the parameters' all-gather with the next forward"
     same "ed$np" "ez$np" "$np ranks, device path: DDP == ZeRO-2"
+    same_losses "ed$np" "ez$np" "$np ranks, device path: DDP == ZeRO-2"
     EMU=1 train "eza$np" "$np" "$bs" shard_grad_op ", grad_reduce = 'after_backward'"
     expect_rc "eza$np" 0
     expect_not_in "eza$np" out "overlapped"
     same "ez$np" "eza$np" "$np ranks, device path, ZeRO-2: buckets during the backward == after it"
+    same_losses "ez$np" "eza$np" "$np ranks, device path, ZeRO-2: overlapped == after the backward"
 done
 close ed2 cpu2 "2 ranks: device path within 1e-6 of the host path"
+# without validation, with checkpoints after steps 3, 6 and 9: what the final weights and the
+# checkpoints read after an update must wait for the gather (ZeRO-2, overlapped)
+VAL_EVERY=0 EMU=1 train eznv 2 4 shard_grad_op "" "&checkpoint every_n_steps = 3 /"
+expect_rc eznv 0
+same eznv eza2 "device path, ZeRO-2 overlapped, no validation, checkpoints: the same weights"
 close ez3 cpu3 "3 ranks: device path within 1e-6 of the host path"
 
 # gradient accumulation (2 ranks x 2 x 2, ZeRO-2): the same training as 2 x 4

@@ -12,6 +12,7 @@
  * last is 0, and there is one per finished block. */
 #include "sdtrain/grad_buckets.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +257,110 @@ static void test_hook(const char *srcdir, const char *name, int h, int w, int re
     free(ctx);
 }
 
+/* ---- the U-Net's parameter-need hook ------------------------------------------------------- */
+
+typedef struct need_log {
+    float *params;      /* the buffer the U-Net reads: NaN beyond what was announced */
+    const float *orig;  /* its true values */
+    size_t total, upto; /* upto: announced so far */
+    int n, rises;
+} need_log;
+
+static void on_need(void *user, size_t upto)
+{
+    need_log *l = user;
+    if (upto <= l->upto && l->n > 0)
+        l->rises = 0;
+    if (upto > l->total)
+        upto = l->total;
+    if (upto > l->upto)
+        memcpy(l->params + l->upto, l->orig + l->upto, (upto - l->upto) * sizeof(float));
+    if (upto > l->upto)
+        l->upto = upto;
+    l->n++;
+}
+
+/* The forward and backward with every parameter NaN until the forward announces it give the
+ * same bits as with the true parameters throughout: nothing is read before its announcement. */
+static void test_need(const char *srcdir, const char *name, int h, int w, int recompute)
+{
+    char dir[1024];
+    sd_snapshot s;
+    sd_unet_config c;
+    sd_weights wt;
+    sd_unet *u = NULL;
+    sd_unet_trainer *tr = NULL;
+    sd_err err;
+    sd_arena a;
+    const int B = 2, T = 5;
+    float *grads, *g_ref, *orig, *x, *ctx, *y, *y_ref, *dy, ts[2] = {33.0f, 640.0f};
+    need_log log;
+    size_t total, nx;
+    int L;
+
+    snprintf(dir, sizeof dir, "%s/tests/data/models/%s", srcdir, name);
+    SD_CHECK(sd_snapshot_open(&s, dir, &err) == 0, "%s", err.msg);
+    SD_CHECK(sd_snapshot_load_unet(&s, NULL, &c, &wt, &err) == 0, "%s", err.msg);
+    sd_snapshot_close(&s);
+    SD_CHECK(sd_unet_create_from_weights(&u, &c, &wt, sd_backend_cpu(), &err) == 0, "%s",
+             err.msg);
+    total = wt.table.total_floats;
+    L = c.n_levels;
+    grads = sd_xcalloc(total, sizeof *grads);
+    g_ref = sd_xmalloc(total * sizeof *g_ref);
+    orig = sd_xmalloc(total * sizeof *orig);
+    memcpy(orig, wt.data, total * sizeof *orig);
+    SD_CHECK(sd_unet_trainer_create(&tr, u, &wt.table, grads, B, h, w, T, recompute, &err) == 0,
+             "%s: %s", name, err.msg);
+    SD_CHECK(sd_arena_init(&a, sd_unet_trainer_arena_bytes(tr), 0) == 0, "arena");
+    nx = (size_t)B * h * w * c.in_channels;
+    x = sd_xmalloc(nx * sizeof *x);
+    y = sd_xmalloc(nx * sizeof *y);
+    y_ref = sd_xmalloc(nx * sizeof *y_ref);
+    dy = sd_xmalloc(nx * sizeof *dy);
+    ctx = sd_xmalloc((size_t)B * T * c.cross_attention_dim * sizeof *ctx);
+    fill(x, nx, 5, 2.0f);
+    fill(dy, nx, 6, 0.1f);
+    fill(ctx, (size_t)B * T * c.cross_attention_dim, 7, 2.0f);
+
+    sd_unet_train_forward(tr, x, ts, ctx, y_ref, &a);
+    sd_unet_backward(tr, dy, &a);
+    memcpy(g_ref, grads, total * sizeof *g_ref);
+
+    memset(&log, 0, sizeof log);
+    log.params = wt.data;
+    log.orig = orig;
+    log.total = total;
+    log.rises = 1;
+    for (size_t i = 0; i < total; i++)
+        wt.data[i] = NAN;
+    memset(grads, 0, total * sizeof *grads);
+    sd_unet_trainer_set_need_hook(tr, on_need, &log);
+    sd_unet_train_forward(tr, x, ts, ctx, y, &a);
+    sd_unet_backward(tr, dy, &a);
+    sd_unet_trainer_set_need_hook(tr, NULL, NULL);
+
+    tap_ok(log.n == 2 * L + 3 && log.rises && log.upto == total,
+           "%s%s: %d announcements (expected %d), rising, the last at the end", name,
+           recompute ? " (recompute)" : "", log.n, 2 * L + 3);
+    tap_ok(!memcmp(y, y_ref, nx * sizeof *y) && !memcmp(grads, g_ref, total * sizeof *grads),
+           "%s%s: parameters hidden until announced: the same output and gradients", name,
+           recompute ? " (recompute)" : "");
+
+    sd_arena_free(&a);
+    sd_unet_trainer_free(tr);
+    sd_unet_free(u);
+    sd_weights_free(&wt);
+    free(grads);
+    free(g_ref);
+    free(orig);
+    free(x);
+    free(y);
+    free(y_ref);
+    free(dy);
+    free(ctx);
+}
+
 int main(void)
 {
     const char *srcdir = getenv("srcdir");
@@ -266,5 +371,9 @@ int main(void)
     test_hook(srcdir, "tiny-sd2", 8, 8, 1);
     test_hook(srcdir, "tiny-sd1", 8, 8, 0);
     test_hook(srcdir, "odd-train", 6, 10, 0);
+    test_need(srcdir, "tiny-sd2", 8, 8, 0);
+    test_need(srcdir, "tiny-sd2", 8, 8, 1);
+    test_need(srcdir, "tiny-sd1", 8, 8, 0);
+    test_need(srcdir, "odd-train", 6, 10, 0);
     return tap_done();
 }
