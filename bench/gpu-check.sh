@@ -3,13 +3,13 @@
 # the CPU backend, whole modules against the goldens), compute-sanitizer memcheck over the op
 # tests, and the CUDA op benchmark, ending with a short table.
 #
-#   bash bench/gpu-check.sh [--bundle DIR | --build DIR] [--parts LIST] [--log DIR]
+#   bash bench/gpu-check.sh [--bundle DIR | --build DIR] [--parts LIST] [--deadline S] [--log DIR]
 #
 #   --bundle DIR  use DIR/bundle.tar.xz made by bench/gpu-bundle.sh (for GPU machines without
 #                 MPI / HDF5 / ...; default when .gpu/bundle.tar.xz exists)
 #   --build DIR   use (and first build) a tree configured with --with-cuda (default build/cuda)
 #   --parts LIST  comma-separated subset of: tests, modules, sanitizer, bench, models, profile,
-#                 variants, preprocess, peer, train
+#                 variants, preprocess, peer, train, run in the order given
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
@@ -17,29 +17,43 @@
 #                 bundle's mpirun;
 #                 "variants" times the VAE and U-Net with each SDTRAIN_CUDA_* alternative;
 #                 "preprocess" runs mode 'process' end to end with SD2-sized encoders)
+#   --deadline S  finish within S seconds of the start, so that the table and the logs come
+#                 back within a call's time limit: nothing starts with less than 30 s left,
+#                 every command is cut 10 s before; the table marks what was cut ("cut") and
+#                 what never started ("not run"). Default: 540 when $OUT is set (the device
+#                 tool, whose calls last at most 600 s), else none; 0: none
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
 #                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
-# Exit status: 0 when every part that ran passed, 1 otherwise, 77 without a usable GPU.
+# Exit status: 0 when every part that ran passed (cut or not run ones included), 1 otherwise, 77
+# without a usable GPU.
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
-cd "$top"
+cd "$top" || exit 2
 bundle=""
 build=""
 parts="tests,modules,sanitizer,bench"
 logdir="gpu-check-logs"
+deadline=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --bundle) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --parts) parts=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
     --log) logdir=$2; shift 2 ;;
     -h | --help) sed -n '2,/^[^#]/p' "$0" | grep '^#'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
 [ -n "$bundle$build" ] || { [ -f .gpu/bundle.tar.xz ] && bundle=.gpu || build=build/cuda; }
+known="tests modules sanitizer bench models profile variants preprocess peer train"
+for p in ${parts//,/ }; do
+    case " $known " in *" $p "*) ;; *) echo "gpu-check: unknown part '$p' (known: $known)" >&2; exit 2 ;; esac
+done
+[ -n "$deadline" ] || { [ -n "${OUT:-}" ] && deadline=540 || deadline=0; }
+case "$deadline" in '' | *[!0-9]*) echo "gpu-check: --deadline wants whole seconds" >&2; exit 2 ;; esac
+t_begin=$(date +%s)
 mkdir -p "$logdir"
-want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 summary=()
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # the launcher for the shell tests that run under MPI (the "train" part); a build tree uses the
@@ -47,6 +61,19 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIEXEC="mpirun --oversubscribe"
 add() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
 status=0
+# the deadline: seconds left before it (large without one), whether too few are left to start
+# something (the table and the packing of the logs need a few), and a command's time limit cut
+# at it
+left() { if [ "$deadline" = 0 ]; then echo 999999; else echo $((t_begin + deadline - $(date +%s))); fi; }
+late() { [ "$(left)" -lt 30 ]; }
+cap() { local l; l=$(($(left) - 10)); [ "$l" -lt "$1" ] && echo $((l > 1 ? l : 1)) || echo "$1"; }
+# late_note NAME: records that NAME was not started for want of time
+late_note() { add "$1" "not run" "deadline (--deadline $deadline) reached"; }
+# failed NAME RC DETAIL: a failure, or a command cut at the deadline (exit 124 with no time left)
+failed() {
+    if [ "$2" = 124 ] && [ "$(left)" -le 15 ]; then add "$1" "cut" "at the deadline; partial log"
+    else status=1; add "$1" "FAIL" "$3"; fi
+}
 
 # ---- the programs ----------------------------------------------------------------------------
 if [ -n "$bundle" ]; then
@@ -74,7 +101,7 @@ fi
 for lib in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
     if ! ldd "$B/sdtool" | grep -q "$lib => /"; then
         dir=$(find /usr /opt -name "$lib" -print 2>/dev/null | head -1)
-        [ -n "$dir" ] && export LD_LIBRARY_PATH="$(dirname "$dir"):$LD_LIBRARY_PATH"
+        [ -n "$dir" ] && LD_LIBRARY_PATH="$(dirname "$dir")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && export LD_LIBRARY_PATH
     fi
 done
 if ldd "$B/sdtool" | grep -q "not found"; then
@@ -96,16 +123,18 @@ tap_run() { # NAME CMD...: runs a TAP program, records ok/not ok counts
     local name=$1 t0 t1 ok nok skip
     shift
     t0=$(date +%s)
-    timeout 600 "$@" >"$logdir/$name.log" 2>&1
+    timeout "$(cap 600)" "$@" >"$logdir/$name.log" 2>&1
     local rc=$?
     t1=$(date +%s)
     ok=$(grep -c '^ok' "$logdir/$name.log")
     nok=$(grep -c '^not ok' "$logdir/$name.log")
     skip=$(grep -c '# SKIP' "$logdir/$name.log")
     grep '^not ok' "$logdir/$name.log" | head -20
-    if [ "$rc" != 0 ] || [ "$nok" != 0 ] || [ "$ok" = 0 ]; then
+    if [ "$nok" != 0 ]; then
         status=1
         add "$name" "FAIL" "$ok ok, $nok not ok, $skip skipped, exit $rc, $((t1 - t0)) s"
+    elif [ "$rc" != 0 ] || [ "$ok" = 0 ]; then
+        failed "$name" "$rc" "$ok ok, $skip skipped, exit $rc, $((t1 - t0)) s"
     else
         add "$name" "pass" "$ok ok, $((t1 - t0)) s"
     fi
@@ -114,87 +143,99 @@ optests=""
 for p in "$B"/tests/gpu/gpu_selftest "$B"/tests/gpu/test_cuda_*; do
     [ -x "$p" ] && optests="$optests $p"
 done
-if want tests; then
+part_tests() {
     # test_cuda_flash also prints fused-vs-math attention timings (TAP diagnostics)
-    for p in $optests; do SDTRAIN_FLASH_BENCH=1 tap_run "$(basename "$p")" "$p"; done
-fi
+    for p in $optests; do
+        late && { late_note "$(basename "$p")"; continue; }
+        SDTRAIN_FLASH_BENCH=1 tap_run "$(basename "$p")" "$p"
+    done
+}
 
 # ---- whole modules against the goldens --------------------------------------------------------
-if want modules; then
+part_modules() {
     t0=$(date +%s)
     top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="" \
-        timeout 600 sh tests/gpu/modules.sh >"$logdir/modules.log" 2>&1
+        timeout "$(cap 600)" sh tests/gpu/modules.sh >"$logdir/modules.log" 2>&1
     rc=$?
     grep -E '^(ok|FAIL)' "$logdir/modules.log" | sed 's/^/  /' | cut -c1-200
     nok=$(grep -c '^ok' "$logdir/modules.log")
     nfail=$(grep -c '^FAIL' "$logdir/modules.log")
     if [ "$rc" = 0 ]; then add modules.sh pass "$nok checks, $(($(date +%s) - t0)) s"
-    else status=1; add modules.sh FAIL "$nfail failed, $nok ok, exit $rc"; fi
-fi
+    elif [ "$nfail" != 0 ]; then status=1; add modules.sh FAIL "$nfail failed, $nok ok, exit $rc"
+    else failed modules.sh "$rc" "$nfail failed, $nok ok, exit $rc"; fi
+}
 
 # ---- compute-sanitizer memcheck over the op tests -------------------------------------------
-if want sanitizer; then
+part_sanitizer() {
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
     if [ -z "$cs" ]; then
         add "compute-sanitizer" "n/a" "not installed"
     else
         for p in $optests; do
             n=$(basename "$p")
-            SD_GPU_TEST_QUICK=1 timeout 900 "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$p" \
+            late && { late_note "memcheck $n"; continue; }
+            SD_GPU_TEST_QUICK=1 timeout "$(cap 900)" "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$p" \
                 >"$logdir/memcheck-$n.log" 2>&1
             rc=$?
             errs=$(grep -E -o 'ERROR SUMMARY: [0-9]+' "$logdir/memcheck-$n.log" | tail -1)
             if [ "$rc" = 0 ]; then add "memcheck $n" "clean" "${errs:-no summary}"
-            else status=1; add "memcheck $n" "FAIL" "exit $rc, ${errs:-no summary}"
+            else failed "memcheck $n" "$rc" "exit $rc, ${errs:-no summary}"
                 grep -m5 -E '=========' "$logdir/memcheck-$n.log"; fi
         done
     fi
-fi
+}
 
 # ---- benchmark ---------------------------------------------------------------------------------
-if want bench && [ -x "$B/bench/ops_cuda" ]; then
+part_bench() {
+    [ -x "$B/bench/ops_cuda" ] || { add "bench" "n/a" "no bench/ops_cuda in the build"; return; }
     # bf16 with the math attention, bf16 with the fused one, fp32
     for v in bf16:math bf16:flash f32:math; do
         dt=${v%%:*}
         att=${v#*:}
-        SDTRAIN_CUDA_ATTENTION=$att timeout 600 "$B/bench/ops_cuda" --batch 32 --res both --dtype "$dt" \
+        late && { late_note "bench ops_cuda $dt $att"; continue; }
+        SDTRAIN_CUDA_ATTENTION=$att timeout "$(cap 600)" "$B/bench/ops_cuda" --batch 32 --res both --dtype "$dt" \
             --csv "$logdir/ops_${dt}_$att.csv" >"$logdir/ops_${dt}_$att.txt" 2>&1
         rc=$?
         cat "$logdir/ops_${dt}_$att.txt"
         if [ "$rc" = 0 ]; then add "bench ops_cuda $dt $att" "done" "$logdir/ops_${dt}_$att.csv"
-        else status=1; add "bench ops_cuda $dt $att" "FAIL" "exit $rc"; fi
+        else failed "bench ops_cuda $dt $att" "$rc" "exit $rc"; fi
     done
-fi
+}
 
-if want models && [ -x "$B/bench/models_cuda" ]; then
+part_models() {
+    [ -x "$B/bench/models_cuda" ] || { add "models" "n/a" "no bench/models_cuda in the build"; return; }
     for p in bf16 fp32; do
-        timeout 900 "$B/bench/models_cuda" --precision "$p" >"$logdir/models_$p.txt" 2>&1
+        late && { late_note "bench models_cuda $p"; continue; }
+        timeout "$(cap 900)" "$B/bench/models_cuda" --precision "$p" >"$logdir/models_$p.txt" 2>&1
         rc=$?
         cat "$logdir/models_$p.txt"
         if [ "$rc" = 0 ]; then add "bench models_cuda $p" "done" "$logdir/models_$p.txt"
-        else status=1; add "bench models_cuda $p" "FAIL" "exit $rc"; fi
+        else failed "bench models_cuda $p" "$rc" "exit $rc"; fi
     done
-fi
+}
 
 # per-op GPU time of whole models (SDTRAIN_CUDA_PROFILE=1: the backend's op profile, printed when
 # the benchmark closes its backend; warm-up runs included)
-if want profile && [ -x "$B/bench/models_cuda" ]; then
+part_profile() {
+    [ -x "$B/bench/models_cuda" ] || { add "profile" "n/a" "no bench/models_cuda in the build"; return; }
     for w in unet-train:256 unet-fwd:256 vae-encode:256 unet-train:512; do
         what=${w%%:*}
         res=${w#*:}
         f="$logdir/profile_${what}_$res.txt"
-        SDTRAIN_CUDA_PROFILE=1 SDTRAIN_CUDA_CONV_LOG=1 timeout 600 "$B/bench/models_cuda" --what "$what" --res "$res" \
+        late && { late_note "profile $what $res"; continue; }
+        SDTRAIN_CUDA_PROFILE=1 SDTRAIN_CUDA_CONV_LOG=1 timeout "$(cap 600)" "$B/bench/models_cuda" --what "$what" --res "$res" \
             --reps 5 --warmup 2 >"$f" 2>&1
         rc=$?
         grep -v -e '^RESULT' -e '^sdtrain conv' "$f" | head -40
         if [ "$rc" = 0 ]; then add "profile $what $res" "done" "$f"
-        else status=1; add "profile $what $res" "FAIL" "exit $rc"; fi
+        else failed "profile $what $res" "$rc" "exit $rc"; fi
     done
-fi
+}
 
 # the backend's switchable variants on the models they matter for (bf16, batch 32, median of
 # 10): which of the alternatives should become the default
-if want variants && [ -x "$B/bench/models_cuda" ]; then
+part_variants() {
+    [ -x "$B/bench/models_cuda" ] || { add "variants" "n/a" "no bench/models_cuda in the build"; return; }
     f="$logdir/variants.txt"
     : >"$f"
     printf '%-44s %-12s %-5s %10s %10s\n' "variant" "model" "res" "ms" "img/s" | tee -a "$f"
@@ -211,12 +252,16 @@ if want variants && [ -x "$B/bench/models_cuda" ]; then
         for w in all:256 vae-encode:512; do
             what=${w%%:*}
             res=${w#*:}
+            late && { late_note "variant $name $what $res"; continue; }
             # shellcheck disable=SC2086 # envs is a list of VAR=value words
-            out=$(env $envs timeout 300 "$B/bench/models_cuda" --what "$what" --res "$res" \
+            out=$(env $envs timeout "$(cap 300)" "$B/bench/models_cuda" --what "$what" --res "$res" \
                 --reps 10 --warmup 3 2>&1)
             rc=$?
-            [ "$rc" = 0 ] || { status=1; printf '%-44s %-12s %-5s %10s\n' "$name" "$what" "$res" \
-                "FAIL($rc)" | tee -a "$f"; }
+            if [ "$rc" != 0 ]; then
+                v="FAIL($rc)"
+                if [ "$rc" = 124 ] && [ "$(left)" -le 15 ]; then v="cut"; else status=1; fi
+                printf '%-44s %-12s %-5s %10s\n' "$name" "$what" "$res" "$v" | tee -a "$f"
+            fi
             grep '^RESULT' <<<"$out" | while read -r line; do
                 m=$(sed -n 's/.* what=\([^ ]*\).*/\1/p' <<<"$line")
                 r=$(sed -n 's/.* res=\([0-9]*\).*/\1/p' <<<"$line")
@@ -232,62 +277,76 @@ if want variants && [ -x "$B/bench/models_cuda" ]; then
         "fast+wide:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide"; do
         name=${v%%:*}
         envs=${v#*:}
+        late && { late_note "variant $name groupnorm"; continue; }
         echo "# ops_cuda groupnorm, $name" | tee -a "$f"
         # shellcheck disable=SC2086 # envs is a list of VAR=value words
-        env $envs timeout 300 "$B/bench/ops_cuda" --batch 32 --res both --only groupnorm 2>&1 |
+        env $envs timeout "$(cap 300)" "$B/bench/ops_cuda" --batch 32 --res both --only groupnorm 2>&1 |
             grep -v '^#' | tee -a "$f"
     done
     add "variants (models_cuda)" "done" "$f"
-fi
+}
 
 # preprocessing end to end on the GPU: SD2-sized encoders (random weights) in bf16, batches of
 # 32, 2048 demo images of up to 512 px to 256 px, one rank with 16 decode threads and two ranks
 # with 8 sharing the GPU (bench/preprocess.sh); compare with the VAE-alone rate of "models"
-if want preprocess; then
+part_preprocess() {
     f="$logdir/preprocess.txt"
     LAUNCH="$MPIEXEC --bind-to none" DEVICE=cuda MODEL=sd2 BATCH=32 MAX_SIDE=512 \
-        timeout 600 bash bench/preprocess.sh "$B" 2048 256 "1x16 2x8" >"$f" 2>&1
+        timeout "$(cap 600)" bash bench/preprocess.sh "$B" 2048 256 "1x16 2x8" >"$f" 2>&1
     rc=$?
     cat "$f"
     if [ "$rc" = 0 ]; then add "preprocess (mode process)" "done" "$f"
-    else status=1; add "preprocess (mode process)" "FAIL" "exit $rc"; fi
-fi
+    else failed "preprocess (mode process)" "$rc" "exit $rc"; fi
+}
 
-if want peer; then
+part_peer() {
     if ls .gpu/whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl &&
             export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     fi
-    PYTHONUNBUFFERED=1 timeout 1800 python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
+    PYTHONUNBUFFERED=1 timeout "$(cap 1800)" python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
         >"$logdir/peer.txt" 2>&1
     rc=$?
     tail -12 "$logdir/peer.txt"
     if [ "$rc" = 0 ]; then add "bench gpu_vs_torch" "done" "$logdir/peer.txt"
-    else status=1; add "bench gpu_vs_torch" "FAIL" "exit $rc"; fi
-fi
+    else failed "bench gpu_vs_torch" "$rc" "exit $rc"; fi
+}
 
 # ---- training and preprocessing under MPI on the GPU -------------------------------------------
-if want train; then
+part_train() {
     for t in train process sample; do
         if [ ! -f "tests/gpu/$t.sh" ]; then
             add "$t.sh" "n/a" "tests/gpu/$t.sh not in this tree"
             continue
         fi
+        late && { late_note "$t.sh"; continue; }
         t0=$(date +%s)
         top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="$MPIEXEC" \
-            timeout 600 sh "tests/gpu/$t.sh" >"$logdir/$t.log" 2>&1
+            timeout "$(cap 600)" sh "tests/gpu/$t.sh" >"$logdir/$t.log" 2>&1
         rc=$?
         grep -E '^(ok|FAIL|SKIP)' "$logdir/$t.log" | sed 's/^/  /' | cut -c1-200
         nok=$(grep -c '^ok' "$logdir/$t.log")
         nfail=$(grep -c '^FAIL' "$logdir/$t.log")
         if [ "$rc" = 0 ]; then add "$t.sh" pass "$nok checks, $(($(date +%s) - t0)) s"
         elif [ "$rc" = 77 ]; then add "$t.sh" skip "$(grep -m1 '^SKIP' "$logdir/$t.log" | cut -c1-60)"
-        else status=1; add "$t.sh" FAIL "$nfail failed, $nok ok, exit $rc"; fi
+        elif [ "$nfail" != 0 ]; then status=1; add "$t.sh" FAIL "$nfail failed, $nok ok, exit $rc"
+        else failed "$t.sh" "$rc" "$nfail failed, $nok ok, exit $rc"; fi
     done
-fi
+}
+
+# ---- the parts, in the order asked for, while time is left -----------------------------------
+for p in ${parts//,/ }; do
+    if late; then
+        late_note "$p"
+        continue
+    fi
+    echo "==== $p ($(left) s left before the deadline)" | sed 's/ (999999 s left before the deadline)//'
+    "part_$p"
+done
 
 echo
-echo "==== gpu-check summary ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) ===="
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+echo "==== gpu-check summary ($(date -u +%Y-%m-%d), ${gpu:-GPU name unknown (no nvidia-smi)}, $(($(date +%s) - t_begin)) s) ===="
 for line in "${summary[@]}"; do echo "$line"; done
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     tar -C "$logdir" -czf "$OUT/gpu-check-logs.tgz" . && echo "logs: \$OUT/gpu-check-logs.tgz"
