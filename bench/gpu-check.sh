@@ -99,7 +99,7 @@ else
 fi
 # CUDA's libraries: the system's, else the ones pip wheels put under site-packages/nvidia/*/lib
 for lib in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
-    if ! ldd "$B/sdtool" | grep -q "$lib => /"; then
+    if ldd "$B/sdtool" >/dev/null 2>&1 && ! ldd "$B/sdtool" | grep -q "$lib => /"; then
         dir=$(find /usr /opt -name "$lib" -print 2>/dev/null | head -1)
         [ -n "$dir" ] && LD_LIBRARY_PATH="$(dirname "$dir")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && export LD_LIBRARY_PATH
     fi

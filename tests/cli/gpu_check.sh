@@ -32,7 +32,7 @@ printf '#!/bin/sh\necho "1..1"\nexec sleep 300\n' >"$B/tests/gpu/test_cuda_b"
 printf '#!/bin/sh\necho "1..1"\necho "ok 1 - never reached"\n' >"$B/tests/gpu/test_cuda_c"
 chmod +x "$B/sdtool" "$B"/tests/gpu/*
 
-run dl bash "$GC" --build "$B" --parts tests,modules --deadline 32 --log "$TMP/logs"
+run dl bash "$GC" --build "$B" --parts tests,modules --deadline 40 --log "$TMP/logs"
 expect_rc dl 0
 expect_in dl out "==== tests ("
 grep -q '^test_cuda_a  *pass ' "$TMP/dl.out" || { cat "$TMP/dl.out"; fail "test_cuda_a not passed"; }
