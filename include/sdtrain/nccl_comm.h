@@ -11,7 +11,11 @@
  * pads its flat buffers (its shard boundaries are not sd_comm_shard's). Unlike
  * src/dist/collectives.c the summation order is NCCL's (fixed for a given topology and rank
  * count, but not rank order), so results match the CPU's only to rounding.
- * Every NCCL failure ends the job (SD_NCCL_CHECK), so no rank is left waiting. */
+ * Every NCCL failure ends the job (SD_NCCL_CHECK), so no rank is left waiting. So do the
+ * asynchronous ones (a peer rank gone, a network failure) and a wait for the GPU that lasts
+ * longer than SDTRAIN_NCCL_TIMEOUT seconds (default 1800, 0 = never): while a communicator
+ * lives, the backend's host waits poll it (sd_backend_cuda_set_wait_hook), abort it and end the
+ * job with a message. */
 #ifndef SDTRAIN_NCCL_COMM_H
 #define SDTRAIN_NCCL_COMM_H
 

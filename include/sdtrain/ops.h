@@ -292,10 +292,22 @@ void sd_backend_cuda_destroy(sd_backend *be);
 /* The backend's cudaStream_t (as void *, so that C callers need no CUDA header), for libraries
  * that enqueue work in order with the ops (NCCL). NULL in a build without CUDA. */
 void *sd_backend_cuda_stream(const sd_backend *be);
+/* While the host waits for a CUDA backend's GPU work (sd_synchronize, sd_download, the
+ * optimizer's read-backs, ...), fn(user, waited_s) is called each time the host finds the work
+ * unfinished (the host polls, at most every 20 us after the first 0.2 ms), with the seconds
+ * this wait has lasted; fn must be cheap. It may end the job (sd_fatal) when something it watches has
+ * failed or taken too long (the NCCL communicator: sd_nccl_create sets it), instead of leaving
+ * the rank blocked forever behind a collective whose peer is gone. NULL fn: plain blocking
+ * waits (the default). A no-op for other backends and in a build without CUDA. */
+typedef void (*sd_wait_fn)(void *user, double waited_s);
+void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn fn, void *user);
 
 /* ---- Memory ----------------------------------------------------------------------------- */
 
-/* Waits until every op issued on the backend has finished (CPU: returns at once). */
+/* Waits until every op issued on the backend has finished, and with them every sd_upload_async
+ * issued before the last op (ops wait for those). Not for an sd_download_async
+ * (sd_download_wait), nor for work that another library queued on a stream of its own (the NCCL
+ * side stream: sd_nccl_join makes the ops wait for it first). CPU: returns at once. */
 void sd_synchronize(const sd_backend *be);
 /* Op profile (SDTRAIN_CUDA_PROFILE=1 on a CUDA backend; nothing otherwise): forget the timings so
  * far, e.g. after warm-up runs whose first calls include plan creation and kernel loading. */

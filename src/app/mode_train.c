@@ -435,14 +435,19 @@ static void dev_free(trainer *t, void *p)
 
 /* The comm path: SDTRAIN_GPU_COMM=device|host forces one; otherwise the device path for one
  * rank, or for several when every rank has a GPU of its own (NCCL cannot put two ranks on one
- * GPU: a node must run no more ranks than it has GPUs), else the host path. Collective; every
- * rank gets the same answer (or the same error). */
+ * GPU), else the host path. Whether two ranks share a GPU is told by the GPUs' UUIDs, not by
+ * counting: with one GPU per task (Slurm --gpus-per-task, CUDA_VISIBLE_DEVICES set per rank)
+ * every rank sees one GPU, device 0, and yet each has its own. Collective; every rank gets the
+ * same answer (or the same error). */
 static int choose_comm_path(trainer *t, const sd_runtime *rt, const sd_device_info *dev,
                             sd_err *err)
 {
     const char *env = getenv("SDTRAIN_GPU_COMM");
     int64_t v[2];
     int failed = 0, want = 0; /* want: 0 auto, 1 device, 2 host */
+    int shared, ra = 0, rb = 0;
+    unsigned char *uuids;
+    static char why[160];
     if (env && *env) {
         if (!strcmp(env, "device"))
             want = 1;
@@ -457,26 +462,33 @@ static int choose_comm_path(trainer *t, const sd_runtime *rt, const sd_device_in
         t->ecomm = sd_comm_create_mpi(rt->role_comm);
         return sd_agree(rt->role_comm, failed, err);
     }
-    /* v[0]: the most ranks on any node, v[1]: the fewest GPUs any rank sees */
+    /* v[0]: the most ranks on any node, v[1]: the fewest GPUs any rank sees (for the messages);
+     * the UUIDs of every rank's GPU */
     v[0] = rt->node_size;
     v[1] = -(int64_t)dev->n_devices;
     sd_allreduce_i64(t->comm, v, 2, SD_RED_MAX);
     v[1] = -v[1];
+    uuids = sd_xmalloc(16 * (size_t)t->size);
+    SD_MPI_CHECK(MPI_Allgather(dev->uuid, 16, MPI_BYTE, uuids, 16, MPI_BYTE, rt->role_comm));
+    shared = sd_devices_shared(uuids, t->size, &ra, &rb);
+    free(uuids);
     t->path_why = NULL;
     if (want == 2) {
         t->dev_opt = 0;
         t->path_why = "SDTRAIN_GPU_COMM=host";
-    } else if (t->size == 1 || v[0] <= v[1]) {
+    } else if (t->size == 1 || !shared) {
         t->dev_opt = 1;
     } else if (want == 1) {
         failed = sd_err_set(err, "SDTRAIN_GPU_COMM=device with %d training ranks needs NCCL, "
-                            "which needs one GPU per rank, but a node runs %lld ranks on %lld "
-                            "GPU(s): use as many ranks per node as GPUs, or "
-                            "SDTRAIN_GPU_COMM=host", t->size, (long long)v[0],
-                            (long long)v[1]) != 0;
+                            "which needs one GPU per rank, but training ranks %d and %d use the "
+                            "same GPU (a node runs up to %lld ranks, a rank sees %lld GPU(s)): use "
+                            "as many ranks per node as GPUs, or SDTRAIN_GPU_COMM=host", t->size,
+                            ra, rb, (long long)v[0], (long long)v[1]) != 0;
     } else {
         t->dev_opt = 0;
-        t->path_why = "a node runs more ranks than it has GPUs (NCCL needs one GPU per rank)";
+        snprintf(why, sizeof why, "training ranks %d and %d share a GPU (NCCL needs one GPU per "
+                 "rank)", ra, rb);
+        t->path_why = why;
     }
     if (sd_agree(rt->role_comm, failed, err))
         return -1;
@@ -1171,6 +1183,16 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
 
 static void free_trainer(trainer *t)
 {
+    if (t->gpu && t->be) {
+        /* nothing may still run on the GPU when its buffers go: after an early exit the NCCL
+         * stream may still hold broadcasts into d_params (pg_launch), the copy stream a copy */
+#if defined(SD_HAVE_CUDA)
+        sd_nccl_destroy(t->nccl); /* waits for its streams first */
+        t->nccl = NULL;
+#endif
+        sd_synchronize(t->be);
+        sd_download_wait(t->be);
+    }
     sd_loader_close(t->loader);
     sd_grad_buckets_free(&t->gb);
     /* the backend's buffers of the inputs and of one micro-batch (CPU: host memory) */

@@ -1,9 +1,11 @@
 /* NCCL communicator of the GPU training ranks (include/sdtrain/nccl_comm.h). Every call is
  * enqueued on the CUDA backend's stream, in order with the ops before and after it, except the
- * bucket reductions, which go on a stream of their own ordered by events. */
+ * buckets (reductions, broadcasts), which go on a stream of their own ordered by events. While
+ * it lives, the backend's waits watch it (watch below). */
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "sd_config.h"
 
@@ -26,7 +28,54 @@ struct sd_nccl {
     /* sd_nccl_side_mark's events */
     cudaEvent_t *marks;
     int n_marks;
+    /* the watch over the backend's waits (watch below) */
+    const sd_backend *be;
+    double timeout_s;
 };
+
+/* The backend's wait hook while the communicator lives: a host waiting for its GPU with NCCL
+ * work queued would wait forever if a peer rank is gone (its collectives never complete). An
+ * asynchronous NCCL error, or one wait longer than SDTRAIN_NCCL_TIMEOUT seconds (default 1800,
+ * 0 = never), aborts the communicator and ends the job with a message. */
+static void watch(void *user, double waited_s)
+{
+    sd_nccl *c = (sd_nccl *)user;
+    ncclResult_t r = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);
+    if (q != ncclSuccess)
+        r = q;
+    if (r != ncclSuccess && r != ncclInProgress) {
+        ncclCommAbort(c->comm);
+        sd_fatalf(__FILE__, __LINE__, __func__, "NCCL failed",
+                  "training rank %d of %d: %s (another training rank failed or its node is "
+                  "gone; NCCL_DEBUG=WARN says more)", c->rank, c->nranks, ncclGetErrorString(r));
+    }
+    if (c->timeout_s > 0 && waited_s > c->timeout_s) {
+        ncclCommAbort(c->comm);
+        sd_fatalf(__FILE__, __LINE__, __func__, "waiting for the GPU timed out",
+                  "training rank %d of %d has waited %.0f s for its GPU with NCCL collectives "
+                  "queued (SDTRAIN_NCCL_TIMEOUT = %g s): another training rank is probably gone "
+                  "or stuck", c->rank, c->nranks, waited_s, c->timeout_s);
+    }
+}
+
+/* cudaStreamSynchronize under the watch (for the communicator's own waits). */
+static void wait_stream(sd_nccl *c, cudaStream_t s)
+{
+    struct timespec t0, now;
+    const struct timespec nap = {0, 100000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        const cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess)
+            return;
+        if (e != cudaErrorNotReady)
+            SD_CUDA_CHECK(e);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        watch(c, (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec));
+        nanosleep(&nap, nullptr);
+    }
+}
 
 extern "C" int sd_nccl_unique_id(unsigned char id[SD_NCCL_ID_BYTES], sd_err *err)
 {
@@ -49,8 +98,22 @@ extern "C" sd_nccl *sd_nccl_create(const unsigned char id[SD_NCCL_ID_BYTES], int
     c->rank = rank;
     c->nranks = nranks;
     c->stream = (cudaStream_t)sd_backend_cuda_stream(be);
+    c->be = be;
+    c->timeout_s = 1800;
+    {
+        const char *env = getenv("SDTRAIN_NCCL_TIMEOUT");
+        char *end = nullptr;
+        if (env && *env) {
+            c->timeout_s = strtod(env, &end);
+            if (*end || !(c->timeout_s >= 0))
+                sd_fatalf(__FILE__, __LINE__, __func__, "bad environment",
+                          "SDTRAIN_NCCL_TIMEOUT = '%s': expected seconds (a number >= 0; 0 = no "
+                          "limit)", env);
+        }
+    }
     SD_CUDA_CHECK(cudaSetDevice(device));
     SD_NCCL_CHECK(ncclCommInitRank(&c->comm, nranks, u, rank));
+    sd_backend_cuda_set_wait_hook(be, watch, c);
     return c;
 }
 
@@ -58,9 +121,10 @@ extern "C" void sd_nccl_destroy(sd_nccl *c)
 {
     if (!c)
         return;
-    SD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    wait_stream(c, c->stream);
+    sd_backend_cuda_set_wait_hook(c->be, nullptr, nullptr);
     if (c->side) {
-        SD_CUDA_CHECK(cudaStreamSynchronize(c->side));
+        wait_stream(c, c->side);
         SD_CUDA_CHECK(cudaEventDestroy(c->at_compute));
         SD_CUDA_CHECK(cudaEventDestroy(c->at_side));
         SD_CUDA_CHECK(cudaStreamDestroy(c->side));

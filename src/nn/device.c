@@ -35,6 +35,7 @@ int sd_device_resolve(const char *requested, int node_rank, sd_device_info *out,
         if (sd_cuda_set_device(out->device_id, why, sizeof why) != 0)
             return sd_err_set(err, "%s", why);
         sd_cuda_device_name(out->device_id, out->name, sizeof out->name);
+        sd_cuda_device_uuid(out->device_id, out->uuid);
         return 0;
     }
 #else
@@ -45,6 +46,22 @@ int sd_device_resolve(const char *requested, int node_rank, sd_device_info *out,
     snprintf(out->notice, sizeof out->notice, "this build has no CUDA support; using the CPU");
     return 0;
 #endif
+}
+
+int sd_devices_shared(const unsigned char *uuids, int n, int *a, int *b)
+{
+    static const unsigned char zero[16];
+    for (int i = 0; i < n; i++) {
+        if (!memcmp(uuids + 16 * (size_t)i, zero, 16))
+            continue;
+        for (int j = i + 1; j < n; j++)
+            if (!memcmp(uuids + 16 * (size_t)i, uuids + 16 * (size_t)j, 16)) {
+                *a = i;
+                *b = j;
+                return 1;
+            }
+    }
+    return 0;
 }
 
 const char *sd_build_features(void)

@@ -930,4 +930,11 @@ void *sd_backend_cuda_stream(const sd_backend *be)
     (void)be;
     return NULL;
 }
+
+void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn fn, void *user)
+{
+    (void)be;
+    (void)fn;
+    (void)user;
+}
 #endif

@@ -10,8 +10,8 @@
 #      within 1e-3 of one rank;
 #   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message;
 #      gradient accumulation (4 x 2) trains like batch 8; gradients reduced during the backward
-#      (grad_reduce = 'overlap', NCCL with one rank) give the same files; an injected NaN skips
-#      its step;
+#      (grad_reduce = 'overlap', NCCL with one rank) give the same files; a wait for the GPU
+#      past SDTRAIN_NCCL_TIMEOUT ends the job with a message; an injected NaN skips its step;
 #   6. checkpoints on the GPU (device and host paths): killed at the start of step 7 with a
 #      checkpoint of step 4, the resumed run gives the same weights as the uninterrupted one.
 # Skips without a CUDA build or a GPU.
@@ -126,6 +126,14 @@ train ovacc1 1 4 none cuda fp32
 ACCUM=1
 expect_rc ovacc1 0
 identical acc1 ovacc1 "grad_reduce = 'overlap' with 2 micro-batches: the bits of the reduction after"
+# the watch over the GPU waits while an NCCL communicator lives: a limit of 1 ns ends the job at
+# the first wait the GPU is not done with, with the message, instead of a hang
+export SDTRAIN_NCCL_TIMEOUT=1e-9
+train ovto 1 8 none cuda fp32
+unset SDTRAIN_NCCL_TIMEOUT
+[ "$RC" != 0 ] || fail "ovto: SDTRAIN_NCCL_TIMEOUT=0.00001 did not end the run"
+expect_in ovto err "waiting for the GPU timed out"
+expect_in ovto err "SDTRAIN_NCCL_TIMEOUT"
 TRAIN_EXTRA=
 
 # a NaN written into the first micro-batch's loss gradient on the GPU (2 micro-batches): the

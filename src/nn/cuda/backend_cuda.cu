@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "cuda_internal.h"
 
@@ -120,9 +121,49 @@ static void prof_destroy(sd_cuda_state *st)
     st->prof = nullptr;
 }
 
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void sd_cuda_stream_wait(const sd_cuda_state *st, cudaStream_t s)
+{
+    if (!st->wait_fn) {
+        SD_CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
+    }
+    const double t0 = wall_seconds();
+    for (;;) {
+        const cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess)
+            return;
+        if (e != cudaErrorNotReady)
+            SD_CUDA_CHECK(e);
+        const double now = wall_seconds();
+        st->wait_fn(st->wait_user, now - t0);
+        /* spin for the first 0.2 ms (short waits return at once), then poll every 20 us so
+         * that the loader's threads keep their cores */
+        if (now - t0 > 2e-4) {
+            const struct timespec nap = {0, 20000};
+            nanosleep(&nap, nullptr);
+        }
+    }
+}
+
+extern "C" void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn fn, void *user)
+{
+    if (!be || be->device != SD_DEV_CUDA)
+        return;
+    sd_cuda_state *st = sd_cuda(be);
+    st->wait_fn = fn;
+    st->wait_user = user;
+}
+
 static void cuda_synchronize(const sd_backend *be)
 {
-    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
+    sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
 }
 
 static void cuda_zero(const sd_backend *be, void *dst, size_t bytes)
@@ -164,13 +205,13 @@ static void cuda_release(const sd_backend *be, void *ptr)
 static void cuda_upload(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, sd_cuda_stream(be)));
-    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
+    sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
 }
 
 static void cuda_download(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, sd_cuda_stream(be)));
-    SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda_stream(be)));
+    sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
 }
 
 static void *cuda_host_alloc(const sd_backend *be, size_t bytes)
@@ -214,7 +255,7 @@ static void cuda_download_async(const sd_backend *be, void *dst, const void *src
 static void cuda_download_wait(const sd_backend *be)
 {
     sd_cuda_state *st = sd_cuda(be);
-    SD_CUDA_CHECK(cudaStreamSynchronize(st->copy_stream_on ? st->copy_stream : st->stream));
+    sd_cuda_stream_wait(st, st->copy_stream_on ? st->copy_stream : st->stream);
 }
 
 /* The backend's pinned staging buffer for bf16 conversions (SD_CUDA_STAGE_ELEMS halves), made on

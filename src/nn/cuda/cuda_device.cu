@@ -37,6 +37,18 @@ extern "C" int sd_cuda_device_name(int device, char *name, size_t cap)
     return 0;
 }
 
+extern "C" int sd_cuda_device_uuid(int device, unsigned char uuid[16])
+{
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, device);
+    memset(uuid, 0, 16);
+    if (e != cudaSuccess)
+        return (int)e;
+    static_assert(sizeof p.uuid.bytes == 16, "cudaUUID_t is 16 bytes");
+    memcpy(uuid, p.uuid.bytes, 16);
+    return 0;
+}
+
 extern "C" int sd_cuda_set_device(int device, char *msg, size_t cap)
 {
     cudaError_t e = cudaSetDevice(device);

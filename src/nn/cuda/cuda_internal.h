@@ -52,6 +52,8 @@ typedef struct sd_cuda_state {
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;
     struct sd_cuda_prof *prof; /* op timings (SDTRAIN_CUDA_PROFILE=1), or NULL */
+    sd_wait_fn wait_fn;       /* sd_backend_cuda_set_wait_hook, or NULL */
+    void *wait_user;
     sd_backend backend;       /* the object handed out; backend.impl points back here */
     sd_ops ops;               /* the table backend.ops points at */
 } sd_cuda_state;
@@ -65,6 +67,10 @@ static inline cudaStream_t sd_cuda_stream(const sd_backend *be)
 {
     return sd_cuda(be)->stream;
 }
+
+/* The host waits for stream s: cudaStreamSynchronize, or, with a wait hook set
+ * (sd_backend_cuda_set_wait_hook), polling that calls the hook every few milliseconds. */
+void sd_cuda_stream_wait(const sd_cuda_state *st, cudaStream_t s);
 
 /* Op profile (SDTRAIN_CUDA_PROFILE=1, backend_cuda.cu): a mark inside an op splits its time, the
  * GPU work since the previous mark going to `label` (a string literal such as

@@ -142,7 +142,7 @@ extern "C" void sd_cuda_sumsq(const sd_backend *be, const float *x, size_t n, do
     sumsq_total_kernel<<<1, 1, 0, s>>>(block_sums, (int64_t)nb, total);
     SD_CUDA_LAUNCHED(be);
     SD_CUDA_CHECK(cudaMemcpyAsync(out_host, total, sizeof(double), cudaMemcpyDeviceToHost, s));
-    SD_CUDA_CHECK(cudaStreamSynchronize(s));
+    sd_cuda_stream_wait(sd_cuda(be), s);
 }
 
 /* ---- scale, EMA, bf16 copy ------------------------------------------------------------------ */
@@ -233,6 +233,6 @@ extern "C" int sd_cuda_nonfinite(const sd_backend *be, const float *x, size_t n,
         x, (int64_t)n, flag);
     SD_CUDA_LAUNCHED(be);
     SD_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, s));
-    SD_CUDA_CHECK(cudaStreamSynchronize(s));
+    sd_cuda_stream_wait(sd_cuda(be), s);
     return host != 0;
 }
