@@ -116,9 +116,14 @@ typedef struct trainer {
     const sd_backend *hb;  /* the CPU backend: layout changes of the host arrays */
     size_t np, shard;      /* device path: padded buffer length (size * shard) and shard length */
     void *d_params;        /* the U-Net's parameters (be->dtype), np elements */
-    float *d_master;       /* device path: fp32 master parameters (d_params itself in fp32) */
-    int master_stale;      /* ZeRO-2 in bf16: d_master holds only this rank's shard up to date
-                              (the others' arrive as bf16 in d_params); dp_master_full mends it */
+    float *d_master;       /* device path: fp32 master parameters (d_params itself in fp32),
+                              holding floats [mbase, ...): see master_sharded */
+    int master_sharded;    /* ZeRO-2 with several ranks in bf16 (and in the emulation): d_master
+                              is this rank's shard only, mbase = begin (the master is optimizer
+                              state, as ZeRO shards it); AdamW writes the compute copy of its
+                              range, the ranks gather d_params, and the whole master is gathered
+                              only to be read (dp_master_full) */
+    size_t mbase;
     float *d_grads;        /* fp32 gradients, np */
     float *d_m, *d_v, *d_ema; /* device path: [begin, end) */
     void *d_scratch;       /* device path: sumsq / non-finite scratch */
@@ -518,6 +523,7 @@ static int choose_comm_path(trainer *t, const sd_runtime *rt, const sd_device_in
 /* The U-Net on its backend: on the CPU over the host weights in place; on the GPU over the
  * device copy (fp32, or bf16 rounded from the fp32 master), with the fp32 gradient buffer.
  * Sets the buffer layout: n, np, shard and this rank's optimizer range [begin, end). */
+static void upload_master(trainer *t);
 static int place_model(trainer *t, const sd_device_info *dev, sd_err *err)
 {
     const size_t n = t->w.table.total_floats;
@@ -540,22 +546,46 @@ static int place_model(trainer *t, const sd_device_info *dev, sd_err *err)
     }
     t->d_params = dev_alloc(t, dev, t->np * sd_dtype_size(t->be->dtype), "the parameters",
                             &failed, err);
+    t->master_sharded = t->dev_opt && t->zero2 && t->size > 1 &&
+                        (t->be->dtype != SD_F32 || t->emu);
+    t->mbase = t->master_sharded ? t->begin : 0;
     if (t->dev_opt)
-        t->d_master = t->be->dtype == SD_F32
+        t->d_master = t->be->dtype == SD_F32 && !t->master_sharded
                           ? (float *)t->d_params
-                          : dev_alloc(t, dev, t->np * sizeof(float),
-                                      "the fp32 master parameters", &failed, err);
+                          : dev_alloc(t, dev,
+                                      (t->master_sharded ? t->shard : t->np) * sizeof(float),
+                                      t->master_sharded ? "this rank's shard of the fp32 master "
+                                                          "parameters"
+                                                        : "the fp32 master parameters",
+                                      &failed, err);
     t->d_grads = dev_alloc(t, dev, t->np * sizeof(float), "the gradients", &failed, err);
     if (failed)
         return -1;
     /* the padding stays zero: no gradient reaches it, so AdamW keeps it zero */
     sd_zero(t->be, t->d_params, t->np * sd_dtype_size(t->be->dtype));
     sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)n);
-    if (t->d_master && (void *)t->d_master != t->d_params) {
-        sd_zero(t->be, t->d_master, t->np * sizeof(float));
-        sd_upload(t->be, t->d_master, t->w.data, n * sizeof(float));
-    }
+    upload_master(t);
     return sd_unet_create(&t->unet, &t->uc, &t->w.table, t->d_params, t->be, err);
+}
+
+/* Device path: the fp32 master parameter at float i of the flat buffer (i >= mbase). */
+static float *master_at(const trainer *t, size_t i)
+{
+    return t->d_master + (i - t->mbase);
+}
+
+/* Device path: the master from the host parameters (t->w.data, n floats) when it is a buffer of
+ * its own: all of it, or this rank's shard (the padding past n zero). */
+static void upload_master(trainer *t)
+{
+    size_t b, e;
+    if (!t->d_master || (void *)t->d_master == t->d_params)
+        return;
+    b = t->mbase;
+    e = t->master_sharded ? t->end : t->np;
+    sd_zero(t->be, t->d_master, (e - b) * sizeof(float));
+    if (b < t->n)
+        sd_upload(t->be, t->d_master, t->w.data + b, ((e < t->n ? e : t->n) - b) * sizeof(float));
 }
 
 /* One bucket's reduction, launched by the backward's ready hook: the sum over the ranks, on
@@ -711,7 +741,7 @@ static int dp_nonfinite(trainer *t, const float *x, size_t n)
 /* Clipping, AdamW (and the bf16 copy `lowp` of the updated range, GPU only) and the EMA. */
 static void dp_optimizer(trainer *t, double lr, int64_t k, double coef, size_t len, void *lowp)
 {
-    float *p = t->d_master + t->begin, *g = t->d_grads + t->begin;
+    float *p = master_at(t, t->begin), *g = t->d_grads + t->begin;
     const double d = sd_ema_decay(k, t->cfg->train.ema_decay, t->cfg->train.ema_start_step);
     if (t->emu) {
         SD_CHECK(lowp == NULL, "the CPU emulation of the device path runs in fp32");
@@ -755,7 +785,7 @@ static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err
         sd_zero(t->be, t->d_m, len * sizeof(float));
         sd_zero(t->be, t->d_v, len * sizeof(float));
         if (t->d_ema)
-            sd_copy(t->be, t->d_ema, t->d_master + t->begin, len * sizeof(float));
+            sd_copy(t->be, t->d_ema, master_at(t, t->begin), len * sizeof(float));
         sd_synchronize(t->be);
     }
     return failed ? -1 : 0;
@@ -782,10 +812,14 @@ static void dev_update(trainer *t, double lr, int64_t k, double coef)
     const size_t len = t->end - t->begin;
     void *lowp = NULL;
     /* AdamW writes the bf16 compute copy of its range too; with ZeRO-2 the ranks then
-     * all-gather those bf16 shards (dev_gather) */
-    if ((void *)t->d_master != t->d_params)
+     * all-gather those bf16 shards (dev_gather). The emulation's compute copy is fp32: a copy
+     * of the updated range. */
+    if ((void *)t->d_master != t->d_params && !t->emu)
         lowp = (char *)t->d_params + t->begin * sd_dtype_size(t->be->dtype);
     dp_optimizer(t, lr, k, coef, len, lowp);
+    if ((void *)t->d_master != t->d_params && t->emu)
+        sd_copy(t->be, (float *)t->d_params + t->begin, master_at(t, t->begin),
+                len * sizeof(float));
     sd_synchronize(t->be);
 }
 
@@ -816,9 +850,6 @@ static void pg_launch(trainer *t)
     }
     t->pg_pending = t->gb.count > 0;
     t->pg_next = 0;
-    /* bf16: as with the whole all-gather, only the compute copy travels */
-    if ((void *)t->d_master != t->d_params)
-        t->master_stale = 1;
 }
 
 /* The U-Net trainer's need hook: the forward is about to read the parameters [0, upto). The
@@ -866,31 +897,31 @@ static void dev_gather(trainer *t)
         pg_launch(t);
         return;
     }
-    if ((void *)t->d_master == t->d_params) {
-        dp_allgather(t, t->d_master);
-    } else {
-        /* bf16: the compute copy travels (half the bytes of the fp32 master, and no conversion
-         * pass over the whole buffer); the other ranks' fp32 master shards are gathered only
-         * when something reads the whole master (dp_master_full) */
+    /* the compute copy travels: in bf16 half the bytes of the fp32 master, and no conversion
+     * pass over the whole buffer; the master shards are gathered only when something reads the
+     * whole master (dp_master_full) */
+    if (t->be->dtype == SD_F32)
+        dp_allgather(t, (float *)t->d_params);
 #if defined(SD_HAVE_CUDA)
-        SD_CHECK(!t->emu, "the CPU emulation of the device path runs in fp32");
+    else
         sd_nccl_allgather_bf16(t->nccl, t->d_params, t->shard);
 #endif
-        t->master_stale = 1;
-    }
     sd_synchronize(t->be);
 }
 
-/* Before the whole fp32 master is read (a checkpoint, the final weights): every rank's shard of
- * it to every rank, if the last all-gather moved only the bf16 copy. Collective. */
-static void dp_master_full(trainer *t)
+/* The whole fp32 master, to be read (a checkpoint, the final weights): the master itself, or,
+ * when each rank holds only its shard, every rank's shard gathered into the spent gradient
+ * buffer (valid until the next step's backward). Waits for the parameters' gather too.
+ * Collective. */
+static const float *dp_master_full(trainer *t)
 {
     dp_params_complete(t);
-    if (!t->master_stale)
-        return;
-    dp_allgather(t, t->d_master);
+    if (!t->master_sharded)
+        return t->d_master;
+    sd_copy(t->be, t->d_grads + t->begin, t->d_master, t->shard * sizeof(float));
+    dp_allgather(t, t->d_grads);
     sd_synchronize(t->be);
-    t->master_stale = 0;
+    return t->d_grads;
 }
 
 /* Device path, at the end: the master parameters into t->w.data and the EMA gathered into a
@@ -898,8 +929,7 @@ static void dp_master_full(trainer *t)
 static float *dev_fetch(trainer *t)
 {
     float *ema = NULL;
-    dp_master_full(t);
-    sd_download(t->be, t->w.data, t->d_master, t->n * sizeof(float));
+    sd_download(t->be, t->w.data, dp_master_full(t), t->n * sizeof(float));
     if (!t->d_ema)
         return NULL;
     ema = sd_xcalloc(t->np ? t->np : 1, sizeof *ema);
@@ -937,6 +967,8 @@ static void report_compute(const trainer *t, const sd_runtime *rt, const sd_devi
                 t->be->dtype == SD_BF16 ? "bf16" : "fp32 (no TF32)",
                 t->be->dtype == SD_BF16 ? " with fp32 master weights" : "", list,
                 !t->dev_opt ? "on the host (MPI; slow for large models)"
+                : t->master_sharded ? "on the GPU (NCCL; each rank holds its shard of the fp32 "
+                                      "master and of AdamW's moments)"
                 : t->size > 1 ? "on the GPU (NCCL)" : "on the GPU (one rank: no communication)",
                 t->path_why ? ": " : "", t->path_why ? t->path_why : "");
     }
@@ -989,9 +1021,7 @@ static void dev_stage_out(trainer *t)
 {
     size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
     dev_stage_alloc(t);
-    dp_master_full(t);
-    sd_synchronize(t->be);
-    sd_download(t->be, t->w.data, t->d_master, t->n * sizeof(float));
+    sd_download(t->be, t->w.data, dp_master_full(t), t->n * sizeof(float));
     sd_download(t->be, t->hm, t->d_m, (e - b) * sizeof(float));
     sd_download(t->be, t->hv, t->d_v, (e - b) * sizeof(float));
     if (t->hema)
@@ -1003,14 +1033,13 @@ static void dev_stage_in(trainer *t, int has_ema)
 {
     size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
     sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)t->n);
-    if ((void *)t->d_master != t->d_params)
-        sd_upload(t->be, t->d_master, t->w.data, t->n * sizeof(float));
+    upload_master(t);
     sd_upload(t->be, t->d_m, t->hm, (e - b) * sizeof(float));
     sd_upload(t->be, t->d_v, t->hv, (e - b) * sizeof(float));
     if (t->d_ema && has_ema)
         sd_upload(t->be, t->d_ema, t->hema, (e - b) * sizeof(float));
     else if (t->d_ema) /* no EMA in the checkpoint: it starts from the parameters */
-        sd_copy(t->be, t->d_ema, t->d_master + t->begin, (t->end - t->begin) * sizeof(float));
+        sd_copy(t->be, t->d_ema, master_at(t, t->begin), (t->end - t->begin) * sizeof(float));
     sd_synchronize(t->be);
 }
 
