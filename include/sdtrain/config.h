@@ -112,6 +112,8 @@ typedef struct sd_config {
     struct {
         char prompts[SD_MAX_PROMPTS][SD_PROMPT_MAX];
         int n_prompts;
+        char negative_prompts[SD_MAX_PROMPTS][SD_PROMPT_MAX]; /* none, one, or one per prompt */
+        int n_negative_prompts;
         int64_t num_steps;
         double guidance_scale;
         char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm */

@@ -75,11 +75,12 @@ typedef void (*sd_t2i_noise_fn)(void *user, int k, float *out, int64_t n);
  * then the scheduler step. latents (host [lh, lw, C]) in: the initial noise, out: the result. */
 void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *uncond,
                     double guidance, float *latents, sd_t2i_noise_fn noise, void *noise_user);
-/* The same for nb images at once (1 <= nb <= max_images): conds [nb, 77, hidden], latents
+/* The same for nb images at once (1 <= nb <= max_images): conds [nb, 77, hidden], unconds
+ * [nb, 77, hidden] (each image's own: its negative prompt's encoding) or NULL, latents
  * [nb, lh, lw, C], the sampler made for nb latents (s->n = nb * n_latent), noise_users[b] the
  * noise source of image b. */
 void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
-                          const float *uncond, double guidance, float *latents,
+                          const float *unconds, double guidance, float *latents,
                           sd_t2i_noise_fn noise, void *const *noise_users);
 
 /* image (host [res, res, 3], about [-1, 1]) = VAE decode of latents / scale (fp32 division,

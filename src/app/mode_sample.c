@@ -451,6 +451,11 @@ static int write_index(const sd_config *cfg, const char *scheduler, sd_err *err)
         for (int64_t j = 0; j < cfg->sample.images_per_prompt; j++) {
             fprintf(f, "{\"prompt_index\": %d, \"image_index\": %" PRId64 ", \"prompt\": ", p, j);
             json_str(f, cfg->sample.prompts[p]);
+            if (cfg->sample.n_negative_prompts > 0 && cfg->sample.guidance_scale > 1.0) {
+                fprintf(f, ", \"negative_prompt\": ");
+                json_str(f, cfg->sample.negative_prompts[cfg->sample.n_negative_prompts > 1 ? p
+                                                                                         : 0]);
+            }
             fprintf(f, ", \"seed\": %lld, \"steps\": %lld, \"scheduler\": \"%s\", "
                        "\"guidance_scale\": %s, \"width\": %lld, \"height\": %lld, "
                        "\"file\": \"samples/%d-%" PRId64 ".png\"}\n",
@@ -483,7 +488,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     sched_setup ss;
     sd_err err;
     char what[4 * SD_PATH_MAX + 128], dir[SD_PATH_MAX + 16];
-    float *uncond = NULL, *cond = NULL, *lat = NULL, *img = NULL;
+    float *uncond = NULL, *unconds = NULL, *cond = NULL, *lat = NULL, *img = NULL;
     uint8_t *rgb = NULL;
     int kind = sd_sampler_kind_from_name(cfg->sample.scheduler), failed, n_mine = 0;
     const int64_t n_total = (int64_t)cfg->sample.n_prompts * cfg->sample.images_per_prompt;
@@ -565,14 +570,36 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 sd_warn("&sample prompts(%d) has %d tokens; the text encoder sees the first %d "
                         "(truncated, as the pipeline does)", p + 1, n_tok - 2, TEXT_LEN - 2);
         }
+    if (rank == 0 && cfg->sample.n_negative_prompts > 0 && !guided)
+        sd_warn("&sample negative_prompts are not used: guidance_scale %g <= 1 makes no "
+                "unconditional pass (as in diffusers)", g_scale);
+    if (rank == 0 && guided)
+        for (int p = 0; p < cfg->sample.n_negative_prompts; p++) {
+            int32_t ids[TEXT_LEN];
+            int n_tok = 0;
+            const char *pr = cfg->sample.negative_prompts[p];
+            if (sd_tokenize(g.tok, pr, strlen(pr), ids, &n_tok) > 0)
+                sd_warn("&sample negative_prompts(%d) is not valid UTF-8: the bad bytes are "
+                        "dropped, as the reference tokenizer does", p + 1);
+            if (n_tok > TEXT_LEN)
+                sd_warn("&sample negative_prompts(%d) has %d tokens; the text encoder sees the "
+                        "first %d (truncated, as the pipeline does)", p + 1, n_tok - 2,
+                        TEXT_LEN - 2);
+        }
     cond = sd_xmalloc((size_t)nb_max * (size_t)g.n_emb * sizeof *cond);
     lat = sd_xmalloc((size_t)nb_max * (size_t)g.n_latent * sizeof *lat);
     img = sd_xmalloc((size_t)g.n_image * sizeof *img);
     rgb = sd_xmalloc((size_t)g.n_image);
     failed = 0;
     if (guided) {
+        /* the unconditional half: the empty prompt, or the one negative prompt of every image
+         * (encoded once here), or each prompt's own (encoded with its prompt, below) */
         uncond = sd_xmalloc((size_t)g.n_emb * sizeof *uncond);
-        failed = sd_t2i_encode(&g, "", NULL, uncond, &err) != 0;
+        unconds = sd_xmalloc((size_t)nb_max * (size_t)g.n_emb * sizeof *unconds);
+        if (cfg->sample.n_negative_prompts <= 1)
+            failed = sd_t2i_encode(&g, cfg->sample.n_negative_prompts
+                                           ? cfg->sample.negative_prompts[0] : "",
+                                   NULL, uncond, &err) != 0;
     }
     /* Image i = p * images_per_prompt + j goes to rank i mod size: a fixed assignment, and each
      * image depends on (seed, p, j) only, so the files do not depend on the rank count (nor, on
@@ -599,9 +626,15 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 /* one text-encoder pass per prompt change (images come prompt by prompt) */
                 if (p != last_p) {
                     failed = sd_t2i_encode(&g, cfg->sample.prompts[p], NULL, last_cond, &err) != 0;
+                    if (!failed && guided && cfg->sample.n_negative_prompts > 1)
+                        failed = sd_t2i_encode(&g, cfg->sample.negative_prompts[p], NULL, uncond,
+                                               &err) != 0;
                     last_p = p;
                 }
                 memcpy(cb, last_cond, (size_t)g.n_emb * sizeof *cb);
+                if (guided)
+                    memcpy(unconds + (size_t)b * (size_t)g.n_emb, uncond,
+                           (size_t)g.n_emb * sizeof *unconds);
                 if (!failed)
                     failed = sd_sampler_normals_nhwc(nc[b].seed, SD_SAMPLER_RNG_INIT,
                                                      nc[b].image, nc[b].prompt, 0, g.lc, g.lh,
@@ -615,7 +648,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 SD_CHECK(make_sampler(&s, kind, &d, cfg, &ss, (int64_t)nb * g.n_latent,
                                       &err) == 0, "%s", err.msg);
             }
-            sd_t2i_denoise_batch(&g, &s, nb, cond, guided ? uncond : NULL, g_scale, lat,
+            sd_t2i_denoise_batch(&g, &s, nb, cond, guided ? unconds : NULL, g_scale, lat,
                                  ddpm_noise, users);
             for (int b = 0; b < nb && !failed; b++) {
                 const int p = (int)(ids[b] / cfg->sample.images_per_prompt);
@@ -655,6 +688,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 (long long)n_total, dir, cfg->run.output_dir, sd_time_now() - t0);
     sd_debug("this rank made %d of the %lld image(s)", n_mine, (long long)n_total);
     free(uncond);
+    free(unconds);
     free(cond);
     free(lat);
     free(img);

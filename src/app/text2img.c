@@ -159,23 +159,21 @@ int sd_t2i_encode(sd_t2i *g, const char *prompt, int32_t *ids_out, float *emb, s
 }
 
 void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
-                          const float *uncond, double guidance, float *latents,
+                          const float *unconds, double guidance, float *latents,
                           sd_t2i_noise_fn noise, void *const *noise_users)
 {
     const int64_t n = g->n_latent, nn = (int64_t)nb * n;
-    const int rows = uncond ? 2 * nb : nb;
+    const int rows = unconds ? 2 * nb : nb;
     const size_t es = sd_dtype_size(g->be->dtype);
     float *eps = g->h_eps;
     SD_CHECK(nb >= 1 && nb <= g->max_images, "%d images for a generator of %d", nb,
              g->max_images);
     SD_CHECK(s->n == nn, "sampler for %lld elements, latents of %d images have %lld",
              (long long)s->n, nb, (long long)nn);
-    /* contexts [uncond x nb, cond_0 .. cond_nb-1] (or the conds) stay on the backend for the
-     * whole loop */
-    if (uncond)
-        for (int b = 0; b < nb; b++)
-            sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)b * (size_t)g->n_emb * es, uncond,
-                          g->n_emb);
+    /* contexts [uncond_0 .. uncond_nb-1, cond_0 .. cond_nb-1] (or the conds) stay on the
+     * backend for the whole loop */
+    if (unconds)
+        sd_upload_f32(g->be, g->d_ctx, unconds, (int64_t)nb * g->n_emb);
     sd_upload_f32(g->be, (char *)g->d_ctx + (size_t)(rows - nb) * (size_t)g->n_emb * es, conds,
                   (int64_t)nb * g->n_emb);
     sd_sampler_reset(s);
@@ -189,7 +187,7 @@ void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
                         g->d_eps, &g->unet_arena, NULL);
         sd_synchronize(g->be);
         sd_download_f32(g->be, eps, g->d_eps, (int64_t)rows * n);
-        if (uncond)
+        if (unconds)
             sd_guidance_combine(nn, eps, eps + nn, guidance, eps);
         const float *z = NULL;
         if (s->kind == SD_SAMPLER_DDPM && s->timesteps[i] > 0) {

@@ -653,6 +653,12 @@ int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err)
     if (!strcmp(mode, "sample") && c->sample.n_prompts == 0)
         return validate_error(rc, "sample", "prompts", err,
                               "missing required key 'prompts' in &sample (needed when mode = 'sample')");
+    if (!strcmp(mode, "sample") && c->sample.n_negative_prompts > 1 &&
+        c->sample.n_negative_prompts != c->sample.n_prompts)
+        return validate_error(rc, "sample", "negative_prompts", err,
+                              "&sample negative_prompts has %d entries for %d prompts: give one "
+                              "(for every prompt) or one per prompt",
+                              c->sample.n_negative_prompts, c->sample.n_prompts);
     return 0;
 }
 

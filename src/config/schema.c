@@ -189,6 +189,11 @@ static const sd_option options[] = {
 
     /* &sample */
     STRING_LIST(sample, prompts, "", "Prompts to generate images for (mode = 'sample')."),
+    STRING_LIST(sample, negative_prompts, "",
+                "What the images should not show: the unconditional half of classifier-free "
+                "guidance is conditioned on it instead of on the empty prompt (diffusers' "
+                "negative_prompt). None, one for every prompt, or one per prompt; used only "
+                "when guidance_scale > 1."),
     INT(sample, num_steps, "50", 1, 1000, "steps", "Denoising steps."),
     REAL(sample, guidance_scale, "7.5", 0, 100, "",
          "Classifier-free guidance scale; <= 1 = off (no unconditional U-Net pass, as diffusers)."),

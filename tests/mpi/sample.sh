@@ -83,6 +83,52 @@ done
 cmp -s "$TMP/g1/samples/0-0.png" "$TMP/ddim1/samples/0-0.png" && fail "guidance 1 gave the guided image"
 pass "guidance_scale 1 skips the unconditional pass"
 
+# negative prompts (diffusers' negative_prompt): the unconditional half of the guided batch is
+# conditioned on them instead of on "". An explicit '' is the default. Each prompt as its own
+# negative makes the two halves equal, so guidance changes nothing: the images of guidance 1
+# (which makes no unconditional pass; the CPU's U-Net is batch-invariant), also with 2 images a
+# call. One negative for every prompt == that string once per prompt; a real negative changes
+# the images and is recorded in samples.jsonl; with guidance 1 it is unused, with a warning.
+same_pngs() { # same_pngs A B WHAT
+    for p in 0 1 2; do
+        for j in 0 1; do
+            cmp -s "$TMP/$1/samples/$p-$j.png" "$TMP/$2/samples/$p-$j.png" || fail "$3: $p-$j.png differs"
+        done
+    done
+}
+sample_nml negempty ddim ", negative_prompts = ''"
+mpi negempty 2 "$SDTRAIN" "$TMP/negempty.nml"
+expect_rc negempty 0
+same_pngs negempty ddim1 "negative_prompts = '' vs none"
+sample_nml negself ddim ", negative_prompts = 'a photo of the cat', 'red car at the sea', 'x \"quoted\" \\ back'"
+mpi negself 2 "$SDTRAIN" "$TMP/negself.nml"
+expect_rc negself 0
+same_pngs negself g1 "each prompt as its own negative vs guidance 1"
+mpi negselfb2 1 "$SDTRAIN" "$TMP/negself.nml" --set sample.batch_size=2 --set run.output_dir="'$TMP/negselfb2'"
+expect_rc negselfb2 0
+same_pngs negselfb2 g1 "each prompt as its own negative, 2 images a call, vs guidance 1"
+sample_nml negone ddim ", negative_prompts = 'blurry, low quality'"
+mpi negone 1 "$SDTRAIN" "$TMP/negone.nml"
+expect_rc negone 0
+sample_nml negall ddim ", negative_prompts = 'blurry, low quality', 'blurry, low quality', 'blurry, low quality'"
+mpi negall 2 "$SDTRAIN" "$TMP/negall.nml"
+expect_rc negall 0
+same_pngs negone negall "one negative for every prompt vs the same one per prompt"
+cmp -s "$TMP/negone/samples/0-0.png" "$TMP/ddim1/samples/0-0.png" && fail "a negative prompt changed nothing"
+grep -q '"prompt": "red car at the sea", "negative_prompt": "blurry, low quality", "seed"' "$TMP/negone/samples.jsonl" ||
+    fail "samples.jsonl does not record the negative prompt: $(sed -n 3p "$TMP/negone/samples.jsonl")"
+grep -q negative_prompt "$TMP/ddim1/samples.jsonl" && fail "samples.jsonl names a negative prompt that was not given"
+mpi negg1 1 "$SDTRAIN" "$TMP/negone.nml" --set sample.guidance_scale=1.0 --set run.output_dir="'$TMP/negg1'"
+expect_rc negg1 0
+expect_in negg1 err "negative_prompts are not used: guidance_scale 1 <= 1"
+same_pngs negg1 g1 "a negative prompt with guidance 1 (unused)"
+sample_nml negtwo ddim ", negative_prompts = 'a', 'b'"
+mpi negtwo 2 "$SDTRAIN" "$TMP/negtwo.nml"
+expect_rc negtwo 2
+expect_count negtwo err "&sample negative_prompts has 2 entries for 3 prompts: give one (for every prompt) or one per prompt" 1
+expect_in negtwo err "negtwo.nml:"
+pass "negative prompts"
+
 # a training output directory: unet_final.safetensors (diffusers names) + &model pretrained for
 # the U-Net config, VAE, text encoder and tokenizer; the same weights give the same bytes
 mkdir -p "$TMP/trainout"
