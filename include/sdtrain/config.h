@@ -119,6 +119,8 @@ typedef struct sd_config {
         char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm */
         int64_t images_per_prompt;
         int64_t batch_size;             /* images per U-Net call; 0 = 8 on a GPU, 1 on the CPU */
+        int64_t decode_batch_size;      /* images per VAE decode; 0 = batch_size on a GPU, 1 on
+                                           the CPU */
         char checkpoint[SD_PATH_MAX];   /* '' = &model pretrained (see the schema's help) */
         bool use_ema;
     } sample;

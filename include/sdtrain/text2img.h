@@ -44,6 +44,7 @@ typedef struct sd_t2i {
     float *h_ts;                     /* host [2 max_images]: the timestep of each batch row */
     float *h_z;                      /* host [max_images n]: DDPM noise */
     int max_images;                  /* images per denoising call at most */
+    int max_decode;                  /* images per VAE decode call at most (<= max_images) */
     int res, lh, lw, lc, hidden;
     int64_t n_latent, n_image, n_emb;
 } sd_t2i;
@@ -56,7 +57,7 @@ typedef struct sd_t2i {
 int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
                 const sd_unet_config *uc, sd_weights *uw, const sd_vae_config *vc,
                 sd_weights *vw, const sd_clip_config *cc, sd_weights *cw, sd_tokenizer *tok,
-                int resolution, int max_images, sd_err *err);
+                int resolution, int max_images, int max_decode, sd_err *err);
 void sd_t2i_close(sd_t2i *g);
 
 /* Tokenizes `prompt` (77 ids, the pipeline's max_length padding and truncation) into ids
@@ -86,6 +87,9 @@ void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
 /* image (host [res, res, 3], about [-1, 1]) = VAE decode of latents / scale (fp32 division,
  * as the pipeline's latents / vae.config.scaling_factor). */
 void sd_t2i_decode(sd_t2i *g, const float *latents, double scale, float *image);
+/* The same for nb images in one decoder call (1 <= nb <= max_decode): latents [nb, lh, lw, C],
+ * images [nb, res, res, 3]. */
+void sd_t2i_decode_batch(sd_t2i *g, int nb, const float *latents, double scale, float *images);
 
 #ifdef __cplusplus
 }

@@ -222,7 +222,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
 
 /* Loads every part on the host (fp32) and opens the generator on this rank's device. */
 static int load_models(const sd_config *cfg, const sd_device_info *dev, const sources *src,
-                       int max_images, sd_t2i *g, char *what, size_t what_size, sd_err *err)
+                       int max_images, int max_decode, sd_t2i *g, char *what,
+                       size_t what_size, sd_err *err)
 {
     sd_unet_config uc;
     sd_vae_config vc;
@@ -373,7 +374,7 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
                  src->parts[0] ? src->parts : "random(seed)", tok_path) >= (int)what_size)
         what[what_size - 1] = '\0';
     rc = sd_t2i_open(g, dev->use_cuda ? "cuda" : "cpu", dev->device_id, precision, &uc, &uw, &vc,
-                     &vw, &cc, &cw, tok, (int)cfg->model.resolution, max_images, err);
+                     &vw, &cc, &cw, tok, (int)cfg->model.resolution, max_images, max_decode, err);
     tok = NULL; /* owned by g now */
 out:
     sd_weights_free(&uw);
@@ -500,6 +501,13 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     int nb_max = cfg->sample.batch_size > 0 ? (int)cfg->sample.batch_size : dev->use_cuda ? 8 : 1;
     if (nb_max > mine)
         nb_max = mine > 0 ? (int)mine : 1;
+    /* images per VAE decode: &sample decode_batch_size (0: the U-Net batch on a GPU, 1 on the
+     * CPU), at most the U-Net batch */
+    int nd_max = cfg->sample.decode_batch_size > 0 ? (int)cfg->sample.decode_batch_size
+                 : dev->use_cuda                   ? nb_max
+                                                   : 1;
+    if (nd_max > nb_max)
+        nd_max = nb_max;
 
     memset(&g, 0, sizeof g);
     memset(&d, 0, sizeof d);
@@ -524,7 +532,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         free(ts);
     }
     if (!failed)
-        failed = load_models(cfg, dev, &src, nb_max, &g, what, sizeof what, &err) != 0;
+        failed = load_models(cfg, dev, &src, nb_max, nd_max, &g, what, sizeof what, &err) != 0;
     if (!failed)
         failed = make_sampler(&s, kind, &d, cfg, &ss, (int64_t)nb_max * g.n_latent, &err) != 0;
     if (!failed) {
@@ -554,10 +562,10 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 ss.clip > 0 ? ", clip_sample" : "", (double)scale);
 
     if (rank == 0)
-        sd_info("%d image(s) per denoising call (&sample batch_size %lld%s): a U-Net batch of %d",
-                nb_max, (long long)cfg->sample.batch_size,
+        sd_info("%d image(s) per denoising call (&sample batch_size %lld%s): a U-Net batch of %d; "
+                "%d per VAE decode call", nb_max, (long long)cfg->sample.batch_size,
                 cfg->sample.batch_size ? "" : dev->use_cuda ? ": 8 on a GPU" : ": 1 on the CPU",
-                guided ? 2 * nb_max : nb_max);
+                guided ? 2 * nb_max : nb_max, nd_max);
     if (rank == 0)
         for (int p = 0; p < cfg->sample.n_prompts; p++) {
             int32_t ids[TEXT_LEN];
@@ -588,7 +596,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         }
     cond = sd_xmalloc((size_t)nb_max * (size_t)g.n_emb * sizeof *cond);
     lat = sd_xmalloc((size_t)nb_max * (size_t)g.n_latent * sizeof *lat);
-    img = sd_xmalloc((size_t)g.n_image * sizeof *img);
+    img = sd_xmalloc((size_t)nd_max * (size_t)g.n_image * sizeof *img);
     rgb = sd_xmalloc((size_t)g.n_image);
     failed = 0;
     if (guided) {
@@ -659,8 +667,11 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                         (long long)ids[b]) != 0;
                     break;
                 }
-                sd_t2i_decode(&g, lat + (size_t)b * (size_t)g.n_latent, scale, img);
-                sd_image_to_u8(g.n_image, img, rgb);
+                /* the VAE decodes nd_max images a call; image b is then taken from img */
+                if (b % nd_max == 0)
+                    sd_t2i_decode_batch(&g, nb - b < nd_max ? nb - b : nd_max,
+                                        lat + (size_t)b * (size_t)g.n_latent, scale, img);
+                sd_image_to_u8(g.n_image, img + (size_t)(b % nd_max) * (size_t)g.n_image, rgb);
                 snprintf(file, sizeof file, "%s/%d-%" PRId64 ".png", dir, p, j);
                 if (sd_image_write_png(file, rgb, g.res, g.res, &err)) {
                     failed = 1;

@@ -53,11 +53,12 @@ void sd_t2i_close(sd_t2i *g)
 int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
                 const sd_unet_config *uc, sd_weights *uw, const sd_vae_config *vc,
                 sd_weights *vw, const sd_clip_config *cc, sd_weights *cw, sd_tokenizer *tok,
-                int resolution, int max_images, sd_err *err)
+                int resolution, int max_images, int max_decode, sd_err *err)
 {
     int factor, oh, ow;
     memset(g, 0, sizeof *g);
     g->max_images = max_images > 0 ? max_images : 1;
+    g->max_decode = max_decode < 1 ? 1 : max_decode > g->max_images ? g->max_images : max_decode;
     g->ucfg = *uc;
     g->vcfg = *vc;
     g->ccfg = *cc;
@@ -89,7 +90,7 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
         return sd_err_set(err, "the VAE decodes to %d channels; images need 3 (RGB)",
                           g->vcfg.out_channels);
     if (sd_unet_check_shape(&g->ucfg, 2 * g->max_images, g->lh, g->lw, TEXT_LEN, err) ||
-        sd_vae_check_latent_shape(&g->vcfg, 1, g->lh, g->lw, &oh, &ow, err) ||
+        sd_vae_check_latent_shape(&g->vcfg, g->max_decode, g->lh, g->lw, &oh, &ow, err) ||
         sd_clip_check_shape(&g->ccfg, 1, TEXT_LEN, err))
         return -1;
     if (oh != resolution || ow != resolution)
@@ -111,7 +112,8 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
     if (sd_cmd_arena(&g->cb, sd_unet_scratch_bytes(&g->ucfg, g->be, 2 * g->max_images, g->lh,
                                                    g->lw, TEXT_LEN),
                      &g->unet_arena) ||
-        sd_cmd_arena(&g->cb, sd_vae_decode_scratch_bytes(&g->vcfg, g->be, 1, g->lh, g->lw),
+        sd_cmd_arena(&g->cb,
+                     sd_vae_decode_scratch_bytes(&g->vcfg, g->be, g->max_decode, g->lh, g->lw),
                      &g->vae_arena) ||
         sd_cmd_arena(&g->cb, sd_clip_scratch_bytes(&g->ccfg, g->be, 1, TEXT_LEN), &g->clip_arena))
         return sd_err_set(err, "cannot allocate the activation memory on the %s backend",
@@ -123,7 +125,7 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
         g->d_ctx = sd_backend_alloc(g->be, rows * (size_t)g->n_emb * es);
         g->d_ids = sd_backend_alloc(g->be, TEXT_LEN * sizeof(int32_t));
         g->d_emb = sd_backend_alloc(g->be, (size_t)g->n_emb * es);
-        g->d_img = sd_backend_alloc(g->be, (size_t)g->n_image * es);
+        g->d_img = sd_backend_alloc(g->be, (size_t)g->max_decode * (size_t)g->n_image * es);
         if (!g->d_lat || !g->d_eps || !g->d_ctx || !g->d_ids || !g->d_emb || !g->d_img)
             return sd_err_set(err, "cannot allocate the sampling buffers on the %s backend",
                               g->be->name);
@@ -207,15 +209,24 @@ void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *un
     sd_t2i_denoise_batch(g, s, 1, cond, uncond, guidance, latents, noise, users);
 }
 
-void sd_t2i_decode(sd_t2i *g, const float *latents, double scale, float *image)
+void sd_t2i_decode_batch(sd_t2i *g, int nb, const float *latents, double scale, float *images)
 {
     const float sf = (float)scale;
-    float *x = sd_xmalloc((size_t)g->n_latent * sizeof *x);
-    for (int64_t i = 0; i < g->n_latent; i++)
+    const int64_t n = (int64_t)nb * g->n_latent;
+    float *x;
+    SD_CHECK(nb >= 1 && nb <= g->max_decode, "%d images to decode, at most %d a call", nb,
+             g->max_decode);
+    x = sd_xmalloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n; i++)
         x[i] = latents[i] / sf;
-    sd_upload_f32(g->be, g->d_lat, x, g->n_latent);
-    sd_vae_decode(g->vae, 1, g->lh, g->lw, g->d_lat, g->d_img, &g->vae_arena, NULL);
+    sd_upload_f32(g->be, g->d_lat, x, n);
+    sd_vae_decode(g->vae, nb, g->lh, g->lw, g->d_lat, g->d_img, &g->vae_arena, NULL);
     sd_synchronize(g->be);
-    sd_download_f32(g->be, image, g->d_img, g->n_image);
+    sd_download_f32(g->be, images, g->d_img, (int64_t)nb * g->n_image);
     free(x);
+}
+
+void sd_t2i_decode(sd_t2i *g, const float *latents, double scale, float *image)
+{
+    sd_t2i_decode_batch(g, 1, latents, scale, image);
 }

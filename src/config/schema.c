@@ -204,6 +204,9 @@ static const sd_option options[] = {
         "Images denoised together in one U-Net call (each rank's images, in order; the images do "
         "not depend on it on the CPU, whose U-Net is batch-invariant). 0 = 8 on a GPU, 1 on the "
         "CPU."),
+    INT(sample, decode_batch_size, "0", 0, 256, "images",
+        "Images the VAE decodes in one call (at most batch_size): faster on a GPU, more memory. "
+        "0 = batch_size on a GPU, 1 on the CPU."),
     STRING(sample, checkpoint, "''",
            "What to sample from: a diffusers snapshot, a training output directory (its "
            "unet_final.safetensors, else its newest checkpoint), a checkpoint directory (step-K, "

@@ -1,8 +1,9 @@
 #!/bin/sh
 # mode = 'sample' on the GPU (doc/sampling.md) against the CPU, on the tiny-sd2 snapshot at 16 px,
 # 3 DDIM steps with classifier-free guidance 7.5, 3 prompts x 2 images:
-#   1. fp32 (no TF32), the 6 images in one batch (the GPU default of &sample batch_size): every
-#      PNG within 2 levels (of 255) of the CPU's (tests/mpi/png_compare);
+#   1. fp32 (no TF32), the 6 images in one batch (the GPU default of &sample batch_size), decoded
+#      by the VAE in one call (decode_batch_size's GPU default): every PNG within 2 levels (of
+#      255) of the CPU's (tests/mpi/png_compare);
 #   2. one image per call: the same PNG bytes at -np 1 and -np 2 on the GPU (images split over
 #      ranks sharing it; the GPU's U-Net is not batch-invariant, so only equal batches give
 #      equal bits);
@@ -38,6 +39,7 @@ compare() {
 sample cpu 1 cpu fp32
 sample gpu1 1 cuda fp32
 expect_in gpu1 out "6 image(s) per denoising call"
+expect_in gpu1 out "6 per VAE decode call"
 compare gpu1 cpu 2
 pass "fp32 on the GPU, 6 images a call: every image within 2 levels of the CPU's"
 

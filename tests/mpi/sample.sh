@@ -65,8 +65,27 @@ for sched in ddim pndm ddpm; do
         done
     done
 done
-expect_in ddim1 out "1 image(s) per denoising call (&sample batch_size 0: 1 on the CPU): a U-Net batch of 2"
+expect_in ddim1 out "1 image(s) per denoising call (&sample batch_size 0: 1 on the CPU): a U-Net batch of 2; 1 per VAE decode call"
+expect_in ddimb4 out "a U-Net batch of 8; 1 per VAE decode call"
 pass "batch_size 4 and 2: the same PNG bytes as one image at a time"
+
+# several images per VAE decode (&sample decode_batch_size, at most batch_size): the same bytes;
+# 4 + 2 images denoised, decoded as 3 + 1 and 2
+sample_nml ddimd3 ddim ", batch_size = 4, decode_batch_size = 3"
+mpi ddimd3 1 "$SDTRAIN" "$TMP/ddimd3.nml"
+expect_rc ddimd3 0
+expect_in ddimd3 out "a U-Net batch of 8; 3 per VAE decode call"
+mpi ddimd9 1 "$SDTRAIN" "$TMP/ddimd3.nml" --set sample.decode_batch_size=9 --set run.output_dir="'$TMP/ddimd9'"
+expect_rc ddimd9 0
+expect_in ddimd9 out "a U-Net batch of 8; 4 per VAE decode call"
+for p in 0 1 2; do
+    for j in 0 1; do
+        f="samples/$p-$j.png"
+        cmp -s "$TMP/ddim1/$f" "$TMP/ddimd3/$f" || fail "$f differs with decode_batch_size 3"
+        cmp -s "$TMP/ddim1/$f" "$TMP/ddimd9/$f" || fail "$f differs with decode_batch_size 9 (4)"
+    done
+done
+pass "decode_batch_size 3 and 9 (capped at 4): the same PNG bytes as one image at a time"
 
 # guidance 1: no unconditional pass, and a different image
 sample_nml g1 ddim

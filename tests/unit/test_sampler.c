@@ -269,7 +269,7 @@ static void test_pipeline(void)
         tap_diag("%s", err.msg);
         return;
     }
-    if (!tap_ok(sd_t2i_open(&g, "cpu", 0, "fp32", &uc, &uw, &vc, &vw, &cc, &cw, tok, 16, 1, &err) == 0,
+    if (!tap_ok(sd_t2i_open(&g, "cpu", 0, "fp32", &uc, &uw, &vc, &vw, &cc, &cw, tok, 16, 1, 1, &err) == 0,
                 "text-to-image on the CPU backend")) {
         tap_diag("%s", err.msg);
         sd_t2i_close(&g);
