@@ -301,6 +301,9 @@ void *sd_backend_cuda_stream(const sd_backend *be);
  * waits (the default). A no-op for other backends and in a build without CUDA. */
 typedef void (*sd_wait_fn)(void *user, double waited_s);
 void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn fn, void *user);
+/* The host waits for `stream` (a cudaStream_t of this backend's device, e.g. NCCL's side
+ * stream) as the backend waits for its own: under the wait hook when one is set. */
+void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream);
 
 /* ---- Memory ----------------------------------------------------------------------------- */
 

@@ -220,6 +220,23 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     return rc;
 }
 
+/* Warnings on &sample KEY's texts that the tokenizer changes: invalid UTF-8 (its bytes dropped)
+ * or more tokens than the text encoder sees. */
+static void warn_prompts(const sd_tokenizer *tok, const char *key,
+                         const char (*texts)[SD_PROMPT_MAX], int n)
+{
+    for (int p = 0; p < n; p++) {
+        int32_t ids[TEXT_LEN];
+        int n_tok = 0;
+        if (sd_tokenize(tok, texts[p], strlen(texts[p]), ids, &n_tok) > 0)
+            sd_warn("&sample %s(%d) is not valid UTF-8: the bad bytes are dropped, as the "
+                    "reference tokenizer does", key, p + 1);
+        if (n_tok > TEXT_LEN)
+            sd_warn("&sample %s(%d) has %d tokens; the text encoder sees the first %d "
+                    "(truncated, as the pipeline does)", key, p + 1, n_tok - 2, TEXT_LEN - 2);
+    }
+}
+
 /* Loads every part on the host (fp32) and opens the generator on this rank's device. */
 static int load_models(const sd_config *cfg, const sd_device_info *dev, const sources *src,
                        int max_images, int max_decode, sd_t2i *g, char *what,
@@ -567,33 +584,13 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 cfg->sample.batch_size ? "" : dev->use_cuda ? ": 8 on a GPU" : ": 1 on the CPU",
                 guided ? 2 * nb_max : nb_max, nd_max);
     if (rank == 0)
-        for (int p = 0; p < cfg->sample.n_prompts; p++) {
-            int32_t ids[TEXT_LEN];
-            int n_tok = 0;
-            const char *pr = cfg->sample.prompts[p];
-            if (sd_tokenize(g.tok, pr, strlen(pr), ids, &n_tok) > 0)
-                sd_warn("&sample prompts(%d) is not valid UTF-8: the bad bytes are dropped, as "
-                        "the reference tokenizer does", p + 1);
-            if (n_tok > TEXT_LEN)
-                sd_warn("&sample prompts(%d) has %d tokens; the text encoder sees the first %d "
-                        "(truncated, as the pipeline does)", p + 1, n_tok - 2, TEXT_LEN - 2);
-        }
+        warn_prompts(g.tok, "prompts", cfg->sample.prompts, cfg->sample.n_prompts);
     if (rank == 0 && cfg->sample.n_negative_prompts > 0 && !guided)
         sd_warn("&sample negative_prompts are not used: guidance_scale %g <= 1 makes no "
                 "unconditional pass (as in diffusers)", g_scale);
     if (rank == 0 && guided)
-        for (int p = 0; p < cfg->sample.n_negative_prompts; p++) {
-            int32_t ids[TEXT_LEN];
-            int n_tok = 0;
-            const char *pr = cfg->sample.negative_prompts[p];
-            if (sd_tokenize(g.tok, pr, strlen(pr), ids, &n_tok) > 0)
-                sd_warn("&sample negative_prompts(%d) is not valid UTF-8: the bad bytes are "
-                        "dropped, as the reference tokenizer does", p + 1);
-            if (n_tok > TEXT_LEN)
-                sd_warn("&sample negative_prompts(%d) has %d tokens; the text encoder sees the "
-                        "first %d (truncated, as the pipeline does)", p + 1, n_tok - 2,
-                        TEXT_LEN - 2);
-        }
+        warn_prompts(g.tok, "negative_prompts", cfg->sample.negative_prompts,
+                     cfg->sample.n_negative_prompts);
     cond = sd_xmalloc((size_t)nb_max * (size_t)g.n_emb * sizeof *cond);
     lat = sd_xmalloc((size_t)nb_max * (size_t)g.n_latent * sizeof *lat);
     img = sd_xmalloc((size_t)nd_max * (size_t)g.n_image * sizeof *img);

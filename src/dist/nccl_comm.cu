@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 
 #include "sd_config.h"
 
@@ -59,24 +58,6 @@ static void watch(void *user, double waited_s)
     }
 }
 
-/* cudaStreamSynchronize under the watch (for the communicator's own waits). */
-static void wait_stream(sd_nccl *c, cudaStream_t s)
-{
-    struct timespec t0, now;
-    const struct timespec nap = {0, 100000};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        const cudaError_t e = cudaStreamQuery(s);
-        if (e == cudaSuccess)
-            return;
-        if (e != cudaErrorNotReady)
-            SD_CUDA_CHECK(e);
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        watch(c, (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec));
-        nanosleep(&nap, nullptr);
-    }
-}
-
 extern "C" int sd_nccl_unique_id(unsigned char id[SD_NCCL_ID_BYTES], sd_err *err)
 {
     ncclUniqueId u;
@@ -121,10 +102,12 @@ extern "C" void sd_nccl_destroy(sd_nccl *c)
 {
     if (!c)
         return;
-    wait_stream(c, c->stream);
+    /* the backend's waits are still watched by this communicator */
+    sd_backend_cuda_wait_stream(c->be, c->stream);
+    if (c->side)
+        sd_backend_cuda_wait_stream(c->be, c->side);
     sd_backend_cuda_set_wait_hook(c->be, nullptr, nullptr);
     if (c->side) {
-        wait_stream(c, c->side);
         SD_CUDA_CHECK(cudaEventDestroy(c->at_compute));
         SD_CUDA_CHECK(cudaEventDestroy(c->at_side));
         SD_CUDA_CHECK(cudaStreamDestroy(c->side));

@@ -937,4 +937,10 @@ void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn fn, void *us
     (void)fn;
     (void)user;
 }
+
+void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream)
+{
+    (void)be;
+    (void)stream;
+}
 #endif

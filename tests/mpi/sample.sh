@@ -11,6 +11,13 @@ snap="$top_srcdir/tests/data/models/tiny-sd2"
 
 # sample_nml NAME SCHEDULER [EXTRA &sample KEYS]: tiny_sample_nml on the CPU
 sample_nml() { tiny_sample_nml "$1" "$2" "${3:-}"; }
+same_pngs() { # same_pngs A B WHAT: runs A and B wrote the same 6 PNG files, byte for byte
+    for p in 0 1 2; do
+        for j in 0 1; do
+            cmp -s "$TMP/$1/samples/$p-$j.png" "$TMP/$2/samples/$p-$j.png" || fail "$3: $p-$j.png differs"
+        done
+    done
+}
 
 for sched in ddim pndm ddpm; do
     sample_nml "${sched}1" "$sched"
@@ -57,13 +64,8 @@ for sched in ddim pndm ddpm; do
     sample_nml "${sched}b2" "$sched" ", batch_size = 2"
     mpi "${sched}b2" 2 "$SDTRAIN" "$TMP/${sched}b2.nml"
     expect_rc "${sched}b2" 0
-    for p in 0 1 2; do
-        for j in 0 1; do
-            f="samples/$p-$j.png"
-            cmp -s "$TMP/${sched}1/$f" "$TMP/${sched}b4/$f" || fail "$sched: $f differs with batch_size 4"
-            cmp -s "$TMP/${sched}1/$f" "$TMP/${sched}b2/$f" || fail "$sched: $f differs with batch_size 2 at -np 2"
-        done
-    done
+    same_pngs "${sched}1" "${sched}b4" "$sched, batch_size 4"
+    same_pngs "${sched}1" "${sched}b2" "$sched, batch_size 2 at -np 2"
 done
 expect_in ddim1 out "1 image(s) per denoising call (&sample batch_size 0: 1 on the CPU): a U-Net batch of 2; 1 per VAE decode call"
 expect_in ddimb4 out "a U-Net batch of 8; 1 per VAE decode call"
@@ -78,13 +80,8 @@ expect_in ddimd3 out "a U-Net batch of 8; 3 per VAE decode call"
 mpi ddimd9 1 "$SDTRAIN" "$TMP/ddimd3.nml" --set sample.decode_batch_size=9 --set run.output_dir="'$TMP/ddimd9'"
 expect_rc ddimd9 0
 expect_in ddimd9 out "a U-Net batch of 8; 4 per VAE decode call"
-for p in 0 1 2; do
-    for j in 0 1; do
-        f="samples/$p-$j.png"
-        cmp -s "$TMP/ddim1/$f" "$TMP/ddimd3/$f" || fail "$f differs with decode_batch_size 3"
-        cmp -s "$TMP/ddim1/$f" "$TMP/ddimd9/$f" || fail "$f differs with decode_batch_size 9 (4)"
-    done
-done
+same_pngs ddim1 ddimd3 "decode_batch_size 3"
+same_pngs ddim1 ddimd9 "decode_batch_size 9 (4)"
 pass "decode_batch_size 3 and 9 (capped at 4): the same PNG bytes as one image at a time"
 
 # guidance 1: no unconditional pass, and a different image
@@ -108,13 +105,6 @@ pass "guidance_scale 1 skips the unconditional pass"
 # (which makes no unconditional pass; the CPU's U-Net is batch-invariant), also with 2 images a
 # call. One negative for every prompt == that string once per prompt; a real negative changes
 # the images and is recorded in samples.jsonl; with guidance 1 it is unused, with a warning.
-same_pngs() { # same_pngs A B WHAT
-    for p in 0 1 2; do
-        for j in 0 1; do
-            cmp -s "$TMP/$1/samples/$p-$j.png" "$TMP/$2/samples/$p-$j.png" || fail "$3: $p-$j.png differs"
-        done
-    done
-}
 sample_nml negempty ddim ", negative_prompts = ''"
 mpi negempty 2 "$SDTRAIN" "$TMP/negempty.nml"
 expect_rc negempty 0

@@ -176,85 +176,101 @@ static void fill(float *x, size_t n, uint64_t seed, float scale)
     }
 }
 
-static void test_hook(const char *srcdir, const char *name, int h, int w, int recompute)
+/* A trainer on one of the small golden U-Nets (batch 2, 5 context tokens) on the CPU, over the
+ * snapshot's weights, with inputs drawn from `seed`. */
+typedef struct fixture {
+    sd_unet_config c;
+    sd_weights wt;
+    sd_unet *u;
+    sd_unet_trainer *tr;
+    sd_arena a;
+    float *grads, *x, *ctx, *y, *dy;
+    size_t total, nx;
+} fixture;
+
+static void fixture_open(fixture *f, const char *srcdir, const char *name, int h, int w,
+                         int recompute, uint64_t seed)
 {
     char dir[1024];
     sd_snapshot s;
-    sd_unet_config c;
-    sd_weights wt;
-    sd_unet *u = NULL;
-    sd_unet_trainer *tr = NULL;
     sd_err err;
-    sd_arena a;
     const int B = 2, T = 5;
-    float *grads, *x, *ctx, *y, *dy, ts[2] = {17.0f, 901.0f};
-    snap_log log;
-    size_t total, nx;
-    int good = 1, L;
-
+    memset(f, 0, sizeof *f);
     snprintf(dir, sizeof dir, "%s/tests/data/models/%s", srcdir, name);
     SD_CHECK(sd_snapshot_open(&s, dir, &err) == 0, "%s", err.msg);
-    SD_CHECK(sd_snapshot_load_unet(&s, NULL, &c, &wt, &err) == 0, "%s", err.msg);
+    SD_CHECK(sd_snapshot_load_unet(&s, NULL, &f->c, &f->wt, &err) == 0, "%s", err.msg);
     sd_snapshot_close(&s);
-    SD_CHECK(sd_unet_create_from_weights(&u, &c, &wt, sd_backend_cpu(), &err) == 0, "%s",
-             err.msg);
-    total = wt.table.total_floats;
-    L = c.n_levels;
-    grads = sd_xcalloc(total, sizeof *grads);
-    SD_CHECK(sd_unet_trainer_create(&tr, u, &wt.table, grads, B, h, w, T, recompute, &err) == 0,
+    SD_CHECK(sd_unet_create_from_weights(&f->u, &f->c, &f->wt, sd_backend_cpu(), &err) == 0,
+             "%s", err.msg);
+    f->total = f->wt.table.total_floats;
+    f->grads = sd_xcalloc(f->total, sizeof *f->grads);
+    SD_CHECK(sd_unet_trainer_create(&f->tr, f->u, &f->wt.table, f->grads, B, h, w, T, recompute,
+                                    &err) == 0,
              "%s: %s", name, err.msg);
-    SD_CHECK(sd_arena_init(&a, sd_unet_trainer_arena_bytes(tr), 0) == 0, "arena");
-    nx = (size_t)B * h * w * c.in_channels;
-    x = sd_xmalloc(nx * sizeof *x);
-    y = sd_xmalloc(nx * sizeof *y);
-    dy = sd_xmalloc(nx * sizeof *dy);
-    ctx = sd_xmalloc((size_t)B * T * c.cross_attention_dim * sizeof *ctx);
-    fill(x, nx, 1, 2.0f);
-    fill(dy, nx, 2, 0.1f);
-    fill(ctx, (size_t)B * T * c.cross_attention_dim, 3, 2.0f);
+    SD_CHECK(sd_arena_init(&f->a, sd_unet_trainer_arena_bytes(f->tr), 0) == 0, "arena");
+    f->nx = (size_t)B * h * w * f->c.in_channels;
+    f->x = sd_xmalloc(f->nx * sizeof *f->x);
+    f->y = sd_xmalloc(f->nx * sizeof *f->y);
+    f->dy = sd_xmalloc(f->nx * sizeof *f->dy);
+    f->ctx = sd_xmalloc((size_t)B * T * f->c.cross_attention_dim * sizeof *f->ctx);
+    fill(f->x, f->nx, seed, 2.0f);
+    fill(f->dy, f->nx, seed + 1, 0.1f);
+    fill(f->ctx, (size_t)B * T * f->c.cross_attention_dim, seed + 2, 2.0f);
+}
 
+static void fixture_close(fixture *f)
+{
+    sd_arena_free(&f->a);
+    sd_unet_trainer_free(f->tr);
+    sd_unet_free(f->u);
+    sd_weights_free(&f->wt);
+    free(f->grads);
+    free(f->x);
+    free(f->y);
+    free(f->dy);
+    free(f->ctx);
+}
+
+static void test_hook(const char *srcdir, const char *name, int h, int w, int recompute)
+{
+    fixture f;
+    float ts[2] = {17.0f, 901.0f};
+    snap_log log;
+    int good = 1, L;
+
+    fixture_open(&f, srcdir, name, h, w, recompute, 1);
+    L = f.c.n_levels;
     memset(&log, 0, sizeof log);
-    log.grads = grads;
-    log.total = total;
+    log.grads = f.grads;
+    log.total = f.total;
     log.cap = 64;
     log.falls = 1;
-    sd_unet_trainer_set_ready_hook(tr, on_ready, &log);
     /* a first backward adds into non-zero gradients, as micro-batches do; the second is logged */
-    sd_unet_trainer_set_ready_hook(tr, NULL, NULL);
-    sd_unet_train_forward(tr, x, ts, ctx, y, &a);
-    sd_unet_backward(tr, dy, &a);
-    sd_unet_trainer_set_ready_hook(tr, on_ready, &log);
-    fill(x, nx, 4, 2.0f);
-    sd_unet_train_forward(tr, x, ts, ctx, y, &a);
-    sd_unet_backward(tr, dy, &a);
+    sd_unet_train_forward(f.tr, f.x, ts, f.ctx, f.y, &f.a);
+    sd_unet_backward(f.tr, f.dy, &f.a);
+    sd_unet_trainer_set_ready_hook(f.tr, on_ready, &log);
+    fill(f.x, f.nx, 4, 2.0f);
+    sd_unet_train_forward(f.tr, f.x, ts, f.ctx, f.y, &f.a);
+    sd_unet_backward(f.tr, f.dy, &f.a);
 
-    tap_ok(log.n == 2 * L + 3 && log.falls && log.from[log.n - 1] == 0 && log.from[0] < total,
+    tap_ok(log.n == 2 * L + 3 && log.falls && log.from[log.n - 1] == 0 && log.from[0] < f.total,
            "%s%s: %d announcements (expected %d), falling, the last at 0", name,
            recompute ? " (recompute)" : "", log.n, 2 * L + 3);
     for (int i = 0; i < log.n; i++) {
-        size_t len = total - log.from[i];
-        if (memcmp(log.copy[i], grads + log.from[i], len * sizeof(float))) {
+        size_t len = f.total - log.from[i];
+        if (memcmp(log.copy[i], f.grads + log.from[i], len * sizeof(float))) {
             size_t k = 0;
-            while (log.copy[i][k] == grads[log.from[i] + k])
+            while (log.copy[i][k] == f.grads[log.from[i] + k])
                 k++;
             tap_diag("%s: announcement %d ([%zu, %zu)) changed later, first at float %zu", name,
-                     i, log.from[i], total, log.from[i] + k);
+                     i, log.from[i], f.total, log.from[i] + k);
             good = 0;
         }
         free(log.copy[i]);
     }
     tap_ok(good, "%s%s: every announced range already held its final gradients", name,
            recompute ? " (recompute)" : "");
-
-    sd_arena_free(&a);
-    sd_unet_trainer_free(tr);
-    sd_unet_free(u);
-    sd_weights_free(&wt);
-    free(grads);
-    free(x);
-    free(y);
-    free(dy);
-    free(ctx);
+    fixture_close(&f);
 }
 
 /* ---- the U-Net's parameter-need hook ------------------------------------------------------- */
@@ -284,81 +300,46 @@ static void on_need(void *user, size_t upto)
  * same bits as with the true parameters throughout: nothing is read before its announcement. */
 static void test_need(const char *srcdir, const char *name, int h, int w, int recompute)
 {
-    char dir[1024];
-    sd_snapshot s;
-    sd_unet_config c;
-    sd_weights wt;
-    sd_unet *u = NULL;
-    sd_unet_trainer *tr = NULL;
-    sd_err err;
-    sd_arena a;
-    const int B = 2, T = 5;
-    float *grads, *g_ref, *orig, *x, *ctx, *y, *y_ref, *dy, ts[2] = {33.0f, 640.0f};
+    fixture f;
+    float *g_ref, *orig, *y_ref, ts[2] = {33.0f, 640.0f};
     need_log log;
-    size_t total, nx;
     int L;
 
-    snprintf(dir, sizeof dir, "%s/tests/data/models/%s", srcdir, name);
-    SD_CHECK(sd_snapshot_open(&s, dir, &err) == 0, "%s", err.msg);
-    SD_CHECK(sd_snapshot_load_unet(&s, NULL, &c, &wt, &err) == 0, "%s", err.msg);
-    sd_snapshot_close(&s);
-    SD_CHECK(sd_unet_create_from_weights(&u, &c, &wt, sd_backend_cpu(), &err) == 0, "%s",
-             err.msg);
-    total = wt.table.total_floats;
-    L = c.n_levels;
-    grads = sd_xcalloc(total, sizeof *grads);
-    g_ref = sd_xmalloc(total * sizeof *g_ref);
-    orig = sd_xmalloc(total * sizeof *orig);
-    memcpy(orig, wt.data, total * sizeof *orig);
-    SD_CHECK(sd_unet_trainer_create(&tr, u, &wt.table, grads, B, h, w, T, recompute, &err) == 0,
-             "%s: %s", name, err.msg);
-    SD_CHECK(sd_arena_init(&a, sd_unet_trainer_arena_bytes(tr), 0) == 0, "arena");
-    nx = (size_t)B * h * w * c.in_channels;
-    x = sd_xmalloc(nx * sizeof *x);
-    y = sd_xmalloc(nx * sizeof *y);
-    y_ref = sd_xmalloc(nx * sizeof *y_ref);
-    dy = sd_xmalloc(nx * sizeof *dy);
-    ctx = sd_xmalloc((size_t)B * T * c.cross_attention_dim * sizeof *ctx);
-    fill(x, nx, 5, 2.0f);
-    fill(dy, nx, 6, 0.1f);
-    fill(ctx, (size_t)B * T * c.cross_attention_dim, 7, 2.0f);
+    fixture_open(&f, srcdir, name, h, w, recompute, 5);
+    L = f.c.n_levels;
+    g_ref = sd_xmalloc(f.total * sizeof *g_ref);
+    orig = sd_xmalloc(f.total * sizeof *orig);
+    y_ref = sd_xmalloc(f.nx * sizeof *y_ref);
+    memcpy(orig, f.wt.data, f.total * sizeof *orig);
 
-    sd_unet_train_forward(tr, x, ts, ctx, y_ref, &a);
-    sd_unet_backward(tr, dy, &a);
-    memcpy(g_ref, grads, total * sizeof *g_ref);
+    sd_unet_train_forward(f.tr, f.x, ts, f.ctx, y_ref, &f.a);
+    sd_unet_backward(f.tr, f.dy, &f.a);
+    memcpy(g_ref, f.grads, f.total * sizeof *g_ref);
 
     memset(&log, 0, sizeof log);
-    log.params = wt.data;
+    log.params = f.wt.data;
     log.orig = orig;
-    log.total = total;
+    log.total = f.total;
     log.rises = 1;
-    for (size_t i = 0; i < total; i++)
-        wt.data[i] = NAN;
-    memset(grads, 0, total * sizeof *grads);
-    sd_unet_trainer_set_need_hook(tr, on_need, &log);
-    sd_unet_train_forward(tr, x, ts, ctx, y, &a);
-    sd_unet_backward(tr, dy, &a);
-    sd_unet_trainer_set_need_hook(tr, NULL, NULL);
+    for (size_t i = 0; i < f.total; i++)
+        f.wt.data[i] = NAN;
+    memset(f.grads, 0, f.total * sizeof *f.grads);
+    sd_unet_trainer_set_need_hook(f.tr, on_need, &log);
+    sd_unet_train_forward(f.tr, f.x, ts, f.ctx, f.y, &f.a);
+    sd_unet_backward(f.tr, f.dy, &f.a);
+    sd_unet_trainer_set_need_hook(f.tr, NULL, NULL);
 
-    tap_ok(log.n == 2 * L + 3 && log.rises && log.upto == total,
+    tap_ok(log.n == 2 * L + 3 && log.rises && log.upto == f.total,
            "%s%s: %d announcements (expected %d), rising, the last at the end", name,
            recompute ? " (recompute)" : "", log.n, 2 * L + 3);
-    tap_ok(!memcmp(y, y_ref, nx * sizeof *y) && !memcmp(grads, g_ref, total * sizeof *grads),
+    tap_ok(!memcmp(f.y, y_ref, f.nx * sizeof *f.y) &&
+               !memcmp(f.grads, g_ref, f.total * sizeof *f.grads),
            "%s%s: parameters hidden until announced: the same output and gradients", name,
            recompute ? " (recompute)" : "");
-
-    sd_arena_free(&a);
-    sd_unet_trainer_free(tr);
-    sd_unet_free(u);
-    sd_weights_free(&wt);
-    free(grads);
     free(g_ref);
     free(orig);
-    free(x);
-    free(y);
     free(y_ref);
-    free(dy);
-    free(ctx);
+    fixture_close(&f);
 }
 
 int main(void)

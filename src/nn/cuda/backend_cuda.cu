@@ -161,6 +161,12 @@ extern "C" void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn f
     st->wait_user = user;
 }
 
+extern "C" void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream)
+{
+    SD_CHECK(be && be->device == SD_DEV_CUDA, "sd_backend_cuda_wait_stream: not a CUDA backend");
+    sd_cuda_stream_wait(sd_cuda(be), (cudaStream_t)stream);
+}
+
 static void cuda_synchronize(const sd_backend *be)
 {
     sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
