@@ -21,7 +21,9 @@ input=${1:?usage: sbatch slurm/train.sh INPUT.nml [--set group.key=value ...]}
 shift
 sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cuda/sdtrain)}
 # --kill-on-bad-exit: a rank that dies (OOM killer, a lost node) ends the whole step at once;
-# without it the other ranks would wait in their next collective until the time limit.
+# without it the other ranks would wait in their next collective until the time limit (on the
+# GPU they also watch NCCL: SDTRAIN_NCCL_TIMEOUT, doc/training.md). --gpus-per-task=1 (with
+# --gpus-per-node removed) works as well: the ranks tell GPUs apart by UUID.
 launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 
