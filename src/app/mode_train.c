@@ -126,6 +126,7 @@ typedef struct trainer {
     size_t mbase;
     float *d_grads;        /* fp32 gradients, np */
     float *d_m, *d_v, *d_ema; /* device path: [begin, end) */
+    size_t dev_bytes;      /* what dev_alloc allocated: parameters, gradients, optimizer state */
     void *d_scratch;       /* device path: sumsq / non-finite scratch */
     /* one micro-batch in and out, in the backend's memory (the CPU's: host arrays) and dtype:
      * the latents and contexts (cast from the fp32 inputs), the prediction, the loss gradient;
@@ -422,6 +423,8 @@ static void *dev_alloc(trainer *t, const sd_device_info *dev, size_t bytes, cons
     if (*failed)
         return NULL;
     p = sd_backend_alloc(t->be, bytes ? bytes : 256);
+    if (p)
+        t->dev_bytes += bytes;
     if (!p) {
         sd_err_set(err, "out of GPU memory: training rank %d cannot allocate %.1f MB for %s on "
                    "GPU %d (%s); use a smaller batch_size_per_rank, recompute_activations = "
@@ -972,6 +975,11 @@ static void report_compute(const trainer *t, const sd_runtime *rt, const sd_devi
                 : t->size > 1 ? "on the GPU (NCCL)" : "on the GPU (one rank: no communication)",
                 t->path_why ? ": " : "", t->path_why ? t->path_why : "");
     }
+    if (t->rank == 0 && t->gpu)
+        sd_info("%s memory of training rank 0: %.1f MB of parameters, gradients and optimizer "
+                "state, %.1f MB of activation arena (batch %d)",
+                t->emu ? "device-path (emulated: host)" : "GPU", (double)t->dev_bytes * 1e-6,
+                (double)sd_arena_capacity(&t->arena) * 1e-6, t->bs);
     free(ids);
 }
 

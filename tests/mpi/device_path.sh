@@ -83,6 +83,19 @@ for np in 2 3; do
     same_losses "ez$np" "eza$np" "$np ranks, device path, ZeRO-2: overlapped == after the backward"
 done
 close ed2 cpu2 "2 ranks: device path within 1e-6 of the host path"
+# memory: ZeRO-2 keeps its shard of the master and of the optimizer state (the emulation, like
+# bf16 on a GPU, keeps a master apart from the compute copy): less than DDP's whole buffers
+mem() { sed -n 's/.*memory of training rank 0: \([0-9.]*\) MB of parameters.*/\1/p' "$TMP/$1.out"; }
+for np in 2 3; do
+    d=$(mem "ed$np")
+    z=$(mem "ez$np")
+    [ -n "$d" ] && [ -n "$z" ] || fail "no memory line in ed$np / ez$np"
+    # DDP: parameters (= master), gradients, m, v, EMA: 5 buffers; ZeRO-2: parameters and
+    # gradients whole, master, m, v, EMA a 1/np shard each: (2 + 4 / np) buffers
+    awk -v d="$d" -v z="$z" -v np="$np" 'BEGIN { exit !(z <= d * (2 + 4.0 / np) / 5 * 1.02 + 0.1) }' ||
+        fail "$np ranks: ZeRO-2 holds $z MB, DDP $d MB: not the sharded share"
+    echo "ok: $np ranks: device-path state per rank, DDP $d MB, ZeRO-2 $z MB"
+done
 # without validation, with checkpoints after steps 3, 6 and 9: what the final weights and the
 # checkpoints read after an update must wait for the gather (ZeRO-2, overlapped)
 VAL_EVERY=0 EMU=1 train eznv 2 4 shard_grad_op "" "&checkpoint every_n_steps = 3 /"
