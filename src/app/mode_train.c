@@ -730,17 +730,6 @@ static double dp_sumsq(trainer *t, const float *x, size_t n)
 #endif
     return v;
 }
-static int dp_nonfinite(trainer *t, const float *x, size_t n)
-{
-    if (t->emu)
-        return sd_any_nonfinite(x, n);
-#if defined(SD_HAVE_CUDA)
-    return sd_cuda_nonfinite(t->be, x, n, t->d_scratch);
-#else
-    SD_CHECK(0, "the GPU device path in a build without CUDA");
-    return 1;
-#endif
-}
 /* Clipping, AdamW (and the bf16 copy `lowp` of the updated range, GPU only) and the EMA. */
 static void dp_optimizer(trainer *t, double lr, int64_t k, double coef, size_t len, void *lowp)
 {
@@ -774,8 +763,6 @@ static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err
 #if defined(SD_HAVE_CUDA)
         if (!t->emu) {
             scratch = sd_cuda_sumsq_scratch(t->shard);
-            if (scratch < sd_cuda_nonfinite_scratch())
-                scratch = sd_cuda_nonfinite_scratch();
         }
 #endif
         t->d_m = dev_alloc(t, dev, len * sizeof(float), "AdamW's first moments", &failed, err);
@@ -795,7 +782,10 @@ static int alloc_device_state(trainer *t, const sd_device_info *dev, sd_err *err
 }
 
 /* Device path: the gradients summed over the ranks (ZeRO-2: into this rank's shard), this
- * rank's part of the squared norm (its shard, in both modes) and the non-finite flag. */
+ * rank's part of the squared norm (its shard, in both modes) and the non-finite flag of the
+ * loss. A non-finite gradient needs no pass of its own: the squares are summed in fp64, where
+ * no finite float's square overflows, so the norm (summed over the ranks' shards, which cover
+ * the buffer) is non-finite exactly when some gradient is, and the step loop skips on it. */
 static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *bad)
 {
     if (t->overlap)
@@ -806,7 +796,7 @@ static void dev_reduce(trainer *t, double loss_local, double stats[2], int64_t *
         dp_allreduce(t, t->d_grads, t->np);
     stats[0] = dp_sumsq(t, t->d_grads + (size_t)t->rank * t->shard, t->shard);
     stats[1] = loss_local;
-    *bad = dp_nonfinite(t, t->d_grads + t->begin, t->end - t->begin) || !isfinite(loss_local);
+    *bad = !isfinite(loss_local);
 }
 
 /* Device path: clipping, AdamW and the EMA on [begin, end), as the host code does them. */
