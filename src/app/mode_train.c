@@ -1729,8 +1729,16 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         for (int i = 0; i < T_N; i++)
             printf("  %-28s %8.3f s  %5.1f%%\n", t_names[i], t_acc[i],
                    t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);
-        printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
-               peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);
+        if (!t.gpu)
+            printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
+                   peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);
+        else
+            printf("  %-28s %.1f MB\n", "peak host memory per rank", peak * 1e-6);
+        if (t.gpu)
+            printf("  %-28s %.1f MB (state %.1f MB, activation arena %.1f MB)\n",
+                   t.emu ? "device-path memory, rank 0" : "GPU memory, rank 0",
+                   (double)(t.dev_bytes + sd_arena_capacity(&t.arena)) * 1e-6,
+                   (double)t.dev_bytes * 1e-6, (double)sd_arena_capacity(&t.arena) * 1e-6);
         if (t.stopped)
             printf("  %-28s %s/metrics.jsonl, checkpoint %s/step-%08lld\n", "outputs",
                    cfg->run.output_dir, t.ckpt_dir, (long long)t.last_ckpt);

@@ -96,6 +96,7 @@ for np in 2 3; do
         fail "$np ranks: ZeRO-2 holds $z MB, DDP $d MB: not the sharded share"
     echo "ok: $np ranks: device-path state per rank, DDP $d MB, ZeRO-2 $z MB"
 done
+expect_in ez2 out "device-path memory, rank 0"
 # without validation, with checkpoints after steps 3, 6 and 9: what the final weights and the
 # checkpoints read after an update must wait for the gather (ZeRO-2, overlapped)
 VAL_EVERY=0 EMU=1 train eznv 2 4 shard_grad_op "" "&checkpoint every_n_steps = 3 /"
