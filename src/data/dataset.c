@@ -533,7 +533,8 @@ int sd_dataset_pack(const sd_dataset *ds, void **blob, size_t *size)
     size_t n = sizeof h + (size_t)h.count * sizeof(struct sd_dataset_entry) +
                (size_t)(h.n_shards + h.n_suffixes) * sizeof(uint64_t) + h.pool_size + h.root_len + h.input_len;
     unsigned char *b = sd_xmalloc(n), *p = b;
-#define PUT(src, bytes) (memcpy(p, (src), (bytes)), p += (bytes))
+/* memcpy wants a valid pointer even for 0 bytes (a dataset without shards has none) */
+#define PUT(src, bytes) ((bytes) ? (memcpy(p, (src), (bytes)), p += (bytes)) : p)
     PUT(&h, sizeof h);
     PUT(ds->entries, (size_t)h.count * sizeof(struct sd_dataset_entry));
     PUT(ds->shards, (size_t)h.n_shards * sizeof(uint64_t));
