@@ -512,6 +512,15 @@ typedef struct pack_header {
     sd_dataset_stats stats;
 } pack_header;
 
+/* Appends bytes at p; memcpy wants a valid pointer even for 0 bytes (a dataset without shards
+ * has none). */
+static unsigned char *put_bytes(unsigned char *p, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(p, src, bytes);
+    return p + bytes;
+}
+
 int sd_dataset_pack(const sd_dataset *ds, void **blob, size_t *size)
 {
     pack_header h;
@@ -533,8 +542,7 @@ int sd_dataset_pack(const sd_dataset *ds, void **blob, size_t *size)
     size_t n = sizeof h + (size_t)h.count * sizeof(struct sd_dataset_entry) +
                (size_t)(h.n_shards + h.n_suffixes) * sizeof(uint64_t) + h.pool_size + h.root_len + h.input_len;
     unsigned char *b = sd_xmalloc(n), *p = b;
-/* memcpy wants a valid pointer even for 0 bytes (a dataset without shards has none) */
-#define PUT(src, bytes) ((bytes) ? (memcpy(p, (src), (bytes)), p += (bytes)) : p)
+#define PUT(src, bytes) (p = put_bytes(p, (src), (bytes)))
     PUT(&h, sizeof h);
     PUT(ds->entries, (size_t)h.count * sizeof(struct sd_dataset_entry));
     PUT(ds->shards, (size_t)h.n_shards * sizeof(uint64_t));
