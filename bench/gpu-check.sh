@@ -13,8 +13,8 @@
 #                 (default: tests,modules,sanitizer,bench; "models" times whole SD2-base models
 #                 (bench/models_cuda), "peer" runs bench/gpu_vs_torch.py: the same models in
 #                 diffusers + PyTorch on the same GPU, with the diffusers wheel from .gpu/whl;
-#                 "train" runs tests/gpu/train.sh, process.sh and sample.sh under MPI, with the
-#                 bundle's mpirun;
+#                 "train" runs tests/gpu/train.sh, process.sh, sample.sh and pipeline.sh under
+#                 MPI, with the bundle's mpirun;
 #                 "variants" times the VAE and U-Net with each SDTRAIN_CUDA_* alternative;
 #                 "preprocess" runs mode 'process' end to end with SD2-sized encoders)
 #   --deadline S  finish within S seconds of the start, so that the table and the logs come
@@ -314,7 +314,7 @@ part_peer() {
 
 # ---- training and preprocessing under MPI on the GPU -------------------------------------------
 part_train() {
-    for t in train process sample; do
+    for t in train process sample pipeline; do
         if [ ! -f "tests/gpu/$t.sh" ]; then
             add "$t.sh" "n/a" "tests/gpu/$t.sh not in this tree"
             continue
