@@ -30,6 +30,7 @@ struct sd_nccl {
     /* the watch over the backend's waits (watch below) */
     const sd_backend *be;
     double timeout_s;
+    int sync_each;  /* SDTRAIN_CUDA_SYNC=1: wait for (and check) every collective at once */
 };
 
 /* The backend's wait hook while the communicator lives: a host waiting for its GPU with NCCL
@@ -58,6 +59,17 @@ static void watch(void *user, double waited_s)
     }
 }
 
+/* SDTRAIN_CUDA_SYNC=1 (debugging): the collective just queued on stream s is waited for (under
+ * the watch, which reports an NCCL error) before the call returns, as the backend does for its
+ * ops, so a failure shows at the call that caused it. */
+static void debug_sync(sd_nccl *c, cudaStream_t s)
+{
+    if (!c->sync_each)
+        return;
+    sd_backend_cuda_wait_stream(c->be, s);
+    watch(c, 0.0);
+}
+
 extern "C" int sd_nccl_unique_id(unsigned char id[SD_NCCL_ID_BYTES], sd_err *err)
 {
     ncclUniqueId u;
@@ -81,6 +93,10 @@ extern "C" sd_nccl *sd_nccl_create(const unsigned char id[SD_NCCL_ID_BYTES], int
     c->stream = (cudaStream_t)sd_backend_cuda_stream(be);
     c->be = be;
     c->timeout_s = 1800;
+    {
+        const char *sync = getenv("SDTRAIN_CUDA_SYNC");
+        c->sync_each = sync && !strcmp(sync, "1");
+    }
     {
         const char *env = getenv("SDTRAIN_NCCL_TIMEOUT");
         char *end = nullptr;
@@ -122,6 +138,7 @@ extern "C" void sd_nccl_destroy(sd_nccl *c)
 extern "C" void sd_nccl_allreduce_sum(sd_nccl *c, float *buf, size_t n)
 {
     SD_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, c->stream));
+    debug_sync(c, c->stream);
 }
 
 extern "C" void sd_nccl_reduce_scatter_sum(sd_nccl *c, float *buf, size_t shard)
@@ -129,6 +146,7 @@ extern "C" void sd_nccl_reduce_scatter_sum(sd_nccl *c, float *buf, size_t shard)
     /* in place: NCCL's rule is recvbuff == sendbuff + rank * recvcount */
     SD_NCCL_CHECK(ncclReduceScatter(buf, buf + (size_t)c->rank * shard, shard, ncclFloat32,
                                     ncclSum, c->comm, c->stream));
+    debug_sync(c, c->stream);
 }
 
 extern "C" void sd_nccl_allgather_bf16(sd_nccl *c, void *buf, size_t shard)
@@ -136,6 +154,7 @@ extern "C" void sd_nccl_allgather_bf16(sd_nccl *c, void *buf, size_t shard)
     uint16_t *b = (uint16_t *)buf;
     SD_NCCL_CHECK(ncclAllGather(b + (size_t)c->rank * shard, b, shard, ncclBfloat16, c->comm,
                                 c->stream));
+    debug_sync(c, c->stream);
 }
 
 extern "C" void sd_nccl_allgather(sd_nccl *c, float *buf, size_t shard)
@@ -143,6 +162,7 @@ extern "C" void sd_nccl_allgather(sd_nccl *c, float *buf, size_t shard)
     /* in place: sendbuff == recvbuff + rank * sendcount */
     SD_NCCL_CHECK(ncclAllGather(buf + (size_t)c->rank * shard, buf, shard, ncclFloat32, c->comm,
                                 c->stream));
+    debug_sync(c, c->stream);
 }
 
 /* The side stream, after the work queued on the backend's stream so far. */
@@ -168,6 +188,7 @@ extern "C" void sd_nccl_bucket_allreduce_sum(sd_nccl *c, float *buf, size_t n)
 {
     cudaStream_t s = side_after_compute(c);
     SD_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, s));
+    debug_sync(c, s);
 }
 
 extern "C" void sd_nccl_bucket_reduce_sum(sd_nccl *c, float *buf, size_t n, int root)
@@ -175,6 +196,7 @@ extern "C" void sd_nccl_bucket_reduce_sum(sd_nccl *c, float *buf, size_t n, int 
     cudaStream_t s = side_after_compute(c);
     SD_CHECK(root >= 0 && root < c->nranks, "NCCL reduce to rank %d of %d", root, c->nranks);
     SD_NCCL_CHECK(ncclReduce(buf, buf, n, ncclFloat32, ncclSum, root, c->comm, s));
+    debug_sync(c, s);
 }
 
 extern "C" void sd_nccl_join(sd_nccl *c)
@@ -193,6 +215,7 @@ extern "C" void sd_nccl_bucket_broadcast(sd_nccl *c, void *buf, size_t n, int el
     SD_CHECK(elem_bytes == 2 || elem_bytes == 4, "NCCL broadcast of %d-byte elements", elem_bytes);
     SD_NCCL_CHECK(ncclBroadcast(buf, buf, n, elem_bytes == 2 ? ncclBfloat16 : ncclFloat32, root,
                                 c->comm, s));
+    debug_sync(c, s);
 }
 
 extern "C" void sd_nccl_side_mark(sd_nccl *c, int slot)

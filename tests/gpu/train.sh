@@ -121,6 +121,12 @@ identical gpu1 ov1 "grad_reduce = 'overlap', one rank, DDP: the bits of the redu
 train ovz1 1 8 shard_grad_op cuda fp32
 expect_rc ovz1 0
 identical gpu1 ovz1 "grad_reduce = 'overlap', one rank, ZeRO-2: the bits of DDP"
+# SDTRAIN_CUDA_SYNC=1 (debugging) waits for every op and every NCCL call at once: the same bits
+export SDTRAIN_CUDA_SYNC=1
+train ovsync1 1 8 shard_grad_op cuda fp32
+unset SDTRAIN_CUDA_SYNC
+expect_rc ovsync1 0
+identical gpu1 ovsync1 "SDTRAIN_CUDA_SYNC=1 with NCCL on its own stream: the same bits"
 ACCUM=2
 train ovacc1 1 4 none cuda fp32
 ACCUM=1
