@@ -177,8 +177,19 @@ if [ "${ngpus:-1}" -ge 2 ]; then
     SDTRAIN_GPU_COMM=device train nzero2bf 2 4 shard_grad_op cuda bf16 \
         "&checkpoint every_n_steps = 4 /"
     expect_rc nzero2bf 0
+    expect_in nzero2bf out "each rank holds its shard of the fp32 master"
     losses nzero2bf bf16 5e-2
     weights nzero2bf bf16 1e-2
+    # the same after the backward: whole reduce-scatter and all-gather instead of the buckets
+    # (reduced to their owners, broadcast ahead of the forward): the order of the fp32 sums
+    # differs, nothing else
+    TRAIN_EXTRA=", grad_reduce = 'after_backward'"
+    SDTRAIN_GPU_COMM=device train nzero2bfa 2 4 shard_grad_op cuda bf16 \
+        "&checkpoint every_n_steps = 4 /"
+    TRAIN_EXTRA=
+    expect_rc nzero2bfa 0
+    losses nzero2bfa nzero2bf 1e-2
+    weights nzero2bfa nzero2bf 1e-3
 else
     # 5. NCCL cannot put two ranks on one GPU: a clear error on every rank, no hang
     SDTRAIN_GPU_COMM=device train dev2 2 4 shard_grad_op cuda fp32
