@@ -5,6 +5,8 @@
 #include <cstring>
 #include <ctime>
 
+#include <sched.h>
+
 #include "cuda_internal.h"
 
 /* ---- op profile (SDTRAIN_CUDA_PROFILE=1) -----------------------------------------------------
@@ -143,9 +145,12 @@ void sd_cuda_stream_wait(const sd_cuda_state *st, cudaStream_t s)
             SD_CUDA_CHECK(e);
         const double now = wall_seconds();
         st->wait_fn(st->wait_user, now - t0);
-        /* spin for the first 0.2 ms (short waits return at once), then poll every 20 us so
-         * that the loader's threads keep their cores */
-        if (now - t0 > 2e-4) {
+        /* the first 2 ms yield between polls (the read-backs of a step return within
+         * microseconds of the GPU, as cudaStreamSynchronize's spin would), then poll every
+         * 20 us so that the loader's threads keep their cores during a long backward */
+        if (now - t0 < 2e-3) {
+            sched_yield();
+        } else {
             const struct timespec nap = {0, 20000};
             nanosleep(&nap, nullptr);
         }
