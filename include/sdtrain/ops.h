@@ -294,11 +294,12 @@ void sd_backend_cuda_destroy(sd_backend *be);
 void *sd_backend_cuda_stream(const sd_backend *be);
 /* While the host waits for a CUDA backend's GPU work (sd_synchronize, sd_download, the
  * optimizer's read-backs, ...), fn(user, waited_s) is called each time the host finds the work
- * unfinished (the host polls, yielding between polls for 2 ms, then every 20 us), with the seconds
- * this wait has lasted; fn must be cheap. It may end the job (sd_fatal) when something it watches has
- * failed or taken too long (the NCCL communicator: sd_nccl_create sets it), instead of leaving
- * the rank blocked forever behind a collective whose peer is gone. NULL fn: plain blocking
- * waits (the default). A no-op for other backends and in a build without CUDA. */
+ * unfinished (it polls, yielding between polls for 2 ms, then every 20 us), with the seconds
+ * this wait has lasted; fn must be cheap. It may end the job (sd_fatal) when something it
+ * watches has failed or taken too long (the NCCL communicator: sd_nccl_create sets it),
+ * instead of leaving the rank blocked forever behind a collective whose peer is gone. NULL fn:
+ * plain blocking waits (the default). A no-op for other backends and in a build without
+ * CUDA. */
 typedef void (*sd_wait_fn)(void *user, double waited_s);
 void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn fn, void *user);
 /* The host waits for `stream` (a cudaStream_t of this backend's device, e.g. NCCL's side
