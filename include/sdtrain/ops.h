@@ -305,6 +305,10 @@ void sd_backend_cuda_set_wait_hook(const sd_backend *be, sd_wait_fn fn, void *us
 /* The host waits for `stream` (a cudaStream_t of this backend's device, e.g. NCCL's side
  * stream) as the backend waits for its own: under the wait hook when one is set. */
 void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream);
+/* What the backend does after each of its own ops, for work queued beside them (NCCL): checks
+ * for a CUDA launch error, and with SDTRAIN_CUDA_SYNC=1 (debugging) also waits for `stream` as
+ * sd_backend_cuda_wait_stream does, so a failure shows at the call that caused it. */
+void sd_backend_cuda_after_op(const sd_backend *be, void *stream);
 
 /* ---- Memory ----------------------------------------------------------------------------- */
 

@@ -85,8 +85,8 @@ typedef struct trainer {
      * bucket by bucket (gb's cuts, from the start of the buffer) ahead of the next forward,
      * which waits only for the buckets it is about to read (param_need) */
     int pgather;
-    int pg_pending;        /* launched; the forward has not yet asked for all of it */
-    int pg_next;           /* the first bucket, counted from the buffer's start, not yet asked */
+    int pg_next;           /* the first bucket, counted from the buffer's start, that the forward
+                              has not asked for yet; gb.count: nothing pending */
     int follow;            /* mode 'pipeline': the loader follows the shards being written */
     sd_unet *unet;
     sd_unet_trainer *tr;
@@ -350,8 +350,7 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
     step_inputs *in = &t->val_in;
     double sum = 0;
     sd_err err;
-    if (t->dev_opt)
-        dp_params_complete(t);
+    dp_params_complete(t);
     for (int64_t i = first; i < last; i += t->bs) {
         int count = (int)(last - i < t->bs ? last - i : t->bs);
         SD_CHECK(sd_loader_read_val(t->loader, i, count, vb, &err) == 0, "validation read: %s",
@@ -423,9 +422,9 @@ static void *dev_alloc(trainer *t, const sd_device_info *dev, size_t bytes, cons
     if (*failed)
         return NULL;
     p = sd_backend_alloc(t->be, bytes ? bytes : 256);
-    if (p)
+    if (p) {
         t->dev_bytes += bytes;
-    if (!p) {
+    } else {
         sd_err_set(err, "out of GPU memory: training rank %d cannot allocate %.1f MB for %s on "
                    "GPU %d (%s); use a smaller batch_size_per_rank, recompute_activations = "
                    ".true., precision = 'bf16' or more GPUs with sharding = 'shard_grad_op'",
@@ -640,6 +639,7 @@ static void plan_grad_reduce(trainer *t)
     sd_grad_buckets_init(&t->gb, bounds, P, max_floats, SD_SHARD_ALIGN, launch_bucket, t);
     free(bounds);
     t->pgather = t->dev_opt && t->zero2 && P > 1;
+    t->pg_next = t->gb.count; /* nothing launched yet */
     if (t->rank == 0)
         sd_info("gradient reduction: overlapped with the backward%s, %d buckets of up to %g MiB "
                 "(%s)",
@@ -841,7 +841,6 @@ static void pg_launch(trainer *t)
         sd_nccl_side_mark(t->nccl, j);
 #endif
     }
-    t->pg_pending = t->gb.count > 0;
     t->pg_next = 0;
 }
 
@@ -851,8 +850,6 @@ static void param_need(void *user, size_t upto)
 {
     trainer *t = user;
     int last = -1;
-    if (!t->pg_pending)
-        return;
     if (upto >= t->n)
         upto = t->np; /* the padding of the last shard comes too */
     while (t->pg_next < t->gb.count) {
@@ -870,8 +867,6 @@ static void param_need(void *user, size_t upto)
 #else
     (void)last;
 #endif
-    if (t->pg_next == t->gb.count)
-        t->pg_pending = 0;
 }
 
 /* Before anything but the training forward reads the parameters (validation, checkpoints, the
@@ -1245,9 +1240,6 @@ static void free_trainer(trainer *t)
         dev_free(t, t->d_v);
         dev_free(t, t->d_ema);
         dev_free(t, t->d_scratch);
-#if defined(SD_HAVE_CUDA)
-        sd_nccl_destroy(t->nccl);
-#endif
         sd_comm_destroy(t->ecomm);
         sd_cmd_backend_close(&t->cb);
     } else if (sd_arena_capacity(&t->arena)) {
@@ -1729,16 +1721,16 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         for (int i = 0; i < T_N; i++)
             printf("  %-28s %8.3f s  %5.1f%%\n", t_names[i], t_acc[i],
                    t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);
-        if (!t.gpu)
+        if (!t.gpu) {
             printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
                    peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);
-        else
+        } else {
             printf("  %-28s %.1f MB\n", "peak host memory per rank", peak * 1e-6);
-        if (t.gpu)
             printf("  %-28s %.1f MB (state %.1f MB, activation arena %.1f MB)\n",
                    t.emu ? "device-path memory, rank 0" : "GPU memory, rank 0",
                    (double)(t.dev_bytes + sd_arena_capacity(&t.arena)) * 1e-6,
                    (double)t.dev_bytes * 1e-6, (double)sd_arena_capacity(&t.arena) * 1e-6);
+        }
         if (t.stopped)
             printf("  %-28s %s/metrics.jsonl, checkpoint %s/step-%08lld\n", "outputs",
                    cfg->run.output_dir, t.ckpt_dir, (long long)t.last_ckpt);

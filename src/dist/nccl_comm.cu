@@ -30,7 +30,6 @@ struct sd_nccl {
     /* the watch over the backend's waits (watch below) */
     const sd_backend *be;
     double timeout_s;
-    int sync_each;  /* SDTRAIN_CUDA_SYNC=1: wait for (and check) every collective at once */
 };
 
 /* The backend's wait hook while the communicator lives: a host waiting for its GPU with NCCL
@@ -59,14 +58,11 @@ static void watch(void *user, double waited_s)
     }
 }
 
-/* SDTRAIN_CUDA_SYNC=1 (debugging): the collective just queued on stream s is waited for (under
- * the watch, which reports an NCCL error) before the call returns, as the backend does for its
- * ops, so a failure shows at the call that caused it. */
+/* After each collective queued on stream s: what the backend does after its own ops (with
+ * SDTRAIN_CUDA_SYNC=1, waiting for s under the watch), then the communicator's error state. */
 static void debug_sync(sd_nccl *c, cudaStream_t s)
 {
-    if (!c->sync_each)
-        return;
-    sd_backend_cuda_wait_stream(c->be, s);
+    sd_backend_cuda_after_op(c->be, s);
     watch(c, 0.0);
 }
 
@@ -93,10 +89,6 @@ extern "C" sd_nccl *sd_nccl_create(const unsigned char id[SD_NCCL_ID_BYTES], int
     c->stream = (cudaStream_t)sd_backend_cuda_stream(be);
     c->be = be;
     c->timeout_s = 1800;
-    {
-        const char *sync = getenv("SDTRAIN_CUDA_SYNC");
-        c->sync_each = sync && !strcmp(sync, "1");
-    }
     {
         const char *env = getenv("SDTRAIN_NCCL_TIMEOUT");
         char *end = nullptr;

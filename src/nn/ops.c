@@ -943,4 +943,10 @@ void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream)
     (void)be;
     (void)stream;
 }
+
+void sd_backend_cuda_after_op(const sd_backend *be, void *stream)
+{
+    (void)be;
+    (void)stream;
+}
 #endif

@@ -172,6 +172,14 @@ extern "C" void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream)
     sd_cuda_stream_wait(sd_cuda(be), (cudaStream_t)stream);
 }
 
+extern "C" void sd_backend_cuda_after_op(const sd_backend *be, void *stream)
+{
+    SD_CHECK(be && be->device == SD_DEV_CUDA, "sd_backend_cuda_after_op: not a CUDA backend");
+    SD_CUDA_CHECK(cudaGetLastError());
+    if (sd_cuda(be)->sync_each_op)
+        sd_cuda_stream_wait(sd_cuda(be), (cudaStream_t)stream);
+}
+
 static void cuda_synchronize(const sd_backend *be)
 {
     sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
