@@ -116,7 +116,12 @@ typedef struct sd_config {
         int n_negative_prompts;
         int64_t num_steps;
         double guidance_scale;
-        char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm */
+        char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm | euler | euler_a | dpmpp_2m */
+        char timestep_spacing[SD_NAME_MAX]; /* auto | leading | trailing | linspace */
+        bool use_karras_sigmas;         /* euler, dpmpp_2m */
+        double eta;                     /* DDIM only */
+        double guidance_rescale;
+        int64_t width, height;          /* px; 0 = &model resolution */
         int64_t images_per_prompt;
         int64_t batch_size;             /* images per U-Net call; 0 = 8 on a GPU, 1 on the CPU */
         int64_t decode_batch_size;      /* images per VAE decode; 0 = batch_size on a GPU, 1 on

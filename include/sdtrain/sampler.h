@@ -1,15 +1,23 @@
-/* Inference noise schedulers (DDIM, PNDM/PLMS, DDPM ancestral) over host fp32 arrays, as
- * diffusers' StableDiffusionPipeline drives them. */
+/* Inference noise schedulers (DDIM, PNDM/PLMS, DDPM ancestral, Euler, Euler ancestral,
+ * DPM-Solver++ 2M) over host fp32 arrays, as diffusers' StableDiffusionPipeline drives them. */
 #ifndef SDTRAIN_SAMPLER_H
 #define SDTRAIN_SAMPLER_H
 /*
  * Numerics follow diffusers 0.42.1 in fp32 (doc/sampling.md; spec §5.4-5.8), checked against
- * tests/data/sample/goldens.safetensors:
+ * tests/data/sample/goldens.safetensors and schedulers.safetensors:
  *
- *   timesteps  'leading' spacing: ratio = T / N (integer division), t_i = (N-1-i) * ratio +
- *              steps_offset (diffusers does this in numpy float64/int64; every value is an
- *              exact integer, so int64 arithmetic gives the same). PNDM with skip_prk_steps
- *              repeats the second timestep: N + 1 model calls (N = 1: one).
+ *   timesteps  set_timesteps(N) with the three spacings of diffusers (Table 2 of "Common
+ *              Diffusion Noise Schedules and Sample Steps are Flawed"):
+ *                leading   ratio = T / N (integer division), t_i = (N-1-i) * ratio + offset;
+ *                trailing  round(arange(T, 0, -T/N)) - 1 (numpy's float arange, its length
+ *                          and element arithmetic reproduced: some N give N + 1 values, the
+ *                          last -1, which is refused);
+ *                linspace  round(linspace(0, T - 1, N)) reversed (Euler: not rounded).
+ *              DPM-Solver++ spaces N + 1 points and drops the last. PNDM with skip_prk_steps
+ *              repeats the second timestep: N + 1 model calls (N = 1: one). Euler's timesteps
+ *              are fp32 values (fractional with linspace); the U-Net gets them as they are.
+ *   sigmas     Euler, Euler ancestral, DPM-Solver++: sqrt((1 - abar) / abar) in fp32,
+ *              numpy.interp (float64) at the timesteps, cast to fp32, then a final 0.
  *   schedule   alphas_cumprod of the training schedule (sd_diffusion, bit-exact with torch);
  *              final_alpha_cumprod = abar[0] (set_alpha_to_one false, SD2's config).
  *   arithmetic every scalar coefficient is a 0-d fp32 torch tensor in diffusers (abar[t],
@@ -20,11 +28,14 @@
  *              inputs, so results agree to ~1e-7 rather than bit for bit (doc/sampling.md).
  *   options    clip_sample (DDIM, DDPM: sd_sampler.clip_sample_range) and set_alpha_to_one
  *              (DDIM: sd_sampler.final_alpha_cumprod = 1) are off by default, as in SD2's
- *              scheduler config; thresholding is not implemented; eta = 0 (DDIM).
+ *              scheduler config; DDIM's eta (sd_sampler.eta); Karras sigmas for Euler and
+ *              DPM-Solver++ (sd_sampler_use_karras); thresholding, exponential / beta sigmas
+ *              and DPM-Solver's other orders and algorithms are not implemented.
  *
- * The DDPM step adds sqrt(variance) * z for every t > 0 (the last step of 'leading' spacing
- * has t = steps_offset = 1: variance clamped to 1e-20); z comes from the caller (the `noise`
- * argument of sd_sampler_step), so the scheduler stays a pure function of its inputs.
+ * Stochastic steps take their noise from the caller (the `noise` argument of sd_sampler_step,
+ * asked for by sd_sampler_step_noise), so the scheduler stays a pure function of its inputs:
+ * DDPM for every t > 0 (the last step of 'leading' spacing has t = steps_offset = 1: variance
+ * clamped to 1e-20), DDIM with eta > 0 and Euler ancestral at every step.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -36,17 +47,36 @@
 extern "C" {
 #endif
 
-typedef enum { SD_SAMPLER_DDIM = 0, SD_SAMPLER_PNDM = 1, SD_SAMPLER_DDPM = 2 } sd_sampler_kind;
+typedef enum {
+    SD_SAMPLER_DDIM = 0,
+    SD_SAMPLER_PNDM = 1,
+    SD_SAMPLER_DDPM = 2,
+    SD_SAMPLER_EULER = 3,    /* EulerDiscreteScheduler */
+    SD_SAMPLER_EULER_A = 4,  /* EulerAncestralDiscreteScheduler */
+    SD_SAMPLER_DPMPP_2M = 5, /* DPMSolverMultistepScheduler (dpmsolver++, order 2, midpoint) */
+} sd_sampler_kind;
+#define SD_SAMPLER_N_KINDS 6
 
-/* "ddim", "pndm", "ddpm" (case-insensitive) -> kind; -1 for anything else. */
+typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
+
+/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m" (case-insensitive) -> kind; -1 for
+ * anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
+/* "leading", "trailing", "linspace" -> spacing; -1 for anything else. */
+int sd_spacing_from_name(const char *name);
+const char *sd_spacing_name(sd_spacing spacing);
+/* The spacing a diffusers class has by default: leading (DDIM, PNDM, DDPM) or linspace (Euler,
+ * Euler ancestral, DPM-Solver++). */
+sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind);
 
 /* The timesteps a scheduler visits (scheduler.timesteps after set_timesteps(N)), at most
- * N + 1 values into out[]. Returns how many, or -1 with a message when N < 1, N > T, or a
- * timestep would fall outside [0, T) (e.g. N = T with steps_offset 1). */
-int sd_sampler_timesteps(sd_sampler_kind kind, int num_steps, int num_train_timesteps,
-                         int steps_offset, int64_t *out, sd_err *err);
+ * N + 1 values into out[] (integers but for Euler's fp32 values). Returns how many, or -1 with a
+ * message when N < 1, N > T, a timestep falls outside [0, T) (e.g. N = T with steps_offset 1),
+ * or (Euler, Euler ancestral, DPM-Solver++, which find their first step by the timestep) the
+ * first timestep repeats. */
+int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps,
+                         int num_train_timesteps, int steps_offset, double *out, sd_err *err);
 
 /* ---- One step, pure functions (out may alias sample; every array has n elements) -------- */
 
@@ -55,6 +85,11 @@ int sd_sampler_timesteps(sd_sampler_kind kind, int num_steps, int num_train_time
 void sd_ddim_step(const float *alphas_cumprod, float final_alpha_cumprod, sd_prediction pred,
                   float clip, int64_t t, int64_t prev_t, int64_t n, const float *model_out,
                   const float *sample, float *out);
+/* The same with eta (rounded to float): eta > 0 adds eta * sqrt(variance) * noise. */
+void sd_ddim_step_eta(const float *alphas_cumprod, float final_alpha_cumprod,
+                      sd_prediction pred, float clip, double eta, int64_t t, int64_t prev_t,
+                      int64_t n, const float *model_out, const float *sample,
+                      const float *noise, float *out);
 /* DDPMScheduler.step (variance_type fixed_small): prev_t < 0 means abar_prev = 1. noise is
  * used when t > 0 (may be NULL otherwise). clip as for DDIM. */
 void sd_ddpm_step(const float *alphas_cumprod, sd_prediction pred, float clip, int64_t t,
@@ -66,6 +101,10 @@ void sd_pndm_prev_sample(const float *alphas_cumprod, float final_alpha_cumprod,
                          const float *model_out, const float *sample, float *out);
 /* Classifier-free guidance: out = uncond + g * (cond - uncond), g rounded to float. */
 void sd_guidance_combine(int64_t n, const float *uncond, const float *cond, double g, float *out);
+/* The pipeline's guidance_rescale r (rescale_noise_cfg) for one image of n elements:
+ * x = r * x * (std(cond) / std(x)) + (1 - r) * x, std the unbiased standard deviation over the
+ * image (computed in double, rounded to float), r and 1 - r rounded to float. */
+void sd_guidance_rescale(int64_t n, float *x, const float *cond, double r);
 /* The pipeline's image post-processing: x in [-1, 1]-ish -> round(clamp(x*0.5 + 0.5, 0, 1) *
  * 255) (round half to even, numpy's round) as uint8. */
 void sd_image_to_u8(int64_t n, const float *x, uint8_t *out);
@@ -80,38 +119,63 @@ typedef struct sd_sampler {
     /* abar[0] (set_alpha_to_one false, SD2) after init; set it to 1 for set_alpha_to_one */
     float final_alpha_cumprod;
     float clip_sample_range;     /* 0 after init (clip_sample false); DDIM and DDPM only */
+    double eta;                  /* 0 after init; DDIM only (the pipeline's eta) */
+    sd_spacing spacing;
     int num_steps;               /* N */
     int ratio;                   /* T / N */
     int n_timesteps;             /* model calls: N (PNDM: N + 1 when N > 1) */
-    int64_t *timesteps;          /* [n_timesteps], in order of use */
+    int64_t *timesteps;          /* [n_timesteps], in order of use (Euler: rounded) */
+    float *model_t;              /* [n_timesteps] the timestep the U-Net gets (Euler's fp32) */
+    float *sigmas;               /* [n_timesteps + 1] Euler, Euler ancestral, DPM-Solver++ */
+    float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
+    int karras;                  /* sd_sampler_use_karras was applied */
     int64_t n;                   /* elements of one latent */
     /* PNDM state (PNDMScheduler.ets, cur_sample, counter) */
     float *ets[4];
     int n_ets;
     float *cur_sample, *tmp;
     int counter;
+    /* DPM-Solver++ state: the previous step's x0 (model_outputs[-2]), lower_order_nums */
+    float *x0_prev;
+    int lower_order_nums;
 } sd_sampler;
 
-/* Sets up `kind` for N steps over the schedule `d` (its prediction type and T),
- * with steps_offset (1 for SD) and latents of n elements. Returns 0, or -1 with a message. */
+/* Sets up `kind` for N steps over the schedule `d` (its prediction type and T), with the
+ * spacing, steps_offset (1 for SD) and latents of n elements. Returns 0, or -1 with a message
+ * (as sd_sampler_timesteps). */
 int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, int num_steps,
-                    int steps_offset, int64_t n, sd_err *err);
+                    sd_spacing spacing, int steps_offset, int64_t n, sd_err *err);
+/* use_karras_sigmas (euler, dpmpp_2m), after init: N sigmas on the Karras et al. ramp (rho 7)
+ * between the spacing's smallest and largest sigma (Euler) or the schedule's (DPM-Solver++),
+ * each timestep where log(sigma) interpolates in the schedule's log-sigmas (DPM-Solver++:
+ * rounded). Returns 0, or -1 with a message for another scheduler or when the first timestep
+ * would repeat. */
+int sd_sampler_use_karras(sd_sampler *s, sd_err *err);
 void sd_sampler_free(sd_sampler *s);
-/* Forgets the PNDM history: call before each new image (set_timesteps does it in diffusers). */
+/* Forgets the PNDM / DPM-Solver history: call before each new image (set_timesteps does it in
+ * diffusers). */
 void sd_sampler_reset(sd_sampler *s);
+/* scheduler.scale_model_input for model call i: out = x / sqrt(sigma_i^2 + 1) for Euler and
+ * Euler ancestral, a copy otherwise (out may alias x). sd_sampler_scales_input says whether it
+ * is more than a copy. */
+void sd_sampler_scale_input(const sd_sampler *s, int i, int64_t n, const float *x, float *out);
+int sd_sampler_scales_input(const sd_sampler *s);
+/* Whether step i takes noise: DDPM with t > 0, DDIM with eta > 0, Euler ancestral. */
+int sd_sampler_step_noise(const sd_sampler *s, int i);
 /* scheduler.step(model_out, timesteps[i], sample) for the i-th model call (calls must come in
- * order i = 0, 1, ... after a reset). Updates sample in place. noise: the DDPM step's z
- * (n values) or NULL for the other schedulers. */
+ * order i = 0, 1, ... after a reset). Updates sample in place. noise: n values where
+ * sd_sampler_step_noise(s, i), else ignored (may be NULL). */
 void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample,
                      const float *noise);
 
 /* ---- Random numbers of sampling ------------------------------------------------------------
  * Image j of prompt p with seed s (rng.h streams; independent of ranks and threads):
  *   initial latents  purpose SD_SAMPLER_RNG_INIT, step = j, sample = p: normal element e
- *                    of the latent in C,H,W order (e = c*H*W + y*W + x), times
- *                    init_noise_sigma = 1;
- *   DDPM noise z_k   purpose SD_SAMPLER_RNG_DDPM, step = j, sample = p: normal elements
- *                    [k*C*H*W, (k+1)*C*H*W) for model call k, same C,H,W order. */
+ *                    of the latent in C,H,W order (e = c*H*W + y*W + x), times the
+ *                    sampler's init_noise_sigma;
+ *   step noise z_k   purpose SD_SAMPLER_RNG_DDPM, step = j, sample = p: normal elements
+ *                    [k*C*H*W, (k+1)*C*H*W) for model call k, same C,H,W order (DDPM,
+ *                    DDIM with eta > 0, Euler ancestral). */
 #define SD_SAMPLER_RNG_INIT SD_RNG_PURPOSE(SD_RNG_NOISE, 16)
 #define SD_SAMPLER_RNG_DDPM SD_RNG_PURPOSE(SD_RNG_NOISE, 17)
 

@@ -42,22 +42,25 @@ typedef struct sd_t2i {
     void *d_lat, *d_eps, *d_ctx, *d_ids, *d_emb, *d_img; /* backend buffers */
     float *h_eps;                    /* host [2 max_images n] */
     float *h_ts;                     /* host [2 max_images]: the timestep of each batch row */
-    float *h_z;                      /* host [max_images n]: DDPM noise */
+    float *h_z;                      /* host [max_images n]: a stochastic step's noise */
+    float *h_in;                     /* host [max_images n]: the scaled model input (Euler) */
+    double guidance_rescale;         /* the pipeline's guidance_rescale; 0 after open (off) */
     int max_images;                  /* images per denoising call at most */
     int max_decode;                  /* images per VAE decode call at most (<= max_images) */
-    int res, lh, lw, lc, hidden;
+    int height, width, lh, lw, lc, hidden; /* image and latent sides */
     int64_t n_latent, n_image, n_emb;
 } sd_t2i;
 
 /* Builds the generator. Takes ownership of the weights (zeroed in the caller's structs) and of
  * `tok`, also on failure. device "cpu" | "cuda" (CUDA ordinal gpu), precision "fp32" | "bf16"
- * (CUDA only). `resolution` is the image side; the latents are resolution / 2^(VAE levels - 1).
+ * (CUDA only). Images are height x width pixels (each a multiple of the VAE's factor
+ * 2^(levels - 1)); the latents are height / factor x width / factor.
  * Returns 0, or -1 with a message (shape mismatches between the parts included); sd_t2i_close
  * cleans up either way. */
 int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
                 const sd_unet_config *uc, sd_weights *uw, const sd_vae_config *vc,
                 sd_weights *vw, const sd_clip_config *cc, sd_weights *cw, sd_tokenizer *tok,
-                int resolution, int max_images, int max_decode, sd_err *err);
+                int height, int width, int max_images, int max_decode, sd_err *err);
 void sd_t2i_close(sd_t2i *g);
 
 /* Tokenizes `prompt` (77 ids, the pipeline's max_length padding and truncation) into ids
@@ -67,13 +70,15 @@ int sd_t2i_encode(sd_t2i *g, const char *prompt, int32_t *ids, float *emb, sd_er
 /* The same from ids (each in [0, vocab_size), checked by the caller). */
 void sd_t2i_encode_ids(sd_t2i *g, const int32_t *ids, float *emb);
 
-/* The DDPM noise of model call k (n values, channels-last), asked for before each DDPM step
- * with t > 0. */
+/* The noise of model call k (n values, channels-last), asked for before each step that takes
+ * noise (sd_sampler_step_noise: DDPM with t > 0, DDIM with eta > 0, Euler ancestral). */
 typedef void (*sd_t2i_noise_fn)(void *user, int k, float *out, int64_t n);
 
-/* The denoising loop: for each timestep of the sampler (reset first), eps = U-Net(latents, t,
- * [uncond, cond]) combined with guidance, or U-Net(latents, t, cond) when uncond is NULL;
- * then the scheduler step. latents (host [lh, lw, C]) in: the initial noise, out: the result. */
+/* The denoising loop: for each timestep of the sampler (reset first), eps = U-Net(scaled
+ * latents, t, [uncond, cond]) combined with guidance (then rescaled by g->guidance_rescale when
+ * > 0), or U-Net(scaled latents, t, cond) when uncond is NULL; then the scheduler step. latents
+ * (host [lh, lw, C]) in: the initial noise times the sampler's init_noise_sigma, out: the
+ * result. */
 void sd_t2i_denoise(sd_t2i *g, sd_sampler *s, const float *cond, const float *uncond,
                     double guidance, float *latents, sd_t2i_noise_fn noise, void *noise_user);
 /* The same for nb images at once (1 <= nb <= max_images): conds [nb, 77, hidden], unconds
@@ -84,11 +89,11 @@ void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
                           const float *unconds, double guidance, float *latents,
                           sd_t2i_noise_fn noise, void *const *noise_users);
 
-/* image (host [res, res, 3], about [-1, 1]) = VAE decode of latents / scale (fp32 division,
+/* image (host [height, width, 3], about [-1, 1]) = VAE decode of latents / scale (fp32 division,
  * as the pipeline's latents / vae.config.scaling_factor). */
 void sd_t2i_decode(sd_t2i *g, const float *latents, double scale, float *image);
 /* The same for nb images in one decoder call (1 <= nb <= max_decode): latents [nb, lh, lw, C],
- * images [nb, res, res, 3]. */
+ * images [nb, height, width, 3]. */
 void sd_t2i_decode_batch(sd_t2i *g, int nb, const float *latents, double scale, float *images);
 
 #ifdef __cplusplus

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <json-c/json.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,12 +125,15 @@ static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
 typedef struct sched_setup {
     char source[SD_PATH_MAX + 64]; /* the scheduler_config.json read, or "&diffusion" */
     char schedule[32], prediction[32];
-    double beta_start, beta_end, clip;
+    char adjusted[160];            /* what the pipeline's fix-ups changed, for the log, or "" */
+    double beta_start, beta_end;
     int T, steps_offset, set_alpha_to_one;
+    int karras; /* use_karras_sigmas (euler, dpmpp_2m) */
+    sd_spacing spacing;
 } sched_setup;
 
 /* From the namelist: what mode 'train' trained with, plus SD's scheduler conventions
- * (steps_offset 1, set_alpha_to_one false, clip_sample false). */
+ * (steps_offset 1, set_alpha_to_one false, 'leading' spacing). */
 static void sched_from_namelist(const sd_config *cfg, sched_setup *ss)
 {
     memset(ss, 0, sizeof *ss);
@@ -140,6 +144,7 @@ static void sched_from_namelist(const sd_config *cfg, sched_setup *ss)
     ss->beta_end = cfg->diffusion.beta_end;
     ss->T = (int)cfg->diffusion.num_train_timesteps;
     ss->steps_offset = 1;
+    ss->spacing = SD_SPACING_LEADING;
 }
 
 static json_object *jkey(json_object *root, const char *key)
@@ -150,16 +155,35 @@ static json_object *jkey(json_object *root, const char *key)
     return v;
 }
 
+static int jtrue(json_object *root, const char *key)
+{
+    json_object *v = jkey(root, key);
+    return v && json_object_get_boolean(v);
+}
+
+/* a string key that must be absent or `want` */
+static int jstr_not(json_object *root, const char *key, const char *want, const char **got)
+{
+    json_object *v = jkey(root, key);
+    *got = v ? json_object_get_string(v) : want;
+    return v && strcmp(*got, want) != 0;
+}
+
 /* <snapshot>/scheduler/scheduler_config.json read as diffusers' <Kind>Scheduler.from_config
- * reads it: keys that are absent take that class's defaults (DDIM: set_alpha_to_one and
- * clip_sample true; PNDM: skip_prk_steps false). Returns 1 when there is no such file, 0 when
- * read, -1 with a message naming the file and key for what sdtrain does not implement. */
+ * reads it (absent keys take that class's defaults: spacing 'leading' or 'linspace', PNDM
+ * without skip_prk_steps), then fixed up as StableDiffusionPipeline's constructor does:
+ * steps_offset 1 and clip_sample false whatever the file says. Returns 1 when there is no
+ * such file, 0 when read, -1 with a message naming the file and key for what sdtrain does not
+ * implement. */
 static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched_setup *ss,
                                sd_err *err)
 {
     char path[SD_PATH_MAX + 64];
     json_object *root, *v;
-    int rc = 0;
+    const char *got;
+    int rc = 0, offset = 0, clip = kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM;
+    const int dpm = kind == SD_SAMPLER_DPMPP_2M,
+              euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A;
     snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
     if (!is_file(path))
         return 1;
@@ -177,7 +201,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     ss->beta_end = 0.02;
     ss->T = 1000;
     ss->set_alpha_to_one = kind == SD_SAMPLER_DDIM;
-    ss->clip = kind == SD_SAMPLER_PNDM ? 0.0 : 1.0;
+    ss->spacing = sd_sampler_default_spacing(kind);
     if ((v = jkey(root, "num_train_timesteps")))
         ss->T = json_object_get_int(v);
     if ((v = jkey(root, "beta_start")))
@@ -189,33 +213,78 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     if ((v = jkey(root, "prediction_type")))
         snprintf(ss->prediction, sizeof ss->prediction, "%s", json_object_get_string(v));
     if ((v = jkey(root, "steps_offset")))
-        ss->steps_offset = json_object_get_int(v);
-    if ((v = jkey(root, "set_alpha_to_one")) && kind != SD_SAMPLER_DDPM)
+        offset = json_object_get_int(v);
+    if ((v = jkey(root, "set_alpha_to_one")) && kind == SD_SAMPLER_DDIM)
         ss->set_alpha_to_one = json_object_get_boolean(v);
-    if (kind != SD_SAMPLER_PNDM) {
-        if ((v = jkey(root, "clip_sample")) && !json_object_get_boolean(v))
-            ss->clip = 0.0;
-        if (ss->clip > 0 && (v = jkey(root, "clip_sample_range")))
-            ss->clip = json_object_get_double(v);
+    if (clip && (v = jkey(root, "clip_sample")))
+        clip = json_object_get_boolean(v);
+    /* StableDiffusionPipeline.__init__: "steps_offset should be set to 1", "clip_sample
+     * should be set to False" */
+    ss->steps_offset = 1;
+    if (offset != 1 || clip)
+        snprintf(ss->adjusted, sizeof ss->adjusted, "%s%s%s",
+                 offset != 1 ? "steps_offset 1 (the file: " : "",
+                 offset != 1 ? (offset == 0 ? "0)" : "other)") : "",
+                 clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
+    /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
+    ss->karras = (kind == SD_SAMPLER_EULER || dpm) && jtrue(root, "use_karras_sigmas");
+    if ((v = jkey(root, "timestep_spacing"))) {
+        int sp = sd_spacing_from_name(json_object_get_string(v));
+        if (sp < 0)
+            rc = sd_err_set(err, "%s: timestep_spacing '%s' is not one of leading, trailing, "
+                                 "linspace", path, json_object_get_string(v));
+        else
+            ss->spacing = (sd_spacing)sp;
     }
-    if ((v = jkey(root, "timestep_spacing")) && strcmp(json_object_get_string(v), "leading") != 0)
-        rc = sd_err_set(err, "%s: timestep_spacing '%s' is not implemented (only 'leading')", path,
-                        json_object_get_string(v));
+    if (rc)
+        ;
     else if ((v = jkey(root, "trained_betas")))
         rc = sd_err_set(err, "%s: trained_betas are not implemented", path);
-    else if (kind != SD_SAMPLER_PNDM && (v = jkey(root, "thresholding")) &&
-             json_object_get_boolean(v))
+    else if (kind != SD_SAMPLER_PNDM && jtrue(root, "thresholding"))
         rc = sd_err_set(err, "%s: thresholding is not implemented", path);
-    else if ((v = jkey(root, "rescale_betas_zero_snr")) && json_object_get_boolean(v))
+    else if (jtrue(root, "rescale_betas_zero_snr"))
         rc = sd_err_set(err, "%s: rescale_betas_zero_snr is not implemented", path);
-    else if (kind == SD_SAMPLER_DDPM && (v = jkey(root, "variance_type")) &&
-             strcmp(json_object_get_string(v), "fixed_small") != 0)
+    else if (kind == SD_SAMPLER_DDPM && jstr_not(root, "variance_type", "fixed_small", &got))
         rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
-                             "'fixed_small')", path, json_object_get_string(v));
-    else if (kind == SD_SAMPLER_PNDM &&
-             !((v = jkey(root, "skip_prk_steps")) && json_object_get_boolean(v)))
+                             "'fixed_small')", path, got);
+    else if (kind == SD_SAMPLER_PNDM && !jtrue(root, "skip_prk_steps"))
         rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
                              "implemented; Stable Diffusion configs set skip_prk_steps true", path);
+    else if ((euler || dpm) &&
+             (jtrue(root, "use_exponential_sigmas") || jtrue(root, "use_beta_sigmas")))
+        rc = sd_err_set(err, "%s: exponential and beta sigmas are not implemented for '%s'",
+                        path, sd_sampler_kind_name(kind));
+    else if (kind == SD_SAMPLER_EULER && (jkey(root, "sigma_min") || jkey(root, "sigma_max")))
+        rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
+    else if ((euler || dpm) && jstr_not(root, "final_sigmas_type", "zero", &got))
+        rc = sd_err_set(err, "%s: final_sigmas_type '%s' is not implemented (only 'zero')", path,
+                        got);
+    else if (kind == SD_SAMPLER_EULER && jstr_not(root, "interpolation_type", "linear", &got))
+        rc = sd_err_set(err, "%s: interpolation_type '%s' is not implemented (only 'linear')",
+                        path, got);
+    else if (kind == SD_SAMPLER_EULER && jstr_not(root, "timestep_type", "discrete", &got))
+        rc = sd_err_set(err, "%s: timestep_type '%s' is not implemented (only 'discrete')", path,
+                        got);
+    else if (dpm && (v = jkey(root, "solver_order")) && json_object_get_int(v) != 2)
+        rc = sd_err_set(err, "%s: solver_order %d is not implemented for 'dpmpp_2m' (only 2)",
+                        path, json_object_get_int(v));
+    else if (dpm && jstr_not(root, "algorithm_type", "dpmsolver++", &got))
+        rc = sd_err_set(err, "%s: algorithm_type '%s' is not implemented (only 'dpmsolver++')",
+                        path, got);
+    else if (dpm && jstr_not(root, "solver_type", "midpoint", &got))
+        rc = sd_err_set(err, "%s: solver_type '%s' is not implemented (only 'midpoint')", path,
+                        got);
+    else if (dpm && (v = jkey(root, "variance_type")))
+        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'dpmpp_2m'", path,
+                        json_object_get_string(v));
+    else if (dpm && (v = jkey(root, "lambda_min_clipped")) &&
+             isfinite(json_object_get_double(v)))
+        rc = sd_err_set(err, "%s: lambda_min_clipped %g is not implemented (only -inf)", path,
+                        json_object_get_double(v));
+    else if (dpm && (jtrue(root, "use_lu_lambdas") || jtrue(root, "use_flow_sigmas") ||
+                     jtrue(root, "use_dynamic_shifting")))
+        rc = sd_err_set(err, "%s: use_lu_lambdas, use_flow_sigmas and use_dynamic_shifting are "
+                             "not implemented", path);
     json_object_put(root);
     return rc;
 }
@@ -235,6 +304,13 @@ static void warn_prompts(const sd_tokenizer *tok, const char *key,
             sd_warn("&sample %s(%d) has %d tokens; the text encoder sees the first %d "
                     "(truncated, as the pipeline does)", key, p + 1, n_tok - 2, TEXT_LEN - 2);
     }
+}
+
+/* The images' height ('h') or width ('w'): &sample height / width, else &model resolution. */
+static int sample_side(const sd_config *cfg, char which)
+{
+    const int64_t v = which == 'h' ? cfg->sample.height : cfg->sample.width;
+    return (int)(v > 0 ? v : cfg->model.resolution);
 }
 
 /* Loads every part on the host (fp32) and opens the generator on this rank's device. */
@@ -391,7 +467,8 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
                  src->parts[0] ? src->parts : "random(seed)", tok_path) >= (int)what_size)
         what[what_size - 1] = '\0';
     rc = sd_t2i_open(g, dev->use_cuda ? "cuda" : "cpu", dev->device_id, precision, &uc, &uw, &vc,
-                     &vw, &cc, &cw, tok, (int)cfg->model.resolution, max_images, max_decode, err);
+                     &vw, &cc, &cw, tok, sample_side(cfg, 'h'), sample_side(cfg, 'w'), max_images,
+                     max_decode, err);
     tok = NULL; /* owned by g now */
 out:
     sd_weights_free(&uw);
@@ -421,12 +498,17 @@ static void json_str(FILE *f, const char *s)
 static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd_config *cfg,
                         const sched_setup *ss, int64_t n, sd_err *err)
 {
-    if (sd_sampler_init(s, (sd_sampler_kind)kind, d, (int)cfg->sample.num_steps, ss->steps_offset,
-                        n, err) != 0)
+    if (sd_sampler_init(s, (sd_sampler_kind)kind, d, (int)cfg->sample.num_steps, ss->spacing,
+                        ss->steps_offset, n, err) != 0)
         return -1;
+    if (ss->karras && sd_sampler_use_karras(s, err) != 0) {
+        sd_sampler_free(s);
+        return -1;
+    }
     if (ss->set_alpha_to_one)
         s->final_alpha_cumprod = 1.0f;
-    s->clip_sample_range = (float)ss->clip;
+    if (kind == SD_SAMPLER_DDIM)
+        s->eta = cfg->sample.eta;
     return 0;
 }
 
@@ -436,7 +518,7 @@ typedef struct noise_ctx {
     int failed;
 } noise_ctx;
 
-static void ddpm_noise(void *user, int k, float *out, int64_t n)
+static void step_noise(void *user, int k, float *out, int64_t n)
 {
     noise_ctx *nc = user;
     sd_err err;
@@ -447,19 +529,27 @@ static void ddpm_noise(void *user, int k, float *out, int64_t n)
     }
 }
 
+/* the shortest decimal that reads back as the same double */
+static void shortest(double v, char out[40])
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(out, 40, "%.*g", prec, v);
+        if (strtod(out, NULL) == v)
+            break;
+    }
+}
+
 /* samples.jsonl, written by rank 0 once every image exists (temporary name + rename). */
-static int write_index(const sd_config *cfg, const char *scheduler, sd_err *err)
+static int write_index(const sd_config *cfg, const char *scheduler, const char *spacing,
+                       sd_err *err)
 {
     char path[SD_PATH_MAX + 32], tmp[SD_PATH_MAX + 64];
     FILE *f;
     int ok;
-    /* the shortest decimal that reads back as the same double */
-    char gs[40];
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(gs, sizeof gs, "%.*g", prec, cfg->sample.guidance_scale);
-        if (strtod(gs, NULL) == cfg->sample.guidance_scale)
-            break;
-    }
+    char gs[40], eta[40], gr[40];
+    shortest(cfg->sample.guidance_scale, gs);
+    shortest(cfg->sample.eta, eta);
+    shortest(cfg->sample.guidance_rescale, gr);
     snprintf(path, sizeof path, "%s/samples.jsonl", cfg->run.output_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     f = fopen(tmp, "w");
@@ -475,11 +565,15 @@ static int write_index(const sd_config *cfg, const char *scheduler, sd_err *err)
                                                                                          : 0]);
             }
             fprintf(f, ", \"seed\": %lld, \"steps\": %lld, \"scheduler\": \"%s\", "
-                       "\"guidance_scale\": %s, \"width\": %lld, \"height\": %lld, "
-                       "\"file\": \"samples/%d-%" PRId64 ".png\"}\n",
-                    (long long)cfg->run.seed, (long long)cfg->sample.num_steps, scheduler,
-                    gs, (long long)cfg->model.resolution,
-                    (long long)cfg->model.resolution, p, j);
+                       "\"timestep_spacing\": \"%s\", ", (long long)cfg->run.seed,
+                    (long long)cfg->sample.num_steps, scheduler, spacing);
+            if (strcmp(scheduler, "ddim") == 0 && cfg->sample.eta > 0)
+                fprintf(f, "\"eta\": %s, ", eta);
+            fprintf(f, "\"guidance_scale\": %s, ", gs);
+            if (cfg->sample.guidance_scale > 1.0 && cfg->sample.guidance_rescale > 0)
+                fprintf(f, "\"guidance_rescale\": %s, ", gr);
+            fprintf(f, "\"width\": %d, \"height\": %d, \"file\": \"samples/%d-%" PRId64
+                       ".png\"}\n", sample_side(cfg, 'w'), sample_side(cfg, 'h'), p, j);
         }
     ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = (fclose(f) == 0) && ok;
@@ -530,8 +624,8 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     memset(&d, 0, sizeof d);
     memset(&s, 0, sizeof s);
     sd_err_clear(&err);
-    failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm or ddpm",
-                                     cfg->sample.scheduler);
+    failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm, ddpm, "
+                                           "euler, euler_a or dpmpp_2m", cfg->sample.scheduler);
     if (!failed)
         failed = resolve_sources(cfg, &src, &err) != 0;
     /* the schedule: a snapshot's U-Net samples with its scheduler_config.json, a U-Net we
@@ -539,14 +633,20 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     sched_from_namelist(cfg, &ss);
     if (!failed && src.unet_snapshot[0])
         failed = sched_from_snapshot(src.unet_snapshot, (sd_sampler_kind)kind, &ss, &err) < 0;
+    if (!failed && strcmp(cfg->sample.timestep_spacing, "auto") != 0)
+        ss.spacing = (sd_spacing)sd_spacing_from_name(cfg->sample.timestep_spacing);
+    if (!failed && cfg->sample.use_karras_sigmas) {
+        failed = kind != SD_SAMPLER_EULER && kind != SD_SAMPLER_DPMPP_2M &&
+                 sd_err_set(&err, "&sample use_karras_sigmas = .true. needs scheduler = 'euler' "
+                                  "or 'dpmpp_2m', not '%s'", cfg->sample.scheduler);
+        ss.karras = 1;
+    }
     if (!failed)
         failed = sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
                                    ss.prediction, SD_LINSPACE_FUSED, &err) != 0;
-    if (!failed) {
-        int64_t *ts = sd_xmalloc(((size_t)cfg->sample.num_steps + 2) * sizeof *ts);
-        failed = sd_sampler_timesteps((sd_sampler_kind)kind, (int)cfg->sample.num_steps, ss.T,
-                                      ss.steps_offset, ts, &err) < 0;
-        free(ts);
+    if (!failed) { /* the schedule itself, before the weights load */
+        failed = make_sampler(&s, kind, &d, cfg, &ss, 1, &err) != 0;
+        sd_sampler_free(&s);
     }
     if (!failed)
         failed = load_models(cfg, dev, &src, nb_max, nd_max, &g, what, sizeof what, &err) != 0;
@@ -565,18 +665,34 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         return SD_EXIT_USAGE;
     }
     scale = (float)(cfg->train.latent_scale > 0 ? cfg->train.latent_scale : g.vcfg.scaling_factor);
-    if (rank == 0)
-        sd_info("sampling %lld image(s) (%d prompt(s) x %lld) at %lld px with %s, %lld steps (%d "
-                "U-Net calls per image), guidance %g%s, seed %lld, on %d rank(s), %s in %s; %s; "
-                "schedule from %s (%s, %s %g..%g over %d, steps_offset %d%s%s); latents / %g "
-                "before decoding", (long long)n_total, cfg->sample.n_prompts,
-                (long long)cfg->sample.images_per_prompt, (long long)cfg->model.resolution,
-                cfg->sample.scheduler, (long long)cfg->sample.num_steps, s.n_timesteps, g_scale,
-                guided ? "" : " (no unconditional pass)", (long long)cfg->run.seed, size,
-                g.be->name, sd_dtype_name(g.be->dtype), what, ss.source, ss.prediction,
-                ss.schedule, ss.beta_start, ss.beta_end, ss.T, ss.steps_offset,
-                ss.set_alpha_to_one ? ", set_alpha_to_one" : "",
-                ss.clip > 0 ? ", clip_sample" : "", (double)scale);
+    if (rank == 0) {
+        char extra[96] = "";
+        if (kind == SD_SAMPLER_DDIM && cfg->sample.eta > 0)
+            snprintf(extra, sizeof extra, ", eta %g", cfg->sample.eta);
+        if (guided && cfg->sample.guidance_rescale > 0)
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                     ", guidance_rescale %g", cfg->sample.guidance_rescale);
+        sd_info("sampling %lld image(s) (%d prompt(s) x %lld) at %dx%d px with %s, %lld steps (%d "
+                "U-Net calls per image, '%s' spacing%s%s), guidance %g%s, seed %lld, on %d "
+                "rank(s), %s in %s; %s; schedule from %s (%s, %s %g..%g over %d, steps_offset "
+                "%d%s%s%s); latents / %g before decoding", (long long)n_total,
+                cfg->sample.n_prompts, (long long)cfg->sample.images_per_prompt, g.width,
+                g.height, cfg->sample.scheduler,
+                (long long)cfg->sample.num_steps, s.n_timesteps, sd_spacing_name(ss.spacing),
+                ss.karras ? ", Karras sigmas" : "", extra, g_scale, guided ? "" : " (no unconditional pass)",
+                (long long)cfg->run.seed, size, g.be->name, sd_dtype_name(g.be->dtype), what,
+                ss.source, ss.prediction, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
+                ss.steps_offset, ss.set_alpha_to_one ? ", set_alpha_to_one" : "",
+                ss.adjusted[0] ? "; as StableDiffusionPipeline: " : "", ss.adjusted,
+                (double)scale);
+    }
+    if (rank == 0 && kind != SD_SAMPLER_DDIM && cfg->sample.eta > 0)
+        sd_warn("&sample eta = %g is not used: only scheduler = 'ddim' takes it (as in diffusers)",
+                cfg->sample.eta);
+    if (rank == 0 && !guided && cfg->sample.guidance_rescale > 0)
+        sd_warn("&sample guidance_rescale = %g is not used: guidance_scale %g <= 1 (as in "
+                "diffusers)", cfg->sample.guidance_rescale, g_scale);
+    g.guidance_rescale = cfg->sample.guidance_rescale;
 
     if (rank == 0)
         sd_info("%d image(s) per denoising call (&sample batch_size %lld%s): a U-Net batch of %d; "
@@ -645,6 +761,9 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                                      nc[b].image, nc[b].prompt, 0, g.lc, g.lh,
                                                      g.lw, lat + (size_t)b * (size_t)g.n_latent,
                                                      &err) != 0;
+                /* prepare_latents: latents * init_noise_sigma (1 but for Euler) */
+                for (int64_t e = 0; e < g.n_latent; e++)
+                    lat[(size_t)b * (size_t)g.n_latent + (size_t)e] *= s.init_noise_sigma;
             }
             if (failed)
                 break;
@@ -654,13 +773,13 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                       &err) == 0, "%s", err.msg);
             }
             sd_t2i_denoise_batch(&g, &s, nb, cond, guided ? unconds : NULL, g_scale, lat,
-                                 ddpm_noise, users);
+                                 step_noise, users);
             for (int b = 0; b < nb && !failed; b++) {
                 const int p = (int)(ids[b] / cfg->sample.images_per_prompt);
                 const int64_t j = ids[b] % cfg->sample.images_per_prompt;
                 char file[SD_PATH_MAX + 64];
                 if (nc[b].failed) {
-                    failed = sd_err_set(&err, "DDPM noise of image %lld beyond the RNG limits",
+                    failed = sd_err_set(&err, "step noise of image %lld beyond the RNG limits",
                                         (long long)ids[b]) != 0;
                     break;
                 }
@@ -670,7 +789,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                         lat + (size_t)b * (size_t)g.n_latent, scale, img);
                 sd_image_to_u8(g.n_image, img + (size_t)(b % nd_max) * (size_t)g.n_image, rgb);
                 snprintf(file, sizeof file, "%s/%d-%" PRId64 ".png", dir, p, j);
-                if (sd_image_write_png(file, rgb, g.res, g.res, &err)) {
+                if (sd_image_write_png(file, rgb, g.width, g.height, &err)) {
                     failed = 1;
                     break;
                 }
@@ -686,7 +805,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
             fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
         failed = 1;
     } else {
-        int bad = rank == 0 && write_index(cfg, cfg->sample.scheduler, &err) != 0;
+        int bad = rank == 0 && write_index(cfg, cfg->sample.scheduler, sd_spacing_name(ss.spacing), &err) != 0;
         if (bad)
             fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
         failed = sd_any_failed(bad);

@@ -47,13 +47,14 @@ void sd_t2i_close(sd_t2i *g)
     free(g->h_eps);
     free(g->h_ts);
     free(g->h_z);
+    free(g->h_in);
     memset(g, 0, sizeof *g);
 }
 
 int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
                 const sd_unet_config *uc, sd_weights *uw, const sd_vae_config *vc,
                 sd_weights *vw, const sd_clip_config *cc, sd_weights *cw, sd_tokenizer *tok,
-                int resolution, int max_images, int max_decode, sd_err *err)
+                int height, int width, int max_images, int max_decode, sd_err *err)
 {
     int factor, oh, ow;
     memset(g, 0, sizeof *g);
@@ -76,15 +77,17 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
         return sd_err_set(err, "the U-Net attends to %d-wide text embeddings, the text encoder "
                                "gives %d", g->ucfg.cross_attention_dim, g->ccfg.hidden_size);
     factor = 1 << (g->vcfg.n_levels - 1);
-    if (resolution < factor || resolution % factor != 0)
-        return sd_err_set(err, "&model resolution = %d is not a multiple of the VAE's factor %d",
-                          resolution, factor);
-    g->res = resolution;
-    g->lh = g->lw = resolution / factor;
+    if (height < factor || height % factor != 0 || width < factor || width % factor != 0)
+        return sd_err_set(err, "%dx%d px images: each side must be a positive multiple of the "
+                               "VAE's factor %d", width, height, factor);
+    g->height = height;
+    g->width = width;
+    g->lh = height / factor;
+    g->lw = width / factor;
     g->lc = g->vcfg.latent_channels;
     g->hidden = g->ccfg.hidden_size;
     g->n_latent = (int64_t)g->lh * g->lw * g->lc;
-    g->n_image = (int64_t)resolution * resolution * g->vcfg.out_channels;
+    g->n_image = (int64_t)height * width * g->vcfg.out_channels;
     g->n_emb = (int64_t)TEXT_LEN * g->hidden;
     if (g->vcfg.out_channels != 3)
         return sd_err_set(err, "the VAE decodes to %d channels; images need 3 (RGB)",
@@ -93,9 +96,9 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
         sd_vae_check_latent_shape(&g->vcfg, g->max_decode, g->lh, g->lw, &oh, &ow, err) ||
         sd_clip_check_shape(&g->ccfg, 1, TEXT_LEN, err))
         return -1;
-    if (oh != resolution || ow != resolution)
-        return sd_err_set(err, "the VAE decodes %dx%d latents to %dx%d, not %d px", g->lh, g->lw,
-                          oh, ow, resolution);
+    if (oh != height || ow != width)
+        return sd_err_set(err, "the VAE decodes %dx%d latents to %dx%d, not %dx%d px", g->lw,
+                          g->lh, ow, oh, width, height);
 
     if (sd_cmd_backend_open(device, gpu, precision, &g->cb, err))
         return -1;
@@ -133,6 +136,7 @@ int sd_t2i_open(sd_t2i *g, const char *device, int gpu, const char *precision,
     g->h_eps = sd_xmalloc(2 * (size_t)g->max_images * (size_t)g->n_latent * sizeof(float));
     g->h_ts = sd_xmalloc(2 * (size_t)g->max_images * sizeof(float));
     g->h_z = sd_xmalloc((size_t)g->max_images * (size_t)g->n_latent * sizeof(float));
+    g->h_in = sd_xmalloc((size_t)g->max_images * (size_t)g->n_latent * sizeof(float));
     return 0;
 }
 
@@ -180,20 +184,32 @@ void sd_t2i_denoise_batch(sd_t2i *g, sd_sampler *s, int nb, const float *conds,
                   (int64_t)nb * g->n_emb);
     sd_sampler_reset(s);
     for (int i = 0; i < s->n_timesteps; i++) {
+        /* scale_model_input (Euler: / sqrt(sigma^2 + 1)), the latents once per half of the
+         * batch */
+        const float *in = latents;
+        if (sd_sampler_scales_input(s)) {
+            sd_sampler_scale_input(s, i, nn, latents, g->h_in);
+            in = g->h_in;
+        }
         for (int r = 0; r < rows; r++)
-            g->h_ts[r] = (float)s->timesteps[i];
-        /* the latents once per half of the batch */
+            g->h_ts[r] = s->model_t[i];
         for (int h = 0; h < rows / nb; h++)
-            sd_upload_f32(g->be, (char *)g->d_lat + (size_t)h * (size_t)nn * es, latents, nn);
+            sd_upload_f32(g->be, (char *)g->d_lat + (size_t)h * (size_t)nn * es, in, nn);
         sd_unet_forward(g->unet, rows, g->lh, g->lw, g->d_lat, g->h_ts, g->d_ctx, TEXT_LEN,
                         g->d_eps, &g->unet_arena, NULL);
         sd_synchronize(g->be);
         sd_download_f32(g->be, eps, g->d_eps, (int64_t)rows * n);
-        if (unconds)
+        if (unconds) {
             sd_guidance_combine(nn, eps, eps + nn, guidance, eps);
+            if (g->guidance_rescale > 0.0)
+                for (int b = 0; b < nb; b++)
+                    sd_guidance_rescale(n, eps + (size_t)b * (size_t)n,
+                                        eps + (size_t)(nn + (int64_t)b * n), g->guidance_rescale);
+        }
         const float *z = NULL;
-        if (s->kind == SD_SAMPLER_DDPM && s->timesteps[i] > 0) {
-            SD_CHECK(noise != NULL, "DDPM sampling needs a noise source");
+        if (sd_sampler_step_noise(s, i)) {
+            SD_CHECK(noise != NULL, "%s sampling needs a noise source",
+                     sd_sampler_kind_name(s->kind));
             for (int b = 0; b < nb; b++)
                 noise(noise_users[b], i, g->h_z + (size_t)b * (size_t)n, n);
             z = g->h_z;

@@ -679,6 +679,14 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
         return validate_error(rc, "model", "resolution", err,
                               "&model resolution = %lld is not a multiple of 8 (the VAE downsamples by 8)",
                               (long long)c->model.resolution);
+    if (c->sample.width % 8 != 0)
+        return validate_error(rc, "sample", "width", err,
+                              "&sample width = %lld is not a multiple of 8 (the VAE downsamples "
+                              "by 8)", (long long)c->sample.width);
+    if (c->sample.height % 8 != 0)
+        return validate_error(rc, "sample", "height", err,
+                              "&sample height = %lld is not a multiple of 8 (the VAE downsamples "
+                              "by 8)", (long long)c->sample.height);
     if (c->model.n_attention_head_dim != 1 &&
         c->model.n_attention_head_dim != c->model.n_block_out_channels)
         return validate_error(rc, "model", "attention_head_dim", err,

@@ -197,7 +197,28 @@ static const sd_option options[] = {
     INT(sample, num_steps, "50", 1, 1000, "steps", "Denoising steps."),
     REAL(sample, guidance_scale, "7.5", 0, 100, "",
          "Classifier-free guidance scale; <= 1 = off (no unconditional U-Net pass, as diffusers)."),
-    CHOICE(sample, scheduler, "'ddim'", "ddim|pndm|ddpm", "Sampler (noise scheduler) used to generate images."),
+    CHOICE(sample, scheduler, "'ddim'", "ddim|pndm|ddpm|euler|euler_a|dpmpp_2m",
+           "Sampler (noise scheduler): diffusers' DDIM, PNDM (PLMS), DDPM, EulerDiscrete, "
+           "EulerAncestralDiscrete or DPMSolverMultistep (DPM-Solver++ 2M)."),
+    CHOICE(sample, timestep_spacing, "'auto'", "auto|leading|trailing|linspace",
+           "Which timesteps num_steps visits (diffusers' timestep_spacing). 'auto' = the "
+           "snapshot's scheduler_config.json (without the key: the scheduler class's default, "
+           "'linspace' for euler, euler_a and dpmpp_2m, else 'leading'), or 'leading' without a "
+           "snapshot config (SD's convention)."),
+    LOGICAL(sample, use_karras_sigmas, ".false.",
+            "Karras et al.'s sigmas (rho 7) for scheduler = 'euler' or 'dpmpp_2m' (diffusers' "
+            "use_karras_sigmas; 'dpmpp_2m' with it is \"DPM++ 2M Karras\"); a snapshot's "
+            "scheduler_config.json can also set it."),
+    REAL(sample, eta, "0", 0, 1, "",
+         "DDIM's eta: 0 = deterministic DDIM, 1 = DDPM-like noise at every step (drawn like "
+         "the ddpm noise). Only scheduler = 'ddim' uses it."),
+    REAL(sample, guidance_rescale, "0", 0, 1, "",
+         "The pipeline's guidance_rescale (rescale_noise_cfg: the guided prediction's standard "
+         "deviation pulled toward the conditional one's; 0 = off). Needs guidance_scale > 1."),
+    INT(sample, width, "0", 0, 16384, "px",
+        "Image width (a multiple of the VAE's factor, 8 for SD); 0 = &model resolution."),
+    INT(sample, height, "0", 0, 16384, "px",
+        "Image height (a multiple of the VAE's factor, 8 for SD); 0 = &model resolution."),
     INT(sample, images_per_prompt, "1", 1, 1024, "",
         "Images per prompt; image j of prompt p is a function of (seed, p, j) only."),
     INT(sample, batch_size, "0", 0, 256, "images",

@@ -9,59 +9,153 @@
 
 #include "sdtrain/check.h"
 
+static const char *const kind_names[SD_SAMPLER_N_KINDS] = {"ddim",  "pndm",    "ddpm",
+                                                            "euler", "euler_a", "dpmpp_2m"};
+static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
+
 int sd_sampler_kind_from_name(const char *name)
 {
-    if (!name)
-        return -1;
-    if (!strcasecmp(name, "ddim"))
-        return SD_SAMPLER_DDIM;
-    if (!strcasecmp(name, "pndm"))
-        return SD_SAMPLER_PNDM;
-    if (!strcasecmp(name, "ddpm"))
-        return SD_SAMPLER_DDPM;
+    for (int k = 0; name && k < SD_SAMPLER_N_KINDS; k++)
+        if (!strcasecmp(name, kind_names[k]))
+            return k;
     return -1;
 }
 
 const char *sd_sampler_kind_name(sd_sampler_kind kind)
 {
-    switch (kind) {
-    case SD_SAMPLER_DDIM:
-        return "ddim";
-    case SD_SAMPLER_PNDM:
-        return "pndm";
-    case SD_SAMPLER_DDPM:
-        return "ddpm";
-    }
-    return "?";
+    return (unsigned)kind < SD_SAMPLER_N_KINDS ? kind_names[kind] : "?";
 }
 
-int sd_sampler_timesteps(sd_sampler_kind kind, int num_steps, int num_train_timesteps,
-                         int steps_offset, int64_t *out, sd_err *err)
+int sd_spacing_from_name(const char *name)
+{
+    for (int k = 0; name && k < 3; k++)
+        if (!strcasecmp(name, spacing_names[k]))
+            return k;
+    return -1;
+}
+
+const char *sd_spacing_name(sd_spacing spacing)
+{
+    return (unsigned)spacing < 3 ? spacing_names[spacing] : "?";
+}
+
+sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_DPMPP_2M
+               ? SD_SPACING_LINSPACE
+               : SD_SPACING_LEADING;
+}
+
+static int uses_sigmas(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_DPMPP_2M;
+}
+
+/* numpy.linspace(0, stop, num)[i] in float64: i * (stop / (num - 1)), the last one exactly
+ * stop. */
+static double np_linspace_at(double stop, int num, int i)
+{
+    if (num == 1)
+        return 0.0;
+    if (i == num - 1)
+        return stop;
+    return (double)i * (stop / (double)(num - 1));
+}
+
+/* numpy.arange(start, 0, step) for a float step < 0: ceil((0 - start) / step) elements; element
+ * i >= 2 is start + i * d with d = (start + step) - start (numpy's fill of float arrays). */
+static int64_t np_arange_len(double start, double step)
+{
+    double v = ceil((0.0 - start) / step);
+    return v > 0 ? (int64_t)v : 0;
+}
+
+static double np_arange_at(double start, double step, int64_t i)
+{
+    const double second = start + step;
+    if (i == 0)
+        return start;
+    if (i == 1)
+        return second;
+    return start + (double)i * (second - start);
+}
+
+int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps,
+                         int num_train_timesteps, int steps_offset, double *out, sd_err *err)
 {
     const int N = num_steps, T = num_train_timesteps;
+    const int euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A;
     int n = 0;
+    if ((unsigned)kind >= SD_SAMPLER_N_KINDS || (unsigned)spacing > SD_SPACING_LINSPACE)
+        return sd_err_set(err, "sampler: unknown scheduler %d or spacing %d", (int)kind,
+                          (int)spacing);
     if (N < 1 || N > T)
         return sd_err_set(err, "sampler: %d inference steps for a schedule of %d training "
                                "timesteps (need 1 <= steps <= %d)", N, T, T);
-    const int64_t ratio = T / N;
-    if (kind == SD_SAMPLER_PNDM) {
-        /* _timesteps = arange(N) * ratio + offset (ascending); plms = concat(_t[:-1],
-         * _t[-2:-1], _t[-1:])[::-1]: the second-largest timestep twice. */
-        out[n++] = (int64_t)(N - 1) * ratio + steps_offset;
-        if (N > 1) {
-            out[n++] = (int64_t)(N - 2) * ratio + steps_offset;
-            for (int i = N - 2; i >= 0; i--)
-                out[n++] = (int64_t)i * ratio + steps_offset;
+    if (kind == SD_SAMPLER_DPMPP_2M) {
+        /* N + 1 points (lambda_min_clipped = -inf: last_timestep = T), the last dropped */
+        const int M = N + 1;
+        if (spacing == SD_SPACING_LINSPACE) {
+            for (int k = 0; k < N; k++)
+                out[n++] = nearbyint(np_linspace_at((double)T - 1.0, M, M - 1 - k));
+        } else if (spacing == SD_SPACING_LEADING) {
+            const int64_t ratio = T / M;
+            for (int k = 0; k < N; k++)
+                out[n++] = (double)((int64_t)(M - 1 - k) * ratio + steps_offset);
+        } else {
+            const double r = (double)T / (double)N;
+            const int64_t len = np_arange_len((double)T, -r);
+            for (int64_t k = 0; k < len && k <= N; k++)
+                out[n++] = nearbyint(np_arange_at((double)T, -r, k)) - 1.0;
         }
     } else {
-        for (int i = N - 1; i >= 0; i--)
-            out[n++] = (int64_t)i * ratio + steps_offset;
+        /* the descending base list */
+        double *base = sd_xmalloc(((size_t)N + 2) * sizeof *base);
+        int nb = 0;
+        if (spacing == SD_SPACING_LINSPACE) {
+            for (int k = 0; k < N; k++) {
+                double v = np_linspace_at((double)T - 1.0, N, N - 1 - k);
+                base[nb++] = euler ? (double)(float)v : nearbyint(v);
+            }
+        } else if (spacing == SD_SPACING_LEADING) {
+            const int64_t ratio = T / N;
+            for (int k = 0; k < N; k++)
+                base[nb++] = (double)((int64_t)(N - 1 - k) * ratio + steps_offset);
+        } else {
+            const double r = (double)T / (double)N;
+            const int64_t len = np_arange_len((double)T, -r);
+            for (int64_t k = 0; k < len && k <= N; k++)
+                base[nb++] = nearbyint(np_arange_at((double)T, -r, k)) - 1.0;
+        }
+        if (kind == SD_SAMPLER_PNDM) {
+            /* plms = concat(a[:-1], a[-2:-1], a[-1:])[::-1] of the ascending a: the
+             * second-largest timestep twice */
+            out[n++] = base[0];
+            if (nb > 1) {
+                out[n++] = base[1];
+                for (int k = 1; k < nb; k++)
+                    out[n++] = base[k];
+            }
+        } else {
+            for (int k = 0; k < nb; k++)
+                out[n++] = base[k];
+        }
+        free(base);
     }
     for (int i = 0; i < n; i++)
-        if (out[i] < 0 || out[i] >= T)
-            return sd_err_set(err, "sampler: %d steps with steps_offset %d give timestep %lld, "
-                                   "outside the schedule's [0, %d): use fewer steps",
-                              N, steps_offset, (long long)out[i], T);
+        if (!(out[i] >= 0.0 && out[i] <= (double)T - 1.0))
+            return sd_err_set(err, "sampler: %s with %d steps, '%s' spacing and steps_offset %d "
+                                   "gives timestep %g, outside the schedule's [0, %d): use "
+                                   "fewer steps or another spacing", sd_sampler_kind_name(kind),
+                              N, sd_spacing_name(spacing), steps_offset, out[i], T);
+    /* index_for_timestep takes the second of two equal first timesteps (skipping a step) */
+    if (euler || kind == SD_SAMPLER_DPMPP_2M)
+        for (int i = 1; i < n; i++)
+            if (out[i] == out[0])
+                return sd_err_set(err, "sampler: %s with %d steps and '%s' spacing repeats "
+                                       "its first timestep %g: use fewer steps",
+                                  sd_sampler_kind_name(kind), N, sd_spacing_name(spacing),
+                                  out[i]);
     return n;
 }
 
@@ -96,30 +190,45 @@ static inline float clamp_x0(float x0, float clip)
     return x0;
 }
 
-void sd_ddim_step(const float *alphas_cumprod, float final_alpha_cumprod, sd_prediction pred,
-                  float clip, int64_t t, int64_t prev_t, int64_t n, const float *model_out,
-                  const float *sample, float *out)
+void sd_ddim_step_eta(const float *alphas_cumprod, float final_alpha_cumprod,
+                      sd_prediction pred, float clip, double eta, int64_t t, int64_t prev_t,
+                      int64_t n, const float *model_out, const float *sample,
+                      const float *noise, float *out)
 {
     const float a_t = alphas_cumprod[t];
     const float a_p = prev_t >= 0 ? alphas_cumprod[prev_t] : final_alpha_cumprod;
     const float b_t = 1.0f - a_t;
     const float b_p = 1.0f - a_p;
     const float sa = sqrtf(a_t), sb = sqrtf(b_t);
-    /* _get_variance and std_dev_t = eta * variance ** 0.5 with eta = 0 */
+    /* _get_variance and std_dev_t = eta * variance ** 0.5 */
     const float ratio = b_p / b_t, frac = a_t / a_p;
     const float variance = ratio * (1.0f - frac);
-    const float std_dev = 0.0f * sqrtf(variance);
+    const float std_dev = (float)eta * sqrtf(variance);
     const float sq = std_dev * std_dev;
     const float dir_coeff = sqrtf((1.0f - a_p) - sq);
     const float sa_p = sqrtf(a_p);
+    SD_CHECK(eta <= 0.0 || noise != NULL, "DDIM step with eta %g needs noise", eta);
     for (int64_t i = 0; i < n; i++) {
         float x0, eps;
         predict_x0_eps(pred, sa, sb, model_out[i], sample[i], &x0, &eps);
         x0 = clamp_x0(x0, clip); /* use_clipped_model_output is off: eps stays */
         float dir = dir_coeff * eps;
         float p = sa_p * x0;
-        out[i] = p + dir;
+        float r = p + dir;
+        if (eta > 0.0) {
+            float z = std_dev * noise[i];
+            r = r + z;
+        }
+        out[i] = r;
     }
+}
+
+void sd_ddim_step(const float *alphas_cumprod, float final_alpha_cumprod, sd_prediction pred,
+                  float clip, int64_t t, int64_t prev_t, int64_t n, const float *model_out,
+                  const float *sample, float *out)
+{
+    sd_ddim_step_eta(alphas_cumprod, final_alpha_cumprod, pred, clip, 0.0, t, prev_t, n,
+                     model_out, sample, NULL, out);
 }
 
 void sd_ddpm_step(const float *alphas_cumprod, sd_prediction pred, float clip, int64_t t,
@@ -200,6 +309,32 @@ void sd_guidance_combine(int64_t n, const float *uncond, const float *cond, doub
     }
 }
 
+/* Unbiased standard deviation of n values (torch.std), in double, rounded to float. */
+static float std_unbiased(int64_t n, const float *x)
+{
+    double mean = 0.0, ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        mean += x[i];
+    mean /= (double)n;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)x[i] - mean;
+        ss += d * d;
+    }
+    return (float)sqrt(ss / (double)(n - 1));
+}
+
+void sd_guidance_rescale(int64_t n, float *x, const float *cond, double r)
+{
+    const float std_text = std_unbiased(n, cond), std_cfg = std_unbiased(n, x);
+    const float factor = std_text / std_cfg;
+    const float rf = (float)r, keep = (float)(1.0 - r);
+    for (int64_t i = 0; i < n; i++) {
+        float rescaled = x[i] * factor;
+        float a = rf * rescaled, b = keep * x[i];
+        x[i] = a + b;
+    }
+}
+
 void sd_image_to_u8(int64_t n, const float *x, uint8_t *out)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -214,38 +349,163 @@ void sd_image_to_u8(int64_t n, const float *x, uint8_t *out)
     }
 }
 
-int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, int num_steps,
-                    int steps_offset, int64_t n, sd_err *err)
+/* numpy.interp(x, arange(T), fp) in float64 for 0 <= x <= T - 1: fp[j] at a grid point, else
+ * slope * (x - j) + fp[j]. */
+static double interp_grid(const float *fp, int T, double x)
 {
-    int64_t *ts;
+    const int64_t j = (int64_t)floor(x);
+    if (j >= T - 1)
+        return fp[T - 1];
+    if ((double)j == x)
+        return fp[j];
+    const double slope = ((double)fp[j + 1] - (double)fp[j]) / 1.0;
+    return slope * (x - (double)j) + (double)fp[j];
+}
+
+int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, int num_steps,
+                    sd_spacing spacing, int steps_offset, int64_t n, sd_err *err)
+{
+    double *ts;
     int count;
+    const int T = d->num_train_timesteps;
     memset(s, 0, sizeof *s);
-    if (kind != SD_SAMPLER_DDIM && kind != SD_SAMPLER_PNDM && kind != SD_SAMPLER_DDPM)
+    if ((unsigned)kind >= SD_SAMPLER_N_KINDS)
         return sd_err_set(err, "sampler: unknown scheduler %d", (int)kind);
     if (n < 1)
         return sd_err_set(err, "sampler: latents of %lld elements", (long long)n);
     ts = sd_xmalloc(((size_t)num_steps + 2) * sizeof *ts);
-    count = sd_sampler_timesteps(kind, num_steps, d->num_train_timesteps, steps_offset, ts, err);
+    count = sd_sampler_timesteps(kind, spacing, num_steps, T, steps_offset, ts, err);
     if (count < 0) {
         free(ts);
         return -1;
     }
     s->kind = kind;
+    s->spacing = spacing;
     s->prediction = d->prediction;
-    s->num_train_timesteps = d->num_train_timesteps;
+    s->num_train_timesteps = T;
     s->alphas_cumprod = d->alphas_cumprod;
     s->final_alpha_cumprod = d->alphas_cumprod[0]; /* set_alpha_to_one = false */
     s->num_steps = num_steps;
-    s->ratio = d->num_train_timesteps / num_steps;
+    s->ratio = T / num_steps;
     s->n_timesteps = count;
-    s->timesteps = ts;
+    s->timesteps = sd_xmalloc((size_t)count * sizeof *s->timesteps);
+    s->model_t = sd_xmalloc((size_t)count * sizeof *s->model_t);
+    for (int i = 0; i < count; i++) {
+        s->timesteps[i] = (int64_t)llround(ts[i]);
+        s->model_t[i] = (float)ts[i];
+    }
+    s->init_noise_sigma = 1.0f;
     s->n = n;
+    if (uses_sigmas(kind)) {
+        /* sigmas = ((1 - abar) / abar) ** 0.5 in fp32, interpolated at the timesteps (float64),
+         * cast to fp32, and the final sigma 0 (final_sigmas_type 'zero') */
+        float *full = sd_xmalloc((size_t)T * sizeof *full), mx = 0.0f;
+        for (int t = 0; t < T; t++) {
+            const float a = d->alphas_cumprod[t], b = 1.0f - a, q = b / a;
+            full[t] = sqrtf(q);
+        }
+        s->sigmas = sd_xmalloc(((size_t)count + 1) * sizeof *s->sigmas);
+        for (int i = 0; i < count; i++)
+            s->sigmas[i] = (float)interp_grid(full, T, ts[i]);
+        s->sigmas[count] = 0.0f;
+        free(full);
+        for (int i = 0; i <= count; i++)
+            mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
+        if (kind != SD_SAMPLER_DPMPP_2M) {
+            /* init_noise_sigma: max sigma ('linspace', 'trailing') or (max^2 + 1) ** 0.5 */
+            if (spacing == SD_SPACING_LEADING) {
+                const float sq = mx * mx, p = sq + 1.0f;
+                s->init_noise_sigma = sqrtf(p);
+            } else {
+                s->init_noise_sigma = mx;
+            }
+        }
+    }
+    free(ts);
     if (kind == SD_SAMPLER_PNDM) {
         for (int k = 0; k < 4; k++)
             s->ets[k] = sd_xmalloc((size_t)n * sizeof(float));
         s->cur_sample = sd_xmalloc((size_t)n * sizeof(float));
-        s->tmp = sd_xmalloc((size_t)n * sizeof(float));
     }
+    if (kind == SD_SAMPLER_PNDM || kind == SD_SAMPLER_DPMPP_2M)
+        s->tmp = sd_xmalloc((size_t)n * sizeof(float));
+    if (kind == SD_SAMPLER_DPMPP_2M)
+        s->x0_prev = sd_xmalloc((size_t)n * sizeof(float));
+    return 0;
+}
+
+/* _sigma_to_t: the fractional timestep whose log-sigma interpolates log(sigma) between the
+ * neighbouring entries of log_sigmas (fp32, increasing), clamped to [0, T - 1]. */
+static double sigma_to_t(double sigma, const float *log_sigmas, int T)
+{
+    const double ls = log(sigma > 1e-10 ? sigma : 1e-10);
+    int lo = 0;
+    for (int t = 0; t < T; t++) /* the last t with log_sigmas[t] <= ls (0 when none) */
+        if ((double)log_sigmas[t] <= ls)
+            lo = t;
+    if (lo > T - 2)
+        lo = T - 2;
+    const float low = log_sigmas[lo], high = log_sigmas[lo + 1], span = low - high;
+    double w = ((double)low - ls) / (double)span;
+    w = w < 0.0 ? 0.0 : w > 1.0 ? 1.0 : w;
+    return (1.0 - w) * (double)lo + w * (double)(lo + 1);
+}
+
+int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
+{
+    const int T = s->num_train_timesteps, N = s->num_steps;
+    double smin, smax;
+    if (s->kind != SD_SAMPLER_EULER && s->kind != SD_SAMPLER_DPMPP_2M)
+        return sd_err_set(err, "sampler: Karras sigmas are implemented for euler and dpmpp_2m, "
+                               "not %s", sd_sampler_kind_name(s->kind));
+    SD_CHECK(s->n_timesteps == N, "%s: %d timesteps for %d steps", sd_sampler_kind_name(s->kind),
+             s->n_timesteps, N);
+    float *full = sd_xmalloc((size_t)T * sizeof *full), *logs = sd_xmalloc((size_t)T * sizeof *logs);
+    for (int t = 0; t < T; t++) {
+        const float a = s->alphas_cumprod[t], b = 1.0f - a, q = b / a;
+        full[t] = sqrtf(q);
+        logs[t] = logf(full[t]);
+    }
+    if (s->kind == SD_SAMPLER_DPMPP_2M) {
+        /* the whole table, flipped: sigma_min = sigmas[0], sigma_max = sigmas[T - 1] */
+        smin = full[0];
+        smax = full[T - 1];
+    } else {
+        /* the spacing's sigmas (float64 interpolation): its last and first */
+        smin = interp_grid(full, T, (double)s->model_t[N - 1]);
+        smax = interp_grid(full, T, (double)s->model_t[0]);
+    }
+    /* _convert_to_karras, rho = 7: (max^(1/rho) + ramp (min^(1/rho) - max^(1/rho)))^rho */
+    const double rho = 7.0, min_inv = pow(smin, 1.0 / rho), max_inv = pow(smax, 1.0 / rho);
+    for (int i = 0; i < N; i++) {
+        const double ramp = np_linspace_at(1.0, N, i);
+        const double sig = pow(max_inv + ramp * (min_inv - max_inv), rho);
+        double t = sigma_to_t(sig, logs, T);
+        if (s->kind == SD_SAMPLER_DPMPP_2M)
+            t = nearbyint(t);
+        s->sigmas[i] = (float)sig;
+        s->model_t[i] = (float)t;
+        s->timesteps[i] = (int64_t)llround(t);
+    }
+    s->sigmas[N] = 0.0f;
+    free(full);
+    free(logs);
+    for (int i = 1; i < N; i++)
+        if (s->model_t[i] == s->model_t[0])
+            return sd_err_set(err, "sampler: %s with Karras sigmas and %d steps repeats its first "
+                                   "timestep: use fewer steps", sd_sampler_kind_name(s->kind), N);
+    if (s->kind == SD_SAMPLER_EULER) {
+        float mx = 0.0f;
+        for (int i = 0; i <= N; i++)
+            mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
+        if (s->spacing == SD_SPACING_LEADING) {
+            const float sq = mx * mx, p = sq + 1.0f;
+            s->init_noise_sigma = sqrtf(p);
+        } else {
+            s->init_noise_sigma = mx;
+        }
+    }
+    s->karras = 1;
     return 0;
 }
 
@@ -255,7 +515,10 @@ void sd_sampler_free(sd_sampler *s)
         free(s->ets[k]);
     free(s->cur_sample);
     free(s->tmp);
+    free(s->x0_prev);
     free(s->timesteps);
+    free(s->model_t);
+    free(s->sigmas);
     memset(s, 0, sizeof *s);
 }
 
@@ -263,6 +526,142 @@ void sd_sampler_reset(sd_sampler *s)
 {
     s->n_ets = 0;
     s->counter = 0;
+    s->lower_order_nums = 0;
+}
+
+int sd_sampler_scales_input(const sd_sampler *s)
+{
+    return s->kind == SD_SAMPLER_EULER || s->kind == SD_SAMPLER_EULER_A;
+}
+
+void sd_sampler_scale_input(const sd_sampler *s, int i, int64_t n, const float *x, float *out)
+{
+    SD_CHECK(i >= 0 && i < s->n_timesteps, "sampler step %d of %d", i, s->n_timesteps);
+    if (!sd_sampler_scales_input(s)) {
+        if (out != x)
+            memmove(out, x, (size_t)n * sizeof *out);
+        return;
+    }
+    /* sample / ((sigma**2 + 1) ** 0.5) */
+    const float sigma = s->sigmas[i], sq = sigma * sigma, p = sq + 1.0f, den = sqrtf(p);
+    for (int64_t j = 0; j < n; j++)
+        out[j] = x[j] / den;
+}
+
+int sd_sampler_step_noise(const sd_sampler *s, int i)
+{
+    switch (s->kind) {
+    case SD_SAMPLER_DDPM:
+        return s->timesteps[i] > 0;
+    case SD_SAMPLER_DDIM:
+        return s->eta > 0.0;
+    case SD_SAMPLER_EULER_A:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* x0 of the k-diffusion parameterisation (Euler, Euler ancestral): epsilon: x - sigma * m;
+ * v: m * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1). */
+static inline float k_x0(sd_prediction pred, float sigma, float c_out, float c_skip, float m,
+                         float x)
+{
+    if (pred == SD_PRED_V) {
+        float a = m * c_out, b = x / c_skip;
+        return a + b;
+    }
+    float a = sigma * m;
+    return x - a;
+}
+
+/* EulerDiscreteScheduler.step (s_churn 0: sigma_hat = sigma) and
+ * EulerAncestralDiscreteScheduler.step. */
+static void euler_step(const sd_sampler *s, int i, const float *mo, float *x, const float *noise)
+{
+    const float sigma = s->sigmas[i], next = s->sigmas[i + 1];
+    const float sq = sigma * sigma, c_skip = sq + 1.0f, c_out = -sigma / sqrtf(c_skip);
+    if (s->kind == SD_SAMPLER_EULER) {
+        const float dt = next - sigma;
+        for (int64_t j = 0; j < s->n; j++) {
+            float x0 = k_x0(s->prediction, sigma, c_out, c_skip, mo[j], x[j]);
+            float der = (x[j] - x0) / sigma;
+            float step = der * dt;
+            x[j] = x[j] + step;
+        }
+        return;
+    }
+    /* sigma_up = (to**2 * (from**2 - to**2) / from**2) ** 0.5, sigma_down = (to**2 - up**2)
+     * ** 0.5 */
+    const float to2 = next * next, from2 = sigma * sigma, diff = from2 - to2;
+    const float num = to2 * diff, up2 = num / from2, up = sqrtf(up2);
+    const float upsq = up * up, down = sqrtf(to2 - upsq);
+    const float dt = down - sigma;
+    SD_CHECK(noise != NULL, "Euler ancestral step needs noise");
+    for (int64_t j = 0; j < s->n; j++) {
+        float x0 = k_x0(s->prediction, sigma, c_out, c_skip, mo[j], x[j]);
+        float der = (x[j] - x0) / sigma;
+        float step = der * dt;
+        float y = x[j] + step;
+        float z = noise[j] * up;
+        x[j] = y + z;
+    }
+}
+
+/* _sigma_to_alpha_sigma_t: alpha = 1 / (sigma**2 + 1) ** 0.5, sigma_t = sigma * alpha */
+static void dpm_alpha_sigma(float sigma, float *alpha, float *sig)
+{
+    const float sq = sigma * sigma, p = sq + 1.0f;
+    *alpha = 1.0f / sqrtf(p);
+    *sig = sigma * *alpha;
+}
+
+/* DPMSolverMultistepScheduler.step with its defaults: dpmsolver++, solver_order 2, midpoint,
+ * lower_order_final, final_sigmas_type 'zero' (the last step is first order). */
+static void dpm_step(sd_sampler *s, int i, const float *mo, float *x)
+{
+    const int64_t n = s->n;
+    float a_s0, s_s0, a_t, s_t;
+    float *x0 = s->tmp;
+    dpm_alpha_sigma(s->sigmas[i], &a_s0, &s_s0);
+    /* convert_model_output: the data prediction x0 */
+    for (int64_t j = 0; j < n; j++) {
+        if (s->prediction == SD_PRED_V) {
+            float a = a_s0 * x[j], b = s_s0 * mo[j];
+            x0[j] = a - b;
+        } else {
+            float b = s_s0 * mo[j], d = x[j] - b;
+            x0[j] = d / a_s0;
+        }
+    }
+    dpm_alpha_sigma(s->sigmas[i + 1], &a_t, &s_t);
+    const float lambda_t = logf(a_t) - logf(s_t), lambda_s0 = logf(a_s0) - logf(s_s0);
+    const float h = lambda_t - lambda_s0;
+    const float c_x = s_t / s_s0, em = expf(-h) - 1.0f, c_d = a_t * em;
+    const int last = i == s->n_timesteps - 1;
+    if (s->lower_order_nums < 1 || last) {
+        /* first order: (sigma_t / sigma_s) * x - (alpha_t * (exp(-h) - 1)) * x0 */
+        for (int64_t j = 0; j < n; j++) {
+            float a = c_x * x[j], b = c_d * x0[j];
+            x[j] = a - b;
+        }
+    } else {
+        /* second order, midpoint: D0 = m0, D1 = (1 / r0) (m0 - m1), r0 = h_0 / h */
+        float a_s1, s_s1;
+        dpm_alpha_sigma(s->sigmas[i - 1], &a_s1, &s_s1);
+        const float lambda_s1 = logf(a_s1) - logf(s_s1);
+        const float h0 = lambda_s0 - lambda_s1, r0 = h0 / h, inv_r0 = 1.0f / r0;
+        const float c_half = 0.5f * c_d;
+        for (int64_t j = 0; j < n; j++) {
+            float dm = x0[j] - s->x0_prev[j], d1 = inv_r0 * dm;
+            float a = c_x * x[j], b = c_d * x0[j], c = c_half * d1;
+            float r = a - b;
+            x[j] = r - c;
+        }
+    }
+    if (s->lower_order_nums < 2)
+        s->lower_order_nums++;
+    memcpy(s->x0_prev, x0, (size_t)n * sizeof *x0);
 }
 
 /* PNDMScheduler.step_plms (skip_prk_steps). ets[0..n_ets) oldest first. */
@@ -332,8 +731,9 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
     const int64_t t = s->timesteps[i];
     switch (s->kind) {
     case SD_SAMPLER_DDIM:
-        sd_ddim_step(s->alphas_cumprod, s->final_alpha_cumprod, s->prediction,
-                     s->clip_sample_range, t, t - s->ratio, s->n, model_out, sample, sample);
+        sd_ddim_step_eta(s->alphas_cumprod, s->final_alpha_cumprod, s->prediction,
+                         s->clip_sample_range, s->eta, t, t - s->ratio, s->n, model_out, sample,
+                         noise, sample);
         break;
     case SD_SAMPLER_DDPM: {
         /* previous_timestep: the next entry of the list, -1 after the last */
@@ -344,6 +744,13 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
     }
     case SD_SAMPLER_PNDM:
         pndm_step(s, i, model_out, sample);
+        break;
+    case SD_SAMPLER_EULER:
+    case SD_SAMPLER_EULER_A:
+        euler_step(s, i, model_out, sample, noise);
+        break;
+    case SD_SAMPLER_DPMPP_2M:
+        dpm_step(s, i, model_out, sample);
         break;
     }
 }

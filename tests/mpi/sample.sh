@@ -19,7 +19,7 @@ same_pngs() { # same_pngs A B WHAT: runs A and B wrote the same 6 PNG files, byt
     done
 }
 
-for sched in ddim pndm ddpm; do
+for sched in ddim pndm ddpm euler euler_a dpmpp_2m; do
     sample_nml "${sched}1" "$sched"
     mpi "${sched}1" 1 "$SDTRAIN" "$TMP/${sched}1.nml"
     expect_rc "${sched}1" 0
@@ -41,9 +41,19 @@ for sched in ddim pndm ddpm; do
     [ -f "$TMP/${sched}1/used.nml" ] || fail "$sched: used.nml missing"
 done
 line=$(sed -n 5p "$TMP/ddim1/samples.jsonl")
-want='{"prompt_index": 2, "image_index": 0, "prompt": "x \"quoted\" \\ back", "seed": 7, "steps": 3, "scheduler": "ddim", "guidance_scale": 7.5, "width": 16, "height": 16, "file": "samples/2-0.png"}'
+want='{"prompt_index": 2, "image_index": 0, "prompt": "x \"quoted\" \\ back", "seed": 7, "steps": 3, "scheduler": "ddim", "timestep_spacing": "leading", "guidance_scale": 7.5, "width": 16, "height": 16, "file": "samples/2-0.png"}'
 [ "$line" = "$want" ] || fail "samples.jsonl line 5: $line"
-cmp -s "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" && fail "ddim and pndm gave the same image"
+# Euler ancestral is DDPM's ancestral step written in sigma space (sigma_up^2 is the posterior
+# variance over abar_prev): with the same noise the same images, up to rounding
+run ddpmeula "$top_builddir/tests/mpi/png_compare" "$TMP/ddpm1/samples/0-0.png" "$TMP/euler_a1/samples/0-0.png" 1
+expect_rc ddpmeula 0
+for a in ddim pndm ddpm euler euler_a dpmpp_2m; do
+    for b in ddim pndm ddpm euler euler_a dpmpp_2m; do
+        [ "$a" \< "$b" ] && [ "$a$b" != ddpmeuler_a ] || continue
+        cmp -s "$TMP/${a}1/samples/0-0.png" "$TMP/${b}1/samples/0-0.png" && fail "$a and $b gave the same image"
+    done
+done
+expect_in euler1 out "with euler, 3 steps (3 U-Net calls per image, 'leading' spacing)"
 # tests/mpi/png_compare (tests/gpu/sample.sh compares GPU and CPU images with it): the same
 # image is within 0 levels, the two schedulers' are not
 run pngsame "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" "$TMP/ddim2/samples/0-0.png" 0
@@ -51,12 +61,12 @@ expect_rc pngsame 0
 expect_in pngsame out "largest difference 0, mean 0.000"
 run pngother "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" 0
 expect_rc pngother 1
-pass "ddim, pndm, ddpm: same PNG bytes at -np 1 and 2, samples.jsonl"
+pass "ddim, pndm, ddpm, euler, euler_a, dpmpp_2m: same PNG bytes at -np 1 and 2, samples.jsonl"
 
 # several images per U-Net call (&sample batch_size): the CPU's U-Net is batch-invariant, so the
 # same bytes; 6 images as 4 + 2 on one rank, and as 2 + 1 on each of two ranks (the last batch
-# smaller: the scheduler is remade for it); DDPM draws its noise per image
-for sched in ddim pndm ddpm; do
+# smaller: the scheduler is remade for it); DDPM and Euler ancestral draw their noise per image
+for sched in ddim pndm ddpm euler euler_a dpmpp_2m; do
     sample_nml "${sched}b4" "$sched" ", batch_size = 4"
     mpi "${sched}b4" 1 "$SDTRAIN" "$TMP/${sched}b4.nml"
     expect_rc "${sched}b4" 0
@@ -174,12 +184,113 @@ mpi schedv 1 "$SDTRAIN" "$TMP/schedv.nml"
 expect_rc schedv 0
 expect_in schedv out "(v_prediction, scaled_linear"
 cmp -s "$TMP/schedv/samples/1-0.png" "$TMP/ddim1/samples/1-0.png" && fail "v_prediction config ignored"
+# the file's timestep_spacing, or &sample timestep_spacing over it: the same bytes either way
 sched_snap snap-trailing ', "timestep_spacing": "trailing"'
 sample_nml schedt ddim ", checkpoint = '$TMP/snap-trailing'"
 mpi schedt 2 "$SDTRAIN" "$TMP/schedt.nml"
-expect_rc schedt 2
-expect_count schedt err "$TMP/snap-trailing/scheduler/scheduler_config.json: timestep_spacing 'trailing' is not implemented" 1
+expect_rc schedt 0
+expect_in schedt out "'trailing' spacing"
+cmp -s "$TMP/schedt/samples/1-0.png" "$TMP/ddim1/samples/1-0.png" && fail "trailing spacing ignored"
+sample_nml schedt2 ddim ", checkpoint = '$TMP/snap-sd2', timestep_spacing = 'trailing'"
+mpi schedt2 1 "$SDTRAIN" "$TMP/schedt2.nml"
+expect_rc schedt2 0
+same_pngs schedt schedt2 "trailing from the file vs &sample timestep_spacing"
+grep -q '"timestep_spacing": "trailing"' "$TMP/schedt2/samples.jsonl" || fail "samples.jsonl: spacing not recorded"
+# without the key a class's own default: linspace for euler (EulerDiscreteScheduler.from_config)
+sample_nml schede euler ", checkpoint = '$TMP/snap-sd2'"
+mpi schede 1 "$SDTRAIN" "$TMP/schede.nml"
+expect_rc schede 0
+expect_in schede out "'linspace' spacing"
+cmp -s "$TMP/schede/samples/1-0.png" "$TMP/euler1/samples/1-0.png" && fail "euler: linspace gave leading's image"
+mpi schedel 1 "$SDTRAIN" "$TMP/schede.nml" --set sample.timestep_spacing=leading --set run.output_dir="'$TMP/schedel'"
+expect_rc schedel 0
+cmp -s "$TMP/schedel/samples/1-0.png" "$TMP/euler1/samples/1-0.png" || fail "euler, leading: other image than without a config"
+# StableDiffusionPipeline sets steps_offset 1 and clip_sample false whatever the file says
+sched_snap snap-old '' 
+sed -i 's/"steps_offset": 1, "clip_sample": false/"steps_offset": 0/' "$TMP/snap-old/scheduler/scheduler_config.json"
+sample_nml schedold ddim ", checkpoint = '$TMP/snap-old'"
+mpi schedold 1 "$SDTRAIN" "$TMP/schedold.nml"
+expect_rc schedold 0
+expect_in schedold out "as StableDiffusionPipeline: steps_offset 1 (the file: 0), clip_sample false"
+same_pngs schedold ddim1 "an outdated scheduler config (steps_offset 0, clip_sample unset)"
+# what is not implemented is refused by name
+sched_snap snap-expo ', "use_exponential_sigmas": true'
+sample_nml schedx dpmpp_2m ", checkpoint = '$TMP/snap-expo'"
+mpi schedx 2 "$SDTRAIN" "$TMP/schedx.nml"
+expect_rc schedx 2
+expect_count schedx err "$TMP/snap-expo/scheduler/scheduler_config.json: exponential and beta sigmas are not implemented for 'dpmpp_2m'" 1
+sched_snap snap-order ', "solver_order": 3'
+sample_nml schedo dpmpp_2m ", checkpoint = '$TMP/snap-order'"
+mpi schedo 1 "$SDTRAIN" "$TMP/schedo.nml"
+expect_rc schedo 2
+expect_count schedo err "solver_order 3 is not implemented for 'dpmpp_2m' (only 2)" 1
+sched_snap snap-badsp ', "timestep_spacing": "quadratic"'
+sample_nml schedb ddim ", checkpoint = '$TMP/snap-badsp'"
+mpi schedb 1 "$SDTRAIN" "$TMP/schedb.nml"
+expect_rc schedb 2
+expect_count schedb err "timestep_spacing 'quadratic' is not one of leading, trailing, linspace" 1
 pass "scheduler_config.json of a snapshot"
+
+# Karras sigmas ("DPM++ 2M Karras"): from &sample use_karras_sigmas or the snapshot's config, the
+# same bytes; other images than without; refused for a scheduler without the option
+sample_nml karras dpmpp_2m ", use_karras_sigmas = .true."
+mpi karras 2 "$SDTRAIN" "$TMP/karras.nml"
+expect_rc karras 0
+expect_in karras out "'leading' spacing, Karras sigmas)"
+cmp -s "$TMP/karras/samples/1-0.png" "$TMP/dpmpp_2m1/samples/1-0.png" && fail "Karras sigmas changed nothing"
+sched_snap snap-karras ', "use_karras_sigmas": true'
+sample_nml karrascfg dpmpp_2m ", checkpoint = '$TMP/snap-karras'"
+mpi karrascfg 1 "$SDTRAIN" "$TMP/karrascfg.nml"
+expect_rc karrascfg 0
+same_pngs karras karrascfg "Karras sigmas from the namelist vs from scheduler_config.json"
+sample_nml karrasddim ddim ", use_karras_sigmas = .true."
+mpi karrasddim 2 "$SDTRAIN" "$TMP/karrasddim.nml"
+expect_rc karrasddim 2
+expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler' or 'dpmpp_2m', not 'ddim'" 1
+pass "Karras sigmas"
+
+# DDIM's eta draws noise per image (the same bytes at -np 1 and 2 with batches) and changes the
+# images; guidance_rescale changes them too; each is recorded in samples.jsonl; unused, warned
+sample_nml eta1 ddim ", eta = 0.5"
+mpi eta1 1 "$SDTRAIN" "$TMP/eta1.nml"
+expect_rc eta1 0
+expect_in eta1 out "'leading' spacing, eta 0.5)"
+mpi eta2 2 "$SDTRAIN" "$TMP/eta1.nml" --set sample.batch_size=2 --set run.output_dir="'$TMP/eta2'"
+expect_rc eta2 0
+same_pngs eta1 eta2 "eta 0.5 at -np 1 vs -np 2 with 2 images a call"
+cmp -s "$TMP/eta1/samples/0-0.png" "$TMP/ddim1/samples/0-0.png" && fail "eta changed nothing"
+grep -q '"scheduler": "ddim", "timestep_spacing": "leading", "eta": 0.5, "guidance_scale": 7.5,' "$TMP/eta1/samples.jsonl" ||
+    fail "samples.jsonl: eta not recorded: $(sed -n 1p "$TMP/eta1/samples.jsonl")"
+sample_nml resc ddim ", guidance_rescale = 0.7"
+mpi resc 2 "$SDTRAIN" "$TMP/resc.nml"
+expect_rc resc 0
+expect_in resc out "guidance_rescale 0.7"
+cmp -s "$TMP/resc/samples/0-0.png" "$TMP/ddim1/samples/0-0.png" && fail "guidance_rescale changed nothing"
+grep -q '"guidance_scale": 7.5, "guidance_rescale": 0.7, "width"' "$TMP/resc/samples.jsonl" ||
+    fail "samples.jsonl: guidance_rescale not recorded"
+mpi etaeuler 1 "$SDTRAIN" "$TMP/euler1.nml" --set sample.eta=0.5 --set sample.guidance_scale=1 \
+    --set sample.guidance_rescale=0.5 --set run.output_dir="'$TMP/etaeuler'"
+expect_rc etaeuler 0
+expect_in etaeuler err "&sample eta = 0.5 is not used: only scheduler = 'ddim' takes it"
+expect_in etaeuler err "&sample guidance_rescale = 0.5 is not used: guidance_scale 1 <= 1"
+grep -q '"eta"\|"guidance_rescale"' "$TMP/etaeuler/samples.jsonl" && fail "samples.jsonl records unused options"
+pass "eta and guidance_rescale"
+
+# non-square images (&sample width / height over &model resolution): 24 x 16 px PNGs, the same
+# bytes at -np 1 and -np 2 with batches, listed with their size
+sample_nml wide1 euler_a ", width = 24, height = 16"
+mpi wide1 1 "$SDTRAIN" "$TMP/wide1.nml"
+expect_rc wide1 0
+expect_in wide1 out "at 24x16 px with euler_a"
+mpi wide2 2 "$SDTRAIN" "$TMP/wide1.nml" --set sample.batch_size=2 --set run.output_dir="'$TMP/wide2'"
+expect_rc wide2 0
+same_pngs wide1 wide2 "24x16 at -np 1 vs -np 2 with 2 images a call"
+# PNG IHDR: width and height, big-endian, at bytes 16..23
+[ "$(od -An -tu1 -j16 -N8 "$TMP/wide1/samples/1-1.png" | tr -s ' ')" = " 0 0 0 24 0 0 0 16" ] ||
+    fail "24x16: the PNG is $(od -An -tu1 -j16 -N8 "$TMP/wide1/samples/1-1.png")"
+grep -q '"width": 24, "height": 16, "file": "samples/0-0.png"' "$TMP/wide1/samples.jsonl" ||
+    fail "samples.jsonl: the size is not recorded"
+pass "non-square images"
 
 # bad inputs: exit 2, one message, on every rank count
 printf "&run mode = 'sample', output_dir = '$TMP/noprompt' /\n&model pretrained = '$snap' /\n" | nml noprompt.nml

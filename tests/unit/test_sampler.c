@@ -26,17 +26,24 @@
 static sd_st_file gold;
 static char top[4096];
 
-static float *read_gold(const char *name, size_t n)
+static sd_st_file gold2; /* schedulers.safetensors */
+
+static float *read_from(sd_st_file *f, const char *name, size_t n)
 {
     sd_err err;
-    const sd_st_tensor *t = sd_st_find(&gold, name);
+    const sd_st_tensor *t = sd_st_find(f, name);
     float *buf = malloc((n ? n : 1) * sizeof(float));
-    if (!t || (size_t)t->numel != n || sd_st_read_f32(&gold, name, buf, n, &err) != 0) {
+    if (!t || (size_t)t->numel != n || sd_st_read_f32(f, name, buf, n, &err) != 0) {
         tap_diag("golden %s: %s", name, t ? "wrong size or unreadable" : "missing");
         free(buf);
         return NULL;
     }
     return buf;
+}
+
+static float *read_gold(const char *name, size_t n)
+{
+    return read_from(&gold, name, n);
 }
 
 static double rel_err(const float *y, const float *ref, int64_t n, double *max_abs)
@@ -71,7 +78,7 @@ static void test_timesteps(void)
     static const int Ts[] = {1000, 10, 500};
     static const int Ns[] = {1, 2, 4, 5, 7, 10, 50, 999, 1000};
     static const sd_sampler_kind kinds[] = {SD_SAMPLER_DDIM, SD_SAMPLER_PNDM, SD_SAMPLER_DDPM};
-    int64_t ts[1002];
+    double ts[1002];
     int checked = 0, bad = 0, rejected = 0;
     for (size_t a = 0; a < 3; a++)
         for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
@@ -84,7 +91,7 @@ static void test_timesteps(void)
                 if (!t)
                     continue; /* N > T: diffusers refuses, so do we */
                 float *ref = read_gold(name, (size_t)t->numel);
-                int n = sd_sampler_timesteps(kinds[k], N, T, 1, ts, &err);
+                int n = sd_sampler_timesteps(kinds[k], SD_SPACING_LEADING, N, T, 1, ts, &err);
                 int in_range = 1;
                 for (int64_t i = 0; ref && i < t->numel; i++)
                     in_range &= ref[i] < T;
@@ -100,8 +107,7 @@ static void test_timesteps(void)
                     for (int i = 0; i < n; i++)
                         if ((float)ts[i] != ref[i]) {
                             bad++;
-                            tap_diag("%s[%d] = %lld, expected %g", name, i, (long long)ts[i],
-                                     ref[i]);
+                            tap_diag("%s[%d] = %g, expected %g", name, i, ts[i], ref[i]);
                             break;
                         }
                 }
@@ -112,9 +118,10 @@ static void test_timesteps(void)
            "(%d cases with t = T refused)", checked, rejected);
     {
         sd_err err;
-        int64_t out[8];
-        tap_ok(sd_sampler_timesteps(SD_SAMPLER_DDIM, 0, 1000, 1, out, &err) < 0 &&
-                   sd_sampler_timesteps(SD_SAMPLER_DDIM, 1001, 1000, 1, ts, &err) < 0,
+        double out[8];
+        tap_ok(sd_sampler_timesteps(SD_SAMPLER_DDIM, SD_SPACING_LEADING, 0, 1000, 1, out, &err) < 0 &&
+                   sd_sampler_timesteps(SD_SAMPLER_DDIM, SD_SPACING_LEADING, 1001, 1000, 1, ts,
+                                        &err) < 0,
                "0 steps and more steps than training timesteps are errors: %s", err.msg);
     }
 }
@@ -140,7 +147,7 @@ static void test_steps(void)
             float *x = malloc((size_t)n * sizeof *x), *ref;
             size_t exact = 0, total = 0;
             double worst = 0;
-            if (sd_sampler_init(&s, kinds[k], &d, 5, 1, n, &err)) {
+            if (sd_sampler_init(&s, kinds[k], &d, 5, SD_SPACING_LEADING, 1, n, &err)) {
                 tap_ok(0, "sampler init: %s", err.msg);
                 free(x);
                 continue;
@@ -177,7 +184,7 @@ static void test_steps(void)
         double worst = 0;
         size_t clipped = 0;
         if (init_sd2_schedule(&d, "epsilon", 1000) ||
-            sd_sampler_init(&s, kind, &d, 5, 1, n, &err)) {
+            sd_sampler_init(&s, kind, &d, 5, SD_SPACING_LEADING, 1, n, &err)) {
             tap_ok(0, "clip sampler init");
             free(x);
             continue;
@@ -221,6 +228,281 @@ out:
     free(z);
 }
 
+/* schedulers.safetensors: timesteps of every scheduler with every spacing and offset, the
+ * sigmas and init_noise_sigma of the sigma schedulers */
+static void test_spacings(void)
+{
+    static const struct {
+        int T, nn, Ns[9];
+    } grid[] = {{1000, 9, {1, 2, 3, 4, 7, 10, 50, 999, 1000}},
+                {10, 7, {1, 2, 3, 4, 7, 9, 10}},
+                {500, 5, {1, 3, 7, 50, 500}}};
+    static double ts[1002];
+    int checked = 0, bad = 0, refused = 0, sig_cases = 0, sig_bad = 0, sig_exact = 0, sig_total = 0;
+    double sig_worst = 0.0;
+    for (size_t a = 0; a < sizeof grid / sizeof grid[0]; a++) {
+        const int T = grid[a].T;
+        sd_diffusion d;
+        if (init_sd2_schedule(&d, "epsilon", T))
+            continue;
+        for (int b = 0; b < grid[a].nn; b++)
+            for (int k = 0; k < SD_SAMPLER_N_KINDS; k++)
+                for (int sp = 0; sp < 3; sp++)
+                    for (int off = 0; off < 2; off++) {
+                        const int N = grid[a].Ns[b], sig = k >= SD_SAMPLER_EULER;
+                        char tag[96], name[112];
+                        sd_err err;
+                        snprintf(tag, sizeof tag, "%s_%s_%d_%d_%d",
+                                 sd_sampler_kind_name((sd_sampler_kind)k),
+                                 sd_spacing_name((sd_spacing)sp), N, T, off);
+                        snprintf(name, sizeof name, "ts_%s", tag);
+                        const sd_st_tensor *t = sd_st_find(&gold2, name);
+                        float *ref = t ? read_from(&gold2, name, (size_t)t->numel) : NULL;
+                        if (!ref) {
+                            bad++;
+                            tap_diag("%s: no golden", name);
+                            continue;
+                        }
+                        int valid = 1;
+                        for (int64_t i = 0; i < t->numel; i++)
+                            valid &= ref[i] >= 0.0f && ref[i] <= (float)(T - 1) &&
+                                     (!sig || i == 0 || ref[i] != ref[0]);
+                        int n = sd_sampler_timesteps((sd_sampler_kind)k, (sd_spacing)sp, N, T,
+                                                     off, ts, &err);
+                        checked++;
+                        if (!valid) {
+                            /* diffusers would index alphas_cumprod with it (wrapping around)
+                             * or find the wrong step: refused up front */
+                            if (n >= 0) {
+                                bad++;
+                                tap_diag("%s: accepted, diffusers gives an unusable schedule", name);
+                            } else {
+                                refused++;
+                            }
+                            free(ref);
+                            continue;
+                        }
+                        if (n != (int)t->numel) {
+                            bad++;
+                            tap_diag("%s: %d timesteps, expected %lld (%s)", name, n,
+                                     (long long)t->numel, n < 0 ? err.msg : "");
+                            free(ref);
+                            continue;
+                        }
+                        for (int i = 0; i < n; i++)
+                            if ((float)ts[i] != ref[i]) {
+                                bad++;
+                                tap_diag("%s[%d] = %.9g, expected %.9g", name, i, ts[i], ref[i]);
+                                break;
+                            }
+                        free(ref);
+                        if (!sig)
+                            continue;
+                        sd_sampler s;
+                        snprintf(name, sizeof name, "sig_%s", tag);
+                        float *rs = read_from(&gold2, name, (size_t)n + 1);
+                        snprintf(name, sizeof name, "ins_%s", tag);
+                        float *ri = read_from(&gold2, name, 1);
+                        if (!rs || !ri ||
+                            sd_sampler_init(&s, (sd_sampler_kind)k, &d, N, (sd_spacing)sp, off, 1,
+                                            &err)) {
+                            sig_bad++;
+                        } else {
+                            double w = 0.0;
+                            for (int i = 0; i <= n; i++) {
+                                double e = fabs((double)s.sigmas[i] - rs[i]) /
+                                           (rs[i] != 0.0f ? fabs((double)rs[i]) : 1.0);
+                                w = e > w ? e : w;
+                                sig_exact += s.sigmas[i] == rs[i];
+                                sig_total++;
+                            }
+                            double e = fabs((double)s.init_noise_sigma - ri[0]) / fabs((double)ri[0]);
+                            w = e > w ? e : w;
+                            sig_worst = w > sig_worst ? w : sig_worst;
+                            if (w > 1e-6) {
+                                sig_bad++;
+                                tap_diag("%s: sigmas / init_noise_sigma relative error %.3g", tag, w);
+                            }
+                            sig_cases++;
+                            sd_sampler_free(&s);
+                        }
+                        free(rs);
+                        free(ri);
+                    }
+        sd_diffusion_free(&d);
+    }
+    tap_ok(checked >= 700 && bad == 0, "timesteps of %d (scheduler, spacing, N, T, steps_offset) "
+           "cases equal diffusers' (%d unusable schedules refused)", checked, refused);
+    tap_ok(sig_cases >= 250 && sig_bad == 0, "sigmas and init_noise_sigma of %d Euler / Euler "
+           "ancestral / DPM-Solver++ schedules: relative error <= %.3g (%d of %d sigmas "
+           "bit-identical)", sig_cases, sig_worst, sig_exact, sig_total);
+}
+
+/* schedulers.safetensors: Karras sigmas (Euler after each spacing, DPM-Solver++), T = 1000 */
+static void test_karras(void)
+{
+    static const int Ns[] = {1, 2, 3, 4, 7, 10, 25, 50, 100, 500};
+    sd_diffusion d;
+    int cases = 0, bad = 0, exact = 0, total = 0;
+    double worst_t = 0.0, worst_s = 0.0;
+    if (init_sd2_schedule(&d, "epsilon", 1000))
+        return;
+    for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
+        for (int k = 0; k < 4; k++) {
+            const sd_sampler_kind kind = k < 3 ? SD_SAMPLER_EULER : SD_SAMPLER_DPMPP_2M;
+            const sd_spacing sp = k < 3 ? (sd_spacing)((k + 2) % 3) : SD_SPACING_LINSPACE;
+            const int N = Ns[b];
+            char tag[64], name[80];
+            sd_sampler s;
+            sd_err err;
+            snprintf(tag, sizeof tag, "%s_%s_%d", sd_sampler_kind_name(kind), sd_spacing_name(sp), N);
+            snprintf(name, sizeof name, "kts_%s", tag);
+            float *rt = read_from(&gold2, name, (size_t)N);
+            snprintf(name, sizeof name, "ksig_%s", tag);
+            float *rs = read_from(&gold2, name, (size_t)N + 1);
+            snprintf(name, sizeof name, "kins_%s", tag);
+            float *ri = read_from(&gold2, name, 1);
+            if (!rt || !rs || !ri || sd_sampler_init(&s, kind, &d, N, sp, 1, 1, &err) ||
+                sd_sampler_use_karras(&s, &err)) {
+                bad++;
+                tap_diag("%s: %s", tag, rt && rs && ri ? err.msg : "no golden");
+            } else {
+                double wt = 0.0, ws = 0.0;
+                for (int i = 0; i < N; i++) {
+                    double e = fabs((double)s.model_t[i] - rt[i]);
+                    wt = e > wt ? e : wt;
+                }
+                for (int i = 0; i <= N; i++) {
+                    double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+                    ws = e > ws ? e : ws;
+                    exact += s.sigmas[i] == rs[i];
+                    total++;
+                }
+                double e = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
+                ws = e > ws ? e : ws;
+                /* DPM-Solver++ rounds its timesteps: they must be equal */
+                if (ws > 1e-6 || wt > (kind == SD_SAMPLER_DPMPP_2M ? 0.0 : 1e-3)) {
+                    bad++;
+                    tap_diag("%s: timesteps off by %.3g, sigmas relative error %.3g", tag, wt, ws);
+                }
+                worst_t = wt > worst_t ? wt : worst_t;
+                worst_s = ws > worst_s ? ws : worst_s;
+                cases++;
+                sd_sampler_free(&s);
+            }
+            free(rt);
+            free(rs);
+            free(ri);
+        }
+    tap_ok(cases == 40 && bad == 0, "Karras sigmas of %d schedules (Euler after three spacings, "
+           "DPM-Solver++; N 1..500): timesteps within %.3g (DPM-Solver++'s equal), sigmas and "
+           "init_noise_sigma relative error <= %.3g (%d of %d sigmas bit-identical)", cases,
+           worst_t, worst_s, exact, total);
+    {
+        sd_sampler s;
+        sd_err err;
+        int ok = sd_sampler_init(&s, SD_SAMPLER_EULER_A, &d, 5, SD_SPACING_LINSPACE, 1, 1, &err) == 0 &&
+                 sd_sampler_use_karras(&s, &err) < 0;
+        tap_ok(ok, "Karras sigmas for euler_a are refused: %s", err.msg);
+        sd_sampler_free(&s);
+    }
+    sd_diffusion_free(&d);
+}
+
+/* schedulers.safetensors: 5 steps of every new case on random inputs */
+static void test_steps_more(void)
+{
+    typedef struct {
+        char name[48];
+        sd_sampler_kind kind;
+        sd_spacing spacing;
+        int offset, v;
+        double eta;
+        int karras;
+    } step_case;
+    step_case cases[32];
+    int nc = 0;
+    static const sd_sampler_kind sk[] = {SD_SAMPLER_EULER, SD_SAMPLER_EULER_A,
+                                         SD_SAMPLER_DPMPP_2M};
+    static const sd_sampler_kind ik[] = {SD_SAMPLER_DDIM, SD_SAMPLER_PNDM, SD_SAMPLER_DDPM};
+    for (int k = 0; k < 3; k++)
+        for (int sp = 0; sp < 2; sp++)
+            for (int v = 0; v < 2; v++) {
+                step_case *c = &cases[nc++];
+                c->kind = sk[k];
+                c->spacing = sp ? SD_SPACING_LEADING : SD_SPACING_LINSPACE;
+                c->offset = sp;
+                c->v = v;
+                c->eta = 0.0;
+                c->karras = 0;
+                snprintf(c->name, sizeof c->name, "step_%s_%s_%s", sd_sampler_kind_name(sk[k]),
+                         sd_spacing_name(c->spacing), v ? "v" : "eps");
+            }
+    for (int k = 0; k < 2; k++) {
+        step_case *c = &cases[nc++];
+        *c = (step_case){"", k ? SD_SAMPLER_DPMPP_2M : SD_SAMPLER_EULER, SD_SPACING_LINSPACE, 1,
+                         0, 0.0, 1};
+        snprintf(c->name, sizeof c->name, "step_%s_karras_eps", sd_sampler_kind_name(c->kind));
+    }
+    for (int v = 0; v < 2; v++) {
+        step_case *c = &cases[nc++];
+        *c = (step_case){"", SD_SAMPLER_DDIM, SD_SPACING_LEADING, 1, v, 0.8, 0};
+        snprintf(c->name, sizeof c->name, "step_ddim_eta_%s", v ? "v" : "eps");
+    }
+    for (int k = 0; k < 3; k++)
+        for (int sp = 0; sp < 2; sp++) {
+            step_case *c = &cases[nc++];
+            *c = (step_case){"", ik[k], sp ? SD_SPACING_LINSPACE : SD_SPACING_TRAILING, 1, 0, 0, 0};
+            snprintf(c->name, sizeof c->name, "step_%s_%s_eps", sd_sampler_kind_name(ik[k]),
+                     sd_spacing_name(c->spacing));
+        }
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold2, "step_sample", (size_t)n);
+    float *mo = read_from(&gold2, "step_model_out", 6 * (size_t)n);
+    float *z = read_from(&gold2, "step_noise", 6 * (size_t)n);
+    sd_diffusion dd[2];
+    if (!tap_ok(x0 && mo && z && !init_sd2_schedule(&dd[0], "epsilon", 1000) &&
+                    !init_sd2_schedule(&dd[1], "v_prediction", 1000),
+                "schedulers.safetensors step goldens present"))
+        goto out;
+    for (int ci = 0; ci < nc; ci++) {
+        const step_case *c = &cases[ci];
+        sd_sampler s;
+        sd_err err;
+        float x[2 * 3 * 5 * 4], *ref;
+        size_t exact = 0, total = 0;
+        double worst = 0;
+        if (sd_sampler_init(&s, c->kind, &dd[c->v], 5, c->spacing, c->offset, n, &err) ||
+            (c->karras && sd_sampler_use_karras(&s, &err))) {
+            tap_ok(0, "%s: %s", c->name, err.msg);
+            continue;
+        }
+        s.eta = c->eta;
+        ref = read_from(&gold2, c->name, (size_t)s.n_timesteps * (size_t)n);
+        for (int64_t j = 0; j < n; j++)
+            x[j] = x0[j] * s.init_noise_sigma;
+        sd_sampler_reset(&s);
+        for (int i = 0; ref && i < s.n_timesteps; i++) {
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x,
+                            sd_sampler_step_noise(&s, i) ? z + (size_t)i * n : NULL);
+            double e = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = e > worst ? e : worst;
+            for (int64_t j = 0; j < n; j++, total++)
+                exact += memcmp(&x[j], &ref[(size_t)i * n + j], sizeof(float)) == 0;
+        }
+        tap_ok(ref && worst <= 1e-6, "%s: %d steps, relative error %.3g, %zu of %zu values "
+               "bit-identical", c->name, s.n_timesteps, worst, exact, total);
+        free(ref);
+        sd_sampler_free(&s);
+    }
+    sd_diffusion_free(&dd[0]);
+    sd_diffusion_free(&dd[1]);
+out:
+    free(x0);
+    free(mo);
+    free(z);
+}
+
 typedef struct fixed_noise {
     const float *z; /* [steps, 2 images, n] */
     int image;
@@ -233,10 +515,90 @@ static void give_noise(void *user, int k, float *out, int64_t n)
     memcpy(out, f->z + ((size_t)k * 2 + (size_t)f->image) * (size_t)f->n, (size_t)n * sizeof *out);
 }
 
-static void test_pipeline(void)
+typedef struct pipe_ctx {
+    sd_t2i *g;
+    const sd_diffusion *d;
+    const float *init, *dnoise, *emb, *uemb; /* [2 nl], [4, 2, nl], [2 ne], [ne] */
+    int64_t nl, ni, ne;
+    double scaling;
+} pipe_ctx;
+
+/* The pipeline for both prompts with one scheduler, against <f>'s goldens named by the three
+ * formats applied to `name`. */
+static void pipeline_case(const pipe_ctx *c, sd_sampler_kind kind, sd_spacing spacing,
+                          double eta, double rescale, double gs, sd_st_file *f,
+                          const char *lat_fmt, const char *img_fmt, const char *u8_fmt,
+                          const char *name, int must_match, int karras)
 {
-    static const char *prompts[2] = {"a photo of the cat", "red car at the sea"};
-    static const sd_sampler_kind kinds[] = {SD_SAMPLER_DDIM, SD_SAMPLER_PNDM, SD_SAMPLER_DDPM};
+    const int64_t nl = c->nl, ni = c->ni, ne = c->ne;
+    sd_sampler s;
+    sd_err err;
+    float *lat = malloc(2 * (size_t)nl * sizeof *lat), *img = malloc(2 * (size_t)ni * sizeof *img);
+    uint8_t *u8 = malloc((size_t)ni);
+    char key[96];
+    int u8_off = 0;
+    if (sd_sampler_init(&s, kind, c->d, 4, spacing, 1, nl, &err) ||
+        (karras && sd_sampler_use_karras(&s, &err))) {
+        tap_ok(0, "%s: %s", name, err.msg);
+        free(lat);
+        free(img);
+        free(u8);
+        return;
+    }
+    s.eta = eta;
+    c->g->guidance_rescale = rescale;
+    for (int p = 0; p < 2; p++) {
+        fixed_noise fn = {c->dnoise, p, nl};
+        for (int64_t e = 0; e < nl; e++)
+            lat[p * nl + e] = c->init[p * nl + e] * s.init_noise_sigma;
+        sd_t2i_denoise(c->g, &s, c->emb + (size_t)p * ne, gs > 1.0 ? c->uemb : NULL, gs,
+                       lat + (size_t)p * nl, give_noise, &fn);
+        sd_t2i_decode(c->g, lat + (size_t)p * nl, c->scaling, img + (size_t)p * ni);
+    }
+    c->g->guidance_rescale = 0.0;
+    snprintf(key, sizeof key, lat_fmt, name);
+    float *rl = read_from(f, key, 2 * (size_t)nl);
+    snprintf(key, sizeof key, img_fmt, name);
+    float *ri = read_from(f, key, 2 * (size_t)ni);
+    snprintf(key, sizeof key, u8_fmt, name);
+    float *ru = read_from(f, key, 2 * (size_t)ni);
+    double el = 0, ei = 0, ml = 0, mi = 0;
+    if (rl && ri && ru) {
+        el = rel_err(lat, rl, 2 * nl, &ml);
+        ei = rel_err(img, ri, 2 * ni, &mi);
+        for (int p = 0; p < 2; p++) {
+            sd_image_to_u8(ni, img + (size_t)p * ni, u8);
+            for (int64_t i = 0; i < ni; i++) {
+                int diff = abs((int)u8[i] - (int)ru[(size_t)p * ni + i]);
+                u8_off = diff > u8_off ? diff : u8_off;
+            }
+        }
+    }
+    if (!must_match) { /* an option left out must change the result */
+        tap_ok(rl && el > 1e-3, "pipeline %s with only eta %g, guidance_rescale %g: latents "
+               "relative error %.3g (the option left out matters)", name, eta, rescale, el);
+        goto out;
+    }
+    tap_ok(rl && el <= TOL, "pipeline %s (%d model calls, '%s' spacing): latents relative error "
+           "%.3g (max |diff| %.3g)", name, s.n_timesteps, sd_spacing_name(spacing), el, ml);
+    tap_ok(ri && ei <= TOL, "pipeline %s: decoded image relative error %.3g (max |diff| %.3g)",
+           name, ei, mi);
+    tap_ok(ru && u8_off <= 1, "pipeline %s: uint8 image within %d of diffusers' "
+           "post-processing", name, u8_off);
+out:
+    free(rl);
+    free(ri);
+    free(ru);
+    free(lat);
+    free(img);
+    free(u8);
+    sd_sampler_free(&s);
+}
+
+/* A text-to-image generator on the CPU for tiny-sd2 with the tiny tokenizer, images of
+ * height x width. Returns 0 (scaling = the VAE's scaling_factor) or -1 (reported). */
+static int open_tiny(sd_t2i *g, int height, int width, double *scaling)
+{
     char path[4200];
     sd_err err;
     sd_snapshot snap;
@@ -245,15 +607,11 @@ static void test_pipeline(void)
     sd_clip_config cc;
     sd_weights uw, vw, cw;
     sd_tokenizer *tok = NULL;
-    sd_t2i g;
-    sd_diffusion d;
     int eos;
-    const int64_t nl = 8 * 8 * 4, ni = 16 * 16 * 3, ne = 77 * 32;
-    float *init = NULL, *dnoise = NULL, *ids_c = NULL, *ids_u = NULL, *emb = NULL, *uemb = NULL;
-
     memset(&uw, 0, sizeof uw);
     memset(&vw, 0, sizeof vw);
     memset(&cw, 0, sizeof cw);
+    memset(g, 0, sizeof *g);
     snprintf(path, sizeof path, "%s/tests/data/models/tiny-sd2", top);
     if (!tap_ok(sd_snapshot_open(&snap, path, &err) == 0 &&
                     sd_snapshot_load_unet(&snap, NULL, &uc, &uw, &err) == 0 &&
@@ -261,20 +619,41 @@ static void test_pipeline(void)
                     sd_snapshot_load_text_encoder(&snap, NULL, &cc, &eos, &cw, &err) == 0,
                 "load %s", path)) {
         tap_diag("%s", err.msg);
-        return;
+        return -1;
     }
     sd_snapshot_close(&snap);
     snprintf(path, sizeof path, "%s/tests/data/sample/tokenizer", top);
     if (!tap_ok(sd_tokenizer_load(path, &tok, &err) == 0, "tokenizer %s", path)) {
         tap_diag("%s", err.msg);
-        return;
+        sd_weights_free(&uw);
+        sd_weights_free(&vw);
+        sd_weights_free(&cw);
+        return -1;
     }
-    if (!tap_ok(sd_t2i_open(&g, "cpu", 0, "fp32", &uc, &uw, &vc, &vw, &cc, &cw, tok, 16, 1, 1, &err) == 0,
-                "text-to-image on the CPU backend")) {
+    *scaling = vc.scaling_factor;
+    if (!tap_ok(sd_t2i_open(g, "cpu", 0, "fp32", &uc, &uw, &vc, &vw, &cc, &cw, tok, height, width,
+                            1, 1, &err) == 0,
+                "text-to-image on the CPU backend, %dx%d px", width, height)) {
         tap_diag("%s", err.msg);
-        sd_t2i_close(&g);
-        return;
+        sd_t2i_close(g);
+        return -1;
     }
+    return 0;
+}
+
+static void test_pipeline(void)
+{
+    static const char *prompts[2] = {"a photo of the cat", "red car at the sea"};
+    static const sd_sampler_kind kinds[] = {SD_SAMPLER_DDIM, SD_SAMPLER_PNDM, SD_SAMPLER_DDPM};
+    sd_err err;
+    sd_t2i g;
+    sd_diffusion d;
+    double scaling;
+    const int64_t nl = 8 * 8 * 4, ni = 16 * 16 * 3, ne = 77 * 32;
+    float *init = NULL, *dnoise = NULL, *ids_c = NULL, *ids_u = NULL, *emb = NULL, *uemb = NULL;
+
+    if (open_tiny(&g, 16, 16, &scaling))
+        return;
     init = read_gold("init_latents", 2 * (size_t)nl);
     dnoise = read_gold("ddpm_noise", 4 * 2 * (size_t)nl);
     ids_c = read_gold("ids_cond", 2 * 77);
@@ -301,56 +680,58 @@ static void test_pipeline(void)
         tap_ok(same, "token ids of the prompts and of \"\" equal CLIPTokenizer's");
     }
 
-    for (int k = 0; k < 3; k++)
-        for (int gi = 0; gi < 2; gi++) {
-            const double gs = gi == 0 ? 7.5 : 1.0;
-            char name[64];
-            sd_sampler s;
-            float lat[2 * 8 * 8 * 4], img[2 * 16 * 16 * 3];
-            uint8_t u8[16 * 16 * 3];
-            int u8_off = 0;
-            if (sd_sampler_init(&s, kinds[k], &d, 4, 1, nl, &err)) {
-                tap_ok(0, "%s", err.msg);
-                continue;
+    {
+        pipe_ctx c = {&g, &d, init, dnoise, emb, uemb, nl, ni, ne, scaling};
+        for (int k = 0; k < 3; k++)
+            for (int gi = 0; gi < 2; gi++) {
+                char name[64];
+                snprintf(name, sizeof name, "%s_g%s", sd_sampler_kind_name(kinds[k]),
+                         gi ? "10" : "75");
+                pipeline_case(&c, kinds[k], SD_SPACING_LEADING, 0.0, 0.0, gi ? 1.0 : 7.5, &gold,
+                              "latents_%s", "image_%s", "u8_%s", name, 1, 0);
             }
-            snprintf(name, sizeof name, "%s_g%s", sd_sampler_kind_name(kinds[k]), gi ? "10" : "75");
-            for (int p = 0; p < 2; p++) {
-                fixed_noise fn = {dnoise, p, nl};
-                memcpy(lat + (size_t)p * nl, init + (size_t)p * nl, (size_t)nl * sizeof(float));
-                sd_t2i_denoise(&g, &s, emb + (size_t)p * ne, gs > 1.0 ? uemb : NULL, gs,
-                               lat + (size_t)p * nl, give_noise, &fn);
-                sd_t2i_decode(&g, lat + (size_t)p * nl, vc.scaling_factor, img + (size_t)p * ni);
-            }
-            char key[80];
-            snprintf(key, sizeof key, "latents_%s", name);
-            float *rl = read_gold(key, 2 * (size_t)nl);
-            snprintf(key, sizeof key, "image_%s", name);
-            float *ri = read_gold(key, 2 * (size_t)ni);
-            snprintf(key, sizeof key, "u8_%s", name);
-            float *ru = read_gold(key, 2 * (size_t)ni);
-            double el = 0, ei = 0, ml = 0, mi = 0;
-            if (rl && ri && ru) {
-                el = rel_err(lat, rl, 2 * nl, &ml);
-                ei = rel_err(img, ri, 2 * ni, &mi);
-                for (int p = 0; p < 2; p++) {
-                    sd_image_to_u8(ni, img + (size_t)p * ni, u8);
-                    for (int64_t i = 0; i < ni; i++) {
-                        int diff = abs((int)u8[i] - (int)ru[(size_t)p * ni + i]);
-                        u8_off = diff > u8_off ? diff : u8_off;
-                    }
-                }
-            }
-            tap_ok(rl && el <= TOL, "pipeline %s (%d model calls): latents relative error %.3g "
-                   "(max |diff| %.3g)", name, s.n_timesteps, el, ml);
-            tap_ok(ri && ei <= TOL, "pipeline %s: decoded image relative error %.3g (max |diff| "
-                   "%.3g)", name, ei, mi);
-            tap_ok(ru && u8_off <= 1, "pipeline %s: uint8 image within %d of diffusers' "
-                   "post-processing", name, u8_off);
-            free(rl);
-            free(ri);
-            free(ru);
-            sd_sampler_free(&s);
+        /* schedulers.safetensors: the second set (guidance 7.5; the pipeline sets steps_offset
+         * 1) */
+        static const struct {
+            const char *name;
+            sd_sampler_kind kind;
+            sd_spacing spacing;
+            double eta, rescale;
+            int karras;
+        } more[] = {
+            {"euler", SD_SAMPLER_EULER, SD_SPACING_LINSPACE, 0, 0, 0},
+            {"euler_a", SD_SAMPLER_EULER_A, SD_SPACING_LINSPACE, 0, 0, 0},
+            {"dpmpp_2m", SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE, 0, 0, 0},
+            {"euler_leading", SD_SAMPLER_EULER, SD_SPACING_LEADING, 0, 0, 0},
+            {"ddim_eta_rescale", SD_SAMPLER_DDIM, SD_SPACING_LEADING, 0.5, 0.7, 0},
+            {"pndm_trailing", SD_SAMPLER_PNDM, SD_SPACING_TRAILING, 0, 0, 0},
+            {"dpmpp_2m_karras", SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE, 0, 0, 1},
+        };
+        for (size_t k = 0; k < sizeof more / sizeof more[0]; k++)
+            pipeline_case(&c, more[k].kind, more[k].spacing, more[k].eta, more[k].rescale, 7.5,
+                          &gold2, "p_%s_latents", "p_%s_image", "p_%s_u8", more[k].name, 1, more[k].karras);
+        /* eta and guidance_rescale must each matter */
+        pipeline_case(&c, SD_SAMPLER_DDIM, SD_SPACING_LEADING, 0.5, 0.0, 7.5, &gold2,
+                      "p_%s_latents", "p_%s_image", "p_%s_u8", "ddim_eta_rescale", 0, 0);
+        pipeline_case(&c, SD_SAMPLER_DDIM, SD_SPACING_LEADING, 0.0, 0.7, 7.5, &gold2,
+                      "p_%s_latents", "p_%s_image", "p_%s_u8", "ddim_eta_rescale", 0, 0);
+    }
+    {
+        /* a non-square image: 24 x 16 px (latents 12 x 8) */
+        sd_t2i g2;
+        float *init2 = read_from(&gold2, "p_euler_a_24x16_init", 2 * 8 * 12 * 4);
+        float *noise2 = read_from(&gold2, "p_euler_a_24x16_noise", 4 * 2 * 8 * 12 * 4);
+        if (init2 && noise2 && open_tiny(&g2, 16, 24, &scaling) == 0) {
+            pipe_ctx c = {&g2, &d, init2, noise2, emb, uemb, 8 * 12 * 4, 16 * 24 * 3, ne, scaling};
+            pipeline_case(&c, SD_SAMPLER_EULER_A, SD_SPACING_LINSPACE, 0.0, 0.0, 7.5, &gold2,
+                          "p_%s_latents", "p_%s_image", "p_%s_u8", "euler_a_24x16", 1, 0);
+            sd_t2i_close(&g2);
+        } else {
+            tap_ok(0, "non-square goldens and generator");
         }
+        free(init2);
+        free(noise2);
+    }
     sd_diffusion_free(&d);
 out:
     free(init);
@@ -397,6 +778,14 @@ int main(void)
     sd_err err;
     snprintf(top, sizeof top, "%s",
              srcdir ? srcdir : (getenv("top_srcdir") ? getenv("top_srcdir") : "."));
+    snprintf(path, sizeof path, "%s/tests/data/sample/schedulers.safetensors", top);
+    if (tap_ok(sd_st_open(path, &gold2, &err) == 0, "open %s", path)) {
+        test_spacings();
+        test_karras();
+        test_steps_more();
+    } else {
+        tap_diag("%s", err.msg);
+    }
     snprintf(path, sizeof path, "%s/tests/data/sample/goldens.safetensors", top);
     if (tap_ok(sd_st_open(path, &gold, &err) == 0, "open %s", path)) {
         test_timesteps();
@@ -406,6 +795,7 @@ int main(void)
     } else {
         tap_diag("%s", err.msg);
     }
+    sd_st_close(&gold2);
     test_rng_and_u8();
     return tap_done();
 }

@@ -1,0 +1,222 @@
+"""Writes the goldens of the second set of samplers that tests/unit/test_sampler.c checks:
+Euler, Euler ancestral and DPM-Solver++ (2M), the three timestep spacings for every scheduler,
+DDIM with eta > 0 and the pipeline's guidance_rescale.
+
+Reference: diffusers 0.42.1 / torch 2.15.0 on the CPU in fp32 (requirements-models.txt, the
+same venv and pins as make_sample_goldens.py), schedulers built with SD2's schedule
+(scaled_linear 0.00085..0.012) and each class's own defaults otherwise.
+
+Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NHWC):
+  ts_<kind>_<spacing>_<N>_<T>_<offset>   scheduler.timesteps after set_timesteps(N)
+        kind = ddim | pndm | ddpm | euler | euler_a | dpmpp_2m, spacing = leading | trailing |
+        linspace, steps_offset = offset. Values outside [0, T) (which diffusers would index
+        with, wrapping around) are kept: the C side must refuse those schedules.
+  sig_<kind>_<spacing>_<N>_<T>_<offset>  scheduler.sigmas (euler, euler_a, dpmpp_2m)
+  ins_<kind>_<spacing>_<N>_<T>_<offset>  [1] init_noise_sigma
+  kts_<kind>_<spacing>_<N>, ksig_..., kins_...   the same with use_karras_sigmas (T = 1000,
+        steps_offset 1): euler after each spacing, dpmpp_2m (linspace; the spacing is unused)
+  step_sample, step_model_out [6,2,3,5,4], step_noise [6,2,3,5,4]: the inputs of the step tests
+  step_<case>   [n_t,2,3,5,4] the sample after each scheduler.step, N = 5 (PNDM: 6 calls); <case> is
+        <kind>_<spacing>_<pred> for euler, euler_a, dpmpp_2m (pred eps | v, spacing linspace |
+        leading with steps_offset 1), <kind>_karras_eps (euler, dpmpp_2m, linspace, Karras
+        sigmas), ddim_eta_<pred> (eta 0.8, leading, offset 1), and
+        <kind>_<spacing>_eps for ddim, pndm, ddpm with trailing and linspace spacing. Euler
+        kinds start from step_sample * init_noise_sigma.
+  p_<case>_latents [2,8,8,4], p_<case>_image [2,16,16,3], p_<case>_u8 [2,16,16,3]:
+        StableDiffusionPipeline on tests/data/models/tiny-sd2 with make_sample_goldens.py's
+        prompts, tokenizer, initial latents (init_latents there) and per-step noise
+        (ddpm_noise there), 4 steps, guidance 7.5; <case> = euler, euler_a, dpmpp_2m (linspace),
+        euler_leading, ddim_eta_rescale (eta 0.5, guidance_rescale 0.7), pndm_trailing,
+        dpmpp_2m_karras.
+  p_euler_a_24x16_{init,noise,latents,image,u8}: Euler ancestral at 24 x 16 px (width x
+        height; latents [2,8,12,4]) from its own initial latents [2,8,12,4] and per-step noise
+        [4,2,8,12,4] (seeds 5 and 6).
+
+Run:
+    tests/reference/.venv-models/bin/python tests/reference/make_scheduler_goldens.py
+Never regenerate goldens to make a failing test pass without saying why in the commit.
+"""
+import os
+import sys
+
+if os.environ.get("ATEN_CPU_CAPABILITY") is None:
+    os.execve(sys.executable, [sys.executable] + sys.argv,
+              dict(os.environ, ATEN_CPU_CAPABILITY="avx2", PYTHONDONTWRITEBYTECODE="1"))
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_sample_goldens import FixedNoise, PROMPTS, SNAP, STEPS, nhwc  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
+OUT = os.environ.get("SD_GOLDEN_OUT") or os.path.join(TOP, "tests", "data", "sample")
+SD2 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+KINDS = ("ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m")
+SIGMA_KINDS = ("euler", "euler_a", "dpmpp_2m")
+
+
+def make(kind, **kw):
+    import diffusers as D
+    kw = dict(SD2, **kw)
+    if kind == "ddim":
+        return D.DDIMScheduler(clip_sample=False, set_alpha_to_one=False, **kw)
+    if kind == "pndm":
+        return D.PNDMScheduler(skip_prk_steps=True, set_alpha_to_one=False, **kw)
+    if kind == "ddpm":
+        return D.DDPMScheduler(clip_sample=False, variance_type="fixed_small", **kw)
+    if kind == "euler":
+        return D.EulerDiscreteScheduler(**kw)
+    if kind == "euler_a":
+        return D.EulerAncestralDiscreteScheduler(**kw)
+    if kind == "dpmpp_2m":
+        return D.DPMSolverMultistepScheduler(**kw)
+    raise ValueError(kind)
+
+
+def patch_noise(noises):
+    """Every module whose step draws noise gets the same fixed list."""
+    import diffusers.schedulers.scheduling_ddim as m1
+    import diffusers.schedulers.scheduling_ddpm as m2
+    import diffusers.schedulers.scheduling_euler_ancestral_discrete as m3
+    f = FixedNoise(noises)
+    m1.randn_tensor = m2.randn_tensor = m3.randn_tensor = f
+    return f
+
+
+def main():
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    torch.set_num_threads(1)
+    out = {}
+
+    # 1. timesteps, sigmas, init_noise_sigma
+    grid = {1000: (1, 2, 3, 4, 7, 10, 50, 999, 1000), 10: (1, 2, 3, 4, 7, 9, 10), 500: (1, 3, 7, 50, 500)}
+    for T, Ns in grid.items():
+        for N in Ns:
+            for kind in KINDS:
+                for spacing in ("leading", "trailing", "linspace"):
+                    for off in (0, 1):
+                        s = make(kind, num_train_timesteps=T, timestep_spacing=spacing, steps_offset=off)
+                        s.set_timesteps(N)
+                        tag = f"{kind}_{spacing}_{N}_{T}_{off}"
+                        out["ts_" + tag] = s.timesteps.numpy().astype(np.float32)
+                        if kind in SIGMA_KINDS:
+                            out["sig_" + tag] = s.sigmas.numpy().astype(np.float32)
+                            out["ins_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
+
+    # 1b. Karras sigmas (use_karras_sigmas): Euler after each spacing, DPM-Solver++ (spacing unused)
+    for N in (1, 2, 3, 4, 7, 10, 25, 50, 100, 500):
+        for kind, spacings in (("euler", ("linspace", "leading", "trailing")), ("dpmpp_2m", ("linspace",))):
+            for spacing in spacings:
+                s = make(kind, num_train_timesteps=1000, timestep_spacing=spacing, steps_offset=1,
+                         use_karras_sigmas=True)
+                s.set_timesteps(N)
+                tag = f"{kind}_{spacing}_{N}"
+                out["kts_" + tag] = s.timesteps.numpy().astype(np.float32)
+                out["ksig_" + tag] = s.sigmas.numpy().astype(np.float32)
+                out["kins_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
+
+    # 2. scheduler steps on random inputs, 5 inference steps
+    g = torch.Generator().manual_seed(3)
+    shape = (2, 3, 5, 4)
+    sample0 = torch.randn(shape, generator=g)
+    mos = torch.randn((6,) + shape, generator=g)
+    noise = torch.randn((6,) + shape, generator=g)
+    out["step_sample"] = sample0.numpy()
+    out["step_model_out"] = mos.numpy()
+    out["step_noise"] = noise.numpy()
+    cases = []
+    for kind in SIGMA_KINDS:
+        for spacing, off in (("linspace", 0), ("leading", 1)):
+            for pred, ptag in (("epsilon", "eps"), ("v_prediction", "v")):
+                cases.append((f"{kind}_{spacing}_{ptag}", kind,
+                              dict(timestep_spacing=spacing, steps_offset=off, prediction_type=pred), {}))
+    for kind in ("euler", "dpmpp_2m"):
+        cases.append((f"{kind}_karras_eps", kind, dict(steps_offset=1, use_karras_sigmas=True), {}))
+    for pred, ptag in (("epsilon", "eps"), ("v_prediction", "v")):
+        cases.append((f"ddim_eta_{ptag}", "ddim", dict(steps_offset=1, prediction_type=pred), dict(eta=0.8)))
+    for kind in ("ddim", "pndm", "ddpm"):
+        for spacing in ("trailing", "linspace"):
+            cases.append((f"{kind}_{spacing}_eps", kind, dict(timestep_spacing=spacing, steps_offset=1), {}))
+    for name, kind, kw, step_kw in cases:
+        s = make(kind, num_train_timesteps=1000, **kw)
+        s.set_timesteps(5)
+        patch_noise(noise)
+        x = sample0.clone() * s.init_noise_sigma
+        res = []
+        for i, t in enumerate(s.timesteps):
+            if hasattr(s, "scale_model_input"):
+                s.scale_model_input(x, t)  # sets the step index as the pipeline does
+            x = s.step(mos[i], t, x, return_dict=False, **step_kw)[0]
+            res.append(x.clone())
+        out["step_" + name] = torch.stack(res).numpy()
+
+    # 3. the whole pipeline on the tiny snapshot
+    tok = CLIPTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"), model_max_length=77)
+    unet = UNet2DConditionModel.from_pretrained(os.path.join(SNAP, "unet")).eval()
+    vae = AutoencoderKL.from_pretrained(os.path.join(SNAP, "vae")).eval()
+    te = CLIPTextModel.from_pretrained(os.path.join(SNAP, "text_encoder")).eval()
+    lat0 = torch.randn((2, 4, 8, 8), generator=torch.Generator().manual_seed(0))
+    dnoise = torch.randn((STEPS, 2, 4, 8, 8), generator=torch.Generator().manual_seed(2))
+    pcases = (
+        ("euler", "euler", dict(), dict()),
+        ("euler_a", "euler_a", dict(), dict()),
+        ("dpmpp_2m", "dpmpp_2m", dict(), dict()),
+        ("euler_leading", "euler", dict(timestep_spacing="leading", steps_offset=1), dict()),
+        ("ddim_eta_rescale", "ddim", dict(steps_offset=1), dict(eta=0.5, guidance_rescale=0.7)),
+        ("pndm_trailing", "pndm", dict(timestep_spacing="trailing", steps_offset=1), dict()),
+        ("dpmpp_2m_karras", "dpmpp_2m", dict(use_karras_sigmas=True), dict()),
+    )
+    for name, kind, kw, call_kw in pcases:
+        s = make(kind, num_train_timesteps=1000, **kw)
+        pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=s,
+                                       safety_checker=None, feature_extractor=None,
+                                       requires_safety_checker=False)
+        pipe.set_progress_bar_config(disable=True)
+        patch_noise(dnoise)
+        with torch.no_grad():
+            lat = pipe(PROMPTS, height=16, width=16, num_inference_steps=STEPS, guidance_scale=7.5,
+                       latents=lat0.clone(), output_type="latent", **call_kw).images
+            img = vae.decode(lat / vae.config.scaling_factor, return_dict=False)[0]
+        u8 = pipe.image_processor.postprocess(img, output_type="np")
+        u8 = (u8 * 255).round().astype("uint8")
+        out[f"p_{name}_latents"] = nhwc(lat)
+        out[f"p_{name}_image"] = nhwc(img)
+        out[f"p_{name}_u8"] = u8.astype(np.float32)
+        print(name, "timesteps", s.timesteps.tolist(), "latents rms", float(lat.pow(2).mean().sqrt()))
+
+    # 4. a non-square image: 24 x 16 px (latents 12 x 8), Euler ancestral (input scaling and noise)
+    lat1 = torch.randn((2, 4, 8, 12), generator=torch.Generator().manual_seed(5))
+    noise1 = torch.randn((STEPS, 2, 4, 8, 12), generator=torch.Generator().manual_seed(6))
+    out["p_euler_a_24x16_init"] = nhwc(lat1)
+    out["p_euler_a_24x16_noise"] = np.stack([nhwc(n) for n in noise1])
+    s = make("euler_a", num_train_timesteps=1000)
+    pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=s,
+                                   safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    patch_noise(noise1)
+    with torch.no_grad():
+        lat = pipe(PROMPTS, height=16, width=24, num_inference_steps=STEPS, guidance_scale=7.5,
+                   latents=lat1.clone(), output_type="latent").images
+        img = vae.decode(lat / vae.config.scaling_factor, return_dict=False)[0]
+    u8 = (pipe.image_processor.postprocess(img, output_type="np") * 255).round().astype("uint8")
+    out["p_euler_a_24x16_latents"] = nhwc(lat)
+    out["p_euler_a_24x16_image"] = nhwc(img)
+    out["p_euler_a_24x16_u8"] = u8.astype(np.float32)
+
+    from safetensors.numpy import save_file
+    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+    path = os.path.join(OUT, "schedulers.safetensors")
+    save_file(out, path, metadata={"generator": "tests/reference/make_scheduler_goldens.py",
+                                   "diffusers": __import__("diffusers").__version__,
+                                   "torch": torch.__version__,
+                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
+    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+
+
+if __name__ == "__main__":
+    main()
