@@ -80,6 +80,31 @@ static double np_arange_at(double start, double step, int64_t i)
     return start + (double)i * (second - start);
 }
 
+/* The first `keep` values of a spacing's descending timesteps over `pts` points (trailing:
+ * numpy's arange with step T / keep, all of its elements, at most keep + 1); linspace values
+ * rounded when `round`. Returns how many. */
+static int spaced(sd_spacing spacing, int pts, int keep, int T, int offset, int round,
+                  double *out)
+{
+    int n = 0;
+    if (spacing == SD_SPACING_LINSPACE) {
+        for (int k = 0; k < keep; k++) {
+            const double v = np_linspace_at((double)T - 1.0, pts, pts - 1 - k);
+            out[n++] = round ? nearbyint(v) : (double)(float)v;
+        }
+    } else if (spacing == SD_SPACING_LEADING) {
+        const int64_t ratio = T / pts;
+        for (int k = 0; k < keep; k++)
+            out[n++] = (double)((int64_t)(pts - 1 - k) * ratio + offset);
+    } else {
+        const double r = (double)T / (double)keep;
+        const int64_t len = np_arange_len((double)T, -r);
+        for (int64_t k = 0; k < len && k <= keep; k++)
+            out[n++] = nearbyint(np_arange_at((double)T, -r, k)) - 1.0;
+    }
+    return n;
+}
+
 int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps,
                          int num_train_timesteps, int steps_offset, double *out, sd_err *err)
 {
@@ -92,56 +117,19 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
     if (N < 1 || N > T)
         return sd_err_set(err, "sampler: %d inference steps for a schedule of %d training "
                                "timesteps (need 1 <= steps <= %d)", N, T, T);
-    if (kind == SD_SAMPLER_DPMPP_2M) {
-        /* N + 1 points (lambda_min_clipped = -inf: last_timestep = T), the last dropped */
-        const int M = N + 1;
-        if (spacing == SD_SPACING_LINSPACE) {
-            for (int k = 0; k < N; k++)
-                out[n++] = nearbyint(np_linspace_at((double)T - 1.0, M, M - 1 - k));
-        } else if (spacing == SD_SPACING_LEADING) {
-            const int64_t ratio = T / M;
-            for (int k = 0; k < N; k++)
-                out[n++] = (double)((int64_t)(M - 1 - k) * ratio + steps_offset);
-        } else {
-            const double r = (double)T / (double)N;
-            const int64_t len = np_arange_len((double)T, -r);
-            for (int64_t k = 0; k < len && k <= N; k++)
-                out[n++] = nearbyint(np_arange_at((double)T, -r, k)) - 1.0;
-        }
-    } else {
-        /* the descending base list */
-        double *base = sd_xmalloc(((size_t)N + 2) * sizeof *base);
-        int nb = 0;
-        if (spacing == SD_SPACING_LINSPACE) {
-            for (int k = 0; k < N; k++) {
-                double v = np_linspace_at((double)T - 1.0, N, N - 1 - k);
-                base[nb++] = euler ? (double)(float)v : nearbyint(v);
-            }
-        } else if (spacing == SD_SPACING_LEADING) {
-            const int64_t ratio = T / N;
-            for (int k = 0; k < N; k++)
-                base[nb++] = (double)((int64_t)(N - 1 - k) * ratio + steps_offset);
-        } else {
-            const double r = (double)T / (double)N;
-            const int64_t len = np_arange_len((double)T, -r);
-            for (int64_t k = 0; k < len && k <= N; k++)
-                base[nb++] = nearbyint(np_arange_at((double)T, -r, k)) - 1.0;
-        }
-        if (kind == SD_SAMPLER_PNDM) {
-            /* plms = concat(a[:-1], a[-2:-1], a[-1:])[::-1] of the ascending a: the
-             * second-largest timestep twice */
-            out[n++] = base[0];
-            if (nb > 1) {
-                out[n++] = base[1];
-                for (int k = 1; k < nb; k++)
-                    out[n++] = base[k];
-            }
-        } else {
-            for (int k = 0; k < nb; k++)
-                out[n++] = base[k];
-        }
-        free(base);
+    /* the descending base list; DPM-Solver++ spaces N + 1 points (lambda_min_clipped = -inf:
+     * last_timestep = T) and drops the last */
+    double *base = sd_xmalloc(((size_t)N + 2) * sizeof *base);
+    const int nb = spaced(spacing, kind == SD_SAMPLER_DPMPP_2M ? N + 1 : N, N, T, steps_offset,
+                          !euler, base);
+    /* PNDM: plms = concat(a[:-1], a[-2:-1], a[-1:])[::-1] of the ascending a, i.e. the
+     * second-largest timestep twice */
+    for (int k = 0; k < nb; k++) {
+        out[n++] = base[k];
+        if (kind == SD_SAMPLER_PNDM && k == 1)
+            out[n++] = base[1];
     }
+    free(base);
     for (int i = 0; i < n; i++)
         if (!(out[i] >= 0.0 && out[i] <= (double)T - 1.0))
             return sd_err_set(err, "sampler: %s with %d steps, '%s' spacing and steps_offset %d "

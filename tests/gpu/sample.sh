@@ -8,7 +8,10 @@
 #      ranks sharing it; the GPU's U-Net is not batch-invariant, so only equal batches give
 #      equal bits);
 #   3. bf16: runs and writes every image (the difference to the CPU is printed, not held to a
-#      bound: with random tiny weights and guidance 7.5 it says little).
+#      bound: with random tiny weights and guidance 7.5 it says little);
+#   4. the sigma-space samplers and a non-square size in fp32: Euler ancestral (scaled model
+#      input, per-image noise) at 24 x 16 px, DPM-Solver++ 2M with Karras sigmas, DDIM with eta
+#      and guidance_rescale: every PNG within 2 levels of the CPU's.
 # Skips without a CUDA build or a GPU.
 SD_TEST_NAME=gpu-sample # not the scratch directory of tests/mpi/sample.sh
 . "$top_srcdir/tests/lib.sh"
@@ -17,9 +20,9 @@ need_gpu
 need_mpi
 CMP="$top_builddir/tests/mpi/png_compare"
 
-# sample NAME NP DEVICE PRECISION [BATCH]
+# sample NAME NP DEVICE PRECISION [BATCH [SCHEDULER [MORE &sample KEYS]]]
 sample() {
-    DEVICE=$3 tiny_sample_nml "$1" ddim ", batch_size = ${5:-0}" "&train precision = '$4' /"
+    DEVICE=$3 tiny_sample_nml "$1" "${6:-ddim}" ", batch_size = ${5:-0}${7:-}" "&train precision = '$4' /"
     mpi "$1" "$2" "$SDTRAIN" "$TMP/$1.nml"
     expect_rc "$1" 0
     expect_in "$1" out "wrote 6 image(s)"
@@ -57,3 +60,14 @@ pass "GPU, one image a call: the same PNG bytes at -np 1 and -np 2"
 sample gpu16 1 cuda bf16
 compare gpu16 cpu 255
 pass "bf16 on the GPU writes every image (differences to the CPU printed above)"
+
+for case in "eula euler_a , width = 24, height = 16" "dpmk dpmpp_2m , use_karras_sigmas = .true." \
+    "ddimeta ddim , eta = 0.5, guidance_rescale = 0.7"; do
+    set -- $case
+    gs_case=$1 gs_sched=$2 # lib.sh's helpers set $name
+    shift 2
+    sample "cpu-$gs_case" 1 cpu fp32 0 "$gs_sched" "$*"
+    sample "gpu-$gs_case" 1 cuda fp32 0 "$gs_sched" "$*"
+    compare "gpu-$gs_case" "cpu-$gs_case" 2
+done
+pass "Euler ancestral at 24x16, DPM-Solver++ 2M Karras, DDIM with eta and guidance_rescale: fp32 on the GPU within 2 levels of the CPU"

@@ -170,19 +170,22 @@ def main():
         ("pndm_trailing", "pndm", dict(timestep_spacing="trailing", steps_offset=1), dict()),
         ("dpmpp_2m_karras", "dpmpp_2m", dict(use_karras_sigmas=True), dict()),
     )
-    for name, kind, kw, call_kw in pcases:
-        s = make(kind, num_train_timesteps=1000, **kw)
+    def run(s, lat_init, noises, height, width, **call_kw):
         pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=s,
                                        safety_checker=None, feature_extractor=None,
                                        requires_safety_checker=False)
         pipe.set_progress_bar_config(disable=True)
-        patch_noise(dnoise)
+        patch_noise(noises)
         with torch.no_grad():
-            lat = pipe(PROMPTS, height=16, width=16, num_inference_steps=STEPS, guidance_scale=7.5,
-                       latents=lat0.clone(), output_type="latent", **call_kw).images
+            lat = pipe(PROMPTS, height=height, width=width, num_inference_steps=STEPS, guidance_scale=7.5,
+                       latents=lat_init.clone(), output_type="latent", **call_kw).images
             img = vae.decode(lat / vae.config.scaling_factor, return_dict=False)[0]
-        u8 = pipe.image_processor.postprocess(img, output_type="np")
-        u8 = (u8 * 255).round().astype("uint8")
+        u8 = (pipe.image_processor.postprocess(img, output_type="np") * 255).round().astype("uint8")
+        return lat, img, u8
+
+    for name, kind, kw, call_kw in pcases:
+        s = make(kind, num_train_timesteps=1000, **kw)
+        lat, img, u8 = run(s, lat0, dnoise, 16, 16, **call_kw)
         out[f"p_{name}_latents"] = nhwc(lat)
         out[f"p_{name}_image"] = nhwc(img)
         out[f"p_{name}_u8"] = u8.astype(np.float32)
@@ -193,17 +196,7 @@ def main():
     noise1 = torch.randn((STEPS, 2, 4, 8, 12), generator=torch.Generator().manual_seed(6))
     out["p_euler_a_24x16_init"] = nhwc(lat1)
     out["p_euler_a_24x16_noise"] = np.stack([nhwc(n) for n in noise1])
-    s = make("euler_a", num_train_timesteps=1000)
-    pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=s,
-                                   safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
-    pipe.set_progress_bar_config(disable=True)
-    patch_noise(noise1)
-    with torch.no_grad():
-        lat = pipe(PROMPTS, height=16, width=24, num_inference_steps=STEPS, guidance_scale=7.5,
-                   latents=lat1.clone(), output_type="latent").images
-        img = vae.decode(lat / vae.config.scaling_factor, return_dict=False)[0]
-    u8 = (pipe.image_processor.postprocess(img, output_type="np") * 255).round().astype("uint8")
+    lat, img, u8 = run(make("euler_a", num_train_timesteps=1000), lat1, noise1, 16, 24)
     out["p_euler_a_24x16_latents"] = nhwc(lat)
     out["p_euler_a_24x16_image"] = nhwc(img)
     out["p_euler_a_24x16_u8"] = u8.astype(np.float32)
