@@ -1,7 +1,8 @@
 #!/bin/bash
 # One command that verifies the CUDA backend on a GPU machine: every GPU test (op by op against
 # the CPU backend, whole modules against the goldens), compute-sanitizer memcheck over the op
-# tests, and the CUDA op benchmark, ending with a short table.
+# tests and over whole sdtrain runs (tests/gpu/memcheck.sh), and the CUDA op benchmark, ending
+# with a short table.
 #
 #   bash bench/gpu-check.sh [--bundle DIR | --build DIR] [--parts LIST] [--deadline S] [--log DIR]
 #
@@ -182,6 +183,8 @@ part_sanitizer() {
             else failed "memcheck $n" "$rc" "exit $rc, ${errs:-no summary}"
                 grep -m5 -E '=========' "$logdir/memcheck-$n.log"; fi
         done
+        # whole sdtrain runs (training, sampling, preprocessing) under memcheck
+        gpu_script memcheck
     fi
 }
 
@@ -313,24 +316,30 @@ part_peer() {
 }
 
 # ---- training and preprocessing under MPI on the GPU -------------------------------------------
+# gpu_script NAME: tests/gpu/NAME.sh under MPI on the GPU, one row of the table
+gpu_script() {
+    t=$1
+    if [ ! -f "tests/gpu/$t.sh" ]; then
+        add "$t.sh" "n/a" "tests/gpu/$t.sh not in this tree"
+        return
+    fi
+    late && { late_note "$t.sh"; return; }
+    t0=$(date +%s)
+    top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="$MPIEXEC" \
+        timeout "$(cap 600)" sh "tests/gpu/$t.sh" >"$logdir/$t.log" 2>&1
+    rc=$?
+    grep -E '^(ok|FAIL|SKIP)' "$logdir/$t.log" | sed 's/^/  /' | cut -c1-200
+    nok=$(grep -c '^ok' "$logdir/$t.log")
+    nfail=$(grep -c '^FAIL' "$logdir/$t.log")
+    if [ "$rc" = 0 ]; then add "$t.sh" pass "$nok checks, $(($(date +%s) - t0)) s"
+    elif [ "$rc" = 77 ]; then add "$t.sh" skip "$(grep -m1 '^SKIP' "$logdir/$t.log" | cut -c1-60)"
+    elif [ "$nfail" != 0 ]; then status=1; add "$t.sh" FAIL "$nfail failed, $nok ok, exit $rc"
+    else failed "$t.sh" "$rc" "$nfail failed, $nok ok, exit $rc"; fi
+}
+
 part_train() {
     for t in train process sample pipeline; do
-        if [ ! -f "tests/gpu/$t.sh" ]; then
-            add "$t.sh" "n/a" "tests/gpu/$t.sh not in this tree"
-            continue
-        fi
-        late && { late_note "$t.sh"; continue; }
-        t0=$(date +%s)
-        top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="$MPIEXEC" \
-            timeout "$(cap 600)" sh "tests/gpu/$t.sh" >"$logdir/$t.log" 2>&1
-        rc=$?
-        grep -E '^(ok|FAIL|SKIP)' "$logdir/$t.log" | sed 's/^/  /' | cut -c1-200
-        nok=$(grep -c '^ok' "$logdir/$t.log")
-        nfail=$(grep -c '^FAIL' "$logdir/$t.log")
-        if [ "$rc" = 0 ]; then add "$t.sh" pass "$nok checks, $(($(date +%s) - t0)) s"
-        elif [ "$rc" = 77 ]; then add "$t.sh" skip "$(grep -m1 '^SKIP' "$logdir/$t.log" | cut -c1-60)"
-        elif [ "$nfail" != 0 ]; then status=1; add "$t.sh" FAIL "$nfail failed, $nok ok, exit $rc"
-        else failed "$t.sh" "$rc" "$nfail failed, $nok ok, exit $rc"; fi
+        gpu_script "$t"
     done
 }
 
