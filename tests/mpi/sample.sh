@@ -266,6 +266,9 @@ mpi resc 2 "$SDTRAIN" "$TMP/resc.nml"
 expect_rc resc 0
 expect_in resc out "guidance_rescale 0.7"
 cmp -s "$TMP/resc/samples/0-0.png" "$TMP/ddim1/samples/0-0.png" && fail "guidance_rescale changed nothing"
+mpi resc4 1 "$SDTRAIN" "$TMP/resc.nml" --set sample.batch_size=4 --set run.output_dir="'$TMP/resc4'"
+expect_rc resc4 0
+same_pngs resc resc4 "guidance_rescale, 4 + 2 images a call (rescaled per image)"
 grep -q '"guidance_scale": 7.5, "guidance_rescale": 0.7, "width"' "$TMP/resc/samples.jsonl" ||
     fail "samples.jsonl: guidance_rescale not recorded"
 mpi etaeuler 1 "$SDTRAIN" "$TMP/euler1.nml" --set sample.eta=0.5 --set sample.guidance_scale=1 \
