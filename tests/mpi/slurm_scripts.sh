@@ -1,0 +1,108 @@
+#!/bin/sh
+# The job scripts users submit, slurm/process.sh and slurm/train.sh, run without Slurm: the
+# launcher is the MPI launcher (their LAUNCH variable, which replaces srun), SLURM_NTASKS and
+# SLURM_JOB_ID are set as sbatch sets them, and `scontrol` is a stand-in that records its
+# arguments.
+#   1. process.sh makes the shards with 2 ranks; run again (a requeued job) it finds them all
+#      committed and writes nothing new;
+#   2. a bad namelist stops either script at its --check, before any rank starts, with the file
+#      and line named and a non-zero status;
+#   3. train.sh, sent SIGUSR1 as Slurm's --signal=B:USR1 does before the time limit: the ranks
+#      checkpoint at the next step boundary, the script exits 0 and requeues its job
+#      (`scontrol requeue JOBID`); run again, as the requeued job, it resumes from that
+#      checkpoint and finishes; without a signal it does not requeue.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+command -v bash >/dev/null 2>&1 || skip "no bash (the job scripts are bash)"
+
+mkdir -p "$TMP/bin"
+cat >"$TMP/bin/scontrol" <<EOF2
+#!/bin/sh
+echo "\$*" >>"$TMP/scontrol.log"
+EOF2
+chmod +x "$TMP/bin/scontrol"
+: >"$TMP/scontrol.log"
+export SDTRAIN
+# shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
+LAUNCH="$MPIEXEC $MPIEXEC_NP 2"
+export LAUNCH
+
+# job NAME SCRIPT ARGS...: the script as the batch step of job 4242 with 2 tasks
+job() {
+    name=$1
+    shift
+    run "$name" env PATH="$TMP/bin:$PATH" SLURM_NTASKS=2 SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 \
+        bash "$@"
+}
+
+# 1. preprocessing
+run data "$SDTOOL" make-demo-data "$TMP/data" --count 48
+expect_rc data 0
+nml proc.nml <<EOF2
+&run mode = 'train', output_dir = '$TMP/proc', seed = 5 /
+&model $TINY_MODEL /
+&data input = '$TMP/data', shard_dir = '$TMP/shards', samples_per_shard = 16, encode_batch_size = 8 /
+EOF2
+job proc "$top_srcdir/slurm/process.sh" "$TMP/proc.nml"
+expect_rc proc 0
+expect_in proc out "into 3 shard(s) of 16"
+expect_in proc out "0 already committed"
+[ "$(ls "$TMP/shards"/shard-*.h5 | wc -l)" = 3 ] || fail "process.sh: $(ls "$TMP/shards")"
+cp "$TMP/shards/manifest.json" "$TMP/manifest-1.json"
+job proc2 "$top_srcdir/slurm/process.sh" "$TMP/proc.nml"
+expect_rc proc2 0
+expect_in proc2 out "3 already committed"
+cmp -s "$TMP/shards/manifest.json" "$TMP/manifest-1.json" || fail "process.sh again: the manifest changed"
+pass "slurm/process.sh: shards with 2 ranks; again, everything already committed"
+
+# 2. a bad namelist: refused by --check, no rank started
+printf "&run mode = 'train', output_dir = '%s/bad' /\n&train max_steps = -3 /\n" "$TMP" | nml bad.nml
+for s in process train; do
+    job "bad-$s" "$top_srcdir/slurm/$s.sh" "$TMP/bad.nml"
+    [ "$RC" != 0 ] || fail "slurm/$s.sh accepted a bad namelist"
+    expect_in "bad-$s" err "bad.nml:2:"
+    expect_not_in "bad-$s" out "communicators:"
+done
+pass "a bad namelist stops both scripts at --check"
+
+# 3. the time-limit signal and the requeue
+nml train.nml <<EOF2
+&run mode = 'process', output_dir = '$TMP/train', seed = 11 /
+&model $TINY_MODEL /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = 1000000, batch_size_per_rank = 4, learning_rate = 1e-3, log_every = 1,
+       val_every = 0 /
+&checkpoint every_n_steps = 0 /
+EOF2
+env PATH="$TMP/bin:$PATH" SLURM_NTASKS=2 SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 \
+    bash "$top_srcdir/slurm/train.sh" "$TMP/train.nml" >"$TMP/sig.out" 2>"$TMP/sig.err" &
+pid=$!
+i=0
+while ! grep -q '"loss"' "$TMP/train/metrics.jsonl" 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 600 ] || { kill -KILL $pid; fail "train.sh: no training step within 60 s"; }
+    sleep 0.1
+done
+kill -USR1 $pid
+( sleep 120; kill -KILL $pid 2>/dev/null ) &
+watchdog=$!
+RC=0
+wait $pid || RC=$?
+kill $watchdog 2>/dev/null || true
+expect_rc sig 0
+expect_in sig out "after SIGUSR1; resubmit to continue"
+expect_in sig out "sdtrain stopped for the time limit with a checkpoint; requeueing job 4242"
+[ "$(cat "$TMP/scontrol.log")" = "requeue 4242" ] || fail "scontrol was called with: $(cat "$TMP/scontrol.log")"
+k=$(sed -n 's/^checkpointed at step \([0-9]*\) after SIGUSR1.*/\1/p' "$TMP/sig.out")
+[ -n "$k" ] && [ -d "$TMP/train/checkpoints/$(printf 'step-%08d' "$k")" ] ||
+    fail "no checkpoint of step '$k' in $TMP/train/checkpoints"
+pass "slurm/train.sh: SIGUSR1 checkpoints at step $k, exits 0 and requeues the job"
+
+# the requeued job: the same script and namelist (a shorter run, so that it ends)
+: >"$TMP/scontrol.log"
+job resumed "$top_srcdir/slurm/train.sh" "$TMP/train.nml" --set train.max_steps=$((k + 2))
+expect_rc resumed 0
+expect_in resumed out "resuming from $TMP/train/checkpoints/$(printf 'step-%08d' "$k")"
+[ -f "$TMP/train/unet_final.safetensors" ] || fail "the resumed job wrote no final weights"
+[ ! -s "$TMP/scontrol.log" ] || fail "a job that ended by itself requeued: $(cat "$TMP/scontrol.log")"
+pass "the requeued job resumes from that checkpoint and ends without requeueing"
