@@ -348,7 +348,9 @@ void sd_upload_async(const sd_backend *be, void *dst, const void *src, size_t by
 /* Byte copy backend -> host that returns at once: on CUDA it runs on the copy stream once the
  * ops issued so far have finished (an event), beside the ops issued after it. `dst` must come
  * from sd_host_alloc; its bytes are there once sd_download_wait returns, which waits for every
- * copy on the copy stream (not for the compute stream). CPU: memcpy, and waiting is nothing. */
+ * copy on the copy stream (not for the compute stream). `src` must not be written by ops issued
+ * after this call until sd_download_wait has returned: the copy waits only for the ops before
+ * it. CPU: memcpy, and waiting is nothing. */
 void sd_download_async(const sd_backend *be, void *dst, const void *src, size_t bytes);
 void sd_download_wait(const sd_backend *be);
 

@@ -25,6 +25,8 @@ static float emu_expf(float x) { return expf(x); } // glibc has its own __expf
 #define __expf emu_expf
 static float __fdividef(float a, float b) { return a / b; }
 static float __fmul_rn(float a, float b) { return a * b; }
+static float __fadd_rn(float a, float b) { return a + b; }
+static float __fsub_rn(float a, float b) { return a - b; }
 
 thread_local std::barrier<> *cur_bar;
 static void __syncthreads() { cur_bar->arrive_and_wait(); }

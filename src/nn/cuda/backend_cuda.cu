@@ -175,7 +175,12 @@ extern "C" void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream)
 extern "C" void sd_backend_cuda_after_op(const sd_backend *be, void *stream)
 {
     SD_CHECK(be && be->device == SD_DEV_CUDA, "sd_backend_cuda_after_op: not a CUDA backend");
-    SD_CUDA_CHECK(cudaGetLastError());
+    cudaError_t e = cudaGetLastError();
+    /* a library that enables peer access itself (NCCL connecting GPUs of one node lazily) may
+     * leave this one behind: nothing failed */
+    if (e == cudaErrorPeerAccessAlreadyEnabled)
+        e = cudaSuccess;
+    SD_CUDA_CHECK(e);
     if (sd_cuda(be)->sync_each_op)
         sd_cuda_stream_wait(sd_cuda(be), (cudaStream_t)stream);
 }
@@ -221,14 +226,25 @@ static void cuda_release(const sd_backend *be, void *ptr)
     SD_CUDA_CHECK(cudaFree(ptr));
 }
 
+/* A copy between the device and pageable host memory blocks inside the driver until the work
+ * queued before it is done (device to host always; host to device may), where the wait hook
+ * cannot watch NCCL: while a hook is set, wait for the stream (watched) first. */
+void sd_cuda_wait_before_copy(const sd_cuda_state *st, cudaStream_t s)
+{
+    if (st->wait_fn)
+        sd_cuda_stream_wait(st, s);
+}
+
 static void cuda_upload(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
+    sd_cuda_wait_before_copy(sd_cuda(be), sd_cuda_stream(be));
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, sd_cuda_stream(be)));
     sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
 }
 
 static void cuda_download(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
+    sd_cuda_wait_before_copy(sd_cuda(be), sd_cuda_stream(be));
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, sd_cuda_stream(be)));
     sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
 }

@@ -71,6 +71,9 @@ static inline cudaStream_t sd_cuda_stream(const sd_backend *be)
 /* The host waits for stream s: cudaStreamSynchronize, or, with a wait hook set
  * (sd_backend_cuda_set_wait_hook), polling that calls the hook every few milliseconds. */
 void sd_cuda_stream_wait(const sd_cuda_state *st, cudaStream_t s);
+/* Before a copy to or from pageable host memory on stream s: the same watched wait while a
+ * wait hook is set (the copy itself would block unwatched), nothing otherwise. */
+void sd_cuda_wait_before_copy(const sd_cuda_state *st, cudaStream_t s);
 
 /* Op profile (SDTRAIN_CUDA_PROFILE=1, backend_cuda.cu): a mark inside an op splits its time, the
  * GPU work since the previous mark going to `label` (a string literal such as
@@ -84,13 +87,14 @@ void sd_cuda_profile_mark(const sd_backend *be, const char *label);
     } while (0)
 
 /* After every kernel launch: a launch error (bad configuration) is reported at once; with
- * SDTRAIN_CUDA_SYNC=1 the stream is also synchronized so an error inside the kernel is reported
- * at the op that caused it rather than at a later synchronization. */
+ * SDTRAIN_CUDA_SYNC=1 the stream is also synchronized (the watched wait: NCCL's errors and
+ * timeout are seen there too) so an error inside the kernel is reported at the op that caused
+ * it rather than at a later synchronization. */
 #define SD_CUDA_LAUNCHED(be)                                                                   \
     do {                                                                                       \
         SD_CUDA_CHECK(cudaGetLastError());                                                     \
         if (sd_cuda(be)->sync_each_op)                                                         \
-            SD_CUDA_CHECK(cudaStreamSynchronize(sd_cuda(be)->stream));                         \
+            sd_cuda_stream_wait(sd_cuda(be), sd_cuda(be)->stream);                             \
     } while (0)
 
 /* ---- element types ---------------------------------------------------------------------- */

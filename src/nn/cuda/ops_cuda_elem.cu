@@ -721,6 +721,7 @@ static void cuda_cast_f32(const sd_backend *be, int64_t n, const float *x, void 
     cudaStream_t s = sd_cuda_stream(be);
     if (sd_cuda(be)->dtype == SD_F32) {
         SD_CUDA_CHECK(cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        SD_CUDA_LAUNCHED(be); /* as every op: SDTRAIN_CUDA_SYNC's wait */
         return;
     }
     unsigned grid = sd_cuda_grid(be, n, EW_THREADS);
@@ -740,6 +741,7 @@ static void cuda_cast_to_f32(const sd_backend *be, int64_t n, const void *x, flo
     cudaStream_t s = sd_cuda_stream(be);
     if (sd_cuda(be)->dtype == SD_F32) {
         SD_CUDA_CHECK(cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        SD_CUDA_LAUNCHED(be); /* as every op: SDTRAIN_CUDA_SYNC's wait */
         return;
     }
     unsigned grid = sd_cuda_grid(be, n, EW_THREADS);

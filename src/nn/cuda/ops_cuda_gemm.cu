@@ -240,7 +240,7 @@ static void gemm_run_c(const sd_backend *be, const gemm_plan *p, float alpha, ge
                                    c ? c : d.ptr, p->ld, (void *)d.ptr, p->ld, &p->algo,
                                    st->lt_workspace, SD_CUDA_LT_WORKSPACE, st->stream));
     if (st->sync_each_op)
-        SD_CUDA_CHECK(cudaStreamSynchronize(st->stream));
+        sd_cuda_stream_wait(st, st->stream);
 }
 
 static void gemm_run(const sd_backend *be, const gemm_plan *p, float alpha, gemm_operand a,

@@ -249,15 +249,18 @@ struct gn_sq_dev {
  * gn_apply_one: (x - m) r, times gamma, plus beta, then SiLU when asked (FAST: the approximate
  *   one); gn_dz_one: xhat = (x - m) rs and dz = dy (times SiLU' of the affine xhat with silu);
  *   gn_dx_one: rs (gamma dz - c1 - xhat c2), the input gradient from the group coefficients. */
+/* Each product and sum is an explicitly rounded intrinsic: ptxas would otherwise fuse some of
+ * them into an FMA depending on the code around each inlined copy, and the variants (and the
+ * CPU backend, which rounds each operation) would differ in the last bit. */
 template <bool FAST>
 static __device__ __forceinline__ float gn_apply_one(float x, float m, float r, bool has_g,
                                                      float g, bool has_b, float b, int silu)
 {
-    float o = (x - m) * r;
+    float o = __fmul_rn(__fsub_rn(x, m), r);
     if (has_g)
-        o = o * g;
+        o = __fmul_rn(o, g);
     if (has_b)
-        o = o + b;
+        o = __fadd_rn(o, b);
     return silu ? (FAST ? norm_silu_fast(o) : norm_silu(o)) : o;
 }
 
@@ -265,23 +268,23 @@ static __device__ __forceinline__ float gn_dz_one(float x, float dy, float m, fl
                                                   bool has_g, float g, bool has_b, float b,
                                                   int silu, float *xh)
 {
-    const float h = (x - m) * rs;
+    const float h = __fmul_rn(__fsub_rn(x, m), rs);
     *xh = h;
     if (!silu)
         return dy;
     float z = h;
     if (has_g)
-        z = z * g;
+        z = __fmul_rn(z, g);
     if (has_b)
-        z = z + b;
-    return dy * norm_silu_grad(z);
+        z = __fadd_rn(z, b);
+    return __fmul_rn(dy, norm_silu_grad(z));
 }
 
 static __device__ __forceinline__ float gn_dx_one(float dz, float xh, float rs, bool has_g,
                                                   float g, float c1, float c2)
 {
-    const float gg = has_g ? dz * g : dz;
-    return rs * (gg - c1 - xh * c2);
+    const float gg = has_g ? __fmul_rn(dz, g) : dz;
+    return __fmul_rn(rs, __fsub_rn(__fsub_rn(gg, c1), __fmul_rn(xh, c2)));
 }
 
 template <typename T>

@@ -141,6 +141,7 @@ extern "C" void sd_cuda_sumsq(const sd_backend *be, const float *x, size_t n, do
     SD_CUDA_LAUNCHED(be);
     sumsq_total_kernel<<<1, 1, 0, s>>>(block_sums, (int64_t)nb, total);
     SD_CUDA_LAUNCHED(be);
+    sd_cuda_wait_before_copy(sd_cuda(be), s); /* out_host may be pageable */
     SD_CUDA_CHECK(cudaMemcpyAsync(out_host, total, sizeof(double), cudaMemcpyDeviceToHost, s));
     sd_cuda_stream_wait(sd_cuda(be), s);
 }
@@ -232,6 +233,7 @@ extern "C" int sd_cuda_nonfinite(const sd_backend *be, const float *x, size_t n,
     nonfinite_kernel<<<sd_cuda_grid(be, (int64_t)n, OPTIM_THREADS), OPTIM_THREADS, 0, s>>>(
         x, (int64_t)n, flag);
     SD_CUDA_LAUNCHED(be);
+    sd_cuda_wait_before_copy(sd_cuda(be), s); /* &host is pageable */
     SD_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, s));
     sd_cuda_stream_wait(sd_cuda(be), s);
     return host != 0;
