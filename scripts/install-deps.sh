@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages sdtrain needs to build and test, if any is missing.
+# Installs the Debian packages sdtrain needs to build and test, if any is missing (slurm-wlm:
+# tests/mpi/slurm_cluster.sh runs the job scripts on a one-node Slurm of this machine).
 # The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not a Debian package: it is used when present.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ packages=(
     libhdf5-openmpi-dev hdf5-tools
     libturbojpeg0-dev libpng-dev libopenblas-dev
     libjson-c-dev libarchive-dev zlib1g-dev
+    slurm-wlm
 )
 missing=()
 for p in "${packages[@]}"; do
