@@ -6,6 +6,10 @@
 # before the time limit Slurm sends SIGUSR1 to this script (B:), which passes it on to the
 # ranks: they checkpoint at the next step boundary and exit 0 ("checkpointed at step K after
 # SIGUSR1; resubmit to continue"), and the script requeues the job, which then resumes.
+# When the run fails (a rank killed, out of memory, an NCCL error: any exit status but 0 and 2,
+# the status of bad input, which a retry would not mend) the script requeues the job too, at
+# most SDTRAIN_MAX_RESTARTS (default 3) times in a row; the count lives in the job's Comment
+# (sdtrain-failures=N) and a time-limit requeue, which means progress, resets it.
 #SBATCH --job-name=sdtrain-train
 #SBATCH --nodes=16
 #SBATCH --ntasks-per-node=8
@@ -42,8 +46,25 @@ while kill -0 "$pid" 2>/dev/null; do
     rc=0
     wait "$pid" || rc=$?
 done
-if [ "$stop" = 1 ] && [ "$rc" = 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    echo "sdtrain stopped for the time limit with a checkpoint; requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID"
+if [ -n "${SLURM_JOB_ID:-}" ]; then
+    if [ "$stop" = 1 ] && [ "$rc" = 0 ]; then
+        echo "sdtrain stopped for the time limit with a checkpoint; requeueing job $SLURM_JOB_ID"
+        scontrol update JobId="$SLURM_JOB_ID" Comment=sdtrain-failures=0 || true
+        scontrol requeue "$SLURM_JOB_ID" || true
+    elif [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
+        max=${SDTRAIN_MAX_RESTARTS:-3}
+        failures=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null |
+            sed -n 's/.*Comment=sdtrain-failures=\([0-9]*\).*/\1/p' || true)
+        failures=${failures:-0}
+        if [ "$failures" -lt "$max" ]; then
+            echo "sdtrain failed (exit $rc); requeueing job $SLURM_JOB_ID to resume from its newest" \
+                "checkpoint (failure $((failures + 1)) of at most $max in a row)"
+            scontrol update JobId="$SLURM_JOB_ID" Comment="sdtrain-failures=$((failures + 1))" || true
+            scontrol requeue "$SLURM_JOB_ID" || true
+        else
+            echo "sdtrain failed (exit $rc) $((failures + 1)) times in a row; not requeueing" \
+                "(SDTRAIN_MAX_RESTARTS=$max)"
+        fi
+    fi
 fi
 exit "$rc"

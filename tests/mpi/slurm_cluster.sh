@@ -9,8 +9,10 @@
 #      requeues the job, Slurm starts it again (its requeue delay skipped with scontrol update
 #      StartTime=now) and it resumes from the checkpoint and completes: JobState COMPLETED,
 #      Restarts 1;
-#   3. a rank killed during training (SDTRAIN_FAULT): srun --kill-on-bad-exit ends the whole job
-#      at once, FAILED and not requeued.
+#   3. a rank killed during the first run (SDTRAIN_FAULT): srun --kill-on-bad-exit ends the
+#      step at once, the script requeues the job, which resumes from its last checkpoint and
+#      completes (Restarts 1);
+#   4. the same with SDTRAIN_MAX_RESTARTS=0: FAILED, not requeued.
 # Skips without the Slurm daemons, as non-root, or when the cluster does not come up.
 . "$top_srcdir/tests/lib.sh"
 for c in slurmctld slurmd sbatch scontrol scancel sinfo srun; do
@@ -44,6 +46,7 @@ SelectTypeParameters=CR_CPU
 MpiDefault=none
 JobRequeue=1
 ReturnToService=2
+KillWait=2
 NodeName=$host CPUs=$(nproc) State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF2
@@ -88,6 +91,14 @@ wait_state() {
     done
 }
 
+# release ID: start a requeued job now rather than after Slurm's two-minute requeue delay; a
+# launch within the second of the requeue would meet its revoked credential ("Job credential
+# revoked"), which is what the delay is for, so wait a little first
+release() {
+    sleep 2
+    scontrol update JobId="$1" StartTime=now
+}
+
 # 1. preprocessing
 run data "$SDTOOL" make-demo-data "$TMP/data" --count 48
 expect_rc data 0
@@ -127,19 +138,44 @@ wait_state "$id" "*PENDING*Restarts=1*" 60
 grep -q "after SIGUSR1; resubmit to continue" "$TMP/train.out" || fail "no checkpoint after SIGUSR1: $(tail -5 "$TMP/train.out")"
 grep -q "requeueing job $id" "$TMP/train.out" || fail "the script did not requeue"
 k=$(sed -n 's/^checkpointed at step \([0-9]*\) after SIGUSR1.*/\1/p' "$TMP/train.out")
-scontrol update JobId="$id" StartTime=now # Slurm holds a requeued job for about two minutes
+release "$id"
 wait_state "$id" "*COMPLETED*Restarts=1*" 90
 grep -q "resuming from $TMP/train/checkpoints/$(printf 'step-%08d' "$k")" "$TMP/train.out" ||
     fail "the requeued job did not resume from step $k: $(grep -m3 resum "$TMP/train.out")"
 [ -f "$TMP/train/unet_final.safetensors" ] || fail "the resumed job wrote no final weights"
 pass "sbatch slurm/train.sh: SIGUSR1 -> checkpoint at step $k, requeued, resumed, completed"
 
-# 3. a rank killed: the whole job ends at once, FAILED, not requeued
+# 3. a rank killed in the first run only (the launcher below injects the fault while
+#    SLURM_RESTART_COUNT is 0): srun --kill-on-bad-exit ends the step at once, the script
+#    requeues the failed job, and the restarted job resumes from the checkpoint of step 2
+sed 's/every_n_steps = 0/every_n_steps = 2/' "$TMP/train.nml" >"$TMP/retry.nml"
+cat >"$TMP/launch.sh" <<EOF2
+#!/bin/sh
+[ "\${SLURM_RESTART_COUNT:-0}" != 0 ] || export SDTRAIN_FAULT="kill:rank=1:step=3"
+exec srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1 "\$@"
+EOF2
+chmod +x "$TMP/launch.sh"
 # shellcheck disable=SC2086
-kid=$(SDTRAIN_FAULT="kill:rank=1:step=3" sbatch --parsable $SIZE -o "$TMP/kill.out" \
-    "$top_srcdir/slurm/train.sh" "$TMP/train.nml" --set run.output_dir="'$TMP/kill'") ||
+rid=$(LAUNCH="$TMP/launch.sh" sbatch --parsable $SIZE --open-mode=append -o "$TMP/retry.out" \
+    "$top_srcdir/slurm/train.sh" "$TMP/retry.nml" --set run.output_dir="'$TMP/retry'") ||
     fail "sbatch slurm/train.sh refused"
+wait_state "$rid" "*PENDING*Restarts=1*" 60
+grep -q "killing this rank at step 3" "$TMP/retry.out" || fail "the fault was not injected: $(tail -3 "$TMP/retry.out")"
+grep -q "requeueing job $rid to resume from its newest checkpoint (failure 1 of at most 3 in a row)" \
+    "$TMP/retry.out" || fail "the failed job was not requeued: $(tail -3 "$TMP/retry.out")"
+release "$rid"
+wait_state "$rid" "*COMPLETED*Restarts=1*" 90
+grep -q "resuming from $TMP/retry/checkpoints/step-00000002" "$TMP/retry.out" ||
+    fail "the requeued job did not resume from step 2: $(grep -m3 resum "$TMP/retry.out")"
+[ -f "$TMP/retry/unet_final.safetensors" ] || fail "the resumed job wrote no final weights"
+pass "a rank killed at step 3: the job is requeued, resumes from step 2 and completes"
+
+# 4. the same with SDTRAIN_MAX_RESTARTS=0: FAILED, not requeued
+# shellcheck disable=SC2086
+kid=$(SDTRAIN_MAX_RESTARTS=0 SDTRAIN_FAULT="kill:rank=1:step=3" sbatch --parsable $SIZE \
+    -o "$TMP/kill.out" "$top_srcdir/slurm/train.sh" "$TMP/train.nml" \
+    --set run.output_dir="'$TMP/kill'") || fail "sbatch slurm/train.sh refused"
 wait_state "$kid" "*FAILED*Restarts=0*" 60
-grep -q "killing this rank at step 3" "$TMP/kill.out" || fail "the fault was not injected: $(tail -3 "$TMP/kill.out")"
+grep -q "not requeueing (SDTRAIN_MAX_RESTARTS=0)" "$TMP/kill.out" || fail "$(tail -3 "$TMP/kill.out")"
 [ ! -f "$TMP/kill/unet_final.safetensors" ] || fail "a job with a killed rank wrote final weights"
-pass "a rank killed at step 3: the job ends FAILED at once, without a requeue"
+pass "with SDTRAIN_MAX_RESTARTS=0 a killed rank ends the job FAILED at once, not requeued"

@@ -9,16 +9,24 @@
 #      and line named and a non-zero status;
 #   3. train.sh, sent SIGUSR1 as Slurm's --signal=B:USR1 does before the time limit: the ranks
 #      checkpoint at the next step boundary, the script exits 0 and requeues its job
-#      (`scontrol requeue JOBID`); run again, as the requeued job, it resumes from that
-#      checkpoint and finishes; without a signal it does not requeue.
+#      (`scontrol requeue JOBID`, the failure count in its Comment reset); run again, as the
+#      requeued job, it resumes from that checkpoint and finishes; without a signal it does not
+#      requeue;
+#   4. a failed run (a rank killed) is requeued with the failure counted in the job's Comment,
+#      up to SDTRAIN_MAX_RESTARTS in a row; a run that ends with status 2 (bad input) is not.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 command -v bash >/dev/null 2>&1 || skip "no bash (the job scripts are bash)"
 
 mkdir -p "$TMP/bin"
+# the stand-in keeps the job's Comment in a file, as Slurm keeps it across requeues
 cat >"$TMP/bin/scontrol" <<EOF2
 #!/bin/sh
 echo "\$*" >>"$TMP/scontrol.log"
+case "\$1" in
+show) echo "JobId=\$3 JobName=sdtrain-train Comment=\$(cat "$TMP/comment" 2>/dev/null || echo '(null)')" ;;
+update) for a in "\$@"; do case "\$a" in Comment=*) echo "\${a#Comment=}" >"$TMP/comment" ;; esac; done ;;
+esac
 EOF2
 chmod +x "$TMP/bin/scontrol"
 : >"$TMP/scontrol.log"
@@ -92,7 +100,8 @@ kill $watchdog 2>/dev/null || true
 expect_rc sig 0
 expect_in sig out "after SIGUSR1; resubmit to continue"
 expect_in sig out "sdtrain stopped for the time limit with a checkpoint; requeueing job 4242"
-[ "$(cat "$TMP/scontrol.log")" = "requeue 4242" ] || fail "scontrol was called with: $(cat "$TMP/scontrol.log")"
+[ "$(tr '\n' ';' <"$TMP/scontrol.log")" = "update JobId=4242 Comment=sdtrain-failures=0;requeue 4242;" ] ||
+    fail "scontrol was called with: $(cat "$TMP/scontrol.log")"
 k=$(sed -n 's/^checkpointed at step \([0-9]*\) after SIGUSR1.*/\1/p' "$TMP/sig.out")
 [ -n "$k" ] && [ -d "$TMP/train/checkpoints/$(printf 'step-%08d' "$k")" ] ||
     fail "no checkpoint of step '$k' in $TMP/train/checkpoints"
@@ -106,3 +115,25 @@ expect_in resumed out "resuming from $TMP/train/checkpoints/$(printf 'step-%08d'
 [ -f "$TMP/train/unet_final.safetensors" ] || fail "the resumed job wrote no final weights"
 [ ! -s "$TMP/scontrol.log" ] || fail "a job that ended by itself requeued: $(cat "$TMP/scontrol.log")"
 pass "the requeued job resumes from that checkpoint and ends without requeueing"
+
+# 4. failures: requeued while the count in the job's Comment is below SDTRAIN_MAX_RESTARTS
+: >"$TMP/scontrol.log"
+echo "sdtrain-failures=1" >"$TMP/comment"
+SDTRAIN_FAULT="kill:rank=1:step=2" job failed "$top_srcdir/slurm/train.sh" "$TMP/train.nml" \
+    --set run.output_dir="'$TMP/failed'"
+[ "$RC" != 0 ] || fail "a killed rank, yet train.sh exited 0"
+expect_in failed out "sdtrain failed (exit $RC); requeueing job 4242 to resume from its newest checkpoint (failure 2 of at most 3 in a row)"
+[ "$(tr '\n' ';' <"$TMP/scontrol.log")" = "show job 4242;update JobId=4242 Comment=sdtrain-failures=2;requeue 4242;" ] ||
+    fail "scontrol was called with: $(cat "$TMP/scontrol.log")"
+: >"$TMP/scontrol.log"
+SDTRAIN_MAX_RESTARTS=2 SDTRAIN_FAULT="kill:rank=1:step=2" job failed2 "$top_srcdir/slurm/train.sh" \
+    "$TMP/train.nml" --set run.output_dir="'$TMP/failed2'"
+[ "$RC" != 0 ] || fail "a killed rank, yet train.sh exited 0"
+expect_in failed2 out "sdtrain failed (exit $RC) 3 times in a row; not requeueing (SDTRAIN_MAX_RESTARTS=2)"
+grep -q requeue "$TMP/scontrol.log" && fail "requeued past SDTRAIN_MAX_RESTARTS"
+: >"$TMP/scontrol.log"
+job noshards "$top_srcdir/slurm/train.sh" "$TMP/train.nml" --set data.shard_dir="'$TMP/nowhere'" \
+    --set run.output_dir="'$TMP/noshards'"
+expect_rc noshards 2
+[ ! -s "$TMP/scontrol.log" ] || fail "a run with bad input (exit 2) was requeued: $(cat "$TMP/scontrol.log")"
+pass "failures requeue up to SDTRAIN_MAX_RESTARTS in a row (counted in the job's Comment); bad input does not"
