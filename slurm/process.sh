@@ -2,6 +2,10 @@
 # Offline preprocessing: images + captions -> HDF5 latent shards (&run mode = 'process').
 #   sbatch slurm/process.sh INPUT.nml [--set group.key=value ...]
 # All ranks preprocess; shards already committed in &data shard_dir are skipped on a rerun.
+# When the run fails (a rank killed, out of memory: any exit status but 0 and 2, the status of
+# bad input, which a retry would not mend) the script requeues the job, which then skips the
+# committed shards, at most SDTRAIN_MAX_RESTARTS (default 3) times in a row; the count lives in
+# the job's Comment (sdtrain-failures=N), as in slurm/train.sh.
 #SBATCH --job-name=sdtrain-process
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
@@ -23,5 +27,22 @@ launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=process "$@" >/dev/null
+rc=0
 # shellcheck disable=SC2086 # $launch is a command with flags
-exec $launch "$sdtrain" "$input" --set run.mode=process "$@"
+$launch "$sdtrain" "$input" --set run.mode=process "$@" || rc=$?
+if [ -n "${SLURM_JOB_ID:-}" ] && [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
+    max=${SDTRAIN_MAX_RESTARTS:-3}
+    failures=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null |
+        sed -n 's/.*Comment=sdtrain-failures=\([0-9]*\).*/\1/p' || true)
+    failures=${failures:-0}
+    if [ "$failures" -lt "$max" ]; then
+        echo "sdtrain failed (exit $rc); requeueing job $SLURM_JOB_ID to go on from the committed" \
+            "shards (failure $((failures + 1)) of at most $max in a row)"
+        scontrol update JobId="$SLURM_JOB_ID" Comment="sdtrain-failures=$((failures + 1))" || true
+        scontrol requeue "$SLURM_JOB_ID" || true
+    else
+        echo "sdtrain failed (exit $rc) $((failures + 1)) times in a row; not requeueing" \
+            "(SDTRAIN_MAX_RESTARTS=$max)"
+    fi
+fi
+exit "$rc"

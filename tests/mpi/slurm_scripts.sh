@@ -4,7 +4,7 @@
 # SLURM_JOB_ID are set as sbatch sets them, and `scontrol` is a stand-in that records its
 # arguments.
 #   1. process.sh makes the shards with 2 ranks; run again (a requeued job) it finds them all
-#      committed and writes nothing new;
+#      committed and writes nothing new; a failed run requeues its job;
 #   2. a bad namelist stops either script at its --check, before any rank starts, with the file
 #      and line named and a non-zero status;
 #   3. train.sh, sent SIGUSR1 as Slurm's --signal=B:USR1 does before the time limit: the ranks
@@ -62,6 +62,16 @@ expect_rc proc2 0
 expect_in proc2 out "3 already committed"
 cmp -s "$TMP/shards/manifest.json" "$TMP/manifest-1.json" || fail "process.sh again: the manifest changed"
 pass "slurm/process.sh: shards with 2 ranks; again, everything already committed"
+# a failed preprocessing run is requeued (the launcher fails before starting anything)
+: >"$TMP/scontrol.log"
+rm -f "$TMP/comment"
+LAUNCH=false job procfail "$top_srcdir/slurm/process.sh" "$TMP/proc.nml"
+expect_rc procfail 1
+expect_in procfail out "sdtrain failed (exit 1); requeueing job 4242 to go on from the committed shards (failure 1 of at most 3 in a row)"
+[ "$(tr '\n' ';' <"$TMP/scontrol.log")" = "show job 4242;update JobId=4242 Comment=sdtrain-failures=1;requeue 4242;" ] ||
+    fail "process.sh: scontrol was called with: $(cat "$TMP/scontrol.log")"
+rm -f "$TMP/comment"
+pass "slurm/process.sh requeues a failed run"
 
 # 2. a bad namelist: refused by --check, no rank started
 printf "&run mode = 'train', output_dir = '%s/bad' /\n&train max_steps = -3 /\n" "$TMP" | nml bad.nml
@@ -74,6 +84,7 @@ done
 pass "a bad namelist stops both scripts at --check"
 
 # 3. the time-limit signal and the requeue
+: >"$TMP/scontrol.log"
 nml train.nml <<EOF2
 &run mode = 'process', output_dir = '$TMP/train', seed = 11 /
 &model $TINY_MODEL /
