@@ -17,4 +17,6 @@ for r in 256 512; do
     expect_in "sd2-base-$r" out "sharding = 'shard_grad_op'"
     expect_in "sd2-base-$r" out "resolution = $r"
 done
+expect_in sd2-base-sample out "mode = 'sample'"
+expect_in sd2-base-sample out "scheduler = 'dpmpp_2m'"
 pass "shipped inputs validate"
