@@ -641,9 +641,12 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                   "or 'dpmpp_2m', not '%s'", cfg->sample.scheduler);
         ss.karras = 1;
     }
-    if (!failed)
-        failed = sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
-                                   ss.prediction, SD_LINSPACE_FUSED, &err) != 0;
+    if (!failed && sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
+                                     ss.prediction, SD_LINSPACE_FUSED, &err) != 0) {
+        char msg[sizeof err.msg];
+        snprintf(msg, sizeof msg, "%s", err.msg);
+        failed = sd_err_set(&err, "%s: %s", ss.source, msg) != 0;
+    }
     if (!failed) { /* the schedule itself, before the weights load */
         failed = make_sampler(&s, kind, &d, cfg, &ss, 1, &err) != 0;
         sd_sampler_free(&s);

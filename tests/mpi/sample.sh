@@ -229,6 +229,12 @@ sample_nml schedb ddim ", checkpoint = '$TMP/snap-badsp'"
 mpi schedb 1 "$SDTRAIN" "$TMP/schedb.nml"
 expect_rc schedb 2
 expect_count schedb err "timestep_spacing 'quadratic' is not one of leading, trailing, linspace" 1
+sched_snap snap-t0 ''
+sed -i 's/"num_train_timesteps": 1000/"num_train_timesteps": 0/' "$TMP/snap-t0/scheduler/scheduler_config.json"
+sample_nml schedt0 ddim ", checkpoint = '$TMP/snap-t0'"
+mpi schedt0 2 "$SDTRAIN" "$TMP/schedt0.nml"
+expect_rc schedt0 2
+expect_count schedt0 err "$TMP/snap-t0/scheduler/scheduler_config.json: diffusion: num_train_timesteps 0 out of" 1
 pass "scheduler_config.json of a snapshot"
 
 # Karras sigmas ("DPM++ 2M Karras"): from &sample use_karras_sigmas or the snapshot's config, the
