@@ -116,9 +116,9 @@ typedef struct sd_config {
         int n_negative_prompts;
         int64_t num_steps;
         double guidance_scale;
-        char scheduler[SD_NAME_MAX];    /* ddim | pndm | ddpm | euler | euler_a | dpmpp_2m */
+        char scheduler[SD_NAME_MAX];    /* ddim pndm ddpm euler euler_a dpmpp_2m dpmpp_2m_sde */
         char timestep_spacing[SD_NAME_MAX]; /* auto | leading | trailing | linspace */
-        bool use_karras_sigmas;         /* euler, dpmpp_2m */
+        bool use_karras_sigmas;         /* euler, dpmpp_2m, dpmpp_2m_sde */
         double eta;                     /* DDIM only */
         double guidance_rescale;
         int64_t width, height;          /* px; 0 = &model resolution */

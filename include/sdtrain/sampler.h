@@ -54,13 +54,14 @@ typedef enum {
     SD_SAMPLER_EULER = 3,    /* EulerDiscreteScheduler */
     SD_SAMPLER_EULER_A = 4,  /* EulerAncestralDiscreteScheduler */
     SD_SAMPLER_DPMPP_2M = 5, /* DPMSolverMultistepScheduler (dpmsolver++, order 2, midpoint) */
+    SD_SAMPLER_DPMPP_2M_SDE = 6, /* the same with algorithm_type sde-dpmsolver++ */
 } sd_sampler_kind;
-#define SD_SAMPLER_N_KINDS 6
+#define SD_SAMPLER_N_KINDS 7
 
 typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
 
-/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m" (case-insensitive) -> kind; -1 for
- * anything else. */
+/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde" (case-insensitive)
+ * -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
 /* "leading", "trailing", "linspace" -> spacing; -1 for anything else. */
@@ -129,6 +130,12 @@ typedef struct sd_sampler {
     float *sigmas;               /* [n_timesteps + 1] Euler, Euler ancestral, DPM-Solver++ */
     float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
     int karras;                  /* sd_sampler_use_karras was applied */
+    float final_sigma;           /* the sigma after the last step: 0, or sigma_min */
+    /* DPMSolverMultistepScheduler's options (set after init; the defaults are diffusers') */
+    int dpm_order;               /* solver_order: 1 or 2 (2) */
+    int dpm_heun;                /* solver_type 'heun' rather than 'midpoint' (0) */
+    int lower_order_final;       /* (1) */
+    int euler_at_final;          /* (0) */
     int64_t n;                   /* elements of one latent */
     /* PNDM state (PNDMScheduler.ets, cur_sample, counter) */
     float *ets[4];
@@ -151,6 +158,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
  * rounded). Returns 0, or -1 with a message for another scheduler or when the first timestep
  * would repeat. */
 int sd_sampler_use_karras(sd_sampler *s, sd_err *err);
+/* final_sigmas_type 'sigma_min' (euler, dpmpp_2m, dpmpp_2m_sde): the last step ends at the
+ * schedule's smallest sigma instead of 0 (and DPM-Solver++ may then take it at second order).
+ * Call after init (before or after sd_sampler_use_karras). */
+int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err);
 void sd_sampler_free(sd_sampler *s);
 /* Forgets the PNDM / DPM-Solver history: call before each new image (set_timesteps does it in
  * diffusers). */
@@ -160,7 +171,8 @@ void sd_sampler_reset(sd_sampler *s);
  * is more than a copy. */
 void sd_sampler_scale_input(const sd_sampler *s, int i, int64_t n, const float *x, float *out);
 int sd_sampler_scales_input(const sd_sampler *s);
-/* Whether step i takes noise: DDPM with t > 0, DDIM with eta > 0, Euler ancestral. */
+/* Whether step i takes noise: DDPM with t > 0, DDIM with eta > 0, Euler ancestral,
+ * DPM-Solver++ SDE. */
 int sd_sampler_step_noise(const sd_sampler *s, int i);
 /* scheduler.step(model_out, timesteps[i], sample) for the i-th model call (calls must come in
  * order i = 0, 1, ... after a reset). Updates sample in place. noise: n values where

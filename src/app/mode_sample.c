@@ -128,7 +128,9 @@ typedef struct sched_setup {
     char adjusted[160];            /* what the pipeline's fix-ups changed, for the log, or "" */
     double beta_start, beta_end;
     int T, steps_offset, set_alpha_to_one;
-    int karras; /* use_karras_sigmas (euler, dpmpp_2m) */
+    int karras;    /* use_karras_sigmas (euler, dpmpp_2m, dpmpp_2m_sde) */
+    int sigma_min; /* final_sigmas_type 'sigma_min' (the same) */
+    int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
     sd_spacing spacing;
 } sched_setup;
 
@@ -145,6 +147,8 @@ static void sched_from_namelist(const sd_config *cfg, sched_setup *ss)
     ss->T = (int)cfg->diffusion.num_train_timesteps;
     ss->steps_offset = 1;
     ss->spacing = SD_SPACING_LEADING;
+    ss->dpm_order = 2;
+    ss->lower_order_final = 1;
 }
 
 static json_object *jkey(json_object *root, const char *key)
@@ -182,7 +186,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     json_object *root, *v;
     const char *got;
     int rc = 0, offset = 0, clip = kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM;
-    const int dpm = kind == SD_SAMPLER_DPMPP_2M,
+    const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE,
               euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A;
     snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
     if (!is_file(path))
@@ -202,6 +206,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     ss->T = 1000;
     ss->set_alpha_to_one = kind == SD_SAMPLER_DDIM;
     ss->spacing = sd_sampler_default_spacing(kind);
+    ss->dpm_order = 2;
+    ss->lower_order_final = 1;
     if ((v = jkey(root, "num_train_timesteps")))
         ss->T = json_object_get_int(v);
     if ((v = jkey(root, "beta_start")))
@@ -228,6 +234,18 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                  clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
     /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
     ss->karras = (kind == SD_SAMPLER_EULER || dpm) && jtrue(root, "use_karras_sigmas");
+    if (dpm) {
+        if ((v = jkey(root, "solver_order")))
+            ss->dpm_order = json_object_get_int(v);
+        if ((v = jkey(root, "lower_order_final")))
+            ss->lower_order_final = json_object_get_boolean(v);
+        ss->euler_at_final = jtrue(root, "euler_at_final");
+        /* diffusers registers the solver types of other solvers as midpoint */
+        if ((v = jkey(root, "solver_type")))
+            ss->dpm_heun = !strcmp(json_object_get_string(v), "heun");
+    }
+    if ((kind == SD_SAMPLER_EULER || dpm) && (v = jkey(root, "final_sigmas_type")))
+        ss->sigma_min = !strcmp(json_object_get_string(v), "sigma_min");
     if ((v = jkey(root, "timestep_spacing"))) {
         int sp = sd_spacing_from_name(json_object_get_string(v));
         if (sp < 0)
@@ -256,8 +274,9 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                         path, sd_sampler_kind_name(kind));
     else if (kind == SD_SAMPLER_EULER && (jkey(root, "sigma_min") || jkey(root, "sigma_max")))
         rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
-    else if ((euler || dpm) && jstr_not(root, "final_sigmas_type", "zero", &got))
-        rc = sd_err_set(err, "%s: final_sigmas_type '%s' is not implemented (only 'zero')", path,
+    else if ((kind == SD_SAMPLER_EULER || dpm) &&
+             jstr_not(root, "final_sigmas_type", "zero", &got) && strcmp(got, "sigma_min") != 0)
+        rc = sd_err_set(err, "%s: final_sigmas_type '%s' is not one of zero, sigma_min", path,
                         got);
     else if (kind == SD_SAMPLER_EULER && jstr_not(root, "interpolation_type", "linear", &got))
         rc = sd_err_set(err, "%s: interpolation_type '%s' is not implemented (only 'linear')",
@@ -265,18 +284,17 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind == SD_SAMPLER_EULER && jstr_not(root, "timestep_type", "discrete", &got))
         rc = sd_err_set(err, "%s: timestep_type '%s' is not implemented (only 'discrete')", path,
                         got);
-    else if (dpm && (v = jkey(root, "solver_order")) && json_object_get_int(v) != 2)
-        rc = sd_err_set(err, "%s: solver_order %d is not implemented for 'dpmpp_2m' (only 2)",
-                        path, json_object_get_int(v));
-    else if (dpm && jstr_not(root, "algorithm_type", "dpmsolver++", &got))
-        rc = sd_err_set(err, "%s: algorithm_type '%s' is not implemented (only 'dpmsolver++')",
+    else if (dpm && ss->dpm_order != 1 && ss->dpm_order != 2)
+        rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 or 2)", path,
+                        ss->dpm_order, sd_sampler_kind_name(kind));
+    else if (dpm && jstr_not(root, "algorithm_type", "dpmsolver++", &got) &&
+             strcmp(got, "sde-dpmsolver++") != 0)
+        rc = sd_err_set(err, "%s: algorithm_type '%s' is not implemented (dpmsolver++ and "
+                             "sde-dpmsolver++: &sample scheduler 'dpmpp_2m' / 'dpmpp_2m_sde')",
                         path, got);
-    else if (dpm && jstr_not(root, "solver_type", "midpoint", &got))
-        rc = sd_err_set(err, "%s: solver_type '%s' is not implemented (only 'midpoint')", path,
-                        got);
     else if (dpm && (v = jkey(root, "variance_type")))
-        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'dpmpp_2m'", path,
-                        json_object_get_string(v));
+        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for '%s'", path,
+                        json_object_get_string(v), sd_sampler_kind_name(kind));
     else if (dpm && (v = jkey(root, "lambda_min_clipped")) &&
              isfinite(json_object_get_double(v)))
         rc = sd_err_set(err, "%s: lambda_min_clipped %g is not implemented (only -inf)", path,
@@ -501,10 +519,15 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
     if (sd_sampler_init(s, (sd_sampler_kind)kind, d, (int)cfg->sample.num_steps, ss->spacing,
                         ss->steps_offset, n, err) != 0)
         return -1;
-    if (ss->karras && sd_sampler_use_karras(s, err) != 0) {
+    if ((ss->sigma_min && sd_sampler_final_sigma_min(s, err) != 0) ||
+        (ss->karras && sd_sampler_use_karras(s, err) != 0)) {
         sd_sampler_free(s);
         return -1;
     }
+    s->dpm_order = ss->dpm_order;
+    s->dpm_heun = ss->dpm_heun;
+    s->lower_order_final = ss->lower_order_final;
+    s->euler_at_final = ss->euler_at_final;
     if (ss->set_alpha_to_one)
         s->final_alpha_cumprod = 1.0f;
     if (kind == SD_SAMPLER_DDIM)
@@ -625,7 +648,8 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     memset(&s, 0, sizeof s);
     sd_err_clear(&err);
     failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm, ddpm, "
-                                           "euler, euler_a or dpmpp_2m", cfg->sample.scheduler);
+                                           "euler, euler_a, dpmpp_2m or dpmpp_2m_sde",
+                                     cfg->sample.scheduler);
     if (!failed)
         failed = resolve_sources(cfg, &src, &err) != 0;
     /* the schedule: a snapshot's U-Net samples with its scheduler_config.json, a U-Net we
@@ -637,8 +661,9 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         ss.spacing = (sd_spacing)sd_spacing_from_name(cfg->sample.timestep_spacing);
     if (!failed && cfg->sample.use_karras_sigmas) {
         failed = kind != SD_SAMPLER_EULER && kind != SD_SAMPLER_DPMPP_2M &&
-                 sd_err_set(&err, "&sample use_karras_sigmas = .true. needs scheduler = 'euler' "
-                                  "or 'dpmpp_2m', not '%s'", cfg->sample.scheduler);
+                 kind != SD_SAMPLER_DPMPP_2M_SDE &&
+                 sd_err_set(&err, "&sample use_karras_sigmas = .true. needs scheduler = 'euler', "
+                                  "'dpmpp_2m' or 'dpmpp_2m_sde', not '%s'", cfg->sample.scheduler);
         ss.karras = 1;
     }
     if (!failed && sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
@@ -669,12 +694,20 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     }
     scale = (float)(cfg->train.latent_scale > 0 ? cfg->train.latent_scale : g.vcfg.scaling_factor);
     if (rank == 0) {
-        char extra[96] = "";
+        char extra[192] = "";
         if (kind == SD_SAMPLER_DDIM && cfg->sample.eta > 0)
             snprintf(extra, sizeof extra, ", eta %g", cfg->sample.eta);
         if (guided && cfg->sample.guidance_rescale > 0)
             snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
                      ", guidance_rescale %g", cfg->sample.guidance_rescale);
+        if (ss.sigma_min)
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", final sigma_min");
+        if ((kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE) &&
+            (ss.dpm_order != 2 || ss.dpm_heun || !ss.lower_order_final || ss.euler_at_final))
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                     ", solver_order %d, %s%s%s", ss.dpm_order, ss.dpm_heun ? "heun" : "midpoint",
+                     ss.lower_order_final ? "" : ", no lower_order_final",
+                     ss.euler_at_final ? ", euler_at_final" : "");
         sd_info("sampling %lld image(s) (%d prompt(s) x %lld) at %dx%d px with %s, %lld steps (%d "
                 "U-Net calls per image, '%s' spacing%s%s), guidance %g%s, seed %lld, on %d "
                 "rank(s), %s in %s; %s; schedule from %s (%s, %s %g..%g over %d, steps_offset "

@@ -9,8 +9,8 @@
 
 #include "sdtrain/check.h"
 
-static const char *const kind_names[SD_SAMPLER_N_KINDS] = {"ddim",  "pndm",    "ddpm",
-                                                            "euler", "euler_a", "dpmpp_2m"};
+static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
+    "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 
 int sd_sampler_kind_from_name(const char *name)
@@ -39,16 +39,19 @@ const char *sd_spacing_name(sd_spacing spacing)
     return (unsigned)spacing < 3 ? spacing_names[spacing] : "?";
 }
 
-sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind)
+static int is_dpm(sd_sampler_kind kind)
 {
-    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_DPMPP_2M
-               ? SD_SPACING_LINSPACE
-               : SD_SPACING_LEADING;
+    return kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE;
 }
 
 static int uses_sigmas(sd_sampler_kind kind)
 {
-    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_DPMPP_2M;
+    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || is_dpm(kind);
+}
+
+sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind)
+{
+    return uses_sigmas(kind) ? SD_SPACING_LINSPACE : SD_SPACING_LEADING;
 }
 
 /* numpy.linspace(0, stop, num)[i] in float64: i * (stop / (num - 1)), the last one exactly
@@ -120,7 +123,7 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
     /* the descending base list; DPM-Solver++ spaces N + 1 points (lambda_min_clipped = -inf:
      * last_timestep = T) and drops the last */
     double *base = sd_xmalloc(((size_t)N + 2) * sizeof *base);
-    const int nb = spaced(spacing, kind == SD_SAMPLER_DPMPP_2M ? N + 1 : N, N, T, steps_offset,
+    const int nb = spaced(spacing, is_dpm(kind) ? N + 1 : N, N, T, steps_offset,
                           !euler, base);
     /* PNDM: plms = concat(a[:-1], a[-2:-1], a[-1:])[::-1] of the ascending a, i.e. the
      * second-largest timestep twice */
@@ -137,7 +140,7 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
                                    "fewer steps or another spacing", sd_sampler_kind_name(kind),
                               N, sd_spacing_name(spacing), steps_offset, out[i], T);
     /* index_for_timestep takes the second of two equal first timesteps (skipping a step) */
-    if (euler || kind == SD_SAMPLER_DPMPP_2M)
+    if (euler || is_dpm(kind))
         for (int i = 1; i < n; i++)
             if (out[i] == out[0])
                 return sd_err_set(err, "sampler: %s with %d steps and '%s' spacing repeats "
@@ -383,6 +386,8 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         s->model_t[i] = (float)ts[i];
     }
     s->init_noise_sigma = 1.0f;
+    s->dpm_order = 2;
+    s->lower_order_final = 1;
     s->n = n;
     if (uses_sigmas(kind)) {
         /* sigmas = ((1 - abar) / abar) ** 0.5 in fp32, interpolated at the timesteps (float64),
@@ -399,7 +404,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         free(full);
         for (int i = 0; i <= count; i++)
             mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
-        if (kind != SD_SAMPLER_DPMPP_2M) {
+        if (!is_dpm(kind)) {
             /* init_noise_sigma: max sigma ('linspace', 'trailing') or (max^2 + 1) ** 0.5 */
             if (spacing == SD_SPACING_LEADING) {
                 const float sq = mx * mx, p = sq + 1.0f;
@@ -415,9 +420,9 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
             s->ets[k] = sd_xmalloc((size_t)n * sizeof(float));
         s->cur_sample = sd_xmalloc((size_t)n * sizeof(float));
     }
-    if (kind == SD_SAMPLER_PNDM || kind == SD_SAMPLER_DPMPP_2M)
+    if (kind == SD_SAMPLER_PNDM || is_dpm(kind))
         s->tmp = sd_xmalloc((size_t)n * sizeof(float));
-    if (kind == SD_SAMPLER_DPMPP_2M)
+    if (is_dpm(kind))
         s->x0_prev = sd_xmalloc((size_t)n * sizeof(float));
     return 0;
 }
@@ -443,7 +448,7 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
 {
     const int T = s->num_train_timesteps, N = s->num_steps;
     double smin, smax;
-    if (s->kind != SD_SAMPLER_EULER && s->kind != SD_SAMPLER_DPMPP_2M)
+    if (s->kind != SD_SAMPLER_EULER && !is_dpm(s->kind))
         return sd_err_set(err, "sampler: Karras sigmas are implemented for euler and dpmpp_2m, "
                                "not %s", sd_sampler_kind_name(s->kind));
     SD_CHECK(s->n_timesteps == N, "%s: %d timesteps for %d steps", sd_sampler_kind_name(s->kind),
@@ -454,7 +459,7 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
         full[t] = sqrtf(q);
         logs[t] = logf(full[t]);
     }
-    if (s->kind == SD_SAMPLER_DPMPP_2M) {
+    if (is_dpm(s->kind)) {
         /* the whole table, flipped: sigma_min = sigmas[0], sigma_max = sigmas[T - 1] */
         smin = full[0];
         smax = full[T - 1];
@@ -469,13 +474,13 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
         const double ramp = np_linspace_at(1.0, N, i);
         const double sig = pow(max_inv + ramp * (min_inv - max_inv), rho);
         double t = sigma_to_t(sig, logs, T);
-        if (s->kind == SD_SAMPLER_DPMPP_2M)
+        if (is_dpm(s->kind))
             t = nearbyint(t);
         s->sigmas[i] = (float)sig;
         s->model_t[i] = (float)t;
         s->timesteps[i] = (int64_t)llround(t);
     }
-    s->sigmas[N] = 0.0f;
+    s->sigmas[N] = s->final_sigma;
     free(full);
     free(logs);
     for (int i = 1; i < N; i++)
@@ -494,6 +499,18 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
         }
     }
     s->karras = 1;
+    return 0;
+}
+
+int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err)
+{
+    if (s->kind != SD_SAMPLER_EULER && !is_dpm(s->kind))
+        return sd_err_set(err, "sampler: final_sigmas_type 'sigma_min' is for euler and "
+                               "dpmpp_2m(_sde), not %s", sd_sampler_kind_name(s->kind));
+    /* ((1 - abar[0]) / abar[0]) ** 0.5 in fp32 */
+    const float a = s->alphas_cumprod[0], b = 1.0f - a, q = b / a;
+    s->final_sigma = sqrtf(q);
+    s->sigmas[s->n_timesteps] = s->final_sigma;
     return 0;
 }
 
@@ -544,6 +561,7 @@ int sd_sampler_step_noise(const sd_sampler *s, int i)
     case SD_SAMPLER_DDIM:
         return s->eta > 0.0;
     case SD_SAMPLER_EULER_A:
+    case SD_SAMPLER_DPMPP_2M_SDE:
         return 1;
     default:
         return 0;
@@ -604,11 +622,13 @@ static void dpm_alpha_sigma(float sigma, float *alpha, float *sig)
     *sig = sigma * *alpha;
 }
 
-/* DPMSolverMultistepScheduler.step with its defaults: dpmsolver++, solver_order 2, midpoint,
- * lower_order_final, final_sigmas_type 'zero' (the last step is first order). */
-static void dpm_step(sd_sampler *s, int i, const float *mo, float *x)
+/* DPMSolverMultistepScheduler.step: dpmsolver++ or sde-dpmsolver++ (noise at every step),
+ * solver_order 1 or 2, midpoint or heun; the last step first order when final_sigmas_type is
+ * 'zero', or with lower_order_final and fewer than 15 steps, or with euler_at_final. */
+static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const float *noise)
 {
     const int64_t n = s->n;
+    const int sde = s->kind == SD_SAMPLER_DPMPP_2M_SDE;
     float a_s0, s_s0, a_t, s_t;
     float *x0 = s->tmp;
     dpm_alpha_sigma(s->sigmas[i], &a_s0, &s_s0);
@@ -625,26 +645,61 @@ static void dpm_step(sd_sampler *s, int i, const float *mo, float *x)
     dpm_alpha_sigma(s->sigmas[i + 1], &a_t, &s_t);
     const float lambda_t = logf(a_t) - logf(s_t), lambda_s0 = logf(a_s0) - logf(s_s0);
     const float h = lambda_t - lambda_s0;
-    const float c_x = s_t / s_s0, em = expf(-h) - 1.0f, c_d = a_t * em;
+    /* dpmsolver++: (sigma_t / sigma_s) x - (alpha_t (exp(-h) - 1)) D0 ...;
+     * sde-dpmsolver++: (sigma_t / sigma_s exp(-h)) x + (alpha_t (1 - exp(-2h))) D0 ...
+     *                  + sigma_t sqrt(1 - exp(-2h)) z */
+    const float e1 = expf(-h), e2 = expf(-2.0f * h);
+    const float ratio = s_t / s_s0;
+    const float c_x = sde ? ratio * e1 : ratio;
+    const float c_d = sde ? a_t * (1.0f - e2) : a_t * (e1 - 1.0f);
+    const float c_z = sde ? s_t * sqrtf(1.0f - e2) : 0.0f;
     const int last = i == s->n_timesteps - 1;
-    if (s->lower_order_nums < 1 || last) {
-        /* first order: (sigma_t / sigma_s) * x - (alpha_t * (exp(-h) - 1)) * x0 */
+    const int lower_final = last && (s->euler_at_final || (s->lower_order_final &&
+                                                           s->n_timesteps < 15) ||
+                                     s->final_sigma == 0.0f);
+    SD_CHECK(!sde || noise != NULL, "sde-dpmsolver++ step needs noise");
+    if (s->dpm_order == 1 || s->lower_order_nums < 1 || lower_final) {
         for (int64_t j = 0; j < n; j++) {
             float a = c_x * x[j], b = c_d * x0[j];
-            x[j] = a - b;
+            float r = sde ? a + b : a - b;
+            if (sde) {
+                float z = c_z * noise[j];
+                r = r + z;
+            }
+            x[j] = r;
         }
     } else {
-        /* second order, midpoint: D0 = m0, D1 = (1 / r0) (m0 - m1), r0 = h_0 / h */
+        /* second order: D0 = m0, D1 = (1 / r0) (m0 - m1), r0 = h_0 / h; the D1 coefficient is
+         * 0.5 c_d (midpoint) or alpha_t ((exp(-h) - 1) / h + 1) (heun; sde: alpha_t ((1 -
+         * exp(-2h)) / (-2h) + 1)) */
         float a_s1, s_s1;
         dpm_alpha_sigma(s->sigmas[i - 1], &a_s1, &s_s1);
         const float lambda_s1 = logf(a_s1) - logf(s_s1);
         const float h0 = lambda_s0 - lambda_s1, r0 = h0 / h, inv_r0 = 1.0f / r0;
-        const float c_half = 0.5f * c_d;
+        float c_1;
+        if (!s->dpm_heun)
+            c_1 = 0.5f * c_d;
+        else if (sde)
+            c_1 = a_t * ((1.0f - e2) / (-2.0f * h) + 1.0f);
+        else
+            c_1 = a_t * ((e1 - 1.0f) / h + 1.0f);
         for (int64_t j = 0; j < n; j++) {
             float dm = x0[j] - s->x0_prev[j], d1 = inv_r0 * dm;
-            float a = c_x * x[j], b = c_d * x0[j], c = c_half * d1;
-            float r = a - b;
-            x[j] = r - c;
+            float a = c_x * x[j], b = c_d * x0[j], c = c_1 * d1;
+            float r;
+            if (sde) { /* a + b + c + z */
+                r = a + b;
+                r = r + c;
+                float z = c_z * noise[j];
+                r = r + z;
+            } else if (s->dpm_heun) { /* a - b + c */
+                r = a - b;
+                r = r + c;
+            } else { /* a - b - c */
+                r = a - b;
+                r = r - c;
+            }
+            x[j] = r;
         }
     }
     if (s->lower_order_nums < 2)
@@ -738,7 +793,8 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
         euler_step(s, i, model_out, sample, noise);
         break;
     case SD_SAMPLER_DPMPP_2M:
-        dpm_step(s, i, model_out, sample);
+    case SD_SAMPLER_DPMPP_2M_SDE:
+        dpm_step(s, i, model_out, sample, noise);
         break;
     }
 }

@@ -19,7 +19,7 @@ same_pngs() { # same_pngs A B WHAT: runs A and B wrote the same 6 PNG files, byt
     done
 }
 
-for sched in ddim pndm ddpm euler euler_a dpmpp_2m; do
+for sched in ddim pndm ddpm euler euler_a dpmpp_2m dpmpp_2m_sde; do
     sample_nml "${sched}1" "$sched"
     mpi "${sched}1" 1 "$SDTRAIN" "$TMP/${sched}1.nml"
     expect_rc "${sched}1" 0
@@ -47,8 +47,8 @@ want='{"prompt_index": 2, "image_index": 0, "prompt": "x \"quoted\" \\ back", "s
 # variance over abar_prev): with the same noise the same images, up to rounding
 run ddpmeula "$top_builddir/tests/mpi/png_compare" "$TMP/ddpm1/samples/0-0.png" "$TMP/euler_a1/samples/0-0.png" 1
 expect_rc ddpmeula 0
-for a in ddim pndm ddpm euler euler_a dpmpp_2m; do
-    for b in ddim pndm ddpm euler euler_a dpmpp_2m; do
+for a in ddim pndm ddpm euler euler_a dpmpp_2m dpmpp_2m_sde; do
+    for b in ddim pndm ddpm euler euler_a dpmpp_2m dpmpp_2m_sde; do
         [ "$a" \< "$b" ] && [ "$a$b" != ddpmeuler_a ] || continue
         cmp -s "$TMP/${a}1/samples/0-0.png" "$TMP/${b}1/samples/0-0.png" && fail "$a and $b gave the same image"
     done
@@ -61,12 +61,12 @@ expect_rc pngsame 0
 expect_in pngsame out "largest difference 0, mean 0.000"
 run pngother "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" 0
 expect_rc pngother 1
-pass "ddim, pndm, ddpm, euler, euler_a, dpmpp_2m: same PNG bytes at -np 1 and 2, samples.jsonl"
+pass "ddim, pndm, ddpm, euler, euler_a, dpmpp_2m, dpmpp_2m_sde: same PNG bytes at -np 1 and 2, samples.jsonl"
 
 # several images per U-Net call (&sample batch_size): the CPU's U-Net is batch-invariant, so the
 # same bytes; 6 images as 4 + 2 on one rank, and as 2 + 1 on each of two ranks (the last batch
 # smaller: the scheduler is remade for it); DDPM and Euler ancestral draw their noise per image
-for sched in ddim pndm ddpm euler euler_a dpmpp_2m; do
+for sched in ddim pndm ddpm euler euler_a dpmpp_2m dpmpp_2m_sde; do
     sample_nml "${sched}b4" "$sched" ", batch_size = 4"
     mpi "${sched}b4" 1 "$SDTRAIN" "$TMP/${sched}b4.nml"
     expect_rc "${sched}b4" 0
@@ -223,7 +223,14 @@ sched_snap snap-order ', "solver_order": 3'
 sample_nml schedo dpmpp_2m ", checkpoint = '$TMP/snap-order'"
 mpi schedo 1 "$SDTRAIN" "$TMP/schedo.nml"
 expect_rc schedo 2
-expect_count schedo err "solver_order 3 is not implemented for 'dpmpp_2m' (only 2)" 1
+expect_count schedo err "solver_order 3 is not implemented for 'dpmpp_2m' (1 or 2)" 1
+# DPMSolverMultistep's other options from the file: each one changes the images
+sched_snap snap-dpmopts ', "solver_type": "heun", "final_sigmas_type": "sigma_min", "solver_order": 1'
+sample_nml dpmopts dpmpp_2m ", checkpoint = '$TMP/snap-dpmopts'"
+mpi dpmopts 2 "$SDTRAIN" "$TMP/dpmopts.nml"
+expect_rc dpmopts 0
+expect_in dpmopts out "final sigma_min, solver_order 1, heun)"
+cmp -s "$TMP/dpmopts/samples/1-0.png" "$TMP/dpmpp_2m1/samples/1-0.png" && fail "DPM-Solver++ options ignored"
 sched_snap snap-badsp ', "timestep_spacing": "quadratic"'
 sample_nml schedb ddim ", checkpoint = '$TMP/snap-badsp'"
 mpi schedb 1 "$SDTRAIN" "$TMP/schedb.nml"
@@ -252,7 +259,7 @@ same_pngs karras karrascfg "Karras sigmas from the namelist vs from scheduler_co
 sample_nml karrasddim ddim ", use_karras_sigmas = .true."
 mpi karrasddim 2 "$SDTRAIN" "$TMP/karrasddim.nml"
 expect_rc karrasddim 2
-expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler' or 'dpmpp_2m', not 'ddim'" 1
+expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler', 'dpmpp_2m' or 'dpmpp_2m_sde', not 'ddim'" 1
 pass "Karras sigmas"
 
 # DDIM's eta draws noise per image (the same bytes at -np 1 and 2 with batches) and changes the

@@ -19,15 +19,20 @@ Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NH
   step_<case>   [n_t,2,3,5,4] the sample after each scheduler.step, N = 5 (PNDM: 6 calls); <case> is
         <kind>_<spacing>_<pred> for euler, euler_a, dpmpp_2m (pred eps | v, spacing linspace |
         leading with steps_offset 1), <kind>_karras_eps (euler, dpmpp_2m, linspace, Karras
-        sigmas), ddim_eta_<pred> (eta 0.8, leading, offset 1), and
+        sigmas), dpmpp_2m_sde_eps, dpmpp_2m_sde_karras_eps, dpmpp_2m_heun_eps,
+        dpmpp_2m_sde_heun_eps, dpmpp_2m_order1_eps, dpmpp_2m_sigma_min_eps,
+        dpmpp_2m_sigma_min_nolof_eps (lower_order_final false), dpmpp_2m_sigma_min_eaf_eps
+        (euler_at_final), euler_sigma_min_eps, ddim_eta_<pred> (eta 0.8, leading, offset 1), and
         <kind>_<spacing>_eps for ddim, pndm, ddpm with trailing and linspace spacing. Euler
         kinds start from step_sample * init_noise_sigma.
+  step16_model_out [16,2,3,5,4], step16_dpmpp_2m_sigma_min_eps [16,2,3,5,4]: 16 steps with
+        final_sigmas_type 'sigma_min' (the last one second order)
   p_<case>_latents [2,8,8,4], p_<case>_image [2,16,16,3], p_<case>_u8 [2,16,16,3]:
         StableDiffusionPipeline on tests/data/models/tiny-sd2 with make_sample_goldens.py's
         prompts, tokenizer, initial latents (init_latents there) and per-step noise
         (ddpm_noise there), 4 steps, guidance 7.5; <case> = euler, euler_a, dpmpp_2m (linspace),
         euler_leading, ddim_eta_rescale (eta 0.5, guidance_rescale 0.7), pndm_trailing,
-        dpmpp_2m_karras.
+        dpmpp_2m_karras, dpmpp_2m_sde_karras.
   p_euler_a_24x16_{init,noise,latents,image,u8}: Euler ancestral at 24 x 16 px (width x
         height; latents [2,8,12,4]) from its own initial latents [2,8,12,4] and per-step noise
         [4,2,8,12,4] (seeds 5 and 6).
@@ -72,6 +77,8 @@ def make(kind, **kw):
         return D.EulerAncestralDiscreteScheduler(**kw)
     if kind == "dpmpp_2m":
         return D.DPMSolverMultistepScheduler(**kw)
+    if kind == "dpmpp_2m_sde":
+        return D.DPMSolverMultistepScheduler(algorithm_type="sde-dpmsolver++", **kw)
     raise ValueError(kind)
 
 
@@ -80,8 +87,9 @@ def patch_noise(noises):
     import diffusers.schedulers.scheduling_ddim as m1
     import diffusers.schedulers.scheduling_ddpm as m2
     import diffusers.schedulers.scheduling_euler_ancestral_discrete as m3
+    import diffusers.schedulers.scheduling_dpmsolver_multistep as m4
     f = FixedNoise(noises)
-    m1.randn_tensor = m2.randn_tensor = m3.randn_tensor = f
+    m1.randn_tensor = m2.randn_tensor = m3.randn_tensor = m4.randn_tensor = f
     return f
 
 
@@ -141,6 +149,20 @@ def main():
     for kind in ("ddim", "pndm", "ddpm"):
         for spacing in ("trailing", "linspace"):
             cases.append((f"{kind}_{spacing}_eps", kind, dict(timestep_spacing=spacing, steps_offset=1), {}))
+    # DPM-Solver++'s options (and Euler's final_sigmas_type), epsilon, linspace, 5 steps
+    for name, kind, kw in (
+            ("dpmpp_2m_sde_eps", "dpmpp_2m_sde", {}),
+            ("dpmpp_2m_sde_karras_eps", "dpmpp_2m_sde", dict(use_karras_sigmas=True)),
+            ("dpmpp_2m_heun_eps", "dpmpp_2m", dict(solver_type="heun")),
+            ("dpmpp_2m_sde_heun_eps", "dpmpp_2m_sde", dict(solver_type="heun")),
+            ("dpmpp_2m_order1_eps", "dpmpp_2m", dict(solver_order=1)),
+            ("dpmpp_2m_sigma_min_eps", "dpmpp_2m", dict(final_sigmas_type="sigma_min")),
+            ("dpmpp_2m_sigma_min_nolof_eps", "dpmpp_2m",
+             dict(final_sigmas_type="sigma_min", lower_order_final=False)),
+            ("dpmpp_2m_sigma_min_eaf_eps", "dpmpp_2m",
+             dict(final_sigmas_type="sigma_min", lower_order_final=False, euler_at_final=True)),
+            ("euler_sigma_min_eps", "euler", dict(final_sigmas_type="sigma_min"))):
+        cases.append((name, kind, dict(steps_offset=1, **kw), {}))
     for name, kind, kw, step_kw in cases:
         s = make(kind, num_train_timesteps=1000, **kw)
         s.set_timesteps(5)
@@ -153,6 +175,17 @@ def main():
             x = s.step(mos[i], t, x, return_dict=False, **step_kw)[0]
             res.append(x.clone())
         out["step_" + name] = torch.stack(res).numpy()
+    # 16 steps with final_sigmas_type 'sigma_min': from 15 steps on, the last step is second order
+    mos16 = torch.randn((16,) + shape, generator=torch.Generator().manual_seed(4))
+    out["step16_model_out"] = mos16.numpy()
+    s = make("dpmpp_2m", num_train_timesteps=1000, steps_offset=1, final_sigmas_type="sigma_min")
+    s.set_timesteps(16)
+    x = sample0.clone()
+    res = []
+    for i, t in enumerate(s.timesteps):
+        x = s.step(mos16[i], t, x, return_dict=False)[0]
+        res.append(x.clone())
+    out["step16_dpmpp_2m_sigma_min_eps"] = torch.stack(res).numpy()
 
     # 3. the whole pipeline on the tiny snapshot
     tok = CLIPTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"), model_max_length=77)
@@ -169,6 +202,7 @@ def main():
         ("ddim_eta_rescale", "ddim", dict(steps_offset=1), dict(eta=0.5, guidance_rescale=0.7)),
         ("pndm_trailing", "pndm", dict(timestep_spacing="trailing", steps_offset=1), dict()),
         ("dpmpp_2m_karras", "dpmpp_2m", dict(use_karras_sigmas=True), dict()),
+        ("dpmpp_2m_sde_karras", "dpmpp_2m_sde", dict(use_karras_sigmas=True), dict()),
     )
     def run(s, lat_init, noises, height, width, **call_kw):
         pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=s,

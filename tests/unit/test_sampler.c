@@ -246,7 +246,7 @@ static void test_spacings(void)
         if (init_sd2_schedule(&d, "epsilon", T))
             continue;
         for (int b = 0; b < grid[a].nn; b++)
-            for (int k = 0; k < SD_SAMPLER_N_KINDS; k++)
+            for (int k = 0; k <= SD_SAMPLER_DPMPP_2M; k++) /* the SDE variant: dpmpp_2m's */
                 for (int sp = 0; sp < 3; sp++)
                     for (int off = 0; off < 2; off++) {
                         const int N = grid[a].Ns[b], sig = k >= SD_SAMPLER_EULER;
@@ -419,8 +419,10 @@ static void test_steps_more(void)
         int offset, v;
         double eta;
         int karras;
+        /* DPM-Solver++ options and final_sigmas_type 'sigma_min' */
+        int order, heun, sigma_min, lof, eaf;
     } step_case;
-    step_case cases[32];
+    step_case cases[48];
     int nc = 0;
     static const sd_sampler_kind sk[] = {SD_SAMPLER_EULER, SD_SAMPLER_EULER_A,
                                          SD_SAMPLER_DPMPP_2M};
@@ -435,27 +437,54 @@ static void test_steps_more(void)
                 c->v = v;
                 c->eta = 0.0;
                 c->karras = 0;
+                c->order = 2;
+                c->heun = c->sigma_min = c->eaf = 0;
+                c->lof = 1;
                 snprintf(c->name, sizeof c->name, "step_%s_%s_%s", sd_sampler_kind_name(sk[k]),
                          sd_spacing_name(c->spacing), v ? "v" : "eps");
             }
     for (int k = 0; k < 2; k++) {
         step_case *c = &cases[nc++];
         *c = (step_case){"", k ? SD_SAMPLER_DPMPP_2M : SD_SAMPLER_EULER, SD_SPACING_LINSPACE, 1,
-                         0, 0.0, 1};
+                         0, 0.0, 1, 2, 0, 0, 1, 0};
         snprintf(c->name, sizeof c->name, "step_%s_karras_eps", sd_sampler_kind_name(c->kind));
     }
     for (int v = 0; v < 2; v++) {
         step_case *c = &cases[nc++];
-        *c = (step_case){"", SD_SAMPLER_DDIM, SD_SPACING_LEADING, 1, v, 0.8, 0};
+        *c = (step_case){"", SD_SAMPLER_DDIM, SD_SPACING_LEADING, 1, v, 0.8, 0, 2, 0, 0, 1, 0};
         snprintf(c->name, sizeof c->name, "step_ddim_eta_%s", v ? "v" : "eps");
     }
     for (int k = 0; k < 3; k++)
         for (int sp = 0; sp < 2; sp++) {
             step_case *c = &cases[nc++];
-            *c = (step_case){"", ik[k], sp ? SD_SPACING_LINSPACE : SD_SPACING_TRAILING, 1, 0, 0, 0};
+            *c = (step_case){"", ik[k], sp ? SD_SPACING_LINSPACE : SD_SPACING_TRAILING, 1, 0, 0, 0,
+                             2, 0, 0, 1, 0};
             snprintf(c->name, sizeof c->name, "step_%s_%s_eps", sd_sampler_kind_name(ik[k]),
                      sd_spacing_name(c->spacing));
         }
+    {
+        static const struct {
+            const char *name;
+            sd_sampler_kind kind;
+            int karras, order, heun, sigma_min, lof, eaf;
+        } dpm[] = {
+            {"step_dpmpp_2m_sde_eps", SD_SAMPLER_DPMPP_2M_SDE, 0, 2, 0, 0, 1, 0},
+            {"step_dpmpp_2m_sde_karras_eps", SD_SAMPLER_DPMPP_2M_SDE, 1, 2, 0, 0, 1, 0},
+            {"step_dpmpp_2m_heun_eps", SD_SAMPLER_DPMPP_2M, 0, 2, 1, 0, 1, 0},
+            {"step_dpmpp_2m_sde_heun_eps", SD_SAMPLER_DPMPP_2M_SDE, 0, 2, 1, 0, 1, 0},
+            {"step_dpmpp_2m_order1_eps", SD_SAMPLER_DPMPP_2M, 0, 1, 0, 0, 1, 0},
+            {"step_dpmpp_2m_sigma_min_eps", SD_SAMPLER_DPMPP_2M, 0, 2, 0, 1, 1, 0},
+            {"step_dpmpp_2m_sigma_min_nolof_eps", SD_SAMPLER_DPMPP_2M, 0, 2, 0, 1, 0, 0},
+            {"step_dpmpp_2m_sigma_min_eaf_eps", SD_SAMPLER_DPMPP_2M, 0, 2, 0, 1, 0, 1},
+            {"step_euler_sigma_min_eps", SD_SAMPLER_EULER, 0, 2, 0, 1, 1, 0},
+        };
+        for (size_t k = 0; k < sizeof dpm / sizeof dpm[0]; k++) {
+            step_case *c = &cases[nc++];
+            *c = (step_case){"", dpm[k].kind, SD_SPACING_LINSPACE, 1, 0, 0.0, dpm[k].karras,
+                             dpm[k].order, dpm[k].heun, dpm[k].sigma_min, dpm[k].lof, dpm[k].eaf};
+            snprintf(c->name, sizeof c->name, "%s", dpm[k].name);
+        }
+    }
     const int64_t n = 2 * 3 * 5 * 4;
     float *x0 = read_from(&gold2, "step_sample", (size_t)n);
     float *mo = read_from(&gold2, "step_model_out", 6 * (size_t)n);
@@ -473,11 +502,16 @@ static void test_steps_more(void)
         size_t exact = 0, total = 0;
         double worst = 0;
         if (sd_sampler_init(&s, c->kind, &dd[c->v], 5, c->spacing, c->offset, n, &err) ||
+            (c->sigma_min && sd_sampler_final_sigma_min(&s, &err)) ||
             (c->karras && sd_sampler_use_karras(&s, &err))) {
             tap_ok(0, "%s: %s", c->name, err.msg);
             continue;
         }
         s.eta = c->eta;
+        s.dpm_order = c->order;
+        s.dpm_heun = c->heun;
+        s.lower_order_final = c->lof;
+        s.euler_at_final = c->eaf;
         ref = read_from(&gold2, c->name, (size_t)s.n_timesteps * (size_t)n);
         for (int64_t j = 0; j < n; j++)
             x[j] = x0[j] * s.init_noise_sigma;
@@ -494,6 +528,33 @@ static void test_steps_more(void)
                "bit-identical", c->name, s.n_timesteps, worst, exact, total);
         free(ref);
         sd_sampler_free(&s);
+    }
+    {
+        /* 16 steps ending at sigma_min: from 15 steps on the last step is second order */
+        float *mo16 = read_from(&gold2, "step16_model_out", 16 * (size_t)n);
+        float *ref = read_from(&gold2, "step16_dpmpp_2m_sigma_min_eps", 16 * (size_t)n);
+        sd_sampler s;
+        sd_err err;
+        float x[2 * 3 * 5 * 4];
+        double worst = 0.0;
+        int ok = mo16 && ref &&
+                 sd_sampler_init(&s, SD_SAMPLER_DPMPP_2M, &dd[0], 16, SD_SPACING_LINSPACE, 1, n,
+                                 &err) == 0 &&
+                 sd_sampler_final_sigma_min(&s, &err) == 0;
+        if (ok) {
+            memcpy(x, x0, sizeof x);
+            sd_sampler_reset(&s);
+            for (int i = 0; i < 16; i++) {
+                sd_sampler_step(&s, i, mo16 + (size_t)i * n, x, NULL);
+                double e = rel_err(x, ref + (size_t)i * n, n, NULL);
+                worst = e > worst ? e : worst;
+            }
+            sd_sampler_free(&s);
+        }
+        tap_ok(ok && worst <= 1e-6, "step16_dpmpp_2m_sigma_min_eps: 16 steps, relative error %.3g",
+               worst);
+        free(mo16);
+        free(ref);
     }
     sd_diffusion_free(&dd[0]);
     sd_diffusion_free(&dd[1]);
@@ -706,6 +767,7 @@ static void test_pipeline(void)
             {"ddim_eta_rescale", SD_SAMPLER_DDIM, SD_SPACING_LEADING, 0.5, 0.7, 0},
             {"pndm_trailing", SD_SAMPLER_PNDM, SD_SPACING_TRAILING, 0, 0, 0},
             {"dpmpp_2m_karras", SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE, 0, 0, 1},
+            {"dpmpp_2m_sde_karras", SD_SAMPLER_DPMPP_2M_SDE, SD_SPACING_LINSPACE, 0, 0, 1},
         };
         for (size_t k = 0; k < sizeof more / sizeof more[0]; k++)
             pipeline_case(&c, more[k].kind, more[k].spacing, more[k].eta, more[k].rescale, 7.5,
