@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,6 +37,9 @@
 #include "sdtrain/nccl_comm.h"
 #include "sdtrain/optim_cuda.h"
 #endif
+
+/* the most gradient buckets a step cuts (grad_bucket_mb is raised to stay below) */
+#define GRAD_BUCKETS_MAX 1024
 
 /* Validation noise, timesteps and latent samples use this reserved step counter, so they are
  * the same at every evaluation, in every run and after every resume. */
@@ -636,6 +640,16 @@ static void plan_grad_reduce(trainer *t)
     }
     bounds[P] = t->dev_opt ? t->np : t->n;
     max_floats = (size_t)(t->cfg->train.grad_bucket_mb * (double)(1 << 20) / sizeof(float));
+    /* at most about GRAD_BUCKETS_MAX buckets: each is a collective, an event and a launch a
+     * step, and a tiny grad_bucket_mb on a full-size model would make millions of them */
+    if (max_floats < (bounds[P] + GRAD_BUCKETS_MAX - 1) / GRAD_BUCKETS_MAX) {
+        max_floats = (bounds[P] + GRAD_BUCKETS_MAX - 1) / GRAD_BUCKETS_MAX;
+        max_floats = (max_floats + SD_SHARD_ALIGN - 1) / SD_SHARD_ALIGN * SD_SHARD_ALIGN;
+        if (t->rank == 0)
+            sd_warn("&train grad_bucket_mb = %g would cut the %zu gradients into more than %d "
+                    "buckets; using buckets of %.3g MiB", t->cfg->train.grad_bucket_mb, bounds[P],
+                    GRAD_BUCKETS_MAX, (double)max_floats * sizeof(float) / (double)(1 << 20));
+    }
     sd_grad_buckets_init(&t->gb, bounds, P, max_floats, SD_SHARD_ALIGN, launch_bucket, t);
     free(bounds);
     t->pgather = t->dev_opt && t->zero2 && P > 1;
@@ -644,7 +658,7 @@ static void plan_grad_reduce(trainer *t)
         sd_info("gradient reduction: overlapped with the backward%s, %d buckets of up to %g MiB "
                 "(%s)",
                 t->pgather ? ", and the parameters' all-gather with the next forward" : "",
-                t->gb.count, t->cfg->train.grad_bucket_mb,
+                t->gb.count, (double)max_floats * sizeof(float) / (double)(1 << 20),
                 t->emu       ? "MPI, emulating the device path's NCCL calls"
                 : t->dev_opt ? "NCCL on a stream of its own"
                            : "blocking MPI calls: on the CPU this saves no time, it runs the GPU "
@@ -1269,6 +1283,23 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     int failed;
 
     t->zero2 = strcmp(cfg->train.sharding, "shard_grad_op") == 0;
+    /* every training rank on the same kind of device: a rank that device = 'auto' left on the
+     * CPU (no usable GPU there) would skip the GPU path's collectives and hang the others */
+    {
+        int mine[2] = {t->gpu != 0, t->gpu == 0}, all[2];
+        SD_MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, comm));
+        if (all[0] && all[1]) {
+            int cand = t->gpu ? INT_MAX : t->rank, first;
+            char why[sizeof dev->notice];
+            SD_MPI_CHECK(MPI_Allreduce(&cand, &first, 1, MPI_INT, MPI_MIN, comm));
+            snprintf(why, sizeof why, "%s", dev->notice);
+            SD_MPI_CHECK(MPI_Bcast(why, (int)sizeof why, MPI_CHAR, first, comm));
+            return sd_err_set(err, "training rank %d computes on the CPU (%s) while other "
+                                   "training ranks use GPUs: give every training rank a GPU, "
+                                   "or set &run device = 'cpu'", first,
+                              why[0] ? why : "its device resolved to the CPU");
+        }
+    }
     failed = sd_diffusion_init_config(&t->diff, cfg, err) != 0;
     if (!failed)
         failed = sd_lr_schedule_from_name(cfg->train.lr_schedule, &t->sched, err) != 0;

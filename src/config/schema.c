@@ -146,7 +146,8 @@ static const sd_option options[] = {
            "the CPU, the same bits)."),
     REAL(train, grad_bucket_mb, "64", 0.001, 65536, "MiB",
         "Largest gradient bucket of grad_reduce = 'overlap' (fp32; buckets never straddle two "
-        "ranks' shards)."),
+        "ranks' shards). Raised, with a warning, when it would make more than about 1024 "
+        "buckets."),
     CHOICE(train, precision, "'fp32'", "fp32|bf16",
            "Compute precision. 'bf16' = bf16 activations with fp32 master weights (GPU); 'fp32' "
            "= full fp32, no TF32 (comparable with the CPU reference)."),

@@ -133,3 +133,26 @@ EMU=1 train eres4 4 2 shard_grad_op "" "&checkpoint resume = '$TMP/ckpt4/step-00
 expect_rc eres4 0
 close eres4 ed2 "a device-path checkpoint resumed on the device path, 4 ranks"
 pass "the device path, emulated on the CPU with 1-4 ranks"
+
+# a tiny grad_bucket_mb on a wider model is raised so that a step cuts about 1024 buckets
+STEPS=2 VAL_EVERY=0 tiny_train_nml ecap 4 shard_grad_op ", grad_reduce = 'overlap', grad_bucket_mb = 0.001"
+SDTRAIN_EMULATE_DEVICE_PATH=1 mpi ecap 2 "$SDTRAIN" "$TMP/ecap.nml" --set "model.block_out_channels=32,64"
+expect_rc ecap 0
+expect_in ecap err "&train grad_bucket_mb = 0.001 would cut the 795264 gradients into more than 1024 buckets"
+n_b=$(sed -n 's/.*overlapped with the backward.*, \([0-9]*\) buckets of up to.*/\1/p' "$TMP/ecap.out")
+[ -n "$n_b" ] && [ "$n_b" -le 1026 ] && [ "$n_b" -ge 900 ] || fail "ecap: $n_b buckets"
+pass "grad_bucket_mb raised to about 1024 buckets ($n_b)"
+
+# training ranks on different kinds of device (device = 'auto' left one on the CPU): a clear
+# error on every rank, not a hang in the GPU path's collectives (Open MPI's MPMD syntax)
+case "$MPIEXEC" in
+*mpirun* | *mpiexec*)
+    tiny_train_nml mixed 4 none
+    # shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
+    run mixed $MPIEXEC $MPIEXEC_NP 1 env SDTRAIN_EMULATE_DEVICE_PATH=1 "$SDTRAIN" "$TMP/mixed.nml" : \
+        $MPIEXEC_NP 1 "$SDTRAIN" "$TMP/mixed.nml"
+    expect_rc mixed 2
+    expect_count mixed err "training rank 1 computes on the CPU (its device resolved to the CPU) while other training ranks use GPUs" 1
+    pass "training ranks on a GPU and on the CPU: one error, exit 2"
+    ;;
+esac
