@@ -3,7 +3,7 @@
 # Debian's slurm-wlm, auth/none, private ports and state in the scratch directory), the scripts
 # submitted with sbatch as users do, their #SBATCH sizes overridden on the command line (one node,
 # 2 tasks, no GPUs), the ranks started by srun --mpi=pmix:
-#   1. sbatch slurm/process.sh: the shards, with 2 ranks;
+#   1. sbatch slurm/process.sh: the shards, with 2 ranks; sbatch slurm/sample.sh: images;
 #   2. sbatch slurm/train.sh, then SIGUSR1 to the batch script (scancel --signal=USR1 --batch,
 #      what --signal=B:USR1@300 does before the time limit): the ranks checkpoint, the script
 #      requeues the job, Slurm starts it again (its requeue delay skipped with scontrol update
@@ -115,6 +115,16 @@ grep -q "preprocessing summary: 48 samples read, 48 kept, 0 skipped, 3 new shard
     fail "process.sh under sbatch: $(tail -5 "$TMP"/proc-*.out)"
 grep -q "on 2 rank(s)" "$TMP"/proc-*.out || fail "process.sh under sbatch did not run 2 ranks"
 pass "sbatch slurm/process.sh: 3 shards from 2 ranks started by srun --mpi=pmix"
+
+# sampling: sbatch slurm/sample.sh on the tiny-sd2 snapshot, 6 images from 2 ranks
+DEVICE=cpu tiny_sample_nml samp ddim
+# shellcheck disable=SC2086
+sid=$(sbatch --parsable $SIZE -o "$TMP/samp-%j.out" "$top_srcdir/slurm/sample.sh" "$TMP/samp.nml") ||
+    fail "sbatch slurm/sample.sh refused"
+wait_state "$sid" "*COMPLETED*" 90
+grep -q "wrote 6 image(s)" "$TMP"/samp-*.out || fail "sample.sh under sbatch: $(tail -3 "$TMP"/samp-*.out)"
+[ "$(ls "$TMP/samp/samples"/*.png | wc -l)" = 6 ] || fail "sample.sh: $(ls "$TMP/samp/samples")"
+pass "sbatch slurm/sample.sh: 6 images from 2 ranks"
 
 # 2. the time-limit signal, the requeue, the resumed job
 nml train.nml <<EOF2
