@@ -62,6 +62,24 @@ expect_count() {
     [ "$n" = "$4" ] || { cat "$TMP/$1.$2" >&2; fail "$1: '$3' on $n lines of std$2, expected $4"; }
 }
 
+# usr1_after_first_step NAME PID METRICS: once METRICS (a metrics.jsonl) has a loss line, sends
+# SIGUSR1 to PID (a background job of the caller: a launcher, a job script) and waits for it,
+# at most 120 s; its status in RC.
+usr1_after_first_step() {
+    i=0
+    while ! grep -q '"loss"' "$3" 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -lt 600 ] || { kill -KILL "$2"; fail "$1: no training step within 60 s"; }
+        sleep 0.1
+    done
+    kill -USR1 "$2"
+    ( sleep 120; kill -KILL "$2" 2>/dev/null ) &
+    watchdog=$!
+    RC=0
+    wait "$2" || RC=$?
+    kill $watchdog 2>/dev/null || true
+}
+
 # nml FILE <<EOF: writes a namelist into the scratch directory.
 nml() { cat >"$TMP/$1"; }
 

@@ -168,19 +168,7 @@ sed -i -e 's/max_steps = 12/max_steps = 1000000/' -e 's/val_every = 5/val_every 
     -e 's/every_n_steps = 4/every_n_steps = 0/' "$TMP/sig.nml"
 # shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
 $MPIEXEC $MPIEXEC_NP 2 "$SDTRAIN" "$TMP/sig.nml" >"$TMP/sig.out" 2>"$TMP/sig.err" &
-pid=$!
-i=0
-while ! grep -q '"loss"' "$TMP/sig/metrics.jsonl" 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -lt 600 ] || { kill -KILL $pid; fail "sig: no training step within 60 s"; }
-    sleep 0.1
-done
-kill -USR1 $pid
-( sleep 120; kill -KILL $pid 2>/dev/null ) &
-watchdog=$!
-RC=0
-wait $pid || RC=$?
-kill $watchdog 2>/dev/null || true
+usr1_after_first_step sig $! "$TMP/sig/metrics.jsonl"
 expect_rc sig 0
 expect_in sig out "after SIGUSR1; resubmit to continue"
 k=$(sed -n 's/^checkpointed at step \([0-9]*\) after SIGUSR1.*/\1/p' "$TMP/sig.out")

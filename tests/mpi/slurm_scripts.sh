@@ -95,19 +95,7 @@ nml train.nml <<EOF2
 EOF2
 env PATH="$TMP/bin:$PATH" SLURM_NTASKS=2 SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 \
     bash "$top_srcdir/slurm/train.sh" "$TMP/train.nml" >"$TMP/sig.out" 2>"$TMP/sig.err" &
-pid=$!
-i=0
-while ! grep -q '"loss"' "$TMP/train/metrics.jsonl" 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -lt 600 ] || { kill -KILL $pid; fail "train.sh: no training step within 60 s"; }
-    sleep 0.1
-done
-kill -USR1 $pid
-( sleep 120; kill -KILL $pid 2>/dev/null ) &
-watchdog=$!
-RC=0
-wait $pid || RC=$?
-kill $watchdog 2>/dev/null || true
+usr1_after_first_step sig $! "$TMP/train/metrics.jsonl"
 expect_rc sig 0
 expect_in sig out "after SIGUSR1; resubmit to continue"
 expect_in sig out "sdtrain stopped for the time limit with a checkpoint; requeueing job 4242"
