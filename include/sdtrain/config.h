@@ -119,6 +119,7 @@ typedef struct sd_config {
         char scheduler[SD_NAME_MAX];    /* ddim pndm ddpm euler euler_a dpmpp_2m dpmpp_2m_sde */
         char timestep_spacing[SD_NAME_MAX]; /* auto | leading | trailing | linspace */
         bool use_karras_sigmas;         /* euler, dpmpp_2m, dpmpp_2m_sde */
+        bool use_exponential_sigmas;    /* the same */
         double eta;                     /* DDIM only */
         double guidance_rescale;
         int64_t width, height;          /* px; 0 = &model resolution */

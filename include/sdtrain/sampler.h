@@ -28,9 +28,9 @@
  *              inputs, so results agree to ~1e-7 rather than bit for bit (doc/sampling.md).
  *   options    clip_sample (DDIM, DDPM: sd_sampler.clip_sample_range) and set_alpha_to_one
  *              (DDIM: sd_sampler.final_alpha_cumprod = 1) are off by default, as in SD2's
- *              scheduler config; DDIM's eta (sd_sampler.eta); Karras sigmas for Euler and
- *              DPM-Solver++ (sd_sampler_use_karras); thresholding, exponential / beta sigmas
- *              and DPM-Solver's other orders and algorithms are not implemented.
+ *              scheduler config; DDIM's eta (sd_sampler.eta); Karras and exponential sigmas for
+ *              Euler and DPM-Solver++ (sd_sampler_use_karras / _exponential); thresholding,
+ *              beta sigmas and DPM-Solver's third order are not implemented.
  *
  * Stochastic steps take their noise from the caller (the `noise` argument of sd_sampler_step,
  * asked for by sd_sampler_step_noise), so the scheduler stays a pure function of its inputs:
@@ -130,6 +130,7 @@ typedef struct sd_sampler {
     float *sigmas;               /* [n_timesteps + 1] Euler, Euler ancestral, DPM-Solver++ */
     float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
     int karras;                  /* sd_sampler_use_karras was applied */
+    int exponential;             /* sd_sampler_use_exponential was applied */
     float final_sigma;           /* the sigma after the last step: 0, or sigma_min */
     /* DPMSolverMultistepScheduler's options (set after init; the defaults are diffusers') */
     int dpm_order;               /* solver_order: 1 or 2 (2) */
@@ -158,6 +159,9 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
  * rounded). Returns 0, or -1 with a message for another scheduler or when the first timestep
  * would repeat. */
 int sd_sampler_use_karras(sd_sampler *s, sd_err *err);
+/* use_exponential_sigmas (the same schedulers): exp(linspace(log(sigma_max), log(sigma_min),
+ * N)) with the same endpoints; DPM-Solver++ truncates the timesteps (diffusers' int64 cast). */
+int sd_sampler_use_exponential(sd_sampler *s, sd_err *err);
 /* final_sigmas_type 'sigma_min' (euler, dpmpp_2m, dpmpp_2m_sde): the last step ends at the
  * schedule's smallest sigma instead of 0 (and DPM-Solver++ may then take it at second order).
  * Call after init (before or after sd_sampler_use_karras). */

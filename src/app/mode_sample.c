@@ -129,6 +129,7 @@ typedef struct sched_setup {
     double beta_start, beta_end;
     int T, steps_offset, set_alpha_to_one;
     int karras;    /* use_karras_sigmas (euler, dpmpp_2m, dpmpp_2m_sde) */
+    int expo;      /* use_exponential_sigmas (the same) */
     int sigma_min; /* final_sigmas_type 'sigma_min' (the same) */
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
     sd_spacing spacing;
@@ -234,6 +235,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                  clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
     /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
     ss->karras = (kind == SD_SAMPLER_EULER || dpm) && jtrue(root, "use_karras_sigmas");
+    ss->expo = (kind == SD_SAMPLER_EULER || dpm) && jtrue(root, "use_exponential_sigmas");
     if (dpm) {
         if ((v = jkey(root, "solver_order")))
             ss->dpm_order = json_object_get_int(v);
@@ -268,10 +270,12 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind == SD_SAMPLER_PNDM && !jtrue(root, "skip_prk_steps"))
         rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
                              "implemented; Stable Diffusion configs set skip_prk_steps true", path);
-    else if ((euler || dpm) &&
-             (jtrue(root, "use_exponential_sigmas") || jtrue(root, "use_beta_sigmas")))
-        rc = sd_err_set(err, "%s: exponential and beta sigmas are not implemented for '%s'",
-                        path, sd_sampler_kind_name(kind));
+    else if ((euler || dpm) && jtrue(root, "use_beta_sigmas"))
+        rc = sd_err_set(err, "%s: beta sigmas are not implemented for '%s'", path,
+                        sd_sampler_kind_name(kind));
+    else if (ss->karras && ss->expo)
+        rc = sd_err_set(err, "%s: use_karras_sigmas and use_exponential_sigmas are both set",
+                        path);
     else if (kind == SD_SAMPLER_EULER && (jkey(root, "sigma_min") || jkey(root, "sigma_max")))
         rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
     else if ((kind == SD_SAMPLER_EULER || dpm) &&
@@ -520,7 +524,8 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
                         ss->steps_offset, n, err) != 0)
         return -1;
     if ((ss->sigma_min && sd_sampler_final_sigma_min(s, err) != 0) ||
-        (ss->karras && sd_sampler_use_karras(s, err) != 0)) {
+        (ss->karras && sd_sampler_use_karras(s, err) != 0) ||
+        (ss->expo && sd_sampler_use_exponential(s, err) != 0)) {
         sd_sampler_free(s);
         return -1;
     }
@@ -659,12 +664,19 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         failed = sched_from_snapshot(src.unet_snapshot, (sd_sampler_kind)kind, &ss, &err) < 0;
     if (!failed && strcmp(cfg->sample.timestep_spacing, "auto") != 0)
         ss.spacing = (sd_spacing)sd_spacing_from_name(cfg->sample.timestep_spacing);
-    if (!failed && cfg->sample.use_karras_sigmas) {
+    if (!failed && (cfg->sample.use_karras_sigmas || cfg->sample.use_exponential_sigmas)) {
+        const char *key = cfg->sample.use_karras_sigmas ? "use_karras_sigmas"
+                                                        : "use_exponential_sigmas";
         failed = kind != SD_SAMPLER_EULER && kind != SD_SAMPLER_DPMPP_2M &&
                  kind != SD_SAMPLER_DPMPP_2M_SDE &&
-                 sd_err_set(&err, "&sample use_karras_sigmas = .true. needs scheduler = 'euler', "
-                                  "'dpmpp_2m' or 'dpmpp_2m_sde', not '%s'", cfg->sample.scheduler);
-        ss.karras = 1;
+                 sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'dpmpp_2m' or "
+                                  "'dpmpp_2m_sde', not '%s'", key, cfg->sample.scheduler);
+        if (!failed && cfg->sample.use_karras_sigmas && cfg->sample.use_exponential_sigmas)
+            failed = sd_err_set(&err, "&sample use_karras_sigmas and use_exponential_sigmas are "
+                                      "both .true.: choose one") != 0;
+        /* the namelist's choice replaces the snapshot config's */
+        ss.karras = cfg->sample.use_karras_sigmas;
+        ss.expo = cfg->sample.use_exponential_sigmas;
     }
     if (!failed && sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
                                      ss.prediction, SD_LINSPACE_FUSED, &err) != 0) {
@@ -715,7 +727,8 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 cfg->sample.n_prompts, (long long)cfg->sample.images_per_prompt, g.width,
                 g.height, cfg->sample.scheduler,
                 (long long)cfg->sample.num_steps, s.n_timesteps, sd_spacing_name(ss.spacing),
-                ss.karras ? ", Karras sigmas" : "", extra, g_scale, guided ? "" : " (no unconditional pass)",
+                ss.karras ? ", Karras sigmas" : ss.expo ? ", exponential sigmas" : "", extra,
+                g_scale, guided ? "" : " (no unconditional pass)",
                 (long long)cfg->run.seed, size, g.be->name, sd_dtype_name(g.be->dtype), what,
                 ss.source, ss.prediction, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
                 ss.steps_offset, ss.set_alpha_to_one ? ", set_alpha_to_one" : "",

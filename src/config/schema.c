@@ -211,6 +211,10 @@ static const sd_option options[] = {
             "Karras et al.'s sigmas (rho 7) for scheduler = 'euler', 'dpmpp_2m' or 'dpmpp_2m_sde' "
             "(diffusers' use_karras_sigmas; 'dpmpp_2m' with it is \"DPM++ 2M Karras\"); a "
             "snapshot's scheduler_config.json can also set it."),
+    LOGICAL(sample, use_exponential_sigmas, ".false.",
+            "Exponentially spaced sigmas (log-linear from the largest to the smallest) for "
+            "scheduler = 'euler', 'dpmpp_2m' or 'dpmpp_2m_sde' (diffusers' "
+            "use_exponential_sigmas); not with use_karras_sigmas."),
     REAL(sample, eta, "0", 0, 1, "",
          "DDIM's eta: 0 = deterministic DDIM, 1 = DDPM-like noise at every step (drawn like "
          "the ddpm noise). Only scheduler = 'ddim' uses it."),

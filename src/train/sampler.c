@@ -444,13 +444,29 @@ static double sigma_to_t(double sigma, const float *log_sigmas, int T)
     return (1.0 - w) * (double)lo + w * (double)(lo + 1);
 }
 
-int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
+/* numpy.linspace(start, stop, num)[i] in float64 for num >= 1: i * step + start, the last one
+ * exactly stop. */
+static double np_linspace2_at(double start, double stop, int num, int i)
+{
+    if (num == 1)
+        return start;
+    if (i == num - 1)
+        return stop;
+    return (double)i * ((stop - start) / (double)(num - 1)) + start;
+}
+
+/* Karras (rho 7) or exponential sigmas between the spacing's smallest and largest sigma (Euler)
+ * or the schedule's (DPM-Solver++), each timestep where log(sigma) interpolates in the
+ * schedule's log-sigmas: DPM-Solver++ rounds Karras timesteps and truncates exponential ones
+ * (its int64 cast), Euler keeps them fractional. */
+static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
 {
     const int T = s->num_train_timesteps, N = s->num_steps;
+    const char *what = expo ? "exponential" : "Karras";
     double smin, smax;
     if (s->kind != SD_SAMPLER_EULER && !is_dpm(s->kind))
-        return sd_err_set(err, "sampler: Karras sigmas are implemented for euler and dpmpp_2m, "
-                               "not %s", sd_sampler_kind_name(s->kind));
+        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, dpmpp_2m and "
+                               "dpmpp_2m_sde, not %s", what, sd_sampler_kind_name(s->kind));
     SD_CHECK(s->n_timesteps == N, "%s: %d timesteps for %d steps", sd_sampler_kind_name(s->kind),
              s->n_timesteps, N);
     float *full = sd_xmalloc((size_t)T * sizeof *full), *logs = sd_xmalloc((size_t)T * sizeof *logs);
@@ -468,14 +484,17 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
         smin = interp_grid(full, T, (double)s->model_t[N - 1]);
         smax = interp_grid(full, T, (double)s->model_t[0]);
     }
-    /* _convert_to_karras, rho = 7: (max^(1/rho) + ramp (min^(1/rho) - max^(1/rho)))^rho */
+    /* _convert_to_karras, rho = 7: (max^(1/rho) + ramp (min^(1/rho) - max^(1/rho)))^rho;
+     * _convert_to_exponential: exp(linspace(log(max), log(min), N)) */
     const double rho = 7.0, min_inv = pow(smin, 1.0 / rho), max_inv = pow(smax, 1.0 / rho);
+    const double lmax = log(smax), lmin = log(smin);
     for (int i = 0; i < N; i++) {
-        const double ramp = np_linspace_at(1.0, N, i);
-        const double sig = pow(max_inv + ramp * (min_inv - max_inv), rho);
+        const double sig = expo ? exp(np_linspace2_at(lmax, lmin, N, i))
+                                : pow(max_inv + np_linspace_at(1.0, N, i) * (min_inv - max_inv),
+                                      rho);
         double t = sigma_to_t(sig, logs, T);
         if (is_dpm(s->kind))
-            t = nearbyint(t);
+            t = expo ? trunc(t) : nearbyint(t);
         s->sigmas[i] = (float)sig;
         s->model_t[i] = (float)t;
         s->timesteps[i] = (int64_t)llround(t);
@@ -485,8 +504,9 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
     free(logs);
     for (int i = 1; i < N; i++)
         if (s->model_t[i] == s->model_t[0])
-            return sd_err_set(err, "sampler: %s with Karras sigmas and %d steps repeats its first "
-                                   "timestep: use fewer steps", sd_sampler_kind_name(s->kind), N);
+            return sd_err_set(err, "sampler: %s with %s sigmas and %d steps repeats its first "
+                                   "timestep: use fewer steps", sd_sampler_kind_name(s->kind),
+                              what, N);
     if (s->kind == SD_SAMPLER_EULER) {
         float mx = 0.0f;
         for (int i = 0; i <= N; i++)
@@ -498,8 +518,19 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
             s->init_noise_sigma = mx;
         }
     }
-    s->karras = 1;
+    s->karras = !expo;
+    s->exponential = expo;
     return 0;
+}
+
+int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
+{
+    return convert_sigmas(s, 0, err);
+}
+
+int sd_sampler_use_exponential(sd_sampler *s, sd_err *err)
+{
+    return convert_sigmas(s, 1, err);
 }
 
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err)

@@ -214,11 +214,11 @@ expect_rc schedold 0
 expect_in schedold out "as StableDiffusionPipeline: steps_offset 1 (the file: 0), clip_sample false"
 same_pngs schedold ddim1 "an outdated scheduler config (steps_offset 0, clip_sample unset)"
 # what is not implemented is refused by name
-sched_snap snap-expo ', "use_exponential_sigmas": true'
-sample_nml schedx dpmpp_2m ", checkpoint = '$TMP/snap-expo'"
+sched_snap snap-beta ', "use_beta_sigmas": true'
+sample_nml schedx dpmpp_2m ", checkpoint = '$TMP/snap-beta'"
 mpi schedx 2 "$SDTRAIN" "$TMP/schedx.nml"
 expect_rc schedx 2
-expect_count schedx err "$TMP/snap-expo/scheduler/scheduler_config.json: exponential and beta sigmas are not implemented for 'dpmpp_2m'" 1
+expect_count schedx err "$TMP/snap-beta/scheduler/scheduler_config.json: beta sigmas are not implemented for 'dpmpp_2m'" 1
 sched_snap snap-order ', "solver_order": 3'
 sample_nml schedo dpmpp_2m ", checkpoint = '$TMP/snap-order'"
 mpi schedo 1 "$SDTRAIN" "$TMP/schedo.nml"
@@ -256,11 +256,25 @@ sample_nml karrascfg dpmpp_2m ", checkpoint = '$TMP/snap-karras'"
 mpi karrascfg 1 "$SDTRAIN" "$TMP/karrascfg.nml"
 expect_rc karrascfg 0
 same_pngs karras karrascfg "Karras sigmas from the namelist vs from scheduler_config.json"
+sample_nml expo dpmpp_2m ", use_exponential_sigmas = .true."
+mpi expo 1 "$SDTRAIN" "$TMP/expo.nml"
+expect_rc expo 0
+expect_in expo out "exponential sigmas)"
+cmp -s "$TMP/expo/samples/1-0.png" "$TMP/karras/samples/1-0.png" && fail "exponential sigmas gave Karras' image"
+sched_snap snap-expo ', "use_exponential_sigmas": true'
+sample_nml expocfg dpmpp_2m ", checkpoint = '$TMP/snap-expo'"
+mpi expocfg 2 "$SDTRAIN" "$TMP/expocfg.nml"
+expect_rc expocfg 0
+same_pngs expo expocfg "exponential sigmas from the namelist vs from scheduler_config.json"
+sample_nml both dpmpp_2m ", use_karras_sigmas = .true., use_exponential_sigmas = .true."
+mpi both 1 "$SDTRAIN" "$TMP/both.nml"
+expect_rc both 2
+expect_count both err "use_karras_sigmas and use_exponential_sigmas are both .true." 1
 sample_nml karrasddim ddim ", use_karras_sigmas = .true."
 mpi karrasddim 2 "$SDTRAIN" "$TMP/karrasddim.nml"
 expect_rc karrasddim 2
 expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler', 'dpmpp_2m' or 'dpmpp_2m_sde', not 'ddim'" 1
-pass "Karras sigmas"
+pass "Karras and exponential sigmas"
 
 # DDIM's eta draws noise per image (the same bytes at -np 1 and 2 with batches) and changes the
 # images; guidance_rescale changes them too; each is recorded in samples.jsonl; unused, warned

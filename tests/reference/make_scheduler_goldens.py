@@ -14,7 +14,8 @@ Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NH
   sig_<kind>_<spacing>_<N>_<T>_<offset>  scheduler.sigmas (euler, euler_a, dpmpp_2m)
   ins_<kind>_<spacing>_<N>_<T>_<offset>  [1] init_noise_sigma
   kts_<kind>_<spacing>_<N>, ksig_..., kins_...   the same with use_karras_sigmas (T = 1000,
-        steps_offset 1): euler after each spacing, dpmpp_2m (linspace; the spacing is unused)
+        steps_offset 1): euler after each spacing, dpmpp_2m (linspace; the spacing is unused);
+        ets_..., esig_..., eins_...: the same with use_exponential_sigmas
   step_sample, step_model_out [6,2,3,5,4], step_noise [6,2,3,5,4]: the inputs of the step tests
   step_<case>   [n_t,2,3,5,4] the sample after each scheduler.step, N = 5 (PNDM: 6 calls); <case> is
         <kind>_<spacing>_<pred> for euler, euler_a, dpmpp_2m (pred eps | v, spacing linspace |
@@ -22,7 +23,7 @@ Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NH
         sigmas), dpmpp_2m_sde_eps, dpmpp_2m_sde_karras_eps, dpmpp_2m_heun_eps,
         dpmpp_2m_sde_heun_eps, dpmpp_2m_order1_eps, dpmpp_2m_sigma_min_eps,
         dpmpp_2m_sigma_min_nolof_eps (lower_order_final false), dpmpp_2m_sigma_min_eaf_eps
-        (euler_at_final), euler_sigma_min_eps, ddim_eta_<pred> (eta 0.8, leading, offset 1), and
+        (euler_at_final), euler_sigma_min_eps, euler_expo_eps, dpmpp_2m_expo_eps, ddim_eta_<pred> (eta 0.8, leading, offset 1), and
         <kind>_<spacing>_eps for ddim, pndm, ddpm with trailing and linspace spacing. Euler
         kinds start from step_sample * init_noise_sigma.
   step16_model_out [16,2,3,5,4], step16_dpmpp_2m_sigma_min_eps [16,2,3,5,4]: 16 steps with
@@ -115,17 +116,18 @@ def main():
                             out["sig_" + tag] = s.sigmas.numpy().astype(np.float32)
                             out["ins_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
 
-    # 1b. Karras sigmas (use_karras_sigmas): Euler after each spacing, DPM-Solver++ (spacing unused)
-    for N in (1, 2, 3, 4, 7, 10, 25, 50, 100, 500):
-        for kind, spacings in (("euler", ("linspace", "leading", "trailing")), ("dpmpp_2m", ("linspace",))):
-            for spacing in spacings:
-                s = make(kind, num_train_timesteps=1000, timestep_spacing=spacing, steps_offset=1,
-                         use_karras_sigmas=True)
-                s.set_timesteps(N)
-                tag = f"{kind}_{spacing}_{N}"
-                out["kts_" + tag] = s.timesteps.numpy().astype(np.float32)
-                out["ksig_" + tag] = s.sigmas.numpy().astype(np.float32)
-                out["kins_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
+    # 1b. Karras (k) and exponential (e) sigmas: Euler after each spacing, DPM-Solver++ (spacing unused)
+    for pre, opt in (("k", "use_karras_sigmas"), ("e", "use_exponential_sigmas")):
+        for N in (1, 2, 3, 4, 7, 10, 25, 50, 100, 500):
+            for kind, spacings in (("euler", ("linspace", "leading", "trailing")), ("dpmpp_2m", ("linspace",))):
+                for spacing in spacings:
+                    s = make(kind, num_train_timesteps=1000, timestep_spacing=spacing, steps_offset=1,
+                             **{opt: True})
+                    s.set_timesteps(N)
+                    tag = f"{kind}_{spacing}_{N}"
+                    out[pre + "ts_" + tag] = s.timesteps.numpy().astype(np.float32)
+                    out[pre + "sig_" + tag] = s.sigmas.numpy().astype(np.float32)
+                    out[pre + "ins_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
 
     # 2. scheduler steps on random inputs, 5 inference steps
     g = torch.Generator().manual_seed(3)
@@ -161,7 +163,9 @@ def main():
              dict(final_sigmas_type="sigma_min", lower_order_final=False)),
             ("dpmpp_2m_sigma_min_eaf_eps", "dpmpp_2m",
              dict(final_sigmas_type="sigma_min", lower_order_final=False, euler_at_final=True)),
-            ("euler_sigma_min_eps", "euler", dict(final_sigmas_type="sigma_min"))):
+            ("euler_sigma_min_eps", "euler", dict(final_sigmas_type="sigma_min")),
+            ("euler_expo_eps", "euler", dict(use_exponential_sigmas=True)),
+            ("dpmpp_2m_expo_eps", "dpmpp_2m", dict(use_exponential_sigmas=True))):
         cases.append((name, kind, dict(steps_offset=1, **kw), {}))
     for name, kind, kw, step_kw in cases:
         s = make(kind, num_train_timesteps=1000, **kw)

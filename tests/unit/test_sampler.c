@@ -339,9 +339,10 @@ static void test_spacings(void)
 }
 
 /* schedulers.safetensors: Karras sigmas (Euler after each spacing, DPM-Solver++), T = 1000 */
-static void test_karras(void)
+static void test_karras(int expo)
 {
     static const int Ns[] = {1, 2, 3, 4, 7, 10, 25, 50, 100, 500};
+    const char pre = expo ? 'e' : 'k';
     sd_diffusion d;
     int cases = 0, bad = 0, exact = 0, total = 0;
     double worst_t = 0.0, worst_s = 0.0;
@@ -356,14 +357,14 @@ static void test_karras(void)
             sd_sampler s;
             sd_err err;
             snprintf(tag, sizeof tag, "%s_%s_%d", sd_sampler_kind_name(kind), sd_spacing_name(sp), N);
-            snprintf(name, sizeof name, "kts_%s", tag);
+            snprintf(name, sizeof name, "%cts_%s", pre, tag);
             float *rt = read_from(&gold2, name, (size_t)N);
-            snprintf(name, sizeof name, "ksig_%s", tag);
+            snprintf(name, sizeof name, "%csig_%s", pre, tag);
             float *rs = read_from(&gold2, name, (size_t)N + 1);
-            snprintf(name, sizeof name, "kins_%s", tag);
+            snprintf(name, sizeof name, "%cins_%s", pre, tag);
             float *ri = read_from(&gold2, name, 1);
             if (!rt || !rs || !ri || sd_sampler_init(&s, kind, &d, N, sp, 1, 1, &err) ||
-                sd_sampler_use_karras(&s, &err)) {
+                (expo ? sd_sampler_use_exponential(&s, &err) : sd_sampler_use_karras(&s, &err))) {
                 bad++;
                 tap_diag("%s: %s", tag, rt && rs && ri ? err.msg : "no golden");
             } else {
@@ -394,11 +395,11 @@ static void test_karras(void)
             free(rs);
             free(ri);
         }
-    tap_ok(cases == 40 && bad == 0, "Karras sigmas of %d schedules (Euler after three spacings, "
+    tap_ok(cases == 40 && bad == 0, "%s sigmas of %d schedules (Euler after three spacings, "
            "DPM-Solver++; N 1..500): timesteps within %.3g (DPM-Solver++'s equal), sigmas and "
-           "init_noise_sigma relative error <= %.3g (%d of %d sigmas bit-identical)", cases,
-           worst_t, worst_s, exact, total);
-    {
+           "init_noise_sigma relative error <= %.3g (%d of %d sigmas bit-identical)",
+           expo ? "exponential" : "Karras", cases, worst_t, worst_s, exact, total);
+    if (!expo) {
         sd_sampler s;
         sd_err err;
         int ok = sd_sampler_init(&s, SD_SAMPLER_EULER_A, &d, 5, SD_SPACING_LINSPACE, 1, 1, &err) == 0 &&
@@ -418,7 +419,7 @@ static void test_steps_more(void)
         sd_spacing spacing;
         int offset, v;
         double eta;
-        int karras;
+        int karras; /* 1: Karras sigmas, 2: exponential */
         /* DPM-Solver++ options and final_sigmas_type 'sigma_min' */
         int order, heun, sigma_min, lof, eaf;
     } step_case;
@@ -477,6 +478,8 @@ static void test_steps_more(void)
             {"step_dpmpp_2m_sigma_min_nolof_eps", SD_SAMPLER_DPMPP_2M, 0, 2, 0, 1, 0, 0},
             {"step_dpmpp_2m_sigma_min_eaf_eps", SD_SAMPLER_DPMPP_2M, 0, 2, 0, 1, 0, 1},
             {"step_euler_sigma_min_eps", SD_SAMPLER_EULER, 0, 2, 0, 1, 1, 0},
+            {"step_euler_expo_eps", SD_SAMPLER_EULER, 2, 2, 0, 0, 1, 0},
+            {"step_dpmpp_2m_expo_eps", SD_SAMPLER_DPMPP_2M, 2, 2, 0, 0, 1, 0},
         };
         for (size_t k = 0; k < sizeof dpm / sizeof dpm[0]; k++) {
             step_case *c = &cases[nc++];
@@ -503,7 +506,8 @@ static void test_steps_more(void)
         double worst = 0;
         if (sd_sampler_init(&s, c->kind, &dd[c->v], 5, c->spacing, c->offset, n, &err) ||
             (c->sigma_min && sd_sampler_final_sigma_min(&s, &err)) ||
-            (c->karras && sd_sampler_use_karras(&s, &err))) {
+            (c->karras == 1 && sd_sampler_use_karras(&s, &err)) ||
+            (c->karras == 2 && sd_sampler_use_exponential(&s, &err))) {
             tap_ok(0, "%s: %s", c->name, err.msg);
             continue;
         }
@@ -843,7 +847,8 @@ int main(void)
     snprintf(path, sizeof path, "%s/tests/data/sample/schedulers.safetensors", top);
     if (tap_ok(sd_st_open(path, &gold2, &err) == 0, "open %s", path)) {
         test_spacings();
-        test_karras();
+        test_karras(0);
+        test_karras(1);
         test_steps_more();
     } else {
         tap_diag("%s", err.msg);
