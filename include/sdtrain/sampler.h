@@ -12,10 +12,11 @@
  *                trailing  round(arange(T, 0, -T/N)) - 1 (numpy's float arange, its length
  *                          and element arithmetic reproduced: some N give N + 1 values, the
  *                          last -1, which is refused);
- *                linspace  round(linspace(0, T - 1, N)) reversed (Euler: not rounded).
+ *                linspace  round(linspace(0, T - 1, N)) reversed (Euler, Heun: not rounded).
  *              DPM-Solver++ spaces N + 1 points and drops the last. PNDM with skip_prk_steps
- *              repeats the second timestep: N + 1 model calls (N = 1: one). Euler's timesteps
- *              are fp32 values (fractional with linspace); the U-Net gets them as they are.
+ *              repeats the second timestep: N + 1 model calls (N = 1: one); Heun every one but
+ *              the first: 2 N - 1. Euler's and Heun's timesteps are fp32 values (fractional
+ *              with linspace); the U-Net gets them as they are.
  *   sigmas     Euler, Euler ancestral, DPM-Solver++: sqrt((1 - abar) / abar) in fp32,
  *              numpy.interp (float64) at the timesteps, cast to fp32, then a final 0.
  *   schedule   alphas_cumprod of the training schedule (sd_diffusion, bit-exact with torch);
@@ -55,13 +56,14 @@ typedef enum {
     SD_SAMPLER_EULER_A = 4,  /* EulerAncestralDiscreteScheduler */
     SD_SAMPLER_DPMPP_2M = 5, /* DPMSolverMultistepScheduler (dpmsolver++, order 2, midpoint) */
     SD_SAMPLER_DPMPP_2M_SDE = 6, /* the same with algorithm_type sde-dpmsolver++ */
+    SD_SAMPLER_HEUN = 7,     /* HeunDiscreteScheduler: 2 N - 1 model calls */
 } sd_sampler_kind;
-#define SD_SAMPLER_N_KINDS 7
+#define SD_SAMPLER_N_KINDS 8
 
 typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
 
-/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde" (case-insensitive)
- * -> kind; -1 for anything else. */
+/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun"
+ * (case-insensitive) -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
 /* "leading", "trailing", "linspace" -> spacing; -1 for anything else. */
@@ -72,10 +74,10 @@ const char *sd_spacing_name(sd_spacing spacing);
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind);
 
 /* The timesteps a scheduler visits (scheduler.timesteps after set_timesteps(N)), at most
- * N + 1 values into out[] (integers but for Euler's fp32 values). Returns how many, or -1 with a
- * message when N < 1, N > T, a timestep falls outside [0, T) (e.g. N = T with steps_offset 1),
- * or (Euler, Euler ancestral, DPM-Solver++, which find their first step by the timestep) the
- * first timestep repeats. */
+ * N + 1 values into out[] (Heun: 2 N - 1), integers but for Euler's and Heun's fp32 values.
+ * Returns how many, or -1 with a message when N < 1, N > T, a timestep falls outside [0, T)
+ * (e.g. N = T with steps_offset 1), or (Euler, Heun, DPM-Solver++, which find their first step
+ * by the timestep) the first timestep repeats. */
 int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps,
                          int num_train_timesteps, int steps_offset, double *out, sd_err *err);
 
@@ -146,6 +148,9 @@ typedef struct sd_sampler {
     /* DPM-Solver++ state: the previous step's x0 (model_outputs[-2]), lower_order_nums */
     float *x0_prev;
     int lower_order_nums;
+    /* Heun state between its first- and second-order call: derivative, dt, sample */
+    float *heun_der, *heun_sample;
+    float heun_dt;
 } sd_sampler;
 
 /* Sets up `kind` for N steps over the schedule `d` (its prediction type and T), with the

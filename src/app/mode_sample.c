@@ -188,7 +188,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     const char *got;
     int rc = 0, offset = 0, clip = kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM;
     const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE,
-              euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A;
+              euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A ||
+                      kind == SD_SAMPLER_HEUN;
     snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
     if (!is_file(path))
         return 1;
@@ -234,8 +235,10 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                  offset != 1 ? (offset == 0 ? "0)" : "other)") : "",
                  clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
     /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
-    ss->karras = (kind == SD_SAMPLER_EULER || dpm) && jtrue(root, "use_karras_sigmas");
-    ss->expo = (kind == SD_SAMPLER_EULER || dpm) && jtrue(root, "use_exponential_sigmas");
+    ss->karras = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || dpm) &&
+                 jtrue(root, "use_karras_sigmas");
+    ss->expo = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || dpm) &&
+               jtrue(root, "use_exponential_sigmas");
     if (dpm) {
         if ((v = jkey(root, "solver_order")))
             ss->dpm_order = json_object_get_int(v);
@@ -653,7 +656,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     memset(&s, 0, sizeof s);
     sd_err_clear(&err);
     failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm, ddpm, "
-                                           "euler, euler_a, dpmpp_2m or dpmpp_2m_sde",
+                                           "euler, euler_a, heun, dpmpp_2m or dpmpp_2m_sde",
                                      cfg->sample.scheduler);
     if (!failed)
         failed = resolve_sources(cfg, &src, &err) != 0;
@@ -667,10 +670,11 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     if (!failed && (cfg->sample.use_karras_sigmas || cfg->sample.use_exponential_sigmas)) {
         const char *key = cfg->sample.use_karras_sigmas ? "use_karras_sigmas"
                                                         : "use_exponential_sigmas";
-        failed = kind != SD_SAMPLER_EULER && kind != SD_SAMPLER_DPMPP_2M &&
-                 kind != SD_SAMPLER_DPMPP_2M_SDE &&
-                 sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'dpmpp_2m' or "
-                                  "'dpmpp_2m_sde', not '%s'", key, cfg->sample.scheduler);
+        failed = kind != SD_SAMPLER_EULER && kind != SD_SAMPLER_HEUN &&
+                 kind != SD_SAMPLER_DPMPP_2M && kind != SD_SAMPLER_DPMPP_2M_SDE &&
+                 sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'heun', "
+                                  "'dpmpp_2m' or 'dpmpp_2m_sde', not '%s'", key,
+                            cfg->sample.scheduler);
         if (!failed && cfg->sample.use_karras_sigmas && cfg->sample.use_exponential_sigmas)
             failed = sd_err_set(&err, "&sample use_karras_sigmas and use_exponential_sigmas are "
                                       "both .true.: choose one") != 0;

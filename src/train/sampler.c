@@ -10,7 +10,7 @@
 #include "sdtrain/check.h"
 
 static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
-    "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde"};
+    "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 
 int sd_sampler_kind_from_name(const char *name)
@@ -44,9 +44,15 @@ static int is_dpm(sd_sampler_kind kind)
     return kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE;
 }
 
+/* the k-diffusion samplers: fp32 timesteps, scaled model input, init_noise_sigma */
+static int is_k(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_HEUN;
+}
+
 static int uses_sigmas(sd_sampler_kind kind)
 {
-    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || is_dpm(kind);
+    return is_k(kind) || is_dpm(kind);
 }
 
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind)
@@ -112,7 +118,7 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
                          int num_train_timesteps, int steps_offset, double *out, sd_err *err)
 {
     const int N = num_steps, T = num_train_timesteps;
-    const int euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A;
+    const int euler = is_k(kind);
     int n = 0;
     if ((unsigned)kind >= SD_SAMPLER_N_KINDS || (unsigned)spacing > SD_SPACING_LINSPACE)
         return sd_err_set(err, "sampler: unknown scheduler %d or spacing %d", (int)kind,
@@ -126,11 +132,11 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
     const int nb = spaced(spacing, is_dpm(kind) ? N + 1 : N, N, T, steps_offset,
                           !euler, base);
     /* PNDM: plms = concat(a[:-1], a[-2:-1], a[-1:])[::-1] of the ascending a, i.e. the
-     * second-largest timestep twice */
+     * second-largest timestep twice; Heun: cat(t[:1], t[1:].repeat_interleave(2)) */
     for (int k = 0; k < nb; k++) {
         out[n++] = base[k];
-        if (kind == SD_SAMPLER_PNDM && k == 1)
-            out[n++] = base[1];
+        if ((kind == SD_SAMPLER_PNDM && k == 1) || (kind == SD_SAMPLER_HEUN && k >= 1))
+            out[n++] = base[k];
     }
     free(base);
     for (int i = 0; i < n; i++)
@@ -364,7 +370,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         return sd_err_set(err, "sampler: unknown scheduler %d", (int)kind);
     if (n < 1)
         return sd_err_set(err, "sampler: latents of %lld elements", (long long)n);
-    ts = sd_xmalloc(((size_t)num_steps + 2) * sizeof *ts);
+    ts = sd_xmalloc((2 * (size_t)num_steps + 2) * sizeof *ts);
     count = sd_sampler_timesteps(kind, spacing, num_steps, T, steps_offset, ts, err);
     if (count < 0) {
         free(ts);
@@ -424,6 +430,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         s->tmp = sd_xmalloc((size_t)n * sizeof(float));
     if (is_dpm(kind))
         s->x0_prev = sd_xmalloc((size_t)n * sizeof(float));
+    if (kind == SD_SAMPLER_HEUN) {
+        s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
+        s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
+    }
     return 0;
 }
 
@@ -464,11 +474,12 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     const int T = s->num_train_timesteps, N = s->num_steps;
     const char *what = expo ? "exponential" : "Karras";
     double smin, smax;
-    if (s->kind != SD_SAMPLER_EULER && !is_dpm(s->kind))
-        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, dpmpp_2m and "
+    const int heun = s->kind == SD_SAMPLER_HEUN;
+    if (s->kind != SD_SAMPLER_EULER && !heun && !is_dpm(s->kind))
+        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, dpmpp_2m and "
                                "dpmpp_2m_sde, not %s", what, sd_sampler_kind_name(s->kind));
-    SD_CHECK(s->n_timesteps == N, "%s: %d timesteps for %d steps", sd_sampler_kind_name(s->kind),
-             s->n_timesteps, N);
+    SD_CHECK(s->n_timesteps == (heun ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
+             sd_sampler_kind_name(s->kind), s->n_timesteps, N);
     float *full = sd_xmalloc((size_t)T * sizeof *full), *logs = sd_xmalloc((size_t)T * sizeof *logs);
     for (int t = 0; t < T; t++) {
         const float a = s->alphas_cumprod[t], b = 1.0f - a, q = b / a;
@@ -481,7 +492,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
         smax = full[T - 1];
     } else {
         /* the spacing's sigmas (float64 interpolation): its last and first */
-        smin = interp_grid(full, T, (double)s->model_t[N - 1]);
+        smin = interp_grid(full, T, (double)s->model_t[s->n_timesteps - 1]);
         smax = interp_grid(full, T, (double)s->model_t[0]);
     }
     /* _convert_to_karras, rho = 7: (max^(1/rho) + ramp (min^(1/rho) - max^(1/rho)))^rho;
@@ -495,21 +506,25 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
         double t = sigma_to_t(sig, logs, T);
         if (is_dpm(s->kind))
             t = expo ? trunc(t) : nearbyint(t);
-        s->sigmas[i] = (float)sig;
-        s->model_t[i] = (float)t;
-        s->timesteps[i] = (int64_t)llround(t);
+        /* Heun: every entry but the first twice */
+        for (int r = 0; r < (heun && i > 0 ? 2 : 1); r++) {
+            const int k = heun ? (i == 0 ? 0 : 2 * i - 1 + r) : i;
+            s->sigmas[k] = (float)sig;
+            s->model_t[k] = (float)t;
+            s->timesteps[k] = (int64_t)llround(t);
+        }
     }
-    s->sigmas[N] = s->final_sigma;
+    s->sigmas[s->n_timesteps] = s->final_sigma;
     free(full);
     free(logs);
-    for (int i = 1; i < N; i++)
+    for (int i = 1; i < s->n_timesteps; i++)
         if (s->model_t[i] == s->model_t[0])
             return sd_err_set(err, "sampler: %s with %s sigmas and %d steps repeats its first "
                                    "timestep: use fewer steps", sd_sampler_kind_name(s->kind),
                               what, N);
-    if (s->kind == SD_SAMPLER_EULER) {
+    if (s->kind == SD_SAMPLER_EULER || heun) {
         float mx = 0.0f;
-        for (int i = 0; i <= N; i++)
+        for (int i = 0; i <= s->n_timesteps; i++)
             mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
         if (s->spacing == SD_SPACING_LEADING) {
             const float sq = mx * mx, p = sq + 1.0f;
@@ -552,6 +567,8 @@ void sd_sampler_free(sd_sampler *s)
     free(s->cur_sample);
     free(s->tmp);
     free(s->x0_prev);
+    free(s->heun_der);
+    free(s->heun_sample);
     free(s->timesteps);
     free(s->model_t);
     free(s->sigmas);
@@ -567,7 +584,7 @@ void sd_sampler_reset(sd_sampler *s)
 
 int sd_sampler_scales_input(const sd_sampler *s)
 {
-    return s->kind == SD_SAMPLER_EULER || s->kind == SD_SAMPLER_EULER_A;
+    return is_k(s->kind);
 }
 
 void sd_sampler_scale_input(const sd_sampler *s, int i, int64_t n, const float *x, float *out)
@@ -642,6 +659,39 @@ static void euler_step(const sd_sampler *s, int i, const float *mo, float *x, co
         float y = x[j] + step;
         float z = noise[j] * up;
         x[j] = y + z;
+    }
+}
+
+/* HeunDiscreteScheduler.step: even calls are Euler steps that keep their derivative, dt and
+ * sample; odd calls correct them with the mean of the two derivatives (x0 from the model at
+ * sigma_next). */
+static void heun_step(sd_sampler *s, int i, const float *mo, float *x)
+{
+    const int first = i % 2 == 0;
+    const float sigma = first ? s->sigmas[i] : s->sigmas[i - 1];
+    const float next = first ? s->sigmas[i + 1] : s->sigmas[i];
+    const float sin = first ? sigma : next; /* sigma_input */
+    const float sq = sin * sin, c_skip = sq + 1.0f, c_out = -sin / sqrtf(c_skip);
+    if (first) {
+        const float dt = next - sigma;
+        for (int64_t j = 0; j < s->n; j++) {
+            float x0 = k_x0(s->prediction, sin, c_out, c_skip, mo[j], x[j]);
+            float der = (x[j] - x0) / sigma;
+            s->heun_der[j] = der;
+            s->heun_sample[j] = x[j];
+            float step = der * dt;
+            x[j] = x[j] + step;
+        }
+        s->heun_dt = dt;
+    } else {
+        const float dt = s->heun_dt;
+        for (int64_t j = 0; j < s->n; j++) {
+            float x0 = k_x0(s->prediction, sin, c_out, c_skip, mo[j], x[j]);
+            float d2 = (x[j] - x0) / next;
+            float sum = s->heun_der[j] + d2, der = sum / 2.0f;
+            float step = der * dt;
+            x[j] = s->heun_sample[j] + step;
+        }
     }
 }
 
@@ -822,6 +872,9 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
     case SD_SAMPLER_EULER:
     case SD_SAMPLER_EULER_A:
         euler_step(s, i, model_out, sample, noise);
+        break;
+    case SD_SAMPLER_HEUN:
+        heun_step(s, i, model_out, sample);
         break;
     case SD_SAMPLER_DPMPP_2M:
     case SD_SAMPLER_DPMPP_2M_SDE:

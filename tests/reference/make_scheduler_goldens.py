@@ -16,6 +16,8 @@ Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NH
   kts_<kind>_<spacing>_<N>, ksig_..., kins_...   the same with use_karras_sigmas (T = 1000,
         steps_offset 1): euler after each spacing, dpmpp_2m (linspace; the spacing is unused);
         ets_..., esig_..., eins_...: the same with use_exponential_sigmas
+  hts_heun_<spacing>_<N>_<T>_<offset>, hsig_..., hins_...: Heun's (T 1000 and 10)
+  step_model_out_heun [9,2,3,5,4]: model outputs for Heun's 9 calls of 5 steps
   step_sample, step_model_out [6,2,3,5,4], step_noise [6,2,3,5,4]: the inputs of the step tests
   step_<case>   [n_t,2,3,5,4] the sample after each scheduler.step, N = 5 (PNDM: 6 calls); <case> is
         <kind>_<spacing>_<pred> for euler, euler_a, dpmpp_2m (pred eps | v, spacing linspace |
@@ -23,7 +25,8 @@ Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NH
         sigmas), dpmpp_2m_sde_eps, dpmpp_2m_sde_karras_eps, dpmpp_2m_heun_eps,
         dpmpp_2m_sde_heun_eps, dpmpp_2m_order1_eps, dpmpp_2m_sigma_min_eps,
         dpmpp_2m_sigma_min_nolof_eps (lower_order_final false), dpmpp_2m_sigma_min_eaf_eps
-        (euler_at_final), euler_sigma_min_eps, euler_expo_eps, dpmpp_2m_expo_eps, ddim_eta_<pred> (eta 0.8, leading, offset 1), and
+        (euler_at_final), euler_sigma_min_eps, euler_expo_eps, dpmpp_2m_expo_eps,
+        heun_linspace_eps / _v, heun_leading_eps, heun_karras_eps (9 calls), ddim_eta_<pred> (eta 0.8, leading, offset 1), and
         <kind>_<spacing>_eps for ddim, pndm, ddpm with trailing and linspace spacing. Euler
         kinds start from step_sample * init_noise_sigma.
   step16_model_out [16,2,3,5,4], step16_dpmpp_2m_sigma_min_eps [16,2,3,5,4]: 16 steps with
@@ -33,7 +36,7 @@ Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NH
         prompts, tokenizer, initial latents (init_latents there) and per-step noise
         (ddpm_noise there), 4 steps, guidance 7.5; <case> = euler, euler_a, dpmpp_2m (linspace),
         euler_leading, ddim_eta_rescale (eta 0.5, guidance_rescale 0.7), pndm_trailing,
-        dpmpp_2m_karras, dpmpp_2m_sde_karras.
+        dpmpp_2m_karras, dpmpp_2m_sde_karras, heun (7 U-Net calls).
   p_euler_a_24x16_{init,noise,latents,image,u8}: Euler ancestral at 24 x 16 px (width x
         height; latents [2,8,12,4]) from its own initial latents [2,8,12,4] and per-step noise
         [4,2,8,12,4] (seeds 5 and 6).
@@ -80,6 +83,8 @@ def make(kind, **kw):
         return D.DPMSolverMultistepScheduler(**kw)
     if kind == "dpmpp_2m_sde":
         return D.DPMSolverMultistepScheduler(algorithm_type="sde-dpmsolver++", **kw)
+    if kind == "heun":
+        return D.HeunDiscreteScheduler(**kw)
     raise ValueError(kind)
 
 
@@ -116,6 +121,18 @@ def main():
                             out["sig_" + tag] = s.sigmas.numpy().astype(np.float32)
                             out["ins_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
 
+    # 1a. Heun (2 N - 1 model calls): its own keys, a smaller grid
+    for T, Ns in ((1000, (1, 2, 3, 4, 7, 10, 50, 999, 1000)), (10, (1, 2, 3, 7, 10))):
+        for N in Ns:
+            for spacing in ("leading", "trailing", "linspace"):
+                for off in (0, 1):
+                    s = make("heun", num_train_timesteps=T, timestep_spacing=spacing, steps_offset=off)
+                    s.set_timesteps(N)
+                    tag = f"heun_{spacing}_{N}_{T}_{off}"
+                    out["hts_" + tag] = s.timesteps.numpy().astype(np.float32)
+                    out["hsig_" + tag] = s.sigmas.numpy().astype(np.float32)
+                    out["hins_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
+
     # 1b. Karras (k) and exponential (e) sigmas: Euler after each spacing, DPM-Solver++ (spacing unused)
     for pre, opt in (("k", "use_karras_sigmas"), ("e", "use_exponential_sigmas")):
         for N in (1, 2, 3, 4, 7, 10, 25, 50, 100, 500):
@@ -134,6 +151,8 @@ def main():
     shape = (2, 3, 5, 4)
     sample0 = torch.randn(shape, generator=g)
     mos = torch.randn((6,) + shape, generator=g)
+    mos_heun = torch.randn((9,) + shape, generator=torch.Generator().manual_seed(7))
+    out["step_model_out_heun"] = mos_heun.numpy()
     noise = torch.randn((6,) + shape, generator=g)
     out["step_sample"] = sample0.numpy()
     out["step_model_out"] = mos.numpy()
@@ -165,7 +184,11 @@ def main():
              dict(final_sigmas_type="sigma_min", lower_order_final=False, euler_at_final=True)),
             ("euler_sigma_min_eps", "euler", dict(final_sigmas_type="sigma_min")),
             ("euler_expo_eps", "euler", dict(use_exponential_sigmas=True)),
-            ("dpmpp_2m_expo_eps", "dpmpp_2m", dict(use_exponential_sigmas=True))):
+            ("dpmpp_2m_expo_eps", "dpmpp_2m", dict(use_exponential_sigmas=True)),
+            ("heun_linspace_eps", "heun", {}),
+            ("heun_linspace_v", "heun", dict(prediction_type="v_prediction")),
+            ("heun_leading_eps", "heun", dict(timestep_spacing="leading")),
+            ("heun_karras_eps", "heun", dict(use_karras_sigmas=True))):
         cases.append((name, kind, dict(steps_offset=1, **kw), {}))
     for name, kind, kw, step_kw in cases:
         s = make(kind, num_train_timesteps=1000, **kw)
@@ -173,10 +196,11 @@ def main():
         patch_noise(noise)
         x = sample0.clone() * s.init_noise_sigma
         res = []
+        m_all = mos_heun if kind == "heun" else mos
         for i, t in enumerate(s.timesteps):
             if hasattr(s, "scale_model_input"):
                 s.scale_model_input(x, t)  # sets the step index as the pipeline does
-            x = s.step(mos[i], t, x, return_dict=False, **step_kw)[0]
+            x = s.step(m_all[i], t, x, return_dict=False, **step_kw)[0]
             res.append(x.clone())
         out["step_" + name] = torch.stack(res).numpy()
     # 16 steps with final_sigmas_type 'sigma_min': from 15 steps on, the last step is second order
@@ -207,6 +231,7 @@ def main():
         ("pndm_trailing", "pndm", dict(timestep_spacing="trailing", steps_offset=1), dict()),
         ("dpmpp_2m_karras", "dpmpp_2m", dict(use_karras_sigmas=True), dict()),
         ("dpmpp_2m_sde_karras", "dpmpp_2m_sde", dict(use_karras_sigmas=True), dict()),
+        ("heun", "heun", dict(), dict()),
     )
     def run(s, lat_init, noises, height, width, **call_kw):
         pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=s,

@@ -410,6 +410,87 @@ static void test_karras(int expo)
     sd_diffusion_free(&d);
 }
 
+/* schedulers.safetensors: Heun's interleaved timesteps and sigmas (2 N - 1 model calls) */
+static void test_heun_schedules(void)
+{
+    static const struct {
+        int T, nn, Ns[9];
+    } grid[] = {{1000, 9, {1, 2, 3, 4, 7, 10, 50, 999, 1000}}, {10, 5, {1, 2, 3, 7, 10}}};
+    static double ts[2002];
+    int checked = 0, bad = 0, refused = 0;
+    double worst = 0.0;
+    for (size_t a = 0; a < sizeof grid / sizeof grid[0]; a++) {
+        const int T = grid[a].T;
+        sd_diffusion d;
+        if (init_sd2_schedule(&d, "epsilon", T))
+            continue;
+        for (int b = 0; b < grid[a].nn; b++)
+            for (int sp = 0; sp < 3; sp++)
+                for (int off = 0; off < 2; off++) {
+                    const int N = grid[a].Ns[b];
+                    char tag[96], name[112];
+                    sd_err err;
+                    sd_sampler s;
+                    snprintf(tag, sizeof tag, "heun_%s_%d_%d_%d", sd_spacing_name((sd_spacing)sp), N,
+                             T, off);
+                    snprintf(name, sizeof name, "hts_%s", tag);
+                    const sd_st_tensor *t = sd_st_find(&gold2, name);
+                    float *ref = t ? read_from(&gold2, name, (size_t)t->numel) : NULL;
+                    if (!ref) {
+                        bad++;
+                        continue;
+                    }
+                    int valid = 1;
+                    for (int64_t i = 0; i < t->numel; i++)
+                        valid &= ref[i] >= 0.0f && ref[i] <= (float)(T - 1) &&
+                                 (i == 0 || ref[i] != ref[0]);
+                    int n = sd_sampler_timesteps(SD_SAMPLER_HEUN, (sd_spacing)sp, N, T, off, ts,
+                                                 &err);
+                    checked++;
+                    if (!valid || n < 0) {
+                        if (valid || n >= 0) {
+                            bad++;
+                            tap_diag("%s: ours %d, diffusers' %s", tag, n,
+                                     valid ? "usable" : "unusable");
+                        } else {
+                            refused++;
+                        }
+                        free(ref);
+                        continue;
+                    }
+                    int same = n == (int)t->numel;
+                    for (int i = 0; same && i < n; i++)
+                        same = (float)ts[i] == ref[i];
+                    free(ref);
+                    snprintf(name, sizeof name, "hsig_%s", tag);
+                    float *rs = read_from(&gold2, name, (size_t)n + 1);
+                    snprintf(name, sizeof name, "hins_%s", tag);
+                    float *ri = read_from(&gold2, name, 1);
+                    if (!same || !rs || !ri ||
+                        sd_sampler_init(&s, SD_SAMPLER_HEUN, &d, N, (sd_spacing)sp, off, 1, &err)) {
+                        bad++;
+                        tap_diag("%s: timesteps differ or no sampler", tag);
+                    } else {
+                        double w = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
+                        for (int i = 0; i <= n; i++) {
+                            double e = fabs((double)s.sigmas[i] - rs[i]) /
+                                       (rs[i] != 0.0f ? fabs((double)rs[i]) : 1.0);
+                            w = e > w ? e : w;
+                        }
+                        worst = w > worst ? w : worst;
+                        bad += w > 1e-6;
+                        sd_sampler_free(&s);
+                    }
+                    free(rs);
+                    free(ri);
+                }
+        sd_diffusion_free(&d);
+    }
+    tap_ok(checked >= 80 && bad == 0, "Heun: timesteps of %d (spacing, N, T, offset) cases equal "
+           "diffusers' (%d unusable refused), sigmas and init_noise_sigma within %.3g", checked,
+           refused, worst);
+}
+
 /* schedulers.safetensors: 5 steps of every new case on random inputs */
 static void test_steps_more(void)
 {
@@ -480,6 +561,8 @@ static void test_steps_more(void)
             {"step_euler_sigma_min_eps", SD_SAMPLER_EULER, 0, 2, 0, 1, 1, 0},
             {"step_euler_expo_eps", SD_SAMPLER_EULER, 2, 2, 0, 0, 1, 0},
             {"step_dpmpp_2m_expo_eps", SD_SAMPLER_DPMPP_2M, 2, 2, 0, 0, 1, 0},
+            {"step_heun_linspace_eps", SD_SAMPLER_HEUN, 0, 2, 0, 0, 1, 0},
+            {"step_heun_karras_eps", SD_SAMPLER_HEUN, 1, 2, 0, 0, 1, 0},
         };
         for (size_t k = 0; k < sizeof dpm / sizeof dpm[0]; k++) {
             step_case *c = &cases[nc++];
@@ -497,8 +580,19 @@ static void test_steps_more(void)
                     !init_sd2_schedule(&dd[1], "v_prediction", 1000),
                 "schedulers.safetensors step goldens present"))
         goto out;
+    /* Heun's v_prediction and leading spacing */
+    {
+        step_case *c = &cases[nc++];
+        *c = (step_case){"step_heun_linspace_v", SD_SAMPLER_HEUN, SD_SPACING_LINSPACE, 1, 1, 0.0,
+                         0, 2, 0, 0, 1, 0};
+        c = &cases[nc++];
+        *c = (step_case){"step_heun_leading_eps", SD_SAMPLER_HEUN, SD_SPACING_LEADING, 1, 0, 0.0,
+                         0, 2, 0, 0, 1, 0};
+    }
+    float *mo_heun = read_from(&gold2, "step_model_out_heun", 9 * (size_t)n);
     for (int ci = 0; ci < nc; ci++) {
         const step_case *c = &cases[ci];
+        const float *m_all = c->kind == SD_SAMPLER_HEUN ? mo_heun : mo;
         sd_sampler s;
         sd_err err;
         float x[2 * 3 * 5 * 4], *ref;
@@ -520,8 +614,8 @@ static void test_steps_more(void)
         for (int64_t j = 0; j < n; j++)
             x[j] = x0[j] * s.init_noise_sigma;
         sd_sampler_reset(&s);
-        for (int i = 0; ref && i < s.n_timesteps; i++) {
-            sd_sampler_step(&s, i, mo + (size_t)i * n, x,
+        for (int i = 0; ref && m_all && i < s.n_timesteps; i++) {
+            sd_sampler_step(&s, i, m_all + (size_t)i * n, x,
                             sd_sampler_step_noise(&s, i) ? z + (size_t)i * n : NULL);
             double e = rel_err(x, ref + (size_t)i * n, n, NULL);
             worst = e > worst ? e : worst;
@@ -560,6 +654,7 @@ static void test_steps_more(void)
         free(mo16);
         free(ref);
     }
+    free(mo_heun);
     sd_diffusion_free(&dd[0]);
     sd_diffusion_free(&dd[1]);
 out:
@@ -772,6 +867,7 @@ static void test_pipeline(void)
             {"pndm_trailing", SD_SAMPLER_PNDM, SD_SPACING_TRAILING, 0, 0, 0},
             {"dpmpp_2m_karras", SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE, 0, 0, 1},
             {"dpmpp_2m_sde_karras", SD_SAMPLER_DPMPP_2M_SDE, SD_SPACING_LINSPACE, 0, 0, 1},
+            {"heun", SD_SAMPLER_HEUN, SD_SPACING_LINSPACE, 0, 0, 0},
         };
         for (size_t k = 0; k < sizeof more / sizeof more[0]; k++)
             pipeline_case(&c, more[k].kind, more[k].spacing, more[k].eta, more[k].rescale, 7.5,
@@ -849,6 +945,7 @@ int main(void)
         test_spacings();
         test_karras(0);
         test_karras(1);
+        test_heun_schedules();
         test_steps_more();
     } else {
         tap_diag("%s", err.msg);
