@@ -34,7 +34,9 @@ export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 # Refuse a bad configuration before the allocation's GPUs sit idle waiting for all ranks.
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=train "$@" >/dev/null
 stop=0
-trap 'stop=1; kill -USR1 "$pid" 2>/dev/null || true' USR1
+pid=""
+# a signal after the run has ended (it finished just before the time limit) requeues nothing
+trap 'if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then stop=1; kill -USR1 "$pid" 2>/dev/null || true; fi' USR1
 # shellcheck disable=SC2086 # $launch is a command with flags
 $launch "$sdtrain" "$input" --set run.mode=train "$@" &
 pid=$!

@@ -131,7 +131,8 @@ nml train.nml <<EOF2
 &run mode = 'train', output_dir = '$TMP/train', seed = 11 /
 &model $TINY_MODEL /
 &data shard_dir = '$TMP/shards', val_fraction = 0.2 /
-&train max_steps = 200, batch_size_per_rank = 4, learning_rate = 1e-3, log_every = 1, val_every = 0 /
+&train max_steps = 1000000, batch_size_per_rank = 4, learning_rate = 1e-3, log_every = 1,
+       val_every = 0 /
 &checkpoint every_n_steps = 0 /
 EOF2
 # shellcheck disable=SC2086
@@ -148,6 +149,9 @@ wait_state "$id" "*PENDING*Restarts=1*" 60
 grep -q "after SIGUSR1; resubmit to continue" "$TMP/train.out" || fail "no checkpoint after SIGUSR1: $(tail -5 "$TMP/train.out")"
 grep -q "requeueing job $id" "$TMP/train.out" || fail "the script did not requeue"
 k=$(sed -n 's/^checkpointed at step \([0-9]*\) after SIGUSR1.*/\1/p' "$TMP/train.out")
+# the requeued job reads the namelist again: let it end two steps after the checkpoint (the first
+# run had a step budget it could not reach before the signal, however fast the machine)
+sed -i "s/max_steps = 1000000/max_steps = $((k + 2))/" "$TMP/train.nml"
 release "$id"
 wait_state "$id" "*COMPLETED*Restarts=1*" 90
 grep -q "resuming from $TMP/train/checkpoints/$(printf 'step-%08d' "$k")" "$TMP/train.out" ||
@@ -158,7 +162,8 @@ pass "sbatch slurm/train.sh: SIGUSR1 -> checkpoint at step $k, requeued, resumed
 # 3. a rank killed in the first run only (the launcher below injects the fault while
 #    SLURM_RESTART_COUNT is 0): srun --kill-on-bad-exit ends the step at once, the script
 #    requeues the failed job, and the restarted job resumes from the checkpoint of step 2
-sed 's/every_n_steps = 0/every_n_steps = 2/' "$TMP/train.nml" >"$TMP/retry.nml"
+sed -e 's/every_n_steps = 0/every_n_steps = 2/' -e 's/max_steps = [0-9]*/max_steps = 8/' \
+    "$TMP/train.nml" >"$TMP/retry.nml"
 cat >"$TMP/launch.sh" <<EOF2
 #!/bin/sh
 [ "\${SLURM_RESTART_COUNT:-0}" != 0 ] || export SDTRAIN_FAULT="kill:rank=1:step=3"
@@ -183,7 +188,7 @@ pass "a rank killed at step 3: the job is requeued, resumes from step 2 and comp
 # 4. the same with SDTRAIN_MAX_RESTARTS=0: FAILED, not requeued
 # shellcheck disable=SC2086
 kid=$(SDTRAIN_MAX_RESTARTS=0 SDTRAIN_FAULT="kill:rank=1:step=3" sbatch --parsable $SIZE \
-    -o "$TMP/kill.out" "$top_srcdir/slurm/train.sh" "$TMP/train.nml" \
+    -o "$TMP/kill.out" "$top_srcdir/slurm/train.sh" "$TMP/retry.nml" \
     --set run.output_dir="'$TMP/kill'") || fail "sbatch slurm/train.sh refused"
 wait_state "$kid" "*FAILED*Restarts=0*" 60
 grep -q "not requeueing (SDTRAIN_MAX_RESTARTS=0)" "$TMP/kill.out" || fail "$(tail -3 "$TMP/kill.out")"
