@@ -116,7 +116,7 @@ typedef struct sd_config {
         int n_negative_prompts;
         int64_t num_steps;
         double guidance_scale;
-        char scheduler[SD_NAME_MAX];    /* ddim pndm ddpm euler euler_a dpmpp_2m dpmpp_2m_sde */
+        char scheduler[SD_NAME_MAX];    /* ddim pndm ddpm euler euler_a heun dpmpp_2m(_sde) unipc */
         char timestep_spacing[SD_NAME_MAX]; /* auto | leading | trailing | linspace */
         bool use_karras_sigmas;         /* euler, dpmpp_2m, dpmpp_2m_sde */
         bool use_exponential_sigmas;    /* the same */

@@ -57,12 +57,13 @@ typedef enum {
     SD_SAMPLER_DPMPP_2M = 5, /* DPMSolverMultistepScheduler (dpmsolver++, order 2, midpoint) */
     SD_SAMPLER_DPMPP_2M_SDE = 6, /* the same with algorithm_type sde-dpmsolver++ */
     SD_SAMPLER_HEUN = 7,     /* HeunDiscreteScheduler: 2 N - 1 model calls */
+    SD_SAMPLER_UNIPC = 8,    /* UniPCMultistepScheduler (bh2, predict_x0, order 1 or 2) */
 } sd_sampler_kind;
-#define SD_SAMPLER_N_KINDS 8
+#define SD_SAMPLER_N_KINDS 9
 
 typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
 
-/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun"
+/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc"
  * (case-insensitive) -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
@@ -134,7 +135,8 @@ typedef struct sd_sampler {
     int karras;                  /* sd_sampler_use_karras was applied */
     int exponential;             /* sd_sampler_use_exponential was applied */
     float final_sigma;           /* the sigma after the last step: 0, or sigma_min */
-    /* DPMSolverMultistepScheduler's options (set after init; the defaults are diffusers') */
+    /* DPMSolverMultistepScheduler's (and UniPC's) options (set after init; the defaults are
+     * diffusers') */
     int dpm_order;               /* solver_order: 1 or 2 (2) */
     int dpm_heun;                /* solver_type 'heun' rather than 'midpoint' (0) */
     int lower_order_final;       /* (1) */
@@ -148,6 +150,9 @@ typedef struct sd_sampler {
     /* DPM-Solver++ state: the previous step's x0 (model_outputs[-2]), lower_order_nums */
     float *x0_prev;
     int lower_order_nums;
+    /* UniPC state: model_outputs[-2] (x0_prev2; [-1] is x0_prev), last_sample, this_order */
+    float *x0_prev2, *last_sample;
+    int unipc_order;
     /* Heun state between its first- and second-order call: derivative, dt, sample */
     float *heun_der, *heun_sample;
     float heun_dt;

@@ -188,6 +188,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     const char *got;
     int rc = 0, offset = 0, clip = kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM;
     const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE,
+              unipc = kind == SD_SAMPLER_UNIPC, multi = dpm || unipc,
               euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A ||
                       kind == SD_SAMPLER_HEUN;
     snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
@@ -235,21 +236,23 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                  offset != 1 ? (offset == 0 ? "0)" : "other)") : "",
                  clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
     /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
-    ss->karras = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || dpm) &&
+    ss->karras = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || multi) &&
                  jtrue(root, "use_karras_sigmas");
-    ss->expo = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || dpm) &&
+    ss->expo = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || multi) &&
                jtrue(root, "use_exponential_sigmas");
-    if (dpm) {
+    if (multi) {
         if ((v = jkey(root, "solver_order")))
             ss->dpm_order = json_object_get_int(v);
         if ((v = jkey(root, "lower_order_final")))
             ss->lower_order_final = json_object_get_boolean(v);
+    }
+    if (dpm) {
         ss->euler_at_final = jtrue(root, "euler_at_final");
         /* diffusers registers the solver types of other solvers as midpoint */
         if ((v = jkey(root, "solver_type")))
             ss->dpm_heun = !strcmp(json_object_get_string(v), "heun");
     }
-    if ((kind == SD_SAMPLER_EULER || dpm) && (v = jkey(root, "final_sigmas_type")))
+    if ((kind == SD_SAMPLER_EULER || multi) && (v = jkey(root, "final_sigmas_type")))
         ss->sigma_min = !strcmp(json_object_get_string(v), "sigma_min");
     if ((v = jkey(root, "timestep_spacing"))) {
         int sp = sd_spacing_from_name(json_object_get_string(v));
@@ -273,7 +276,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind == SD_SAMPLER_PNDM && !jtrue(root, "skip_prk_steps"))
         rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
                              "implemented; Stable Diffusion configs set skip_prk_steps true", path);
-    else if ((euler || dpm) && jtrue(root, "use_beta_sigmas"))
+    else if ((euler || multi) && jtrue(root, "use_beta_sigmas"))
         rc = sd_err_set(err, "%s: beta sigmas are not implemented for '%s'", path,
                         sd_sampler_kind_name(kind));
     else if (ss->karras && ss->expo)
@@ -281,7 +284,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                         path);
     else if (kind == SD_SAMPLER_EULER && (jkey(root, "sigma_min") || jkey(root, "sigma_max")))
         rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
-    else if ((kind == SD_SAMPLER_EULER || dpm) &&
+    else if ((kind == SD_SAMPLER_EULER || multi) &&
              jstr_not(root, "final_sigmas_type", "zero", &got) && strcmp(got, "sigma_min") != 0)
         rc = sd_err_set(err, "%s: final_sigmas_type '%s' is not one of zero, sigma_min", path,
                         got);
@@ -291,7 +294,18 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind == SD_SAMPLER_EULER && jstr_not(root, "timestep_type", "discrete", &got))
         rc = sd_err_set(err, "%s: timestep_type '%s' is not implemented (only 'discrete')", path,
                         got);
-    else if (dpm && ss->dpm_order != 1 && ss->dpm_order != 2)
+    else if (unipc && jstr_not(root, "solver_type", "bh2", &got))
+        rc = sd_err_set(err, "%s: solver_type '%s' is not implemented for 'unipc' (only 'bh2')",
+                        path, got);
+    else if (unipc && (v = jkey(root, "predict_x0")) && !json_object_get_boolean(v))
+        rc = sd_err_set(err, "%s: predict_x0 false is not implemented for 'unipc'", path);
+    else if (unipc && (v = jkey(root, "disable_corrector")) &&
+             json_object_is_type(v, json_type_array) && json_object_array_length(v) > 0)
+        rc = sd_err_set(err, "%s: disable_corrector is not implemented for 'unipc'", path);
+    else if (unipc && (jtrue(root, "use_flow_sigmas") || jtrue(root, "use_dynamic_shifting")))
+        rc = sd_err_set(err, "%s: use_flow_sigmas and use_dynamic_shifting are not implemented",
+                        path);
+    else if (multi && ss->dpm_order != 1 && ss->dpm_order != 2)
         rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 or 2)", path,
                         ss->dpm_order, sd_sampler_kind_name(kind));
     else if (dpm && jstr_not(root, "algorithm_type", "dpmsolver++", &got) &&
@@ -656,7 +670,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     memset(&s, 0, sizeof s);
     sd_err_clear(&err);
     failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm, ddpm, "
-                                           "euler, euler_a, heun, dpmpp_2m or dpmpp_2m_sde",
+                                           "euler, euler_a, heun, dpmpp_2m, dpmpp_2m_sde or unipc",
                                      cfg->sample.scheduler);
     if (!failed)
         failed = resolve_sources(cfg, &src, &err) != 0;
@@ -672,8 +686,9 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                                         : "use_exponential_sigmas";
         failed = kind != SD_SAMPLER_EULER && kind != SD_SAMPLER_HEUN &&
                  kind != SD_SAMPLER_DPMPP_2M && kind != SD_SAMPLER_DPMPP_2M_SDE &&
+                 kind != SD_SAMPLER_UNIPC &&
                  sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'heun', "
-                                  "'dpmpp_2m' or 'dpmpp_2m_sde', not '%s'", key,
+                                  "'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', not '%s'", key,
                             cfg->sample.scheduler);
         if (!failed && cfg->sample.use_karras_sigmas && cfg->sample.use_exponential_sigmas)
             failed = sd_err_set(&err, "&sample use_karras_sigmas and use_exponential_sigmas are "

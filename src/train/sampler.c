@@ -10,7 +10,7 @@
 #include "sdtrain/check.h"
 
 static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
-    "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun"};
+    "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 
 int sd_sampler_kind_from_name(const char *name)
@@ -44,6 +44,13 @@ static int is_dpm(sd_sampler_kind kind)
     return kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE;
 }
 
+/* DPM-Solver++ and UniPC: N + 1 spaced points, the schedule's own sigma range for Karras and
+ * exponential sigmas, integer timesteps */
+static int is_multistep(sd_sampler_kind kind)
+{
+    return is_dpm(kind) || kind == SD_SAMPLER_UNIPC;
+}
+
 /* the k-diffusion samplers: fp32 timesteps, scaled model input, init_noise_sigma */
 static int is_k(sd_sampler_kind kind)
 {
@@ -52,7 +59,7 @@ static int is_k(sd_sampler_kind kind)
 
 static int uses_sigmas(sd_sampler_kind kind)
 {
-    return is_k(kind) || is_dpm(kind);
+    return is_k(kind) || is_dpm(kind) || kind == SD_SAMPLER_UNIPC;
 }
 
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind)
@@ -129,7 +136,7 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
     /* the descending base list; DPM-Solver++ spaces N + 1 points (lambda_min_clipped = -inf:
      * last_timestep = T) and drops the last */
     double *base = sd_xmalloc(((size_t)N + 2) * sizeof *base);
-    const int nb = spaced(spacing, is_dpm(kind) ? N + 1 : N, N, T, steps_offset,
+    const int nb = spaced(spacing, is_multistep(kind) ? N + 1 : N, N, T, steps_offset,
                           !euler, base);
     /* PNDM: plms = concat(a[:-1], a[-2:-1], a[-1:])[::-1] of the ascending a, i.e. the
      * second-largest timestep twice; Heun: cat(t[:1], t[1:].repeat_interleave(2)) */
@@ -146,7 +153,7 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
                                    "fewer steps or another spacing", sd_sampler_kind_name(kind),
                               N, sd_spacing_name(spacing), steps_offset, out[i], T);
     /* index_for_timestep takes the second of two equal first timesteps (skipping a step) */
-    if (euler || is_dpm(kind))
+    if (euler || is_multistep(kind))
         for (int i = 1; i < n; i++)
             if (out[i] == out[0])
                 return sd_err_set(err, "sampler: %s with %d steps and '%s' spacing repeats "
@@ -410,7 +417,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         free(full);
         for (int i = 0; i <= count; i++)
             mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
-        if (!is_dpm(kind)) {
+        if (is_k(kind)) {
             /* init_noise_sigma: max sigma ('linspace', 'trailing') or (max^2 + 1) ** 0.5 */
             if (spacing == SD_SPACING_LEADING) {
                 const float sq = mx * mx, p = sq + 1.0f;
@@ -426,10 +433,14 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
             s->ets[k] = sd_xmalloc((size_t)n * sizeof(float));
         s->cur_sample = sd_xmalloc((size_t)n * sizeof(float));
     }
-    if (kind == SD_SAMPLER_PNDM || is_dpm(kind))
+    if (kind == SD_SAMPLER_PNDM || is_dpm(kind) || kind == SD_SAMPLER_UNIPC)
         s->tmp = sd_xmalloc((size_t)n * sizeof(float));
-    if (is_dpm(kind))
+    if (is_dpm(kind) || kind == SD_SAMPLER_UNIPC)
         s->x0_prev = sd_xmalloc((size_t)n * sizeof(float));
+    if (kind == SD_SAMPLER_UNIPC) {
+        s->x0_prev2 = sd_xmalloc((size_t)n * sizeof(float));
+        s->last_sample = sd_xmalloc((size_t)n * sizeof(float));
+    }
     if (kind == SD_SAMPLER_HEUN) {
         s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
         s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
@@ -475,9 +486,10 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     const char *what = expo ? "exponential" : "Karras";
     double smin, smax;
     const int heun = s->kind == SD_SAMPLER_HEUN;
-    if (s->kind != SD_SAMPLER_EULER && !heun && !is_dpm(s->kind))
-        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, dpmpp_2m and "
-                               "dpmpp_2m_sde, not %s", what, sd_sampler_kind_name(s->kind));
+    if (s->kind != SD_SAMPLER_EULER && !heun && !is_multistep(s->kind))
+        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, unipc, "
+                               "dpmpp_2m and dpmpp_2m_sde, not %s", what,
+                          sd_sampler_kind_name(s->kind));
     SD_CHECK(s->n_timesteps == (heun ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
              sd_sampler_kind_name(s->kind), s->n_timesteps, N);
     float *full = sd_xmalloc((size_t)T * sizeof *full), *logs = sd_xmalloc((size_t)T * sizeof *logs);
@@ -486,7 +498,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
         full[t] = sqrtf(q);
         logs[t] = logf(full[t]);
     }
-    if (is_dpm(s->kind)) {
+    if (is_multistep(s->kind)) {
         /* the whole table, flipped: sigma_min = sigmas[0], sigma_max = sigmas[T - 1] */
         smin = full[0];
         smax = full[T - 1];
@@ -504,7 +516,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
                                 : pow(max_inv + np_linspace_at(1.0, N, i) * (min_inv - max_inv),
                                       rho);
         double t = sigma_to_t(sig, logs, T);
-        if (is_dpm(s->kind))
+        if (is_multistep(s->kind))
             t = expo ? trunc(t) : nearbyint(t);
         /* Heun: every entry but the first twice */
         for (int r = 0; r < (heun && i > 0 ? 2 : 1); r++) {
@@ -550,8 +562,8 @@ int sd_sampler_use_exponential(sd_sampler *s, sd_err *err)
 
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err)
 {
-    if (s->kind != SD_SAMPLER_EULER && !is_dpm(s->kind))
-        return sd_err_set(err, "sampler: final_sigmas_type 'sigma_min' is for euler and "
+    if (s->kind != SD_SAMPLER_EULER && !is_dpm(s->kind) && s->kind != SD_SAMPLER_UNIPC)
+        return sd_err_set(err, "sampler: final_sigmas_type 'sigma_min' is for euler, unipc and "
                                "dpmpp_2m(_sde), not %s", sd_sampler_kind_name(s->kind));
     /* ((1 - abar[0]) / abar[0]) ** 0.5 in fp32 */
     const float a = s->alphas_cumprod[0], b = 1.0f - a, q = b / a;
@@ -567,6 +579,8 @@ void sd_sampler_free(sd_sampler *s)
     free(s->cur_sample);
     free(s->tmp);
     free(s->x0_prev);
+    free(s->x0_prev2);
+    free(s->last_sample);
     free(s->heun_der);
     free(s->heun_sample);
     free(s->timesteps);
@@ -580,6 +594,7 @@ void sd_sampler_reset(sd_sampler *s)
     s->n_ets = 0;
     s->counter = 0;
     s->lower_order_nums = 0;
+    s->unipc_order = 0;
 }
 
 int sd_sampler_scales_input(const sd_sampler *s)
@@ -848,6 +863,112 @@ static void pndm_step(sd_sampler *s, int i, const float *mo, float *sample)
     s->counter++;
 }
 
+/* lambda = log(alpha) - log(sigma_t) of a k-diffusion sigma */
+static float dpm_lambda(float sigma, float *alpha, float *sig)
+{
+    dpm_alpha_sigma(sigma, alpha, sig);
+    return logf(*alpha) - logf(*sig);
+}
+
+/* UniPCMultistepScheduler (bh2, predict_x0, solver_order 1 or 2): at step i, the corrector
+ * UniC refines the sample with the model output just computed (from step 1 on), then the
+ * predictor UniP steps to sigmas[i + 1]. x0_prev holds model_outputs[-1], x0_prev2 [-2]. */
+static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
+{
+    const int64_t n = s->n;
+    float *cur = s->tmp;
+    float a_s0, s_s0, a_t, s_t;
+    dpm_alpha_sigma(s->sigmas[i], &a_s0, &s_s0);
+    for (int64_t j = 0; j < n; j++) { /* convert_model_output: x0 */
+        if (s->prediction == SD_PRED_V) {
+            float a = a_s0 * x[j], b = s_s0 * mo[j];
+            cur[j] = a - b;
+        } else {
+            float b = s_s0 * mo[j], d = x[j] - b;
+            cur[j] = d / a_s0;
+        }
+    }
+    if (i > 0 && s->unipc_order > 0) {
+        /* multistep_uni_c_bh_update from last_sample (sigmas[i - 1]) to this sample */
+        const int order = s->unipc_order;
+        float a_p, s_p;
+        const float lt = dpm_lambda(s->sigmas[i], &a_t, &s_t);
+        const float l0 = dpm_lambda(s->sigmas[i - 1], &a_p, &s_p);
+        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = expm1f(hh);
+        float rk = 1.0f, rho0 = 0.0f, rho_last = 0.5f;
+        if (order == 2) {
+            float a_q, s_q;
+            const float l1 = dpm_lambda(s->sigmas[i - 2], &a_q, &s_q);
+            rk = (l1 - l0) / h;
+            /* b_k = h_phi_k k! / B_h, h_phi_1 = phi1 / hh - 1, h_phi_2 = h_phi_1 / hh - 1/2;
+             * rhos_c = solve([[1, 1], [rk, 1]], b) (LAPACK's partial pivoting) */
+            float hk = phi1 / hh - 1.0f;
+            const float b1 = (hk * 1.0f) / bh;
+            hk = hk / hh - 0.5f;
+            const float b2 = (hk * 2.0f) / bh;
+            if (fabsf(rk) > 1.0f) { /* rows swapped: [rk 1 | b2], [1 1 | b1] */
+                const float l = 1.0f * (1.0f / rk), u = 1.0f - l * 1.0f, y = b1 - l * b2;
+                rho_last = y / u;
+                rho0 = (b2 - 1.0f * rho_last) / rk;
+            } else {
+                const float l = rk, u = 1.0f - l * 1.0f, y = b2 - l * b1;
+                rho_last = y / u;
+                rho0 = (b1 - 1.0f * rho_last) / 1.0f;
+            }
+        }
+        const float c_x = s_t / s_p, c_m = a_t * phi1, c_r = a_t * bh;
+        for (int64_t j = 0; j < n; j++) {
+            float p = c_x * s->last_sample[j], q = c_m * s->x0_prev[j];
+            float base = p - q;
+            float corr = 0.0f;
+            if (order == 2) {
+                float d = s->x0_prev2[j] - s->x0_prev[j], d1 = d / rk;
+                corr = rho0 * d1;
+            }
+            float dt = cur[j] - s->x0_prev[j], e = rho_last * dt;
+            float sum = corr + e, r = c_r * sum;
+            x[j] = base - r;
+        }
+    }
+    /* model_outputs = [model_outputs[-1], cur] */
+    float *old = s->x0_prev2;
+    s->x0_prev2 = s->x0_prev;
+    s->x0_prev = old;
+    memcpy(s->x0_prev, cur, (size_t)n * sizeof *cur);
+    int order = s->lower_order_final && s->n_timesteps - i < s->dpm_order ? s->n_timesteps - i
+                                                                         : s->dpm_order;
+    if (order > s->lower_order_nums + 1)
+        order = s->lower_order_nums + 1;
+    s->unipc_order = order;
+    memcpy(s->last_sample, x, (size_t)n * sizeof *x);
+    /* multistep_uni_p_bh_update to sigmas[i + 1] */
+    {
+        float a_0, s_0;
+        const float lt = dpm_lambda(s->sigmas[i + 1], &a_t, &s_t);
+        const float l0 = dpm_lambda(s->sigmas[i], &a_0, &s_0);
+        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = expm1f(hh);
+        float rk = 1.0f;
+        if (order == 2) {
+            float a_q, s_q;
+            const float l1 = dpm_lambda(s->sigmas[i - 1], &a_q, &s_q);
+            rk = (l1 - l0) / h;
+        }
+        const float c_x = s_t / s_0, c_m = a_t * phi1, c_r = a_t * bh;
+        for (int64_t j = 0; j < n; j++) {
+            float p = c_x * x[j], q = c_m * s->x0_prev[j];
+            float r = p - q;
+            if (order == 2) { /* rhos_p = 0.5: pred_res = 0.5 D1, D1 = (m1 - m0) / rk */
+                float d = s->x0_prev2[j] - s->x0_prev[j], d1 = d / rk, pr = 0.5f * d1;
+                float c = c_r * pr;
+                r = r - c;
+            }
+            x[j] = r;
+        }
+    }
+    if (s->lower_order_nums < s->dpm_order)
+        s->lower_order_nums++;
+}
+
 void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample,
                      const float *noise)
 {
@@ -875,6 +996,9 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
         break;
     case SD_SAMPLER_HEUN:
         heun_step(s, i, model_out, sample);
+        break;
+    case SD_SAMPLER_UNIPC:
+        unipc_step(s, i, model_out, sample);
         break;
     case SD_SAMPLER_DPMPP_2M:
     case SD_SAMPLER_DPMPP_2M_SDE:

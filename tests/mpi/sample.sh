@@ -19,7 +19,7 @@ same_pngs() { # same_pngs A B WHAT: runs A and B wrote the same 6 PNG files, byt
     done
 }
 
-for sched in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde; do
+for sched in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde unipc; do
     sample_nml "${sched}1" "$sched"
     mpi "${sched}1" 1 "$SDTRAIN" "$TMP/${sched}1.nml"
     expect_rc "${sched}1" 0
@@ -47,8 +47,8 @@ want='{"prompt_index": 2, "image_index": 0, "prompt": "x \"quoted\" \\ back", "s
 # variance over abar_prev): with the same noise the same images, up to rounding
 run ddpmeula "$top_builddir/tests/mpi/png_compare" "$TMP/ddpm1/samples/0-0.png" "$TMP/euler_a1/samples/0-0.png" 1
 expect_rc ddpmeula 0
-for a in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde; do
-    for b in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde; do
+for a in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde unipc; do
+    for b in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde unipc; do
         [ "$a" \< "$b" ] && [ "$a$b" != ddpmeuler_a ] || continue
         cmp -s "$TMP/${a}1/samples/0-0.png" "$TMP/${b}1/samples/0-0.png" && fail "$a and $b gave the same image"
     done
@@ -62,12 +62,12 @@ expect_rc pngsame 0
 expect_in pngsame out "largest difference 0, mean 0.000"
 run pngother "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" 0
 expect_rc pngother 1
-pass "ddim, pndm, ddpm, euler, euler_a, heun, dpmpp_2m, dpmpp_2m_sde: same PNG bytes at -np 1 and 2, samples.jsonl"
+pass "ddim, pndm, ddpm, euler, euler_a, heun, dpmpp_2m, dpmpp_2m_sde, unipc: same PNG bytes at -np 1 and 2, samples.jsonl"
 
 # several images per U-Net call (&sample batch_size): the CPU's U-Net is batch-invariant, so the
 # same bytes; 6 images as 4 + 2 on one rank, and as 2 + 1 on each of two ranks (the last batch
 # smaller: the scheduler is remade for it); DDPM and Euler ancestral draw their noise per image
-for sched in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde; do
+for sched in ddim pndm ddpm euler euler_a heun dpmpp_2m dpmpp_2m_sde unipc; do
     sample_nml "${sched}b4" "$sched" ", batch_size = 4"
     mpi "${sched}b4" 1 "$SDTRAIN" "$TMP/${sched}b4.nml"
     expect_rc "${sched}b4" 0
@@ -232,6 +232,11 @@ mpi dpmopts 2 "$SDTRAIN" "$TMP/dpmopts.nml"
 expect_rc dpmopts 0
 expect_in dpmopts out "final sigma_min, solver_order 1, heun)"
 cmp -s "$TMP/dpmopts/samples/1-0.png" "$TMP/dpmpp_2m1/samples/1-0.png" && fail "DPM-Solver++ options ignored"
+sched_snap snap-bh1 ', "solver_type": "bh1"'
+sample_nml schedbh1 unipc ", checkpoint = '$TMP/snap-bh1'"
+mpi schedbh1 1 "$SDTRAIN" "$TMP/schedbh1.nml"
+expect_rc schedbh1 2
+expect_count schedbh1 err "solver_type 'bh1' is not implemented for 'unipc' (only 'bh2')" 1
 sched_snap snap-badsp ', "timestep_spacing": "quadratic"'
 sample_nml schedb ddim ", checkpoint = '$TMP/snap-badsp'"
 mpi schedb 1 "$SDTRAIN" "$TMP/schedb.nml"
@@ -274,7 +279,7 @@ expect_count both err "use_karras_sigmas and use_exponential_sigmas are both .tr
 sample_nml karrasddim ddim ", use_karras_sigmas = .true."
 mpi karrasddim 2 "$SDTRAIN" "$TMP/karrasddim.nml"
 expect_rc karrasddim 2
-expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler', 'heun', 'dpmpp_2m' or 'dpmpp_2m_sde', not 'ddim'" 1
+expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler', 'heun', 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', not 'ddim'" 1
 pass "Karras and exponential sigmas"
 
 # DDIM's eta draws noise per image (the same bytes at -np 1 and 2 with batches) and changes the

@@ -8,10 +8,10 @@ same venv and pins as make_sample_goldens.py), schedulers built with SD2's sched
 
 Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NHWC):
   ts_<kind>_<spacing>_<N>_<T>_<offset>   scheduler.timesteps after set_timesteps(N)
-        kind = ddim | pndm | ddpm | euler | euler_a | dpmpp_2m, spacing = leading | trailing |
+        kind = ddim | pndm | ddpm | euler | euler_a | dpmpp_2m | unipc, spacing = leading | trailing |
         linspace, steps_offset = offset. Values outside [0, T) (which diffusers would index
         with, wrapping around) are kept: the C side must refuse those schedules.
-  sig_<kind>_<spacing>_<N>_<T>_<offset>  scheduler.sigmas (euler, euler_a, dpmpp_2m)
+  sig_<kind>_<spacing>_<N>_<T>_<offset>  scheduler.sigmas (euler, euler_a, dpmpp_2m, unipc)
   ins_<kind>_<spacing>_<N>_<T>_<offset>  [1] init_noise_sigma
   kts_<kind>_<spacing>_<N>, ksig_..., kins_...   the same with use_karras_sigmas (T = 1000,
         steps_offset 1): euler after each spacing, dpmpp_2m (linspace; the spacing is unused);
@@ -26,17 +26,18 @@ Output: tests/data/sample/schedulers.safetensors (all F32; latents and images NH
         dpmpp_2m_sde_heun_eps, dpmpp_2m_order1_eps, dpmpp_2m_sigma_min_eps,
         dpmpp_2m_sigma_min_nolof_eps (lower_order_final false), dpmpp_2m_sigma_min_eaf_eps
         (euler_at_final), euler_sigma_min_eps, euler_expo_eps, dpmpp_2m_expo_eps,
-        heun_linspace_eps / _v, heun_leading_eps, heun_karras_eps (9 calls), ddim_eta_<pred> (eta 0.8, leading, offset 1), and
+        heun_linspace_eps / _v, heun_leading_eps, heun_karras_eps (9 calls), unipc_eps, unipc_v,
+        unipc_leading_eps, unipc_karras_eps, unipc_order1_eps, unipc_sigma_min_eps, ddim_eta_<pred> (eta 0.8, leading, offset 1), and
         <kind>_<spacing>_eps for ddim, pndm, ddpm with trailing and linspace spacing. Euler
         kinds start from step_sample * init_noise_sigma.
   step16_model_out [16,2,3,5,4], step16_dpmpp_2m_sigma_min_eps [16,2,3,5,4]: 16 steps with
-        final_sigmas_type 'sigma_min' (the last one second order)
+        final_sigmas_type 'sigma_min' (the last one second order); step16_unipc_eps: UniPC, 16
   p_<case>_latents [2,8,8,4], p_<case>_image [2,16,16,3], p_<case>_u8 [2,16,16,3]:
         StableDiffusionPipeline on tests/data/models/tiny-sd2 with make_sample_goldens.py's
         prompts, tokenizer, initial latents (init_latents there) and per-step noise
         (ddpm_noise there), 4 steps, guidance 7.5; <case> = euler, euler_a, dpmpp_2m (linspace),
         euler_leading, ddim_eta_rescale (eta 0.5, guidance_rescale 0.7), pndm_trailing,
-        dpmpp_2m_karras, dpmpp_2m_sde_karras, heun (7 U-Net calls).
+        dpmpp_2m_karras, dpmpp_2m_sde_karras, heun (7 U-Net calls), unipc.
   p_euler_a_24x16_{init,noise,latents,image,u8}: Euler ancestral at 24 x 16 px (width x
         height; latents [2,8,12,4]) from its own initial latents [2,8,12,4] and per-step noise
         [4,2,8,12,4] (seeds 5 and 6).
@@ -62,8 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
 OUT = os.environ.get("SD_GOLDEN_OUT") or os.path.join(TOP, "tests", "data", "sample")
 SD2 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
-KINDS = ("ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m")
-SIGMA_KINDS = ("euler", "euler_a", "dpmpp_2m")
+KINDS = ("ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "unipc")
+SIGMA_KINDS = ("euler", "euler_a", "dpmpp_2m", "unipc")
 
 
 def make(kind, **kw):
@@ -85,6 +86,8 @@ def make(kind, **kw):
         return D.DPMSolverMultistepScheduler(algorithm_type="sde-dpmsolver++", **kw)
     if kind == "heun":
         return D.HeunDiscreteScheduler(**kw)
+    if kind == "unipc":
+        return D.UniPCMultistepScheduler(**kw)
     raise ValueError(kind)
 
 
@@ -188,7 +191,13 @@ def main():
             ("heun_linspace_eps", "heun", {}),
             ("heun_linspace_v", "heun", dict(prediction_type="v_prediction")),
             ("heun_leading_eps", "heun", dict(timestep_spacing="leading")),
-            ("heun_karras_eps", "heun", dict(use_karras_sigmas=True))):
+            ("heun_karras_eps", "heun", dict(use_karras_sigmas=True)),
+            ("unipc_eps", "unipc", {}),
+            ("unipc_v", "unipc", dict(prediction_type="v_prediction")),
+            ("unipc_leading_eps", "unipc", dict(timestep_spacing="leading")),
+            ("unipc_karras_eps", "unipc", dict(use_karras_sigmas=True)),
+            ("unipc_order1_eps", "unipc", dict(solver_order=1)),
+            ("unipc_sigma_min_eps", "unipc", dict(final_sigmas_type="sigma_min"))):
         cases.append((name, kind, dict(steps_offset=1, **kw), {}))
     for name, kind, kw, step_kw in cases:
         s = make(kind, num_train_timesteps=1000, **kw)
@@ -214,6 +223,14 @@ def main():
         x = s.step(mos16[i], t, x, return_dict=False)[0]
         res.append(x.clone())
     out["step16_dpmpp_2m_sigma_min_eps"] = torch.stack(res).numpy()
+    s = make("unipc", num_train_timesteps=1000, steps_offset=1)
+    s.set_timesteps(16)
+    x = sample0.clone()
+    res = []
+    for i, t in enumerate(s.timesteps):
+        x = s.step(mos16[i], t, x, return_dict=False)[0]
+        res.append(x.clone())
+    out["step16_unipc_eps"] = torch.stack(res).numpy()
 
     # 3. the whole pipeline on the tiny snapshot
     tok = CLIPTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"), model_max_length=77)
@@ -232,6 +249,7 @@ def main():
         ("dpmpp_2m_karras", "dpmpp_2m", dict(use_karras_sigmas=True), dict()),
         ("dpmpp_2m_sde_karras", "dpmpp_2m_sde", dict(use_karras_sigmas=True), dict()),
         ("heun", "heun", dict(), dict()),
+        ("unipc", "unipc", dict(), dict()),
     )
     def run(s, lat_init, noises, height, width, **call_kw):
         pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=s,

@@ -489,6 +489,10 @@ static void test_steps_more(void)
             {"step_dpmpp_2m_expo_eps", SD_SAMPLER_DPMPP_2M, 2, 2, 0, 0, 1, 0},
             {"step_heun_linspace_eps", SD_SAMPLER_HEUN, 0, 2, 0, 0, 1, 0},
             {"step_heun_karras_eps", SD_SAMPLER_HEUN, 1, 2, 0, 0, 1, 0},
+            {"step_unipc_eps", SD_SAMPLER_UNIPC, 0, 2, 0, 0, 1, 0},
+            {"step_unipc_karras_eps", SD_SAMPLER_UNIPC, 1, 2, 0, 0, 1, 0},
+            {"step_unipc_order1_eps", SD_SAMPLER_UNIPC, 0, 1, 0, 0, 1, 0},
+            {"step_unipc_sigma_min_eps", SD_SAMPLER_UNIPC, 0, 2, 0, 1, 1, 0},
         };
         for (size_t k = 0; k < sizeof dpm / sizeof dpm[0]; k++) {
             step_case *c = &cases[nc++];
@@ -513,6 +517,12 @@ static void test_steps_more(void)
                          0, 2, 0, 0, 1, 0};
         c = &cases[nc++];
         *c = (step_case){"step_heun_leading_eps", SD_SAMPLER_HEUN, SD_SPACING_LEADING, 1, 0, 0.0,
+                         0, 2, 0, 0, 1, 0};
+        c = &cases[nc++];
+        *c = (step_case){"step_unipc_v", SD_SAMPLER_UNIPC, SD_SPACING_LINSPACE, 1, 1, 0.0, 0, 2,
+                         0, 0, 1, 0};
+        c = &cases[nc++];
+        *c = (step_case){"step_unipc_leading_eps", SD_SAMPLER_UNIPC, SD_SPACING_LEADING, 1, 0, 0.0,
                          0, 2, 0, 0, 1, 0};
     }
     float *mo_heun = read_from(&gold2, "step_model_out_heun", 9 * (size_t)n);
@@ -556,29 +566,31 @@ static void test_steps_more(void)
     {
         /* 16 steps ending at sigma_min: from 15 steps on the last step is second order */
         float *mo16 = read_from(&gold2, "step16_model_out", 16 * (size_t)n);
-        float *ref = read_from(&gold2, "step16_dpmpp_2m_sigma_min_eps", 16 * (size_t)n);
-        sd_sampler s;
-        sd_err err;
-        float x[2 * 3 * 5 * 4];
-        double worst = 0.0;
-        int ok = mo16 && ref &&
-                 sd_sampler_init(&s, SD_SAMPLER_DPMPP_2M, &dd[0], 16, SD_SPACING_LINSPACE, 1, n,
-                                 &err) == 0 &&
-                 sd_sampler_final_sigma_min(&s, &err) == 0;
-        if (ok) {
-            memcpy(x, x0, sizeof x);
-            sd_sampler_reset(&s);
-            for (int i = 0; i < 16; i++) {
-                sd_sampler_step(&s, i, mo16 + (size_t)i * n, x, NULL);
-                double e = rel_err(x, ref + (size_t)i * n, n, NULL);
-                worst = e > worst ? e : worst;
+        for (int k = 0; k < 2; k++) {
+            const char *name = k ? "step16_unipc_eps" : "step16_dpmpp_2m_sigma_min_eps";
+            float *ref = read_from(&gold2, name, 16 * (size_t)n);
+            sd_sampler s;
+            sd_err err;
+            float x[2 * 3 * 5 * 4];
+            double worst = 0.0;
+            int ok = mo16 && ref &&
+                     sd_sampler_init(&s, k ? SD_SAMPLER_UNIPC : SD_SAMPLER_DPMPP_2M, &dd[0], 16,
+                                     SD_SPACING_LINSPACE, 1, n, &err) == 0 &&
+                     (k || sd_sampler_final_sigma_min(&s, &err) == 0);
+            if (ok) {
+                memcpy(x, x0, sizeof x);
+                sd_sampler_reset(&s);
+                for (int i = 0; i < 16; i++) {
+                    sd_sampler_step(&s, i, mo16 + (size_t)i * n, x, NULL);
+                    double e = rel_err(x, ref + (size_t)i * n, n, NULL);
+                    worst = e > worst ? e : worst;
+                }
+                sd_sampler_free(&s);
             }
-            sd_sampler_free(&s);
+            tap_ok(ok && worst <= 1e-6, "%s: 16 steps, relative error %.3g", name, worst);
+            free(ref);
         }
-        tap_ok(ok && worst <= 1e-6, "step16_dpmpp_2m_sigma_min_eps: 16 steps, relative error %.3g",
-               worst);
         free(mo16);
-        free(ref);
     }
     free(mo_heun);
     sd_diffusion_free(&dd[0]);
@@ -794,6 +806,7 @@ static void test_pipeline(void)
             {"dpmpp_2m_karras", SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE, 0, 0, 1},
             {"dpmpp_2m_sde_karras", SD_SAMPLER_DPMPP_2M_SDE, SD_SPACING_LINSPACE, 0, 0, 1},
             {"heun", SD_SAMPLER_HEUN, SD_SPACING_LINSPACE, 0, 0, 0},
+            {"unipc", SD_SAMPLER_UNIPC, SD_SPACING_LINSPACE, 0, 0, 0},
         };
         for (size_t k = 0; k < sizeof more / sizeof more[0]; k++)
             pipeline_case(&c, more[k].kind, more[k].spacing, more[k].eta, more[k].rescale, 7.5,
