@@ -11,8 +11,8 @@
 #      bound: with random tiny weights and guidance 7.5 it says little);
 #   4. the sigma-space samplers and a non-square size in fp32: Euler ancestral (scaled model
 #      input, per-image noise) at 24 x 16 px, DPM-Solver++ 2M with Karras sigmas, DDIM with eta
-#      and guidance_rescale, DPM-Solver++ 2M SDE with exponential sigmas: every PNG within 2
-#      levels of the CPU's.
+#      and guidance_rescale, DPM-Solver++ 2M SDE with exponential sigmas, UniPC with Karras
+#      sigmas, Heun: every PNG within 2 levels of the CPU's.
 # Skips without a CUDA build or a GPU.
 SD_TEST_NAME=gpu-sample # not the scratch directory of tests/mpi/sample.sh
 . "$top_srcdir/tests/lib.sh"
@@ -64,7 +64,8 @@ pass "bf16 on the GPU writes every image (differences to the CPU printed above)"
 
 for case in "eula euler_a , width = 24, height = 16" "dpmk dpmpp_2m , use_karras_sigmas = .true." \
     "ddimeta ddim , eta = 0.5, guidance_rescale = 0.7" \
-    "dpmsde dpmpp_2m_sde , use_exponential_sigmas = .true."; do
+    "dpmsde dpmpp_2m_sde , use_exponential_sigmas = .true." "unipc unipc , use_karras_sigmas = .true." \
+    "heun heun"; do
     set -- $case
     gs_case=$1 gs_sched=$2 # lib.sh's helpers set $name
     shift 2
@@ -72,4 +73,4 @@ for case in "eula euler_a , width = 24, height = 16" "dpmk dpmpp_2m , use_karras
     sample "gpu-$gs_case" 1 cuda fp32 0 "$gs_sched" "$*"
     compare "gpu-$gs_case" "cpu-$gs_case" 2
 done
-pass "Euler ancestral at 24x16, DPM-Solver++ 2M Karras, DDIM with eta and guidance_rescale, DPM-Solver++ 2M SDE with exponential sigmas: fp32 on the GPU within 2 levels of the CPU"
+pass "Euler ancestral at 24x16, DPM-Solver++ 2M Karras, DDIM with eta and guidance_rescale, DPM-Solver++ 2M SDE with exponential sigmas, UniPC Karras, Heun: fp32 on the GPU within 2 levels of the CPU"
