@@ -73,6 +73,10 @@ const char *sd_spacing_name(sd_spacing spacing);
 /* The spacing a diffusers class has by default: leading (DDIM, PNDM, DDPM) or linspace (Euler,
  * Euler ancestral, DPM-Solver++). */
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind);
+/* Whether a scheduler takes Karras / exponential sigmas (euler, heun, dpmpp_2m(_sde), unipc),
+ * and final_sigmas_type 'sigma_min' (the same but heun). */
+int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind);
+int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind);
 
 /* The timesteps a scheduler visits (scheduler.timesteps after set_timesteps(N)), at most
  * N + 1 values into out[] (Heun: 2 N - 1), integers but for Euler's and Heun's fp32 values.

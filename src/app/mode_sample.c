@@ -236,10 +236,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                  offset != 1 ? (offset == 0 ? "0)" : "other)") : "",
                  clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
     /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
-    ss->karras = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || multi) &&
-                 jtrue(root, "use_karras_sigmas");
-    ss->expo = (kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || multi) &&
-               jtrue(root, "use_exponential_sigmas");
+    ss->karras = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_karras_sigmas");
+    ss->expo = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_exponential_sigmas");
     if (multi) {
         if ((v = jkey(root, "solver_order")))
             ss->dpm_order = json_object_get_int(v);
@@ -252,7 +250,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
         if ((v = jkey(root, "solver_type")))
             ss->dpm_heun = !strcmp(json_object_get_string(v), "heun");
     }
-    if ((kind == SD_SAMPLER_EULER || multi) && (v = jkey(root, "final_sigmas_type")))
+    if (sd_sampler_takes_final_sigma_min(kind) && (v = jkey(root, "final_sigmas_type")))
         ss->sigma_min = !strcmp(json_object_get_string(v), "sigma_min");
     if ((v = jkey(root, "timestep_spacing"))) {
         int sp = sd_spacing_from_name(json_object_get_string(v));
@@ -284,7 +282,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                         path);
     else if (kind == SD_SAMPLER_EULER && (jkey(root, "sigma_min") || jkey(root, "sigma_max")))
         rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
-    else if ((kind == SD_SAMPLER_EULER || multi) &&
+    else if (sd_sampler_takes_final_sigma_min(kind) &&
              jstr_not(root, "final_sigmas_type", "zero", &got) && strcmp(got, "sigma_min") != 0)
         rc = sd_err_set(err, "%s: final_sigmas_type '%s' is not one of zero, sigma_min", path,
                         got);
@@ -684,9 +682,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     if (!failed && (cfg->sample.use_karras_sigmas || cfg->sample.use_exponential_sigmas)) {
         const char *key = cfg->sample.use_karras_sigmas ? "use_karras_sigmas"
                                                         : "use_exponential_sigmas";
-        failed = kind != SD_SAMPLER_EULER && kind != SD_SAMPLER_HEUN &&
-                 kind != SD_SAMPLER_DPMPP_2M && kind != SD_SAMPLER_DPMPP_2M_SDE &&
-                 kind != SD_SAMPLER_UNIPC &&
+        failed = !sd_sampler_takes_sigma_schedule((sd_sampler_kind)kind) &&
                  sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'heun', "
                                   "'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', not '%s'", key,
                             cfg->sample.scheduler);

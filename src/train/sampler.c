@@ -62,6 +62,16 @@ static int uses_sigmas(sd_sampler_kind kind)
     return is_k(kind) || is_dpm(kind) || kind == SD_SAMPLER_UNIPC;
 }
 
+int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || is_multistep(kind);
+}
+
+int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_EULER || is_multistep(kind);
+}
+
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind)
 {
     return uses_sigmas(kind) ? SD_SPACING_LINSPACE : SD_SPACING_LEADING;
@@ -486,7 +496,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     const char *what = expo ? "exponential" : "Karras";
     double smin, smax;
     const int heun = s->kind == SD_SAMPLER_HEUN;
-    if (s->kind != SD_SAMPLER_EULER && !heun && !is_multistep(s->kind))
+    if (!sd_sampler_takes_sigma_schedule(s->kind))
         return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, unipc, "
                                "dpmpp_2m and dpmpp_2m_sde, not %s", what,
                           sd_sampler_kind_name(s->kind));
@@ -562,7 +572,7 @@ int sd_sampler_use_exponential(sd_sampler *s, sd_err *err)
 
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err)
 {
-    if (s->kind != SD_SAMPLER_EULER && !is_dpm(s->kind) && s->kind != SD_SAMPLER_UNIPC)
+    if (!sd_sampler_takes_final_sigma_min(s->kind))
         return sd_err_set(err, "sampler: final_sigmas_type 'sigma_min' is for euler, unipc and "
                                "dpmpp_2m(_sde), not %s", sd_sampler_kind_name(s->kind));
     /* ((1 - abar[0]) / abar[0]) ** 0.5 in fp32 */
@@ -718,6 +728,30 @@ static void dpm_alpha_sigma(float sigma, float *alpha, float *sig)
     *sig = sigma * *alpha;
 }
 
+/* lambda = log(alpha) - log(sigma_t) of a k-diffusion sigma */
+static float dpm_lambda(float sigma, float *alpha, float *sig)
+{
+    dpm_alpha_sigma(sigma, alpha, sig);
+    return logf(*alpha) - logf(*sig);
+}
+
+/* convert_model_output of DPM-Solver++ and UniPC (predict_x0): the data prediction x0 of the
+ * model output at sigmas[i]: (x - sigma_t m) / alpha_t (epsilon) or alpha_t x - sigma_t m (v). */
+static void multistep_x0(const sd_sampler *s, int i, const float *mo, const float *x, float *x0)
+{
+    float a, sg;
+    dpm_alpha_sigma(s->sigmas[i], &a, &sg);
+    for (int64_t j = 0; j < s->n; j++) {
+        if (s->prediction == SD_PRED_V) {
+            float p = a * x[j], q = sg * mo[j];
+            x0[j] = p - q;
+        } else {
+            float q = sg * mo[j], d = x[j] - q;
+            x0[j] = d / a;
+        }
+    }
+}
+
 /* DPMSolverMultistepScheduler.step: dpmsolver++ or sde-dpmsolver++ (noise at every step),
  * solver_order 1 or 2, midpoint or heun; the last step first order when final_sigmas_type is
  * 'zero', or with lower_order_final and fewer than 15 steps, or with euler_at_final. */
@@ -727,19 +761,9 @@ static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const floa
     const int sde = s->kind == SD_SAMPLER_DPMPP_2M_SDE;
     float a_s0, s_s0, a_t, s_t;
     float *x0 = s->tmp;
-    dpm_alpha_sigma(s->sigmas[i], &a_s0, &s_s0);
-    /* convert_model_output: the data prediction x0 */
-    for (int64_t j = 0; j < n; j++) {
-        if (s->prediction == SD_PRED_V) {
-            float a = a_s0 * x[j], b = s_s0 * mo[j];
-            x0[j] = a - b;
-        } else {
-            float b = s_s0 * mo[j], d = x[j] - b;
-            x0[j] = d / a_s0;
-        }
-    }
-    dpm_alpha_sigma(s->sigmas[i + 1], &a_t, &s_t);
-    const float lambda_t = logf(a_t) - logf(s_t), lambda_s0 = logf(a_s0) - logf(s_s0);
+    multistep_x0(s, i, mo, x, x0);
+    const float lambda_s0 = dpm_lambda(s->sigmas[i], &a_s0, &s_s0);
+    const float lambda_t = dpm_lambda(s->sigmas[i + 1], &a_t, &s_t);
     const float h = lambda_t - lambda_s0;
     /* dpmsolver++: (sigma_t / sigma_s) x - (alpha_t (exp(-h) - 1)) D0 ...;
      * sde-dpmsolver++: (sigma_t / sigma_s exp(-h)) x + (alpha_t (1 - exp(-2h))) D0 ...
@@ -769,8 +793,7 @@ static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const floa
          * 0.5 c_d (midpoint) or alpha_t ((exp(-h) - 1) / h + 1) (heun; sde: alpha_t ((1 -
          * exp(-2h)) / (-2h) + 1)) */
         float a_s1, s_s1;
-        dpm_alpha_sigma(s->sigmas[i - 1], &a_s1, &s_s1);
-        const float lambda_s1 = logf(a_s1) - logf(s_s1);
+        const float lambda_s1 = dpm_lambda(s->sigmas[i - 1], &a_s1, &s_s1);
         const float h0 = lambda_s0 - lambda_s1, r0 = h0 / h, inv_r0 = 1.0f / r0;
         float c_1;
         if (!s->dpm_heun)
@@ -863,13 +886,6 @@ static void pndm_step(sd_sampler *s, int i, const float *mo, float *sample)
     s->counter++;
 }
 
-/* lambda = log(alpha) - log(sigma_t) of a k-diffusion sigma */
-static float dpm_lambda(float sigma, float *alpha, float *sig)
-{
-    dpm_alpha_sigma(sigma, alpha, sig);
-    return logf(*alpha) - logf(*sig);
-}
-
 /* UniPCMultistepScheduler (bh2, predict_x0, solver_order 1 or 2): at step i, the corrector
  * UniC refines the sample with the model output just computed (from step 1 on), then the
  * predictor UniP steps to sigmas[i + 1]. x0_prev holds model_outputs[-1], x0_prev2 [-2]. */
@@ -877,17 +893,8 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
 {
     const int64_t n = s->n;
     float *cur = s->tmp;
-    float a_s0, s_s0, a_t, s_t;
-    dpm_alpha_sigma(s->sigmas[i], &a_s0, &s_s0);
-    for (int64_t j = 0; j < n; j++) { /* convert_model_output: x0 */
-        if (s->prediction == SD_PRED_V) {
-            float a = a_s0 * x[j], b = s_s0 * mo[j];
-            cur[j] = a - b;
-        } else {
-            float b = s_s0 * mo[j], d = x[j] - b;
-            cur[j] = d / a_s0;
-        }
-    }
+    float a_t, s_t;
+    multistep_x0(s, i, mo, x, cur);
     if (i > 0 && s->unipc_order > 0) {
         /* multistep_uni_c_bh_update from last_sample (sigmas[i - 1]) to this sample */
         const int order = s->unipc_order;

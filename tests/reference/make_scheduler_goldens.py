@@ -215,22 +215,16 @@ def main():
     # 16 steps with final_sigmas_type 'sigma_min': from 15 steps on, the last step is second order
     mos16 = torch.randn((16,) + shape, generator=torch.Generator().manual_seed(4))
     out["step16_model_out"] = mos16.numpy()
-    s = make("dpmpp_2m", num_train_timesteps=1000, steps_offset=1, final_sigmas_type="sigma_min")
-    s.set_timesteps(16)
-    x = sample0.clone()
-    res = []
-    for i, t in enumerate(s.timesteps):
-        x = s.step(mos16[i], t, x, return_dict=False)[0]
-        res.append(x.clone())
-    out["step16_dpmpp_2m_sigma_min_eps"] = torch.stack(res).numpy()
-    s = make("unipc", num_train_timesteps=1000, steps_offset=1)
-    s.set_timesteps(16)
-    x = sample0.clone()
-    res = []
-    for i, t in enumerate(s.timesteps):
-        x = s.step(mos16[i], t, x, return_dict=False)[0]
-        res.append(x.clone())
-    out["step16_unipc_eps"] = torch.stack(res).numpy()
+    for name, kind, kw in (("dpmpp_2m_sigma_min_eps", "dpmpp_2m", dict(final_sigmas_type="sigma_min")),
+                           ("unipc_eps", "unipc", {})):
+        s = make(kind, num_train_timesteps=1000, steps_offset=1, **kw)
+        s.set_timesteps(16)
+        x = sample0.clone()
+        res = []
+        for i, t in enumerate(s.timesteps):
+            x = s.step(mos16[i], t, x, return_dict=False)[0]
+            res.append(x.clone())
+        out["step16_" + name] = torch.stack(res).numpy()
 
     # 3. the whole pipeline on the tiny snapshot
     tok = CLIPTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"), model_max_length=77)

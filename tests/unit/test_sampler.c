@@ -341,8 +341,8 @@ static void test_spacings(void)
     tap_ok(checked >= 800 && bad == 0, "timesteps of %d (scheduler, spacing, N, T, steps_offset) "
            "cases equal diffusers' (%d unusable schedules refused)", checked, refused);
     tap_ok(sig_cases >= 400 && sig_bad == 0, "sigmas and init_noise_sigma of %d Euler / Euler "
-           "ancestral / Heun / DPM-Solver++ schedules: relative error <= %.3g (%d of %d sigmas "
-           "bit-identical)", sig_cases, sig_worst, sig_exact, sig_total);
+           "ancestral / Heun / DPM-Solver++ / UniPC schedules: relative error <= %.3g (%d of %d "
+           "sigmas bit-identical)", sig_cases, sig_worst, sig_exact, sig_total);
 }
 
 /* schedulers.safetensors: Karras sigmas (Euler after each spacing, DPM-Solver++), T = 1000 */
