@@ -44,12 +44,15 @@ count_check() { # adds automake's "# PASS: n" style totals from a make check log
     fi
 }
 
+failed_logs=() # the logs of failed tests, shown again (shorter) at the very end
 show_failures() { # prints the logs of failed tests of a tree
-    local tree=$1
-    grep -l -E "^(FAIL|ERROR|not ok)" "$tree"/tests/*/*.log 2>/dev/null | while read -r f; do
+    local tree=$1 f
+    while read -r f; do
+        [ -n "$f" ] || continue
         echo "---- $f"
         tail -n 60 "$f"
-    done
+        failed_logs+=("$f")
+    done < <(grep -l -E "^(FAIL|ERROR|not ok)" "$tree"/tests/*/*.log 2>/dev/null)
 }
 
 mkdir -p "$log_dir"
@@ -93,11 +96,25 @@ else
 fi
 
 if [ "${SD_SKIP_DISTCHECK:-0}" != 1 ]; then
-    step "make distcheck" "$log_dir/distcheck.log" make -C build/cpu -j"$jobs" distcheck || true
+    if ! step "make distcheck" "$log_dir/distcheck.log" make -C build/cpu -j"$jobs" distcheck; then
+        # a failed distcheck leaves its build tree (read-only): the failed tests' logs are there
+        for sub in build/cpu/sdtrain-*/_build/sub; do
+            [ -d "$sub" ] && show_failures "$sub"
+        done
+    fi
 else
     skipped=$((skipped + 1))
 fi
 
+if [ ${#failed_logs[@]} -gt 0 ]; then
+    echo
+    echo "== failed tests (the last lines of each log; whole logs above)"
+    for f in "${failed_logs[@]}"; do
+        echo "---- $f"
+        grep -E "^(FAIL|ERROR|not ok)" "$f" | head -n 5
+        tail -n 12 "$f"
+    done
+fi
 echo
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
