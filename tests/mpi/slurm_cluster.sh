@@ -20,8 +20,13 @@ for c in slurmctld slurmd sbatch scontrol scancel sinfo srun; do
 done
 [ "$(id -u)" = 0 ] || skip "the test cluster's slurmd runs as root"
 
+# Configuration and logs in the scratch directory; the controller's state and slurmd's spool
+# (where slurmstepd and the pmix plugin make their Unix sockets, named after the host, the job and
+# the step) in a short directory of /tmp: a socket path has at most 107 bytes, which a make
+# distcheck tree under a long host name exceeds.
 S="$TMP/slurm"
-mkdir -p "$S/state" "$S/spool"
+R=$(mktemp -d /tmp/sdslurm.XXXXXX) || fail "mktemp -d /tmp/sdslurm.XXXXXX"
+mkdir -p "$S" "$R/state" "$R/spool"
 host=$(hostname -s)
 port=$((20000 + $$ % 20000))
 cat >"$S/slurm.conf" <<EOF2
@@ -33,8 +38,8 @@ AuthType=auth/none
 CredType=cred/none
 SlurmUser=root
 SlurmdUser=root
-StateSaveLocation=$S/state
-SlurmdSpoolDir=$S/spool
+StateSaveLocation=$R/state
+SlurmdSpoolDir=$R/spool
 SlurmctldPidFile=$S/slurmctld.pid
 SlurmdPidFile=$S/slurmd.pid
 SlurmctldLogFile=$S/slurmctld.log
@@ -52,6 +57,12 @@ PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscri
 EOF2
 export SLURM_CONF="$S/slurm.conf"
 stop_cluster() {
+    st=$?
+    if [ "$st" != 0 ] && [ "$st" != 77 ]; then
+        for f in "$S/slurmctld.log" "$S/slurmd.log"; do
+            [ -f "$f" ] && { echo "---- the last lines of $f" >&2; tail -n 15 "$f" >&2; }
+        done
+    fi
     scontrol shutdown >/dev/null 2>&1 || true
     for f in "$S/slurmd.pid" "$S/slurmctld.pid"; do
         [ -f "$f" ] || continue
@@ -63,6 +74,7 @@ stop_cluster() {
         done
         kill -KILL "$p" 2>/dev/null || true
     done
+    rm -rf "$R"
 }
 trap stop_cluster EXIT
 slurmctld -c -i >"$S/ctld.out" 2>&1 || skip "slurmctld does not start: $(tail -1 "$S/ctld.out")"
