@@ -96,9 +96,10 @@ typedef struct sd_config {
     struct {
         char prediction_type[SD_NAME_MAX]; /* epsilon | v_prediction */
         int64_t num_train_timesteps;
-        char beta_schedule[SD_NAME_MAX];   /* scaled_linear | linear */
+        char beta_schedule[SD_NAME_MAX];   /* scaled_linear | linear | squaredcos_cap_v2 */
         double beta_start;
         double beta_end;
+        bool rescale_betas_zero_snr;
         double caption_dropout;
         double min_snr_gamma;
         double noise_offset;

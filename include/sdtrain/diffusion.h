@@ -20,6 +20,16 @@
  *           SD_LINSPACE_FUSED (the default here) reproduces the AVX2/AVX512 result,
  *           SD_LINSPACE_UNFUSED the ATEN_CPU_CAPABILITY=default one; both are checked bit for
  *           bit against torch dumps (tests/data/diffusion/goldens.safetensors).
+ *           'squaredcos_cap_v2' (the Glide / improved-DDPM cosine schedule, betas_for_alpha_bar):
+ *           beta_i = min(1 - f((i+1)/T) / f(i/T), 0.999) in double with f(t) =
+ *           cos((t + 0.008) / 1.008 * pi / 2) ** 2, rounded to float (beta_start / beta_end
+ *           unused).
+ *   zero terminal SNR (rescale_betas_zero_snr, Lin et al. 2023, diffusers'
+ *           rescale_zero_terminal_snr, all in float): s = sqrt(cumprod(1 - beta)); s -= s[T-1];
+ *           s *= s[0] / (s[0] - s[T-1]) (the old s[0] and s[T-1]); abar' = s * s; alpha'_0 =
+ *           abar'_0, alpha'_i = abar'_i / abar'_{i-1}; beta = 1 - alpha'. The schedule below is
+ *           then built from these betas: abar_{T-1} = 0 exactly (x_{T-1} is pure noise), so
+ *           it needs v_prediction (an epsilon model cannot recover x0 there).
  *   alphas  1 - beta (float)
  *   abar    torch.cumprod on CPU accumulates a float tensor in DOUBLE (acc_type<float> is
  *           double on the CPU) and rounds each partial product to float: abar_t =
@@ -70,7 +80,11 @@ extern "C" {
 struct sd_config;
 
 typedef enum { SD_PRED_EPSILON = 0, SD_PRED_V = 1 } sd_prediction;
-typedef enum { SD_BETAS_SCALED_LINEAR = 0, SD_BETAS_LINEAR = 1 } sd_beta_schedule;
+typedef enum {
+    SD_BETAS_SCALED_LINEAR = 0,
+    SD_BETAS_LINEAR = 1,
+    SD_BETAS_SQUAREDCOS_CAP_V2 = 2
+} sd_beta_schedule;
 typedef enum { SD_LINSPACE_FUSED = 0, SD_LINSPACE_UNFUSED = 1 } sd_linspace_kind;
 
 /* Upper bound on num_train_timesteps (a sanity limit, not a property of the method). */
@@ -85,6 +99,7 @@ typedef struct sd_diffusion {
     float *sqrt_abar;            /* [T] sqrtf(abar) */
     float *sqrt_one_minus_abar;  /* [T] sqrtf(1 - abar) */
     float *snr;                  /* [T] compute_snr */
+    int zero_snr;                /* rescaled to zero terminal SNR (sd_diffusion_rescale_zero_snr) */
     double min_snr_gamma;        /* <= 0: no min-SNR weighting */
     double noise_offset;         /* 0: off */
     double caption_dropout;      /* probability in [0, 1] */
@@ -95,7 +110,8 @@ typedef struct sd_diffusion {
  * n = 1 gives start. */
 void sd_linspace_f32(double start, double end, int64_t n, sd_linspace_kind kind, float *out);
 
-/* Builds the schedule. `schedule` is "scaled_linear" or "linear" (case-insensitive),
+/* Builds the schedule. `schedule` is "scaled_linear", "linear" or "squaredcos_cap_v2"
+ * (case-insensitive),
  * `prediction` "epsilon" or "v_prediction". T in [1, SD_DIFFUSION_MAX_TIMESTEPS], 0 <
  * beta_start <= beta_end < 1. Sets min_snr_gamma = noise_offset = caption_dropout = 0 and
  * latent_scale = 0.18215 (change the fields afterwards). Returns 0, or -1 with a message (and
@@ -103,8 +119,13 @@ void sd_linspace_f32(double start, double end, int64_t n, sd_linspace_kind kind,
 int sd_diffusion_init(sd_diffusion *d, const char *schedule, double beta_start, double beta_end,
                       int64_t num_train_timesteps, const char *prediction, sd_linspace_kind kind,
                       sd_err *err);
+/* Rescales a built schedule to zero terminal SNR in place (betas, alphas_cumprod and the
+ * tables from them; sets d->zero_snr). Needs T >= 2. Returns 0, or -1 with a message (d
+ * untouched). */
+int sd_diffusion_rescale_zero_snr(sd_diffusion *d, sd_err *err);
 /* The same from the &diffusion group of a configuration (fused linspace), including
- * min_snr_gamma, noise_offset and caption_dropout. */
+ * rescale_betas_zero_snr (refused with prediction_type 'epsilon'), min_snr_gamma, noise_offset
+ * and caption_dropout. */
 int sd_diffusion_init_config(sd_diffusion *d, const struct sd_config *cfg, sd_err *err);
 void sd_diffusion_free(sd_diffusion *d);
 

@@ -123,7 +123,11 @@ typedef struct sd_sampler {
     sd_sampler_kind kind;
     sd_prediction prediction;
     int num_train_timesteps;
-    const float *alphas_cumprod; /* [T], borrowed (sd_diffusion.alphas_cumprod) */
+    const float *alphas_cumprod; /* [T], borrowed (sd_diffusion.alphas_cumprod), or own_abar */
+    float *own_abar;             /* zero terminal SNR, Euler / DPM / UniPC: abar with
+                                  * abar[T-1] = 2^-24 (diffusers': the first sigma finite) */
+    int karras_trunc;            /* DPM-Solver++ on 'squaredcos_cap_v2': Karras timesteps
+                                  * truncated, not rounded (diffusers' int64 cast) */
     /* abar[0] (set_alpha_to_one false, SD2) after init; set it to 1 for set_alpha_to_one */
     float final_alpha_cumprod;
     float clip_sample_range;     /* 0 after init (clip_sample false); DDIM and DDPM only */

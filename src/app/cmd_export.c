@@ -289,7 +289,12 @@ static int write_scheduler(const char *tmp, const sd_config *cfg, sd_err *err)
         json_object_put(o);
         return -1;
     }
-    json_object_object_add(o, "_class_name", json_object_new_string("PNDMScheduler"));
+    const int zsnr = cfg->diffusion.rescale_betas_zero_snr;
+    /* zero terminal SNR: PNDMScheduler has no rescale_betas_zero_snr (diffusers would load it
+     * and sample another schedule), DDIMScheduler has; with 'trailing' spacing, whose first
+     * step is the pure-noise timestep T - 1 */
+    json_object_object_add(o, "_class_name",
+                           json_object_new_string(zsnr ? "DDIMScheduler" : "PNDMScheduler"));
     json_object_object_add(o, "_diffusers_version", json_object_new_string("0.42.1"));
     json_object_object_add(o, "beta_end", json_object_new_double(cfg->diffusion.beta_end));
     json_object_object_add(o, "beta_schedule",
@@ -300,10 +305,14 @@ static int write_scheduler(const char *tmp, const sd_config *cfg, sd_err *err)
                            json_object_new_int64(cfg->diffusion.num_train_timesteps));
     json_object_object_add(o, "prediction_type",
                            json_object_new_string(cfg->diffusion.prediction_type));
+    if (zsnr)
+        json_object_object_add(o, "rescale_betas_zero_snr", json_object_new_boolean(1));
     json_object_object_add(o, "set_alpha_to_one", json_object_new_boolean(0));
-    json_object_object_add(o, "skip_prk_steps", json_object_new_boolean(1));
+    if (!zsnr)
+        json_object_object_add(o, "skip_prk_steps", json_object_new_boolean(1));
     json_object_object_add(o, "steps_offset", json_object_new_int(1));
-    json_object_object_add(o, "timestep_spacing", json_object_new_string("leading"));
+    json_object_object_add(o, "timestep_spacing",
+                           json_object_new_string(zsnr ? "trailing" : "leading"));
     json_object_object_add(o, "trained_betas", NULL);
     text = json_object_to_json_string_ext(o, JSON_FLAGS);
     PATHF(p, "%s/scheduler/scheduler_config.json", tmp);
@@ -376,9 +385,16 @@ static int write_other_parts(const char *tmp, const char *pre, const sd_config *
             }
         }
     }
+    if (!rc && listed(index, "scheduler") && cfg->diffusion.rescale_betas_zero_snr) {
+        fprintf(stderr, "sdtool export: the run trained with zero terminal SNR: scheduler/ "
+                        "written from &diffusion (DDIMScheduler, rescale_betas_zero_snr, "
+                        "'trailing'), not copied from %s\n", pre);
+        add_pair(index, "scheduler", NULL, NULL); /* written below */
+    }
     if (!rc && !listed(index, "scheduler")) {
         rc = write_scheduler(tmp, cfg, err);
-        add_pair(index, "scheduler", "diffusers", "PNDMScheduler");
+        add_pair(index, "scheduler", "diffusers",
+                 cfg->diffusion.rescale_betas_zero_snr ? "DDIMScheduler" : "PNDMScheduler");
     }
     if (!rc && !listed(index, "tokenizer") && is_dir(cfg->model.tokenizer) && pre[0]) {
         PATHF(b, "%s/tokenizer", tmp);

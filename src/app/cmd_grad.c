@@ -81,6 +81,7 @@ typedef struct sched {
     char beta_schedule[32], prediction[32];
     double beta_start, beta_end;
     int64_t steps;
+    int zero_snr;
 } sched;
 
 /* scheduler/scheduler_config.json of the snapshot, when there is one. */
@@ -88,6 +89,7 @@ static int read_scheduler(const sd_snapshot *s, sched *out)
 {
     char path[4200];
     struct json_object *root, *v;
+    memset(out, 0, sizeof *out);
     snprintf(out->beta_schedule, sizeof out->beta_schedule, "scaled_linear");
     snprintf(out->prediction, sizeof out->prediction, "epsilon");
     out->beta_start = 0.00085;
@@ -117,6 +119,8 @@ static int read_scheduler(const sd_snapshot *s, sched *out)
         out->beta_end = json_object_get_double(v);
     if (json_object_object_get_ex(root, "num_train_timesteps", &v))
         out->steps = json_object_get_int64(v);
+    if (json_object_object_get_ex(root, "rescale_betas_zero_snr", &v))
+        out->zero_snr = json_object_get_boolean(v);
     json_object_put(root);
     return 0;
 }
@@ -210,6 +214,10 @@ static int run(const grad_opts *o)
         goto done;
     }
     have_sched = 1;
+    if (sc.zero_snr && sd_diffusion_rescale_zero_snr(&d, &err)) {
+        rc = fail(SD_EXIT_USAGE, "%s", err.msg);
+        goto done;
+    }
 
     rc = SD_EXIT_USAGE;
     if (!(lat = batch_float(&in, o->batch, "latents", 4, &tl)) ||

@@ -131,6 +131,7 @@ typedef struct sched_setup {
     int karras;    /* use_karras_sigmas (euler, dpmpp_2m, dpmpp_2m_sde) */
     int expo;      /* use_exponential_sigmas (the same) */
     int sigma_min; /* final_sigmas_type 'sigma_min' (the same) */
+    int zero_snr;  /* rescale_betas_zero_snr */
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
     sd_spacing spacing;
 } sched_setup;
@@ -146,6 +147,7 @@ static void sched_from_namelist(const sd_config *cfg, sched_setup *ss)
     ss->beta_start = cfg->diffusion.beta_start;
     ss->beta_end = cfg->diffusion.beta_end;
     ss->T = (int)cfg->diffusion.num_train_timesteps;
+    ss->zero_snr = cfg->diffusion.rescale_betas_zero_snr;
     ss->steps_offset = 1;
     ss->spacing = SD_SPACING_LEADING;
     ss->dpm_order = 2;
@@ -236,6 +238,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                  offset != 1 ? (offset == 0 ? "0)" : "other)") : "",
                  clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
     /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
+    ss->zero_snr = jtrue(root, "rescale_betas_zero_snr");
     ss->karras = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_karras_sigmas");
     ss->expo = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_exponential_sigmas");
     if (multi) {
@@ -266,8 +269,12 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
         rc = sd_err_set(err, "%s: trained_betas are not implemented", path);
     else if (kind != SD_SAMPLER_PNDM && jtrue(root, "thresholding"))
         rc = sd_err_set(err, "%s: thresholding is not implemented", path);
-    else if (jtrue(root, "rescale_betas_zero_snr"))
-        rc = sd_err_set(err, "%s: rescale_betas_zero_snr is not implemented", path);
+    else if ((kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM) &&
+             jtrue(root, "rescale_betas_zero_snr"))
+        rc = sd_err_set(err, "%s: rescale_betas_zero_snr is set, which diffusers' %s would "
+                             "ignore (sampling another schedule than the model's): use ddim, "
+                             "ddpm, euler, euler_a, dpmpp_2m, dpmpp_2m_sde or unipc", path,
+                        kind == SD_SAMPLER_HEUN ? "HeunDiscreteScheduler" : "PNDMScheduler");
     else if (kind == SD_SAMPLER_DDPM && jstr_not(root, "variance_type", "fixed_small", &got))
         rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
                              "'fixed_small')", path, got);
@@ -699,6 +706,17 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         snprintf(msg, sizeof msg, "%s", err.msg);
         failed = sd_err_set(&err, "%s: %s", ss.source, msg) != 0;
     }
+    if (!failed && ss.zero_snr) {
+        if (d.prediction == SD_PRED_EPSILON)
+            failed = sd_err_set(&err, "%s: rescale_betas_zero_snr with prediction_type 'epsilon': "
+                                      "at zero SNR an epsilon prediction gives no image (needs "
+                                      "'v_prediction')", ss.source) != 0;
+        else if (sd_diffusion_rescale_zero_snr(&d, &err) != 0) {
+            char msg[sizeof err.msg];
+            snprintf(msg, sizeof msg, "%s", err.msg);
+            failed = sd_err_set(&err, "%s: %s", ss.source, msg) != 0;
+        }
+    }
     if (!failed) { /* the schedule itself, before the weights load */
         failed = make_sampler(&s, kind, &d, cfg, &ss, 1, &err) != 0;
         sd_sampler_free(&s);
@@ -738,7 +756,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         sd_info("sampling %lld image(s) (%d prompt(s) x %lld) at %dx%d px with %s, %lld steps (%d "
                 "U-Net calls per image, '%s' spacing%s%s), guidance %g%s, seed %lld, on %d "
                 "rank(s), %s in %s; %s; schedule from %s (%s, %s %g..%g over %d, steps_offset "
-                "%d%s%s%s); latents / %g before decoding", (long long)n_total,
+                "%d%s%s%s%s); latents / %g before decoding", (long long)n_total,
                 cfg->sample.n_prompts, (long long)cfg->sample.images_per_prompt, g.width,
                 g.height, cfg->sample.scheduler,
                 (long long)cfg->sample.num_steps, s.n_timesteps, sd_spacing_name(ss.spacing),
@@ -747,6 +765,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 (long long)cfg->run.seed, size, g.be->name, sd_dtype_name(g.be->dtype), what,
                 ss.source, ss.prediction, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
                 ss.steps_offset, ss.set_alpha_to_one ? ", set_alpha_to_one" : "",
+                ss.zero_snr ? ", zero terminal SNR" : "",
                 ss.adjusted[0] ? "; as StableDiffusionPipeline: " : "", ss.adjusted,
                 (double)scale);
     }

@@ -711,6 +711,11 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
     if (c->diffusion.beta_end <= c->diffusion.beta_start)
         return validate_error(rc, "diffusion", "beta_end", err,
                               "&diffusion beta_end must be larger than beta_start");
+    if (c->diffusion.rescale_betas_zero_snr && !strcmp(c->diffusion.prediction_type, "epsilon"))
+        return validate_error(rc, "diffusion", "rescale_betas_zero_snr", err,
+                              "&diffusion rescale_betas_zero_snr needs prediction_type = "
+                              "'v_prediction' (at zero SNR the last timestep is pure noise, from "
+                              "which an epsilon prediction gives no image)");
     if (!strcmp(c->model.unet_init, "pretrained") && !c->model.pretrained[0])
         return validate_error(rc, "model", "unet_init", err,
                               "&model unet_init = 'pretrained' needs &model pretrained (a diffusers snapshot)");

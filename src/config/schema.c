@@ -171,9 +171,14 @@ static const sd_option options[] = {
     /* &diffusion */
     CHOICE(diffusion, prediction_type, "'epsilon'", "epsilon|v_prediction", "Training target of the U-Net."),
     INT(diffusion, num_train_timesteps, "1000", 1, 100000, "steps", "Diffusion steps of the DDPM schedule."),
-    CHOICE(diffusion, beta_schedule, "'scaled_linear'", "scaled_linear|linear", "DDPM beta schedule."),
+    CHOICE(diffusion, beta_schedule, "'scaled_linear'", "scaled_linear|linear|squaredcos_cap_v2",
+           "DDPM beta schedule ('squaredcos_cap_v2': the cosine schedule, beta_start / beta_end "
+           "unused)."),
     REAL(diffusion, beta_start, "0.00085", 0, 1, "", "First beta of the schedule."),
     REAL(diffusion, beta_end, "0.012", 0, 1, "", "Last beta of the schedule."),
+    LOGICAL(diffusion, rescale_betas_zero_snr, ".false.",
+            "Rescale the betas to zero terminal SNR (the last timestep is pure noise; needs "
+            "prediction_type = 'v_prediction'; sample with 'trailing' spacing)."),
     REAL(diffusion, caption_dropout, "0", 0, 1, "",
          "Probability that a sample trains with the empty-caption embedding (for guidance)."),
     REAL(diffusion, min_snr_gamma, "0", 0, U, "", "Min-SNR-gamma loss weighting (0 = off)."),

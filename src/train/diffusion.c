@@ -52,45 +52,12 @@ void sd_diffusion_free(sd_diffusion *d)
     memset(d, 0, sizeof *d);
 }
 
-int sd_diffusion_init(sd_diffusion *d, const char *schedule, double beta_start, double beta_end,
-                      int64_t num_train_timesteps, const char *prediction, sd_linspace_kind kind,
-                      sd_err *err)
+/* betas -> alphas_cumprod (torch CPU cumprod: double accumulator, float results) and the tables
+ * from it. */
+static void tables_from_betas(sd_diffusion *d)
 {
-    memset(d, 0, sizeof *d);
-    if (!schedule || (strcasecmp(schedule, "scaled_linear") != 0 &&
-                      strcasecmp(schedule, "linear") != 0))
-        return sd_err_set(err, "diffusion: unknown beta_schedule '%s' (scaled_linear | linear)",
-                          schedule ? schedule : "(null)");
-    if (!prediction ||
-        (strcasecmp(prediction, "epsilon") != 0 && strcasecmp(prediction, "v_prediction") != 0))
-        return sd_err_set(err, "diffusion: unknown prediction_type '%s' (epsilon | v_prediction)",
-                          prediction ? prediction : "(null)");
-    if (num_train_timesteps < 1 || num_train_timesteps > SD_DIFFUSION_MAX_TIMESTEPS)
-        return sd_err_set(err, "diffusion: num_train_timesteps %lld out of [1, %d]",
-                          (long long)num_train_timesteps, SD_DIFFUSION_MAX_TIMESTEPS);
-    if (!(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0))
-        return sd_err_set(err, "diffusion: need 0 < beta_start (%g) <= beta_end (%g) < 1",
-                          beta_start, beta_end);
-    int T = (int)num_train_timesteps;
-    d->num_train_timesteps = T;
-    d->schedule = strcasecmp(schedule, "linear") == 0 ? SD_BETAS_LINEAR : SD_BETAS_SCALED_LINEAR;
-    d->prediction = strcasecmp(prediction, "epsilon") == 0 ? SD_PRED_EPSILON : SD_PRED_V;
-    d->latent_scale = 0.18215f;
-    d->betas = sd_xmalloc((size_t)T * sizeof(float));
-    d->alphas_cumprod = sd_xmalloc((size_t)T * sizeof(float));
-    d->sqrt_abar = sd_xmalloc((size_t)T * sizeof(float));
-    d->sqrt_one_minus_abar = sd_xmalloc((size_t)T * sizeof(float));
-    d->snr = sd_xmalloc((size_t)T * sizeof(float));
-
-    if (d->schedule == SD_BETAS_LINEAR) {
-        sd_linspace_f32(beta_start, beta_end, T, kind, d->betas);
-    } else {
-        /* Python: beta_start**0.5 in double, then torch.linspace(..., float32) ** 2 (x*x) */
-        sd_linspace_f32(sqrt(beta_start), sqrt(beta_end), T, kind, d->betas);
-        for (int i = 0; i < T; i++)
-            d->betas[i] = d->betas[i] * d->betas[i];
-    }
-    double acc = 1.0; /* torch CPU cumprod: double accumulator, float results */
+    const int T = d->num_train_timesteps;
+    double acc = 1.0;
     for (int i = 0; i < T; i++) {
         float alpha = 1.0f - d->betas[i];
         acc *= (double)alpha;
@@ -103,6 +70,102 @@ int sd_diffusion_init(sd_diffusion *d, const char *schedule, double beta_start, 
         float q = d->sqrt_abar[i] / d->sqrt_one_minus_abar[i];
         d->snr[i] = q * q;
     }
+}
+
+/* diffusers' betas_for_alpha_bar(T) with the cosine transform and max_beta 0.999, in double as
+ * Python computes it (math.cos, i / T true division), then float32. */
+static double cos_alpha_bar(double t)
+{
+    const double pi = 3.141592653589793; /* math.pi */
+    const double c = cos((t + 0.008) / 1.008 * pi / 2);
+    return c * c;
+}
+
+int sd_diffusion_init(sd_diffusion *d, const char *schedule, double beta_start, double beta_end,
+                      int64_t num_train_timesteps, const char *prediction, sd_linspace_kind kind,
+                      sd_err *err)
+{
+    memset(d, 0, sizeof *d);
+    if (!schedule || (strcasecmp(schedule, "scaled_linear") != 0 &&
+                      strcasecmp(schedule, "linear") != 0 &&
+                      strcasecmp(schedule, "squaredcos_cap_v2") != 0))
+        return sd_err_set(err, "diffusion: unknown beta_schedule '%s' (scaled_linear | linear | "
+                               "squaredcos_cap_v2)", schedule ? schedule : "(null)");
+    if (!prediction ||
+        (strcasecmp(prediction, "epsilon") != 0 && strcasecmp(prediction, "v_prediction") != 0))
+        return sd_err_set(err, "diffusion: unknown prediction_type '%s' (epsilon | v_prediction)",
+                          prediction ? prediction : "(null)");
+    if (num_train_timesteps < 1 || num_train_timesteps > SD_DIFFUSION_MAX_TIMESTEPS)
+        return sd_err_set(err, "diffusion: num_train_timesteps %lld out of [1, %d]",
+                          (long long)num_train_timesteps, SD_DIFFUSION_MAX_TIMESTEPS);
+    if (!(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0))
+        return sd_err_set(err, "diffusion: need 0 < beta_start (%g) <= beta_end (%g) < 1",
+                          beta_start, beta_end);
+    int T = (int)num_train_timesteps;
+    d->num_train_timesteps = T;
+    d->schedule = strcasecmp(schedule, "linear") == 0          ? SD_BETAS_LINEAR
+                  : strcasecmp(schedule, "scaled_linear") == 0 ? SD_BETAS_SCALED_LINEAR
+                                                               : SD_BETAS_SQUAREDCOS_CAP_V2;
+    d->prediction = strcasecmp(prediction, "epsilon") == 0 ? SD_PRED_EPSILON : SD_PRED_V;
+    d->latent_scale = 0.18215f;
+    d->betas = sd_xmalloc((size_t)T * sizeof(float));
+    d->alphas_cumprod = sd_xmalloc((size_t)T * sizeof(float));
+    d->sqrt_abar = sd_xmalloc((size_t)T * sizeof(float));
+    d->sqrt_one_minus_abar = sd_xmalloc((size_t)T * sizeof(float));
+    d->snr = sd_xmalloc((size_t)T * sizeof(float));
+
+    if (d->schedule == SD_BETAS_LINEAR) {
+        sd_linspace_f32(beta_start, beta_end, T, kind, d->betas);
+    } else if (d->schedule == SD_BETAS_SCALED_LINEAR) {
+        /* Python: beta_start**0.5 in double, then torch.linspace(..., float32) ** 2 (x*x) */
+        sd_linspace_f32(sqrt(beta_start), sqrt(beta_end), T, kind, d->betas);
+        for (int i = 0; i < T; i++)
+            d->betas[i] = d->betas[i] * d->betas[i];
+    } else {
+        for (int i = 0; i < T; i++) {
+            const double t1 = (double)i / (double)T, t2 = (double)(i + 1) / (double)T;
+            const double b = 1.0 - cos_alpha_bar(t2) / cos_alpha_bar(t1);
+            d->betas[i] = (float)(b < 0.999 ? b : 0.999);
+        }
+    }
+    tables_from_betas(d);
+    return 0;
+}
+
+int sd_diffusion_rescale_zero_snr(sd_diffusion *d, sd_err *err)
+{
+    const int T = d->num_train_timesteps;
+    if (T < 2)
+        return sd_err_set(err, "diffusion: rescale_betas_zero_snr needs num_train_timesteps >= 2 "
+                               "(has %d)", T);
+    float *s = sd_xmalloc((size_t)T * sizeof *s), *betas = sd_xmalloc((size_t)T * sizeof *betas);
+    for (int i = 0; i < T; i++)
+        s[i] = sqrtf(d->alphas_cumprod[i]);
+    const float s0 = s[0], sT = s[T - 1], span = s0 - sT, scale = s0 / span;
+    int ok = span > 0.0f;
+    for (int i = 0; i < T; i++) {
+        const float shifted = s[i] - sT, scaled = shifted * scale;
+        s[i] = scaled * scaled; /* abar' */
+    }
+    for (int i = 0; i < T && ok; i++) {
+        float alpha = s[i];
+        if (i > 0) {
+            ok = s[i - 1] > 0.0f;
+            alpha = s[i] / s[i - 1];
+        }
+        betas[i] = 1.0f - alpha;
+        ok = ok && isfinite(betas[i]);
+    }
+    free(s);
+    if (!ok) {
+        free(betas);
+        return sd_err_set(err, "diffusion: this schedule cannot be rescaled to zero terminal SNR "
+                               "(its cumulative alphas do not decrease)");
+    }
+    memcpy(d->betas, betas, (size_t)T * sizeof *betas);
+    free(betas);
+    tables_from_betas(d);
+    d->zero_snr = 1;
     return 0;
 }
 
@@ -112,6 +175,18 @@ int sd_diffusion_init_config(sd_diffusion *d, const struct sd_config *cfg, sd_er
                           cfg->diffusion.beta_end, cfg->diffusion.num_train_timesteps,
                           cfg->diffusion.prediction_type, SD_LINSPACE_FUSED, err) != 0)
         return -1;
+    if (cfg->diffusion.rescale_betas_zero_snr) {
+        if (d->prediction == SD_PRED_EPSILON) {
+            sd_diffusion_free(d);
+            return sd_err_set(err, "diffusion: rescale_betas_zero_snr needs prediction_type = "
+                                   "'v_prediction' (at zero SNR the last timestep's input is "
+                                   "pure noise, from which an epsilon prediction gives no x0)");
+        }
+        if (sd_diffusion_rescale_zero_snr(d, err) != 0) {
+            sd_diffusion_free(d);
+            return -1;
+        }
+    }
     if (!(cfg->diffusion.caption_dropout >= 0.0 && cfg->diffusion.caption_dropout <= 1.0)) {
         sd_diffusion_free(d);
         return sd_err_set(err, "diffusion: caption_dropout %g out of [0, 1]",

@@ -393,11 +393,27 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         free(ts);
         return -1;
     }
+    if (d->zero_snr && (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM)) {
+        free(ts);
+        return sd_err_set(err, "sampler: '%s' has no zero-terminal-SNR schedule (diffusers' %s "
+                               "has no rescale_betas_zero_snr): use ddim, ddpm, euler, euler_a, "
+                               "dpmpp_2m, dpmpp_2m_sde or unipc", sd_sampler_kind_name(kind),
+                          kind == SD_SAMPLER_HEUN ? "HeunDiscreteScheduler" : "PNDMScheduler");
+    }
     s->kind = kind;
     s->spacing = spacing;
     s->prediction = d->prediction;
     s->num_train_timesteps = T;
     s->alphas_cumprod = d->alphas_cumprod;
+    if (d->zero_snr && uses_sigmas(kind)) {
+        /* abar[T-1] = 0 would make the first sigma infinite: diffusers' Euler, Euler ancestral,
+         * DPM-Solver++ and UniPC set it to 2^-24 (DDIM and DDPM keep the 0) */
+        s->own_abar = sd_xmalloc((size_t)T * sizeof *s->own_abar);
+        memcpy(s->own_abar, d->alphas_cumprod, (size_t)T * sizeof *s->own_abar);
+        s->own_abar[T - 1] = 0x1p-24f;
+        s->alphas_cumprod = s->own_abar;
+    }
+    s->karras_trunc = is_dpm(kind) && d->schedule == SD_BETAS_SQUAREDCOS_CAP_V2;
     s->final_alpha_cumprod = d->alphas_cumprod[0]; /* set_alpha_to_one = false */
     s->num_steps = num_steps;
     s->ratio = T / num_steps;
@@ -417,7 +433,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
          * cast to fp32, and the final sigma 0 (final_sigmas_type 'zero') */
         float *full = sd_xmalloc((size_t)T * sizeof *full), mx = 0.0f;
         for (int t = 0; t < T; t++) {
-            const float a = d->alphas_cumprod[t], b = 1.0f - a, q = b / a;
+            const float a = s->alphas_cumprod[t], b = 1.0f - a, q = b / a;
             full[t] = sqrtf(q);
         }
         s->sigmas = sd_xmalloc(((size_t)count + 1) * sizeof *s->sigmas);
@@ -527,7 +543,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
                                       rho);
         double t = sigma_to_t(sig, logs, T);
         if (is_multistep(s->kind))
-            t = expo ? trunc(t) : nearbyint(t);
+            t = expo || s->karras_trunc ? trunc(t) : nearbyint(t);
         /* Heun: every entry but the first twice */
         for (int r = 0; r < (heun && i > 0 ? 2 : 1); r++) {
             const int k = heun ? (i == 0 ? 0 : 2 * i - 1 + r) : i;
@@ -542,7 +558,8 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     for (int i = 1; i < s->n_timesteps; i++)
         if (s->model_t[i] == s->model_t[0])
             return sd_err_set(err, "sampler: %s with %s sigmas and %d steps repeats its first "
-                                   "timestep: use fewer steps", sd_sampler_kind_name(s->kind),
+                                   "timestep (its largest sigmas lie too close together): use fewer steps or "
+                                   "other sigmas", sd_sampler_kind_name(s->kind),
                               what, N);
     if (s->kind == SD_SAMPLER_EULER || heun) {
         float mx = 0.0f;
@@ -593,6 +610,7 @@ void sd_sampler_free(sd_sampler *s)
     free(s->last_sample);
     free(s->heun_der);
     free(s->heun_sample);
+    free(s->own_abar);
     free(s->timesteps);
     free(s->model_t);
     free(s->sigmas);

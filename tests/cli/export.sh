@@ -114,6 +114,40 @@ cmp -s "$TMP/samples-srun/samples/0-0.png" "$TMP/samples-sexp/samples/0-0.png" |
     fail "sampling from the export differs from sampling from the training output"
 pass "a run from a snapshot: its unet config, vae, text encoder, tokenizer; sampling from the export"
 
+# zero terminal SNR: the scheduler is written from &diffusion as DDIMScheduler (PNDMScheduler has
+# no rescale_betas_zero_snr: diffusers would sample another schedule) with 'trailing' spacing,
+# also over a pretrained snapshot's own scheduler; sampling from the export == from the run
+mkdir -p "$TMP/zsnap/scheduler"
+for part in unet vae text_encoder; do ln -s "$snap/$part" "$TMP/zsnap/$part"; done
+sed 's/"unet": \[/"scheduler": ["diffusers", "PNDMScheduler"],\n "unet": [/' "$snap/model_index.json" \
+    >"$TMP/zsnap/model_index.json"
+printf '{"_class_name": "PNDMScheduler", "beta_schedule": "scaled_linear", "beta_start": 0.00085,
+ "beta_end": 0.012, "skip_prk_steps": true, "steps_offset": 1}\n' >"$TMP/zsnap/scheduler/scheduler_config.json"
+sed -e "s/prediction_type = 'epsilon'/prediction_type = 'v_prediction'/" \
+    -e "s/rescale_betas_zero_snr = .false./rescale_betas_zero_snr = .true./" "$TMP/srun/used.nml" >"$TMP/zs.nml"
+grep -q "rescale_betas_zero_snr = .true." "$TMP/zs.nml" || fail "used.nml: no rescale_betas_zero_snr"
+run zexp "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/zs.nml" \
+    --pretrained "$TMP/zsnap" --out "$TMP/zexp"
+expect_rc zexp 0
+expect_in zexp err "scheduler/ written from &diffusion (DDIMScheduler, rescale_betas_zero_snr, 'trailing'), not copied from $TMP/zsnap"
+z="$TMP/zexp/scheduler/scheduler_config.json"
+for k in '"_class_name": "DDIMScheduler"' '"rescale_betas_zero_snr": true' '"timestep_spacing": "trailing"' \
+    '"prediction_type": "v_prediction"'; do
+    grep -qF "$k" "$z" || fail "zero-SNR export: $k not in $z: $(cat "$z")"
+done
+grep -qF '"DDIMScheduler"' "$TMP/zexp/model_index.json" || fail "zero-SNR export: model_index.json"
+mpi zs-run 1 "$SDTRAIN" "$TMP/zs.nml" --set run.mode=sample --set "run.output_dir='$TMP/zs-run'" \
+    --set "sample.checkpoint='$TMP/srun'" --set sample.timestep_spacing=trailing
+mpi zs-exp 1 "$SDTRAIN" "$TMP/zs.nml" --set run.mode=sample --set "run.output_dir='$TMP/zs-exp'" \
+    --set "sample.checkpoint='$TMP/zexp'"
+expect_rc zs-run 0
+expect_rc zs-exp 0
+expect_in zs-exp out "schedule from $TMP/zexp/scheduler/scheduler_config.json (v_prediction"
+expect_in zs-exp out "zero terminal SNR"
+cmp -s "$TMP/zs-run/samples/0-0.png" "$TMP/zs-exp/samples/0-0.png" ||
+    fail "zero SNR: sampling from the export differs from sampling from the training output"
+pass "zero terminal SNR: exported as DDIMScheduler with rescale_betas_zero_snr and 'trailing'; same samples"
+
 # ---- errors -----------------------------------------------------------------------------------
 run exists "$SDTOOL" export --from "$TMP/run" --out "$TMP/exp"
 expect_rc exists 2

@@ -250,6 +250,61 @@ expect_rc schedt0 2
 expect_count schedt0 err "$TMP/snap-t0/scheduler/scheduler_config.json: diffusion: num_train_timesteps 0 out of" 1
 pass "scheduler_config.json of a snapshot"
 
+# zero terminal SNR (rescale_betas_zero_snr with v_prediction, sampled with 'trailing' spacing,
+# whose first step is the pure-noise timestep 999) and the cosine schedule: from a snapshot's
+# scheduler config or from &diffusion (tiny-sd2 has no scheduler/), the same bytes either way;
+# the schedulers diffusers has no zero-SNR schedule for (heun, pndm) and an epsilon model are
+# refused by name
+zsnr_keys='"prediction_type": "v_prediction", "rescale_betas_zero_snr": true, "timestep_spacing": "trailing"'
+sched_snap snap-zsnr ", $zsnr_keys"
+sched_snap snap-vt ', "prediction_type": "v_prediction", "timestep_spacing": "trailing"'
+for k in euler ddim dpmpp_2m; do
+    sample_nml "zs$k" $k ", checkpoint = '$TMP/snap-zsnr'"
+    mpi "zs$k" 2 "$SDTRAIN" "$TMP/zs$k.nml"
+    expect_rc "zs$k" 0
+    expect_in "zs$k" out "'trailing' spacing"
+    expect_in "zs$k" out "steps_offset 1, zero terminal SNR"
+    sample_nml "vt$k" $k ", checkpoint = '$TMP/snap-vt'"
+    mpi "vt$k" 1 "$SDTRAIN" "$TMP/vt$k.nml"
+    expect_rc "vt$k" 0
+    cmp -s "$TMP/zs$k/samples/0-0.png" "$TMP/vt$k/samples/0-0.png" && fail "$k: zero terminal SNR changed nothing"
+    sample_nml "zn$k" $k ", timestep_spacing = 'trailing'"
+    mpi "zn$k" 1 "$SDTRAIN" "$TMP/zn$k.nml" --set diffusion.prediction_type=v_prediction \
+        --set diffusion.rescale_betas_zero_snr=.true.
+    expect_rc "zn$k" 0
+    expect_in "zn$k" out "schedule from &diffusion (v_prediction, scaled_linear"
+    same_pngs "zs$k" "zn$k" "$k, zero terminal SNR from the snapshot vs &diffusion"
+done
+sched_snap snap-cos ', "beta_schedule": "squaredcos_cap_v2"'
+sample_nml cos euler ", checkpoint = '$TMP/snap-cos'"
+mpi cos 1 "$SDTRAIN" "$TMP/cos.nml"
+expect_rc cos 0
+expect_in cos out "(epsilon, squaredcos_cap_v2"
+cmp -s "$TMP/cos/samples/1-0.png" "$TMP/schede/samples/1-0.png" && fail "the cosine schedule changed nothing"
+sample_nml cosn euler ", timestep_spacing = 'linspace'"
+mpi cosn 1 "$SDTRAIN" "$TMP/cosn.nml" --set diffusion.beta_schedule=squaredcos_cap_v2
+expect_rc cosn 0
+same_pngs cos cosn "the cosine schedule from the snapshot vs &diffusion"
+sample_nml zsheun heun ", checkpoint = '$TMP/snap-zsnr'"
+mpi zsheun 2 "$SDTRAIN" "$TMP/zsheun.nml"
+expect_rc zsheun 2
+expect_count zsheun err "$TMP/snap-zsnr/scheduler/scheduler_config.json: rescale_betas_zero_snr is set, which diffusers' HeunDiscreteScheduler would ignore" 1
+sample_nml znpndm pndm
+mpi znpndm 1 "$SDTRAIN" "$TMP/znpndm.nml" --set diffusion.prediction_type=v_prediction \
+    --set diffusion.rescale_betas_zero_snr=.true.
+expect_rc znpndm 2
+expect_count znpndm err "'pndm' has no zero-terminal-SNR schedule (diffusers' PNDMScheduler has no rescale_betas_zero_snr)" 1
+sched_snap snap-zeps ', "rescale_betas_zero_snr": true'
+sample_nml zseps ddim ", checkpoint = '$TMP/snap-zeps'"
+mpi zseps 2 "$SDTRAIN" "$TMP/zseps.nml"
+expect_rc zseps 2
+expect_count zseps err "$TMP/snap-zeps/scheduler/scheduler_config.json: rescale_betas_zero_snr with prediction_type 'epsilon'" 1
+sample_nml zneps ddim
+run zneps "$SDTRAIN" --check "$TMP/zneps.nml" --set diffusion.rescale_betas_zero_snr=.true.
+expect_rc zneps 2
+expect_in zneps err "rescale_betas_zero_snr needs prediction_type = 'v_prediction'"
+pass "zero terminal SNR and the cosine schedule: from a snapshot or &diffusion, refused where diffusers has none"
+
 # Karras sigmas ("DPM++ 2M Karras"): from &sample use_karras_sigmas or the snapshot's config, the
 # same bytes; other images than without; refused for a scheduler without the option
 sample_nml karras dpmpp_2m ", use_karras_sigmas = .true."

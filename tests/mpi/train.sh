@@ -57,6 +57,28 @@ expect_rc latent_sample2 0
 cmp -s "$TMP/latent_sample/unet_final.safetensors" "$TMP/latent_sample2/unet_final.safetensors" ||
     fail "latent_sample = .false.: two runs differ"
 
+# zero terminal SNR (v_prediction) on the cosine schedule with min-SNR weights: the last
+# timestep's SNR is 0 (weight 0, no division by it), every loss finite, another training than
+# the default schedule's; the GPU's device path (emulated on the CPU) trains the same
+ZSNR="--set diffusion.prediction_type=v_prediction --set diffusion.rescale_betas_zero_snr=.true.
+ --set diffusion.beta_schedule=squaredcos_cap_v2 --set diffusion.min_snr_gamma=5"
+train_nml zsnr 8 none
+# shellcheck disable=SC2086 # ZSNR holds several options
+mpi zsnr 1 "$SDTRAIN" "$TMP/zsnr.nml" $ZSNR
+expect_rc zsnr 0
+grep -q "rescale_betas_zero_snr = .true." "$TMP/zsnr/used.nml" || fail "zsnr: not in used.nml"
+[ "$(grep -c '"loss"' "$TMP/zsnr/metrics.jsonl")" = 10 ] || fail "zsnr: expected 10 step lines"
+grep -qi 'nan\|inf' "$TMP/zsnr/metrics.jsonl" && fail "zsnr: a non-finite value in metrics.jsonl"
+! cmp -s "$TMP/np1/unet_final.safetensors" "$TMP/zsnr/unet_final.safetensors" ||
+    fail "zero terminal SNR did not change the training"
+# shellcheck disable=SC2086
+SDTRAIN_EMULATE_DEVICE_PATH=1 mpi zsnr-emu 2 "$SDTRAIN" "$TMP/zsnr.nml" $ZSNR \
+    --set run.output_dir="'$TMP/zsnr-emu'" --set train.batch_size_per_rank=4
+expect_rc zsnr-emu 0
+expect_in zsnr-emu out "emulating the GPU's device path"
+run cmp-zsnr "$COMPARE" "$TMP/zsnr/unet_final.safetensors" "$TMP/zsnr-emu/unet_final.safetensors" 1e-6
+expect_rc cmp-zsnr 0
+
 for np in 1 2 3 4; do
     bs=$((np == 3 ? 4 : 8 / np))
     train "ddp$np" "$np" "$bs" none

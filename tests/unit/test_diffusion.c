@@ -476,6 +476,54 @@ static void test_config(void)
     sd_run_config_free(&rc);
 }
 
+/* Zero terminal SNR in training (the schedule itself is checked against diffusers in
+ * test_sampler): at t = T - 1 the input is the noise, the v target -x0, the SNR and the min-SNR
+ * weight (v_prediction) 0, the loss and its gradient finite; &diffusion refuses it with an
+ * epsilon model. */
+static void test_zero_snr_training(void)
+{
+    sd_run_config rc;
+    sd_diffusion d;
+    sd_err err;
+    sd_run_config_init(&rc);
+    int ok = sd_config_apply_set(&rc, "diffusion.rescale_betas_zero_snr=.true.", 1, &err) == 0 &&
+             sd_config_apply_set(&rc, "diffusion.min_snr_gamma=5", 2, &err) == 0;
+    const int refused = ok && sd_diffusion_init_config(&d, &rc.cfg, &err) < 0 &&
+                        strstr(err.msg, "v_prediction") != NULL;
+    tap_ok(refused, "zero terminal SNR with prediction_type 'epsilon' refused: %s", err.msg);
+    ok = ok && sd_config_apply_set(&rc, "diffusion.prediction_type='v_prediction'", 3, &err) == 0 &&
+         sd_diffusion_init_config(&d, &rc.cfg, &err) == 0;
+    if (!tap_ok(ok && d.zero_snr, "zero terminal SNR from &diffusion%s%s", ok ? "" : ": ",
+                ok ? "" : err.msg)) {
+        sd_run_config_free(&rc);
+        return;
+    }
+    enum { B = 3, PER = 8 };
+    const int32_t t[B] = {999, 500, 0};
+    float x0[B * PER], eps[B * PER], xt[B * PER], v[B * PER], pred[B * PER], grad[B * PER],
+        w[B], mse[B];
+    for (int i = 0; i < B * PER; i++) {
+        x0[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
+        eps[i] = (float)((i * 11) % 13) / 6.0f - 1.0f;
+        pred[i] = 0.5f * eps[i];
+    }
+    sd_diffusion_add_noise(&d, t, B, PER, x0, eps, xt);
+    sd_diffusion_target(&d, t, B, PER, x0, eps, v);
+    sd_diffusion_loss_weights(&d, t, B, w);
+    const double loss = sd_diffusion_loss(&d, t, B, PER, 0, pred, v, mse, grad);
+    int exact = 1, finite = isfinite(loss);
+    for (int i = 0; i < PER; i++)
+        exact = exact && xt[i] == eps[i] && v[i] == -x0[i];
+    for (int i = 0; i < B * PER; i++)
+        finite = finite && isfinite(grad[i]);
+    tap_ok(exact && d.snr[999] == 0.0f && w[0] == 0.0f && w[1] > 0.0f && w[2] > 0.0f && finite &&
+               grad[0] == 0.0f,
+           "zero terminal SNR: x_999 = eps, v = -x0, SNR 0, min-SNR weights %g %g %g, loss %.6g "
+           "and gradient finite (0 at t = 999)", w[0], w[1], w[2], loss);
+    sd_diffusion_free(&d);
+    sd_run_config_free(&rc);
+}
+
 /* The backend objective (sd_mse_loss on the CPU backend, NHWC, with sd_diffusion_loss_coef and
  * sd_diffusion_loss_from_mse) against sd_diffusion_loss on the NCHW arrays: the same bits. */
 static void test_backend_objective(void)
@@ -529,6 +577,7 @@ int main(void)
         tap_diag("%s", err.msg);
     }
     test_config();
+    test_zero_snr_training();
     test_invariance();
     test_distributions();
     test_backend_objective();

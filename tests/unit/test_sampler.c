@@ -601,6 +601,245 @@ out:
     free(z);
 }
 
+/* zero_snr.safetensors: the cosine schedule and zero terminal SNR (make_zero_snr_goldens.py) */
+static sd_st_file gold3;
+
+/* schedule `which`: 0 cos, 1 zsnr (SD2 rescaled), 2 cos_zsnr, 3 linear_zsnr */
+static int zsnr_schedule(sd_diffusion *d, int which, const char *pred, sd_err *err)
+{
+    const int lin = which == 3, cosine = which == 0 || which == 2;
+    if (sd_diffusion_init(d, cosine ? "squaredcos_cap_v2" : lin ? "linear" : "scaled_linear",
+                          lin ? 0.0001 : 0.00085, lin ? 0.02 : 0.012, 1000, pred,
+                          SD_LINSPACE_FUSED, err))
+        return -1;
+    if (which >= 1 && sd_diffusion_rescale_zero_snr(d, err)) {
+        sd_diffusion_free(d);
+        return -1;
+    }
+    return 0;
+}
+
+static void test_zero_snr(void)
+{
+    static const char *sched_names[4] = {"cos", "zsnr", "cos_zsnr", "linear_zsnr"};
+    for (int w = 0; w < 4; w++) {
+        sd_diffusion d;
+        sd_err err;
+        char name[64];
+        size_t bad_b = 0, bad_a = 0;
+        double rb = 0.0, ra = 0.0;
+        if (zsnr_schedule(&d, w, "v_prediction", &err) != 0) {
+            tap_ok(0, "schedule %s: %s", sched_names[w], err.msg);
+            continue;
+        }
+        snprintf(name, sizeof name, "betas_%s", sched_names[w]);
+        float *gb = read_from(&gold3, name, 1000);
+        snprintf(name, sizeof name, "abar_%s", sched_names[w]);
+        float *ga = read_from(&gold3, name, 1000);
+        for (int i = 0; gb && ga && i < 1000; i++) {
+            bad_b += memcmp(&d.betas[i], &gb[i], sizeof(float)) != 0;
+            bad_a += memcmp(&d.alphas_cumprod[i], &ga[i], sizeof(float)) != 0;
+            const double eb = fabs((double)d.betas[i] - gb[i]) / gb[i],
+                         ea = ga[i] > 0.0f ? fabs((double)d.alphas_cumprod[i] - ga[i]) / ga[i]
+                                           : fabs((double)d.alphas_cumprod[i]);
+            rb = eb > rb ? eb : rb;
+            ra = ea > ra ? ea : ra;
+        }
+        /* the cosine schedule bit for bit; the rescaled ones within torch's sqrt (above) */
+        tap_ok(gb && ga && (w == 0 ? bad_b == 0 && bad_a == 0 : ra <= 1e-5) &&
+                   d.zero_snr == (w >= 1) &&
+                   (w == 0 || (d.alphas_cumprod[999] == 0.0f && d.snr[999] == 0.0f &&
+                               d.sqrt_one_minus_abar[999] == 1.0f)),
+               "schedule %s: betas / alphas_cumprod %zu / %zu of 1000 differ from diffusers' "
+               "(max relative error %.3g / %.3g%s)%s", sched_names[w], bad_b, bad_a, rb, ra,
+               w ? ", abar within 1e-5" : ", bit-identical",
+               w ? "; abar, SNR 0 at t = 999" : "");
+        free(gb);
+        free(ga);
+        sd_diffusion_free(&d);
+    }
+
+    typedef struct {
+        const char *name;
+        sd_sampler_kind kind;
+        sd_spacing spacing;
+        int which, v, karras;
+    } zcase;
+    static const zcase cases[] = {
+        {"zsnr_ddim_trailing_v", SD_SAMPLER_DDIM, SD_SPACING_TRAILING, 1, 1, 0},
+        {"zsnr_ddpm_trailing_v", SD_SAMPLER_DDPM, SD_SPACING_TRAILING, 1, 1, 0},
+        {"zsnr_euler_trailing_v", SD_SAMPLER_EULER, SD_SPACING_TRAILING, 1, 1, 0},
+        {"zsnr_euler_a_trailing_v", SD_SAMPLER_EULER_A, SD_SPACING_TRAILING, 1, 1, 0},
+        {"zsnr_dpmpp_2m_trailing_v", SD_SAMPLER_DPMPP_2M, SD_SPACING_TRAILING, 1, 1, 0},
+        {"zsnr_dpmpp_2m_sde_trailing_v", SD_SAMPLER_DPMPP_2M_SDE, SD_SPACING_TRAILING, 1, 1, 0},
+        {"zsnr_unipc_trailing_v", SD_SAMPLER_UNIPC, SD_SPACING_TRAILING, 1, 1, 0},
+        {"zsnr_ddim_leading_v", SD_SAMPLER_DDIM, SD_SPACING_LEADING, 1, 1, 0},
+        {"zsnr_euler_leading_v", SD_SAMPLER_EULER, SD_SPACING_LEADING, 1, 1, 0},
+        {"zsnr_dpmpp_2m_karras_v", SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE, 1, 1, 1},
+        {"zsnr_euler_karras_v", SD_SAMPLER_EULER, SD_SPACING_LINSPACE, 1, 1, 1},
+        {"cos_ddim_eps", SD_SAMPLER_DDIM, SD_SPACING_LINSPACE, 0, 0, 0},
+        {"cos_pndm_eps", SD_SAMPLER_PNDM, SD_SPACING_LEADING, 0, 0, 0},
+        {"cos_euler_eps", SD_SAMPLER_EULER, SD_SPACING_LINSPACE, 0, 0, 0},
+        {"cos_euler_a_eps", SD_SAMPLER_EULER_A, SD_SPACING_LINSPACE, 0, 0, 0},
+        {"cos_heun_eps", SD_SAMPLER_HEUN, SD_SPACING_LINSPACE, 0, 0, 0},
+        {"cos_dpmpp_2m_eps", SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE, 0, 0, 0},
+        {"cos_unipc_eps", SD_SAMPLER_UNIPC, SD_SPACING_LINSPACE, 0, 0, 0},
+        {"cos_unipc_karras_eps", SD_SAMPLER_UNIPC, SD_SPACING_LINSPACE, 0, 0, 1},
+    };
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold3, "in_sample", (size_t)n);
+    float *mo = read_from(&gold3, "in_model_out", 9 * (size_t)n);
+    float *z = read_from(&gold3, "in_noise", 9 * (size_t)n);
+    /* Zero-SNR cases run twice: on diffusers' own alphas_cumprod (the scheduler code alone)
+     * and on sdtrain's. The two schedules differ by up to 4e-6 relative: this torch's float
+     * sqrt on the CPU is not correctly rounded (1 ulp off for ~20 % of inputs, MKL's vector
+     * sqrt; sdtrain's sqrtf is), and the rescale's s - s[T-1] cancels near T. The same sqrt
+     * gives diffusers' sigma table ((1 - abar) / abar) ** 0.5, 1 ulp off here and there. Where
+     * the first sigma is 4096 (Euler and Euler ancestral, 'trailing': abar[T-1] = 2^-24) the
+     * first step cancels latents of size ~4096 down to ~7, which turns such an ulp into 3e-5 of
+     * the result (torch's own float ops are reproduced exactly, checked with numpy): tolerance
+     * 1e-4 there and on sdtrain's schedule, 1e-6 otherwise. */
+    for (size_t ci = 0; x0 && mo && z && ci < sizeof cases / sizeof cases[0]; ci++) {
+        const zcase *c = &cases[ci];
+        for (int own = c->which == 0; own < 2; own++) {
+            sd_diffusion d;
+            sd_sampler s;
+            sd_err err;
+            char name[80];
+            float x[2 * 3 * 5 * 4];
+            double worst = 0.0, wt = 0.0, ws = 0.0;
+            const int big_sigma = c->which && c->spacing == SD_SPACING_TRAILING &&
+                                  (c->kind == SD_SAMPLER_EULER || c->kind == SD_SAMPLER_EULER_A);
+            const double tol = (own && c->which) || big_sigma ? 1e-4 : 1e-6;
+            if (zsnr_schedule(&d, c->which, c->v ? "v_prediction" : "epsilon", &err)) {
+                tap_ok(0, "%s: %s", c->name, err.msg);
+                continue;
+            }
+            if (!own) {
+                float *ga = read_from(&gold3, "abar_zsnr", 1000);
+                if (ga)
+                    memcpy(d.alphas_cumprod, ga, 1000 * sizeof *ga);
+                free(ga);
+            }
+            if (sd_sampler_init(&s, c->kind, &d, 5, c->spacing, 1, n, &err) ||
+                (c->karras && sd_sampler_use_karras(&s, &err))) {
+                tap_ok(0, "%s: %s", c->name, err.msg);
+                sd_sampler_free(&s);
+                sd_diffusion_free(&d);
+                continue;
+            }
+            const int nt = s.n_timesteps;
+            snprintf(name, sizeof name, "ts_%s", c->name);
+            float *rt = read_from(&gold3, name, (size_t)nt);
+            snprintf(name, sizeof name, "step_%s", c->name);
+            float *ref = read_from(&gold3, name, (size_t)nt * (size_t)n);
+            snprintf(name, sizeof name, "ins_%s", c->name);
+            float *ri = read_from(&gold3, name, 1);
+            float *rs = NULL;
+            if (s.sigmas) {
+                snprintf(name, sizeof name, "sig_%s", c->name);
+                rs = read_from(&gold3, name, (size_t)nt + 1);
+            }
+            int ok = rt && ref && ri && (!s.sigmas || rs);
+            for (int i = 0; ok && i < nt; i++) {
+                const double e = fabs((double)s.model_t[i] - rt[i]);
+                wt = e > wt ? e : wt;
+            }
+            for (int i = 0; ok && rs && i <= nt; i++) {
+                const double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+                ws = e > ws ? e : ws;
+            }
+            if (ok) {
+                const double e = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
+                ws = e > ws ? e : ws;
+                for (int64_t j = 0; j < n; j++)
+                    x[j] = x0[j] * s.init_noise_sigma;
+                sd_sampler_reset(&s);
+                for (int i = 0; i < nt; i++) {
+                    sd_sampler_step(&s, i, mo + (size_t)i * n, x,
+                                    sd_sampler_step_noise(&s, i) ? z + (size_t)i * n : NULL);
+                    const double e2 = rel_err(x, ref + (size_t)i * n, n, NULL);
+                    worst = e2 > worst ? e2 : worst;
+                }
+            }
+            tap_ok(ok && wt <= 1e-3 && ws <= (own ? 1e-5 : 1e-6) && worst <= tol,
+                   "%s%s: %d model calls, timesteps within %.3g, sigmas / init_noise_sigma "
+                   "relative error %.3g, samples %.3g (<= %g)", c->name,
+                   own ? "" : " on diffusers' alphas_cumprod", nt, wt, ws, worst, tol);
+            free(rt);
+            free(ref);
+            free(ri);
+            free(rs);
+            sd_sampler_free(&s);
+            sd_diffusion_free(&d);
+        }
+    }
+    free(x0);
+    free(mo);
+    free(z);
+
+    /* DPM-Solver++ with Karras sigmas on the cosine schedule: diffusers truncates the
+     * timesteps (rounds them on other schedules), and then repeats its first timestep 998 at
+     * every N, which its step cannot run (it starts at the second 998 and indexes past its
+     * sigmas). sdtrain computes the same timesteps and refuses the schedule. */
+    {
+        sd_diffusion d;
+        sd_err err;
+        int ok = zsnr_schedule(&d, 0, "epsilon", &err) == 0;
+        double wt = 0.0, ws = 0.0;
+        for (int k = 0; ok && k < 3; k++) {
+            static const int Ns[3] = {5, 10, 25};
+            const int N = Ns[k];
+            char name[64];
+            sd_sampler s;
+            snprintf(name, sizeof name, "ts_cos_dpmpp_2m_karras_%d", N);
+            float *rt = read_from(&gold3, name, (size_t)N);
+            snprintf(name, sizeof name, "sig_cos_dpmpp_2m_karras_%d", N);
+            float *rs = read_from(&gold3, name, (size_t)N + 1);
+            ok = rt && rs && rt[0] == rt[1] &&
+                 sd_sampler_init(&s, SD_SAMPLER_DPMPP_2M, &d, N, SD_SPACING_LINSPACE, 1, 1, &err) == 0;
+            if (ok) {
+                ok = sd_sampler_use_karras(&s, &err) < 0 && strstr(err.msg, "repeats") != NULL;
+                for (int i = 0; i < N; i++) {
+                    const double e = fabs((double)s.model_t[i] - rt[i]);
+                    wt = e > wt ? e : wt;
+                }
+                for (int i = 0; i <= N; i++) {
+                    const double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+                    ws = e > ws ? e : ws;
+                }
+                sd_sampler_free(&s);
+            }
+            free(rt);
+            free(rs);
+        }
+        tap_ok(ok && wt == 0.0 && ws <= 1e-6,
+               "dpmpp_2m, Karras sigmas on squaredcos_cap_v2 (N 5, 10, 25): diffusers' truncated "
+               "timesteps (equal; sigmas within %.3g), whose repeated first timestep is refused: "
+               "%s", ws, err.msg);
+        sd_diffusion_free(&d);
+    }
+
+    /* refusals: Heun and PNDM have no zero-SNR schedule in diffusers; too short a schedule */
+    {
+        sd_diffusion d;
+        sd_sampler s;
+        sd_err err, err2;
+        int ok = zsnr_schedule(&d, 1, "v_prediction", &err) == 0;
+        ok = ok && sd_sampler_init(&s, SD_SAMPLER_HEUN, &d, 5, SD_SPACING_TRAILING, 1, 4, &err) < 0 &&
+             strstr(err.msg, "HeunDiscreteScheduler") &&
+             sd_sampler_init(&s, SD_SAMPLER_PNDM, &d, 5, SD_SPACING_TRAILING, 1, 4, &err2) < 0 &&
+             strstr(err2.msg, "PNDMScheduler");
+        tap_ok(ok, "zero terminal SNR refused for heun and pndm: %s", err.msg);
+        sd_diffusion_free(&d);
+        ok = sd_diffusion_init(&d, "linear", 0.0001, 0.02, 1, "v_prediction", SD_LINSPACE_FUSED,
+                               &err) == 0 &&
+             sd_diffusion_rescale_zero_snr(&d, &err) < 0 && d.zero_snr == 0;
+        tap_ok(ok, "zero terminal SNR of a 1-step schedule refused: %s", err.msg);
+        sd_diffusion_free(&d);
+    }
+}
+
 typedef struct fixed_noise {
     const float *z; /* [steps, 2 images, n] */
     int image;
@@ -885,6 +1124,13 @@ int main(void)
         test_karras(0);
         test_karras(1);
         test_steps_more();
+    } else {
+        tap_diag("%s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/tests/data/sample/zero_snr.safetensors", top);
+    if (tap_ok(sd_st_open(path, &gold3, &err) == 0, "open %s", path)) {
+        test_zero_snr();
+        sd_st_close(&gold3);
     } else {
         tap_diag("%s", err.msg);
     }
