@@ -145,7 +145,7 @@ typedef struct sd_sampler {
     float final_sigma;           /* the sigma after the last step: 0, or sigma_min */
     /* DPMSolverMultistepScheduler's (and UniPC's) options (set after init; the defaults are
      * diffusers') */
-    int dpm_order;               /* solver_order: 1 or 2 (2) */
+    int dpm_order;               /* solver_order: 1, 2 or 3 (DPM-Solver++; UniPC 1 or 2) (2) */
     int dpm_heun;                /* solver_type 'heun' rather than 'midpoint' (0) */
     int lower_order_final;       /* (1) */
     int euler_at_final;          /* (0) */
@@ -158,7 +158,8 @@ typedef struct sd_sampler {
     /* DPM-Solver++ state: the previous step's x0 (model_outputs[-2]), lower_order_nums */
     float *x0_prev;
     int lower_order_nums;
-    /* UniPC state: model_outputs[-2] (x0_prev2; [-1] is x0_prev), last_sample, this_order */
+    /* model_outputs[-3] of DPM-Solver++ of order 3 and [-2] of UniPC (x0_prev2); UniPC's
+     * last_sample and this_order */
     float *x0_prev2, *last_sample;
     int unipc_order;
     /* Heun state between its first- and second-order call: derivative, dt, sample */

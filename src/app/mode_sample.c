@@ -310,9 +310,9 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (unipc && (jtrue(root, "use_flow_sigmas") || jtrue(root, "use_dynamic_shifting")))
         rc = sd_err_set(err, "%s: use_flow_sigmas and use_dynamic_shifting are not implemented",
                         path);
-    else if (multi && ss->dpm_order != 1 && ss->dpm_order != 2)
-        rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 or 2)", path,
-                        ss->dpm_order, sd_sampler_kind_name(kind));
+    else if (multi && (ss->dpm_order < 1 || ss->dpm_order > (dpm ? 3 : 2)))
+        rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 to %d)", path,
+                        ss->dpm_order, sd_sampler_kind_name(kind), dpm ? 3 : 2);
     else if (dpm && jstr_not(root, "algorithm_type", "dpmsolver++", &got) &&
              strcmp(got, "sde-dpmsolver++") != 0)
         rc = sd_err_set(err, "%s: algorithm_type '%s' is not implemented (dpmsolver++ and "
@@ -699,6 +699,17 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         /* the namelist's choice replaces the snapshot config's */
         ss.karras = cfg->sample.use_karras_sigmas;
         ss.expo = cfg->sample.use_exponential_sigmas;
+    }
+    if (!failed && cfg->sample.solver_order > 0) { /* the namelist's replaces the config's */
+        const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE;
+        if (!dpm && kind != SD_SAMPLER_UNIPC)
+            failed = sd_err_set(&err, "&sample solver_order = %lld needs scheduler = 'dpmpp_2m', "
+                                      "'dpmpp_2m_sde' or 'unipc', not '%s'",
+                                (long long)cfg->sample.solver_order, cfg->sample.scheduler) != 0;
+        else if (!dpm && cfg->sample.solver_order > 2)
+            failed = sd_err_set(&err, "&sample solver_order = %lld: 'unipc' is implemented up to "
+                                      "order 2", (long long)cfg->sample.solver_order) != 0;
+        ss.dpm_order = (int)cfg->sample.solver_order;
     }
     if (!failed && sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
                                      ss.prediction, SD_LINSPACE_FUSED, &err) != 0) {

@@ -463,10 +463,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         s->tmp = sd_xmalloc((size_t)n * sizeof(float));
     if (is_dpm(kind) || kind == SD_SAMPLER_UNIPC)
         s->x0_prev = sd_xmalloc((size_t)n * sizeof(float));
-    if (kind == SD_SAMPLER_UNIPC) {
+    if (is_dpm(kind) || kind == SD_SAMPLER_UNIPC) /* model_outputs[-3]: DPM order 3 */
         s->x0_prev2 = sd_xmalloc((size_t)n * sizeof(float));
+    if (kind == SD_SAMPLER_UNIPC)
         s->last_sample = sd_xmalloc((size_t)n * sizeof(float));
-    }
     if (kind == SD_SAMPLER_HEUN) {
         s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
         s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
@@ -770,9 +770,63 @@ static void multistep_x0(const sd_sampler *s, int i, const float *mo, const floa
     }
 }
 
+/* DPMSolverMultistepScheduler.multistep_dpm_solver_third_order_update: D0 = m0, D1_0 = (m0 -
+ * m1) / r0, D1_1 = (m1 - m2) / r1, D1 = D1_0 + r0 / (r0 + r1) (D1_0 - D1_1), D2 = (D1_0 - D1_1)
+ * / (r0 + r1), with r0 = h_0 / h, r1 = h_1 / h; every scalar coefficient a 0-d fp32 tensor,
+ * the tensor terms summed left to right, as diffusers writes them. */
+static void dpm_third_order(sd_sampler *s, int i, const float *x0, float *x, const float *noise,
+                            float lambda_s0, float lambda_t, float a_t, float c_x, float c_d,
+                            float c_z)
+{
+    const int sde = s->kind == SD_SAMPLER_DPMPP_2M_SDE;
+    float a_s1, s_s1, a_s2, s_s2;
+    const float lambda_s1 = dpm_lambda(s->sigmas[i - 1], &a_s1, &s_s1);
+    const float lambda_s2 = dpm_lambda(s->sigmas[i - 2], &a_s2, &s_s2);
+    const float h = lambda_t - lambda_s0, h0 = lambda_s0 - lambda_s1, h1 = lambda_s1 - lambda_s2;
+    const float r0 = h0 / h, r1 = h1 / h, inv_r0 = 1.0f / r0, inv_r1 = 1.0f / r1;
+    const float r01 = r0 + r1, w1 = r0 / r01, inv_r01 = 1.0f / r01;
+    const float e1 = expf(-h), e2 = expf(-2.0f * h);
+    float c_1, c_2;
+    if (sde) {
+        /* alpha_t ((1 - exp(-2h)) / (-2h) + 1), alpha_t ((1 - exp(-2h) - 2h) / (2h)^2 - 0.5) */
+        const float one_m = 1.0f - e2, m2h = -2.0f * h, q1 = one_m / m2h, p1 = q1 + 1.0f;
+        const float h2 = 2.0f * h, num = one_m - h2, den = h2 * h2, q2 = num / den;
+        c_1 = a_t * p1;
+        c_2 = a_t * (q2 - 0.5f);
+    } else {
+        /* alpha_t ((exp(-h) - 1) / h + 1), alpha_t ((exp(-h) - 1 + h) / h^2 - 0.5) */
+        const float em = e1 - 1.0f, q1 = em / h, p1 = q1 + 1.0f;
+        const float num = em + h, hh = h * h, q2 = num / hh;
+        c_1 = a_t * p1;
+        c_2 = a_t * (q2 - 0.5f);
+    }
+    for (int64_t j = 0; j < s->n; j++) {
+        const float m0 = x0[j], m1 = s->x0_prev[j], m2 = s->x0_prev2[j];
+        const float dm0 = m0 - m1, dm1 = m1 - m2;
+        const float d10 = inv_r0 * dm0, d11 = inv_r1 * dm1, dd = d10 - d11;
+        const float wd = w1 * dd, d1 = d10 + wd, d2 = inv_r01 * dd;
+        const float a = c_x * x[j], b = c_d * m0, c = c_1 * d1, d = c_2 * d2;
+        float r;
+        if (sde) { /* a + b + c + d + z */
+            r = a + b;
+            r = r + c;
+            r = r + d;
+            const float z = c_z * noise[j];
+            r = r + z;
+        } else { /* a - b + c - d */
+            r = a - b;
+            r = r + c;
+            r = r - d;
+        }
+        x[j] = r;
+    }
+}
+
 /* DPMSolverMultistepScheduler.step: dpmsolver++ or sde-dpmsolver++ (noise at every step),
- * solver_order 1 or 2, midpoint or heun; the last step first order when final_sigmas_type is
- * 'zero', or with lower_order_final and fewer than 15 steps, or with euler_at_final. */
+ * solver_order 1, 2 or 3, midpoint or heun (order 2); the last step first order when
+ * final_sigmas_type is 'zero', or with lower_order_final and fewer than 15 steps, or with
+ * euler_at_final; the one before it at most second order with lower_order_final and fewer
+ * than 15 steps. */
 static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const float *noise)
 {
     const int64_t n = s->n;
@@ -795,6 +849,8 @@ static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const floa
     const int lower_final = last && (s->euler_at_final || (s->lower_order_final &&
                                                            s->n_timesteps < 15) ||
                                      s->final_sigma == 0.0f);
+    const int lower_second = i == s->n_timesteps - 2 && s->lower_order_final &&
+                             s->n_timesteps < 15;
     SD_CHECK(!sde || noise != NULL, "sde-dpmsolver++ step needs noise");
     if (s->dpm_order == 1 || s->lower_order_nums < 1 || lower_final) {
         for (int64_t j = 0; j < n; j++) {
@@ -806,6 +862,8 @@ static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const floa
             }
             x[j] = r;
         }
+    } else if (!(s->dpm_order == 2 || s->lower_order_nums < 2 || lower_second)) {
+        dpm_third_order(s, i, x0, x, noise, lambda_s0, lambda_t, a_t, c_x, c_d, c_z);
     } else {
         /* second order: D0 = m0, D1 = (1 / r0) (m0 - m1), r0 = h_0 / h; the D1 coefficient is
          * 0.5 c_d (midpoint) or alpha_t ((exp(-h) - 1) / h + 1) (heun; sde: alpha_t ((1 -
@@ -839,8 +897,13 @@ static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const floa
             x[j] = r;
         }
     }
-    if (s->lower_order_nums < 2)
+    if (s->lower_order_nums < s->dpm_order)
         s->lower_order_nums++;
+    if (s->dpm_order == 3) { /* model_outputs shift: [-3] <- [-2] */
+        float *t = s->x0_prev2;
+        s->x0_prev2 = s->x0_prev;
+        s->x0_prev = t;
+    }
     memcpy(s->x0_prev, x0, (size_t)n * sizeof *x0);
 }
 

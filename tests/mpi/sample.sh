@@ -220,11 +220,11 @@ sample_nml schedx dpmpp_2m ", checkpoint = '$TMP/snap-beta'"
 mpi schedx 2 "$SDTRAIN" "$TMP/schedx.nml"
 expect_rc schedx 2
 expect_count schedx err "$TMP/snap-beta/scheduler/scheduler_config.json: beta sigmas are not implemented for 'dpmpp_2m'" 1
-sched_snap snap-order ', "solver_order": 3'
+sched_snap snap-order ', "solver_order": 4'
 sample_nml schedo dpmpp_2m ", checkpoint = '$TMP/snap-order'"
 mpi schedo 1 "$SDTRAIN" "$TMP/schedo.nml"
 expect_rc schedo 2
-expect_count schedo err "solver_order 3 is not implemented for 'dpmpp_2m' (1 or 2)" 1
+expect_count schedo err "solver_order 4 is not implemented for 'dpmpp_2m' (1 to 3)" 1
 # DPMSolverMultistep's other options from the file: each one changes the images
 sched_snap snap-dpmopts ', "solver_type": "heun", "final_sigmas_type": "sigma_min", "solver_order": 1'
 sample_nml dpmopts dpmpp_2m ", checkpoint = '$TMP/snap-dpmopts'"
@@ -304,6 +304,37 @@ run zneps "$SDTRAIN" --check "$TMP/zneps.nml" --set diffusion.rescale_betas_zero
 expect_rc zneps 2
 expect_in zneps err "rescale_betas_zero_snr needs prediction_type = 'v_prediction'"
 pass "zero terminal SNR and the cosine schedule: from a snapshot or &diffusion, refused where diffusers has none"
+
+# DPM-Solver++ of order 3 ("DPM++ 3M SDE Karras"): &sample solver_order or the snapshot's
+# config, the same bytes either way and at -np 1 and 2, other images than order 2; refused for
+# the schedulers without it
+# (6 steps: with lower_order_final the orders are 1, 2, 3, 3, 2, 1)
+sample_nml o3 dpmpp_2m_sde ", use_karras_sigmas = .true., solver_order = 3"
+sed -i 's/num_steps = 3/num_steps = 6/' "$TMP/o3.nml"
+mpi o3 2 "$SDTRAIN" "$TMP/o3.nml"
+expect_rc o3 0
+expect_in o3 out "solver_order 3, midpoint"
+mpi o3np1 1 "$SDTRAIN" "$TMP/o3.nml" --set run.output_dir="'$TMP/o3np1'"
+expect_rc o3np1 0
+same_pngs o3 o3np1 "solver_order 3 at -np 2 vs 1"
+mpi o2 1 "$SDTRAIN" "$TMP/o3.nml" --set run.output_dir="'$TMP/o2'" --set sample.solver_order=2
+expect_rc o2 0
+cmp -s "$TMP/o3/samples/0-0.png" "$TMP/o2/samples/0-0.png" && fail "solver_order 3 gave order 2's image"
+sched_snap snap-o3 ', "solver_order": 3, "use_karras_sigmas": true'
+sample_nml o3snap dpmpp_2m_sde ", checkpoint = '$TMP/snap-o3', timestep_spacing = 'leading'"
+sed -i 's/num_steps = 3/num_steps = 6/' "$TMP/o3snap.nml"
+mpi o3snap 1 "$SDTRAIN" "$TMP/o3snap.nml"
+expect_rc o3snap 0
+same_pngs o3 o3snap "solver_order 3 from the snapshot's config vs &sample"
+sample_nml o3ddim ddim ", solver_order = 3"
+mpi o3ddim 1 "$SDTRAIN" "$TMP/o3ddim.nml"
+expect_rc o3ddim 2
+expect_count o3ddim err "&sample solver_order = 3 needs scheduler = 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', not 'ddim'" 1
+sample_nml o3unipc unipc ", solver_order = 3"
+mpi o3unipc 1 "$SDTRAIN" "$TMP/o3unipc.nml"
+expect_rc o3unipc 2
+expect_count o3unipc err "'unipc' is implemented up to order 2" 1
+pass "DPM-Solver++ of order 3 (&sample solver_order or the snapshot's config)"
 
 # Karras sigmas ("DPM++ 2M Karras"): from &sample use_karras_sigmas or the snapshot's config, the
 # same bytes; other images than without; refused for a scheduler without the option

@@ -840,6 +840,84 @@ static void test_zero_snr(void)
     }
 }
 
+/* dpm3.safetensors: DPM-Solver++ of order 3 (make_dpm3_goldens.py) */
+static sd_st_file gold4;
+
+static void test_dpm3(void)
+{
+    static const struct {
+        const char *name;
+        sd_sampler_kind kind;
+        int steps, v, karras, sigma_min, lof;
+        sd_spacing spacing;
+    } cases[] = {
+        {"dpm3_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE},
+        {"dpm3_v", SD_SAMPLER_DPMPP_2M, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE},
+        {"dpm3_sde_eps", SD_SAMPLER_DPMPP_2M_SDE, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE},
+        {"dpm3_karras_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE},
+        {"dpm3_sigma_min_nolof_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE},
+        {"dpm3_16_eps", SD_SAMPLER_DPMPP_2M, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE},
+        {"dpm3_sde_16_eps", SD_SAMPLER_DPMPP_2M_SDE, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE},
+        {"dpm3_trailing_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_TRAILING},
+    };
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold4, "in_sample", (size_t)n);
+    float *mo = read_from(&gold4, "in_model_out", 16 * (size_t)n);
+    float *z = read_from(&gold4, "in_noise", 16 * (size_t)n);
+    sd_diffusion dd[2];
+    if (!tap_ok(x0 && mo && z && !init_sd2_schedule(&dd[0], "epsilon", 1000) &&
+                    !init_sd2_schedule(&dd[1], "v_prediction", 1000),
+                "dpm3.safetensors inputs present"))
+        goto out;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        sd_sampler s, s2;
+        sd_err err;
+        char name[64];
+        float x[2 * 3 * 5 * 4], y[2 * 3 * 5 * 4];
+        double worst = 0.0, moved = 0.0;
+        const int N = cases[ci].steps;
+        if (sd_sampler_init(&s, cases[ci].kind, &dd[cases[ci].v], N, cases[ci].spacing, 1, n,
+                            &err) ||
+            sd_sampler_init(&s2, cases[ci].kind, &dd[cases[ci].v], N, cases[ci].spacing, 1, n,
+                            &err) ||
+            (cases[ci].karras && (sd_sampler_use_karras(&s, &err) || sd_sampler_use_karras(&s2, &err))) ||
+            (cases[ci].sigma_min &&
+             (sd_sampler_final_sigma_min(&s, &err) || sd_sampler_final_sigma_min(&s2, &err)))) {
+            tap_ok(0, "%s: %s", cases[ci].name, err.msg);
+            continue;
+        }
+        /* s: order 3; s2: order 2, to show that the third order is taken */
+        s.dpm_order = 3;
+        s.lower_order_final = s2.lower_order_final = cases[ci].lof;
+        snprintf(name, sizeof name, "step_%s", cases[ci].name);
+        float *ref = read_from(&gold4, name, (size_t)N * (size_t)n);
+        for (int64_t j = 0; j < n; j++)
+            x[j] = y[j] = x0[j] * s.init_noise_sigma;
+        sd_sampler_reset(&s);
+        sd_sampler_reset(&s2);
+        for (int i = 0; ref && i < N; i++) {
+            const float *zi = sd_sampler_step_noise(&s, i) ? z + (size_t)i * n : NULL;
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x, zi);
+            sd_sampler_step(&s2, i, mo + (size_t)i * n, y, zi);
+            const double e = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = e > worst ? e : worst;
+        }
+        moved = ref ? rel_err(y, ref + (size_t)(N - 1) * n, n, NULL) : 0.0;
+        tap_ok(ref && worst <= 1e-6 && moved > 1e-4,
+               "%s: %d steps at solver_order 3, relative error %.3g (order 2 ends %.3g away)",
+               cases[ci].name, N, worst, moved);
+        free(ref);
+        sd_sampler_free(&s);
+        sd_sampler_free(&s2);
+    }
+    sd_diffusion_free(&dd[0]);
+    sd_diffusion_free(&dd[1]);
+out:
+    free(x0);
+    free(mo);
+    free(z);
+}
+
 typedef struct fixed_noise {
     const float *z; /* [steps, 2 images, n] */
     int image;
@@ -1131,6 +1209,13 @@ int main(void)
     if (tap_ok(sd_st_open(path, &gold3, &err) == 0, "open %s", path)) {
         test_zero_snr();
         sd_st_close(&gold3);
+    } else {
+        tap_diag("%s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/tests/data/sample/dpm3.safetensors", top);
+    if (tap_ok(sd_st_open(path, &gold4, &err) == 0, "open %s", path)) {
+        test_dpm3();
+        sd_st_close(&gold4);
     } else {
         tap_diag("%s", err.msg);
     }

@@ -1,0 +1,81 @@
+"""Writes the goldens of DPM-Solver++ of order 3 ("DPM++ 3M", "DPM++ 3M SDE") that
+tests/unit/test_sampler.c checks (test_dpm3).
+
+Reference: diffusers 0.42.1 / torch 2.15.0 on the CPU in fp32 (requirements-models.txt), under
+ATEN_CPU_CAPABILITY=avx2 as make_scheduler_goldens.py, with SD2's schedule (scaled_linear
+0.00085..0.012), steps_offset 1, 'linspace' spacing unless said.
+
+Output: tests/data/sample/dpm3.safetensors (all F32):
+  in_sample [2,3,5,4], in_model_out [16,2,3,5,4], in_noise [16,2,3,5,4]: the step inputs
+  step_<case> [N,2,3,5,4]: the sample after each scheduler.step from in_sample, the SDE cases
+        given in_noise step by step, for
+        dpm3_eps, dpm3_v (N 5: orders 1, 2, 3, 2, 1 with lower_order_final),
+        dpm3_sde_eps (sde-dpmsolver++), dpm3_karras_eps (Karras sigmas),
+        dpm3_sigma_min_nolof_eps (final_sigmas_type sigma_min, lower_order_final false: third
+        order to the end), dpm3_16_eps and dpm3_sde_16_eps (N 16: no lower-order steps but the
+        last, final sigma 0), dpm3_trailing_eps (trailing spacing)
+
+Run:
+    tests/reference/.venv-models/bin/python tests/reference/make_dpm3_goldens.py
+Never regenerate goldens to make a failing test pass without saying why in the commit.
+"""
+import os
+import sys
+
+if os.environ.get("ATEN_CPU_CAPABILITY") is None:
+    os.execve(sys.executable, [sys.executable] + sys.argv,
+              dict(os.environ, ATEN_CPU_CAPABILITY="avx2", PYTHONDONTWRITEBYTECODE="1"))
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_scheduler_goldens import OUT, make, patch_noise  # noqa: E402
+
+
+def main():
+    torch.set_num_threads(1)
+    out = {}
+    g = torch.Generator().manual_seed(21)
+    shape = (2, 3, 5, 4)
+    sample0 = torch.randn(shape, generator=g)
+    mos = torch.randn((16,) + shape, generator=g)
+    noise = torch.randn((16,) + shape, generator=g)
+    out["in_sample"] = sample0.numpy()
+    out["in_model_out"] = mos.numpy()
+    out["in_noise"] = noise.numpy()
+    base = dict(steps_offset=1, solver_order=3, timestep_spacing="linspace")
+    cases = (
+        ("dpm3_eps", "dpmpp_2m", 5, {}),
+        ("dpm3_v", "dpmpp_2m", 5, dict(prediction_type="v_prediction")),
+        ("dpm3_sde_eps", "dpmpp_2m_sde", 5, {}),
+        ("dpm3_karras_eps", "dpmpp_2m", 5, dict(use_karras_sigmas=True)),
+        ("dpm3_sigma_min_nolof_eps", "dpmpp_2m", 5,
+         dict(final_sigmas_type="sigma_min", lower_order_final=False)),
+        ("dpm3_16_eps", "dpmpp_2m", 16, {}),
+        ("dpm3_sde_16_eps", "dpmpp_2m_sde", 16, {}),
+        ("dpm3_trailing_eps", "dpmpp_2m", 5, dict(timestep_spacing="trailing")),
+    )
+    for name, kind, n, kw in cases:
+        s = make(kind, num_train_timesteps=1000, **dict(base, **kw))
+        s.set_timesteps(n)
+        patch_noise(noise)
+        x = sample0.clone() * s.init_noise_sigma
+        res = []
+        for i, t in enumerate(s.timesteps):
+            x = s.step(mos[i], t, x, return_dict=False)[0]
+            res.append(x.clone())
+        out["step_" + name] = torch.stack(res).numpy()
+
+    from safetensors.numpy import save_file
+    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+    path = os.path.join(OUT, "dpm3.safetensors")
+    save_file(out, path, metadata={"generator": "tests/reference/make_dpm3_goldens.py",
+                                   "diffusers": __import__("diffusers").__version__,
+                                   "torch": torch.__version__,
+                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
+    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+
+
+if __name__ == "__main__":
+    main()
