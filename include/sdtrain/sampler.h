@@ -161,6 +161,8 @@ typedef struct sd_sampler {
     /* model_outputs[-3] of DPM-Solver++ of order 3 and [-2] of UniPC (x0_prev2); UniPC's
      * last_sample and this_order */
     float *x0_prev2, *last_sample;
+    float *x0_prev3;             /* UniPC's model_outputs[-3] (order 3) */
+    int unipc_bh1;               /* UniPC's solver_type 'bh1' (B(h) = h) rather than 'bh2' (0) */
     int unipc_order;
     /* Heun state between its first- and second-order call: derivative, dt, sample */
     float *heun_der, *heun_sample;

@@ -133,6 +133,7 @@ typedef struct sched_setup {
     int sigma_min; /* final_sigmas_type 'sigma_min' (the same) */
     int zero_snr;  /* rescale_betas_zero_snr */
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
+    int unipc_bh1; /* UniPC's solver_type 'bh1' */
     sd_spacing spacing;
 } sched_setup;
 
@@ -247,6 +248,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
         if ((v = jkey(root, "lower_order_final")))
             ss->lower_order_final = json_object_get_boolean(v);
     }
+    if (unipc && (v = jkey(root, "solver_type")))
+        ss->unipc_bh1 = !strcmp(json_object_get_string(v), "bh1");
     if (dpm) {
         ss->euler_at_final = jtrue(root, "euler_at_final");
         /* diffusers registers the solver types of other solvers as midpoint */
@@ -299,8 +302,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind == SD_SAMPLER_EULER && jstr_not(root, "timestep_type", "discrete", &got))
         rc = sd_err_set(err, "%s: timestep_type '%s' is not implemented (only 'discrete')", path,
                         got);
-    else if (unipc && jstr_not(root, "solver_type", "bh2", &got))
-        rc = sd_err_set(err, "%s: solver_type '%s' is not implemented for 'unipc' (only 'bh2')",
+    else if (unipc && jstr_not(root, "solver_type", "bh2", &got) && strcmp(got, "bh1") != 0)
+        rc = sd_err_set(err, "%s: solver_type '%s' is not implemented for 'unipc' (bh1 or bh2)",
                         path, got);
     else if (unipc && (v = jkey(root, "predict_x0")) && !json_object_get_boolean(v))
         rc = sd_err_set(err, "%s: predict_x0 false is not implemented for 'unipc'", path);
@@ -310,9 +313,9 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (unipc && (jtrue(root, "use_flow_sigmas") || jtrue(root, "use_dynamic_shifting")))
         rc = sd_err_set(err, "%s: use_flow_sigmas and use_dynamic_shifting are not implemented",
                         path);
-    else if (multi && (ss->dpm_order < 1 || ss->dpm_order > (dpm ? 3 : 2)))
-        rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 to %d)", path,
-                        ss->dpm_order, sd_sampler_kind_name(kind), dpm ? 3 : 2);
+    else if (multi && (ss->dpm_order < 1 || ss->dpm_order > 3))
+        rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 to 3)", path,
+                        ss->dpm_order, sd_sampler_kind_name(kind));
     else if (dpm && jstr_not(root, "algorithm_type", "dpmsolver++", &got) &&
              strcmp(got, "sde-dpmsolver++") != 0)
         rc = sd_err_set(err, "%s: algorithm_type '%s' is not implemented (dpmsolver++ and "
@@ -555,6 +558,23 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
     s->dpm_heun = ss->dpm_heun;
     s->lower_order_final = ss->lower_order_final;
     s->euler_at_final = ss->euler_at_final;
+    s->unipc_bh1 = ss->unipc_bh1;
+    /* UniPC combinations whose last step diffusers cannot take to a final sigma of 0 */
+    if (kind == SD_SAMPLER_UNIPC && s->final_sigma == 0.0f) {
+        const char *why = NULL;
+        if (s->unipc_bh1)
+            why = "with solver_type 'bh1' its last step multiplies B(h) = -h = -inf by a zero "
+                  "update (NaN)";
+        else if (!s->lower_order_final && s->dpm_order >= 2 && s->n_timesteps >= 2)
+            why = "without lower_order_final its last step is of order >= 2 and divides by "
+                  "h = inf (NaN, or a singular solve at order 3)";
+        if (why) {
+            const char *alt = s->unipc_bh1 ? " or use bh2" : " or keep lower_order_final";
+            sd_sampler_free(s);
+            return sd_err_set(err, "%s: UniPC to a final sigma of 0: %s; set final_sigmas_type "
+                                   "'sigma_min'%s", ss->source, why, alt);
+        }
+    }
     if (ss->set_alpha_to_one)
         s->final_alpha_cumprod = 1.0f;
     if (kind == SD_SAMPLER_DDIM)
@@ -706,9 +726,6 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
             failed = sd_err_set(&err, "&sample solver_order = %lld needs scheduler = 'dpmpp_2m', "
                                       "'dpmpp_2m_sde' or 'unipc', not '%s'",
                                 (long long)cfg->sample.solver_order, cfg->sample.scheduler) != 0;
-        else if (!dpm && cfg->sample.solver_order > 2)
-            failed = sd_err_set(&err, "&sample solver_order = %lld: 'unipc' is implemented up to "
-                                      "order 2", (long long)cfg->sample.solver_order) != 0;
         ss.dpm_order = (int)cfg->sample.solver_order;
     }
     if (!failed && sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,

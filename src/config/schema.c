@@ -224,8 +224,8 @@ static const sd_option options[] = {
             "scheduler = 'euler', 'heun', 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc' (diffusers' "
             "use_exponential_sigmas); not with use_karras_sigmas."),
     INT(sample, solver_order, "0", 0, 3, "",
-        "The multistep solvers' order: 1, 2 or 3 for 'dpmpp_2m' and 'dpmpp_2m_sde' ('dpmpp_2m_sde' "
-        "with 3 is \"DPM++ 3M SDE\"), 1 or 2 for 'unipc'; 0 = the snapshot's "
+        "The multistep solvers' order (1, 2 or 3) for 'dpmpp_2m', 'dpmpp_2m_sde' and 'unipc' "
+        "('dpmpp_2m_sde' with 3 is \"DPM++ 3M SDE\"); 0 = the snapshot's "
         "scheduler_config.json, else 2."),
     REAL(sample, eta, "0", 0, 1, "",
          "DDIM's eta: 0 = deterministic DDIM, 1 = DDPM-like noise at every step (drawn like "

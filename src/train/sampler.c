@@ -465,8 +465,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         s->x0_prev = sd_xmalloc((size_t)n * sizeof(float));
     if (is_dpm(kind) || kind == SD_SAMPLER_UNIPC) /* model_outputs[-3]: DPM order 3 */
         s->x0_prev2 = sd_xmalloc((size_t)n * sizeof(float));
-    if (kind == SD_SAMPLER_UNIPC)
+    if (kind == SD_SAMPLER_UNIPC) {
+        s->x0_prev3 = sd_xmalloc((size_t)n * sizeof(float));
         s->last_sample = sd_xmalloc((size_t)n * sizeof(float));
+    }
     if (kind == SD_SAMPLER_HEUN) {
         s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
         s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
@@ -607,6 +609,7 @@ void sd_sampler_free(sd_sampler *s)
     free(s->tmp);
     free(s->x0_prev);
     free(s->x0_prev2);
+    free(s->x0_prev3);
     free(s->last_sample);
     free(s->heun_der);
     free(s->heun_sample);
@@ -967,9 +970,89 @@ static void pndm_step(sd_sampler *s, int i, const float *mo, float *sample)
     s->counter++;
 }
 
-/* UniPCMultistepScheduler (bh2, predict_x0, solver_order 1 or 2): at step i, the corrector
- * UniC refines the sample with the model output just computed (from step 1 on), then the
- * predictor UniP steps to sigmas[i + 1]. x0_prev holds model_outputs[-1], x0_prev2 [-2]. */
+/* torch.linalg.solve of a k x k fp32 system (k <= 3) as LAPACK's sgesv computes it: LU with
+ * partial pivoting (the first largest |pivot|; the column below the pivot scaled by its
+ * reciprocal), then the unit-lower and the upper triangular solves column by column. */
+static void lapack_solve(int k, float a[3][3], float *x)
+{
+    int piv[3];
+    for (int c = 0; c < k; c++) {
+        int p = c;
+        for (int r = c + 1; r < k; r++)
+            if (fabsf(a[r][c]) > fabsf(a[p][c]))
+                p = r;
+        piv[c] = p;
+        if (p != c)
+            for (int j = 0; j < k; j++) {
+                const float t = a[c][j];
+                a[c][j] = a[p][j];
+                a[p][j] = t;
+            }
+        const float inv = 1.0f / a[c][c];
+        for (int r = c + 1; r < k; r++)
+            a[r][c] = a[r][c] * inv;
+        for (int r = c + 1; r < k; r++)
+            for (int j = c + 1; j < k; j++) {
+                const float m = a[r][c] * a[c][j];
+                a[r][j] = a[r][j] - m;
+            }
+    }
+    for (int c = 0; c < k; c++)
+        if (piv[c] != c) {
+            const float t = x[c];
+            x[c] = x[piv[c]];
+            x[piv[c]] = t;
+        }
+    for (int j = 0; j < k; j++) /* L y = b */
+        for (int r = j + 1; r < k; r++) {
+            const float m = x[j] * a[r][j];
+            x[r] = x[r] - m;
+        }
+    for (int j = k - 1; j >= 0; j--) { /* U x = y */
+        x[j] = x[j] / a[j][j];
+        for (int r = 0; r < j; r++) {
+            const float m = x[j] * a[r][j];
+            x[r] = x[r] - m;
+        }
+    }
+}
+
+/* The rhos of UniPC's B(h) update of order `order` (1..3) from rks[0..order-2] (the last rk is
+ * 1): b_i = h_phi_i i! / B_h with h_phi_1 = expm1(hh) / hh - 1, h_phi_{i+1} = h_phi_i / hh -
+ * 1 / (i+1)!; the predictor (order >= 3) solves R[:-1, :-1] rhos = b[:-1], the corrector
+ * (order >= 2) R rhos = b, R[i][k] = rks[k]^i; otherwise rhos = 0.5. */
+static void unipc_rhos(int order, int corrector, const float *rks_in, float hh, float b_h,
+                       float *rhos)
+{
+    float rks[3], bv[3], r[3][3];
+    const int k = corrector ? order : order - 1;
+    if ((corrector && order == 1) || (!corrector && order == 2)) {
+        rhos[0] = 0.5f;
+        return;
+    }
+    for (int i = 0; i < order - 1; i++)
+        rks[i] = rks_in[i];
+    rks[order - 1] = 1.0f;
+    float h_phi = expm1f(hh) / hh - 1.0f, fact = 1.0f;
+    for (int i = 1; i <= order; i++) {
+        const float num = h_phi * fact;
+        bv[i - 1] = num / b_h;
+        fact = fact * (float)(i + 1);
+        const float q = h_phi / hh;
+        h_phi = q - (float)(1.0 / (double)fact);
+    }
+    for (int i = 0; i < k; i++)
+        for (int c = 0; c < k; c++)
+            r[i][c] = i == 0 ? 1.0f : i == 1 ? rks[c] : rks[c] * rks[c];
+    for (int i = 0; i < k; i++)
+        rhos[i] = bv[i];
+    lapack_solve(k, r, rhos);
+}
+
+/* UniPCMultistepScheduler (predict_x0; bh2 or bh1; solver_order 1, 2 or 3): at step i, the
+ * corrector UniC refines the sample with the model output just computed (from step 1 on), then
+ * the predictor UniP steps to sigmas[i + 1]. x0_prev, x0_prev2, x0_prev3 hold model_outputs[-1],
+ * [-2], [-3]. */
 static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
 {
     const int64_t n = s->n;
@@ -977,49 +1060,38 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
     float a_t, s_t;
     multistep_x0(s, i, mo, x, cur);
     if (i > 0 && s->unipc_order > 0) {
-        /* multistep_uni_c_bh_update from last_sample (sigmas[i - 1]) to this sample */
+        /* multistep_uni_c_bh_update from last_sample (sigmas[i - 1]) to this sample, with
+         * m0 = model_outputs[-1] and the D1s of [-2], [-3] at sigmas[i - 2], [i - 3] */
         const int order = s->unipc_order;
-        float a_p, s_p;
+        float a_p, s_p, rks[2], rhos[3];
         const float lt = dpm_lambda(s->sigmas[i], &a_t, &s_t);
         const float l0 = dpm_lambda(s->sigmas[i - 1], &a_p, &s_p);
-        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = expm1f(hh);
-        float rk = 1.0f, rho0 = 0.0f, rho_last = 0.5f;
-        if (order == 2) {
+        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
+        for (int k = 1; k < order; k++) {
             float a_q, s_q;
-            const float l1 = dpm_lambda(s->sigmas[i - 2], &a_q, &s_q);
-            rk = (l1 - l0) / h;
-            /* b_k = h_phi_k k! / B_h, h_phi_1 = phi1 / hh - 1, h_phi_2 = h_phi_1 / hh - 1/2;
-             * rhos_c = solve([[1, 1], [rk, 1]], b) (LAPACK's partial pivoting) */
-            float hk = phi1 / hh - 1.0f;
-            const float b1 = (hk * 1.0f) / bh;
-            hk = hk / hh - 0.5f;
-            const float b2 = (hk * 2.0f) / bh;
-            if (fabsf(rk) > 1.0f) { /* rows swapped: [rk 1 | b2], [1 1 | b1] */
-                const float l = 1.0f * (1.0f / rk), u = 1.0f - l * 1.0f, y = b1 - l * b2;
-                rho_last = y / u;
-                rho0 = (b2 - 1.0f * rho_last) / rk;
-            } else {
-                const float l = rk, u = 1.0f - l * 1.0f, y = b2 - l * b1;
-                rho_last = y / u;
-                rho0 = (b1 - 1.0f * rho_last) / 1.0f;
-            }
+            const float lk = dpm_lambda(s->sigmas[i - 1 - k], &a_q, &s_q), dl = lk - l0;
+            rks[k - 1] = dl / h;
         }
+        unipc_rhos(order, 1, rks, hh, bh, rhos);
+        const float rho_last = rhos[order - 1];
         const float c_x = s_t / s_p, c_m = a_t * phi1, c_r = a_t * bh;
+        const float *m[3] = {s->x0_prev, s->x0_prev2, s->x0_prev3};
         for (int64_t j = 0; j < n; j++) {
-            float p = c_x * s->last_sample[j], q = c_m * s->x0_prev[j];
+            float p = c_x * s->last_sample[j], q = c_m * m[0][j];
             float base = p - q;
             float corr = 0.0f;
-            if (order == 2) {
-                float d = s->x0_prev2[j] - s->x0_prev[j], d1 = d / rk;
-                corr = rho0 * d1;
+            for (int k = 1; k < order; k++) { /* einsum over the D1s */
+                const float d = m[k][j] - m[0][j], d1 = d / rks[k - 1], term = rhos[k - 1] * d1;
+                corr = k == 1 ? term : corr + term;
             }
-            float dt = cur[j] - s->x0_prev[j], e = rho_last * dt;
+            float dt = cur[j] - m[0][j], e = rho_last * dt;
             float sum = corr + e, r = c_r * sum;
             x[j] = base - r;
         }
     }
-    /* model_outputs = [model_outputs[-1], cur] */
-    float *old = s->x0_prev2;
+    /* model_outputs = model_outputs[1:] + [cur] */
+    float *old = s->x0_prev3;
+    s->x0_prev3 = s->x0_prev2;
     s->x0_prev2 = s->x0_prev;
     s->x0_prev = old;
     memcpy(s->x0_prev, cur, (size_t)n * sizeof *cur);
@@ -1029,24 +1101,32 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
         order = s->lower_order_nums + 1;
     s->unipc_order = order;
     memcpy(s->last_sample, x, (size_t)n * sizeof *x);
-    /* multistep_uni_p_bh_update to sigmas[i + 1] */
+    /* multistep_uni_p_bh_update to sigmas[i + 1]: m0 = model_outputs[-1] at sigmas[i], the D1s
+     * of [-2], [-3] at sigmas[i - 1], [i - 2] */
     {
-        float a_0, s_0;
+        float a_0, s_0, rks[2], rhos[3];
         const float lt = dpm_lambda(s->sigmas[i + 1], &a_t, &s_t);
         const float l0 = dpm_lambda(s->sigmas[i], &a_0, &s_0);
-        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = expm1f(hh);
-        float rk = 1.0f;
-        if (order == 2) {
+        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
+        for (int k = 1; k < order; k++) {
             float a_q, s_q;
-            const float l1 = dpm_lambda(s->sigmas[i - 1], &a_q, &s_q);
-            rk = (l1 - l0) / h;
+            const float lk = dpm_lambda(s->sigmas[i - k], &a_q, &s_q), dl = lk - l0;
+            rks[k - 1] = dl / h;
         }
+        if (order >= 2)
+            unipc_rhos(order, 0, rks, hh, bh, rhos);
         const float c_x = s_t / s_0, c_m = a_t * phi1, c_r = a_t * bh;
+        const float *m[3] = {s->x0_prev, s->x0_prev2, s->x0_prev3};
         for (int64_t j = 0; j < n; j++) {
-            float p = c_x * x[j], q = c_m * s->x0_prev[j];
+            float p = c_x * x[j], q = c_m * m[0][j];
             float r = p - q;
-            if (order == 2) { /* rhos_p = 0.5: pred_res = 0.5 D1, D1 = (m1 - m0) / rk */
-                float d = s->x0_prev2[j] - s->x0_prev[j], d1 = d / rk, pr = 0.5f * d1;
+            if (order >= 2) { /* pred_res = einsum(rhos_p, D1s), D1 = (m_k - m0) / rk */
+                float pr = 0.0f;
+                for (int k = 1; k < order; k++) {
+                    const float d = m[k][j] - m[0][j], d1 = d / rks[k - 1],
+                                term = rhos[k - 1] * d1;
+                    pr = k == 1 ? term : pr + term;
+                }
                 float c = c_r * pr;
                 r = r - c;
             }

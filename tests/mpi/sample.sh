@@ -232,11 +232,11 @@ mpi dpmopts 2 "$SDTRAIN" "$TMP/dpmopts.nml"
 expect_rc dpmopts 0
 expect_in dpmopts out "final sigma_min, solver_order 1, heun)"
 cmp -s "$TMP/dpmopts/samples/1-0.png" "$TMP/dpmpp_2m1/samples/1-0.png" && fail "DPM-Solver++ options ignored"
-sched_snap snap-bh1 ', "solver_type": "bh1"'
-sample_nml schedbh1 unipc ", checkpoint = '$TMP/snap-bh1'"
-mpi schedbh1 1 "$SDTRAIN" "$TMP/schedbh1.nml"
-expect_rc schedbh1 2
-expect_count schedbh1 err "solver_type 'bh1' is not implemented for 'unipc' (only 'bh2')" 1
+sched_snap snap-bhx ', "solver_type": "bh3"'
+sample_nml schedbhx unipc ", checkpoint = '$TMP/snap-bhx'"
+mpi schedbhx 1 "$SDTRAIN" "$TMP/schedbhx.nml"
+expect_rc schedbhx 2
+expect_count schedbhx err "solver_type 'bh3' is not implemented for 'unipc' (bh1 or bh2)" 1
 sched_snap snap-badsp ', "timestep_spacing": "quadratic"'
 sample_nml schedb ddim ", checkpoint = '$TMP/snap-badsp'"
 mpi schedb 1 "$SDTRAIN" "$TMP/schedb.nml"
@@ -330,11 +330,41 @@ sample_nml o3ddim ddim ", solver_order = 3"
 mpi o3ddim 1 "$SDTRAIN" "$TMP/o3ddim.nml"
 expect_rc o3ddim 2
 expect_count o3ddim err "&sample solver_order = 3 needs scheduler = 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', not 'ddim'" 1
-sample_nml o3unipc unipc ", solver_order = 3"
-mpi o3unipc 1 "$SDTRAIN" "$TMP/o3unipc.nml"
-expect_rc o3unipc 2
-expect_count o3unipc err "'unipc' is implemented up to order 2" 1
-pass "DPM-Solver++ of order 3 (&sample solver_order or the snapshot's config)"
+# UniPC of order 3 likewise; its bh1 from the config (with final_sigmas_type sigma_min: to
+# sigma 0 diffusers' bh1 ends in NaN, which sdtrain refuses, as UniPC without lower_order_final)
+sample_nml u3 unipc ", solver_order = 3"
+sed -i 's/num_steps = 3/num_steps = 6/' "$TMP/u3.nml"
+mpi u3 2 "$SDTRAIN" "$TMP/u3.nml"
+expect_rc u3 0
+mpi u2 1 "$SDTRAIN" "$TMP/u3.nml" --set run.output_dir="'$TMP/u2'" --set sample.solver_order=2
+expect_rc u2 0
+cmp -s "$TMP/u3/samples/0-0.png" "$TMP/u2/samples/0-0.png" && fail "unipc: solver_order 3 gave order 2's image"
+sched_snap snap-u3 ', "solver_order": 3'
+sample_nml u3snap unipc ", checkpoint = '$TMP/snap-u3', timestep_spacing = 'leading'"
+sed -i 's/num_steps = 3/num_steps = 6/' "$TMP/u3snap.nml"
+mpi u3snap 1 "$SDTRAIN" "$TMP/u3snap.nml"
+expect_rc u3snap 0
+same_pngs u3 u3snap "unipc solver_order 3 from the snapshot's config vs &sample"
+sched_snap snap-bh1 ', "solver_type": "bh1", "final_sigmas_type": "sigma_min"'
+sample_nml bh1 unipc ", checkpoint = '$TMP/snap-bh1'"
+mpi bh1 1 "$SDTRAIN" "$TMP/bh1.nml"
+expect_rc bh1 0
+sched_snap snap-bh2 ', "final_sigmas_type": "sigma_min"'
+sample_nml bh2 unipc ", checkpoint = '$TMP/snap-bh2'"
+mpi bh2 1 "$SDTRAIN" "$TMP/bh2.nml"
+expect_rc bh2 0
+cmp -s "$TMP/bh1/samples/0-0.png" "$TMP/bh2/samples/0-0.png" && fail "unipc: bh1 gave bh2's image"
+sched_snap snap-bh1z ', "solver_type": "bh1"'
+sample_nml bh1z unipc ", checkpoint = '$TMP/snap-bh1z'"
+mpi bh1z 2 "$SDTRAIN" "$TMP/bh1z.nml"
+expect_rc bh1z 2
+expect_count bh1z err "UniPC to a final sigma of 0: with solver_type 'bh1'" 1
+sched_snap snap-nolof ', "lower_order_final": false'
+sample_nml nolof unipc ", checkpoint = '$TMP/snap-nolof'"
+mpi nolof 1 "$SDTRAIN" "$TMP/nolof.nml"
+expect_rc nolof 2
+expect_count nolof err "UniPC to a final sigma of 0: without lower_order_final" 1
+pass "DPM-Solver++ and UniPC of order 3 (&sample solver_order or the snapshot's config), UniPC's bh1"
 
 # Karras sigmas ("DPM++ 2M Karras"): from &sample use_karras_sigmas or the snapshot's config, the
 # same bytes; other images than without; refused for a scheduler without the option

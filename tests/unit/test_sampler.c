@@ -840,25 +840,34 @@ static void test_zero_snr(void)
     }
 }
 
-/* dpm3.safetensors: DPM-Solver++ of order 3 (make_dpm3_goldens.py) */
+/* order3.safetensors: DPM-Solver++ and UniPC of order 3, UniPC's bh1 (make_order3_goldens.py) */
 static sd_st_file gold4;
 
-static void test_dpm3(void)
+static void test_order3(void)
 {
     static const struct {
         const char *name;
         sd_sampler_kind kind;
         int steps, v, karras, sigma_min, lof;
         sd_spacing spacing;
+        int order, bh1; /* 3 and 0 unless said */
     } cases[] = {
-        {"dpm3_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE},
-        {"dpm3_v", SD_SAMPLER_DPMPP_2M, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE},
-        {"dpm3_sde_eps", SD_SAMPLER_DPMPP_2M_SDE, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE},
-        {"dpm3_karras_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE},
-        {"dpm3_sigma_min_nolof_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE},
-        {"dpm3_16_eps", SD_SAMPLER_DPMPP_2M, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE},
-        {"dpm3_sde_16_eps", SD_SAMPLER_DPMPP_2M_SDE, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE},
-        {"dpm3_trailing_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_TRAILING},
+        {"dpm3_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"dpm3_v", SD_SAMPLER_DPMPP_2M, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"dpm3_sde_eps", SD_SAMPLER_DPMPP_2M_SDE, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"dpm3_karras_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"dpm3_sigma_min_nolof_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE, 3, 0},
+        {"dpm3_16_eps", SD_SAMPLER_DPMPP_2M, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"dpm3_sde_16_eps", SD_SAMPLER_DPMPP_2M_SDE, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"dpm3_trailing_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_TRAILING, 3, 0},
+        {"unipc3_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"unipc3_v", SD_SAMPLER_UNIPC, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"unipc3_16_eps", SD_SAMPLER_UNIPC, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"unipc3_karras_eps", SD_SAMPLER_UNIPC, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE, 3, 0},
+        {"unipc3_sigma_min_nolof_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE, 3, 0},
+        {"unipc_bh1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 2, 1},
+        {"unipc3_bh1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 3, 1},
+        {"unipc_bh1_order1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 1, 1},
     };
     const int64_t n = 2 * 3 * 5 * 4;
     float *x0 = read_from(&gold4, "in_sample", (size_t)n);
@@ -867,7 +876,7 @@ static void test_dpm3(void)
     sd_diffusion dd[2];
     if (!tap_ok(x0 && mo && z && !init_sd2_schedule(&dd[0], "epsilon", 1000) &&
                     !init_sd2_schedule(&dd[1], "v_prediction", 1000),
-                "dpm3.safetensors inputs present"))
+                "order3.safetensors inputs present"))
         goto out;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         sd_sampler s, s2;
@@ -886,8 +895,12 @@ static void test_dpm3(void)
             tap_ok(0, "%s: %s", cases[ci].name, err.msg);
             continue;
         }
-        /* s: order 3; s2: order 2, to show that the third order is taken */
-        s.dpm_order = 3;
+        /* s: the case; s2: order 2 and bh2 (order 1 for the order-1 case), to show that the
+         * case's option is taken */
+        const int order = cases[ci].order ? cases[ci].order : 3;
+        s.dpm_order = order;
+        s2.dpm_order = order == 1 ? 1 : 2;
+        s.unipc_bh1 = cases[ci].bh1;
         s.lower_order_final = s2.lower_order_final = cases[ci].lof;
         snprintf(name, sizeof name, "step_%s", cases[ci].name);
         float *ref = read_from(&gold4, name, (size_t)N * (size_t)n);
@@ -904,8 +917,9 @@ static void test_dpm3(void)
         }
         moved = ref ? rel_err(y, ref + (size_t)(N - 1) * n, n, NULL) : 0.0;
         tap_ok(ref && worst <= 1e-6 && moved > 1e-4,
-               "%s: %d steps at solver_order 3, relative error %.3g (order 2 ends %.3g away)",
-               cases[ci].name, N, worst, moved);
+               "%s: %d steps at solver_order %d%s, relative error %.3g (%s ends %.3g away)",
+               cases[ci].name, N, order, cases[ci].bh1 ? ", bh1" : "", worst,
+               cases[ci].bh1 ? "bh2" : "order 2", moved);
         free(ref);
         sd_sampler_free(&s);
         sd_sampler_free(&s2);
@@ -1212,9 +1226,9 @@ int main(void)
     } else {
         tap_diag("%s", err.msg);
     }
-    snprintf(path, sizeof path, "%s/tests/data/sample/dpm3.safetensors", top);
+    snprintf(path, sizeof path, "%s/tests/data/sample/order3.safetensors", top);
     if (tap_ok(sd_st_open(path, &gold4, &err) == 0, "open %s", path)) {
-        test_dpm3();
+        test_order3();
         sd_st_close(&gold4);
     } else {
         tap_diag("%s", err.msg);
