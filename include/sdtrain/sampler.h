@@ -57,14 +57,15 @@ typedef enum {
     SD_SAMPLER_DPMPP_2M = 5, /* DPMSolverMultistepScheduler (dpmsolver++, order 2, midpoint) */
     SD_SAMPLER_DPMPP_2M_SDE = 6, /* the same with algorithm_type sde-dpmsolver++ */
     SD_SAMPLER_HEUN = 7,     /* HeunDiscreteScheduler: 2 N - 1 model calls */
-    SD_SAMPLER_UNIPC = 8,    /* UniPCMultistepScheduler (bh2, predict_x0, order 1 or 2) */
+    SD_SAMPLER_UNIPC = 8,    /* UniPCMultistepScheduler (predict_x0; bh2 or bh1; order 1-3) */
+    SD_SAMPLER_LMS = 9,      /* LMSDiscreteScheduler (linear multistep of order 4) */
 } sd_sampler_kind;
-#define SD_SAMPLER_N_KINDS 9
+#define SD_SAMPLER_N_KINDS 10
 
 typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
 
-/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc"
- * (case-insensitive) -> kind; -1 for anything else. */
+/* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
+ * "lms" (case-insensitive) -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
 /* "leading", "trailing", "linspace" -> spacing; -1 for anything else. */
@@ -73,8 +74,8 @@ const char *sd_spacing_name(sd_spacing spacing);
 /* The spacing a diffusers class has by default: leading (DDIM, PNDM, DDPM) or linspace (Euler,
  * Euler ancestral, DPM-Solver++). */
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind);
-/* Whether a scheduler takes Karras / exponential sigmas (euler, heun, dpmpp_2m(_sde), unipc),
- * and final_sigmas_type 'sigma_min' (the same but heun). */
+/* Whether a scheduler takes Karras / exponential sigmas (euler, heun, lms, dpmpp_2m(_sde),
+ * unipc), and final_sigmas_type 'sigma_min' (the same but heun and lms). */
 int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind);
 int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind);
 
@@ -167,6 +168,9 @@ typedef struct sd_sampler {
     /* Heun state between its first- and second-order call: derivative, dt, sample */
     float *heun_der, *heun_sample;
     float heun_dt;
+    /* LMS state: the last derivatives (x - x0) / sigma, newest last */
+    float *lms_der[4];
+    int n_lms_der;
 } sd_sampler;
 
 /* Sets up `kind` for N steps over the schedule `d` (its prediction type and T), with the

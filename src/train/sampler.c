@@ -10,7 +10,8 @@
 #include "sdtrain/check.h"
 
 static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
-    "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc"};
+    "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
+    "lms"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 
 int sd_sampler_kind_from_name(const char *name)
@@ -54,7 +55,8 @@ static int is_multistep(sd_sampler_kind kind)
 /* the k-diffusion samplers: fp32 timesteps, scaled model input, init_noise_sigma */
 static int is_k(sd_sampler_kind kind)
 {
-    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_HEUN;
+    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_HEUN ||
+           kind == SD_SAMPLER_LMS;
 }
 
 static int uses_sigmas(sd_sampler_kind kind)
@@ -64,7 +66,8 @@ static int uses_sigmas(sd_sampler_kind kind)
 
 int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind)
 {
-    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || is_multistep(kind);
+    return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_LMS ||
+           is_multistep(kind);
 }
 
 int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind)
@@ -393,12 +396,15 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         free(ts);
         return -1;
     }
-    if (d->zero_snr && (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM)) {
+    if (d->zero_snr &&
+        (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM || kind == SD_SAMPLER_LMS)) {
         free(ts);
         return sd_err_set(err, "sampler: '%s' has no zero-terminal-SNR schedule (diffusers' %s "
                                "has no rescale_betas_zero_snr): use ddim, ddpm, euler, euler_a, "
                                "dpmpp_2m, dpmpp_2m_sde or unipc", sd_sampler_kind_name(kind),
-                          kind == SD_SAMPLER_HEUN ? "HeunDiscreteScheduler" : "PNDMScheduler");
+                          kind == SD_SAMPLER_HEUN  ? "HeunDiscreteScheduler"
+                          : kind == SD_SAMPLER_LMS ? "LMSDiscreteScheduler"
+                                                   : "PNDMScheduler");
     }
     s->kind = kind;
     s->spacing = spacing;
@@ -473,6 +479,9 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
         s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
     }
+    if (kind == SD_SAMPLER_LMS)
+        for (int k = 0; k < 4; k++)
+            s->lms_der[k] = sd_xmalloc((size_t)n * sizeof(float));
     return 0;
 }
 
@@ -515,7 +524,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     double smin, smax;
     const int heun = s->kind == SD_SAMPLER_HEUN;
     if (!sd_sampler_takes_sigma_schedule(s->kind))
-        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, unipc, "
+        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, lms, unipc, "
                                "dpmpp_2m and dpmpp_2m_sde, not %s", what,
                           sd_sampler_kind_name(s->kind));
     SD_CHECK(s->n_timesteps == (heun ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
@@ -563,7 +572,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
                                    "timestep (its largest sigmas lie too close together): use fewer steps or "
                                    "other sigmas", sd_sampler_kind_name(s->kind),
                               what, N);
-    if (s->kind == SD_SAMPLER_EULER || heun) {
+    if (s->kind == SD_SAMPLER_EULER || s->kind == SD_SAMPLER_LMS || heun) {
         float mx = 0.0f;
         for (int i = 0; i <= s->n_timesteps; i++)
             mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
@@ -613,6 +622,8 @@ void sd_sampler_free(sd_sampler *s)
     free(s->last_sample);
     free(s->heun_der);
     free(s->heun_sample);
+    for (int k = 0; k < 4; k++)
+        free(s->lms_der[k]);
     free(s->own_abar);
     free(s->timesteps);
     free(s->model_t);
@@ -626,6 +637,7 @@ void sd_sampler_reset(sd_sampler *s)
     s->counter = 0;
     s->lower_order_nums = 0;
     s->unipc_order = 0;
+    s->n_lms_der = 0;
 }
 
 int sd_sampler_scales_input(const sd_sampler *s)
@@ -705,6 +717,61 @@ static void euler_step(const sd_sampler *s, int i, const float *mo, float *x, co
         float y = x[j] + step;
         float z = noise[j] * up;
         x[j] = y + z;
+    }
+}
+
+/* LMSDiscreteScheduler.get_lms_coefficient: the integral over [sigmas[i], sigmas[i + 1]] of the
+ * Lagrange basis polynomial of node `cur` over the nodes sigmas[i], ..., sigmas[i - order + 1]
+ * (diffusers integrates it numerically with scipy's quad; the polynomial has degree <= 3, which
+ * 3-point Gauss-Legendre integrates exactly, here in double). */
+static double lms_coefficient(const float *sigmas, int order, int i, int cur)
+{
+    static const double node[3] = {-0.7745966692414834, 0.0, 0.7745966692414834};
+    static const double weight[3] = {5.0 / 9.0, 8.0 / 9.0, 5.0 / 9.0};
+    const double a = sigmas[i], b = sigmas[i + 1], mid = 0.5 * (a + b), half = 0.5 * (b - a);
+    double sum = 0.0;
+    for (int q = 0; q < 3; q++) {
+        const double tau = mid + half * node[q];
+        double prod = 1.0;
+        for (int k = 0; k < order; k++)
+            if (k != cur)
+                prod *= (tau - (double)sigmas[i - k]) /
+                        ((double)sigmas[i - cur] - (double)sigmas[i - k]);
+        sum += weight[q] * prod;
+    }
+    return half * sum;
+}
+
+/* LMSDiscreteScheduler.step (order 4): the derivative (x - x0) / sigma joins the last three,
+ * then x += sum_k c_k d_k over the min(i + 1, 4) newest, newest first, each coefficient
+ * rounded to fp32 (a Python float times an fp32 tensor). */
+static void lms_step(sd_sampler *s, int i, const float *mo, float *x)
+{
+    const int64_t n = s->n;
+    const float sigma = s->sigmas[i];
+    const float sq = sigma * sigma, c_skip = sq + 1.0f, c_out = -sigma / sqrtf(c_skip);
+    if (s->n_lms_der == 4) { /* derivatives.pop(0) after the append */
+        float *oldest = s->lms_der[0];
+        memmove(s->lms_der, s->lms_der + 1, 3 * sizeof s->lms_der[0]);
+        s->lms_der[3] = oldest;
+        s->n_lms_der = 3;
+    }
+    float *der = s->lms_der[s->n_lms_der++];
+    for (int64_t j = 0; j < n; j++) {
+        const float x0 = k_x0(s->prediction, sigma, c_out, c_skip, mo[j], x[j]);
+        der[j] = (x[j] - x0) / sigma;
+    }
+    const int order = i + 1 < 4 ? i + 1 : 4;
+    float c[4];
+    for (int k = 0; k < order; k++)
+        c[k] = (float)lms_coefficient(s->sigmas, order, i, k);
+    for (int64_t j = 0; j < n; j++) {
+        float acc = 0.0f;
+        for (int k = 0; k < order; k++) {
+            const float term = c[k] * s->lms_der[s->n_lms_der - 1 - k][j];
+            acc = k == 0 ? term : acc + term;
+        }
+        x[j] = x[j] + acc;
     }
 }
 
@@ -1164,6 +1231,9 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
         break;
     case SD_SAMPLER_HEUN:
         heun_step(s, i, model_out, sample);
+        break;
+    case SD_SAMPLER_LMS:
+        lms_step(s, i, model_out, sample);
         break;
     case SD_SAMPLER_UNIPC:
         unipc_step(s, i, model_out, sample);

@@ -255,8 +255,8 @@ static void test_spacings(void)
                         const char *pre = k == SD_SAMPLER_HEUN ? "h" : "";
                         char tag[96], name[112];
                         sd_err err;
-                        if (k == SD_SAMPLER_DPMPP_2M_SDE)
-                            continue;
+                        if (k == SD_SAMPLER_DPMPP_2M_SDE || k == SD_SAMPLER_LMS)
+                            continue; /* LMS: test_lms */
                         snprintf(tag, sizeof tag, "%s_%s_%d_%d_%d",
                                  sd_sampler_kind_name((sd_sampler_kind)k),
                                  sd_spacing_name((sd_spacing)sp), N, T, off);
@@ -932,6 +932,135 @@ out:
     free(z);
 }
 
+/* lms.safetensors: LMSDiscreteScheduler (make_lms_goldens.py) */
+static sd_st_file gold5;
+
+static void test_lms(void)
+{
+    static const int Ns[] = {1, 2, 3, 4, 7, 10, 50, 999, 1000};
+    sd_diffusion dd[2];
+    int cases = 0, bad = 0, refused = 0;
+    double wt = 0.0, ws = 0.0;
+    if (init_sd2_schedule(&dd[0], "epsilon", 1000) || init_sd2_schedule(&dd[1], "v_prediction", 1000))
+        return;
+    for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
+        for (int sp = 0; sp < 3; sp++)
+            for (int off = 0; off < 2; off++) {
+                const int N = Ns[b];
+                char tag[64], name[80];
+                sd_sampler s;
+                sd_err err;
+                snprintf(tag, sizeof tag, "%s_%d_%d", sd_spacing_name((sd_spacing)sp), N, off);
+                snprintf(name, sizeof name, "ts_%s", tag);
+                float *rt = read_from(&gold5, name, (size_t)N);
+                snprintf(name, sizeof name, "sig_%s", tag);
+                float *rs = read_from(&gold5, name, (size_t)N + 1);
+                snprintf(name, sizeof name, "ins_%s", tag);
+                float *ri = read_from(&gold5, name, 1);
+                int usable = rt && rs && ri;
+                for (int i = 0; usable && i < N; i++)
+                    usable = rt[i] >= 0.0f && rt[i] <= 999.0f && (i == 0 || rt[i] != rt[0]);
+                const int rc = rt && rs && ri
+                                   ? sd_sampler_init(&s, SD_SAMPLER_LMS, &dd[0], N, (sd_spacing)sp,
+                                                     off, 1, &err)
+                                   : -1;
+                if (!rt || !rs || !ri) {
+                    bad++;
+                } else if (!usable) {
+                    refused += rc < 0;
+                    bad += rc == 0;
+                    if (rc == 0)
+                        sd_sampler_free(&s);
+                } else if (rc < 0) {
+                    bad++;
+                    tap_diag("lms %s: %s", tag, err.msg);
+                } else {
+                    double t1 = 0.0, s1 = 0.0;
+                    for (int i = 0; i < N; i++) {
+                        const double e = fabs((double)s.model_t[i] - rt[i]);
+                        t1 = e > t1 ? e : t1;
+                    }
+                    for (int i = 0; i <= N; i++) {
+                        const double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+                        s1 = e > s1 ? e : s1;
+                    }
+                    const double e = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
+                    s1 = e > s1 ? e : s1;
+                    if (t1 > 0.0 || s1 > 1e-6) {
+                        bad++;
+                        tap_diag("lms %s: timesteps off by %.3g, sigmas %.3g", tag, t1, s1);
+                    }
+                    wt = t1 > wt ? t1 : wt;
+                    ws = s1 > ws ? s1 : ws;
+                    cases++;
+                    sd_sampler_free(&s);
+                }
+                free(rt);
+                free(rs);
+                free(ri);
+            }
+    tap_ok(bad == 0 && refused > 0 && cases + refused == 54, "lms: timesteps of %d schedules equal diffusers', "
+           "sigmas and init_noise_sigma within %.3g; the %d unusable ones refused", cases, ws,
+           refused);
+
+    static const struct {
+        const char *name;
+        int v, karras; /* karras 1: Karras sigmas, 2: exponential */
+        sd_spacing spacing;
+        int offset;
+    } steps[] = {
+        {"linspace_eps", 0, 0, SD_SPACING_LINSPACE, 0}, {"linspace_v", 1, 0, SD_SPACING_LINSPACE, 0},
+        {"leading_eps", 0, 0, SD_SPACING_LEADING, 1},   {"trailing_eps", 0, 0, SD_SPACING_TRAILING, 0},
+        {"karras_eps", 0, 1, SD_SPACING_LINSPACE, 0},   {"expo_eps", 0, 2, SD_SPACING_LINSPACE, 0},
+    };
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold5, "in_sample", (size_t)n);
+    float *mo = read_from(&gold5, "in_model_out", 8 * (size_t)n);
+    for (size_t c = 0; x0 && mo && c < sizeof steps / sizeof steps[0]; c++) {
+        sd_sampler s, e;
+        sd_err err;
+        char name[64];
+        float x[2 * 3 * 5 * 4], y[2 * 3 * 5 * 4];
+        double worst = 0.0;
+        if (sd_sampler_init(&s, SD_SAMPLER_LMS, &dd[steps[c].v], 8, steps[c].spacing,
+                            steps[c].offset, n, &err) ||
+            sd_sampler_init(&e, SD_SAMPLER_EULER, &dd[steps[c].v], 8, steps[c].spacing,
+                            steps[c].offset, n, &err) ||
+            (steps[c].karras == 1 && (sd_sampler_use_karras(&s, &err) || sd_sampler_use_karras(&e, &err))) ||
+            (steps[c].karras == 2 &&
+             (sd_sampler_use_exponential(&s, &err) || sd_sampler_use_exponential(&e, &err)))) {
+            tap_ok(0, "lms step_%s: %s", steps[c].name, err.msg);
+            continue;
+        }
+        snprintf(name, sizeof name, "step_%s", steps[c].name);
+        float *ref = read_from(&gold5, name, 8 * (size_t)n);
+        for (int64_t j = 0; j < n; j++)
+            x[j] = y[j] = x0[j] * s.init_noise_sigma;
+        sd_sampler_reset(&s);
+        sd_sampler_reset(&e);
+        int euler_first = 1; /* LMS's first step (order 1) is Euler's */
+        for (int i = 0; ref && i < 8; i++) {
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x, NULL);
+            if (i == 0) {
+                sd_sampler_step(&e, i, mo, y, NULL);
+                euler_first = rel_err(x, y, n, NULL) <= 1e-6;
+            }
+            const double r = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = r > worst ? r : worst;
+        }
+        tap_ok(ref && worst <= 1e-6 && euler_first,
+               "lms step_%s: 8 steps (order 4 from the fourth), relative error %.3g; the first "
+               "equals Euler's", steps[c].name, worst);
+        free(ref);
+        sd_sampler_free(&s);
+        sd_sampler_free(&e);
+    }
+    free(x0);
+    free(mo);
+    sd_diffusion_free(&dd[0]);
+    sd_diffusion_free(&dd[1]);
+}
+
 typedef struct fixed_noise {
     const float *z; /* [steps, 2 images, n] */
     int image;
@@ -1230,6 +1359,13 @@ int main(void)
     if (tap_ok(sd_st_open(path, &gold4, &err) == 0, "open %s", path)) {
         test_order3();
         sd_st_close(&gold4);
+    } else {
+        tap_diag("%s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/tests/data/sample/lms.safetensors", top);
+    if (tap_ok(sd_st_open(path, &gold5, &err) == 0, "open %s", path)) {
+        test_lms();
+        sd_st_close(&gold5);
     } else {
         tap_diag("%s", err.msg);
     }
