@@ -59,13 +59,14 @@ typedef enum {
     SD_SAMPLER_HEUN = 7,     /* HeunDiscreteScheduler: 2 N - 1 model calls */
     SD_SAMPLER_UNIPC = 8,    /* UniPCMultistepScheduler (predict_x0; bh2 or bh1; order 1-3) */
     SD_SAMPLER_LMS = 9,      /* LMSDiscreteScheduler (linear multistep of order 4) */
+    SD_SAMPLER_DPM2 = 10,    /* KDPM2DiscreteScheduler (DPM-Solver-2): 2 N - 1 model calls */
 } sd_sampler_kind;
-#define SD_SAMPLER_N_KINDS 10
+#define SD_SAMPLER_N_KINDS 11
 
 typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
 
 /* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
- * "lms" (case-insensitive) -> kind; -1 for anything else. */
+ * "lms", "dpm2" (case-insensitive) -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
 /* "leading", "trailing", "linspace" -> spacing; -1 for anything else. */
@@ -74,8 +75,8 @@ const char *sd_spacing_name(sd_spacing spacing);
 /* The spacing a diffusers class has by default: leading (DDIM, PNDM, DDPM) or linspace (Euler,
  * Euler ancestral, DPM-Solver++). */
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind);
-/* Whether a scheduler takes Karras / exponential sigmas (euler, heun, lms, dpmpp_2m(_sde),
- * unipc), and final_sigmas_type 'sigma_min' (the same but heun and lms). */
+/* Whether a scheduler takes Karras / exponential sigmas (euler, heun, lms, dpm2, dpmpp_2m(_sde),
+ * unipc), and final_sigmas_type 'sigma_min' (the same but heun, lms and dpm2). */
 int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind);
 int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind);
 
@@ -139,7 +140,9 @@ typedef struct sd_sampler {
     int n_timesteps;             /* model calls: N (PNDM: N + 1 when N > 1) */
     int64_t *timesteps;          /* [n_timesteps], in order of use (Euler: rounded) */
     float *model_t;              /* [n_timesteps] the timestep the U-Net gets (Euler's fp32) */
-    float *sigmas;               /* [n_timesteps + 1] Euler, Euler ancestral, DPM-Solver++ */
+    float *sigmas;               /* [n_timesteps + 1] Euler, Euler ancestral, DPM-Solver++;
+                                  * DPM2: KDPM2's interleaved sigmas [n_timesteps + 3] */
+    float *sigmas_interp;        /* DPM2: the interleaved log-midpoints [n_timesteps + 3] */
     float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
     int karras;                  /* sd_sampler_use_karras was applied */
     int exponential;             /* sd_sampler_use_exponential was applied */

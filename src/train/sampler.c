@@ -11,7 +11,7 @@
 
 static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
     "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
-    "lms"};
+    "lms", "dpm2"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 
 int sd_sampler_kind_from_name(const char *name)
@@ -56,7 +56,7 @@ static int is_multistep(sd_sampler_kind kind)
 static int is_k(sd_sampler_kind kind)
 {
     return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_HEUN ||
-           kind == SD_SAMPLER_LMS;
+           kind == SD_SAMPLER_LMS || kind == SD_SAMPLER_DPM2;
 }
 
 static int uses_sigmas(sd_sampler_kind kind)
@@ -67,7 +67,7 @@ static int uses_sigmas(sd_sampler_kind kind)
 int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind)
 {
     return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_LMS ||
-           is_multistep(kind);
+           kind == SD_SAMPLER_DPM2 || is_multistep(kind);
 }
 
 int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind)
@@ -379,6 +379,56 @@ static double interp_grid(const float *fp, int T, double x)
     return slope * (x - (double)j) + (double)fp[j];
 }
 
+static double sigma_to_t(double sigma, const float *log_sigmas, int T);
+
+/* KDPM2DiscreteScheduler.set_timesteps after its base schedule: from N base timesteps bt (the
+ * model's fp32 values) and N + 1 base sigmas bs (the last 0), the log-midpoints
+ * sigmas_interpol[k] = exp(lerp(log bs[k], log bs[k - 1], 0.5)) in fp32 (torch's lerp at weight
+ * 0.5: end - (end - start) * 0.5; 0 for k = N), their timesteps by _sigma_to_t, and the
+ * interleaved lists: sigmas and sigmas_interpol as cat(x[:1], x[1:].repeat_interleave(2),
+ * x[-1:]), the model's timesteps [bt0, ti1, bt1, ti2, ..., ti(N-1), bt(N-1)]. `full` is the
+ * schedule's sigma table. bt and bs may be s->model_t and s->sigmas (copied first). */
+static void dpm2_finish(sd_sampler *s, const float *full, const float *bt, const float *bs, int N)
+{
+    const int T = s->num_train_timesteps;
+    float *b = sd_xmalloc(((size_t)N + 1) * sizeof *b), *it = sd_xmalloc(((size_t)N + 1) * sizeof *it);
+    float *t = sd_xmalloc((size_t)N * sizeof *t), *logs = sd_xmalloc((size_t)T * sizeof *logs);
+    memcpy(b, bs, ((size_t)N + 1) * sizeof *b);
+    memcpy(t, bt, (size_t)N * sizeof *t);
+    for (int k = 0; k < T; k++)
+        logs[k] = logf(full[k]);
+    it[0] = 0.0f; /* never used (torch's lerp gives NaN there: log 0 at roll(1)) */
+    for (int k = 1; k <= N; k++) {
+        if (b[k] == 0.0f) {
+            it[k] = 0.0f;
+            continue;
+        }
+        const float start = logf(b[k]), end = logf(b[k - 1]), diff = end - start,
+                    half = diff * 0.5f, l = end - half;
+        it[k] = expf(l);
+    }
+    s->model_t[0] = t[0];
+    for (int k = 1; k < N; k++) {
+        s->model_t[2 * k - 1] = (float)sigma_to_t((double)it[k], logs, T);
+        s->model_t[2 * k] = t[k];
+    }
+    s->n_timesteps = 2 * N - 1;
+    for (int k = 0; k < s->n_timesteps; k++)
+        s->timesteps[k] = (int64_t)llround((double)s->model_t[k]);
+    s->sigmas[0] = b[0];
+    s->sigmas_interp[0] = it[0];
+    for (int k = 1; k <= N; k++) {
+        s->sigmas[2 * k - 1] = s->sigmas[2 * k] = b[k];
+        s->sigmas_interp[2 * k - 1] = s->sigmas_interp[2 * k] = it[k];
+    }
+    s->sigmas[2 * N + 1] = b[N];
+    s->sigmas_interp[2 * N + 1] = it[N];
+    free(b);
+    free(it);
+    free(t);
+    free(logs);
+}
+
 int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, int num_steps,
                     sd_spacing spacing, int steps_offset, int64_t n, sd_err *err)
 {
@@ -396,15 +446,16 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         free(ts);
         return -1;
     }
-    if (d->zero_snr &&
-        (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM || kind == SD_SAMPLER_LMS)) {
+    if (d->zero_snr && (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM ||
+                        kind == SD_SAMPLER_LMS || kind == SD_SAMPLER_DPM2)) {
         free(ts);
         return sd_err_set(err, "sampler: '%s' has no zero-terminal-SNR schedule (diffusers' %s "
                                "has no rescale_betas_zero_snr): use ddim, ddpm, euler, euler_a, "
                                "dpmpp_2m, dpmpp_2m_sde or unipc", sd_sampler_kind_name(kind),
-                          kind == SD_SAMPLER_HEUN  ? "HeunDiscreteScheduler"
-                          : kind == SD_SAMPLER_LMS ? "LMSDiscreteScheduler"
-                                                   : "PNDMScheduler");
+                          kind == SD_SAMPLER_HEUN   ? "HeunDiscreteScheduler"
+                          : kind == SD_SAMPLER_LMS  ? "LMSDiscreteScheduler"
+                          : kind == SD_SAMPLER_DPM2 ? "KDPM2DiscreteScheduler"
+                                                    : "PNDMScheduler");
     }
     s->kind = kind;
     s->spacing = spacing;
@@ -424,8 +475,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
     s->num_steps = num_steps;
     s->ratio = T / num_steps;
     s->n_timesteps = count;
-    s->timesteps = sd_xmalloc((size_t)count * sizeof *s->timesteps);
-    s->model_t = sd_xmalloc((size_t)count * sizeof *s->model_t);
+    /* DPM2: count = N base timesteps here, 2 N - 1 model calls after dpm2_finish */
+    const size_t cap = kind == SD_SAMPLER_DPM2 ? 2 * (size_t)count : (size_t)count;
+    s->timesteps = sd_xmalloc(cap * sizeof *s->timesteps);
+    s->model_t = sd_xmalloc(cap * sizeof *s->model_t);
     for (int i = 0; i < count; i++) {
         s->timesteps[i] = (int64_t)llround(ts[i]);
         s->model_t[i] = (float)ts[i];
@@ -442,10 +495,14 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
             const float a = s->alphas_cumprod[t], b = 1.0f - a, q = b / a;
             full[t] = sqrtf(q);
         }
-        s->sigmas = sd_xmalloc(((size_t)count + 1) * sizeof *s->sigmas);
+        s->sigmas = sd_xmalloc((cap + 2) * sizeof *s->sigmas);
         for (int i = 0; i < count; i++)
             s->sigmas[i] = (float)interp_grid(full, T, ts[i]);
         s->sigmas[count] = 0.0f;
+        if (kind == SD_SAMPLER_DPM2) {
+            s->sigmas_interp = sd_xmalloc((cap + 2) * sizeof *s->sigmas_interp);
+            dpm2_finish(s, full, s->model_t, s->sigmas, count);
+        }
         free(full);
         for (int i = 0; i <= count; i++)
             mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
@@ -475,10 +532,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         s->x0_prev3 = sd_xmalloc((size_t)n * sizeof(float));
         s->last_sample = sd_xmalloc((size_t)n * sizeof(float));
     }
-    if (kind == SD_SAMPLER_HEUN) {
+    if (kind == SD_SAMPLER_HEUN)
         s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
+    if (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_DPM2) /* the kept sample */
         s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
-    }
     if (kind == SD_SAMPLER_LMS)
         for (int k = 0; k < 4; k++)
             s->lms_der[k] = sd_xmalloc((size_t)n * sizeof(float));
@@ -522,12 +579,12 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     const int T = s->num_train_timesteps, N = s->num_steps;
     const char *what = expo ? "exponential" : "Karras";
     double smin, smax;
-    const int heun = s->kind == SD_SAMPLER_HEUN;
+    const int heun = s->kind == SD_SAMPLER_HEUN, dpm2 = s->kind == SD_SAMPLER_DPM2;
     if (!sd_sampler_takes_sigma_schedule(s->kind))
-        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, lms, unipc, "
+        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, lms, dpm2, unipc, "
                                "dpmpp_2m and dpmpp_2m_sde, not %s", what,
                           sd_sampler_kind_name(s->kind));
-    SD_CHECK(s->n_timesteps == (heun ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
+    SD_CHECK(s->n_timesteps == (heun || dpm2 ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
              sd_sampler_kind_name(s->kind), s->n_timesteps, N);
     float *full = sd_xmalloc((size_t)T * sizeof *full), *logs = sd_xmalloc((size_t)T * sizeof *logs);
     for (int t = 0; t < T; t++) {
@@ -548,6 +605,8 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
      * _convert_to_exponential: exp(linspace(log(max), log(min), N)) */
     const double rho = 7.0, min_inv = pow(smin, 1.0 / rho), max_inv = pow(smax, 1.0 / rho);
     const double lmax = log(smax), lmin = log(smin);
+    float *bsig = dpm2 ? sd_xmalloc(((size_t)N + 1) * sizeof *bsig) : NULL;
+    float *bt = dpm2 ? sd_xmalloc((size_t)N * sizeof *bt) : NULL;
     for (int i = 0; i < N; i++) {
         const double sig = expo ? exp(np_linspace2_at(lmax, lmin, N, i))
                                 : pow(max_inv + np_linspace_at(1.0, N, i) * (min_inv - max_inv),
@@ -555,6 +614,11 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
         double t = sigma_to_t(sig, logs, T);
         if (is_multistep(s->kind))
             t = expo || s->karras_trunc ? trunc(t) : nearbyint(t);
+        if (dpm2) { /* KDPM2 rounds its Karras timesteps, not its exponential ones */
+            bsig[i] = (float)sig;
+            bt[i] = (float)(expo ? t : nearbyint(t));
+            continue;
+        }
         /* Heun: every entry but the first twice */
         for (int r = 0; r < (heun && i > 0 ? 2 : 1); r++) {
             const int k = heun ? (i == 0 ? 0 : 2 * i - 1 + r) : i;
@@ -563,7 +627,14 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
             s->timesteps[k] = (int64_t)llround(t);
         }
     }
-    s->sigmas[s->n_timesteps] = s->final_sigma;
+    if (dpm2) {
+        bsig[N] = 0.0f;
+        dpm2_finish(s, full, bt, bsig, N);
+        free(bsig);
+        free(bt);
+    } else {
+        s->sigmas[s->n_timesteps] = s->final_sigma;
+    }
     free(full);
     free(logs);
     for (int i = 1; i < s->n_timesteps; i++)
@@ -572,7 +643,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
                                    "timestep (its largest sigmas lie too close together): use fewer steps or "
                                    "other sigmas", sd_sampler_kind_name(s->kind),
                               what, N);
-    if (s->kind == SD_SAMPLER_EULER || s->kind == SD_SAMPLER_LMS || heun) {
+    if (s->kind == SD_SAMPLER_EULER || s->kind == SD_SAMPLER_LMS || heun || dpm2) {
         float mx = 0.0f;
         for (int i = 0; i <= s->n_timesteps; i++)
             mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
@@ -628,6 +699,7 @@ void sd_sampler_free(sd_sampler *s)
     free(s->timesteps);
     free(s->model_t);
     free(s->sigmas);
+    free(s->sigmas_interp);
     memset(s, 0, sizeof *s);
 }
 
@@ -653,8 +725,10 @@ void sd_sampler_scale_input(const sd_sampler *s, int i, int64_t n, const float *
             memmove(out, x, (size_t)n * sizeof *out);
         return;
     }
-    /* sample / ((sigma**2 + 1) ** 0.5) */
-    const float sigma = s->sigmas[i], sq = sigma * sigma, p = sq + 1.0f, den = sqrtf(p);
+    /* sample / ((sigma**2 + 1) ** 0.5); DPM2's second-order calls at sigmas_interpol */
+    const float sigma = s->kind == SD_SAMPLER_DPM2 && i % 2 == 1 ? s->sigmas_interp[i]
+                                                                 : s->sigmas[i];
+    const float sq = sigma * sigma, p = sq + 1.0f, den = sqrtf(p);
     for (int64_t j = 0; j < n; j++)
         out[j] = x[j] / den;
 }
@@ -772,6 +846,30 @@ static void lms_step(sd_sampler *s, int i, const float *mo, float *x)
             acc = k == 0 ? term : acc + term;
         }
         x[j] = x[j] + acc;
+    }
+}
+
+/* KDPM2DiscreteScheduler.step (DPM-Solver-2): even calls are Euler steps from sigmas[i] to the
+ * log-midpoint sigmas_interpol[i + 1], keeping the sample; odd calls take the whole step from
+ * sigmas[i - 1] to sigmas[i] from that kept sample with the derivative at the midpoint. The
+ * last call (even) ends at the midpoint of the last sigma and 0, which is 0. */
+static void dpm2_step(sd_sampler *s, int i, const float *mo, float *x)
+{
+    const int first = i % 2 == 0;
+    const float sigma = first ? s->sigmas[i] : s->sigmas[i - 1];
+    const float interp = first ? s->sigmas_interp[i + 1] : s->sigmas_interp[i];
+    const float next = first ? s->sigmas[i + 1] : s->sigmas[i];
+    const float sin = first ? sigma : interp; /* sigma_input */
+    const float sq = sin * sin, c_skip = sq + 1.0f, c_out = -sin / sqrtf(c_skip);
+    const float dt = first ? interp - sigma : next - sigma;
+    for (int64_t j = 0; j < s->n; j++) {
+        const float x0 = k_x0(s->prediction, sin, c_out, c_skip, mo[j], x[j]);
+        const float der = (x[j] - x0) / (first ? sigma : interp);
+        const float base = first ? x[j] : s->heun_sample[j];
+        if (first)
+            s->heun_sample[j] = x[j];
+        const float step = der * dt;
+        x[j] = base + step;
     }
 }
 
@@ -1234,6 +1332,9 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
         break;
     case SD_SAMPLER_LMS:
         lms_step(s, i, model_out, sample);
+        break;
+    case SD_SAMPLER_DPM2:
+        dpm2_step(s, i, model_out, sample);
         break;
     case SD_SAMPLER_UNIPC:
         unipc_step(s, i, model_out, sample);

@@ -255,8 +255,9 @@ static void test_spacings(void)
                         const char *pre = k == SD_SAMPLER_HEUN ? "h" : "";
                         char tag[96], name[112];
                         sd_err err;
-                        if (k == SD_SAMPLER_DPMPP_2M_SDE || k == SD_SAMPLER_LMS)
-                            continue; /* LMS: test_lms */
+                        if (k == SD_SAMPLER_DPMPP_2M_SDE || k == SD_SAMPLER_LMS ||
+                            k == SD_SAMPLER_DPM2)
+                            continue; /* test_lms, test_dpm2 */
                         snprintf(tag, sizeof tag, "%s_%s_%d_%d_%d",
                                  sd_sampler_kind_name((sd_sampler_kind)k),
                                  sd_spacing_name((sd_spacing)sp), N, T, off);
@@ -1061,6 +1062,154 @@ static void test_lms(void)
     sd_diffusion_free(&dd[1]);
 }
 
+/* dpm2.safetensors: KDPM2DiscreteScheduler (make_dpm2_goldens.py) */
+static sd_st_file gold6;
+
+/* compares a DPM2 schedule with the goldens <pre>ts_<tag>, <pre>sig_<tag>, <pre>sigi_<tag>;
+ * returns 0 when within tolerance (timesteps 1e-3: fractional ones come from torch's log / exp
+ * of the midpoints; sigmas 1e-6 relative) */
+static int dpm2_schedule_ok(const sd_sampler *s, const char *pre, const char *tag, double *wt,
+                            double *ws)
+{
+    char name[96];
+    const int nt = s->n_timesteps;
+    snprintf(name, sizeof name, "%sts_%s", pre, tag);
+    float *rt = read_from(&gold6, name, (size_t)nt);
+    snprintf(name, sizeof name, "%ssig_%s", pre, tag);
+    float *rs = read_from(&gold6, name, (size_t)nt + 3);
+    snprintf(name, sizeof name, "%ssigi_%s", pre, tag);
+    float *ri = read_from(&gold6, name, (size_t)nt + 3);
+    int ok = rt && rs && ri;
+    for (int i = 0; ok && i < nt; i++) {
+        const double e = fabs((double)s->model_t[i] - rt[i]);
+        *wt = e > *wt ? e : *wt;
+    }
+    for (int i = 0; ok && i < nt + 3; i++) {
+        const double e1 = fabs((double)s->sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+        /* sigmas_interpol[0] is never used (torch's is NaN there) */
+        const double e2 = i == 0 ? 0.0
+                                 : fabs((double)s->sigmas_interp[i] - ri[i]) /
+                                       (ri[i] != 0.0f ? ri[i] : 1.0f);
+        *ws = e1 > *ws ? e1 : *ws;
+        *ws = e2 > *ws ? e2 : *ws;
+    }
+    free(rt);
+    free(rs);
+    free(ri);
+    return ok && *wt <= 1e-3 && *ws <= 1e-6 ? 0 : -1;
+}
+
+static void test_dpm2(void)
+{
+    static const int Ns[] = {1, 2, 3, 4, 7, 10, 50, 1000};
+    sd_diffusion dd[2];
+    int cases = 0, bad = 0, refused = 0;
+    double wt = 0.0, ws = 0.0;
+    if (init_sd2_schedule(&dd[0], "epsilon", 1000) || init_sd2_schedule(&dd[1], "v_prediction", 1000))
+        return;
+    for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
+        for (int sp = 0; sp < 3; sp++)
+            for (int off = 0; off < 2; off++) {
+                const int N = Ns[b];
+                char tag[64];
+                sd_sampler s;
+                sd_err err;
+                if (N == 1000 && !(sp == SD_SPACING_LEADING && off == 1))
+                    continue;
+                snprintf(tag, sizeof tag, "%s_%d_%d", sd_spacing_name((sd_spacing)sp), N, off);
+                const int rc = sd_sampler_init(&s, SD_SAMPLER_DPM2, &dd[0], N, (sd_spacing)sp,
+                                               off, 1, &err);
+                if (N == 1000) { /* its timestep 1000 is outside the schedule */
+                    refused += rc < 0;
+                    bad += rc == 0;
+                } else if (rc < 0) {
+                    bad++;
+                    tap_diag("dpm2 %s: %s", tag, err.msg);
+                } else {
+                    if (s.n_timesteps != 2 * N - 1 || dpm2_schedule_ok(&s, "", tag, &wt, &ws)) {
+                        bad++;
+                        tap_diag("dpm2 %s: %d calls, timesteps off by %.3g, sigmas %.3g", tag,
+                                 s.n_timesteps, wt, ws);
+                    }
+                    cases++;
+                }
+                if (rc == 0)
+                    sd_sampler_free(&s);
+            }
+    for (int k = 0; k < 2; k++)
+        for (int m = 0; m < 4; m++) {
+            static const int KN[4] = {2, 5, 10, 25};
+            char tag[16];
+            sd_sampler s;
+            sd_err err;
+            snprintf(tag, sizeof tag, "%d", KN[m]);
+            if (sd_sampler_init(&s, SD_SAMPLER_DPM2, &dd[0], KN[m], SD_SPACING_LINSPACE, 1, 1, &err) ||
+                (k ? sd_sampler_use_exponential(&s, &err) : sd_sampler_use_karras(&s, &err))) {
+                bad++;
+                tap_diag("dpm2 %s %s: %s", k ? "exponential" : "Karras", tag, err.msg);
+                continue;
+            }
+            if (dpm2_schedule_ok(&s, k ? "e" : "k", tag, &wt, &ws)) {
+                bad++;
+                tap_diag("dpm2 %s %s: timesteps off by %.3g, sigmas %.3g", k ? "exp" : "Karras",
+                         tag, wt, ws);
+            }
+            cases++;
+            sd_sampler_free(&s);
+        }
+    tap_ok(bad == 0 && refused == 1 && cases == 50,
+           "dpm2: 2 N - 1 interleaved timesteps, sigmas and log-midpoint sigmas of %d schedules "
+           "(three spacings, Karras, exponential) within %.3g / %.3g of diffusers'; the unusable "
+           "one refused", cases, wt, ws);
+
+    static const struct {
+        const char *name;
+        int v, karras;
+        sd_spacing spacing;
+        int offset;
+    } steps[] = {
+        {"linspace_eps", 0, 0, SD_SPACING_LINSPACE, 0}, {"linspace_v", 1, 0, SD_SPACING_LINSPACE, 0},
+        {"leading_eps", 0, 0, SD_SPACING_LEADING, 1},   {"trailing_eps", 0, 0, SD_SPACING_TRAILING, 0},
+        {"karras_eps", 0, 1, SD_SPACING_LINSPACE, 0},   {"expo_eps", 0, 2, SD_SPACING_LINSPACE, 0},
+    };
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold6, "in_sample", (size_t)n);
+    float *mo = read_from(&gold6, "in_model_out", 15 * (size_t)n);
+    for (size_t c = 0; x0 && mo && c < sizeof steps / sizeof steps[0]; c++) {
+        sd_sampler s;
+        sd_err err;
+        char name[64];
+        float x[2 * 3 * 5 * 4], scaled[2 * 3 * 5 * 4];
+        double worst = 0.0;
+        if (sd_sampler_init(&s, SD_SAMPLER_DPM2, &dd[steps[c].v], 8, steps[c].spacing,
+                            steps[c].offset, n, &err) ||
+            (steps[c].karras == 1 && sd_sampler_use_karras(&s, &err)) ||
+            (steps[c].karras == 2 && sd_sampler_use_exponential(&s, &err))) {
+            tap_ok(0, "dpm2 step_%s: %s", steps[c].name, err.msg);
+            continue;
+        }
+        snprintf(name, sizeof name, "step_%s", steps[c].name);
+        float *ref = read_from(&gold6, name, 15 * (size_t)n);
+        for (int64_t j = 0; j < n; j++)
+            x[j] = x0[j] * s.init_noise_sigma;
+        sd_sampler_reset(&s);
+        for (int i = 0; ref && i < s.n_timesteps; i++) {
+            sd_sampler_scale_input(&s, i, n, x, scaled); /* as the pipeline calls it */
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x, NULL);
+            const double r = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = r > worst ? r : worst;
+        }
+        tap_ok(ref && s.n_timesteps == 15 && worst <= 1e-6,
+               "dpm2 step_%s: 8 steps (15 calls), relative error %.3g", steps[c].name, worst);
+        free(ref);
+        sd_sampler_free(&s);
+    }
+    free(x0);
+    free(mo);
+    sd_diffusion_free(&dd[0]);
+    sd_diffusion_free(&dd[1]);
+}
+
 typedef struct fixed_noise {
     const float *z; /* [steps, 2 images, n] */
     int image;
@@ -1366,6 +1515,13 @@ int main(void)
     if (tap_ok(sd_st_open(path, &gold5, &err) == 0, "open %s", path)) {
         test_lms();
         sd_st_close(&gold5);
+    } else {
+        tap_diag("%s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/tests/data/sample/dpm2.safetensors", top);
+    if (tap_ok(sd_st_open(path, &gold6, &err) == 0, "open %s", path)) {
+        test_dpm2();
+        sd_st_close(&gold6);
     } else {
         tap_diag("%s", err.msg);
     }
