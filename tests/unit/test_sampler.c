@@ -1420,6 +1420,34 @@ static void test_pipeline(void)
         for (size_t k = 0; k < sizeof more / sizeof more[0]; k++)
             pipeline_case(&c, more[k].kind, more[k].spacing, more[k].eta, more[k].rescale, 7.5,
                           &gold2, "p_%s_latents", "p_%s_image", "p_%s_u8", more[k].name, 1, more[k].karras);
+        /* pipelines_more.safetensors: LMS, DPM2 and zero terminal SNR's recipe (DDIM, v,
+         * rescaled schedule, 'trailing', guidance_rescale 0.7) */
+        {
+            sd_st_file g7;
+            sd_err err7;
+            char path7[4200];
+            sd_diffusion dz;
+            snprintf(path7, sizeof path7, "%s/tests/data/sample/pipelines_more.safetensors", top);
+            if (tap_ok(sd_st_open(path7, &g7, &err7) == 0, "open %s", path7)) {
+                pipeline_case(&c, SD_SAMPLER_LMS, SD_SPACING_LINSPACE, 0, 0, 7.5, &g7,
+                              "p_%s_latents", "p_%s_image", "p_%s_u8", "lms", 1, 0);
+                pipeline_case(&c, SD_SAMPLER_DPM2, SD_SPACING_LINSPACE, 0, 0, 7.5, &g7,
+                              "p_%s_latents", "p_%s_image", "p_%s_u8", "dpm2", 1, 0);
+                if (init_sd2_schedule(&dz, "v_prediction", 1000) == 0 &&
+                    sd_diffusion_rescale_zero_snr(&dz, &err7) == 0) {
+                    pipe_ctx cz = c;
+                    cz.d = &dz;
+                    pipeline_case(&cz, SD_SAMPLER_DDIM, SD_SPACING_TRAILING, 0, 0.7, 7.5, &g7,
+                                  "p_%s_latents", "p_%s_image", "p_%s_u8", "zsnr_ddim", 1, 0);
+                    sd_diffusion_free(&dz);
+                } else {
+                    tap_ok(0, "zero-SNR schedule: %s", err7.msg);
+                }
+                sd_st_close(&g7);
+            } else {
+                tap_diag("%s", err7.msg);
+            }
+        }
         /* eta and guidance_rescale must each matter */
         pipeline_case(&c, SD_SAMPLER_DDIM, SD_SPACING_LEADING, 0.5, 0.0, 7.5, &gold2,
                       "p_%s_latents", "p_%s_image", "p_%s_u8", "ddim_eta_rescale", 0, 0);
