@@ -60,13 +60,14 @@ typedef enum {
     SD_SAMPLER_UNIPC = 8,    /* UniPCMultistepScheduler (predict_x0; bh2 or bh1; order 1-3) */
     SD_SAMPLER_LMS = 9,      /* LMSDiscreteScheduler (linear multistep of order 4) */
     SD_SAMPLER_DPM2 = 10,    /* KDPM2DiscreteScheduler (DPM-Solver-2): 2 N - 1 model calls */
+    SD_SAMPLER_DPM2_A = 11,  /* KDPM2AncestralDiscreteScheduler: the same with noise */
 } sd_sampler_kind;
-#define SD_SAMPLER_N_KINDS 11
+#define SD_SAMPLER_N_KINDS 12
 
 typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
 
 /* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
- * "lms", "dpm2" (case-insensitive) -> kind; -1 for anything else. */
+ * "lms", "dpm2", "dpm2_a" (case-insensitive) -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
 /* "leading", "trailing", "linspace" -> spacing; -1 for anything else. */
@@ -75,8 +76,8 @@ const char *sd_spacing_name(sd_spacing spacing);
 /* The spacing a diffusers class has by default: leading (DDIM, PNDM, DDPM) or linspace (Euler,
  * Euler ancestral, DPM-Solver++). */
 sd_spacing sd_sampler_default_spacing(sd_sampler_kind kind);
-/* Whether a scheduler takes Karras / exponential sigmas (euler, heun, lms, dpm2, dpmpp_2m(_sde),
- * unipc), and final_sigmas_type 'sigma_min' (the same but heun, lms and dpm2). */
+/* Whether a scheduler takes Karras / exponential sigmas (euler, heun, lms, dpm2(_a),
+ * dpmpp_2m(_sde), unipc), and final_sigmas_type 'sigma_min' (the same but heun, lms, dpm2(_a)). */
 int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind);
 int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind);
 
@@ -143,6 +144,7 @@ typedef struct sd_sampler {
     float *sigmas;               /* [n_timesteps + 1] Euler, Euler ancestral, DPM-Solver++;
                                   * DPM2: KDPM2's interleaved sigmas [n_timesteps + 3] */
     float *sigmas_interp;        /* DPM2: the interleaved log-midpoints [n_timesteps + 3] */
+    float *sigmas_up, *sigmas_down; /* DPM2 ancestral: interleaved [n_timesteps + 3] */
     float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
     int karras;                  /* sd_sampler_use_karras was applied */
     int exponential;             /* sd_sampler_use_exponential was applied */

@@ -194,7 +194,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
               unipc = kind == SD_SAMPLER_UNIPC, multi = dpm || unipc,
               euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A ||
                       kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_LMS ||
-                      kind == SD_SAMPLER_DPM2;
+                      kind == SD_SAMPLER_DPM2 || kind == SD_SAMPLER_DPM2_A;
     snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
     if (!is_file(path))
         return 1;
@@ -274,7 +274,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind != SD_SAMPLER_PNDM && jtrue(root, "thresholding"))
         rc = sd_err_set(err, "%s: thresholding is not implemented", path);
     else if ((kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM || kind == SD_SAMPLER_LMS ||
-              kind == SD_SAMPLER_DPM2) &&
+              kind == SD_SAMPLER_DPM2 || kind == SD_SAMPLER_DPM2_A) &&
              jtrue(root, "rescale_betas_zero_snr"))
         rc = sd_err_set(err, "%s: rescale_betas_zero_snr is set, which diffusers' %s would "
                              "ignore (sampling another schedule than the model's): use ddim, "
@@ -282,7 +282,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
                         kind == SD_SAMPLER_HEUN   ? "HeunDiscreteScheduler"
                         : kind == SD_SAMPLER_LMS  ? "LMSDiscreteScheduler"
                         : kind == SD_SAMPLER_DPM2 ? "KDPM2DiscreteScheduler"
-                                                  : "PNDMScheduler");
+                        : kind == SD_SAMPLER_DPM2_A ? "KDPM2AncestralDiscreteScheduler"
+                                                    : "PNDMScheduler");
     else if (kind == SD_SAMPLER_DDPM && jstr_not(root, "variance_type", "fixed_small", &got))
         rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
                              "'fixed_small')", path, got);
@@ -700,7 +701,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     memset(&s, 0, sizeof s);
     sd_err_clear(&err);
     failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm, ddpm, "
-                                           "euler, euler_a, heun, lms, dpm2, dpmpp_2m, dpmpp_2m_sde or unipc",
+                                           "euler, euler_a, heun, lms, dpm2, dpm2_a, dpmpp_2m, dpmpp_2m_sde or unipc",
                                      cfg->sample.scheduler);
     if (!failed)
         failed = resolve_sources(cfg, &src, &err) != 0;
@@ -716,7 +717,8 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                                                         : "use_exponential_sigmas";
         failed = !sd_sampler_takes_sigma_schedule((sd_sampler_kind)kind) &&
                  sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'heun', "
-                                  "'lms', 'dpm2', 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', not "
+                                  "'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', "
+                                  "not "
                                   "'%s'", key,
                             cfg->sample.scheduler);
         if (!failed && cfg->sample.use_karras_sigmas && cfg->sample.use_exponential_sigmas)

@@ -11,7 +11,7 @@
 
 static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
     "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
-    "lms", "dpm2"};
+    "lms", "dpm2", "dpm2_a"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 
 int sd_sampler_kind_from_name(const char *name)
@@ -52,11 +52,17 @@ static int is_multistep(sd_sampler_kind kind)
     return is_dpm(kind) || kind == SD_SAMPLER_UNIPC;
 }
 
+/* KDPM2 and its ancestral variant: 2 N - 1 calls over interleaved schedules */
+static int is_dpm2(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_DPM2 || kind == SD_SAMPLER_DPM2_A;
+}
+
 /* the k-diffusion samplers: fp32 timesteps, scaled model input, init_noise_sigma */
 static int is_k(sd_sampler_kind kind)
 {
     return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_HEUN ||
-           kind == SD_SAMPLER_LMS || kind == SD_SAMPLER_DPM2;
+           kind == SD_SAMPLER_LMS || is_dpm2(kind);
 }
 
 static int uses_sigmas(sd_sampler_kind kind)
@@ -67,7 +73,7 @@ static int uses_sigmas(sd_sampler_kind kind)
 int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind)
 {
     return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_LMS ||
-           kind == SD_SAMPLER_DPM2 || is_multistep(kind);
+           is_dpm2(kind) || is_multistep(kind);
 }
 
 int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind)
@@ -381,50 +387,80 @@ static double interp_grid(const float *fp, int T, double x)
 
 static double sigma_to_t(double sigma, const float *log_sigmas, int T);
 
+/* x[:1], x[1:].repeat_interleave(2), x[-1:] of x[0..N] into out[0..2N+1] */
+static void interleave(const float *x, int N, float *out)
+{
+    out[0] = x[0];
+    for (int k = 1; k <= N; k++)
+        out[2 * k - 1] = out[2 * k] = x[k];
+    out[2 * N + 1] = x[N];
+}
+
+/* exp(torch.lerp(log a, log b, 0.5)) in fp32: end - (end - start) * 0.5; 0 when a is 0 */
+static float log_midpoint(float a, float b)
+{
+    if (a == 0.0f || b == 0.0f)
+        return 0.0f;
+    const float start = logf(a), end = logf(b), diff = end - start, half = diff * 0.5f,
+                l = end - half;
+    return expf(l);
+}
+
 /* KDPM2DiscreteScheduler.set_timesteps after its base schedule: from N base timesteps bt (the
  * model's fp32 values) and N + 1 base sigmas bs (the last 0), the log-midpoints
- * sigmas_interpol[k] = exp(lerp(log bs[k], log bs[k - 1], 0.5)) in fp32 (torch's lerp at weight
- * 0.5: end - (end - start) * 0.5; 0 for k = N), their timesteps by _sigma_to_t, and the
- * interleaved lists: sigmas and sigmas_interpol as cat(x[:1], x[1:].repeat_interleave(2),
- * x[-1:]), the model's timesteps [bt0, ti1, bt1, ti2, ..., ti(N-1), bt(N-1)]. `full` is the
- * schedule's sigma table. bt and bs may be s->model_t and s->sigmas (copied first). */
+ * sigmas_interpol[k] = exp(lerp(log bs[k], log bs[k - 1], 0.5)) (0 for k = N), their timesteps
+ * by _sigma_to_t, and the interleaved lists as diffusers keeps them: sigmas and sigmas_interpol
+ * as cat(x[:1], x[1:].repeat_interleave(2), x[-1:]), the model's timesteps [bt0, ti1, bt1, ti2,
+ * ..., ti(N-1), bt(N-1)].
+ * KDPM2AncestralDiscreteScheduler instead: sigma_up[k] = (s'^2 (s^2 - s'^2) / s^2) ** 0.5 and
+ * sigma_down[k] = (s'^2 - up^2) ** 0.5 with s = bs[k], s' = bs[k + 1] (down 0 at k = N), the
+ * midpoints between bs[k] and sigma_down[k] (0 for the last two), the model's timesteps [bt0,
+ * ti0, bt1, ti1, ..., ti(N-2), bt(N-1)]. `full` is the schedule's sigma table. bt and bs may
+ * be s->model_t and s->sigmas (copied first). */
 static void dpm2_finish(sd_sampler *s, const float *full, const float *bt, const float *bs, int N)
 {
-    const int T = s->num_train_timesteps;
-    float *b = sd_xmalloc(((size_t)N + 1) * sizeof *b), *it = sd_xmalloc(((size_t)N + 1) * sizeof *it);
+    const int T = s->num_train_timesteps, anc = s->kind == SD_SAMPLER_DPM2_A;
+    const size_t m = (size_t)N + 1;
+    float *b = sd_xmalloc(m * sizeof *b), *it = sd_xmalloc(m * sizeof *it);
+    float *up = sd_xmalloc(m * sizeof *up), *down = sd_xmalloc(m * sizeof *down);
     float *t = sd_xmalloc((size_t)N * sizeof *t), *logs = sd_xmalloc((size_t)T * sizeof *logs);
-    memcpy(b, bs, ((size_t)N + 1) * sizeof *b);
+    memcpy(b, bs, m * sizeof *b);
     memcpy(t, bt, (size_t)N * sizeof *t);
     for (int k = 0; k < T; k++)
         logs[k] = logf(full[k]);
-    it[0] = 0.0f; /* never used (torch's lerp gives NaN there: log 0 at roll(1)) */
-    for (int k = 1; k <= N; k++) {
-        if (b[k] == 0.0f) {
-            it[k] = 0.0f;
-            continue;
+    if (!anc) {
+        it[0] = 0.0f; /* never used (torch's lerp gives NaN there: log 0 at roll(1)) */
+        for (int k = 1; k <= N; k++)
+            it[k] = log_midpoint(b[k], b[k - 1]);
+    } else {
+        for (int k = 0; k <= N; k++) {
+            const float sn = k < N ? b[k + 1] : 0.0f, sn2 = sn * sn, s2 = b[k] * b[k];
+            const float diff = s2 - sn2, num = sn2 * diff;
+            /* the last (0 / 0) is never used */
+            up[k] = b[k] > 0.0f ? sqrtf(num / s2) : 0.0f;
+            const float upsq = up[k] * up[k];
+            down[k] = k < N ? sqrtf(sn2 - upsq) : 0.0f;
+            it[k] = k >= N - 1 ? 0.0f : log_midpoint(b[k], down[k]);
         }
-        const float start = logf(b[k]), end = logf(b[k - 1]), diff = end - start,
-                    half = diff * 0.5f, l = end - half;
-        it[k] = expf(l);
     }
     s->model_t[0] = t[0];
     for (int k = 1; k < N; k++) {
-        s->model_t[2 * k - 1] = (float)sigma_to_t((double)it[k], logs, T);
+        s->model_t[2 * k - 1] = (float)sigma_to_t((double)it[anc ? k - 1 : k], logs, T);
         s->model_t[2 * k] = t[k];
     }
     s->n_timesteps = 2 * N - 1;
     for (int k = 0; k < s->n_timesteps; k++)
         s->timesteps[k] = (int64_t)llround((double)s->model_t[k]);
-    s->sigmas[0] = b[0];
-    s->sigmas_interp[0] = it[0];
-    for (int k = 1; k <= N; k++) {
-        s->sigmas[2 * k - 1] = s->sigmas[2 * k] = b[k];
-        s->sigmas_interp[2 * k - 1] = s->sigmas_interp[2 * k] = it[k];
+    interleave(b, N, s->sigmas);
+    interleave(it, N, s->sigmas_interp);
+    if (anc) {
+        interleave(up, N, s->sigmas_up);
+        interleave(down, N, s->sigmas_down);
     }
-    s->sigmas[2 * N + 1] = b[N];
-    s->sigmas_interp[2 * N + 1] = it[N];
     free(b);
     free(it);
+    free(up);
+    free(down);
     free(t);
     free(logs);
 }
@@ -447,7 +483,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         return -1;
     }
     if (d->zero_snr && (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM ||
-                        kind == SD_SAMPLER_LMS || kind == SD_SAMPLER_DPM2)) {
+                        kind == SD_SAMPLER_LMS || is_dpm2(kind))) {
         free(ts);
         return sd_err_set(err, "sampler: '%s' has no zero-terminal-SNR schedule (diffusers' %s "
                                "has no rescale_betas_zero_snr): use ddim, ddpm, euler, euler_a, "
@@ -455,7 +491,8 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
                           kind == SD_SAMPLER_HEUN   ? "HeunDiscreteScheduler"
                           : kind == SD_SAMPLER_LMS  ? "LMSDiscreteScheduler"
                           : kind == SD_SAMPLER_DPM2 ? "KDPM2DiscreteScheduler"
-                                                    : "PNDMScheduler");
+                          : kind == SD_SAMPLER_DPM2_A ? "KDPM2AncestralDiscreteScheduler"
+                                                      : "PNDMScheduler");
     }
     s->kind = kind;
     s->spacing = spacing;
@@ -476,7 +513,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
     s->ratio = T / num_steps;
     s->n_timesteps = count;
     /* DPM2: count = N base timesteps here, 2 N - 1 model calls after dpm2_finish */
-    const size_t cap = kind == SD_SAMPLER_DPM2 ? 2 * (size_t)count : (size_t)count;
+    const size_t cap = is_dpm2(kind) ? 2 * (size_t)count : (size_t)count;
     s->timesteps = sd_xmalloc(cap * sizeof *s->timesteps);
     s->model_t = sd_xmalloc(cap * sizeof *s->model_t);
     for (int i = 0; i < count; i++) {
@@ -499,8 +536,12 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         for (int i = 0; i < count; i++)
             s->sigmas[i] = (float)interp_grid(full, T, ts[i]);
         s->sigmas[count] = 0.0f;
-        if (kind == SD_SAMPLER_DPM2) {
+        if (is_dpm2(kind)) {
             s->sigmas_interp = sd_xmalloc((cap + 2) * sizeof *s->sigmas_interp);
+            if (kind == SD_SAMPLER_DPM2_A) {
+                s->sigmas_up = sd_xmalloc((cap + 2) * sizeof *s->sigmas_up);
+                s->sigmas_down = sd_xmalloc((cap + 2) * sizeof *s->sigmas_down);
+            }
             dpm2_finish(s, full, s->model_t, s->sigmas, count);
         }
         free(full);
@@ -534,7 +575,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
     }
     if (kind == SD_SAMPLER_HEUN)
         s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
-    if (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_DPM2) /* the kept sample */
+    if (kind == SD_SAMPLER_HEUN || is_dpm2(kind)) /* the kept sample */
         s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
     if (kind == SD_SAMPLER_LMS)
         for (int k = 0; k < 4; k++)
@@ -579,9 +620,9 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     const int T = s->num_train_timesteps, N = s->num_steps;
     const char *what = expo ? "exponential" : "Karras";
     double smin, smax;
-    const int heun = s->kind == SD_SAMPLER_HEUN, dpm2 = s->kind == SD_SAMPLER_DPM2;
+    const int heun = s->kind == SD_SAMPLER_HEUN, dpm2 = is_dpm2(s->kind);
     if (!sd_sampler_takes_sigma_schedule(s->kind))
-        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, lms, dpm2, unipc, "
+        return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, lms, dpm2(_a), unipc, "
                                "dpmpp_2m and dpmpp_2m_sde, not %s", what,
                           sd_sampler_kind_name(s->kind));
     SD_CHECK(s->n_timesteps == (heun || dpm2 ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
@@ -700,6 +741,8 @@ void sd_sampler_free(sd_sampler *s)
     free(s->model_t);
     free(s->sigmas);
     free(s->sigmas_interp);
+    free(s->sigmas_up);
+    free(s->sigmas_down);
     memset(s, 0, sizeof *s);
 }
 
@@ -725,9 +768,11 @@ void sd_sampler_scale_input(const sd_sampler *s, int i, int64_t n, const float *
             memmove(out, x, (size_t)n * sizeof *out);
         return;
     }
-    /* sample / ((sigma**2 + 1) ** 0.5); DPM2's second-order calls at sigmas_interpol */
-    const float sigma = s->kind == SD_SAMPLER_DPM2 && i % 2 == 1 ? s->sigmas_interp[i]
-                                                                 : s->sigmas[i];
+    /* sample / ((sigma**2 + 1) ** 0.5); DPM2's second-order calls at sigmas_interpol (the
+     * ancestral variant's at index i - 1) */
+    const float sigma = !is_dpm2(s->kind) || i % 2 == 0 ? s->sigmas[i]
+                        : s->kind == SD_SAMPLER_DPM2    ? s->sigmas_interp[i]
+                                                        : s->sigmas_interp[i - 1];
     const float sq = sigma * sigma, p = sq + 1.0f, den = sqrtf(p);
     for (int64_t j = 0; j < n; j++)
         out[j] = x[j] / den;
@@ -743,6 +788,8 @@ int sd_sampler_step_noise(const sd_sampler *s, int i)
     case SD_SAMPLER_EULER_A:
     case SD_SAMPLER_DPMPP_2M_SDE:
         return 1;
+    case SD_SAMPLER_DPM2_A: /* its second-order calls */
+        return i % 2 == 1;
     default:
         return 0;
     }
@@ -853,9 +900,36 @@ static void lms_step(sd_sampler *s, int i, const float *mo, float *x)
  * log-midpoint sigmas_interpol[i + 1], keeping the sample; odd calls take the whole step from
  * sigmas[i - 1] to sigmas[i] from that kept sample with the derivative at the midpoint. The
  * last call (even) ends at the midpoint of the last sigma and 0, which is 0. */
-static void dpm2_step(sd_sampler *s, int i, const float *mo, float *x)
+static void dpm2_step(sd_sampler *s, int i, const float *mo, float *x, const float *noise)
 {
     const int first = i % 2 == 0;
+    if (s->kind == SD_SAMPLER_DPM2_A) {
+        /* KDPM2AncestralDiscreteScheduler.step: first order from sigmas[i] to
+         * sigmas_interpol[i]; second order from the kept sample by the midpoint's derivative
+         * to sigmas_down[i - 1], plus noise * sigmas_up[i - 1] */
+        const int k = first ? i : i - 1;
+        const float sigma = s->sigmas[k], interp = s->sigmas_interp[k];
+        const float up = s->sigmas_up[k], down = s->sigmas_down[k];
+        const float sin = first ? sigma : interp;
+        const float sq = sin * sin, c_skip = sq + 1.0f, c_out = -sin / sqrtf(c_skip);
+        const float dt = first ? interp - sigma : down - sigma;
+        SD_CHECK(first || noise != NULL, "KDPM2 ancestral step needs noise");
+        for (int64_t j = 0; j < s->n; j++) {
+            const float x0 = k_x0(s->prediction, sin, c_out, c_skip, mo[j], x[j]);
+            const float der = (x[j] - x0) / (first ? sigma : interp);
+            const float base = first ? x[j] : s->heun_sample[j];
+            if (first)
+                s->heun_sample[j] = x[j];
+            const float step = der * dt;
+            float y = base + step;
+            if (!first) {
+                const float z = noise[j] * up;
+                y = y + z;
+            }
+            x[j] = y;
+        }
+        return;
+    }
     const float sigma = first ? s->sigmas[i] : s->sigmas[i - 1];
     const float interp = first ? s->sigmas_interp[i + 1] : s->sigmas_interp[i];
     const float next = first ? s->sigmas[i + 1] : s->sigmas[i];
@@ -1334,7 +1408,8 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
         lms_step(s, i, model_out, sample);
         break;
     case SD_SAMPLER_DPM2:
-        dpm2_step(s, i, model_out, sample);
+    case SD_SAMPLER_DPM2_A:
+        dpm2_step(s, i, model_out, sample, noise);
         break;
     case SD_SAMPLER_UNIPC:
         unipc_step(s, i, model_out, sample);

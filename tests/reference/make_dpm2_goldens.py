@@ -1,4 +1,5 @@
-"""Writes the goldens of KDPM2DiscreteScheduler (DPM-Solver-2, "DPM2") that
+"""Writes the goldens of KDPM2DiscreteScheduler (DPM-Solver-2, "DPM2") and of its ancestral
+variant KDPM2AncestralDiscreteScheduler ("DPM2 a") that
 tests/unit/test_sampler.c checks (test_dpm2).
 
 Reference: diffusers 0.42.1 / torch 2.15.0 on the CPU in fp32 (requirements-models.txt), under
@@ -17,6 +18,12 @@ Output: tests/data/sample/dpm2.safetensors (all F32):
         from in_sample * init_noise_sigma, scale_model_input called first as the pipeline
         does: linspace_eps, linspace_v, leading_eps (steps_offset 1), trailing_eps,
         karras_eps, expo_eps
+  ats_<spacing>_<N>, asig_, asigi_, asigu_, asigd_ [2N+2], ains_ [1]: the ancestral variant's
+        interleaved timesteps, sigmas, sigmas_interpol, sigmas_up, sigmas_down (NaN -> 0) and
+        init_noise_sigma, N in 1, 2, 3, 5, 10, steps_offset 1
+  in_noise [15,2,3,5,4], step_a_<case> [15,2,3,5,4]: its 8 steps, the noise of call i being
+        in_noise[i] (drawn at the odd, second-order calls): a_linspace_eps, a_linspace_v,
+        a_leading_eps, a_karras_eps
 
 Run:
     tests/reference/.venv-models/bin/python tests/reference/make_dpm2_goldens.py
@@ -39,6 +46,11 @@ from make_scheduler_goldens import OUT, SD2  # noqa: E402
 def dpm2(**kw):
     from diffusers import KDPM2DiscreteScheduler
     return KDPM2DiscreteScheduler(num_train_timesteps=1000, **dict(SD2, **kw))
+
+
+def dpm2a(**kw):
+    from diffusers import KDPM2AncestralDiscreteScheduler
+    return KDPM2AncestralDiscreteScheduler(num_train_timesteps=1000, **dict(SD2, **kw))
 
 
 def main():
@@ -82,6 +94,37 @@ def main():
         res = []
         for i, t in enumerate(s.timesteps):
             s.scale_model_input(x, t)  # sets the step index as the pipeline does
+            x = s.step(mos[i], t, x, return_dict=False)[0]
+            res.append(x.clone())
+        out["step_" + name] = torch.stack(res).numpy()
+
+    # 3. the ancestral variant (KDPM2AncestralDiscreteScheduler): its schedules, and 8 steps with
+    #    the noise of call i (drawn at the second-order calls, the odd ones) = in_noise[i]
+    import diffusers.schedulers.scheduling_k_dpm_2_ancestral_discrete as anc_mod
+    from make_sample_goldens import FixedNoise
+    for N in (1, 2, 3, 5, 10):
+        for spacing in ("leading", "trailing", "linspace"):
+            s = dpm2a(timestep_spacing=spacing, steps_offset=1)
+            s.set_timesteps(N)
+            tag = f"{spacing}_{N}"
+            out["ats_" + tag] = s.timesteps.numpy().astype(np.float32)
+            for key, arr in (("asig_", s.sigmas), ("asigi_", s.sigmas_interpol),
+                             ("asigu_", s.sigmas_up), ("asigd_", s.sigmas_down)):
+                out[key + tag] = np.nan_to_num(arr.numpy().astype(np.float32))
+            out["ains_" + tag] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
+    noise = torch.randn((15,) + shape, generator=torch.Generator().manual_seed(32))
+    out["in_noise"] = noise.numpy()
+    for name, kw in (("a_linspace_eps", {}),
+                     ("a_linspace_v", dict(prediction_type="v_prediction")),
+                     ("a_leading_eps", dict(timestep_spacing="leading", steps_offset=1)),
+                     ("a_karras_eps", dict(use_karras_sigmas=True))):
+        s = dpm2a(**kw)
+        s.set_timesteps(8)
+        anc_mod.randn_tensor = FixedNoise([noise[i] for i in range(1, 15, 2)])
+        x = sample0.clone() * s.init_noise_sigma
+        res = []
+        for i, t in enumerate(s.timesteps):
+            s.scale_model_input(x, t)
             x = s.step(mos[i], t, x, return_dict=False)[0]
             res.append(x.clone())
         out["step_" + name] = torch.stack(res).numpy()
