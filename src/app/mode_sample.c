@@ -134,6 +134,8 @@ typedef struct sched_setup {
     int zero_snr;  /* rescale_betas_zero_snr */
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
     int unipc_bh1; /* UniPC's solver_type 'bh1' */
+    int unipc_eps; /* UniPC's predict_x0 false */
+    int unipc_disable[SD_SAMPLER_MAX_DISABLE], n_unipc_disable; /* its disable_corrector */
     sd_spacing spacing;
 } sched_setup;
 
@@ -251,6 +253,18 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     }
     if (unipc && (v = jkey(root, "solver_type")))
         ss->unipc_bh1 = !strcmp(json_object_get_string(v), "bh1");
+    if (unipc && (v = jkey(root, "predict_x0")))
+        ss->unipc_eps = !json_object_get_boolean(v);
+    if (unipc && (v = jkey(root, "disable_corrector")) && json_object_is_type(v, json_type_array))
+        for (size_t k = 0; k < json_object_array_length(v) && k < SD_SAMPLER_MAX_DISABLE; k++) {
+            json_object *e = json_object_array_get_idx(v, k);
+            if (!json_object_is_type(e, json_type_int)) {
+                rc = sd_err_set(err, "%s: disable_corrector[%zu] is not an integer step index",
+                                path, k);
+                break;
+            }
+            ss->unipc_disable[ss->n_unipc_disable++] = json_object_get_int(e);
+        }
     if (dpm) {
         ss->euler_at_final = jtrue(root, "euler_at_final");
         /* diffusers registers the solver types of other solvers as midpoint */
@@ -311,11 +325,11 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (unipc && jstr_not(root, "solver_type", "bh2", &got) && strcmp(got, "bh1") != 0)
         rc = sd_err_set(err, "%s: solver_type '%s' is not implemented for 'unipc' (bh1 or bh2)",
                         path, got);
-    else if (unipc && (v = jkey(root, "predict_x0")) && !json_object_get_boolean(v))
-        rc = sd_err_set(err, "%s: predict_x0 false is not implemented for 'unipc'", path);
     else if (unipc && (v = jkey(root, "disable_corrector")) &&
-             json_object_is_type(v, json_type_array) && json_object_array_length(v) > 0)
-        rc = sd_err_set(err, "%s: disable_corrector is not implemented for 'unipc'", path);
+             (!json_object_is_type(v, json_type_array) ||
+              json_object_array_length(v) > SD_SAMPLER_MAX_DISABLE))
+        rc = sd_err_set(err, "%s: disable_corrector must be a list of at most %d step indices",
+                        path, SD_SAMPLER_MAX_DISABLE);
     else if (unipc && (jtrue(root, "use_flow_sigmas") || jtrue(root, "use_dynamic_shifting")))
         rc = sd_err_set(err, "%s: use_flow_sigmas and use_dynamic_shifting are not implemented",
                         path);
@@ -565,17 +579,25 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
     s->lower_order_final = ss->lower_order_final;
     s->euler_at_final = ss->euler_at_final;
     s->unipc_bh1 = ss->unipc_bh1;
+    s->unipc_eps = ss->unipc_eps;
+    s->n_unipc_disable = ss->n_unipc_disable;
+    memcpy(s->unipc_disable, ss->unipc_disable, sizeof s->unipc_disable);
     /* UniPC combinations whose last step diffusers cannot take to a final sigma of 0 */
     if (kind == SD_SAMPLER_UNIPC && s->final_sigma == 0.0f) {
         const char *why = NULL;
-        if (s->unipc_bh1)
+        if (s->unipc_eps)
+            why = "with predict_x0 false its last step multiplies sigma = 0 by expm1(h) = inf "
+                  "(NaN)";
+        else if (s->unipc_bh1)
             why = "with solver_type 'bh1' its last step multiplies B(h) = -h = -inf by a zero "
                   "update (NaN)";
         else if (!s->lower_order_final && s->dpm_order >= 2 && s->n_timesteps >= 2)
             why = "without lower_order_final its last step is of order >= 2 and divides by "
                   "h = inf (NaN, or a singular solve at order 3)";
         if (why) {
-            const char *alt = s->unipc_bh1 ? " or use bh2" : " or keep lower_order_final";
+            const char *alt = s->unipc_eps    ? " or keep predict_x0"
+                              : s->unipc_bh1 ? " or use bh2"
+                                             : " or keep lower_order_final";
             sd_sampler_free(s);
             return sd_err_set(err, "%s: UniPC to a final sigma of 0: %s; set final_sigmas_type "
                                    "'sigma_min'%s", ss->source, why, alt);

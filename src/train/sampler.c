@@ -1297,15 +1297,35 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
     const int64_t n = s->n;
     float *cur = s->tmp;
     float a_t, s_t;
-    multistep_x0(s, i, mo, x, cur);
-    if (i > 0 && s->unipc_order > 0) {
+    int use_corrector = i > 0 && s->unipc_order > 0;
+    for (int k = 0; k < s->n_unipc_disable; k++)
+        if (s->unipc_disable[k] == i - 1)
+            use_corrector = 0;
+    if (!s->unipc_eps) {
+        multistep_x0(s, i, mo, x, cur);
+    } else { /* predict_x0 false: the model output as epsilon */
+        float a, sg;
+        dpm_alpha_sigma(s->sigmas[i], &a, &sg);
+        for (int64_t j = 0; j < n; j++) {
+            if (s->prediction == SD_PRED_V) {
+                const float p = a * mo[j], q = sg * x[j];
+                cur[j] = p + q;
+            } else {
+                cur[j] = mo[j];
+            }
+        }
+    }
+    /* predict_x0: hh = -h, x_t = (sigma_t / sigma_s0) x - alpha_t h_phi_1 m0 - alpha_t B_h res;
+     * the noise form: hh = h, (alpha_t / alpha_s0) x - sigma_t h_phi_1 m0 - sigma_t B_h res */
+    const float sign = s->unipc_eps ? 1.0f : -1.0f;
+    if (use_corrector) {
         /* multistep_uni_c_bh_update from last_sample (sigmas[i - 1]) to this sample, with
          * m0 = model_outputs[-1] and the D1s of [-2], [-3] at sigmas[i - 2], [i - 3] */
         const int order = s->unipc_order;
         float a_p, s_p, rks[2], rhos[3];
         const float lt = dpm_lambda(s->sigmas[i], &a_t, &s_t);
         const float l0 = dpm_lambda(s->sigmas[i - 1], &a_p, &s_p);
-        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
+        const float h = lt - l0, hh = sign * h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
         for (int k = 1; k < order; k++) {
             float a_q, s_q;
             const float lk = dpm_lambda(s->sigmas[i - 1 - k], &a_q, &s_q), dl = lk - l0;
@@ -1313,7 +1333,8 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
         }
         unipc_rhos(order, 1, rks, hh, bh, rhos);
         const float rho_last = rhos[order - 1];
-        const float c_x = s_t / s_p, c_m = a_t * phi1, c_r = a_t * bh;
+        const float c_x = s->unipc_eps ? a_t / a_p : s_t / s_p;
+        const float c_m = (s->unipc_eps ? s_t : a_t) * phi1, c_r = (s->unipc_eps ? s_t : a_t) * bh;
         const float *m[3] = {s->x0_prev, s->x0_prev2, s->x0_prev3};
         for (int64_t j = 0; j < n; j++) {
             float p = c_x * s->last_sample[j], q = c_m * m[0][j];
@@ -1346,7 +1367,7 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
         float a_0, s_0, rks[2], rhos[3];
         const float lt = dpm_lambda(s->sigmas[i + 1], &a_t, &s_t);
         const float l0 = dpm_lambda(s->sigmas[i], &a_0, &s_0);
-        const float h = lt - l0, hh = -h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
+        const float h = lt - l0, hh = sign * h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
         for (int k = 1; k < order; k++) {
             float a_q, s_q;
             const float lk = dpm_lambda(s->sigmas[i - k], &a_q, &s_q), dl = lk - l0;
@@ -1354,7 +1375,8 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
         }
         if (order >= 2)
             unipc_rhos(order, 0, rks, hh, bh, rhos);
-        const float c_x = s_t / s_0, c_m = a_t * phi1, c_r = a_t * bh;
+        const float c_x = s->unipc_eps ? a_t / a_0 : s_t / s_0;
+        const float c_m = (s->unipc_eps ? s_t : a_t) * phi1, c_r = (s->unipc_eps ? s_t : a_t) * bh;
         const float *m[3] = {s->x0_prev, s->x0_prev2, s->x0_prev3};
         for (int64_t j = 0; j < n; j++) {
             float p = c_x * x[j], q = c_m * m[0][j];

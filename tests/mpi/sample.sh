@@ -369,7 +369,34 @@ sample_nml nolof unipc ", checkpoint = '$TMP/snap-nolof'"
 mpi nolof 1 "$SDTRAIN" "$TMP/nolof.nml"
 expect_rc nolof 2
 expect_count nolof err "UniPC to a final sigma of 0: without lower_order_final" 1
-pass "DPM-Solver++ and UniPC of order 3 (&sample solver_order or the snapshot's config), UniPC's bh1"
+# UniPC's predict_x0 false (with sigma_min; to sigma 0 refused: NaN in diffusers) and
+# disable_corrector from the config: each changes the images (the corrector of step 1, [0]: the
+# last step's would not, its output being the x0 prediction whatever the sample); a malformed
+# list is refused
+sched_snap snap-px0f ', "predict_x0": false, "final_sigmas_type": "sigma_min"'
+sample_nml px0f unipc ", checkpoint = '$TMP/snap-px0f'"
+mpi px0f 1 "$SDTRAIN" "$TMP/px0f.nml"
+expect_rc px0f 0
+cmp -s "$TMP/px0f/samples/0-0.png" "$TMP/bh2/samples/0-0.png" && fail "unipc: predict_x0 false changed nothing"
+sched_snap snap-px0fz ', "predict_x0": false'
+sample_nml px0fz unipc ", checkpoint = '$TMP/snap-px0fz'"
+mpi px0fz 1 "$SDTRAIN" "$TMP/px0fz.nml"
+expect_rc px0fz 2
+expect_count px0fz err "UniPC to a final sigma of 0: with predict_x0 false" 1
+sched_snap snap-nocorr ', "disable_corrector": [0]'
+sample_nml nocorr unipc ", checkpoint = '$TMP/snap-nocorr'"
+mpi nocorr 1 "$SDTRAIN" "$TMP/nocorr.nml"
+expect_rc nocorr 0
+sample_nml ubase unipc ", checkpoint = '$TMP/snap-sd2'"
+mpi ubase 1 "$SDTRAIN" "$TMP/ubase.nml"
+expect_rc ubase 0
+cmp -s "$TMP/nocorr/samples/0-0.png" "$TMP/ubase/samples/0-0.png" && fail "unipc: disable_corrector changed nothing"
+sched_snap snap-badcorr ', "disable_corrector": ["1"]'
+sample_nml badcorr unipc ", checkpoint = '$TMP/snap-badcorr'"
+mpi badcorr 1 "$SDTRAIN" "$TMP/badcorr.nml"
+expect_rc badcorr 2
+expect_count badcorr err "disable_corrector[0] is not an integer step index" 1
+pass "DPM-Solver++ and UniPC of order 3 (&sample solver_order or the snapshot's config), UniPC's bh1, predict_x0 false, disable_corrector"
 
 # Karras sigmas ("DPM++ 2M Karras"): from &sample use_karras_sigmas or the snapshot's config, the
 # same bytes; other images than without; refused for a scheduler without the option

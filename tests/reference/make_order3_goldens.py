@@ -20,7 +20,9 @@ Output: tests/data/sample/order3.safetensors (all F32):
         the final sigma 0 instead, diffusers' last predictor step divides by h = inf and its
         solve fails), unipc_bh1_eps (order 2, bh1), unipc3_bh1_eps (order 3, bh1),
         unipc_bh1_order1_eps, all three with final_sigmas_type sigma_min (to sigma 0 diffusers'
-        bh1 ends in NaN)
+        bh1 ends in NaN); predict_x0 false (also sigma_min: to sigma 0 it is NaN too):
+        unipc_px0f_eps (order 2), unipc3_px0f_v (order 3, v), unipc_px0f_bh1_eps;
+        unipc_nocorr_eps (disable_corrector [1, 2])
 Run:
     tests/reference/.venv-models/bin/python tests/reference/make_order3_goldens.py
 Never regenerate goldens to make a failing test pass without saying why in the commit.
@@ -73,6 +75,11 @@ def main():
         ("unipc_bh1_eps", "unipc", 5, dict(solver_order=2, solver_type="bh1", **SMIN)),
         ("unipc3_bh1_eps", "unipc", 5, dict(solver_type="bh1", **SMIN)),
         ("unipc_bh1_order1_eps", "unipc", 5, dict(solver_order=1, solver_type="bh1", **SMIN)),
+        ("unipc_px0f_eps", "unipc", 5, dict(solver_order=2, predict_x0=False, **SMIN)),
+        ("unipc3_px0f_v", "unipc", 5, dict(predict_x0=False, prediction_type="v_prediction", **SMIN)),
+        ("unipc_px0f_bh1_eps", "unipc", 5,
+         dict(solver_order=2, predict_x0=False, solver_type="bh1", **SMIN)),
+        ("unipc_nocorr_eps", "unipc", 5, dict(solver_order=2, disable_corrector=[1, 2])),
     )
     for name, kind, n, kw in cases:
         s = make(kind, num_train_timesteps=1000, **dict(base, **kw))

@@ -852,23 +852,28 @@ static void test_order3(void)
         int steps, v, karras, sigma_min, lof;
         sd_spacing spacing;
         int order, bh1; /* 3 and 0 unless said */
+        int eps, nocorr; /* UniPC's predict_x0 false; disable_corrector [1, 2] */
     } cases[] = {
-        {"dpm3_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"dpm3_v", SD_SAMPLER_DPMPP_2M, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"dpm3_sde_eps", SD_SAMPLER_DPMPP_2M_SDE, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"dpm3_karras_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"dpm3_sigma_min_nolof_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE, 3, 0},
-        {"dpm3_16_eps", SD_SAMPLER_DPMPP_2M, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"dpm3_sde_16_eps", SD_SAMPLER_DPMPP_2M_SDE, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"dpm3_trailing_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_TRAILING, 3, 0},
-        {"unipc3_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"unipc3_v", SD_SAMPLER_UNIPC, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"unipc3_16_eps", SD_SAMPLER_UNIPC, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"unipc3_karras_eps", SD_SAMPLER_UNIPC, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE, 3, 0},
-        {"unipc3_sigma_min_nolof_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE, 3, 0},
-        {"unipc_bh1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 2, 1},
-        {"unipc3_bh1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 3, 1},
-        {"unipc_bh1_order1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 1, 1},
+        {"dpm3_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"dpm3_v", SD_SAMPLER_DPMPP_2M, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"dpm3_sde_eps", SD_SAMPLER_DPMPP_2M_SDE, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"dpm3_karras_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"dpm3_sigma_min_nolof_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"dpm3_16_eps", SD_SAMPLER_DPMPP_2M, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"dpm3_sde_16_eps", SD_SAMPLER_DPMPP_2M_SDE, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"dpm3_trailing_eps", SD_SAMPLER_DPMPP_2M, 5, 0, 0, 0, 1, SD_SPACING_TRAILING, 3, 0, 0, 0},
+        {"unipc3_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"unipc3_v", SD_SAMPLER_UNIPC, 5, 1, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"unipc3_16_eps", SD_SAMPLER_UNIPC, 16, 0, 0, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"unipc3_karras_eps", SD_SAMPLER_UNIPC, 5, 0, 1, 0, 1, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"unipc3_sigma_min_nolof_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 0, SD_SPACING_LINSPACE, 3, 0, 0, 0},
+        {"unipc_bh1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 2, 1, 0, 0},
+        {"unipc3_bh1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 3, 1, 0, 0},
+        {"unipc_bh1_order1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 1, 1, 0, 0},
+        {"unipc_px0f_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 2, 0, 1, 0},
+        {"unipc3_px0f_v", SD_SAMPLER_UNIPC, 5, 1, 0, 1, 1, SD_SPACING_LINSPACE, 3, 0, 1, 0},
+        {"unipc_px0f_bh1_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 1, 1, SD_SPACING_LINSPACE, 2, 1, 1, 0},
+        {"unipc_nocorr_eps", SD_SAMPLER_UNIPC, 5, 0, 0, 0, 1, SD_SPACING_LINSPACE, 2, 0, 0, 1},
     };
     const int64_t n = 2 * 3 * 5 * 4;
     float *x0 = read_from(&gold4, "in_sample", (size_t)n);
@@ -900,8 +905,14 @@ static void test_order3(void)
          * case's option is taken */
         const int order = cases[ci].order ? cases[ci].order : 3;
         s.dpm_order = order;
-        s2.dpm_order = order == 1 ? 1 : 2;
+        s2.dpm_order = order == 1 || cases[ci].eps || cases[ci].nocorr ? order : 2;
         s.unipc_bh1 = cases[ci].bh1;
+        s.unipc_eps = cases[ci].eps;
+        if (cases[ci].nocorr) {
+            s.unipc_disable[0] = 1;
+            s.unipc_disable[1] = 2;
+            s.n_unipc_disable = 2;
+        }
         s.lower_order_final = s2.lower_order_final = cases[ci].lof;
         snprintf(name, sizeof name, "step_%s", cases[ci].name);
         float *ref = read_from(&gold4, name, (size_t)N * (size_t)n);
@@ -918,9 +929,13 @@ static void test_order3(void)
         }
         moved = ref ? rel_err(y, ref + (size_t)(N - 1) * n, n, NULL) : 0.0;
         tap_ok(ref && worst <= 1e-6 && moved > 1e-4,
-               "%s: %d steps at solver_order %d%s, relative error %.3g (%s ends %.3g away)",
-               cases[ci].name, N, order, cases[ci].bh1 ? ", bh1" : "", worst,
-               cases[ci].bh1 ? "bh2" : "order 2", moved);
+               "%s: %d steps at solver_order %d%s%s%s, relative error %.3g (%s ends %.3g away)",
+               cases[ci].name, N, order, cases[ci].bh1 ? ", bh1" : "",
+               cases[ci].eps ? ", predict_x0 false" : "",
+               cases[ci].nocorr ? ", disable_corrector [1, 2]" : "", worst,
+               cases[ci].eps || cases[ci].nocorr ? "the default UniPC"
+               : cases[ci].bh1                   ? "bh2"
+                                                 : "order 2", moved);
         free(ref);
         sd_sampler_free(&s);
         sd_sampler_free(&s2);
