@@ -202,6 +202,10 @@ int sd_sampler_use_exponential(sd_sampler *s, sd_err *err);
  * schedule's smallest sigma instead of 0 (and DPM-Solver++ may then take it at second order).
  * Call after init (before or after sd_sampler_use_karras). */
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err);
+/* After the options (dpm_order, dpm_heun, lower_order_final, euler_at_final, unipc_*) are set:
+ * refuses the combinations whose last step diffusers computes as NaN, with a message saying
+ * which option to change. Returns 0 or -1. */
+int sd_sampler_check_options(const sd_sampler *s, sd_err *err);
 void sd_sampler_free(sd_sampler *s);
 /* Forgets the PNDM / DPM-Solver history: call before each new image (set_timesteps does it in
  * diffusers). */

@@ -582,26 +582,11 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
     s->unipc_eps = ss->unipc_eps;
     s->n_unipc_disable = ss->n_unipc_disable;
     memcpy(s->unipc_disable, ss->unipc_disable, sizeof s->unipc_disable);
-    /* UniPC combinations whose last step diffusers cannot take to a final sigma of 0 */
-    if (kind == SD_SAMPLER_UNIPC && s->final_sigma == 0.0f) {
-        const char *why = NULL;
-        if (s->unipc_eps)
-            why = "with predict_x0 false its last step multiplies sigma = 0 by expm1(h) = inf "
-                  "(NaN)";
-        else if (s->unipc_bh1)
-            why = "with solver_type 'bh1' its last step multiplies B(h) = -h = -inf by a zero "
-                  "update (NaN)";
-        else if (!s->lower_order_final && s->dpm_order >= 2 && s->n_timesteps >= 2)
-            why = "without lower_order_final its last step is of order >= 2 and divides by "
-                  "h = inf (NaN, or a singular solve at order 3)";
-        if (why) {
-            const char *alt = s->unipc_eps    ? " or keep predict_x0"
-                              : s->unipc_bh1 ? " or use bh2"
-                                             : " or keep lower_order_final";
-            sd_sampler_free(s);
-            return sd_err_set(err, "%s: UniPC to a final sigma of 0: %s; set final_sigmas_type "
-                                   "'sigma_min'%s", ss->source, why, alt);
-        }
+    if (sd_sampler_check_options(s, err) != 0) { /* NaN-making combinations */
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        sd_sampler_free(s);
+        return sd_err_set(err, "%s: %s", ss->source, msg);
     }
     if (ss->set_alpha_to_one)
         s->final_alpha_cumprod = 1.0f;

@@ -465,6 +465,37 @@ static void dpm2_finish(sd_sampler *s, const float *full, const float *bt, const
     free(logs);
 }
 
+/* Euler ancestral's and DPM2 ancestral's sigma_down = (to^2 - up^2) ** 0.5 cancel in fp32:
+ * when a sigma is over ~4096 times the next (the cosine schedule's first, 20291, with few
+ * 'trailing' or 'linspace' steps) to^2 - up^2 rounds below 0 (NaN, as in diffusers) or to 0,
+ * which DPM2 ancestral then divides by (its midpoint). Returns 0, or -1 with a message. */
+static int check_ancestral(const sd_sampler *s, sd_err *err)
+{
+    int bad = -1;
+    if (s->kind == SD_SAMPLER_EULER_A) {
+        for (int i = 0; i < s->n_timesteps && bad < 0; i++) {
+            const float next = s->sigmas[i + 1], sigma = s->sigmas[i];
+            const float to2 = next * next, from2 = sigma * sigma, diff = from2 - to2;
+            const float num = to2 * diff, up2 = num / from2, up = sqrtf(up2);
+            const float upsq = up * up, down = sqrtf(to2 - upsq);
+            if (!isfinite(down) || !isfinite(up))
+                bad = i;
+        }
+    } else if (s->kind == SD_SAMPLER_DPM2_A) {
+        /* the second-order calls use sigmas_interp[i - 1] and sigmas_down[i - 1], i odd */
+        for (int i = 1; i < s->n_timesteps && bad < 0; i += 2)
+            if (!(s->sigmas_interp[i - 1] > 0.0f) || !isfinite(s->sigmas_interp[i - 1]) ||
+                !isfinite(s->sigmas_down[i - 1]) || !isfinite(s->sigmas_up[i - 1]))
+                bad = i;
+    }
+    if (bad < 0)
+        return 0;
+    return sd_err_set(err, "sampler: %s with %d steps: at step %d the next sigma is so much "
+                           "smaller than this one (%g) that sigma_down cancels to 0 or NaN in fp32 "
+                           "(diffusers gives NaN there): use more steps or 'leading' spacing",
+                      sd_sampler_kind_name(s->kind), s->num_steps, bad, (double)s->sigmas[bad]);
+}
+
 int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, int num_steps,
                     sd_spacing spacing, int steps_offset, int64_t n, sd_err *err)
 {
@@ -580,6 +611,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
     if (kind == SD_SAMPLER_LMS)
         for (int k = 0; k < 4; k++)
             s->lms_der[k] = sd_xmalloc((size_t)n * sizeof(float));
+    if (check_ancestral(s, err) != 0) {
+        sd_sampler_free(s);
+        return -1;
+    }
     return 0;
 }
 
@@ -697,7 +732,7 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     }
     s->karras = !expo;
     s->exponential = expo;
-    return 0;
+    return check_ancestral(s, err);
 }
 
 int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
@@ -719,6 +754,54 @@ int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err)
     const float a = s->alphas_cumprod[0], b = 1.0f - a, q = b / a;
     s->final_sigma = sqrtf(q);
     s->sigmas[s->n_timesteps] = s->final_sigma;
+    return 0;
+}
+
+int sd_sampler_check_options(const sd_sampler *s, sd_err *err)
+{
+    const int n = s->n_timesteps, unipc = s->kind == SD_SAMPLER_UNIPC;
+    if (!is_multistep(s->kind))
+        return 0;
+    /* UniPC to a final sigma of 0: h = inf at the last step */
+    if (unipc && s->final_sigma == 0.0f) {
+        const char *why = NULL, *alt = "";
+        if (s->unipc_eps) {
+            why = "with predict_x0 false its last step multiplies sigma = 0 by expm1(h) = inf";
+            alt = " or keep predict_x0";
+        } else if (s->unipc_bh1) {
+            why = "with solver_type 'bh1' its last step multiplies B(h) = -h = -inf by a zero "
+                  "update";
+            alt = " or use bh2";
+        } else if (!s->lower_order_final && s->dpm_order >= 2 && n >= 2) {
+            why = "without lower_order_final its last step is of order >= 2 and divides by "
+                  "h = inf (or, at order 3, solves a singular system)";
+            alt = " or keep lower_order_final";
+        }
+        if (why)
+            return sd_err_set(err, "UniPC to a final sigma of 0: %s (NaN, in diffusers too); set "
+                                   "final_sigmas_type 'sigma_min'%s", why, alt);
+    }
+    /* Karras / exponential sigmas end at the schedule's smallest sigma, which final_sigmas_type
+     * 'sigma_min' repeats: h = 0 at the last step, where a third-order step (and DPM-Solver++'s
+     * second-order 'heun') divides 0 by 0 */
+    if (n >= 2 && s->final_sigma != 0.0f && s->sigmas[n - 1] == s->sigmas[n]) {
+        int order;
+        if (unipc)
+            order = s->lower_order_final ? 1 : (s->dpm_order < n ? s->dpm_order : n);
+        else
+            order = s->euler_at_final || (s->lower_order_final && n < 15)
+                        ? 1
+                        : (s->dpm_order < n ? s->dpm_order : n);
+        if (order >= 3 || (!unipc && order == 2 && s->dpm_heun))
+            return sd_err_set(err, "%s with %s sigmas and final_sigmas_type 'sigma_min': the last "
+                                   "two sigmas are equal, and its last step, of order %d%s, "
+                                   "divides by h = 0 (NaN, in diffusers too); keep "
+                                   "lower_order_final%s or set final_sigmas_type 'zero'",
+                              sd_sampler_kind_name(s->kind),
+                              s->karras ? "Karras" : s->exponential ? "exponential" : "these",
+                              order, order == 2 ? " with solver_type 'heun'" : "",
+                              unipc ? "" : " (under 15 steps), euler_at_final");
+    }
     return 0;
 }
 

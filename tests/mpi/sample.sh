@@ -369,6 +369,13 @@ sample_nml nolof unipc ", checkpoint = '$TMP/snap-nolof'"
 mpi nolof 1 "$SDTRAIN" "$TMP/nolof.nml"
 expect_rc nolof 2
 expect_count nolof err "UniPC to a final sigma of 0: without lower_order_final" 1
+# Karras sigmas end at the smallest sigma, which sigma_min repeats: an order-3 last step would
+# divide by h = 0 (NaN in diffusers): refused naming the file
+sched_snap snap-h0 ', "solver_order": 3, "use_karras_sigmas": true, "final_sigmas_type": "sigma_min", "lower_order_final": false'
+sample_nml h0 dpmpp_2m ", checkpoint = '$TMP/snap-h0'"
+mpi h0 2 "$SDTRAIN" "$TMP/h0.nml"
+expect_rc h0 2
+expect_count h0 err "$TMP/snap-h0/scheduler/scheduler_config.json: dpmpp_2m with Karras sigmas and final_sigmas_type 'sigma_min': the last two sigmas are equal" 1
 # UniPC's predict_x0 false (with sigma_min; to sigma 0 refused: NaN in diffusers) and
 # disable_corrector from the config: each changes the images (the corrector of step 1, [0]: the
 # last step's would not, its output being the x0 prediction whatever the sample); a malformed

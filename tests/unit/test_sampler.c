@@ -821,6 +821,81 @@ static void test_zero_snr(void)
         sd_diffusion_free(&d);
     }
 
+    /* the ancestral samplers on the cosine schedule with few trailing / linspace steps: its
+     * first sigma (20291) is over 4096 times the next, sigma_down cancels to 0 or NaN in fp32
+     * (diffusers: NaN): refused; 'leading' (a smaller first sigma) and more steps work */
+    {
+        sd_diffusion d;
+        sd_sampler s;
+        sd_err err, err2;
+        int ok = zsnr_schedule(&d, 0, "epsilon", &err) == 0;
+        ok = ok && sd_sampler_init(&s, SD_SAMPLER_EULER_A, &d, 3, SD_SPACING_TRAILING, 1, 4, &err) < 0 &&
+             strstr(err.msg, "sigma_down") != NULL &&
+             sd_sampler_init(&s, SD_SAMPLER_DPM2_A, &d, 2, SD_SPACING_TRAILING, 1, 4, &err2) < 0 &&
+             strstr(err2.msg, "sigma_down") != NULL;
+        int fine = ok && sd_sampler_init(&s, SD_SAMPLER_EULER_A, &d, 3, SD_SPACING_LEADING, 1, 4, &err2) == 0;
+        if (fine)
+            sd_sampler_free(&s);
+        fine = fine && sd_sampler_init(&s, SD_SAMPLER_EULER_A, &d, 50, SD_SPACING_TRAILING, 1, 4, &err2) == 0;
+        if (fine)
+            sd_sampler_free(&s);
+        tap_ok(ok && fine, "euler_a / dpm2_a on the cosine schedule with 3 / 2 trailing steps "
+               "refused, with leading spacing or 50 steps accepted: %s", err.msg);
+        sd_diffusion_free(&d);
+    }
+    /* sd_sampler_check_options: the last step's h = 0 (Karras / exponential sigmas end at the
+     * smallest sigma, which sigma_min repeats) at order 3 or DPM's heun; UniPC to sigma 0 */
+    {
+        static const struct {
+            sd_sampler_kind kind;
+            int order, heun, lof, eaf, bh1, eps, sigma_min, karras, steps, refused;
+        } oc[] = {
+            {SD_SAMPLER_DPMPP_2M, 3, 0, 0, 0, 0, 0, 1, 1, 6, 1},
+            {SD_SAMPLER_DPMPP_2M_SDE, 3, 0, 1, 0, 0, 0, 1, 1, 20, 1},
+            {SD_SAMPLER_DPMPP_2M, 3, 0, 1, 0, 0, 0, 1, 1, 6, 0},   /* lower_order_final */
+            {SD_SAMPLER_DPMPP_2M, 3, 0, 0, 1, 0, 0, 1, 1, 6, 0},   /* euler_at_final */
+            {SD_SAMPLER_DPMPP_2M, 3, 0, 0, 0, 0, 0, 1, 0, 6, 0},   /* no Karras: h > 0 */
+            {SD_SAMPLER_DPMPP_2M, 2, 1, 0, 0, 0, 0, 1, 1, 6, 1},   /* heun */
+            {SD_SAMPLER_DPMPP_2M, 2, 0, 0, 0, 0, 0, 1, 1, 6, 0},   /* midpoint: finite */
+            {SD_SAMPLER_UNIPC, 3, 0, 0, 0, 0, 0, 1, 1, 6, 1},
+            {SD_SAMPLER_UNIPC, 3, 0, 1, 0, 0, 0, 1, 1, 6, 0},
+            {SD_SAMPLER_UNIPC, 2, 0, 1, 0, 1, 0, 0, 0, 6, 1},      /* bh1 to sigma 0 */
+            {SD_SAMPLER_UNIPC, 2, 0, 1, 0, 0, 1, 0, 0, 6, 1},      /* predict_x0 false */
+            {SD_SAMPLER_UNIPC, 2, 0, 0, 0, 0, 0, 0, 0, 6, 1},      /* no lower_order_final */
+            {SD_SAMPLER_UNIPC, 2, 0, 1, 0, 1, 1, 1, 0, 6, 0},      /* both with sigma_min */
+        };
+        sd_diffusion d;
+        sd_err err;
+        int right = 0, total = 0;
+        if (init_sd2_schedule(&d, "epsilon", 1000) == 0) {
+            for (size_t k = 0; k < sizeof oc / sizeof oc[0]; k++) {
+                sd_sampler s;
+                total++;
+                if (sd_sampler_init(&s, oc[k].kind, &d, oc[k].steps, SD_SPACING_LINSPACE, 1, 4, &err) ||
+                    (oc[k].sigma_min && sd_sampler_final_sigma_min(&s, &err)) ||
+                    (oc[k].karras && sd_sampler_use_karras(&s, &err))) {
+                    tap_diag("check_options case %zu: %s", k, err.msg);
+                    continue;
+                }
+                s.dpm_order = oc[k].order;
+                s.dpm_heun = oc[k].heun;
+                s.lower_order_final = oc[k].lof;
+                s.euler_at_final = oc[k].eaf;
+                s.unipc_bh1 = oc[k].bh1;
+                s.unipc_eps = oc[k].eps;
+                const int rc = sd_sampler_check_options(&s, &err);
+                if ((rc < 0) == oc[k].refused)
+                    right++;
+                else
+                    tap_diag("check_options case %zu: rc %d (%s)", k, rc, rc ? err.msg : "");
+                sd_sampler_free(&s);
+            }
+            sd_diffusion_free(&d);
+        }
+        tap_ok(right == total && total == (int)(sizeof oc / sizeof oc[0]),
+               "sd_sampler_check_options: %d of %d combinations judged right (refused: the last "
+               "step's h = 0 at order 3 or DPM heun, UniPC's NaN ends at sigma 0)", right, total);
+    }
     /* refusals: Heun and PNDM have no zero-SNR schedule in diffusers; too short a schedule */
     {
         sd_diffusion d;
