@@ -103,6 +103,7 @@ typedef struct sd_config {
         double caption_dropout;
         double min_snr_gamma;
         double noise_offset;
+        double input_perturbation;
     } diffusion;
     struct {
         char dir[SD_PATH_MAX];          /* '' = <output_dir>/checkpoints */

@@ -59,6 +59,9 @@
  *                order (e = c*H*W + y*W + x), so any slice [k, k+m) is filled alone
  *   noise offset SD_RNG_NOISE    site 1, normal element c (one per channel); eps[c,..] +=
  *                noise_offset * n_c (diffusers: noise += offset * randn(B, C, 1, 1))
+ *   perturbation SD_RNG_NOISE    site 2, normal element e (C,H,W order): the model's input is
+ *                add_noise(x0, eps + input_perturbation * n_e), the target still eps's
+ *                (diffusers' train_text_to_image.py --input_perturbation; training steps only)
  *   latent       SD_RNG_LATENT   site 0, normal element e (C,H,W order of the latent):
  *                z = scale * (mean + exp(0.5 * clamp(logvar, -30, 20)) * eta)
  *   caption drop SD_RNG_CAPTION_DROP site 0, uniform element 0: dropped iff u < p
@@ -102,6 +105,7 @@ typedef struct sd_diffusion {
     int zero_snr;                /* rescaled to zero terminal SNR (sd_diffusion_rescale_zero_snr) */
     double min_snr_gamma;        /* <= 0: no min-SNR weighting */
     double noise_offset;         /* 0: off */
+    double input_perturbation;   /* 0: off */
     double caption_dropout;      /* probability in [0, 1] */
     float latent_scale;          /* 0.18215 */
 } sd_diffusion;
@@ -145,6 +149,14 @@ bool sd_diffusion_drop_caption(const sd_diffusion *d, uint64_t seed, uint64_t st
 int sd_diffusion_noise(const sd_diffusion *d, uint64_t seed, uint64_t step, uint64_t sample,
                        int64_t channels, int64_t hw, uint64_t offset, float *out, size_t n,
                        sd_err *err);
+
+/* Elements [offset, offset + n) of the input-perturbed noise of a sample: out = eps +
+ * (float)input_perturbation * n_e, eps the sample's noise (sd_diffusion_noise, passed in: out
+ * may alias it). A C x HW latent; offset + n <= C * hw. Returns 0, or -1 beyond the latent or
+ * the RNG limits. */
+int sd_diffusion_perturb_noise(const sd_diffusion *d, uint64_t seed, uint64_t step,
+                               uint64_t sample, int64_t channels, int64_t hw, uint64_t offset,
+                               const float *eps, float *out, size_t n, sd_err *err);
 
 /* Elements [offset, offset + n) of the scaled posterior sample of a sample's latent:
  * out[i] = scale * (mean[i] + expf(0.5f * clamp(logvar[i], -30, 20)) * eta_{offset+i}),

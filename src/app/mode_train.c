@@ -304,7 +304,20 @@ static void make_inputs(trainer *t, const sd_loader_batch *b, uint64_t step, int
                            : b->embeddings + (size_t)j * ctx_elems,
                ctx_elems * sizeof(float));
     }
-    sd_diffusion_add_noise(&t->diff, in->tsteps, b->count, per, t->x0, t->noise, t->xt);
+    if (train && t->diff.input_perturbation > 0.0) {
+        /* the input from the perturbed noise (built in xt, then noised in place), the target
+         * from the noise itself */
+        for (int j = 0; j < b->count; j++)
+            SD_CHECK(sd_diffusion_perturb_noise(&t->diff, seed, step,
+                                                (uint64_t)b->positions[j], t->C, hw, 0,
+                                                t->noise + (size_t)j * per,
+                                                t->xt + (size_t)j * per, (size_t)per,
+                                                &err) == 0,
+                     "%s", err.msg);
+        sd_diffusion_add_noise(&t->diff, in->tsteps, b->count, per, t->x0, t->xt, t->xt);
+    } else {
+        sd_diffusion_add_noise(&t->diff, in->tsteps, b->count, per, t->x0, t->noise, t->xt);
+    }
     sd_diffusion_target(&t->diff, in->tsteps, b->count, per, t->x0, t->noise, t->target);
     sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->xt, in->h + in_xh(t, 0));
     sd_nchw_to_nhwc(t->hb, b->count, t->C, t->H, t->W, t->target, in->h + in_target(t, in, 0));

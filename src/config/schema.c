@@ -183,6 +183,10 @@ static const sd_option options[] = {
          "Probability that a sample trains with the empty-caption embedding (for guidance)."),
     REAL(diffusion, min_snr_gamma, "0", 0, U, "", "Min-SNR-gamma loss weighting (0 = off)."),
     REAL(diffusion, noise_offset, "0", 0, 1, "", "Noise offset added per sample and channel (0 = off)."),
+    REAL(diffusion, input_perturbation, "0", 0, 1, "",
+         "Input perturbation (Ning et al. 2023; diffusers' --input_perturbation, 0.1 there): the "
+         "U-Net's input is noised with eps + input_perturbation * n, the target keeps eps "
+         "(0 = off; training steps only, not validation)."),
 
     /* &checkpoint */
     STRING(checkpoint, dir, "''", "Checkpoint directory ('' = <output_dir>/checkpoints)."),

@@ -194,6 +194,7 @@ int sd_diffusion_init_config(sd_diffusion *d, const struct sd_config *cfg, sd_er
     }
     d->min_snr_gamma = cfg->diffusion.min_snr_gamma;
     d->noise_offset = cfg->diffusion.noise_offset;
+    d->input_perturbation = cfg->diffusion.input_perturbation;
     d->caption_dropout = cfg->diffusion.caption_dropout;
     return 0;
 }
@@ -203,6 +204,7 @@ int sd_diffusion_init_config(sd_diffusion *d, const struct sd_config *cfg, sd_er
 #define PURPOSE_TIMESTEP SD_RNG_PURPOSE(SD_RNG_TIMESTEP, 0)
 #define PURPOSE_NOISE SD_RNG_PURPOSE(SD_RNG_NOISE, 0)
 #define PURPOSE_NOISE_OFFSET SD_RNG_PURPOSE(SD_RNG_NOISE, 1)
+#define PURPOSE_PERTURB SD_RNG_PURPOSE(SD_RNG_NOISE, 2)
 #define PURPOSE_LATENT SD_RNG_PURPOSE(SD_RNG_LATENT, 0)
 #define PURPOSE_CAPTION SD_RNG_PURPOSE(SD_RNG_CAPTION_DROP, 0)
 
@@ -252,6 +254,31 @@ int sd_diffusion_noise(const sd_diffusion *d, uint64_t seed, uint64_t step, uint
                 e = offset + n;
             for (uint64_t k = b; k < e; k++)
                 out[k - offset] = out[k - offset] + add;
+        }
+    }
+    return 0;
+}
+
+int sd_diffusion_perturb_noise(const sd_diffusion *d, uint64_t seed, uint64_t step,
+                               uint64_t sample, int64_t channels, int64_t hw, uint64_t offset,
+                               const float *eps, float *out, size_t n, sd_err *err)
+{
+    if (channels < 1 || hw < 1 || offset > (uint64_t)(channels * hw) ||
+        n > (uint64_t)(channels * hw) - offset)
+        return sd_err_set(err, "input perturbation: elements [%llu, %llu) outside a %lld x %lld "
+                               "latent", (unsigned long long)offset,
+                          (unsigned long long)(offset + n), (long long)channels, (long long)hw);
+    if (sd_rng_check(PURPOSE_PERTURB, step, sample, offset + n, err) != 0)
+        return -1;
+    const float p = (float)d->input_perturbation;
+    float z[256];
+    for (size_t k = 0; k < n; k += 256) { /* in blocks: any slice is filled alone */
+        const size_t m = n - k < 256 ? n - k : 256;
+        if (sd_rng_fill_normal_at(seed, PURPOSE_PERTURB, step, sample, offset + k, z, m) != 0)
+            return sd_err_set(err, "input perturbation: RNG fill failed");
+        for (size_t i = 0; i < m; i++) {
+            const float add = p * z[i]; /* noise + (p * randn_like(noise)) */
+            out[k + i] = eps[k + i] + add;
         }
     }
     return 0;

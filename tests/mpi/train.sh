@@ -79,6 +79,22 @@ expect_in zsnr-emu out "emulating the GPU's device path"
 run cmp-zsnr "$COMPARE" "$TMP/zsnr/unet_final.safetensors" "$TMP/zsnr-emu/unet_final.safetensors" 1e-6
 expect_rc cmp-zsnr 0
 
+# input perturbation: another training; validation is not perturbed (the same loss at step 0,
+# before any update); 2 ranks x 4 train like 1 x 8 (the draws are the samples', not the ranks')
+train_nml pert 8 none
+mpi pert 1 "$SDTRAIN" "$TMP/pert.nml" --set diffusion.input_perturbation=0.1
+expect_rc pert 0
+! cmp -s "$TMP/np1/unet_final.safetensors" "$TMP/pert/unet_final.safetensors" ||
+    fail "input_perturbation did not change the training"
+[ "$(grep -m1 '"val_loss"' "$TMP/np1/metrics.jsonl" | sed 's/.*"val_loss": *\([^,}]*\).*/\1/')" = \
+  "$(grep -m1 '"val_loss"' "$TMP/pert/metrics.jsonl" | sed 's/.*"val_loss": *\([^,}]*\).*/\1/')" ] ||
+    fail "input_perturbation changed the validation loss at step 0"
+mpi pert2 2 "$SDTRAIN" "$TMP/pert.nml" --set diffusion.input_perturbation=0.1 \
+    --set run.output_dir="'$TMP/pert2'" --set train.batch_size_per_rank=4
+expect_rc pert2 0
+run cmp-pert "$COMPARE" "$TMP/pert/unet_final.safetensors" "$TMP/pert2/unet_final.safetensors" 1e-6
+expect_rc cmp-pert 0
+
 for np in 1 2 3 4; do
     bs=$((np == 3 ? 4 : 8 / np))
     train "ddp$np" "$np" "$bs" none

@@ -524,6 +524,49 @@ static void test_zero_snr_training(void)
     sd_run_config_free(&rc);
 }
 
+/* Input perturbation: out = eps + p * n with n the stream SD_RNG_NOISE site 2, element by
+ * element in C,H,W order; slices fill alone; 0 = eps; out may alias eps. */
+static void test_input_perturbation(void)
+{
+    sd_diffusion d;
+    sd_err err;
+    enum { C = 4, HW = 300, N = C * HW };
+    static float eps[N], out[N], a[N], z[N];
+    if (sd_diffusion_init(&d, "scaled_linear", 0.00085, 0.012, 1000, "epsilon", SD_LINSPACE_FUSED,
+                          &err)) {
+        tap_ok(0, "init: %s", err.msg);
+        return;
+    }
+    d.input_perturbation = 0.25;
+    int ok = sd_diffusion_noise(&d, 7, 3, 11, C, HW, 0, eps, N, &err) == 0 &&
+             sd_diffusion_perturb_noise(&d, 7, 3, 11, C, HW, 0, eps, out, N, &err) == 0 &&
+             sd_rng_fill_normal_at(7, SD_RNG_PURPOSE(SD_RNG_NOISE, 2), 3, 11, 0, z, N) == 0;
+    int exact = ok;
+    double mean = 0.0, var = 0.0;
+    for (int i = 0; ok && i < N; i++) {
+        const float add = 0.25f * z[i];
+        exact = exact && out[i] == eps[i] + add;
+        const double r = ((double)out[i] - eps[i]) / 0.25;
+        mean += r;
+        var += r * r;
+    }
+    mean /= N;
+    var = var / N - mean * mean;
+    /* slices [0, 257) and [257, N) fill alone; in place */
+    memcpy(a, eps, sizeof a);
+    ok = ok && sd_diffusion_perturb_noise(&d, 7, 3, 11, C, HW, 0, a, a, 257, &err) == 0 &&
+         sd_diffusion_perturb_noise(&d, 7, 3, 11, C, HW, 257, a + 257, a + 257, N - 257, &err) == 0;
+    const int sliced = ok && memcmp(a, out, sizeof a) == 0;
+    d.input_perturbation = 0.0;
+    ok = ok && sd_diffusion_perturb_noise(&d, 7, 3, 11, C, HW, 0, eps, a, N, &err) == 0;
+    const int zero = ok && memcmp(a, eps, sizeof a) == 0;
+    const int refused = sd_diffusion_perturb_noise(&d, 7, 3, 11, C, HW, 1, eps, a, N, &err) < 0;
+    tap_ok(ok && exact && sliced && zero && refused && fabs(mean) < 0.1 && fabs(var - 1.0) < 0.1,
+           "input perturbation: eps + 0.25 n (stream NOISE site 2) exactly, slices and in place "
+           "alike, 0 = eps, out of range refused; n mean %.3f, variance %.3f", mean, var);
+    sd_diffusion_free(&d);
+}
+
 /* The backend objective (sd_mse_loss on the CPU backend, NHWC, with sd_diffusion_loss_coef and
  * sd_diffusion_loss_from_mse) against sd_diffusion_loss on the NCHW arrays: the same bits. */
 static void test_backend_objective(void)
@@ -578,6 +621,7 @@ int main(void)
     }
     test_config();
     test_zero_snr_training();
+    test_input_perturbation();
     test_invariance();
     test_distributions();
     test_backend_objective();
