@@ -122,8 +122,8 @@ void sd_image_to_u8(int64_t n, const float *x, uint8_t *out);
 
 /* ---- A scheduler with its state, for one image at a time --------------------------------- */
 
-/* At most this many steps in UniPC's disable_corrector list. */
-#define SD_SAMPLER_MAX_DISABLE 64
+/* UniPC's disable_corrector holds step indices below this (more steps than sdtrain takes). */
+#define SD_SAMPLER_MAX_DISABLE 1024
 
 typedef struct sd_sampler {
     sd_sampler_kind kind;
@@ -173,8 +173,8 @@ typedef struct sd_sampler {
     float *x0_prev3;             /* UniPC's model_outputs[-3] (order 3) */
     int unipc_bh1;               /* UniPC's solver_type 'bh1' (B(h) = h) rather than 'bh2' (0) */
     int unipc_eps;               /* UniPC's predict_x0 false: the noise-prediction form (0) */
-    int unipc_disable[SD_SAMPLER_MAX_DISABLE]; /* UniPC's disable_corrector: step indices */
-    int n_unipc_disable;
+    /* UniPC's disable_corrector: bit k set = no corrector at the step after step k */
+    unsigned char unipc_nocorr[SD_SAMPLER_MAX_DISABLE / 8];
     int unipc_order;
     /* Heun state between its first- and second-order call: derivative, dt, sample */
     float *heun_der, *heun_sample;

@@ -135,7 +135,7 @@ typedef struct sched_setup {
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
     int unipc_bh1; /* UniPC's solver_type 'bh1' */
     int unipc_eps; /* UniPC's predict_x0 false */
-    int unipc_disable[SD_SAMPLER_MAX_DISABLE], n_unipc_disable; /* its disable_corrector */
+    unsigned char unipc_nocorr[SD_SAMPLER_MAX_DISABLE / 8]; /* its disable_corrector */
     sd_spacing spacing;
 } sched_setup;
 
@@ -255,15 +255,21 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
         ss->unipc_bh1 = !strcmp(json_object_get_string(v), "bh1");
     if (unipc && (v = jkey(root, "predict_x0")))
         ss->unipc_eps = !json_object_get_boolean(v);
+    /* diffusers tests `step_index - 1 in disable_corrector`: a number equal to a step index
+     * (1.0 and true count, as in Python) disables that step's corrector; other numbers match
+     * no step; anything but a number is refused as the mistake it most likely is */
     if (unipc && (v = jkey(root, "disable_corrector")) && json_object_is_type(v, json_type_array))
-        for (size_t k = 0; k < json_object_array_length(v) && k < SD_SAMPLER_MAX_DISABLE; k++) {
+        for (size_t k = 0; k < json_object_array_length(v); k++) {
             json_object *e = json_object_array_get_idx(v, k);
-            if (!json_object_is_type(e, json_type_int)) {
-                rc = sd_err_set(err, "%s: disable_corrector[%zu] is not an integer step index",
-                                path, k);
+            if (!json_object_is_type(e, json_type_int) &&
+                !json_object_is_type(e, json_type_double) &&
+                !json_object_is_type(e, json_type_boolean)) {
+                rc = sd_err_set(err, "%s: disable_corrector[%zu] is not a step index", path, k);
                 break;
             }
-            ss->unipc_disable[ss->n_unipc_disable++] = json_object_get_int(e);
+            const double x = json_object_get_double(e);
+            if (x >= 0.0 && x < SD_SAMPLER_MAX_DISABLE && x == floor(x))
+                ss->unipc_nocorr[(int)x / 8] |= (unsigned char)(1u << ((int)x % 8));
         }
     if (dpm) {
         ss->euler_at_final = jtrue(root, "euler_at_final");
@@ -326,10 +332,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
         rc = sd_err_set(err, "%s: solver_type '%s' is not implemented for 'unipc' (bh1 or bh2)",
                         path, got);
     else if (unipc && (v = jkey(root, "disable_corrector")) &&
-             (!json_object_is_type(v, json_type_array) ||
-              json_object_array_length(v) > SD_SAMPLER_MAX_DISABLE))
-        rc = sd_err_set(err, "%s: disable_corrector must be a list of at most %d step indices",
-                        path, SD_SAMPLER_MAX_DISABLE);
+             !json_object_is_type(v, json_type_array))
+        rc = sd_err_set(err, "%s: disable_corrector must be a list of step indices", path);
     else if (unipc && (jtrue(root, "use_flow_sigmas") || jtrue(root, "use_dynamic_shifting")))
         rc = sd_err_set(err, "%s: use_flow_sigmas and use_dynamic_shifting are not implemented",
                         path);
@@ -580,8 +584,7 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
     s->euler_at_final = ss->euler_at_final;
     s->unipc_bh1 = ss->unipc_bh1;
     s->unipc_eps = ss->unipc_eps;
-    s->n_unipc_disable = ss->n_unipc_disable;
-    memcpy(s->unipc_disable, ss->unipc_disable, sizeof s->unipc_disable);
+    memcpy(s->unipc_nocorr, ss->unipc_nocorr, sizeof s->unipc_nocorr);
     if (sd_sampler_check_options(s, err) != 0) { /* NaN-making combinations */
         char msg[sizeof err->msg];
         snprintf(msg, sizeof msg, "%s", err->msg);

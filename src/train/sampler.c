@@ -2,6 +2,7 @@
  * steps in fp32, in diffusers' order of operations (see include/sdtrain/sampler.h). */
 #include "sdtrain/sampler.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -465,35 +466,52 @@ static void dpm2_finish(sd_sampler *s, const float *full, const float *bt, const
     free(logs);
 }
 
-/* Euler ancestral's and DPM2 ancestral's sigma_down = (to^2 - up^2) ** 0.5 cancel in fp32:
- * when a sigma is over ~4096 times the next (the cosine schedule's first, 20291, with few
- * 'trailing' or 'linspace' steps) to^2 - up^2 rounds below 0 (NaN, as in diffusers) or to 0,
- * which DPM2 ancestral then divides by (its midpoint). Returns 0, or -1 with a message. */
+/* Euler ancestral's and DPM2 ancestral's sigma_down = (to^2 - up^2) ** 0.5 cancel in fp32 by
+ * (from / to)^2: when a sigma is over ~3000 times the next (the cosine schedule's first,
+ * 20291, with few 'trailing' or 'linspace' steps; zero terminal SNR's 4096) to^2 - up^2 is
+ * within rounding of 0.
+ * - Euler ancestral only subtracts it from a far larger sigma, so only a negative (NaN, which
+ *   diffusers computes there or within an ulp of it) is refused.
+ * - DPM2 ancestral divides by the midpoint (sigma sigma_down) ** 0.5: refused once to^2 - up^2
+ *   is within 16 ulps of 0 (diffusers' value is NaN or rounding there).
+ * Returns 0, or -1 with a message. */
 static int check_ancestral(const sd_sampler *s, sd_err *err)
 {
     int bad = -1;
+    float at = 0.0f;
     if (s->kind == SD_SAMPLER_EULER_A) {
         for (int i = 0; i < s->n_timesteps && bad < 0; i++) {
             const float next = s->sigmas[i + 1], sigma = s->sigmas[i];
             const float to2 = next * next, from2 = sigma * sigma, diff = from2 - to2;
             const float num = to2 * diff, up2 = num / from2, up = sqrtf(up2);
             const float upsq = up * up, down = sqrtf(to2 - upsq);
-            if (!isfinite(down) || !isfinite(up))
+            if (!isfinite(down) || !isfinite(up)) {
                 bad = i;
+                at = sigma;
+            }
         }
     } else if (s->kind == SD_SAMPLER_DPM2_A) {
-        /* the second-order calls use sigmas_interp[i - 1] and sigmas_down[i - 1], i odd */
-        for (int i = 1; i < s->n_timesteps && bad < 0; i += 2)
-            if (!(s->sigmas_interp[i - 1] > 0.0f) || !isfinite(s->sigmas_interp[i - 1]) ||
-                !isfinite(s->sigmas_down[i - 1]) || !isfinite(s->sigmas_up[i - 1]))
+        /* the second-order call i (odd) uses sigmas[i - 1], sigmas_up / _down / _interp[i - 1]
+         * and the next base sigma sigmas[i] */
+        for (int i = 1; i < s->n_timesteps && bad < 0; i += 2) {
+            const float next = s->sigmas[i], up = s->sigmas_up[i - 1];
+            const float to2 = next * next, upsq = up * up, rest = to2 - upsq;
+            if (!(rest > 16.0f * FLT_EPSILON * to2) || !(s->sigmas_interp[i - 1] > 0.0f) ||
+                !isfinite(s->sigmas_interp[i - 1]) || !isfinite(s->sigmas_down[i - 1])) {
                 bad = i;
+                at = s->sigmas[i - 1];
+            }
+        }
     }
     if (bad < 0)
         return 0;
-    return sd_err_set(err, "sampler: %s with %d steps: at step %d the next sigma is so much "
-                           "smaller than this one (%g) that sigma_down cancels to 0 or NaN in fp32 "
-                           "(diffusers gives NaN there): use more steps or 'leading' spacing",
-                      sd_sampler_kind_name(s->kind), s->num_steps, bad, (double)s->sigmas[bad]);
+    return sd_err_set(err, "sampler: %s with %d steps: at model call %d the next sigma is so much "
+                           "smaller than this one (%g) that sigma_down = (next^2 - up^2) ** 0.5 "
+                           "is within fp32 rounding of 0 (%s, in diffusers too): use more steps "
+                           "or 'leading' spacing", sd_sampler_kind_name(s->kind), s->num_steps,
+                      bad, (double)at,
+                      s->kind == SD_SAMPLER_EULER_A ? "NaN"
+                                                    : "NaN or meaningless, and divided by");
 }
 
 int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, int num_steps,
@@ -1381,9 +1399,9 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
     float *cur = s->tmp;
     float a_t, s_t;
     int use_corrector = i > 0 && s->unipc_order > 0;
-    for (int k = 0; k < s->n_unipc_disable; k++)
-        if (s->unipc_disable[k] == i - 1)
-            use_corrector = 0;
+    if (use_corrector && i - 1 < SD_SAMPLER_MAX_DISABLE &&
+        (s->unipc_nocorr[(i - 1) / 8] >> ((i - 1) % 8) & 1))
+        use_corrector = 0;
     if (!s->unipc_eps) {
         multistep_x0(s, i, mo, x, cur);
     } else { /* predict_x0 false: the model output as epsilon */

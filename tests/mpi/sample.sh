@@ -398,11 +398,17 @@ sample_nml ubase unipc ", checkpoint = '$TMP/snap-sd2'"
 mpi ubase 1 "$SDTRAIN" "$TMP/ubase.nml"
 expect_rc ubase 0
 cmp -s "$TMP/nocorr/samples/0-0.png" "$TMP/ubase/samples/0-0.png" && fail "unipc: disable_corrector changed nothing"
-sched_snap snap-badcorr ', "disable_corrector": ["1"]'
+# as in Python, 0.0 is the step index 0 (and numbers matching no step change nothing)
+sched_snap snap-nocorrf ', "disable_corrector": [0.0, 7.5, -1, 100000]'
+sample_nml nocorrf unipc ", checkpoint = '$TMP/snap-nocorrf'"
+mpi nocorrf 1 "$SDTRAIN" "$TMP/nocorrf.nml"
+expect_rc nocorrf 0
+same_pngs nocorr nocorrf "disable_corrector [0] vs [0.0, 7.5, -1, 100000]"
+sched_snap snap-badcorr ', "disable_corrector": [1, "1"]'
 sample_nml badcorr unipc ", checkpoint = '$TMP/snap-badcorr'"
 mpi badcorr 1 "$SDTRAIN" "$TMP/badcorr.nml"
 expect_rc badcorr 2
-expect_count badcorr err "disable_corrector[0] is not an integer step index" 1
+expect_count badcorr err "disable_corrector[1] is not a step index" 1
 pass "DPM-Solver++ and UniPC of order 3 (&sample solver_order or the snapshot's config), UniPC's bh1, predict_x0 false, disable_corrector"
 
 # Karras sigmas ("DPM++ 2M Karras"): from &sample use_karras_sigmas or the snapshot's config, the

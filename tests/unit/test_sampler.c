@@ -983,11 +983,8 @@ static void test_order3(void)
         s2.dpm_order = order == 1 || cases[ci].eps || cases[ci].nocorr ? order : 2;
         s.unipc_bh1 = cases[ci].bh1;
         s.unipc_eps = cases[ci].eps;
-        if (cases[ci].nocorr) {
-            s.unipc_disable[0] = 1;
-            s.unipc_disable[1] = 2;
-            s.n_unipc_disable = 2;
-        }
+        if (cases[ci].nocorr)
+            s.unipc_nocorr[0] = 1u << 1 | 1u << 2; /* steps 1 and 2 */
         s.lower_order_final = s2.lower_order_final = cases[ci].lof;
         snprintf(name, sizeof name, "step_%s", cases[ci].name);
         float *ref = read_from(&gold4, name, (size_t)N * (size_t)n);
