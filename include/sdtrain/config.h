@@ -74,8 +74,11 @@ typedef struct sd_config {
         int64_t batch_size_per_rank;
         int64_t grad_accum_steps;       /* micro-batches per optimizer step */
         double learning_rate;
-        char lr_schedule[SD_NAME_MAX];  /* constant | linear | cosine (after warmup) */
+        char lr_schedule[SD_NAME_MAX];  /* constant | linear | cosine | cosine_with_restarts |
+                                           polynomial (after warmup) */
         int64_t warmup_steps;
+        int64_t lr_num_cycles;          /* cosine_with_restarts */
+        double lr_power;                /* polynomial */
         double weight_decay;
         double adam_beta1;
         double adam_beta2;

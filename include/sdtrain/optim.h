@@ -34,10 +34,16 @@ extern "C" {
 typedef enum {
     SD_LR_CONSTANT = 0, /* diffusers constant_with_warmup */
     SD_LR_LINEAR,       /* diffusers linear: to 0 at max_steps */
-    SD_LR_COSINE        /* diffusers cosine (num_cycles 0.5): to 0 at max_steps */
+    SD_LR_COSINE,       /* diffusers cosine (num_cycles 0.5): to 0 at max_steps */
+    SD_LR_COSINE_RESTARTS, /* diffusers cosine_with_restarts: num_cycles hard restarts */
+    SD_LR_POLYNOMIAL    /* diffusers polynomial: (lr - lr_end) (1 - progress)^power + lr_end */
 } sd_lr_schedule;
 
-/* "constant" | "linear" | "cosine" -> 0 and *out; else -1 with a message. */
+/* diffusers' polynomial schedule ends at this learning rate (get_scheduler's default). */
+#define SD_LR_POLYNOMIAL_END 1e-7
+
+/* "constant" | "linear" | "cosine" | "cosine_with_restarts" | "polynomial" -> 0 and *out; else
+ * -1 with a message. */
 int sd_lr_schedule_from_name(const char *name, sd_lr_schedule *out, sd_err *err);
 const char *sd_lr_schedule_name(sd_lr_schedule s);
 
@@ -52,6 +58,22 @@ const char *sd_lr_schedule_name(sd_lr_schedule s);
 double sd_lr_factor(sd_lr_schedule s, int64_t k, int64_t warmup, int64_t max_steps);
 /* base_lr · sd_lr_factor(...), the multiplication LambdaLR does. */
 double sd_lr_at(double base_lr, sd_lr_schedule s, int64_t k, int64_t warmup, int64_t max_steps);
+
+/* A schedule with all of its parameters (the two above take num_cycles 1, power 1). */
+typedef struct sd_lr_params {
+    sd_lr_schedule schedule;
+    int64_t warmup, max_steps;
+    int64_t num_cycles; /* cosine_with_restarts (>= 1) */
+    double power;       /* polynomial (> 0) */
+    double base_lr;     /* polynomial: lr_end / base_lr after max_steps */
+} sd_lr_params;
+/* The factor of update k + 1, in diffusers' order of operations (bit-identical to its LambdaLR):
+ *   cosine_with_restarts: k >= T: 0, else max(0, 0.5 (1 + cos(pi ((cycles · p) mod 1)))), p =
+ *                         (k - warmup) / max(1, T - warmup);
+ *   polynomial:           k > T: lr_end / lr, else ((lr - lr_end) (1 - (k - warmup) / (T -
+ *                         warmup))^power + lr_end) / lr, lr_end = SD_LR_POLYNOMIAL_END;
+ * the others as sd_lr_factor. */
+double sd_lr_factor_params(const sd_lr_params *p, int64_t k);
 
 /* ---- AdamW ----------------------------------------------------------------------------- */
 

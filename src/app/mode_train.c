@@ -1612,7 +1612,12 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
 
         /* AdamW on this rank's range, then the parameters gathered (ZeRO-2) */
         t1 = sd_time_now();
-        lr = sd_lr_at(cfg->train.learning_rate, t.sched, k, cfg->train.warmup_steps, max_steps);
+        {
+            const sd_lr_params lp = {t.sched, cfg->train.warmup_steps, max_steps,
+                                     cfg->train.lr_num_cycles, cfg->train.lr_power,
+                                     cfg->train.learning_rate};
+            lr = cfg->train.learning_rate * sd_lr_factor_params(&lp, k);
+        }
         if (bad || !isfinite(gnorm)) {
             skipped++;
             if (t.rank == 0)

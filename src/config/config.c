@@ -711,6 +711,14 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
     if (c->diffusion.beta_end <= c->diffusion.beta_start)
         return validate_error(rc, "diffusion", "beta_end", err,
                               "&diffusion beta_end must be larger than beta_start");
+    if (!strcmp(c->train.lr_schedule, "polynomial") && c->train.learning_rate <= 1e-7)
+        return validate_error(rc, "train", "learning_rate", err,
+                              "&train lr_schedule = 'polynomial' decays to 1e-7: learning_rate "
+                              "must be larger");
+    if (!strcmp(c->train.lr_schedule, "polynomial") && c->train.max_steps <= c->train.warmup_steps)
+        return validate_error(rc, "train", "warmup_steps", err,
+                              "&train lr_schedule = 'polynomial' needs max_steps > warmup_steps "
+                              "(it decays over the steps after the warmup)");
     if (c->diffusion.rescale_betas_zero_snr && !strcmp(c->diffusion.prediction_type, "epsilon"))
         return validate_error(rc, "diffusion", "rescale_betas_zero_snr", err,
                               "&diffusion rescale_betas_zero_snr needs prediction_type = "

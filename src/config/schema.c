@@ -126,9 +126,16 @@ static const sd_option options[] = {
         "optimizer step: a global batch larger than memory allows, same result as one pass over "
         "all of them."),
     REAL(train, learning_rate, "1e-4", 0, 1, "", "Peak AdamW learning rate (reached after warmup)."),
-    CHOICE(train, lr_schedule, "'constant'", "constant|linear|cosine",
-           "Learning rate after warmup: constant, linear decay to 0, or cosine decay to 0 at max_steps."),
+    CHOICE(train, lr_schedule, "'constant'", "constant|linear|cosine|cosine_with_restarts|polynomial",
+           "Learning rate after warmup: constant, linear decay to 0, cosine decay to 0 at "
+           "max_steps, cosine_with_restarts (lr_num_cycles cosine decays, each restarting at the "
+           "peak) or polynomial (decay to 1e-7 with exponent lr_power), as diffusers' "
+           "get_scheduler."),
     INT(train, warmup_steps, "0", 0, U, "steps", "Linear learning-rate warmup from 0."),
+    INT(train, lr_num_cycles, "1", 1, 1000000, "",
+        "lr_schedule = 'cosine_with_restarts': the number of cosine decays (hard restarts)."),
+    REAL(train, lr_power, "1.0", 1e-6, 1000, "",
+         "lr_schedule = 'polynomial': the exponent of the decay (1 = linear to 1e-7)."),
     REAL(train, weight_decay, "1e-2", 0, 1, "", "AdamW decoupled weight decay."),
     REAL(train, adam_beta1, "0.9", 0, 0.999999, "", "AdamW beta1."),
     REAL(train, adam_beta2, "0.999", 0, 0.99999999, "", "AdamW beta2."),

@@ -20,9 +20,13 @@ int sd_lr_schedule_from_name(const char *name, sd_lr_schedule *out, sd_err *err)
         *out = SD_LR_LINEAR;
     else if (name && strcmp(name, "cosine") == 0)
         *out = SD_LR_COSINE;
+    else if (name && strcmp(name, "cosine_with_restarts") == 0)
+        *out = SD_LR_COSINE_RESTARTS;
+    else if (name && strcmp(name, "polynomial") == 0)
+        *out = SD_LR_POLYNOMIAL;
     else
-        return sd_err_set(err, "unknown lr_schedule '%s' (constant, linear or cosine)",
-                          name ? name : "(null)");
+        return sd_err_set(err, "unknown lr_schedule '%s' (constant, linear, cosine, "
+                               "cosine_with_restarts or polynomial)", name ? name : "(null)");
     return 0;
 }
 
@@ -32,6 +36,8 @@ const char *sd_lr_schedule_name(sd_lr_schedule s)
     case SD_LR_CONSTANT: return "constant";
     case SD_LR_LINEAR: return "linear";
     case SD_LR_COSINE: return "cosine";
+    case SD_LR_COSINE_RESTARTS: return "cosine_with_restarts";
+    case SD_LR_POLYNOMIAL: return "polynomial";
     }
     return "?";
 }
@@ -64,6 +70,35 @@ double sd_lr_factor(sd_lr_schedule s, int64_t k, int64_t warmup, int64_t max_ste
 double sd_lr_at(double base_lr, sd_lr_schedule s, int64_t k, int64_t warmup, int64_t max_steps)
 {
     return base_lr * sd_lr_factor(s, k, warmup, max_steps);
+}
+
+double sd_lr_factor_params(const sd_lr_params *p, int64_t k)
+{
+    int64_t warmup = p->warmup < 0 ? 0 : p->warmup;
+    const int64_t T = p->max_steps;
+    if (k < 0)
+        k = 0;
+    if (p->schedule != SD_LR_COSINE_RESTARTS && p->schedule != SD_LR_POLYNOMIAL)
+        return sd_lr_factor(p->schedule, k, warmup, T);
+    if (k < warmup)
+        return (double)k / (double)(warmup > 1 ? warmup : 1);
+    if (p->schedule == SD_LR_COSINE_RESTARTS) {
+        const int64_t span = T - warmup > 1 ? T - warmup : 1;
+        const double progress = (double)(k - warmup) / (double)span;
+        if (progress >= 1.0)
+            return 0.0;
+        /* Python's float % 1.0 is fmod for these non-negative values */
+        const double f = 0.5 * (1.0 + cos(M_PI * fmod((double)p->num_cycles * progress, 1.0)));
+        return f > 0.0 ? f : 0.0;
+    }
+    const double lr_init = p->base_lr, lr_end = SD_LR_POLYNOMIAL_END;
+    if (k > T)
+        return lr_end / lr_init;
+    const double lr_range = lr_init - lr_end;
+    const double decay_steps = (double)(T - warmup);
+    const double pct_remaining = 1.0 - (double)(k - warmup) / decay_steps;
+    const double decay = lr_range * pow(pct_remaining, p->power) + lr_end;
+    return decay / lr_init;
 }
 
 /* One AdamW update of elements [0, n) with the scalars of the step; the loop bodies below do

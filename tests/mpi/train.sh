@@ -95,6 +95,24 @@ expect_rc pert2 0
 run cmp-pert "$COMPARE" "$TMP/pert/unet_final.safetensors" "$TMP/pert2/unet_final.safetensors" 1e-6
 expect_rc cmp-pert 0
 
+# the schedules beyond diffusers' three (cosine_with_restarts, polynomial): metrics.jsonl's lr is
+# diffusers' LambdaLR (test_optim checks the formulas bit for bit); 2 cycles over steps 4..10 of
+# warmup 3 restart at the peak between steps 7 and 8 (updates k = 6 and 7)
+train_nml restarts 8 none
+mpi restarts 1 "$SDTRAIN" "$TMP/restarts.nml" --set "train.lr_schedule='cosine_with_restarts'" \
+    --set train.lr_num_cycles=2
+expect_rc restarts 0
+lr_of() { sed -n "s/^{\"step\": $2, .*\"lr\": \([^,]*\),.*/\1/p" "$TMP/$1/metrics.jsonl"; }
+awk -v a="$(lr_of restarts 7)" -v b="$(lr_of restarts 8)" 'BEGIN { exit !(a + 0 < 0.0002 && b + 0 > 0.0009) }' ||
+    fail "cosine_with_restarts: lr $(lr_of restarts 7) at step 7, $(lr_of restarts 8) at step 8"
+train_nml poly 8 none
+mpi poly 1 "$SDTRAIN" "$TMP/poly.nml" --set "train.lr_schedule='polynomial'" --set train.lr_power=2
+expect_rc poly 0
+[ "$(lr_of poly 10)" != "$(lr_of np1 10)" ] || fail "polynomial: the constant schedule's lr"
+mpi polybad 1 "$SDTRAIN" "$TMP/poly.nml" --set "train.lr_schedule='polynomial'" --set train.learning_rate=1e-8
+expect_rc polybad 2
+expect_in polybad err "decays to 1e-7: learning_rate must be larger"
+
 for np in 1 2 3 4; do
     bs=$((np == 3 ? 4 : 8 / np))
     train "ddp$np" "$np" "$bs" none

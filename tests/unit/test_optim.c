@@ -331,6 +331,61 @@ static void schedules_golden(void)
     sd_st_close(&f);
 }
 
+/* lr_more.safetensors (make_lr_goldens.py): cosine_with_restarts and polynomial, the
+ * optimizer's learning rate after k = 0 .. T + 5 steps, bit for bit */
+static void schedules_more_golden(void)
+{
+    static const char *cases[] = {"restarts3", "restarts1", "poly2", "poly05"};
+    char path[4200];
+    snprintf(path, sizeof path, "%s/lr_more.safetensors", data_dir);
+    sd_st_file f;
+    sd_err err;
+    if (sd_st_open(path, &f, &err)) {
+        tap_ok(0, "schedules: open golden: %s", err.msg);
+        return;
+    }
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char key[64];
+        sd_lr_params p;
+        snprintf(key, sizeof key, "%s.schedule", cases[c]);
+        if (sd_lr_schedule_from_name(meta(&f, key), &p.schedule, &err)) {
+            tap_ok(0, "%s: %s", cases[c], err.msg);
+            continue;
+        }
+        snprintf(key, sizeof key, "%s.warmup", cases[c]);
+        p.warmup = strtoll(meta(&f, key), NULL, 10);
+        snprintf(key, sizeof key, "%s.steps", cases[c]);
+        p.max_steps = strtoll(meta(&f, key), NULL, 10);
+        snprintf(key, sizeof key, "%s.cycles", cases[c]);
+        p.num_cycles = strtoll(meta(&f, key), NULL, 10);
+        snprintf(key, sizeof key, "%s.power", cases[c]);
+        p.power = strtod(meta(&f, key), NULL);
+        snprintf(key, sizeof key, "%s.lr", cases[c]);
+        p.base_lr = strtod(meta(&f, key), NULL);
+        const int K = (int)p.max_steps + 6;
+        double want[64];
+        snprintf(key, sizeof key, "lr.%s", cases[c]);
+        const sd_st_tensor *t = sd_st_find(&f, key);
+        if (!t || t->numel != K || K > 64 ||
+            sd_st_tensor_read_raw(t, want, (size_t)K * sizeof(double), &err)) {
+            tap_ok(0, "schedules: read %s", key);
+            continue;
+        }
+        int same = 0;
+        for (int k = 0; k < K; k++) {
+            const double got = p.base_lr * sd_lr_factor_params(&p, k);
+            same += got == want[k];
+            if (got != want[k])
+                tap_diag("%s k=%d: got %.17g want %.17g", cases[c], k, got, want[k]);
+        }
+        tap_ok(same == K, "schedule %s (%s, %lld cycles, power %g, warmup %lld of %lld): the "
+               "learning rate of k = 0..%d equals diffusers' bit for bit", cases[c],
+               sd_lr_schedule_name(p.schedule), (long long)p.num_cycles, p.power,
+               (long long)p.warmup, (long long)p.max_steps, K - 1);
+    }
+    sd_st_close(&f);
+}
+
 static void schedules_key_steps(void)
 {
     tap_ok(sd_lr_factor(SD_LR_CONSTANT, 0, 0, 100) == 1.0, "no warmup: first update uses lr");
@@ -353,7 +408,9 @@ static void schedules_key_steps(void)
     sd_lr_schedule s;
     sd_err err;
     tap_ok(!sd_lr_schedule_from_name("cosine", &s, &err) && s == SD_LR_COSINE &&
-               sd_lr_schedule_from_name("cosine_with_restarts", &s, &err) == -1,
+               !sd_lr_schedule_from_name("cosine_with_restarts", &s, &err) &&
+               s == SD_LR_COSINE_RESTARTS && !sd_lr_schedule_from_name("polynomial", &s, &err) &&
+               s == SD_LR_POLYNOMIAL && sd_lr_schedule_from_name("piecewise_constant", &s, &err) == -1,
            "sd_lr_schedule_from_name");
 }
 
@@ -525,6 +582,7 @@ int main(void)
     golden_case("linear", 1);
     golden_case("cosine", 1);
     schedules_golden();
+    schedules_more_golden();
     schedules_key_steps();
     ema_by_hand();
     adamw_by_hand();
