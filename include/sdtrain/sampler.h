@@ -70,6 +70,11 @@ typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSP
  * "lms", "dpm2", "dpm2_a" (case-insensitive) -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
+/* The diffusers class a kind reproduces ("DDIMScheduler", ...). */
+const char *sd_sampler_class_name(sd_sampler_kind kind);
+/* Whether that class has rescale_betas_zero_snr (ddim, ddpm, euler, euler_a, the two
+ * DPM-Solver++, unipc); the others would sample the unrescaled schedule. */
+int sd_sampler_takes_zero_snr(sd_sampler_kind kind);
 /* "leading", "trailing", "linspace" -> spacing; -1 for anything else. */
 int sd_spacing_from_name(const char *name);
 const char *sd_spacing_name(sd_spacing spacing);

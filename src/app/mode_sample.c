@@ -293,17 +293,11 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
         rc = sd_err_set(err, "%s: trained_betas are not implemented", path);
     else if (kind != SD_SAMPLER_PNDM && jtrue(root, "thresholding"))
         rc = sd_err_set(err, "%s: thresholding is not implemented", path);
-    else if ((kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM || kind == SD_SAMPLER_LMS ||
-              kind == SD_SAMPLER_DPM2 || kind == SD_SAMPLER_DPM2_A) &&
-             jtrue(root, "rescale_betas_zero_snr"))
+    else if (!sd_sampler_takes_zero_snr(kind) && jtrue(root, "rescale_betas_zero_snr"))
         rc = sd_err_set(err, "%s: rescale_betas_zero_snr is set, which diffusers' %s would "
                              "ignore (sampling another schedule than the model's): use ddim, "
                              "ddpm, euler, euler_a, dpmpp_2m, dpmpp_2m_sde or unipc", path,
-                        kind == SD_SAMPLER_HEUN   ? "HeunDiscreteScheduler"
-                        : kind == SD_SAMPLER_LMS  ? "LMSDiscreteScheduler"
-                        : kind == SD_SAMPLER_DPM2 ? "KDPM2DiscreteScheduler"
-                        : kind == SD_SAMPLER_DPM2_A ? "KDPM2AncestralDiscreteScheduler"
-                                                    : "PNDMScheduler");
+                        sd_sampler_class_name(kind));
     else if (kind == SD_SAMPLER_DDPM && jstr_not(root, "variance_type", "fixed_small", &got))
         rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
                              "'fixed_small')", path, got);

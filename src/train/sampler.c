@@ -14,6 +14,12 @@ static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
     "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
     "lms", "dpm2", "dpm2_a"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
+/* the diffusers class of each kind (dpmpp_2m_sde: the same class, another algorithm_type) */
+static const char *const class_names[SD_SAMPLER_N_KINDS] = {
+    "DDIMScheduler", "PNDMScheduler", "DDPMScheduler", "EulerDiscreteScheduler",
+    "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler",
+    "DPMSolverMultistepScheduler", "HeunDiscreteScheduler", "UniPCMultistepScheduler",
+    "LMSDiscreteScheduler", "KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler"};
 
 int sd_sampler_kind_from_name(const char *name)
 {
@@ -26,6 +32,18 @@ int sd_sampler_kind_from_name(const char *name)
 const char *sd_sampler_kind_name(sd_sampler_kind kind)
 {
     return (unsigned)kind < SD_SAMPLER_N_KINDS ? kind_names[kind] : "?";
+}
+
+const char *sd_sampler_class_name(sd_sampler_kind kind)
+{
+    return (unsigned)kind < SD_SAMPLER_N_KINDS ? class_names[kind] : "?";
+}
+
+int sd_sampler_takes_zero_snr(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM || kind == SD_SAMPLER_EULER ||
+           kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_DPMPP_2M ||
+           kind == SD_SAMPLER_DPMPP_2M_SDE || kind == SD_SAMPLER_UNIPC;
 }
 
 int sd_spacing_from_name(const char *name)
@@ -388,6 +406,18 @@ static double interp_grid(const float *fp, int T, double x)
 
 static double sigma_to_t(double sigma, const float *log_sigmas, int T);
 
+/* The ancestral split of a step from sigma `from` to `to` in fp32, as diffusers writes it:
+ * sigma_up = (to^2 (from^2 - to^2) / from^2) ** 0.5, sigma_down = (to^2 - up^2) ** 0.5 (Euler
+ * ancestral's step, KDPM2 ancestral's schedule). */
+static void ancestral_sigmas(float from, float to, float *up, float *down)
+{
+    const float to2 = to * to, from2 = from * from, diff = from2 - to2;
+    const float num = to2 * diff, up2 = num / from2;
+    *up = sqrtf(up2);
+    const float upsq = *up * *up;
+    *down = sqrtf(to2 - upsq);
+}
+
 /* x[:1], x[1:].repeat_interleave(2), x[-1:] of x[0..N] into out[0..2N+1] */
 static void interleave(const float *x, int N, float *out)
 {
@@ -435,12 +465,10 @@ static void dpm2_finish(sd_sampler *s, const float *full, const float *bt, const
             it[k] = log_midpoint(b[k], b[k - 1]);
     } else {
         for (int k = 0; k <= N; k++) {
-            const float sn = k < N ? b[k + 1] : 0.0f, sn2 = sn * sn, s2 = b[k] * b[k];
-            const float diff = s2 - sn2, num = sn2 * diff;
-            /* the last (0 / 0) is never used */
-            up[k] = b[k] > 0.0f ? sqrtf(num / s2) : 0.0f;
-            const float upsq = up[k] * up[k];
-            down[k] = k < N ? sqrtf(sn2 - upsq) : 0.0f;
+            /* to the next base sigma (0 after the last); the last (0 / 0) is never used */
+            up[k] = down[k] = 0.0f;
+            if (b[k] > 0.0f)
+                ancestral_sigmas(b[k], k < N ? b[k + 1] : 0.0f, &up[k], &down[k]);
             it[k] = k >= N - 1 ? 0.0f : log_midpoint(b[k], down[k]);
         }
     }
@@ -481,13 +509,11 @@ static int check_ancestral(const sd_sampler *s, sd_err *err)
     float at = 0.0f;
     if (s->kind == SD_SAMPLER_EULER_A) {
         for (int i = 0; i < s->n_timesteps && bad < 0; i++) {
-            const float next = s->sigmas[i + 1], sigma = s->sigmas[i];
-            const float to2 = next * next, from2 = sigma * sigma, diff = from2 - to2;
-            const float num = to2 * diff, up2 = num / from2, up = sqrtf(up2);
-            const float upsq = up * up, down = sqrtf(to2 - upsq);
+            float up, down;
+            ancestral_sigmas(s->sigmas[i], s->sigmas[i + 1], &up, &down);
             if (!isfinite(down) || !isfinite(up)) {
                 bad = i;
-                at = sigma;
+                at = s->sigmas[i];
             }
         }
     } else if (s->kind == SD_SAMPLER_DPM2_A) {
@@ -531,17 +557,12 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         free(ts);
         return -1;
     }
-    if (d->zero_snr && (kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_PNDM ||
-                        kind == SD_SAMPLER_LMS || is_dpm2(kind))) {
+    if (d->zero_snr && !sd_sampler_takes_zero_snr(kind)) {
         free(ts);
         return sd_err_set(err, "sampler: '%s' has no zero-terminal-SNR schedule (diffusers' %s "
                                "has no rescale_betas_zero_snr): use ddim, ddpm, euler, euler_a, "
                                "dpmpp_2m, dpmpp_2m_sde or unipc", sd_sampler_kind_name(kind),
-                          kind == SD_SAMPLER_HEUN   ? "HeunDiscreteScheduler"
-                          : kind == SD_SAMPLER_LMS  ? "LMSDiscreteScheduler"
-                          : kind == SD_SAMPLER_DPM2 ? "KDPM2DiscreteScheduler"
-                          : kind == SD_SAMPLER_DPM2_A ? "KDPM2AncestralDiscreteScheduler"
-                                                      : "PNDMScheduler");
+                          sd_sampler_class_name(kind));
     }
     s->kind = kind;
     s->spacing = spacing;
@@ -925,11 +946,8 @@ static void euler_step(const sd_sampler *s, int i, const float *mo, float *x, co
         }
         return;
     }
-    /* sigma_up = (to**2 * (from**2 - to**2) / from**2) ** 0.5, sigma_down = (to**2 - up**2)
-     * ** 0.5 */
-    const float to2 = next * next, from2 = sigma * sigma, diff = from2 - to2;
-    const float num = to2 * diff, up2 = num / from2, up = sqrtf(up2);
-    const float upsq = up * up, down = sqrtf(to2 - upsq);
+    float up, down;
+    ancestral_sigmas(sigma, next, &up, &down);
     const float dt = down - sigma;
     SD_CHECK(noise != NULL, "Euler ancestral step needs noise");
     for (int64_t j = 0; j < s->n; j++) {
@@ -1003,48 +1021,33 @@ static void lms_step(sd_sampler *s, int i, const float *mo, float *x)
  * last call (even) ends at the midpoint of the last sigma and 0, which is 0. */
 static void dpm2_step(sd_sampler *s, int i, const float *mo, float *x, const float *noise)
 {
-    const int first = i % 2 == 0;
-    if (s->kind == SD_SAMPLER_DPM2_A) {
-        /* KDPM2AncestralDiscreteScheduler.step: first order from sigmas[i] to
-         * sigmas_interpol[i]; second order from the kept sample by the midpoint's derivative
-         * to sigmas_down[i - 1], plus noise * sigmas_up[i - 1] */
-        const int k = first ? i : i - 1;
-        const float sigma = s->sigmas[k], interp = s->sigmas_interp[k];
-        const float up = s->sigmas_up[k], down = s->sigmas_down[k];
-        const float sin = first ? sigma : interp;
-        const float sq = sin * sin, c_skip = sq + 1.0f, c_out = -sin / sqrtf(c_skip);
-        const float dt = first ? interp - sigma : down - sigma;
-        SD_CHECK(first || noise != NULL, "KDPM2 ancestral step needs noise");
-        for (int64_t j = 0; j < s->n; j++) {
-            const float x0 = k_x0(s->prediction, sin, c_out, c_skip, mo[j], x[j]);
-            const float der = (x[j] - x0) / (first ? sigma : interp);
-            const float base = first ? x[j] : s->heun_sample[j];
-            if (first)
-                s->heun_sample[j] = x[j];
-            const float step = der * dt;
-            float y = base + step;
-            if (!first) {
-                const float z = noise[j] * up;
-                y = y + z;
-            }
-            x[j] = y;
-        }
-        return;
-    }
-    const float sigma = first ? s->sigmas[i] : s->sigmas[i - 1];
-    const float interp = first ? s->sigmas_interp[i + 1] : s->sigmas_interp[i];
-    const float next = first ? s->sigmas[i + 1] : s->sigmas[i];
+    const int first = i % 2 == 0, anc = s->kind == SD_SAMPLER_DPM2_A;
+    /* KDPM2: first order from sigmas[i] to sigmas_interpol[i + 1], second order by the
+     * midpoint sigmas_interpol[i] from the kept sample to sigmas[i]. KDPM2AncestralDiscrete-
+     * Scheduler indexes its schedule at k (i, or i - 1 on a second-order call): first order
+     * to sigmas_interpol[k], second order to sigmas_down[k], plus noise * sigmas_up[k]. */
+    const int k = first ? i : i - 1;
+    const float sigma = s->sigmas[k];
+    const float interp = s->sigmas_interp[anc ? k : first ? i + 1 : i];
+    const float end = first ? interp : anc ? s->sigmas_down[k] : s->sigmas[i];
+    const float up = anc && !first ? s->sigmas_up[k] : 0.0f;
     const float sin = first ? sigma : interp; /* sigma_input */
     const float sq = sin * sin, c_skip = sq + 1.0f, c_out = -sin / sqrtf(c_skip);
-    const float dt = first ? interp - sigma : next - sigma;
+    const float dt = end - sigma;
+    SD_CHECK(!anc || first || noise != NULL, "KDPM2 ancestral step needs noise");
     for (int64_t j = 0; j < s->n; j++) {
         const float x0 = k_x0(s->prediction, sin, c_out, c_skip, mo[j], x[j]);
-        const float der = (x[j] - x0) / (first ? sigma : interp);
+        const float der = (x[j] - x0) / sin;
         const float base = first ? x[j] : s->heun_sample[j];
         if (first)
             s->heun_sample[j] = x[j];
         const float step = der * dt;
-        x[j] = base + step;
+        float y = base + step;
+        if (anc && !first) {
+            const float z = noise[j] * up;
+            y = y + z;
+        }
+        x[j] = y;
     }
 }
 
@@ -1389,15 +1392,58 @@ static void unipc_rhos(int order, int corrector, const float *rks_in, float hh, 
     lapack_solve(k, r, rhos);
 }
 
-/* UniPCMultistepScheduler (predict_x0; bh2 or bh1; solver_order 1, 2 or 3): at step i, the
- * corrector UniC refines the sample with the model output just computed (from step 1 on), then
- * the predictor UniP steps to sigmas[i + 1]. x0_prev, x0_prev2, x0_prev3 hold model_outputs[-1],
- * [-2], [-3]. */
+/* The scalars of one UniPC B(h) update from sigmas[i0] to sigmas[it] (the corrector: i - 1 to
+ * i; the predictor: i to i + 1), with the D1s' nodes at sigmas[i0 - 1], sigmas[i0 - 2]:
+ * predict_x0: hh = -h, x_t = (sigma_t / sigma_s0) x - alpha_t h_phi_1 m0 - alpha_t B_h res;
+ * the noise form: hh = h, (alpha_t / alpha_s0) x - sigma_t h_phi_1 m0 - sigma_t B_h res. */
+typedef struct unipc_coef {
+    float c_x, c_m, c_r; /* the factors of x, m0 and res */
+    float rks[2], rhos[3];
+} unipc_coef;
+
+static void unipc_coefs(const sd_sampler *s, int it, int i0, int order, int corrector,
+                        unipc_coef *c)
+{
+    float a_t, s_t, a_0, s_0;
+    const float lt = dpm_lambda(s->sigmas[it], &a_t, &s_t);
+    const float l0 = dpm_lambda(s->sigmas[i0], &a_0, &s_0);
+    const float h = lt - l0, hh = (s->unipc_eps ? 1.0f : -1.0f) * h, phi1 = expm1f(hh);
+    const float bh = s->unipc_bh1 ? hh : phi1;
+    for (int k = 1; k < order; k++) {
+        float a_q, s_q;
+        const float lk = dpm_lambda(s->sigmas[i0 - k], &a_q, &s_q), dl = lk - l0;
+        c->rks[k - 1] = dl / h;
+    }
+    if (corrector || order >= 2)
+        unipc_rhos(order, corrector, c->rks, hh, bh, c->rhos);
+    c->c_x = s->unipc_eps ? a_t / a_0 : s_t / s_0;
+    c->c_m = (s->unipc_eps ? s_t : a_t) * phi1;
+    c->c_r = (s->unipc_eps ? s_t : a_t) * bh;
+}
+
+/* einsum("k,bkc...->bc...", rhos, D1s) at element j: sum over k of rhos[k - 1] (m_k - m0) / rk,
+ * in order (order >= 2) */
+static inline float unipc_d1_sum(const float *const m[3], int64_t j, int order,
+                                 const unipc_coef *c)
+{
+    float sum = 0.0f;
+    for (int k = 1; k < order; k++) {
+        const float d = m[k][j] - m[0][j], d1 = d / c->rks[k - 1], term = c->rhos[k - 1] * d1;
+        sum = k == 1 ? term : sum + term;
+    }
+    return sum;
+}
+
+/* UniPCMultistepScheduler (predict_x0 or the noise form; bh2 or bh1; solver_order 1, 2 or 3):
+ * at step i, the corrector UniC refines the sample with the model output just computed (from
+ * step 1 on, but at disable_corrector's steps), then the predictor UniP steps to
+ * sigmas[i + 1]. x0_prev, x0_prev2, x0_prev3 hold model_outputs[-1], [-2], [-3]. */
 static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
 {
     const int64_t n = s->n;
     float *cur = s->tmp;
-    float a_t, s_t;
+    const float *m[3];
+    unipc_coef c;
     int use_corrector = i > 0 && s->unipc_order > 0;
     if (use_corrector && i - 1 < SD_SAMPLER_MAX_DISABLE &&
         (s->unipc_nocorr[(i - 1) / 8] >> ((i - 1) % 8) & 1))
@@ -1416,37 +1462,20 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
             }
         }
     }
-    /* predict_x0: hh = -h, x_t = (sigma_t / sigma_s0) x - alpha_t h_phi_1 m0 - alpha_t B_h res;
-     * the noise form: hh = h, (alpha_t / alpha_s0) x - sigma_t h_phi_1 m0 - sigma_t B_h res */
-    const float sign = s->unipc_eps ? 1.0f : -1.0f;
     if (use_corrector) {
-        /* multistep_uni_c_bh_update from last_sample (sigmas[i - 1]) to this sample, with
-         * m0 = model_outputs[-1] and the D1s of [-2], [-3] at sigmas[i - 2], [i - 3] */
+        /* multistep_uni_c_bh_update from last_sample to this sample */
         const int order = s->unipc_order;
-        float a_p, s_p, rks[2], rhos[3];
-        const float lt = dpm_lambda(s->sigmas[i], &a_t, &s_t);
-        const float l0 = dpm_lambda(s->sigmas[i - 1], &a_p, &s_p);
-        const float h = lt - l0, hh = sign * h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
-        for (int k = 1; k < order; k++) {
-            float a_q, s_q;
-            const float lk = dpm_lambda(s->sigmas[i - 1 - k], &a_q, &s_q), dl = lk - l0;
-            rks[k - 1] = dl / h;
-        }
-        unipc_rhos(order, 1, rks, hh, bh, rhos);
-        const float rho_last = rhos[order - 1];
-        const float c_x = s->unipc_eps ? a_t / a_p : s_t / s_p;
-        const float c_m = (s->unipc_eps ? s_t : a_t) * phi1, c_r = (s->unipc_eps ? s_t : a_t) * bh;
-        const float *m[3] = {s->x0_prev, s->x0_prev2, s->x0_prev3};
+        unipc_coefs(s, i, i - 1, order, 1, &c);
+        const float rho_last = c.rhos[order - 1];
+        m[0] = s->x0_prev;
+        m[1] = s->x0_prev2;
+        m[2] = s->x0_prev3;
         for (int64_t j = 0; j < n; j++) {
-            float p = c_x * s->last_sample[j], q = c_m * m[0][j];
+            float p = c.c_x * s->last_sample[j], q = c.c_m * m[0][j];
             float base = p - q;
-            float corr = 0.0f;
-            for (int k = 1; k < order; k++) { /* einsum over the D1s */
-                const float d = m[k][j] - m[0][j], d1 = d / rks[k - 1], term = rhos[k - 1] * d1;
-                corr = k == 1 ? term : corr + term;
-            }
+            float corr = order >= 2 ? unipc_d1_sum(m, j, order, &c) : 0.0f;
             float dt = cur[j] - m[0][j], e = rho_last * dt;
-            float sum = corr + e, r = c_r * sum;
+            float sum = corr + e, r = c.c_r * sum;
             x[j] = base - r;
         }
     }
@@ -1462,38 +1491,19 @@ static void unipc_step(sd_sampler *s, int i, const float *mo, float *x)
         order = s->lower_order_nums + 1;
     s->unipc_order = order;
     memcpy(s->last_sample, x, (size_t)n * sizeof *x);
-    /* multistep_uni_p_bh_update to sigmas[i + 1]: m0 = model_outputs[-1] at sigmas[i], the D1s
-     * of [-2], [-3] at sigmas[i - 1], [i - 2] */
-    {
-        float a_0, s_0, rks[2], rhos[3];
-        const float lt = dpm_lambda(s->sigmas[i + 1], &a_t, &s_t);
-        const float l0 = dpm_lambda(s->sigmas[i], &a_0, &s_0);
-        const float h = lt - l0, hh = sign * h, phi1 = expm1f(hh), bh = s->unipc_bh1 ? hh : phi1;
-        for (int k = 1; k < order; k++) {
-            float a_q, s_q;
-            const float lk = dpm_lambda(s->sigmas[i - k], &a_q, &s_q), dl = lk - l0;
-            rks[k - 1] = dl / h;
+    /* multistep_uni_p_bh_update to sigmas[i + 1] */
+    unipc_coefs(s, i + 1, i, order, 0, &c);
+    m[0] = s->x0_prev;
+    m[1] = s->x0_prev2;
+    m[2] = s->x0_prev3;
+    for (int64_t j = 0; j < n; j++) {
+        float p = c.c_x * x[j], q = c.c_m * m[0][j];
+        float r = p - q;
+        if (order >= 2) { /* pred_res */
+            float pr = unipc_d1_sum(m, j, order, &c), cr = c.c_r * pr;
+            r = r - cr;
         }
-        if (order >= 2)
-            unipc_rhos(order, 0, rks, hh, bh, rhos);
-        const float c_x = s->unipc_eps ? a_t / a_0 : s_t / s_0;
-        const float c_m = (s->unipc_eps ? s_t : a_t) * phi1, c_r = (s->unipc_eps ? s_t : a_t) * bh;
-        const float *m[3] = {s->x0_prev, s->x0_prev2, s->x0_prev3};
-        for (int64_t j = 0; j < n; j++) {
-            float p = c_x * x[j], q = c_m * m[0][j];
-            float r = p - q;
-            if (order >= 2) { /* pred_res = einsum(rhos_p, D1s), D1 = (m_k - m0) / rk */
-                float pr = 0.0f;
-                for (int k = 1; k < order; k++) {
-                    const float d = m[k][j] - m[0][j], d1 = d / rks[k - 1],
-                                term = rhos[k - 1] * d1;
-                    pr = k == 1 ? term : pr + term;
-                }
-                float c = c_r * pr;
-                r = r - c;
-            }
-            x[j] = r;
-        }
+        x[j] = r;
     }
     if (s->lower_order_nums < s->dpm_order)
         s->lower_order_nums++;
