@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_scheduler_goldens import OUT, SD2  # noqa: E402
+from make_scheduler_goldens import OUT, SD2, run_steps  # noqa: E402
 
 
 def dpm2(**kw):
@@ -90,13 +90,7 @@ def main():
                      ("expo_eps", dict(use_exponential_sigmas=True))):
         s = dpm2(**kw)
         s.set_timesteps(8)
-        x = sample0.clone() * s.init_noise_sigma
-        res = []
-        for i, t in enumerate(s.timesteps):
-            s.scale_model_input(x, t)  # sets the step index as the pipeline does
-            x = s.step(mos[i], t, x, return_dict=False)[0]
-            res.append(x.clone())
-        out["step_" + name] = torch.stack(res).numpy()
+        out["step_" + name] = run_steps(s, sample0, mos)
 
     # 3. the ancestral variant (KDPM2AncestralDiscreteScheduler): its schedules, and 8 steps with
     #    the noise of call i (drawn at the second-order calls, the odd ones) = in_noise[i]
@@ -121,13 +115,7 @@ def main():
         s = dpm2a(**kw)
         s.set_timesteps(8)
         anc_mod.randn_tensor = FixedNoise([noise[i] for i in range(1, 15, 2)])
-        x = sample0.clone() * s.init_noise_sigma
-        res = []
-        for i, t in enumerate(s.timesteps):
-            s.scale_model_input(x, t)
-            x = s.step(mos[i], t, x, return_dict=False)[0]
-            res.append(x.clone())
-        out["step_" + name] = torch.stack(res).numpy()
+        out["step_" + name] = run_steps(s, sample0, mos)
 
     from safetensors.numpy import save_file
     out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

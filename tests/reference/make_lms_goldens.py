@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_scheduler_goldens import OUT, SD2  # noqa: E402
+from make_scheduler_goldens import OUT, SD2, run_steps  # noqa: E402
 
 
 def lms(**kw):
@@ -67,13 +67,7 @@ def main():
                      ("expo_eps", dict(use_exponential_sigmas=True))):
         s = lms(**kw)
         s.set_timesteps(8)
-        x = sample0.clone() * s.init_noise_sigma
-        res = []
-        for i, t in enumerate(s.timesteps):
-            s.scale_model_input(x, t)  # sets the step index as the pipeline does
-            x = s.step(mos[i], t, x, return_dict=False)[0]
-            res.append(x.clone())
-        out["step_" + name] = torch.stack(res).numpy()
+        out["step_" + name] = run_steps(s, sample0, mos)
 
     from safetensors.numpy import save_file
     import scipy

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_scheduler_goldens import OUT, make, patch_noise  # noqa: E402
+from make_scheduler_goldens import OUT, make, patch_noise, run_steps  # noqa: E402
 
 
 def main():
@@ -85,12 +85,7 @@ def main():
         s = make(kind, num_train_timesteps=1000, **dict(base, **kw))
         s.set_timesteps(n)
         patch_noise(noise)
-        x = sample0.clone() * s.init_noise_sigma
-        res = []
-        for i, t in enumerate(s.timesteps):
-            x = s.step(mos[i], t, x, return_dict=False)[0]
-            res.append(x.clone())
-        out["step_" + name] = torch.stack(res).numpy()
+        out["step_" + name] = run_steps(s, sample0, mos)
 
     from safetensors.numpy import save_file
     out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

@@ -91,6 +91,19 @@ def make(kind, **kw):
     raise ValueError(kind)
 
 
+def run_steps(s, sample0, model_outs, **step_kw):
+    """The sample after each scheduler.step from sample0 * init_noise_sigma, model output i at call
+    i, scale_model_input called first as the pipeline does (it sets the step index); stacked."""
+    x = sample0.clone() * s.init_noise_sigma
+    res = []
+    for i, t in enumerate(s.timesteps):
+        if hasattr(s, "scale_model_input"):
+            s.scale_model_input(x, t)
+        x = s.step(model_outs[i], t, x, return_dict=False, **step_kw)[0]
+        res.append(x.clone())
+    return torch.stack(res).numpy()
+
+
 def patch_noise(noises):
     """Every module whose step draws noise gets the same fixed list."""
     import diffusers.schedulers.scheduling_ddim as m1
@@ -203,15 +216,7 @@ def main():
         s = make(kind, num_train_timesteps=1000, **kw)
         s.set_timesteps(5)
         patch_noise(noise)
-        x = sample0.clone() * s.init_noise_sigma
-        res = []
-        m_all = mos_heun if kind == "heun" else mos
-        for i, t in enumerate(s.timesteps):
-            if hasattr(s, "scale_model_input"):
-                s.scale_model_input(x, t)  # sets the step index as the pipeline does
-            x = s.step(m_all[i], t, x, return_dict=False, **step_kw)[0]
-            res.append(x.clone())
-        out["step_" + name] = torch.stack(res).numpy()
+        out["step_" + name] = run_steps(s, sample0, mos_heun if kind == "heun" else mos, **step_kw)
     # 16 steps with final_sigmas_type 'sigma_min': from 15 steps on, the last step is second order
     mos16 = torch.randn((16,) + shape, generator=torch.Generator().manual_seed(4))
     out["step16_model_out"] = mos16.numpy()

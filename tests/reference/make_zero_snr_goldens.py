@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_scheduler_goldens import OUT, make, patch_noise  # noqa: E402
+from make_scheduler_goldens import OUT, make, patch_noise, run_steps  # noqa: E402
 
 SD2 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
 COS = dict(beta_schedule="squaredcos_cap_v2")
@@ -99,14 +99,7 @@ def main():
             out["sig_" + name] = s.sigmas.numpy().astype(np.float32)
         out["ins_" + name] = np.array([float(s.init_noise_sigma)], dtype=np.float32)
         patch_noise(noise)
-        x = sample0.clone() * s.init_noise_sigma
-        res = []
-        for i, t in enumerate(s.timesteps):
-            if hasattr(s, "scale_model_input"):
-                s.scale_model_input(x, t)  # sets the step index as the pipeline does
-            x = s.step(mos[i], t, x, return_dict=False)[0]
-            res.append(x.clone())
-        out["step_" + name] = torch.stack(res).numpy()
+        out["step_" + name] = run_steps(s, sample0, mos)
 
     from safetensors.numpy import save_file
     out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
