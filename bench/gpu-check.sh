@@ -242,12 +242,11 @@ part_variants() {
     f="$logdir/variants.txt"
     : >"$f"
     printf '%-44s %-12s %-5s %10s %10s\n' "variant" "model" "res" "ms" "img/s" | tee -a "$f"
-    for v in "default:" "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
-        "GN_APPLY=fast:SDTRAIN_CUDA_GN_APPLY=fast" \
-        "GN_STATS=wide:SDTRAIN_CUDA_GN_STATS=wide" \
-        "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find" \
-        "fast+wide:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide" \
-        "fast+wide+find:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide SDTRAIN_CUDA_CONV_ALGO=find"; do
+    # the default is GN_STATS=wide, GN_APPLY=auto (fast for bf16) since 2026-11-26; "loads+onepass"
+    # is the default before
+    for v in "default:" "loads+onepass:SDTRAIN_CUDA_GN_APPLY=loads SDTRAIN_CUDA_GN_STATS=onepass" \
+        "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
+        "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find"; do
         name=${v%%:*}
         envs=${v#*:}
         # one process for every model at 256 px (the weights are made once), one for the VAE at
@@ -275,9 +274,8 @@ part_variants() {
         done
     done
     # the group norm alone at the U-Net's and the VAE's shapes (bench/ops_cuda), per variant
-    for v in "default:" "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
-        "GN_APPLY=fast:SDTRAIN_CUDA_GN_APPLY=fast" "GN_STATS=wide:SDTRAIN_CUDA_GN_STATS=wide" \
-        "fast+wide:SDTRAIN_CUDA_GN_APPLY=fast SDTRAIN_CUDA_GN_STATS=wide"; do
+    for v in "default:" "loads+onepass:SDTRAIN_CUDA_GN_APPLY=loads SDTRAIN_CUDA_GN_STATS=onepass" \
+        "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs"; do
         name=${v%%:*}
         envs=${v#*:}
         late && { late_note "variant $name groupnorm"; continue; }
@@ -310,7 +308,9 @@ part_peer() {
     PYTHONUNBUFFERED=1 timeout "$(cap 1800)" python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
         >"$logdir/peer.txt" 2>&1
     rc=$?
-    tail -12 "$logdir/peer.txt"
+    # the rows measured so far (a cut run has no table), then the table
+    grep '^PEER ' "$logdir/peer.txt"
+    tail -6 "$logdir/peer.txt"
     if [ "$rc" = 0 ]; then add "bench gpu_vs_torch" "done" "$logdir/peer.txt"
     else failed "bench gpu_vs_torch" "$rc" "exit $rc"; fi
 }

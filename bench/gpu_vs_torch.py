@@ -12,7 +12,8 @@ synchronized device, median of --reps after warm-ups (compilation happens in the
 Our side is bench/models_cuda from the build (or bundle) given by --bin.
 
 Prints one table: what, resolution, batch, ours ms, torch ms, ratio (torch / ours, > 1 means
-sdtrain is faster), and images/s. Needs torch with CUDA and diffusers (carry the wheel: see
+sdtrain is faster), and images/s; each row also as a "PEER ..." line as soon as it is measured,
+so that a run cut at a deadline keeps the cases it finished. Needs torch with CUDA and diffusers (carry the wheel: see
 bench/README.md, "GPU benchmarks"). Versions are printed with the table.
 """
 import argparse
@@ -136,15 +137,21 @@ def main():
         else:
             theirs = torch_unet(a.batch, res, a.reps, a.warmup + 2, compile_, what == "unet-train")
         rows.append((what, res, mine, theirs))
+        # each case's line as soon as it is measured: a run cut at a deadline keeps what it had
+        print("PEER " + row(what, res, a.batch, mine, theirs), flush=True)
     print(f"\n{'what':<12} {'res':>4} {'batch':>5} {'ours ms':>9} {'torch ms':>9} {'ratio':>6} "
           f"{'ours img/s':>10} {'torch img/s':>11}")
     for what, res, mine, theirs in rows:
-        r = f"{theirs / mine:6.2f}" if mine else "   n/a"
-        om = f"{mine * 1e3:9.2f}" if mine else "   failed"
-        oi = f"{a.batch / mine:10.1f}" if mine else "       n/a"
-        print(f"{what:<12} {res:>4} {a.batch:>5} {om} {theirs * 1e3:9.2f} {r} {oi} "
-              f"{a.batch / theirs:11.1f}")
+        print(row(what, res, a.batch, mine, theirs))
 
+
+def row(what, res, batch, mine, theirs):
+    """One line of the table: ours and torch's ms, the ratio (> 1: sdtrain faster), images/s."""
+    r = f"{theirs / mine:6.2f}" if mine else "   n/a"
+    om = f"{mine * 1e3:9.2f}" if mine else "   failed"
+    oi = f"{batch / mine:10.1f}" if mine else "       n/a"
+    return (f"{what:<12} {res:>4} {batch:>5} {om} {theirs * 1e3:9.2f} {r} {oi} "
+            f"{batch / theirs:11.1f}")
 
 if __name__ == "__main__":
     main()

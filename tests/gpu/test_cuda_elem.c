@@ -643,29 +643,36 @@ static void group_norm_round(const char *stats, const char *apply)
     unsetenv("SDTRAIN_CUDA_GN_APPLY");
 }
 
-/* Group norm forward (+SiLU) on a default backend and on one made with `var` = `value`, same
- * inputs: the same bits (the variants that promise it). Both dtypes; a shape whose grid-stride
- * loops wrap. */
-static void same_bits_as_default(const char *var, const char *value)
+/* Group norm forward (+SiLU) on a backend made with `var` = `a` and on one made with `var` = `b`,
+ * same inputs: the same bits (the variants that promise it). For the dtypes in `dts` (SD_F32,
+ * SD_BF16 or both); a shape whose grid-stride loops wrap. */
+static void variants_same_bits(const char *var, const char *a_value, const char *b_value, int dts_mask)
 {
     const sd_dtype dts[2] = {SD_F32, SD_BF16};
     for (int k = 0; k < 2; k++) {
-        sd_backend *a = NULL, *b = NULL;
-        sd_err err;
-        if (sd_backend_cuda_create(0, dts[k], &a, &err) != 0)
+        if (!(dts_mask & (1 << k)))
             continue;
-        setenv(var, value, 1);
-        int made = sd_backend_cuda_create(0, dts[k], &b, &err) == 0;
-        unsetenv(var);
-        if (!tap_ok(made, "%s=%s backend: %s", var, value, made ? "made" : err.msg)) {
-            sd_backend_cuda_destroy(a);
+        sd_backend *bes[2] = {NULL, NULL};
+        const char *values[2] = {a_value, b_value};
+        sd_err err;
+        int made = 1;
+        for (int j = 0; j < 2 && made; j++) {
+            setenv(var, values[j], 1);
+            made = sd_backend_cuda_create(0, dts[k], &bes[j], &err) == 0;
+            unsetenv(var);
+            tap_ok(made, "%s=%s backend [%s]: %s", var, values[j], sd_dtype_name(dts[k]),
+                   made ? "made" : err.msg);
+        }
+        if (!made) {
+            if (bes[0])
+                sd_backend_cuda_destroy(bes[0]);
             continue;
         }
         sd_group_norm_desc d = {16, quick() ? 64 : 1024, 320, 32, 1e-5f, 1};
         const int64_t nx = (int64_t)d.n * d.hw * d.c;
-        float *x = hr(a, nx, 2.0f, 0.5f), *gm = hr(a, d.c, 0.5f, 1.0f), *bt = hr(a, d.c, 0.5f, 0.0f);
+        float *x = hr(bes[0], nx, 2.0f, 0.5f), *gm = hr(bes[0], d.c, 0.5f, 1.0f),
+              *bt = hr(bes[0], d.c, 0.5f, 0.0f);
         void *outs[2];
-        sd_backend *bes[2] = {a, b};
         for (int j = 0; j < 2; j++) {
             void *xd = dput(bes[j], x, nx), *gd = dput(bes[j], gm, d.c), *bd = dput(bes[j], bt, d.c);
             sd_scratch ws = dscratch(bes[j], sd_group_norm_forward_scratch_bytes(bes[j], &d));
@@ -677,14 +684,15 @@ static void same_bits_as_default(const char *var, const char *value)
         }
         const size_t bytes = (size_t)nx * sd_dtype_size(dts[k]);
         unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
-        sd_download(a, ha, outs[0], bytes);
-        sd_download(b, hb, outs[1], bytes);
-        tap_ok(memcmp(ha, hb, bytes) == 0, "group norm with %s=%s: the default's bits [%s]", var,
-               value, sd_dtype_name(dts[k]));
+        sd_download(bes[0], ha, outs[0], bytes);
+        sd_download(bes[1], hb, outs[1], bytes);
+        tap_ok(memcmp(ha, hb, bytes) == 0, "group norm: %s=%s gives the bits of %s [%s]", var,
+               b_value, a_value, sd_dtype_name(dts[k]));
         free(ha), free(hb), free(x), free(gm), free(bt);
-        sd_backend_free(a, outs[0]), sd_backend_free(b, outs[1]);
-        sd_backend_cuda_destroy(a);
-        sd_backend_cuda_destroy(b);
+        for (int j = 0; j < 2; j++) {
+            sd_backend_free(bes[j], outs[j]);
+            sd_backend_cuda_destroy(bes[j]);
+        }
     }
 }
 
@@ -712,15 +720,16 @@ int main(void)
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
 
-    /* the group norm's other statistics modes (onepass is the default) and apply kernels
-     * (loads is the default): regs gives the bits of loads, fast the approximate SiLU, wide the
-     * bits of onepass */
+    /* the group norm's other statistics modes (wide is the default) and apply kernels (auto,
+     * fast for bf16 and regs for fp32, is the default): regs gives the bits of loads, fast the
+     * approximate SiLU, wide the bits of onepass */
+    group_norm_round("onepass", "loads");
     group_norm_round("twopass", NULL);
-    group_norm_round("twopass", "regs");
+    group_norm_round("twopass", "loads");
+    group_norm_round(NULL, "loads");
     group_norm_round(NULL, "regs");
     group_norm_round(NULL, "fast");
-    group_norm_round("wide", NULL);
-    group_norm_round("wide", "fast");
+    group_norm_round("onepass", NULL);
     /* the asynchronous copies in order on the compute stream */
     setenv("SDTRAIN_CUDA_COPY_STREAM", "off", 1);
     n = gpu_backends(gpu);
@@ -731,8 +740,10 @@ int main(void)
         sd_backend_cuda_destroy(gpu[i]);
     unsetenv("SDTRAIN_CUDA_COPY_STREAM");
     refused("SDTRAIN_CUDA_COPY_STREAM", "bogus");
-    same_bits_as_default("SDTRAIN_CUDA_GN_APPLY", "regs");
-    same_bits_as_default("SDTRAIN_CUDA_GN_STATS", "wide");
+    variants_same_bits("SDTRAIN_CUDA_GN_APPLY", "loads", "regs", 3);
+    variants_same_bits("SDTRAIN_CUDA_GN_APPLY", "regs", "auto", 1); /* fp32 */
+    variants_same_bits("SDTRAIN_CUDA_GN_APPLY", "fast", "auto", 2); /* bf16 */
+    variants_same_bits("SDTRAIN_CUDA_GN_STATS", "onepass", "wide", 3);
     refused("SDTRAIN_CUDA_GN_APPLY", "bogus");
     refused("SDTRAIN_CUDA_GN_STATS", "bogus");
     return tap_done();

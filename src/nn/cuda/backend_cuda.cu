@@ -379,15 +379,16 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     /* The switches (doc/cuda/README.md), each a list of values, the default first:
      *   SDTRAIN_CUDA_ATTENTION  flash (= auto: the fused kernels where they apply; passed
      *                           tests/gpu on an H100 on 2026-11-22) | math
-     *   SDTRAIN_CUDA_GN_STATS   onepass | twopass | wide (onepass, 4 channels a thread)
-     *   SDTRAIN_CUDA_GN_APPLY   loads | regs | fast
+     *   SDTRAIN_CUDA_GN_STATS   wide (onepass with 4 channels a thread) | onepass | twopass
+     *   SDTRAIN_CUDA_GN_APPLY   auto (fast for bf16, regs for fp32) | loads | regs | fast
      *   SDTRAIN_CUDA_CONV_ALGO  heuristic | find
      *   SDTRAIN_CUDA_COPY_STREAM on | off (asynchronous copies in order on the compute stream:
      *                           no overlap, for telling a copy-stream problem apart)
-     * (wide, regs, fast and find written 2026-11-26 without a GPU, to be timed). */
+     * wide and auto became the defaults on 2026-11-26 after the op tests passed on an H200 and
+     * bench/gpu-check.sh --parts variants timed them (doc/performance.md). */
     static const char *const attention_values[] = {"flash", "auto", "math", nullptr};
-    static const char *const stats_values[] = {"onepass", "twopass", "wide", nullptr};
-    static const char *const apply_values[] = {"loads", "regs", "fast", nullptr};
+    static const char *const stats_values[] = {"wide", "onepass", "twopass", nullptr};
+    static const char *const apply_values[] = {"auto", "loads", "regs", "fast", nullptr};
     static const char *const algo_values[] = {"heuristic", "find", nullptr};
     static const char *const copy_values[] = {"on", "off", nullptr};
     const int attention = env_choice("SDTRAIN_CUDA_ATTENTION", attention_values, err);
@@ -404,8 +405,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     st->device = device;
     st->dtype = dtype;
     st->attention_mode = attention == 2 ? SD_CUDA_ATTENTION_MATH : SD_CUDA_ATTENTION_FLASH;
-    st->gn_onepass = stats == 0 ? 1 : stats == 1 ? 0 : 2;
-    st->gn_apply_regs = apply;
+    st->gn_onepass = stats == 0 ? 2 : stats == 1 ? 1 : 0;
+    st->gn_apply = apply == 0 ? SD_CUDA_GN_APPLY_AUTO : apply - 1;
     st->conv_find = algo;
     st->copy_stream_on = copy == 0;
     const char *sync = getenv("SDTRAIN_CUDA_SYNC");

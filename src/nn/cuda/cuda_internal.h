@@ -21,6 +21,15 @@
 #define SD_CUDA_ATTENTION_MATH 0
 #define SD_CUDA_ATTENTION_FLASH 1
 
+/* Group-norm apply kernels (sd_cuda_state.gn_apply, ops_cuda_norm.cu): statistics and affine
+ * parameters loaded per element; each thread's channel constants in registers; that with the
+ * forward SiLU from __expf / __fdividef (a few fp32 ulps); auto: fast where the output is bf16
+ * (whose rounding, 2^-9, hides those ulps), regs for fp32. */
+#define SD_CUDA_GN_APPLY_LOADS 0
+#define SD_CUDA_GN_APPLY_REGS 1
+#define SD_CUDA_GN_APPLY_FAST 2
+#define SD_CUDA_GN_APPLY_AUTO 3
+
 /* cuBLASLt workspace owned by the backend (32 MiB: what cuBLAS asks for on Hopper). */
 #define SD_CUDA_LT_WORKSPACE (32u << 20)
 
@@ -46,8 +55,7 @@ typedef struct sd_cuda_state {
     int attention_mode;       /* SDTRAIN_CUDA_ATTENTION: SD_CUDA_ATTENTION_MATH or _FLASH */
     int gn_onepass;           /* SDTRAIN_CUDA_GN_STATS: 1 onepass (group statistics in one
                                * read), 2 wide (the same, 4 channels per thread), 0 twopass */
-    int gn_apply_regs;        /* SDTRAIN_CUDA_GN_APPLY: 1 regs (channel constants in registers),
-                               * 2 fast (the same with the approximate SiLU), 0 loads */
+    int gn_apply;             /* SDTRAIN_CUDA_GN_APPLY: an SD_CUDA_GN_APPLY_* value */
     int conv_find;            /* SDTRAIN_CUDA_CONV_ALGO=find: timed algorithm choice */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;

@@ -890,11 +890,14 @@ static void cuda_group_norm_forward(const sd_backend *be, const sd_group_norm_de
             SD_CUDA_LAUNCHED(be);
             SD_CUDA_SUBMARK(be, "group_norm_forward:rstd");
         }
-        if (gn_vec_ok(be, hw * c, c, x, y, n) && sd_cuda(be)->gn_apply_regs == 2) {
+        const int mode = sd_cuda(be)->gn_apply;
+        const bool fast = mode == SD_CUDA_GN_APPLY_FAST ||
+                          (mode == SD_CUDA_GN_APPLY_AUTO && sizeof(T) == 2);
+        if (gn_vec_ok(be, hw * c, c, x, y, n) && fast) {
             gn_apply_regs_kernel<T, true><<<gn_regs_grid(be, hw * c, c, n), NORM_THREADS, 0, s>>>(
                 (int)(hw * c), c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu,
                 rs, d->silu, (T *)y);
-        } else if (gn_vec_ok(be, hw * c, c, x, y, n) && sd_cuda(be)->gn_apply_regs) {
+        } else if (gn_vec_ok(be, hw * c, c, x, y, n) && mode != SD_CUDA_GN_APPLY_LOADS) {
             gn_apply_regs_kernel<T, false><<<gn_regs_grid(be, hw * c, c, n), NORM_THREADS, 0, s>>>(
                 (int)(hw * c), c, groups, (const T *)x, (const T *)gamma, (const T *)beta, mu,
                 rs, d->silu, (T *)y);
@@ -949,7 +952,7 @@ static void cuda_group_norm_backward(const sd_backend *be, const sd_group_norm_d
                                                       tot, coef);
             SD_CUDA_LAUNCHED(be);
             if (gn_vec_ok(be, hw * c, c, x, dx, n) && (uintptr_t)dy % 16 == 0 &&
-                sd_cuda(be)->gn_apply_regs) {
+                sd_cuda(be)->gn_apply != SD_CUDA_GN_APPLY_LOADS) {
                 gn_dx_regs_kernel<T><<<gn_regs_grid(be, hw * c, c, n), NORM_THREADS, 0, s>>>(
                     (int)(hw * c), c, groups, (const T *)x, (const T *)gamma,
                     (const T *)beta_used, mean, rstd, coef, (const T *)dy, d->silu, (T *)dx,
