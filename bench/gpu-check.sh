@@ -23,6 +23,8 @@
 #                 every command is cut 10 s before; the table marks what was cut ("cut") and
 #                 what never started ("not run"). Default: 540 when $OUT is set (the device
 #                 tool, whose calls last at most 600 s), else none; 0: none
+#   --peer-what L the cases of "peer" (bench/gpu_vs_torch.py --what; default all:
+#                 vae-encode,unet-train,unet-fwd; vae-encode alone takes about 90 s)
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
 #                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
 # Exit status: 0 when every part that ran passed (cut or not run ones included), 1 otherwise, 77
@@ -35,6 +37,7 @@ build=""
 parts="tests,modules,sanitizer,bench"
 logdir="gpu-check-logs"
 deadline=""
+peer_what="vae-encode,unet-train,unet-fwd"
 while [ $# -gt 0 ]; do
     case "$1" in
     --bundle) bundle=$2; shift 2 ;;
@@ -42,6 +45,7 @@ while [ $# -gt 0 ]; do
     --parts) parts=$2; shift 2 ;;
     --deadline) deadline=$2; shift 2 ;;
     --log) logdir=$2; shift 2 ;;
+    --peer-what) peer_what=$2; shift 2 ;;
     -h | --help) sed -n '2,/^[^#]/p' "$0" | grep '^#'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; exit 2 ;;
     esac
@@ -306,7 +310,7 @@ part_peer() {
             export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     fi
     PYTHONUNBUFFERED=1 timeout "$(cap 1800)" python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
-        >"$logdir/peer.txt" 2>&1
+        --what "$peer_what" >"$logdir/peer.txt" 2>&1
     rc=$?
     # the rows measured so far (a cut run has no table), then the table
     grep '^PEER ' "$logdir/peer.txt"
