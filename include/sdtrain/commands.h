@@ -29,6 +29,8 @@ int sd_cmd_make_demo_data(int argc, char **argv);
 /* sdtool export --from SRC --out DIR [--ema] [--pretrained SNAPSHOT] [--nml FILE] [--force]
  * (src/app/cmd_export.c) */
 int sd_cmd_export(int argc, char **argv);
+/* sdtool single-file --snapshot DIR --out FILE [--dtype T] [--force] (src/app/cmd_single_file.c) */
+int sd_cmd_single_file(int argc, char **argv);
 
 /* sdtool plot METRICS.jsonl [--out PNG] [--metric a,b] [--smooth N] [--logy] [--text]
  * (src/app/cmd_plot.c) */

@@ -82,6 +82,8 @@ static const subcommand commands[] = {
     {"grad", sd_cmd_grad, "loss and every U-Net parameter gradient for one batch", NULL},
     {"export", sd_cmd_export, "export a checkpoint or a training output as a diffusers snapshot",
      NULL},
+    {"single-file", sd_cmd_single_file,
+     "write a diffusers snapshot as one checkpoint in the original SD layout", NULL},
     {"make-demo-data", sd_cmd_make_demo_data, "write a small synthetic captioned image dataset", NULL},
     {"plot", sd_cmd_plot, "plot metrics.jsonl curves as a PNG, or summarize them as text (--text)",
      NULL},

@@ -114,6 +114,29 @@ cmp -s "$TMP/samples-srun/samples/0-0.png" "$TMP/samples-sexp/samples/0-0.png" |
     fail "sampling from the export differs from sampling from the training output"
 pass "a run from a snapshot: its unet config, vae, text encoder, tokenizer; sampling from the export"
 
+# the export as one original-layout checkpoint (sdtool single-file; the names and bytes are
+# checked against diffusers' conversion by tests/unit/test_single_file)
+run sf "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/sexp.safetensors"
+expect_rc sf 0
+expect_in sf out "text encoder 40 (60160, OpenCLIP names, q/k/v fused)"
+[ -s "$TMP/sexp.safetensors" ] || fail "single-file: no file"
+run sf-again "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/sexp.safetensors"
+expect_rc sf-again 2
+expect_in sf-again err "already exists (give --force"
+run sf-half "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/sexp.safetensors" --dtype F16 --force
+expect_rc sf-half 0
+expect_in sf-half out "(F16)"
+run sf-dtype "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/y.safetensors" --dtype F64
+expect_rc sf-dtype 2
+expect_in sf-dtype err "--dtype F64: expected F32, F16 or BF16"
+run sf-run "$SDTOOL" single-file --snapshot "$TMP/run" --out "$TMP/y.safetensors"
+expect_rc sf-run 2
+[ ! -e "$TMP/y.safetensors" ] || fail "single-file: a failed conversion left a file"
+run sf-noargs "$SDTOOL" single-file --snapshot "$TMP/sexp"
+expect_rc sf-noargs 2
+expect_in sf-noargs err "--snapshot and --out are required"
+pass "sdtool single-file: the export in one file (F32, F16), errors with exit 2"
+
 # zero terminal SNR: the scheduler is written from &diffusion as DDIMScheduler (PNDMScheduler has
 # no rescale_betas_zero_snr: diffusers would sample another schedule) with 'trailing' spacing,
 # also over a pretrained snapshot's own scheduler; sampling from the export == from the run

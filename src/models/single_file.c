@@ -1,0 +1,420 @@
+/* Diffusers names -> the original (CompVis / LDM) names of a Stable Diffusion checkpoint, and
+ * the writer of one such file from a snapshot (doc/export.md "One file").
+ *
+ * The U-Net's LDM layout numbers its blocks flatly: input_blocks.0 is conv_in, then for level b
+ * and layer l input_blocks.(1 + b (L + 1) + l) holds resnet (.0) and attention (.1), and
+ * input_blocks.(1 + b (L + 1) + L).0.op the level's downsampler (L = layers_per_block);
+ * output_blocks.(b (L + 1) + l) likewise for the up path, whose upsampler sits after the
+ * attention (.2) or, in a level without attention, after the resnet (.1). The VAE's decoder
+ * counts its levels the other way (decoder.up.(n - 1 - i) is diffusers' up_blocks.i). These are
+ * the inverse of diffusers' convert_ldm_unet_checkpoint / convert_ldm_vae_checkpoint /
+ * convert_open_clip_checkpoint; tests/reference/make_single_file_goldens.py runs those on this
+ * writer's output and checks every tensor. */
+#include "sdtrain/single_file.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/ops.h"
+#include "sdtrain/snapshot.h"
+#include "sdtrain/tensor.h"
+#include "sdtrain/weights.h"
+
+/* ---- name parsing ------------------------------------------------------------------------- */
+
+/* Consumes `pre` at *p. */
+static int take(const char **p, const char *pre)
+{
+    size_t n = strlen(pre);
+    if (strncmp(*p, pre, n) != 0)
+        return 0;
+    *p += n;
+    return 1;
+}
+
+/* Consumes "<digits>." at *p into *v. */
+static int take_index(const char **p, int *v)
+{
+    const char *s = *p;
+    long x = 0;
+    if (*s < '0' || *s > '9')
+        return 0;
+    while (*s >= '0' && *s <= '9' && x < 100000)
+        x = x * 10 + (*s++ - '0');
+    if (*s != '.')
+        return 0;
+    *v = (int)x;
+    *p = s + 1;
+    return 1;
+}
+
+/* snprintf that reports truncation as failure. */
+static int put(char *out, size_t size, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int put(char *out, size_t size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, size, fmt, ap);
+    va_end(ap);
+    return n >= 0 && (size_t)n < size ? 0 : -1;
+}
+
+/* A resnet's leaf (norm1.weight, ...) in the U-Net's LDM spelling. */
+static const char *unet_resnet_leaf(const char *leaf, const char **rest)
+{
+    static const char *const map[][2] = {
+        {"norm1.", "in_layers.0."},    {"conv1.", "in_layers.2."},
+        {"time_emb_proj.", "emb_layers.1."}, {"norm2.", "out_layers.0."},
+        {"conv2.", "out_layers.3."},   {"conv_shortcut.", "skip_connection."},
+    };
+    for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
+        const char *p = leaf;
+        if (take(&p, map[k][0])) {
+            *rest = p;
+            return map[k][1];
+        }
+    }
+    return NULL;
+}
+
+int sd_ldm_unet_key(const sd_unet_config *c, const char *key, char *out, size_t size)
+{
+    const int L = c->layers_per_block;
+    const char *p = key, *rest, *leaf;
+    int b, l;
+    if (take(&p, "time_embedding.linear_1."))
+        return put(out, size, "time_embed.0.%s", p);
+    if (take(&p, "time_embedding.linear_2."))
+        return put(out, size, "time_embed.2.%s", p);
+    if (take(&p, "conv_in."))
+        return put(out, size, "input_blocks.0.0.%s", p);
+    if (take(&p, "conv_norm_out."))
+        return put(out, size, "out.0.%s", p);
+    if (take(&p, "conv_out."))
+        return put(out, size, "out.2.%s", p);
+    if (take(&p, "down_blocks.")) {
+        if (!take_index(&p, &b) || b >= c->n_levels)
+            return -1;
+        if (take(&p, "resnets.") && take_index(&p, &l) && l < L &&
+            (leaf = unet_resnet_leaf(p, &rest)) != NULL)
+            return put(out, size, "input_blocks.%d.0.%s%s", 1 + b * (L + 1) + l, leaf, rest);
+        if (take(&p, "attentions.") && take_index(&p, &l) && l < L && c->down_cross[b])
+            return put(out, size, "input_blocks.%d.1.%s", 1 + b * (L + 1) + l, p);
+        if (take(&p, "downsamplers.0.conv.") && b + 1 < c->n_levels)
+            return put(out, size, "input_blocks.%d.0.op.%s", 1 + b * (L + 1) + L, p);
+        return -1;
+    }
+    if (take(&p, "mid_block.")) {
+        if (take(&p, "resnets.") && take_index(&p, &l) && l < 2 &&
+            (leaf = unet_resnet_leaf(p, &rest)) != NULL)
+            return put(out, size, "middle_block.%d.%s%s", l == 0 ? 0 : 2, leaf, rest);
+        if (take(&p, "attentions.0."))
+            return put(out, size, "middle_block.1.%s", p);
+        return -1;
+    }
+    if (take(&p, "up_blocks.")) {
+        if (!take_index(&p, &b) || b >= c->n_levels)
+            return -1;
+        if (take(&p, "resnets.") && take_index(&p, &l) && l <= L &&
+            (leaf = unet_resnet_leaf(p, &rest)) != NULL)
+            return put(out, size, "output_blocks.%d.0.%s%s", b * (L + 1) + l, leaf, rest);
+        if (take(&p, "attentions.") && take_index(&p, &l) && l <= L && c->up_cross[b])
+            return put(out, size, "output_blocks.%d.1.%s", b * (L + 1) + l, p);
+        if (take(&p, "upsamplers.0.conv.") && b + 1 < c->n_levels)
+            return put(out, size, "output_blocks.%d.%d.conv.%s", b * (L + 1) + L,
+                       c->up_cross[b] ? 2 : 1, p);
+        return -1;
+    }
+    return -1;
+}
+
+/* A VAE resnet's leaf: the same names but conv_shortcut, which LDM calls nin_shortcut. */
+static int vae_resnet(char *out, size_t size, const char *head, const char *leaf)
+{
+    const char *p = leaf;
+    if (take(&p, "conv_shortcut."))
+        return put(out, size, "%snin_shortcut.%s", head, p);
+    if (take(&p, "norm1.") || take(&p, "conv1.") || take(&p, "norm2.") || take(&p, "conv2."))
+        return put(out, size, "%s%s", head, leaf);
+    return -1;
+}
+
+int sd_ldm_vae_key(const sd_vae_config *c, const char *key, char *out, size_t size, int *conv_1x1)
+{
+    const char *p = key;
+    char head[64];
+    int i, j;
+    *conv_1x1 = 0;
+    if (take(&p, "quant_conv.") || take(&p, "post_quant_conv."))
+        return put(out, size, "%s", key);
+    const int enc = take(&p, "encoder."), dec = !enc && take(&p, "decoder.");
+    if (!enc && !dec)
+        return -1;
+    const char *side = enc ? "encoder" : "decoder";
+    if (take(&p, "conv_in.") || take(&p, "conv_out."))
+        return put(out, size, "%s", key);
+    if (take(&p, "conv_norm_out."))
+        return put(out, size, "%s.norm_out.%s", side, p);
+    if (take(&p, "mid_block.")) {
+        if (take(&p, "resnets.") && take_index(&p, &j) && j < 2) {
+            snprintf(head, sizeof head, "%s.mid.block_%d.", side, j + 1);
+            return vae_resnet(out, size, head, p);
+        }
+        if (!take(&p, "attentions.0.") || !c->mid_block_add_attention)
+            return -1;
+        static const char *const map[][2] = {
+            {"group_norm.", "norm."}, {"to_q.", "q."}, {"to_k.", "k."},
+            {"to_v.", "v."},          {"to_out.0.", "proj_out."},
+        };
+        for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
+            if (take(&p, map[k][0])) {
+                *conv_1x1 = k > 0 && !strcmp(p, "weight");
+                return put(out, size, "%s.mid.attn_1.%s%s", side, map[k][1], p);
+            }
+        return -1;
+    }
+    if (take(&p, enc ? "down_blocks." : "up_blocks.")) {
+        if (!take_index(&p, &i) || i >= c->n_levels)
+            return -1;
+        const int level = enc ? i : c->n_levels - 1 - i;
+        if (take(&p, "resnets.") && take_index(&p, &j)) {
+            snprintf(head, sizeof head, "%s.%s.%d.block.%d.", side, enc ? "down" : "up", level, j);
+            return vae_resnet(out, size, head, p);
+        }
+        if (enc && take(&p, "downsamplers.0.conv."))
+            return put(out, size, "encoder.down.%d.downsample.conv.%s", level, p);
+        if (dec && take(&p, "upsamplers.0.conv."))
+            return put(out, size, "decoder.up.%d.upsample.conv.%s", level, p);
+        return -1;
+    }
+    return -1;
+}
+
+int sd_ldm_clip_key(const sd_clip_config *c, const char *key, char *out, size_t size, int *part)
+{
+    const char *p = key;
+    int l;
+    *part = -1;
+    if (c->quick_gelu) /* OpenAI CLIP (SD 1): the transformers names under one prefix */
+        return put(out, size, SD_LDM_CLIP_PREFIX "%s", key);
+    if (!strcmp(key, "text_model.embeddings.token_embedding.weight"))
+        return put(out, size, SD_LDM_OPENCLIP_PREFIX "token_embedding.weight");
+    if (!strcmp(key, "text_model.embeddings.position_embedding.weight"))
+        return put(out, size, SD_LDM_OPENCLIP_PREFIX "positional_embedding");
+    if (take(&p, "text_model.final_layer_norm."))
+        return put(out, size, SD_LDM_OPENCLIP_PREFIX "ln_final.%s", p);
+    if (!take(&p, "text_model.encoder.layers.") || !take_index(&p, &l) ||
+        l >= c->num_hidden_layers)
+        return -1;
+    static const char *const map[][2] = {
+        {"layer_norm1.", "ln_1."},          {"layer_norm2.", "ln_2."},
+        {"self_attn.out_proj.", "attn.out_proj."}, {"mlp.fc1.", "mlp.c_fc."},
+        {"mlp.fc2.", "mlp.c_proj."},
+    };
+    for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
+        if (take(&p, map[k][0]))
+            return put(out, size, SD_LDM_OPENCLIP_PREFIX "transformer.resblocks.%d.%s%s", l,
+                       map[k][1], p);
+    static const char *const qkv[3] = {"self_attn.q_proj.", "self_attn.k_proj.",
+                                       "self_attn.v_proj."};
+    for (int k = 0; k < 3; k++)
+        if (take(&p, qkv[k]) && (!strcmp(p, "weight") || !strcmp(p, "bias"))) {
+            *part = k;
+            return put(out, size, SD_LDM_OPENCLIP_PREFIX "transformer.resblocks.%d.attn.in_proj_%s",
+                       l, p);
+        }
+    return -1;
+}
+
+/* ---- the writer ----------------------------------------------------------------------------- */
+
+/* Every buffer the safetensors writer borrows until the file is written. */
+typedef struct held {
+    void **ptr;
+    size_t n, cap;
+} held;
+
+static void *hold(held *h, size_t bytes)
+{
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 64;
+        h->ptr = sd_xrealloc(h->ptr, h->cap * sizeof *h->ptr);
+    }
+    return h->ptr[h->n++] = sd_xcalloc(bytes ? bytes : 1, 1);
+}
+
+/* One tensor (fp32, PyTorch layout) as `dtype` in a held buffer. */
+static void *convert(held *h, const float *src, size_t n, sd_st_dtype dtype)
+{
+    if (dtype == SD_ST_F32) {
+        float *d = hold(h, n * sizeof *d);
+        memcpy(d, src, n * sizeof *d);
+        return d;
+    }
+    uint16_t *d = hold(h, n * sizeof *d);
+    if (dtype == SD_ST_F16)
+        sd_f32_to_f16_array(src, d, n);
+    else
+        sd_f32_to_bf16_array(src, d, n);
+    return d;
+}
+
+/* The fused in_proj tensors of one text-encoder layer being assembled: [3 d, d] and [3 d]. */
+typedef struct fused {
+    char name[SD_PARAM_NAME_MAX + 64];
+    float *data;
+    int ndim;
+    int64_t shape[2];
+    int have; /* bit k: third k copied */
+} fused;
+
+static int add_tensor(sd_st_writer *wr, held *h, const char *name, sd_st_dtype dtype, int ndim,
+                      const int64_t *shape, const float *torch, size_t numel, sd_err *err)
+{
+    void *d = convert(h, torch, numel, dtype);
+    return sd_st_writer_add(wr, name, dtype, ndim, shape, d, numel * (sd_st_dtype_bits(dtype) / 8),
+                            err);
+}
+
+/* Adds one component's tensors (w: loaded, our layouts) under LDM names. */
+static int add_component(sd_st_writer *wr, held *h, sd_component comp, const void *config,
+                         const sd_weights *w, sd_st_dtype dtype, const char *dir, size_t *count,
+                         size_t *numel, sd_err *err)
+{
+    const sd_param_table *t = &w->table;
+    float *torch = sd_xcalloc(t->total_floats ? t->total_floats : 1, sizeof *torch);
+    fused *fz = NULL;
+    size_t nf = 0;
+    int rc = 0;
+    for (size_t i = 0; i < t->n && !rc; i++) {
+        const sd_param *p = &t->params[i];
+        char name[SD_PARAM_NAME_MAX + 64];
+        int64_t shape[4];
+        int ndim = p->ndim, part = -1, conv = 0, bad;
+        memcpy(shape, p->shape, sizeof shape);
+        sd_weight_to_torch(p->ndim, p->shape, sizeof(float), w->data + p->offset, torch + p->offset);
+        if (comp == SD_COMPONENT_UNET) {
+            memcpy(name, SD_LDM_UNET_PREFIX, sizeof SD_LDM_UNET_PREFIX);
+            bad = sd_ldm_unet_key(config, p->name, name + strlen(name),
+                                  sizeof name - strlen(name));
+        } else if (comp == SD_COMPONENT_VAE) {
+            memcpy(name, SD_LDM_VAE_PREFIX, sizeof SD_LDM_VAE_PREFIX);
+            bad = sd_ldm_vae_key(config, p->name, name + strlen(name), sizeof name - strlen(name),
+                                 &conv);
+        } else {
+            bad = sd_ldm_clip_key(config, p->name, name, sizeof name, &part);
+        }
+        if (bad) {
+            rc = sd_err_set(err, "%s: tensor '%s' has no name in the original checkpoint layout",
+                            dir, p->name);
+            break;
+        }
+        if (conv) { /* [C, C] -> [C, C, 1, 1] */
+            SD_CHECK(ndim == 2, "%s: a 1x1 projection of rank %d", p->name, ndim);
+            shape[2] = shape[3] = 1;
+            ndim = 4;
+        }
+        if (part < 0) {
+            rc = add_tensor(wr, h, name, dtype, ndim, shape, torch + p->offset, p->numel, err);
+            (*count)++;
+            *numel += p->numel;
+            continue;
+        }
+        /* one third of a fused in_proj: q, k, v in this order along the rows */
+        fused *f = NULL;
+        for (size_t k = 0; k < nf; k++)
+            if (!strcmp(fz[k].name, name))
+                f = &fz[k];
+        if (!f) {
+            fz = sd_xrealloc(fz, (nf + 1) * sizeof *fz);
+            f = &fz[nf++];
+            memset(f, 0, sizeof *f);
+            snprintf(f->name, sizeof f->name, "%s", name);
+            f->ndim = ndim;
+            f->shape[0] = 3 * shape[0];
+            f->shape[1] = ndim == 2 ? shape[1] : 0;
+            f->data = hold(h, 3 * p->numel * sizeof(float));
+        }
+        SD_CHECK(f->ndim == ndim && f->shape[0] == 3 * shape[0] &&
+                     (ndim == 1 || f->shape[1] == shape[1]) && !(f->have & (1 << part)),
+                 "%s: the q, k and v projections differ in shape", name);
+        memcpy(f->data + (size_t)part * p->numel, torch + p->offset, p->numel * sizeof(float));
+        f->have |= 1 << part;
+        if (f->have == 7) {
+            rc = add_tensor(wr, h, f->name, dtype, f->ndim, f->shape, f->data, 3 * p->numel, err);
+            (*count)++;
+            *numel += 3 * p->numel;
+        }
+    }
+    for (size_t k = 0; k < nf && !rc; k++)
+        if (fz[k].have != 7)
+            rc = sd_err_set(err, "%s: %s lacks one of q, k, v", dir, fz[k].name);
+    free(fz);
+    free(torch);
+    return rc;
+}
+
+int sd_single_file_write(const char *snapshot, const char *path, sd_st_dtype dtype,
+                         const char *note, sd_single_file_info *info, sd_err *err)
+{
+    sd_snapshot snap;
+    sd_unet_config uc;
+    sd_vae_config vc;
+    sd_clip_config cc;
+    held h = {0};
+    int rc = 0;
+    SD_CHECK(dtype == SD_ST_F32 || dtype == SD_ST_F16 || dtype == SD_ST_BF16,
+             "single file: dtype %s", sd_st_dtype_name(dtype));
+    memset(info, 0, sizeof *info);
+    if (sd_snapshot_open(&snap, snapshot, err))
+        return -1;
+    if (snap.is_component) {
+        sd_snapshot_close(&snap);
+        return sd_err_set(err, "%s is one component's folder: give the snapshot folder (with "
+                               "unet/, vae/ and text_encoder/)", snapshot);
+    }
+    sd_st_writer *wr = sd_st_writer_new();
+    for (int comp = 0; comp < SD_COMPONENT_COUNT && !rc; comp++) {
+        sd_weights w;
+        char dir[4096];
+        const void *config = comp == SD_COMPONENT_UNET ? (const void *)&uc
+                             : comp == SD_COMPONENT_VAE ? (const void *)&vc
+                                                        : (const void *)&cc;
+        if (sd_snapshot_component_dir(&snap, (sd_component)comp, dir, sizeof dir, err)) {
+            rc = -1;
+            break;
+        }
+        /* one model's fp32 weights at a time; what the file keeps is `dtype` copies */
+        rc = comp == SD_COMPONENT_UNET ? sd_snapshot_load_unet(&snap, NULL, &uc, &w, err)
+             : comp == SD_COMPONENT_VAE
+                 ? sd_snapshot_load_vae(&snap, NULL, &vc, &w, err)
+                 : sd_snapshot_load_text_encoder(&snap, NULL, &cc, NULL, &w, err);
+        if (rc)
+            break;
+        rc = add_component(wr, &h, (sd_component)comp, config, &w, dtype, dir,
+                           &info->tensors[comp], &info->numel[comp], err);
+        sd_weights_free(&w);
+    }
+    info->open_clip = !rc && !cc.quick_gelu;
+    if (!rc)
+        rc = sd_st_writer_set_metadata(wr, "format", "pt", err);
+    if (!rc && note)
+        rc = sd_st_writer_set_metadata(wr, "sdtrain", note, err);
+    if (!rc && sd_st_writer_write(wr, path, err))
+        rc = -2;
+    sd_st_writer_free(wr);
+    for (size_t k = 0; k < h.n; k++)
+        free(h.ptr[k]);
+    free(h.ptr);
+    sd_snapshot_close(&snap);
+    return rc;
+}
