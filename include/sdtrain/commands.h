@@ -31,6 +31,8 @@ int sd_cmd_make_demo_data(int argc, char **argv);
 int sd_cmd_export(int argc, char **argv);
 /* sdtool single-file --snapshot DIR --out FILE [--dtype T] [--force] (src/app/cmd_single_file.c) */
 int sd_cmd_single_file(int argc, char **argv);
+/* sdtool import-single-file --file FILE --config SNAPSHOT --out DIR [--ema] [--force] */
+int sd_cmd_import_single_file(int argc, char **argv);
 
 /* sdtool plot METRICS.jsonl [--out PNG] [--metric a,b] [--smooth N] [--logy] [--text]
  * (src/app/cmd_plot.c) */

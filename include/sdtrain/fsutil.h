@@ -25,6 +25,10 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
 /* rm -r of `path` (files and directories, symbolic links not followed); a missing path is fine. */
 int sd_remove_tree(const char *path, sd_err *err);
 
+/* cp -rL of `from` (a file or a folder) to `to`: regular files and folders, symbolic links
+ * followed (Hugging Face cache snapshots link their files to blobs); every file fsynced. */
+int sd_copy_tree(const char *from, const char *to, sd_err *err);
+
 #ifdef __cplusplus
 }
 #endif

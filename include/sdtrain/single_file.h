@@ -10,6 +10,7 @@
 #include "sdtrain/error.h"
 #include "sdtrain/models.h"
 #include "sdtrain/safetensors.h"
+#include "sdtrain/weights.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,6 +51,29 @@ typedef struct sd_single_file_info {
  * file and the problem). */
 int sd_single_file_write(const char *snapshot, const char *path, sd_st_dtype dtype,
                          const char *note, sd_single_file_info *info, sd_err *err);
+
+/* The three models read back from such a file. */
+typedef struct sd_single_file_models {
+    sd_unet_config unet;
+    sd_vae_config vae;
+    sd_clip_config clip;
+    sd_weights w[3]; /* U-Net, VAE, text encoder (sd_component order), our layouts */
+    int have;        /* bit c: w[c] initialized */
+} sd_single_file_models;
+
+/* Reads an original-layout file (any of F32/F16/BF16/F64) into the models that the
+ * config.json files of `config_snapshot`'s unet/, vae/ and text_encoder/ describe (e.g. the
+ * diffusers snapshot of the same model). `ema`: the U-Net from the file's model_ema.* copy.
+ * Every tensor of those models must be in the file with the model's shape (1x1-convolution VAE
+ * projections and fused in_proj accepted), and every tensor of the file under the three
+ * prefixes must be used, except the parts SD never runs (the original OpenCLIP's last layer,
+ * text_projection, logit_scale; position_ids); tensors outside the models (EMA copies, the
+ * schedule's buffers) are skipped. `notes` receives what was read and left out. Returns 0, or -1
+ * with a message naming the file and the first problems (free with
+ * sd_single_file_models_free, also after an error). */
+int sd_single_file_read(const char *file, const char *config_snapshot, int ema,
+                        sd_single_file_models *m, char *notes, size_t notes_size, sd_err *err);
+void sd_single_file_models_free(sd_single_file_models *m);
 
 #ifdef __cplusplus
 }

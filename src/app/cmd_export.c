@@ -101,68 +101,6 @@ static int slurp(const char *path, char **out, sd_err *err)
     return 0;
 }
 
-/* cp -rL: regular files and folders (symbolic links followed, as in Hugging Face caches whose
- * snapshot files link to blobs); each file is fsynced (the final rename is the commit). */
-static int copy_file(const char *from, const char *to, sd_err *err)
-{
-    char buf[1 << 16];
-    int in = open(from, O_RDONLY), out;
-    ssize_t n;
-    if (in < 0)
-        return sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
-    out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0) {
-        close(in);
-        return sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
-    }
-    while ((n = read(in, buf, sizeof buf)) > 0) {
-        for (ssize_t done = 0; done < n;) {
-            ssize_t w = write(out, buf + done, (size_t)(n - done));
-            if (w < 0) {
-                sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
-                close(in);
-                close(out);
-                return -1;
-            }
-            done += w;
-        }
-    }
-    if (n < 0) {
-        sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
-        close(in);
-        close(out);
-        return -1;
-    }
-    close(in);
-    if (fsync(out) != 0 || close(out) != 0)
-        return sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
-    return 0;
-}
-
-static int copy_tree(const char *from, const char *to, sd_err *err)
-{
-    DIR *d;
-    struct dirent *e;
-    int rc = 0;
-    if (!is_dir(from))
-        return copy_file(from, to, err);
-    if (sd_mkdir_p(to, "directory", err))
-        return -1;
-    d = opendir(from);
-    if (!d)
-        return sd_err_set(err, "cannot read folder '%s': %s", from, strerror(errno));
-    while (!rc && (e = readdir(d))) {
-        char a[PATH_LEN], b[PATH_LEN];
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        PATHF(a, "%s/%s", from, e->d_name);
-        PATHF(b, "%s/%s", to, e->d_name);
-        rc = copy_tree(a, b, err);
-    }
-    closedir(d);
-    return rc;
-}
-
 /* What SRC turned out to be. */
 typedef struct source {
     char ckpt[PATH_LEN];    /* a checkpoint directory, or "" */
@@ -376,7 +314,7 @@ static int write_other_parts(const char *tmp, const char *pre, const sd_config *
             PATHF(a, "%s/%s", pre, key);
             PATHF(b, "%s/%s", tmp, key);
             if (is_dir(a)) {
-                if ((rc = copy_tree(a, b, err)) != 0)
+                if ((rc = sd_copy_tree(a, b, err)) != 0)
                     break;
             } else {
                 fprintf(stderr, "sdtool export: warning: %s/model_index.json lists '%s', but %s "
@@ -398,7 +336,7 @@ static int write_other_parts(const char *tmp, const char *pre, const sd_config *
     }
     if (!rc && !listed(index, "tokenizer") && is_dir(cfg->model.tokenizer) && pre[0]) {
         PATHF(b, "%s/tokenizer", tmp);
-        rc = copy_tree(cfg->model.tokenizer, b, err);
+        rc = sd_copy_tree(cfg->model.tokenizer, b, err);
         add_pair(index, "tokenizer", "transformers", "CLIPTokenizer");
     }
     if (rc) {

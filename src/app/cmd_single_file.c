@@ -1,13 +1,18 @@
 /* sdtool single-file: a diffusers snapshot (a pretrained one, or what `sdtool export` wrote) as
- * one checkpoint in the original Stable Diffusion layout (doc/export.md "One file"). */
+ * one checkpoint in the original Stable Diffusion layout, and sdtool import-single-file, the way
+ * back (doc/export.md "One file"). */
 #include "sd_config.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "sdtrain/commands.h"
 #include "sdtrain/error.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/safetensors.h"
 #include "sdtrain/single_file.h"
 
@@ -100,4 +105,169 @@ int sd_cmd_single_file(int argc, char **argv)
            info.numel[1], info.tensors[2], info.numel[2],
            info.open_clip ? "OpenCLIP names, q/k/v fused" : "CLIP names");
     return SD_EXIT_OK;
+}
+
+/* ---- sdtool import-single-file ------------------------------------------------------------- */
+
+static void import_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sdtool import-single-file --file FILE.safetensors --config SNAPSHOT --out DIR\n"
+            "                                 [--ema] [--force]\n"
+            "\n"
+            "Writes a checkpoint in the original (CompVis / LDM) layout, e.g. one that\n"
+            "`sdtool single-file` wrote or v2-1_512-ema-pruned.safetensors, as a diffusers\n"
+            "snapshot that &model pretrained, &sample checkpoint and diffusers read.\n"
+            "\n"
+            "  --file FILE      the single file (safetensors; a pickled .ckpt must be converted\n"
+            "                   to safetensors first)\n"
+            "  --config SNAP    a diffusers snapshot of the same model: its unet/, vae/ and\n"
+            "                   text_encoder/ config.json describe the file; its other parts\n"
+            "                   (model_index.json, scheduler/, tokenizer/, ...) are copied\n"
+            "  --out DIR        the snapshot to write (built in DIR.tmp, then renamed)\n"
+            "  --ema            the U-Net from the file's EMA copy (model_ema.*)\n"
+            "  --force          replace an existing DIR\n"
+            "\n"
+            "exit status: 0 done, 1 DIR cannot be written, 2 bad usage or input.\n");
+}
+
+/* DIR.tmp: the config snapshot's other parts, the three components' config.json and the
+ * weights read from the file (F32, diffusers names). */
+static int write_imported(const char *tmp, const char *config, sd_single_file_models *m,
+                          sd_err *err)
+{
+    static const char *const comp[3] = {"unet", "vae", "text_encoder"};
+    static const char *const weights[3] = {"diffusion_pytorch_model.safetensors",
+                                           "diffusion_pytorch_model.safetensors",
+                                           "model.safetensors"};
+    char a[4400], b[4400];
+    if (sd_remove_tree(tmp, err) || sd_mkdir_p(tmp, "directory", err))
+        return -1;
+    DIR *d = opendir(config);
+    if (!d)
+        return sd_err_set(err, "cannot read folder '%s': %s", config, strerror(errno));
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "unet") ||
+            !strcmp(e->d_name, "vae") || !strcmp(e->d_name, "text_encoder"))
+            continue;
+        if (snprintf(a, sizeof a, "%s/%s", config, e->d_name) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", tmp, e->d_name) >= (int)sizeof b)
+            rc = sd_err_set(err, "path too long under %s", config);
+        else
+            rc = sd_copy_tree(a, b, err);
+    }
+    closedir(d);
+    for (int c = 0; c < 3 && !rc; c++) {
+        snprintf(b, sizeof b, "%s/%s", tmp, comp[c]);
+        if ((rc = sd_mkdir_p(b, "directory", err)) != 0)
+            break;
+        snprintf(a, sizeof a, "%s/%s/config.json", config, comp[c]);
+        snprintf(b, sizeof b, "%s/%s/config.json", tmp, comp[c]);
+        if ((rc = sd_copy_tree(a, b, err)) != 0)
+            break;
+        snprintf(b, sizeof b, "%s/%s/%s", tmp, comp[c], weights[c]);
+        rc = sd_weights_save_torch(&m->w[c].table, m->w[c].data, b, err);
+    }
+    if (!rc)
+        rc = sd_fsync_path(tmp, err);
+    return rc;
+}
+
+int sd_cmd_import_single_file(int argc, char **argv)
+{
+    const char *file = NULL, *config = NULL, *out = NULL;
+    int ema = 0, force = 0, code;
+    sd_err err;
+    sd_single_file_models m;
+    char tmp[4200], notes[512];
+    struct stat st;
+
+    for (int i = 1; i < argc; i++) {
+        const char **slot = NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            import_usage(stdout);
+            return SD_EXIT_OK;
+        } else if (!strcmp(argv[i], "--ema")) {
+            ema = 1;
+        } else if (!strcmp(argv[i], "--force")) {
+            force = 1;
+        } else if (!strcmp(argv[i], "--file")) {
+            slot = &file;
+        } else if (!strcmp(argv[i], "--config")) {
+            slot = &config;
+        } else if (!strcmp(argv[i], "--out")) {
+            slot = &out;
+        } else {
+            fprintf(stderr, "sdtool import-single-file: unknown argument '%s'\n", argv[i]);
+            import_usage(stderr);
+            return SD_EXIT_USAGE;
+        }
+        if (slot) {
+            if (i + 1 >= argc || !argv[i + 1][0]) {
+                fprintf(stderr, "sdtool import-single-file: %s needs a value\n", argv[i]);
+                return SD_EXIT_USAGE;
+            }
+            *slot = argv[++i];
+        }
+    }
+    if (!file || !config || !out) {
+        fprintf(stderr, "sdtool import-single-file: --file, --config and --out are required\n");
+        import_usage(stderr);
+        return SD_EXIT_USAGE;
+    }
+    {
+        size_t n = strlen(out);
+        while (n > 1 && out[n - 1] == '/')
+            n--;
+        if (snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)n, out) >= (int)sizeof tmp) {
+            fprintf(stderr, "sdtool import-single-file: --out path too long\n");
+            return SD_EXIT_USAGE;
+        }
+    }
+    if (stat(out, &st) == 0 && !force) {
+        fprintf(stderr, "sdtool import-single-file: %s already exists (give --force to replace "
+                        "it)\n", out);
+        return SD_EXIT_USAGE;
+    }
+    if (sd_single_file_read(file, config, ema, &m, notes, sizeof notes, &err)) {
+        fprintf(stderr, "sdtool import-single-file: %s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    code = SD_EXIT_FAILURE;
+    if (write_imported(tmp, config, &m, &err))
+        goto fail;
+    if (stat(out, &st) == 0) {
+        char old[4300];
+        snprintf(old, sizeof old, "%s.old.%ld", tmp, (long)getpid());
+        if (rename(out, old) != 0) {
+            sd_err_set(&err, "cannot move the existing %s aside: %s", out, strerror(errno));
+            goto fail;
+        }
+        if (rename(tmp, out) != 0) {
+            sd_err_set(&err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+            if (rename(old, out) != 0)
+                fprintf(stderr, "sdtool import-single-file: the previous %s is now %s\n", out, old);
+            goto fail;
+        }
+        if (sd_remove_tree(old, &err))
+            goto fail;
+    } else if (rename(tmp, out) != 0) {
+        sd_err_set(&err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+        goto fail;
+    }
+    printf("imported %s\n  to %s: unet %zu tensors, vae %zu, text encoder %zu (configs and other "
+           "parts from %s); %s\n",
+           file, out, m.w[0].table.n, m.w[1].table.n, m.w[2].table.n, config, notes);
+    sd_single_file_models_free(&m);
+    return SD_EXIT_OK;
+fail:
+    fprintf(stderr, "sdtool import-single-file: %s\n", err.msg);
+    {
+        sd_err e2;
+        sd_remove_tree(tmp, &e2);
+    }
+    sd_single_file_models_free(&m);
+    return code;
 }

@@ -84,6 +84,8 @@ static const subcommand commands[] = {
      NULL},
     {"single-file", sd_cmd_single_file,
      "write a diffusers snapshot as one checkpoint in the original SD layout", NULL},
+    {"import-single-file", sd_cmd_import_single_file,
+     "write a checkpoint in the original SD layout as a diffusers snapshot", NULL},
     {"make-demo-data", sd_cmd_make_demo_data, "write a small synthetic captioned image dataset", NULL},
     {"plot", sd_cmd_plot, "plot metrics.jsonl curves as a PNG, or summarize them as text (--text)",
      NULL},

@@ -1,6 +1,8 @@
-/* File-system helpers: mkdir -p, fsync, atomic replacement, rm -r; messages name the path. */
+/* File-system helpers: mkdir -p, fsync, atomic replacement, rm -r, cp -rL; messages name the
+ * path. */
 #include "sdtrain/fsutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -96,4 +98,70 @@ int sd_remove_tree(const char *path, sd_err *err)
     if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
         return sd_err_set(err, "cannot remove '%s': %s", path, strerror(errno));
     return 0;
+}
+
+/* cp -rL: regular files and folders (symbolic links followed, as in Hugging Face caches whose
+ * snapshot files link to blobs); each file is fsynced (the final rename is the commit). */
+static int copy_file(const char *from, const char *to, sd_err *err)
+{
+    char buf[1 << 16];
+    int in = open(from, O_RDONLY), out;
+    ssize_t n;
+    if (in < 0)
+        return sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
+    out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0) {
+        close(in);
+        return sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
+    }
+    while ((n = read(in, buf, sizeof buf)) > 0) {
+        for (ssize_t done = 0; done < n;) {
+            ssize_t w = write(out, buf + done, (size_t)(n - done));
+            if (w < 0) {
+                sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
+                close(in);
+                close(out);
+                return -1;
+            }
+            done += w;
+        }
+    }
+    if (n < 0) {
+        sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
+        close(in);
+        close(out);
+        return -1;
+    }
+    close(in);
+    if (fsync(out) != 0 || close(out) != 0)
+        return sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
+    return 0;
+}
+
+int sd_copy_tree(const char *from, const char *to, sd_err *err)
+{
+    DIR *d;
+    struct dirent *e;
+    int rc = 0;
+    struct stat st;
+    if (stat(from, &st) != 0 || !S_ISDIR(st.st_mode))
+        return copy_file(from, to, err);
+    if (sd_mkdir_p(to, "directory", err))
+        return -1;
+    d = opendir(from);
+    if (!d)
+        return sd_err_set(err, "cannot read folder '%s': %s", from, strerror(errno));
+    while (!rc && (e = readdir(d))) {
+        char a[4352], b[4352];
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (snprintf(a, sizeof a, "%s/%s", from, e->d_name) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", to, e->d_name) >= (int)sizeof b) {
+            rc = sd_err_set(err, "path too long under '%s'", from);
+            break;
+        }
+        rc = sd_copy_tree(a, b, err);
+    }
+    closedir(d);
+    return rc;
 }

@@ -418,3 +418,234 @@ int sd_single_file_write(const char *snapshot, const char *path, sd_st_dtype dty
     sd_snapshot_close(&snap);
     return rc;
 }
+
+/* ---- the reader ----------------------------------------------------------------------------- */
+
+/* The name of an LDM U-Net tensor in the file's EMA copy: "model_ema." and the name after
+ * "model." without its dots (how the original training code names its EMA buffers). */
+static void ema_name(const char *ldm, char *out, size_t size)
+{
+    size_t n = (size_t)snprintf(out, size, "model_ema.");
+    for (const char *p = ldm + strlen("model."); *p && n + 1 < size; p++)
+        if (*p != '.')
+            out[n++] = *p;
+    out[n] = '\0';
+}
+
+/* Problems met while reading, for one message. */
+typedef struct problems {
+    size_t missing, shape;
+    char text[700];
+} problems;
+
+static void note_problem(problems *pr, size_t *count, const char *fmt, const char *a,
+                         const char *b)
+{
+    size_t len = strlen(pr->text);
+    if ((*count)++ < 6 && len + 200 < sizeof pr->text)
+        snprintf(pr->text + len, sizeof pr->text - len, fmt, len ? "; " : "", a, b);
+}
+
+/* One component's tensors from the file into w (its table made from `config`); marks the
+ * file's tensors it used in `used`. */
+static void read_component(const sd_st_file *f, sd_component comp, const void *config, int ema,
+                           sd_weights *w, unsigned char *used, problems *pr)
+{
+    const sd_param_table *t = &w->table;
+    float *tmp = NULL;
+    size_t tmp_cap = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const sd_param *p = &t->params[i];
+        char name[SD_PARAM_NAME_MAX + 64], look[SD_PARAM_NAME_MAX + 64];
+        int part = -1, conv = 0, bad;
+        if (comp == SD_COMPONENT_UNET) {
+            memcpy(name, SD_LDM_UNET_PREFIX, sizeof SD_LDM_UNET_PREFIX);
+            bad = sd_ldm_unet_key(config, p->name, name + strlen(name), sizeof name - strlen(name));
+        } else if (comp == SD_COMPONENT_VAE) {
+            memcpy(name, SD_LDM_VAE_PREFIX, sizeof SD_LDM_VAE_PREFIX);
+            bad = sd_ldm_vae_key(config, p->name, name + strlen(name), sizeof name - strlen(name),
+                                 &conv);
+        } else {
+            bad = sd_ldm_clip_key(config, p->name, name, sizeof name, &part);
+        }
+        SD_CHECK(!bad, "single file: the model's tensor %s has no original name", p->name);
+        if (comp == SD_COMPONENT_UNET && ema)
+            ema_name(name, look, sizeof look);
+        else
+            snprintf(look, sizeof look, "%s", name);
+        const sd_st_tensor *st = sd_st_find(f, look);
+        if (!st) {
+            note_problem(pr, &pr->missing, "%smissing %s (for %s)", look, p->name);
+            continue;
+        }
+        /* the shape the file must have: the model's, a 1x1 convolution's, or a fused third */
+        int64_t want[4] = {0, 0, 0, 0};
+        int ndim = p->ndim;
+        memcpy(want, p->shape, sizeof want);
+        if (conv && st->ndim == 4) {
+            want[2] = want[3] = 1;
+            ndim = 4;
+        }
+        if (part >= 0)
+            want[0] *= 3;
+        int same = st->ndim == ndim;
+        for (int d = 0; same && d < ndim; d++)
+            same = st->shape[d] == want[d];
+        if (!same) {
+            char s[160];
+            size_t len = 0;
+            for (int d = 0; d < st->ndim && len < sizeof s - 24; d++)
+                len += (size_t)snprintf(s + len, sizeof s - len, "%s%lld", d ? "x" : "",
+                                        (long long)st->shape[d]);
+            if (!st->ndim)
+                snprintf(s, sizeof s, "scalar");
+            note_problem(pr, &pr->shape, "%s%s has shape %s", look, s);
+            continue;
+        }
+        used[st - f->tensors] = 1;
+        if ((size_t)st->numel > tmp_cap) {
+            tmp_cap = (size_t)st->numel;
+            tmp = sd_xrealloc(tmp, tmp_cap * sizeof *tmp);
+        }
+        sd_err e;
+        if (sd_st_tensor_read_f32(st, tmp, (size_t)st->numel, &e)) {
+            note_problem(pr, &pr->shape, "%s%s: %s", look, e.msg);
+            continue;
+        }
+        const float *src = tmp + (part > 0 ? (size_t)part * p->numel : 0);
+        int64_t ours[4];
+        sd_weight_from_torch(p->ndim, p->shape, sizeof(float), src, w->data + p->offset, ours);
+    }
+    free(tmp);
+}
+
+/* Whether an unused tensor of the file is one the SD family never uses (the original OpenCLIP's
+ * layers past the ones SD 2 runs, its projection and logit scale; the old position_ids). */
+static int ignorable(const char *name, const sd_clip_config *cc)
+{
+    const char *p = name;
+    int l;
+    if (take(&p, SD_LDM_OPENCLIP_PREFIX)) {
+        if (!strcmp(p, "text_projection") || !strcmp(p, "logit_scale") || !strcmp(p, "attn_mask"))
+            return 1;
+        return take(&p, "transformer.resblocks.") && take_index(&p, &l) &&
+               l >= cc->num_hidden_layers;
+    }
+    return strstr(name, "position_ids") != NULL;
+}
+
+int sd_single_file_read(const char *file, const char *config_snapshot, int ema,
+                        sd_single_file_models *m, char *notes, size_t notes_size, sd_err *err)
+{
+    sd_snapshot snap;
+    sd_st_file f;
+    problems pr;
+    int rc = 0;
+    memset(m, 0, sizeof *m);
+    memset(&pr, 0, sizeof pr);
+    if (notes_size)
+        notes[0] = '\0';
+    if (sd_snapshot_open(&snap, config_snapshot, err))
+        return -1;
+    if (snap.is_component) {
+        sd_snapshot_close(&snap);
+        return sd_err_set(err, "%s is one component's folder: give the snapshot folder whose "
+                               "unet/, vae/ and text_encoder/ config.json describe the file",
+                          config_snapshot);
+    }
+    for (int c = 0; c < SD_COMPONENT_COUNT && !rc; c++) {
+        char dir[4096], cfg[4200];
+        sd_param_table table;
+        if (sd_snapshot_component_dir(&snap, (sd_component)c, dir, sizeof dir, err)) {
+            rc = -1;
+            break;
+        }
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        memset(&table, 0, sizeof table);
+        if (c == SD_COMPONENT_UNET) {
+            rc = sd_unet_config_load(cfg, &m->unet, err);
+            if (!rc)
+                sd_unet_params(&m->unet, &table);
+        } else if (c == SD_COMPONENT_VAE) {
+            rc = sd_vae_config_load(cfg, &m->vae, err);
+            if (!rc)
+                sd_vae_params(&m->vae, &table);
+        } else {
+            rc = sd_clip_config_load(cfg, &m->clip, err);
+            if (!rc)
+                sd_clip_params(&m->clip, &table);
+        }
+        if (!rc) {
+            sd_weights_init(&m->w[c], &table);
+            m->have |= 1 << c;
+        }
+    }
+    sd_snapshot_close(&snap);
+    if (rc) {
+        sd_single_file_models_free(m);
+        return -1;
+    }
+    if (sd_st_open(file, &f, err)) {
+        sd_single_file_models_free(m);
+        return -1;
+    }
+    unsigned char *used = sd_xcalloc(f.n_tensors ? f.n_tensors : 1, 1);
+    if (ema) {
+        size_t n_ema = 0;
+        for (size_t i = 0; i < f.n_tensors; i++)
+            n_ema += !strncmp(f.tensors[i].name, "model_ema.", 10);
+        if (!n_ema) {
+            rc = sd_err_set(err, "%s: the EMA weights were asked for, but the file has no "
+                                 "model_ema.* tensors", file);
+            goto out;
+        }
+    }
+    read_component(&f, SD_COMPONENT_UNET, &m->unet, ema, &m->w[0], used, &pr);
+    read_component(&f, SD_COMPONENT_VAE, &m->vae, 0, &m->w[1], used, &pr);
+    read_component(&f, SD_COMPONENT_TEXT_ENCODER, &m->clip, 0, &m->w[2], used, &pr);
+    /* the file's tensors of the three models that nothing used: a configuration that does not
+     * describe the file (an error), or parts SD never uses (noted) */
+    size_t unused = 0, skipped = 0, other = 0;
+    for (size_t i = 0; i < f.n_tensors; i++) {
+        const char *n = f.tensors[i].name;
+        if (used[i])
+            continue;
+        int ours = !strncmp(n, SD_LDM_UNET_PREFIX, strlen(SD_LDM_UNET_PREFIX)) ||
+                   !strncmp(n, SD_LDM_VAE_PREFIX, strlen(SD_LDM_VAE_PREFIX)) ||
+                   !strncmp(n, "cond_stage_model.", 17);
+        if (!ours || (ema && !strncmp(n, SD_LDM_UNET_PREFIX, strlen(SD_LDM_UNET_PREFIX)))) {
+            other++; /* EMA copies, the schedule's buffers, ... */
+        } else if (ignorable(n, &m->clip)) {
+            skipped++;
+        } else {
+            note_problem(&pr, &unused, "%s%s is not part of the model %s describes", n,
+                         config_snapshot);
+        }
+    }
+    if (pr.missing || pr.shape || unused) {
+        rc = sd_err_set(err, "%s: does not fit the configuration of %s (%zu missing, %zu with "
+                             "another shape, %zu not used): %s%s", file, config_snapshot,
+                        pr.missing, pr.shape, unused, pr.text,
+                        pr.missing + pr.shape + unused > 6 ? "; ..." : "");
+        goto out;
+    }
+    if (notes_size)
+        snprintf(notes, notes_size, "%zu tensors of the file read, %zu the SD models never use "
+                                    "(left out), %zu outside the models%s",
+                 f.n_tensors - skipped - other, skipped, other,
+                 ema ? " (the U-Net from its EMA copy)" : "");
+out:
+    free(used);
+    sd_st_close(&f);
+    if (rc)
+        sd_single_file_models_free(m);
+    return rc;
+}
+
+void sd_single_file_models_free(sd_single_file_models *m)
+{
+    for (int c = 0; c < SD_COMPONENT_COUNT; c++)
+        if (m->have & (1 << c))
+            sd_weights_free(&m->w[c]);
+    m->have = 0;
+}

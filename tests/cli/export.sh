@@ -137,6 +137,32 @@ expect_rc sf-noargs 2
 expect_in sf-noargs err "--snapshot and --out are required"
 pass "sdtool single-file: the export in one file (F32, F16), errors with exit 2"
 
+# and back: import-single-file with the export as the configuration; sampling from the imported
+# snapshot gives the PNG bytes of sampling from the export
+run sf32 "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/sexp32.safetensors"
+expect_rc sf32 0
+run imp "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" --config "$TMP/sexp" --out "$TMP/simp"
+expect_rc imp 0
+expect_in imp out "500 tensors of the file read"
+mpi sample-simp 1 "$SDTRAIN" "$TMP/strain.nml" --set run.mode=sample \
+    --set "run.output_dir='$TMP/samples-simp'" --set "sample.checkpoint='$TMP/simp'"
+expect_rc sample-simp 0
+cmp -s "$TMP/samples-simp/samples/0-0.png" "$TMP/samples-sexp/samples/0-0.png" ||
+    fail "sampling from the imported single file differs from sampling from the export"
+run imp-again "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" --config "$TMP/sexp" --out "$TMP/simp"
+expect_rc imp-again 2
+expect_in imp-again err "already exists (give --force"
+run imp-ema "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" --config "$TMP/sexp" \
+    --out "$TMP/simp2" --ema
+expect_rc imp-ema 2
+expect_in imp-ema err "no model_ema.* tensors"
+run imp-wrong "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" \
+    --config "$top_srcdir/tests/data/models/tiny-sd1" --out "$TMP/simp2"
+expect_rc imp-wrong 2
+expect_in imp-wrong err "does not fit the configuration of $top_srcdir/tests/data/models/tiny-sd1"
+[ ! -e "$TMP/simp2" ] && [ ! -e "$TMP/simp2.tmp" ] || fail "a failed import left a folder"
+pass "sdtool import-single-file: the file back as a snapshot that samples the same bytes; errors"
+
 # zero terminal SNR: the scheduler is written from &diffusion as DDIMScheduler (PNDMScheduler has
 # no rescale_betas_zero_snr: diffusers would sample another schedule) with 'trailing' spacing,
 # also over a pretrained snapshot's own scheduler; sampling from the export == from the run

@@ -11,6 +11,7 @@
 #include "sdtrain/models.h"
 #include "sdtrain/safetensors.h"
 #include "sdtrain/single_file.h"
+#include "sdtrain/snapshot.h"
 #include "sdtrain/tensor.h"
 #include "tap.h"
 
@@ -277,6 +278,157 @@ static void bad_input(const char *srcdir, const char *dir)
     tap_ok(rc == -2, "an unwritable path: %s", rc ? err.msg : "accepted");
 }
 
+/* The weights of a snapshot and of a read-back file: the same floats (our layouts). */
+static int same_weights(const sd_weights *a, const sd_weights *b)
+{
+    return a->table.n == b->table.n && a->table.total_floats == b->table.total_floats &&
+           memcmp(a->data, b->data, a->table.total_floats * sizeof(float)) == 0;
+}
+
+/* A copy of `src` (an original-layout file) with changes: `extra` tensors added (name, F32
+ * vector of 4 values), names starting with `drop` left out, and, when ema, every U-Net tensor
+ * also as its model_ema.* copy with the values negated. */
+static void rewrite(const char *src, const char *dst, const char *const *extra, const char *drop,
+                    int ema)
+{
+    sd_st_file f;
+    sd_err err;
+    SD_CHECK(sd_st_open(src, &f, &err) == 0, "%s", err.msg);
+    sd_st_writer *w = sd_st_writer_new();
+    float four[4] = {1, 2, 3, 4};
+    void **keep = calloc(2 * f.n_tensors + 1, sizeof *keep);
+    char **names = calloc(f.n_tensors + 1, sizeof *names);
+    size_t nk = 0;
+    for (size_t i = 0; i < f.n_tensors; i++) {
+        const sd_st_tensor *t = &f.tensors[i];
+        if (drop && !strncmp(t->name, drop, strlen(drop)))
+            continue;
+        SD_CHECK(sd_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes,
+                                  &err) == 0, "%s", err.msg);
+        if (ema && !strncmp(t->name, "model.", 6) && t->dtype == SD_ST_F32) {
+            char e[700];
+            size_t n = (size_t)snprintf(e, sizeof e, "model_ema.");
+            for (const char *p = t->name + 6; *p; p++)
+                if (*p != '.')
+                    e[n++] = *p;
+            e[n] = '\0';
+            float *neg = malloc(t->nbytes ? t->nbytes : 1);
+            memcpy(neg, t->data, t->nbytes);
+            for (int64_t j = 0; j < t->numel; j++)
+                neg[j] = -neg[j];
+            keep[nk++] = neg;
+            names[i] = strdup(e);
+            SD_CHECK(sd_st_writer_add(w, names[i], SD_ST_F32, t->ndim, t->shape, neg, t->nbytes,
+                                      &err) == 0, "%s", err.msg);
+        }
+    }
+    for (int k = 0; extra && extra[k]; k++) {
+        int64_t shape[1] = {4};
+        SD_CHECK(sd_st_writer_add(w, extra[k], SD_ST_F32, 1, shape, four, sizeof four, &err) == 0,
+                 "%s", err.msg);
+    }
+    SD_CHECK(sd_st_writer_write(w, dst, &err) == 0, "%s", err.msg);
+    sd_st_writer_free(w);
+    for (size_t k = 0; k < nk; k++)
+        free(keep[k]);
+    for (size_t i = 0; i < f.n_tensors; i++)
+        free(names[i]);
+    free(keep);
+    free(names);
+    sd_st_close(&f);
+}
+
+/* sd_single_file_read: the written file read back is the snapshot bit for bit (each model,
+ * each bundled snapshot); the EMA copy; the parts SD never uses; bad files. */
+static void read_back(const char *top, const char *dir)
+{
+    static const char *const models[] = {"tiny-sd2", "tiny-sd1", "odd"};
+    char snap[4200], path[4200], path2[4200], notes[512];
+    sd_err err;
+    for (size_t k = 0; k < 3; k++) {
+        sd_single_file_models m;
+        sd_single_file_info info;
+        sd_snapshot s;
+        snprintf(snap, sizeof snap, "%s/tests/data/models/%s", top, models[k]);
+        snprintf(path, sizeof path, "%s/rt-%s.safetensors", dir, models[k]);
+        SD_CHECK(sd_single_file_write(snap, path, k == 1 ? SD_ST_BF16 : SD_ST_F32, NULL, &info,
+                                      &err) == 0, "%s", err.msg);
+        int rc = sd_single_file_read(path, snap, 0, &m, notes, sizeof notes, &err);
+        if (!tap_ok(rc == 0, "%s: the written file reads back: %s", models[k], rc ? err.msg : notes))
+            continue;
+        SD_CHECK(sd_snapshot_open(&s, snap, &err) == 0, "%s", err.msg);
+        sd_weights ref[3];
+        sd_unet_config uc;
+        sd_vae_config vc;
+        sd_clip_config cc;
+        SD_CHECK(sd_snapshot_load_unet(&s, NULL, &uc, &ref[0], &err) == 0 &&
+                     sd_snapshot_load_vae(&s, NULL, &vc, &ref[1], &err) == 0 &&
+                     sd_snapshot_load_text_encoder(&s, NULL, &cc, NULL, &ref[2], &err) == 0,
+                 "%s", err.msg);
+        tap_ok(same_weights(&m.w[0], &ref[0]) && same_weights(&m.w[1], &ref[1]) &&
+                   same_weights(&m.w[2], &ref[2]),
+               "%s: U-Net, VAE and text encoder read back bit for bit (%s file)", models[k],
+               k == 1 ? "BF16, as its snapshot" : "F32");
+        if (k == 0) {
+            /* the EMA copy, and the parts SD never uses (OpenCLIP's layers past the config's,
+             * its projection and logit scale), plus the schedule's buffers */
+            static const char *const extra[] = {
+                "cond_stage_model.model.transformer.resblocks.3.ln_1.weight",
+                "cond_stage_model.model.text_projection", "cond_stage_model.model.logit_scale",
+                "alphas_cumprod", "betas", NULL};
+            sd_single_file_models e;
+            snprintf(path2, sizeof path2, "%s/ema.safetensors", dir);
+            rewrite(path, path2, extra, NULL, 1);
+            rc = sd_single_file_read(path2, snap, 1, &e, notes, sizeof notes, &err);
+            int neg = rc == 0;
+            for (size_t i = 0; neg && i < e.w[0].table.total_floats; i++)
+                neg = e.w[0].data[i] == -ref[0].data[i];
+            tap_ok(neg && same_weights(&e.w[1], &ref[1]),
+                   "--ema: the U-Net from model_ema.* (negated here), the rest as before: %s",
+                   rc ? err.msg : notes);
+            tap_ok(rc == 0 && strstr(notes, "3 the SD models never use"),
+                   "the unused OpenCLIP parts are left out and counted");
+            if (rc == 0)
+                sd_single_file_models_free(&e);
+            rc = sd_single_file_read(path2, snap, 0, &e, notes, sizeof notes, &err);
+            neg = rc == 0 && same_weights(&e.w[0], &ref[0]);
+            tap_ok(neg, "without --ema the same file gives the U-Net itself: %s",
+                   rc ? err.msg : notes);
+            if (rc == 0)
+                sd_single_file_models_free(&e);
+            rc = sd_single_file_read(path, snap, 1, &e, notes, sizeof notes, &err);
+            tap_ok(rc != 0 && strstr(err.msg, "no model_ema.* tensors"),
+                   "--ema on a file without an EMA copy: %s", rc ? err.msg : "accepted");
+            /* a tensor of the U-Net the configuration does not know */
+            static const char *const stray[] = {"model.diffusion_model.input_blocks.99.0.x", NULL};
+            rewrite(path, path2, stray, NULL, 0);
+            rc = sd_single_file_read(path2, snap, 0, &e, notes, sizeof notes, &err);
+            tap_ok(rc != 0 && strstr(err.msg, "1 not used") &&
+                       strstr(err.msg, "input_blocks.99.0.x is not part of the model"),
+                   "a U-Net tensor the configuration has no place for: %s",
+                   rc ? err.msg : "accepted");
+            /* the VAE left out */
+            rewrite(path, path2, NULL, "first_stage_model.", 0);
+            rc = sd_single_file_read(path2, snap, 0, &e, notes, sizeof notes, &err);
+            tap_ok(rc != 0 && strstr(err.msg, "missing first_stage_model."),
+                   "a file without the VAE: %s", rc ? err.msg : "accepted");
+            /* another model's configuration */
+            snprintf(path2, sizeof path2, "%s/tests/data/models/tiny-sd1", top);
+            rc = sd_single_file_read(path, path2, 0, &e, notes, sizeof notes, &err);
+            tap_ok(rc != 0 && strstr(err.msg, "does not fit the configuration"),
+                   "tiny-sd2's file with tiny-sd1's configuration: %s", rc ? err.msg : "accepted");
+            rc = sd_single_file_read("/nonexistent.safetensors", snap, 0, &e, notes, sizeof notes,
+                                     &err);
+            tap_ok(rc != 0 && strstr(err.msg, "/nonexistent.safetensors"), "a missing file: %s",
+                   rc ? err.msg : "accepted");
+        }
+        for (int c = 0; c < 3; c++)
+            sd_weights_free(&ref[c]);
+        sd_snapshot_close(&s);
+        sd_single_file_models_free(&m);
+    }
+}
+
 int main(void)
 {
     const char *srcdir = getenv("srcdir");
@@ -297,6 +449,7 @@ int main(void)
     rounded(snap, dir);
     sd2_names();
     bad_input(top, dir);
+    read_back(top, dir);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
