@@ -29,6 +29,11 @@ int sd_remove_tree(const char *path, sd_err *err);
  * followed (Hugging Face cache snapshots link their files to blobs); every file fsynced. */
 int sd_copy_tree(const char *from, const char *to, sd_err *err);
 
+/* Puts the finished folder `tmp` in place as `out`: a rename, after moving an existing `out`
+ * aside (removed once the new one is in; put back if the rename fails, else `tool` prints where
+ * it is), then an fsync of the parent folder. Readers see the old folder or the complete new one. */
+int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *err);
+
 #ifdef __cplusplus
 }
 #endif

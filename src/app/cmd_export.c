@@ -534,33 +534,8 @@ int sd_cmd_export(int argc, char **argv)
         goto fail;
     if (sd_fsync_path(tmp, &err))
         goto fail;
-    if (exists(out)) {
-        char old[PATH_LEN + 32];
-        PATHF(old, "%s.old.%ld", tmp, (long)getpid());
-        if (rename(out, old) != 0) {
-            sd_err_set(&err, "cannot move the existing %s aside: %s", out, strerror(errno));
-            goto fail;
-        }
-        if (rename(tmp, out) != 0) {
-            sd_err_set(&err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
-            if (rename(old, out) != 0)
-                fprintf(stderr, "sdtool export: the previous %s is now %s\n", out, old);
-            goto fail;
-        }
-        if (sd_remove_tree(old, &err))
-            goto fail;
-    } else if (rename(tmp, out) != 0) {
-        sd_err_set(&err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+    if (sd_commit_dir(tmp, out, "sdtool export", &err))
         goto fail;
-    }
-    {
-        char parent[PATH_LEN];
-        const char *slash = strrchr(out, '/');
-        PATHF(parent, "%.*s", slash ? (int)(slash - out) : 1,
-                 slash ? (slash == out ? "/" : out) : ".");
-        if (sd_fsync_path(parent, &err))
-            goto fail;
-    }
     printf("exported %s\n  to %s: unet (%zu tensors, %zu parameters; config from %s)%s%s\n", what,
            out, w.table.n, w.table.total_numel, conf_from,
            pre[0] ? ", other parts from " : ", scheduler from &diffusion; no VAE, text encoder or "

@@ -238,25 +238,8 @@ int sd_cmd_import_single_file(int argc, char **argv)
     code = SD_EXIT_FAILURE;
     if (write_imported(tmp, config, &m, &err))
         goto fail;
-    if (stat(out, &st) == 0) {
-        char old[4300];
-        snprintf(old, sizeof old, "%s.old.%ld", tmp, (long)getpid());
-        if (rename(out, old) != 0) {
-            sd_err_set(&err, "cannot move the existing %s aside: %s", out, strerror(errno));
-            goto fail;
-        }
-        if (rename(tmp, out) != 0) {
-            sd_err_set(&err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
-            if (rename(old, out) != 0)
-                fprintf(stderr, "sdtool import-single-file: the previous %s is now %s\n", out, old);
-            goto fail;
-        }
-        if (sd_remove_tree(old, &err))
-            goto fail;
-    } else if (rename(tmp, out) != 0) {
-        sd_err_set(&err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+    if (sd_commit_dir(tmp, out, "sdtool import-single-file", &err))
         goto fail;
-    }
     printf("imported %s\n  to %s: unet %zu tensors, vae %zu, text encoder %zu (configs and other "
            "parts from %s); %s\n",
            file, out, m.w[0].table.n, m.w[1].table.n, m.w[2].table.n, config, notes);

@@ -165,3 +165,30 @@ int sd_copy_tree(const char *from, const char *to, sd_err *err)
     closedir(d);
     return rc;
 }
+
+int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *err)
+{
+    struct stat st;
+    char old[4400], parent[4400];
+    if (lstat(out, &st) == 0) {
+        /* the previous one aside, the new one in, then the previous one removed */
+        if (snprintf(old, sizeof old, "%s.old.%ld", tmp, (long)getpid()) >= (int)sizeof old)
+            return sd_err_set(err, "path too long: '%s'", tmp);
+        if (rename(out, old) != 0)
+            return sd_err_set(err, "cannot move the existing %s aside: %s", out, strerror(errno));
+        if (rename(tmp, out) != 0) {
+            sd_err_set(err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+            if (rename(old, out) != 0)
+                fprintf(stderr, "%s: the previous %s is now %s\n", tool, out, old);
+            return -1;
+        }
+        if (sd_remove_tree(old, err))
+            return -1;
+    } else if (rename(tmp, out) != 0) {
+        return sd_err_set(err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+    }
+    const char *slash = strrchr(out, '/');
+    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) : 1,
+             slash ? (slash == out ? "/" : out) : ".");
+    return sd_fsync_path(parent, err);
+}

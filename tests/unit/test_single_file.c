@@ -367,8 +367,8 @@ static void read_back(const char *top, const char *dir)
                  "%s", err.msg);
         tap_ok(same_weights(&m.w[0], &ref[0]) && same_weights(&m.w[1], &ref[1]) &&
                    same_weights(&m.w[2], &ref[2]),
-               "%s: U-Net, VAE and text encoder read back bit for bit (%s file)", models[k],
-               k == 1 ? "BF16, as its snapshot" : "F32");
+               "%s: U-Net, VAE and text encoder read back bit for bit (%s)", models[k],
+               k == 1 ? "BF16 file, as its snapshot" : "F32 file");
         if (k == 0) {
             /* the EMA copy, and the parts SD never uses (OpenCLIP's layers past the config's,
              * its projection and logit scale), plus the schedule's buffers */
