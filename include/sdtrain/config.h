@@ -125,6 +125,7 @@ typedef struct sd_config {
         char timestep_spacing[SD_NAME_MAX]; /* auto | leading | trailing | linspace */
         bool use_karras_sigmas;         /* euler, dpmpp_2m, dpmpp_2m_sde */
         bool use_exponential_sigmas;    /* the same */
+        bool use_beta_sigmas;           /* the same */
         int64_t solver_order;           /* dpmpp_2m(_sde), unipc: 1..3; 0 = auto */
         double eta;                     /* DDIM only */
         double guidance_rescale;

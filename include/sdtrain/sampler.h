@@ -156,6 +156,7 @@ typedef struct sd_sampler {
     float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
     int karras;                  /* sd_sampler_use_karras was applied */
     int exponential;             /* sd_sampler_use_exponential was applied */
+    int beta_sigmas;             /* sd_sampler_use_beta was applied */
     float final_sigma;           /* the sigma after the last step: 0, or sigma_min */
     /* DPMSolverMultistepScheduler's (and UniPC's) options (set after init; the defaults are
      * diffusers') */
@@ -203,6 +204,13 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err);
 /* use_exponential_sigmas (the same schedulers): exp(linspace(log(sigma_max), log(sigma_min),
  * N)) with the same endpoints; DPM-Solver++ truncates the timesteps (diffusers' int64 cast). */
 int sd_sampler_use_exponential(sd_sampler *s, sd_err *err);
+/* use_beta_sigmas (the same schedulers; Lee et al. 2024, "Beta Sampling is All You Need"):
+ * sigma_min + ppf_Beta(0.6, 0.6)(1 - linspace(0, 1, N)) (sigma_max - sigma_min), the quantile
+ * computed in double to about 1e-15 (scipy.stats.beta.ppf in diffusers); timesteps as for
+ * exponential sigmas. */
+int sd_sampler_use_beta(sd_sampler *s, sd_err *err);
+/* The beta distribution's quantile function (scipy.stats.beta.ppf): x with I_x(a, b) = p. */
+double sd_beta_ppf(double p, double a, double b);
 /* final_sigmas_type 'sigma_min' (euler, dpmpp_2m, dpmpp_2m_sde): the last step ends at the
  * schedule's smallest sigma instead of 0 (and DPM-Solver++ may then take it at second order).
  * Call after init (before or after sd_sampler_use_karras). */

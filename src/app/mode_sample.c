@@ -130,6 +130,7 @@ typedef struct sched_setup {
     int T, steps_offset, set_alpha_to_one;
     int karras;    /* use_karras_sigmas (euler, dpmpp_2m, dpmpp_2m_sde) */
     int expo;      /* use_exponential_sigmas (the same) */
+    int beta;      /* use_beta_sigmas (the same) */
     int sigma_min; /* final_sigmas_type 'sigma_min' (the same) */
     int zero_snr;  /* rescale_betas_zero_snr */
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
@@ -193,10 +194,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     const char *got;
     int rc = 0, offset = 0, clip = kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM;
     const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE,
-              unipc = kind == SD_SAMPLER_UNIPC, multi = dpm || unipc,
-              euler = kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A ||
-                      kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_LMS ||
-                      kind == SD_SAMPLER_DPM2 || kind == SD_SAMPLER_DPM2_A;
+              unipc = kind == SD_SAMPLER_UNIPC, multi = dpm || unipc;
     snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
     if (!is_file(path))
         return 1;
@@ -245,6 +243,7 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     ss->zero_snr = jtrue(root, "rescale_betas_zero_snr");
     ss->karras = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_karras_sigmas");
     ss->expo = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_exponential_sigmas");
+    ss->beta = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_beta_sigmas");
     if (multi) {
         if ((v = jkey(root, "solver_order")))
             ss->dpm_order = json_object_get_int(v);
@@ -304,12 +303,9 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind == SD_SAMPLER_PNDM && !jtrue(root, "skip_prk_steps"))
         rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
                              "implemented; Stable Diffusion configs set skip_prk_steps true", path);
-    else if ((euler || multi) && jtrue(root, "use_beta_sigmas"))
-        rc = sd_err_set(err, "%s: beta sigmas are not implemented for '%s'", path,
-                        sd_sampler_kind_name(kind));
-    else if (ss->karras && ss->expo)
-        rc = sd_err_set(err, "%s: use_karras_sigmas and use_exponential_sigmas are both set",
-                        path);
+    else if (ss->karras + ss->expo + ss->beta > 1)
+        rc = sd_err_set(err, "%s: more than one of use_karras_sigmas, use_exponential_sigmas and "
+                             "use_beta_sigmas is set", path);
     else if (kind == SD_SAMPLER_EULER && (jkey(root, "sigma_min") || jkey(root, "sigma_max")))
         rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
     else if (sd_sampler_takes_final_sigma_min(kind) &&
@@ -568,7 +564,8 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
         return -1;
     if ((ss->sigma_min && sd_sampler_final_sigma_min(s, err) != 0) ||
         (ss->karras && sd_sampler_use_karras(s, err) != 0) ||
-        (ss->expo && sd_sampler_use_exponential(s, err) != 0)) {
+        (ss->expo && sd_sampler_use_exponential(s, err) != 0) ||
+        (ss->beta && sd_sampler_use_beta(s, err) != 0)) {
         sd_sampler_free(s);
         return -1;
     }
@@ -716,21 +713,26 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         failed = sched_from_snapshot(src.unet_snapshot, (sd_sampler_kind)kind, &ss, &err) < 0;
     if (!failed && strcmp(cfg->sample.timestep_spacing, "auto") != 0)
         ss.spacing = (sd_spacing)sd_spacing_from_name(cfg->sample.timestep_spacing);
-    if (!failed && (cfg->sample.use_karras_sigmas || cfg->sample.use_exponential_sigmas)) {
-        const char *key = cfg->sample.use_karras_sigmas ? "use_karras_sigmas"
-                                                        : "use_exponential_sigmas";
+    if (!failed && (cfg->sample.use_karras_sigmas || cfg->sample.use_exponential_sigmas ||
+                    cfg->sample.use_beta_sigmas)) {
+        const char *key = cfg->sample.use_karras_sigmas        ? "use_karras_sigmas"
+                          : cfg->sample.use_exponential_sigmas ? "use_exponential_sigmas"
+                                                               : "use_beta_sigmas";
         failed = !sd_sampler_takes_sigma_schedule((sd_sampler_kind)kind) &&
                  sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'heun', "
                                   "'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', "
                                   "not "
                                   "'%s'", key,
                             cfg->sample.scheduler);
-        if (!failed && cfg->sample.use_karras_sigmas && cfg->sample.use_exponential_sigmas)
-            failed = sd_err_set(&err, "&sample use_karras_sigmas and use_exponential_sigmas are "
-                                      "both .true.: choose one") != 0;
+        if (!failed && cfg->sample.use_karras_sigmas + cfg->sample.use_exponential_sigmas +
+                               cfg->sample.use_beta_sigmas > 1)
+            failed = sd_err_set(&err, "&sample: more than one of use_karras_sigmas, "
+                                      "use_exponential_sigmas and use_beta_sigmas is .true.: "
+                                      "choose one") != 0;
         /* the namelist's choice replaces the snapshot config's */
         ss.karras = cfg->sample.use_karras_sigmas;
         ss.expo = cfg->sample.use_exponential_sigmas;
+        ss.beta = cfg->sample.use_beta_sigmas;
     }
     if (!failed && cfg->sample.solver_order > 0) { /* the namelist's replaces the config's */
         const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE;
@@ -800,7 +802,7 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
                 cfg->sample.n_prompts, (long long)cfg->sample.images_per_prompt, g.width,
                 g.height, cfg->sample.scheduler,
                 (long long)cfg->sample.num_steps, s.n_timesteps, sd_spacing_name(ss.spacing),
-                ss.karras ? ", Karras sigmas" : ss.expo ? ", exponential sigmas" : "", extra,
+                ss.karras ? ", Karras sigmas" : ss.expo ? ", exponential sigmas" : ss.beta ? ", beta sigmas" : "", extra,
                 g_scale, guided ? "" : " (no unconditional pass)",
                 (long long)cfg->run.seed, size, g.be->name, sd_dtype_name(g.be->dtype), what,
                 ss.source, ss.prediction, ss.schedule, ss.beta_start, ss.beta_end, ss.T,

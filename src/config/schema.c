@@ -238,6 +238,10 @@ static const sd_option options[] = {
             "'unipc' "
             "(diffusers' "
             "use_exponential_sigmas); not with use_karras_sigmas."),
+    LOGICAL(sample, use_beta_sigmas, ".false.",
+            "Beta-distributed sigmas (Lee et al. 2024: the quantiles of Beta(0.6, 0.6), dense at "
+            "both ends of the range) for the schedulers of use_karras_sigmas (diffusers' "
+            "use_beta_sigmas); not with use_karras_sigmas or use_exponential_sigmas."),
     INT(sample, solver_order, "0", 0, 3, "",
         "The multistep solvers' order (1, 2 or 3) for 'dpmpp_2m', 'dpmpp_2m_sde' and 'unipc' "
         "('dpmpp_2m_sde' with 3 is \"DPM++ 3M SDE\"); 0 = the snapshot's "

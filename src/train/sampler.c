@@ -685,14 +685,75 @@ static double np_linspace2_at(double start, double stop, int num, int i)
     return (double)i * ((stop - start) / (double)(num - 1)) + start;
 }
 
-/* Karras (rho 7) or exponential sigmas between the spacing's smallest and largest sigma (Euler)
+/* The regularized incomplete beta function I_x(a, b): its continued fraction (modified Lentz),
+ * on the side of x where it converges fast, to about 1e-15. */
+static double ibeta_cf(double a, double b, double x)
+{
+    const double tiny = 1e-300;
+    double c = 1.0, d = 1.0 - (a + b) * x / (a + 1.0), h;
+    d = 1.0 / (fabs(d) < tiny ? tiny : d);
+    h = d;
+    for (int m = 1; m <= 2000; m++) {
+        const double m2 = 2.0 * m;
+        /* the even and the odd term of the fraction */
+        for (int odd = 0; odd < 2; odd++) {
+            const double num = odd ? -(a + m) * (a + b + m) * x / ((a + m2) * (a + 1.0 + m2))
+                                   : m * (b - m) * x / ((a - 1.0 + m2) * (a + m2));
+            d = 1.0 + num * d;
+            c = 1.0 + num / c;
+            d = 1.0 / (fabs(d) < tiny ? tiny : d);
+            c = fabs(c) < tiny ? tiny : c;
+            h *= d * c;
+            if (odd && fabs(d * c - 1.0) < 1e-16)
+                return h;
+        }
+    }
+    return h;
+}
+
+static double ibeta(double a, double b, double x)
+{
+    if (x <= 0.0)
+        return 0.0;
+    if (x >= 1.0)
+        return 1.0;
+    const double front = exp(lgamma(a + b) - lgamma(a) - lgamma(b) + a * log(x) + b * log1p(-x));
+    if (x < (a + 1.0) / (a + b + 2.0))
+        return front * ibeta_cf(a, b, x) / a;
+    return 1.0 - front * ibeta_cf(b, a, 1.0 - x) / b;
+}
+
+/* The beta distribution's quantile (scipy.stats.beta.ppf): the x in [0, 1] with I_x(a, b) = p,
+ * by bisection down to adjacent doubles (I is increasing). */
+double sd_beta_ppf(double p, double a, double b)
+{
+    if (p <= 0.0)
+        return 0.0;
+    if (p >= 1.0)
+        return 1.0;
+    double lo = 0.0, hi = 1.0;
+    for (int it = 0; it < 200; it++) {
+        const double mid = 0.5 * (lo + hi);
+        if (mid <= lo || mid >= hi)
+            break;
+        if (ibeta(a, b, mid) < p)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+
+/* Karras (rho 7), exponential or beta sigmas between the spacing's smallest and largest sigma (Euler)
  * or the schedule's (DPM-Solver++), each timestep where log(sigma) interpolates in the
  * schedule's log-sigmas: DPM-Solver++ rounds Karras timesteps and truncates exponential ones
  * (its int64 cast), Euler keeps them fractional. */
-static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
+static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
 {
     const int T = s->num_train_timesteps, N = s->num_steps;
-    const char *what = expo ? "exponential" : "Karras";
+    /* which: 0 Karras, 1 exponential, 2 beta; beta takes its timesteps as exponential does */
+    const int expo = which != 0;
+    const char *what = which == 0 ? "Karras" : which == 1 ? "exponential" : "beta";
     double smin, smax;
     const int heun = s->kind == SD_SAMPLER_HEUN, dpm2 = is_dpm2(s->kind);
     if (!sd_sampler_takes_sigma_schedule(s->kind))
@@ -723,9 +784,11 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
     float *bsig = dpm2 ? sd_xmalloc(((size_t)N + 1) * sizeof *bsig) : NULL;
     float *bt = dpm2 ? sd_xmalloc((size_t)N * sizeof *bt) : NULL;
     for (int i = 0; i < N; i++) {
-        const double sig = expo ? exp(np_linspace2_at(lmax, lmin, N, i))
-                                : pow(max_inv + np_linspace_at(1.0, N, i) * (min_inv - max_inv),
-                                      rho);
+        /* _convert_to_beta: sigma_min + ppf(1 - linspace(0, 1, N), 0.6, 0.6) (max - min) */
+        const double sig =
+            which == 2 ? smin + sd_beta_ppf(1.0 - np_linspace_at(1.0, N, i), 0.6, 0.6) * (smax - smin)
+            : expo     ? exp(np_linspace2_at(lmax, lmin, N, i))
+                       : pow(max_inv + np_linspace_at(1.0, N, i) * (min_inv - max_inv), rho);
         double t = sigma_to_t(sig, logs, T);
         if (is_multistep(s->kind))
             t = expo || s->karras_trunc ? trunc(t) : nearbyint(t);
@@ -769,8 +832,9 @@ static int convert_sigmas(sd_sampler *s, int expo, sd_err *err)
             s->init_noise_sigma = mx;
         }
     }
-    s->karras = !expo;
-    s->exponential = expo;
+    s->karras = which == 0;
+    s->exponential = which == 1;
+    s->beta_sigmas = which == 2;
     return check_ancestral(s, err);
 }
 
@@ -782,6 +846,11 @@ int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
 int sd_sampler_use_exponential(sd_sampler *s, sd_err *err)
 {
     return convert_sigmas(s, 1, err);
+}
+
+int sd_sampler_use_beta(sd_sampler *s, sd_err *err)
+{
+    return convert_sigmas(s, 2, err);
 }
 
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err)
@@ -837,7 +906,7 @@ int sd_sampler_check_options(const sd_sampler *s, sd_err *err)
                                    "divides by h = 0 (NaN, in diffusers too); keep "
                                    "lower_order_final%s or set final_sigmas_type 'zero'",
                               sd_sampler_kind_name(s->kind),
-                              s->karras ? "Karras" : s->exponential ? "exponential" : "these",
+                              s->karras ? "Karras" : s->exponential ? "exponential" : s->beta_sigmas ? "beta" : "these",
                               order, order == 2 ? " with solver_type 'heun'" : "",
                               unipc ? "" : " (under 15 steps), euler_at_final");
     }

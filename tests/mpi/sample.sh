@@ -214,12 +214,28 @@ mpi schedold 1 "$SDTRAIN" "$TMP/schedold.nml"
 expect_rc schedold 0
 expect_in schedold out "as StableDiffusionPipeline: steps_offset 1 (the file: 0), clip_sample false"
 same_pngs schedold ddim1 "an outdated scheduler config (steps_offset 0, clip_sample unset)"
-# what is not implemented is refused by name
+# beta sigmas from the file, or from &sample use_beta_sigmas: the same bytes, not the plain ones
 sched_snap snap-beta ', "use_beta_sigmas": true'
-sample_nml schedx dpmpp_2m ", checkpoint = '$TMP/snap-beta'"
+sample_nml schedb dpmpp_2m ", checkpoint = '$TMP/snap-beta'"
+mpi schedb 2 "$SDTRAIN" "$TMP/schedb.nml"
+expect_rc schedb 0
+expect_in schedb out ", beta sigmas"
+cmp -s "$TMP/schedb/samples/1-0.png" "$TMP/dpmpp_2m1/samples/1-0.png" && fail "beta sigmas changed nothing"
+sample_nml schedb2 dpmpp_2m ", checkpoint = '$TMP/snap-sd2', use_beta_sigmas = .true."
+mpi schedb2 1 "$SDTRAIN" "$TMP/schedb2.nml"
+expect_rc schedb2 0
+cmp -s "$TMP/schedb/samples/1-0.png" "$TMP/schedb2/samples/1-0.png" ||
+    fail "beta sigmas: the file's and the namelist's give other images"
+# two sigma schedules at once, and what is not implemented, are refused by name
+sched_snap snap-beta2 ', "use_beta_sigmas": true, "use_karras_sigmas": true'
+sample_nml schedx dpmpp_2m ", checkpoint = '$TMP/snap-beta2'"
 mpi schedx 2 "$SDTRAIN" "$TMP/schedx.nml"
 expect_rc schedx 2
-expect_count schedx err "$TMP/snap-beta/scheduler/scheduler_config.json: beta sigmas are not implemented for 'dpmpp_2m'" 1
+expect_count schedx err "$TMP/snap-beta2/scheduler/scheduler_config.json: more than one of use_karras_sigmas, use_exponential_sigmas and use_beta_sigmas is set" 1
+sample_nml schedx2 euler ", checkpoint = '$TMP/snap-sd2', use_beta_sigmas = .true., use_exponential_sigmas = .true."
+mpi schedx2 1 "$SDTRAIN" "$TMP/schedx2.nml"
+expect_rc schedx2 2
+expect_in schedx2 err "more than one of use_karras_sigmas, use_exponential_sigmas and use_beta_sigmas is .true."
 sched_snap snap-order ', "solver_order": 4'
 sample_nml schedo dpmpp_2m ", checkpoint = '$TMP/snap-order'"
 mpi schedo 1 "$SDTRAIN" "$TMP/schedo.nml"
@@ -436,7 +452,7 @@ same_pngs expo expocfg "exponential sigmas from the namelist vs from scheduler_c
 sample_nml both dpmpp_2m ", use_karras_sigmas = .true., use_exponential_sigmas = .true."
 mpi both 1 "$SDTRAIN" "$TMP/both.nml"
 expect_rc both 2
-expect_count both err "use_karras_sigmas and use_exponential_sigmas are both .true." 1
+expect_count both err "more than one of use_karras_sigmas, use_exponential_sigmas and use_beta_sigmas is .true." 1
 sample_nml karrasddim ddim ", use_karras_sigmas = .true."
 mpi karrasddim 2 "$SDTRAIN" "$TMP/karrasddim.nml"
 expect_rc karrasddim 2

@@ -1722,6 +1722,153 @@ static void test_rng_and_u8(void)
     }
 }
 
+/* tests/data/sample/beta.safetensors: beta sigmas (use_beta_sigmas), their quantile function
+ * against scipy's, the schedules of five schedulers and 5 steps of seven. */
+static sd_st_file gold7;
+
+static void test_beta(void)
+{
+    static const int Ns[] = {1, 2, 3, 4, 7, 10, 25, 50, 100};
+    static const struct {
+        sd_sampler_kind kind;
+        sd_spacing spacing;
+    } sched[] = {{SD_SAMPLER_EULER, SD_SPACING_LINSPACE}, {SD_SAMPLER_EULER, SD_SPACING_LEADING},
+                 {SD_SAMPLER_EULER, SD_SPACING_TRAILING}, {SD_SAMPLER_DPMPP_2M, SD_SPACING_LINSPACE},
+                 {SD_SAMPLER_UNIPC, SD_SPACING_LINSPACE},  {SD_SAMPLER_HEUN, SD_SPACING_LINSPACE},
+                 {SD_SAMPLER_LMS, SD_SPACING_LINSPACE}};
+    sd_diffusion d;
+    /* the quantile function: scipy's float64 values as float32 pairs */
+    float *hi = read_from(&gold7, "ppf_hi", 101), *lo = read_from(&gold7, "ppf_lo", 101);
+    double worst_ppf = 0.0;
+    for (int i = 0; hi && lo && i < 101; i++) {
+        const double want = (double)hi[i] + (double)lo[i];
+        const double p = 1.0 - (i == 100 ? 1.0 : (double)i * (1.0 / 100.0));
+        const double e = fabs(sd_beta_ppf(p, 0.6, 0.6) - want);
+        worst_ppf = e > worst_ppf ? e : worst_ppf;
+    }
+    tap_ok(hi && lo && worst_ppf <= 1e-13, "Beta(0.6, 0.6) quantiles at 101 points within %.3g "
+           "of scipy.stats.beta.ppf", worst_ppf);
+    free(hi);
+    free(lo);
+    if (init_sd2_schedule(&d, "epsilon", 1000))
+        return;
+    int cases = 0, bad = 0, exact = 0, total = 0, refused = 0;
+    double worst_t = 0.0, worst_s = 0.0;
+    for (size_t k = 0; k < sizeof sched / sizeof sched[0]; k++)
+        for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++) {
+            const int N = Ns[b];
+            char tag[64], name[80];
+            sd_sampler s;
+            sd_err err;
+            snprintf(tag, sizeof tag, "%s_%s_%d", sd_sampler_kind_name(sched[k].kind),
+                     sd_spacing_name(sched[k].spacing), N);
+            snprintf(name, sizeof name, "ts_%s", tag);
+            const sd_st_tensor *tt = sd_st_find(&gold7, name);
+            const size_t nt = tt ? (size_t)tt->numel : 0;
+            float *rt = tt ? read_from(&gold7, name, nt) : NULL;
+            snprintf(name, sizeof name, "sig_%s", tag);
+            float *rs = read_from(&gold7, name, nt + 1);
+            snprintf(name, sizeof name, "ins_%s", tag);
+            float *ri = read_from(&gold7, name, 1);
+            int repeats = 0; /* diffusers' schedule visits its first timestep twice */
+            for (size_t i = 1; rt && i < nt; i++)
+                repeats |= rt[i] == rt[0];
+            const int rc = rt && rs && ri ? sd_sampler_init(&s, sched[k].kind, &d, N,
+                                                            sched[k].spacing, 1, 1, &err)
+                                          : -1;
+            const int rc2 = rc ? -1 : sd_sampler_use_beta(&s, &err);
+            if (rc == 0 && rc2 != 0 && repeats && strstr(err.msg, "repeats its first timestep")) {
+                refused++; /* unusable (the multistep solvers divide by h = 0): refused */
+                sd_sampler_free(&s);
+            } else if (rc || rc2 || (size_t)s.n_timesteps != nt) {
+                bad++;
+                tap_diag("beta %s: %s", tag, rt && rs && ri ? err.msg : "no golden");
+                if (rc == 0)
+                    sd_sampler_free(&s);
+            } else {
+                double wt = 0.0, ws = 0.0;
+                for (size_t i = 0; i < nt; i++) {
+                    const double e = fabs((double)s.model_t[i] - rt[i]);
+                    wt = e > wt ? e : wt;
+                }
+                for (size_t i = 0; i <= nt; i++) {
+                    const double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+                    ws = e > ws ? e : ws;
+                    exact += s.sigmas[i] == rs[i];
+                    total++;
+                }
+                const double e = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
+                ws = e > ws ? e : ws;
+                if (ws > 1e-6 || wt > 1e-3) {
+                    bad++;
+                    tap_diag("beta %s: timesteps off by %.3g, sigmas relative error %.3g", tag, wt,
+                             ws);
+                }
+                worst_t = wt > worst_t ? wt : worst_t;
+                worst_s = ws > worst_s ? ws : worst_s;
+                cases++;
+                sd_sampler_free(&s);
+            }
+            free(rt);
+            free(rs);
+            free(ri);
+        }
+    tap_ok(cases + refused == 63 && cases >= 59 && bad == 0,
+           "beta sigmas of %d schedules (Euler after three spacings, DPM-Solver++, UniPC, Heun, "
+           "LMS; N 1..100): timesteps within %.3g, sigmas and init_noise_sigma relative error <= "
+           "%.3g (%d of %d sigmas bit-identical); %d that repeat their first timestep refused",
+           cases, worst_t, worst_s, exact, total, refused);
+
+    /* 5 steps on random inputs */
+    static const sd_sampler_kind kinds[] = {SD_SAMPLER_EULER, SD_SAMPLER_DPMPP_2M,
+                                            SD_SAMPLER_DPMPP_2M_SDE, SD_SAMPLER_UNIPC,
+                                            SD_SAMPLER_HEUN, SD_SAMPLER_LMS, SD_SAMPLER_DPM2};
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold7, "in_sample", (size_t)n);
+    float *mo = read_from(&gold7, "in_model_out", 9 * (size_t)n);
+    float *z = read_from(&gold7, "in_noise", 9 * (size_t)n);
+    for (size_t k = 0; x0 && mo && z && k < sizeof kinds / sizeof kinds[0]; k++) {
+        sd_sampler s;
+        sd_err err;
+        char name[64];
+        float x[2 * 3 * 5 * 4];
+        double worst = 0.0;
+        snprintf(name, sizeof name, "step_%s", sd_sampler_kind_name(kinds[k]));
+        if (sd_sampler_init(&s, kinds[k], &d, 5, SD_SPACING_LINSPACE, 1, n, &err) ||
+            sd_sampler_use_beta(&s, &err)) {
+            tap_ok(0, "beta %s: %s", name, err.msg);
+            continue;
+        }
+        float *ref = read_from(&gold7, name, (size_t)s.n_timesteps * (size_t)n);
+        for (int64_t j = 0; j < n; j++)
+            x[j] = x0[j] * s.init_noise_sigma;
+        sd_sampler_reset(&s);
+        for (int i = 0; ref && i < s.n_timesteps; i++) {
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x,
+                            sd_sampler_step_noise(&s, i) ? z + (size_t)i * n : NULL);
+            const double e = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = e > worst ? e : worst;
+        }
+        tap_ok(ref && worst <= 1e-6, "beta sigmas, %s: %d calls, relative error %.3g", name,
+               s.n_timesteps, worst);
+        free(ref);
+        sd_sampler_free(&s);
+    }
+    free(x0);
+    free(mo);
+    free(z);
+    {
+        sd_sampler s;
+        sd_err err;
+        const int ok = sd_sampler_init(&s, SD_SAMPLER_DDIM, &d, 5, SD_SPACING_LINSPACE, 1, 1,
+                                       &err) == 0 &&
+                       sd_sampler_use_beta(&s, &err) < 0 && strstr(err.msg, "beta");
+        tap_ok(ok, "beta sigmas for ddim are refused: %s", err.msg);
+        sd_sampler_free(&s);
+    }
+    sd_diffusion_free(&d);
+}
+
 int main(void)
 {
     const char *srcdir = getenv("srcdir");
@@ -1763,6 +1910,13 @@ int main(void)
     if (tap_ok(sd_st_open(path, &gold6, &err) == 0, "open %s", path)) {
         test_dpm2();
         sd_st_close(&gold6);
+    } else {
+        tap_diag("%s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/tests/data/sample/beta.safetensors", top);
+    if (tap_ok(sd_st_open(path, &gold7, &err) == 0, "open %s", path)) {
+        test_beta();
+        sd_st_close(&gold7);
     } else {
         tap_diag("%s", err.msg);
     }
