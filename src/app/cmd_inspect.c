@@ -1,5 +1,6 @@
-/* sdtool inspect: schema, attributes and value statistics of an HDF5 file, a shard directory, or
- * a training checkpoint (one step's directory, or a checkpoint root with `latest`). */
+/* sdtool inspect: schema, attributes and value statistics of an HDF5 file, a safetensors file, a
+ * shard directory, or a training checkpoint (one step's directory, or a checkpoint root with
+ * `latest`). */
 #include "sdtrain/commands.h"
 
 #include <dirent.h>
@@ -15,6 +16,7 @@
 #include "sdtrain/checkpoint.h"
 #include "sdtrain/error.h"
 #include "sdtrain/h5check.h"
+#include "sdtrain/safetensors.h"
 #include "sdtrain/shards.h"
 #include "sdtrain/tensor.h"
 
@@ -351,8 +353,9 @@ static int inspect_file(const char *path, const inspect_opts *o)
         sd_h5_error_string(h5msg, sizeof h5msg);
         H5Pclose(fapl);
         if (H5Fis_hdf5(path) == 0)
-            fprintf(stderr, "sdtool inspect: '%s' is not an HDF5 file (inspect reads latent shards, shard "
-                            "directories and other HDF5 files)\n", path);
+            fprintf(stderr, "sdtool inspect: '%s' is neither an HDF5 nor a safetensors file (inspect "
+                            "reads latent shards, shard directories, checkpoints, other HDF5 files and "
+                            "safetensors files)\n", path);
         else
             fprintf(stderr, "sdtool inspect: cannot open '%s': %s\n", path, h5msg);
         return SD_EXIT_FAILURE;
@@ -592,6 +595,124 @@ static int inspect_ckpt_root(const char *dir, const inspect_opts *o)
     return rc;
 }
 
+/* ---- safetensors files ------------------------------------------------------------------------ */
+
+/* Whether `path` starts as a safetensors file does: an 8-byte little-endian header length
+ * that fits the file, then '{'. */
+static int looks_like_safetensors(const char *path)
+{
+    unsigned char b[9];
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    int ok = fread(b, 1, 9, f) == 9 && fstat(fileno(f), &st) == 0;
+    fclose(f);
+    if (!ok)
+        return 0;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | b[i];
+    return b[8] == '{' && n >= 2 && n <= (uint64_t)st.st_size - 8;
+}
+
+/* One tensor's statistics over its floating-point elements (F64/F32/F16/BF16), 0 otherwise. */
+static int tensor_stats(const sd_st_tensor *t, stats *st)
+{
+    const unsigned char *p = t->data;
+    memset(st, 0, sizeof *st);
+    for (int64_t i = 0; i < t->numel; i++) {
+        double v;
+        if (t->dtype == SD_ST_F32) {
+            float f;
+            memcpy(&f, p + 4 * i, 4);
+            v = f;
+        } else if (t->dtype == SD_ST_F64) {
+            memcpy(&v, p + 8 * i, 8);
+        } else if (t->dtype == SD_ST_F16 || t->dtype == SD_ST_BF16) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            v = t->dtype == SD_ST_F16 ? sd_f16_to_f32(h) : sd_bf16_to_f32(h);
+        } else {
+            return 0;
+        }
+        stats_add(st, v);
+    }
+    return 1;
+}
+
+static int inspect_safetensors(const char *path, const inspect_opts *o)
+{
+    sd_st_file f;
+    sd_err err;
+    if (sd_st_open(path, &f, &err)) {
+        fprintf(stderr, "sdtool inspect: %s\n", err.msg);
+        return SD_EXIT_FAILURE;
+    }
+    const size_t n = sd_st_count(&f);
+    size_t per_dtype[SD_ST_DTYPE_COUNT] = {0};
+    int64_t params = 0;
+    for (size_t i = 0; i < n; i++) {
+        per_dtype[f.tensors[i].dtype]++;
+        params += f.tensors[i].numel;
+    }
+    printf("%s: safetensors, %zu tensors, %lld elements, header %llu bytes, file %zu bytes\n", path,
+           n, (long long)params, (unsigned long long)f.header_len, f.size);
+    printf("dtypes:");
+    for (int d = 0; d < SD_ST_DTYPE_COUNT; d++)
+        if (per_dtype[d])
+            printf(" %s %zu", sd_st_dtype_name((sd_st_dtype)d), per_dtype[d]);
+    printf("\n");
+    for (size_t i = 0; i < sd_st_metadata_count(&f); i++) {
+        const sd_st_meta *m = sd_st_metadata_at(&f, i);
+        printf("metadata %s = %s\n", m->key, m->value);
+    }
+    /* the top-level groups (the name up to the first '.'), in name order */
+    printf("groups:");
+    for (size_t i = 0; i < n;) {
+        const char *a = f.by_name[i]->name, *dot = strchr(a, '.');
+        const size_t len = dot ? (size_t)(dot - a) : strlen(a);
+        size_t j = i, count = 0;
+        int64_t numel = 0;
+        for (; j < n && !strncmp(f.by_name[j]->name, a, len) &&
+               (f.by_name[j]->name[len] == '.' || f.by_name[j]->name[len] == '\0');
+             j++) {
+            count++;
+            numel += f.by_name[j]->numel;
+        }
+        printf(" %.*s (%zu tensors, %lld elements)%s", (int)len, a, count, (long long)numel,
+               j < n ? "," : "");
+        i = j;
+    }
+    printf("\n");
+    for (size_t i = 0; i < n; i++) {
+        const sd_st_tensor *t = f.by_name[i];
+        char shape[160];
+        size_t len = 0;
+        shape[0] = '\0';
+        for (int d = 0; d < t->ndim && len < sizeof shape - 24; d++)
+            len += (size_t)snprintf(shape + len, sizeof shape - len, "%s%lld", d ? "x" : "",
+                                    (long long)t->shape[d]);
+        stats s;
+        const int with = o->stats && t->numel > 0 && tensor_stats(t, &s);
+        printf(with ? "  %-60s %-5s %-18s" : "  %-60s %-5s %s", t->name,
+               sd_st_dtype_name(t->dtype), t->ndim ? shape : "scalar");
+        if (with) {
+            if (s.n) {
+                const double mean = s.sum / (double)s.n;
+                const double var = s.sumsq / (double)s.n - mean * mean;
+                printf(" min %.6g max %.6g mean %.6g std %.6g", s.min, s.max, mean,
+                       sqrt(var > 0 ? var : 0));
+            }
+            if (s.nan || s.inf)
+                printf(" (%lld NaN, %lld inf)", (long long)s.nan, (long long)s.inf);
+        }
+        printf("\n");
+    }
+    sd_st_close(&f);
+    return SD_EXIT_OK;
+}
+
 int sd_cmd_inspect(int argc, char **argv)
 {
     inspect_opts o = {1, 0, 0};
@@ -607,9 +728,11 @@ int sd_cmd_inspect(int argc, char **argv)
         else if (!strcmp(argv[i], "--config"))
             o.config = 1;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: sdtool inspect [--verify] [--no-stats] [--config] FILE.h5|SHARD_DIR|CHECKPOINT\n"
+            printf("usage: sdtool inspect [--verify] [--no-stats] [--config] FILE|SHARD_DIR|CHECKPOINT\n"
                    "  FILE.h5    datasets (shape, dtype, chunks, min/max/mean/std), attributes; a latent\n"
                    "             shard is also validated as training would read it\n"
+                   "  FILE.safetensors  metadata, dtypes, top-level groups, every tensor (dtype,\n"
+                   "             shape, min/max/mean/std)\n"
                    "  SHARD_DIR  the manifest: committed shards, their checks, uncommitted leftovers\n"
                    "  CHECKPOINT a checkpoint directory (step-N: step, ranks, sharding, datasets, the\n"
                    "             writer's configuration) or a checkpoint root (its step directories\n"
@@ -629,13 +752,15 @@ int sd_cmd_inspect(int argc, char **argv)
         }
     }
     if (!path) {
-        fprintf(stderr, "usage: sdtool inspect [--verify] [--no-stats] [--config] FILE.h5|SHARD_DIR|CHECKPOINT\n");
+        fprintf(stderr, "usage: sdtool inspect [--verify] [--no-stats] [--config] FILE|SHARD_DIR|CHECKPOINT\n");
         return SD_EXIT_USAGE;
     }
     if (stat(path, &st) != 0) {
         fprintf(stderr, "sdtool inspect: cannot open '%s': %s\n", path, strerror(errno));
         return SD_EXIT_FAILURE;
     }
+    if (!S_ISDIR(st.st_mode) && looks_like_safetensors(path))
+        return inspect_safetensors(path, &o);
     sd_h5_quiet_begin(&q);
     if (!S_ISDIR(st.st_mode))
         rc = inspect_file(path, &o);

@@ -120,6 +120,16 @@ run sf "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/sexp.safetensors
 expect_rc sf 0
 expect_in sf out "text encoder 40 (60160, OpenCLIP names, q/k/v fused)"
 [ -s "$TMP/sexp.safetensors" ] || fail "single-file: no file"
+run sf-inspect "$SDTOOL" inspect "$TMP/sexp.safetensors"
+expect_rc sf-inspect 0
+expect_in sf-inspect out "$TMP/sexp.safetensors: safetensors, 500 tensors"
+expect_in sf-inspect out "groups: cond_stage_model (40 tensors, 60160 elements), first_stage_model (156 tensors"
+expect_in sf-inspect out "metadata sdtrain = written by sdtool single-file from the snapshot $TMP/sexp"
+expect_in sf-inspect out "cond_stage_model.model.transformer.resblocks.0.attn.in_proj_weight F32   96x32"
+head -c 200 "$TMP/sexp.safetensors" >"$TMP/cut.safetensors"
+run sf-cut "$SDTOOL" inspect "$TMP/cut.safetensors"
+expect_rc sf-cut 1
+expect_in sf-cut err "'$TMP/cut.safetensors' is neither an HDF5 nor a safetensors file"
 run sf-again "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/sexp.safetensors"
 expect_rc sf-again 2
 expect_in sf-again err "already exists (give --force"
