@@ -237,6 +237,27 @@ int sd_ldm_clip_key(const sd_clip_config *c, const char *key, char *out, size_t 
 
 /* ---- the writer ----------------------------------------------------------------------------- */
 
+/* A component's tensor under its full original name (prefix included); *conv and *part as
+ * sd_ldm_vae_key and sd_ldm_clip_key set them (0 and -1 for the others). */
+static int ldm_name(sd_component comp, const void *config, const char *key, char *name,
+                    size_t size, int *conv, int *part)
+{
+    const char *prefix = comp == SD_COMPONENT_UNET ? SD_LDM_UNET_PREFIX
+                         : comp == SD_COMPONENT_VAE ? SD_LDM_VAE_PREFIX
+                                                    : "";
+    const size_t n = strlen(prefix);
+    *conv = 0;
+    *part = -1;
+    if (n >= size)
+        return -1;
+    memcpy(name, prefix, n + 1);
+    if (comp == SD_COMPONENT_UNET)
+        return sd_ldm_unet_key(config, key, name + n, size - n);
+    if (comp == SD_COMPONENT_VAE)
+        return sd_ldm_vae_key(config, key, name + n, size - n, conv);
+    return sd_ldm_clip_key(config, key, name, size, part);
+}
+
 /* Every buffer the safetensors writer borrows until the file is written. */
 typedef struct held {
     void **ptr;
@@ -302,17 +323,7 @@ static int add_component(sd_st_writer *wr, held *h, sd_component comp, const voi
         int ndim = p->ndim, part = -1, conv = 0, bad;
         memcpy(shape, p->shape, sizeof shape);
         sd_weight_to_torch(p->ndim, p->shape, sizeof(float), w->data + p->offset, torch + p->offset);
-        if (comp == SD_COMPONENT_UNET) {
-            memcpy(name, SD_LDM_UNET_PREFIX, sizeof SD_LDM_UNET_PREFIX);
-            bad = sd_ldm_unet_key(config, p->name, name + strlen(name),
-                                  sizeof name - strlen(name));
-        } else if (comp == SD_COMPONENT_VAE) {
-            memcpy(name, SD_LDM_VAE_PREFIX, sizeof SD_LDM_VAE_PREFIX);
-            bad = sd_ldm_vae_key(config, p->name, name + strlen(name), sizeof name - strlen(name),
-                                 &conv);
-        } else {
-            bad = sd_ldm_clip_key(config, p->name, name, sizeof name, &part);
-        }
+        bad = ldm_name(comp, config, p->name, name, sizeof name, &conv, &part);
         if (bad) {
             rc = sd_err_set(err, "%s: tensor '%s' has no name in the original checkpoint layout",
                             dir, p->name);
@@ -458,16 +469,7 @@ static void read_component(const sd_st_file *f, sd_component comp, const void *c
         const sd_param *p = &t->params[i];
         char name[SD_PARAM_NAME_MAX + 64], look[SD_PARAM_NAME_MAX + 64];
         int part = -1, conv = 0, bad;
-        if (comp == SD_COMPONENT_UNET) {
-            memcpy(name, SD_LDM_UNET_PREFIX, sizeof SD_LDM_UNET_PREFIX);
-            bad = sd_ldm_unet_key(config, p->name, name + strlen(name), sizeof name - strlen(name));
-        } else if (comp == SD_COMPONENT_VAE) {
-            memcpy(name, SD_LDM_VAE_PREFIX, sizeof SD_LDM_VAE_PREFIX);
-            bad = sd_ldm_vae_key(config, p->name, name + strlen(name), sizeof name - strlen(name),
-                                 &conv);
-        } else {
-            bad = sd_ldm_clip_key(config, p->name, name, sizeof name, &part);
-        }
+        bad = ldm_name(comp, config, p->name, name, sizeof name, &conv, &part);
         SD_CHECK(!bad, "single file: the model's tensor %s has no original name", p->name);
         if (comp == SD_COMPONENT_UNET && ema)
             ema_name(name, look, sizeof look);

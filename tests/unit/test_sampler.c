@@ -346,6 +346,29 @@ static void test_spacings(void)
            "sigmas bit-identical)", sig_cases, sig_worst, sig_exact, sig_total);
 }
 
+/* How far a sampler's schedule is from diffusers' (rt, rs, ri: its timesteps [nt], sigmas
+ * [nt + 1], init_noise_sigma): the largest timestep difference (*wt) and relative error of the
+ * sigmas and init_noise_sigma (*ws); counts the bit-identical sigmas when exact / total are given. */
+static void schedule_err(const sd_sampler *s, const float *rt, const float *rs, const float *ri,
+                         int nt, double *wt, double *ws, int *exact, int *total)
+{
+    *wt = *ws = 0.0;
+    for (int i = 0; i < nt; i++) {
+        const double e = fabs((double)s->model_t[i] - rt[i]);
+        *wt = e > *wt ? e : *wt;
+    }
+    for (int i = 0; i <= nt; i++) {
+        const double e = fabs((double)s->sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+        *ws = e > *ws ? e : *ws;
+        if (exact)
+            *exact += s->sigmas[i] == rs[i];
+        if (total)
+            (*total)++;
+    }
+    const double e = fabs((double)s->init_noise_sigma - ri[0]) / ri[0];
+    *ws = e > *ws ? e : *ws;
+}
+
 /* schedulers.safetensors: Karras sigmas (Euler after each spacing, DPM-Solver++), T = 1000 */
 static void test_karras(int expo)
 {
@@ -376,19 +399,8 @@ static void test_karras(int expo)
                 bad++;
                 tap_diag("%s: %s", tag, rt && rs && ri ? err.msg : "no golden");
             } else {
-                double wt = 0.0, ws = 0.0;
-                for (int i = 0; i < N; i++) {
-                    double e = fabs((double)s.model_t[i] - rt[i]);
-                    wt = e > wt ? e : wt;
-                }
-                for (int i = 0; i <= N; i++) {
-                    double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
-                    ws = e > ws ? e : ws;
-                    exact += s.sigmas[i] == rs[i];
-                    total++;
-                }
-                double e = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
-                ws = e > ws ? e : ws;
+                double wt, ws;
+                schedule_err(&s, rt, rs, ri, N, &wt, &ws, &exact, &total);
                 /* DPM-Solver++ rounds its timesteps: they must be equal */
                 if (ws > 1e-6 || wt > (kind == SD_SAMPLER_DPMPP_2M ? 0.0 : 1e-3)) {
                     bad++;
@@ -1063,17 +1075,8 @@ static void test_lms(void)
                     bad++;
                     tap_diag("lms %s: %s", tag, err.msg);
                 } else {
-                    double t1 = 0.0, s1 = 0.0;
-                    for (int i = 0; i < N; i++) {
-                        const double e = fabs((double)s.model_t[i] - rt[i]);
-                        t1 = e > t1 ? e : t1;
-                    }
-                    for (int i = 0; i <= N; i++) {
-                        const double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
-                        s1 = e > s1 ? e : s1;
-                    }
-                    const double e = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
-                    s1 = e > s1 ? e : s1;
+                    double t1, s1;
+                    schedule_err(&s, rt, rs, ri, N, &t1, &s1, NULL, NULL);
                     if (t1 > 0.0 || s1 > 1e-6) {
                         bad++;
                         tap_diag("lms %s: timesteps off by %.3g, sigmas %.3g", tag, t1, s1);
@@ -1786,19 +1789,8 @@ static void test_beta(void)
                 if (rc == 0)
                     sd_sampler_free(&s);
             } else {
-                double wt = 0.0, ws = 0.0;
-                for (size_t i = 0; i < nt; i++) {
-                    const double e = fabs((double)s.model_t[i] - rt[i]);
-                    wt = e > wt ? e : wt;
-                }
-                for (size_t i = 0; i <= nt; i++) {
-                    const double e = fabs((double)s.sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
-                    ws = e > ws ? e : ws;
-                    exact += s.sigmas[i] == rs[i];
-                    total++;
-                }
-                const double e = fabs((double)s.init_noise_sigma - ri[0]) / ri[0];
-                ws = e > ws ? e : ws;
+                double wt, ws;
+                schedule_err(&s, rt, rs, ri, (int)nt, &wt, &ws, &exact, &total);
                 if (ws > 1e-6 || wt > 1e-3) {
                     bad++;
                     tap_diag("beta %s: timesteps off by %.3g, sigmas relative error %.3g", tag, wt,
