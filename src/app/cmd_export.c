@@ -20,6 +20,7 @@
 #include "sdtrain/fsutil.h"
 #include "sdtrain/models.h"
 #include "sdtrain/safetensors.h"
+#include "sdtrain/single_file.h"
 #include "sdtrain/snapshot.h"
 #include "sdtrain/weights.h"
 
@@ -34,7 +35,7 @@ static void export_usage(FILE *f)
 {
     fprintf(f,
             "usage: sdtool export --from SRC --out DIR [--ema] [--pretrained SNAPSHOT]\n"
-            "                     [--nml INPUT.nml] [--force]\n"
+            "                     [--nml INPUT.nml] [--single-file FILE] [--force]\n"
             "\n"
             "Writes the trained U-Net as a diffusers snapshot DIR: unet/config.json and\n"
             "unet/diffusion_pytorch_model.safetensors (diffusers names, PyTorch layouts, F32), the\n"
@@ -53,7 +54,10 @@ static void export_usage(FILE *f)
             "                     pretrained; none: only unet/, scheduler/ and model_index.json)\n"
             "  --nml FILE         the run's namelist (default: the one the checkpoint stores, or\n"
             "                     SRC/used.nml)\n"
-            "  --force            replace an existing DIR\n"
+            "  --single-file FILE also write the exported snapshot as one checkpoint in the\n"
+            "                     original SD layout (as `sdtool single-file`; needs the VAE and\n"
+            "                     text encoder of a pretrained snapshot)\n"
+            "  --force            replace an existing DIR (and FILE)\n"
             "\n"
             "exit status: 0 done, 1 DIR cannot be written, 2 bad usage or input (missing or\n"
             "corrupt checkpoint, weights that do not fit the configuration).\n");
@@ -399,7 +403,7 @@ static int unet_config(const sd_config *cfg, const char *pre_opt, sd_unet_config
 
 int sd_cmd_export(int argc, char **argv)
 {
-    const char *from = NULL, *out = NULL, *pre_opt = NULL, *nml = NULL;
+    const char *from = NULL, *out = NULL, *pre_opt = NULL, *nml = NULL, *single = NULL;
     int ema = 0, force = 0, code = SD_EXIT_USAGE;
     sd_err err;
     source src;
@@ -430,6 +434,8 @@ int sd_cmd_export(int argc, char **argv)
             slot = &pre_opt;
         } else if (!strcmp(argv[i], "--nml")) {
             slot = &nml;
+        } else if (!strcmp(argv[i], "--single-file")) {
+            slot = &single;
         } else {
             fprintf(stderr, "sdtool export: unknown argument '%s'\n", argv[i]);
             export_usage(stderr);
@@ -456,6 +462,10 @@ int sd_cmd_export(int argc, char **argv)
     }
     if (exists(out) && !force) {
         fprintf(stderr, "sdtool export: %s already exists (give --force to replace it)\n", out);
+        return SD_EXIT_USAGE;
+    }
+    if (single && exists(single) && !force) {
+        fprintf(stderr, "sdtool export: %s already exists (give --force to replace it)\n", single);
         return SD_EXIT_USAGE;
     }
     memset(&w, 0, sizeof w);
@@ -513,6 +523,12 @@ int sd_cmd_export(int argc, char **argv)
         goto bad;
     }
 
+    if (single && !pre[0]) {
+        sd_err_set(&err, "--single-file %s needs the VAE and text encoder of a pretrained "
+                         "snapshot, and the run has none: give --pretrained SNAPSHOT", single);
+        goto bad;
+    }
+
     /* DIR.tmp, then the rename */
     code = SD_EXIT_FAILURE;
     PATHF(p, "%s/unet", tmp);
@@ -541,6 +557,22 @@ int sd_cmd_export(int argc, char **argv)
            pre[0] ? ", other parts from " : ", scheduler from &diffusion; no VAE, text encoder or "
                                             "tokenizer (no pretrained snapshot)",
            pre[0] ? pre : "");
+    if (single) {
+        sd_single_file_info sf;
+        char note[3 * PATH_LEN + 64];
+        snprintf(note, sizeof note, "written by sdtool export from %s", what);
+        /* DIR is complete and stays; a failure here is the file's alone */
+        if (sd_single_file_write(out, single, SD_ST_F32, note, &sf, &err)) {
+            char m[sizeof err.msg];
+            snprintf(m, sizeof m, "%s", err.msg);
+            sd_err_set(&err, "%s was written, but not the single file: %s", out, m);
+            code = SD_EXIT_FAILURE;
+            fprintf(stderr, "sdtool export: %s\n", err.msg);
+            goto done;
+        }
+        printf("  and %s: one checkpoint in the original layout (%zu + %zu + %zu tensors)\n",
+               single, sf.tensors[0], sf.tensors[1], sf.tensors[2]);
+    }
     code = SD_EXIT_OK;
     goto done;
 bad:

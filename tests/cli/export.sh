@@ -173,6 +173,18 @@ expect_in imp-wrong err "does not fit the configuration of $top_srcdir/tests/dat
 [ ! -e "$TMP/simp2" ] && [ ! -e "$TMP/simp2.tmp" ] || fail "a failed import left a folder"
 pass "sdtool import-single-file: the file back as a snapshot that samples the same bytes; errors"
 
+# export --single-file: the snapshot and, from it, the same tensors as sdtool single-file's
+run exsf "$SDTOOL" export --from "$TMP/srun" --out "$TMP/sexp2" --single-file "$TMP/sexp2.safetensors"
+expect_rc exsf 0
+expect_in exsf out "and $TMP/sexp2.safetensors: one checkpoint in the original layout (304 + 156 + 40 tensors)"
+run exsf-cmp "$top_builddir/tests/mpi/st_compare" "$TMP/sexp2.safetensors" "$TMP/sexp32.safetensors" 0
+expect_rc exsf-cmp 0
+run exsf-none "$SDTOOL" export --from "$TMP/run" --out "$TMP/x3" --single-file "$TMP/x3.safetensors"
+expect_rc exsf-none 2
+expect_in exsf-none err "--single-file $TMP/x3.safetensors needs the VAE and text encoder of a pretrained snapshot"
+[ ! -e "$TMP/x3" ] && [ ! -e "$TMP/x3.safetensors" ] || fail "export --single-file without parts wrote something"
+pass "sdtool export --single-file: the tensors of sdtool single-file; refused without a VAE and text encoder"
+
 # zero terminal SNR: the scheduler is written from &diffusion as DDIMScheduler (PNDMScheduler has
 # no rescale_betas_zero_snr: diffusers would sample another schedule) with 'trailing' spacing,
 # also over a pretrained snapshot's own scheduler; sampling from the export == from the run
