@@ -135,6 +135,7 @@ typedef struct sd_config {
         int64_t decode_batch_size;      /* images per VAE decode; 0 = batch_size on a GPU, 1 on
                                            the CPU */
         char checkpoint[SD_PATH_MAX];   /* '' = &model pretrained (see the schema's help) */
+        int64_t every_n_steps;          /* train / pipeline: sample from these checkpoints */
         bool use_ema;
     } sample;
 } sd_config;

@@ -21,6 +21,11 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
 /* &run mode = 'sample': every rank of MPI_COMM_WORLD generates its share of the images of
  * &sample prompts (doc/sampling.md): 0 done, 1 failure, 2 bad input. */
 int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
+/* Mode 'sample' over the ranks of `comm` (rank of size): what sd_mode_sample runs on
+ * MPI_COMM_WORLD, and mode 'train' on its training ranks for &sample every_n_steps. Returns an
+ * exit status; rank 0 has reported a failure. */
+int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
+                     const sd_device_info *dev);
 
 #ifdef __cplusplus
 }

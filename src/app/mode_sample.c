@@ -662,11 +662,10 @@ static int write_index(const sd_config *cfg, const char *scheduler, const char *
     return 0;
 }
 
-int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
+int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
+                     const sd_device_info *dev)
 {
     const sd_config *cfg = &rc->cfg;
-    const MPI_Comm comm = MPI_COMM_WORLD;
-    const int rank = rt->world_rank, size = rt->world_size;
     const double g_scale = cfg->sample.guidance_scale;
     /* diffusers: do_classifier_free_guidance = guidance_scale > 1 */
     const int guided = g_scale > 1.0;
@@ -933,7 +932,8 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
         int bad = rank == 0 && write_index(cfg, cfg->sample.scheduler, sd_spacing_name(ss.spacing), &err) != 0;
         if (bad)
             fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
-        failed = sd_any_failed(bad);
+        sd_err e2;
+        failed = sd_agree(comm, bad, &e2) != 0;
     }
     if (!failed && rank == 0)
         sd_info("wrote %lld image(s) to %s and their list to %s/samples.jsonl in %.1f s",
@@ -949,4 +949,9 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
     sd_diffusion_free(&d);
     sd_t2i_close(&g);
     return failed ? SD_EXIT_FAILURE : SD_EXIT_OK;
+}
+
+int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
+{
+    return sd_sample_images(rc, MPI_COMM_WORLD, rt->world_rank, rt->world_size, dev);
 }

@@ -146,6 +146,9 @@ typedef struct trainer {
     char ckpt_dir[4200];
     int64_t start_step, start_opt_step, start_skipped; /* 0 or the resumed checkpoint's */
     int64_t last_ckpt;  /* step of the newest checkpoint this run wrote or resumed, or -1 */
+    char last_ckpt_path[4200]; /* the checkpoint this run wrote last, or "" */
+    int64_t last_sample; /* &sample every_n_steps: the step images were made from last, or -1 */
+    const sd_device_info *dev_info; /* this rank's device (&sample every_n_steps' images) */
     int resumed, stopped; /* stopped: by a signal, after checkpointing */
     float *hm, *hv, *hema; /* GPU device path: host copies of the moments / EMA around a
                               checkpoint read or write, else NULL */
@@ -1096,10 +1099,54 @@ static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped,
     dev_stage_free(t);
     if (rc == 0) {
         t->last_ckpt = done;
+        snprintf(t->last_ckpt_path, sizeof t->last_ckpt_path, "%s", committed);
         sd_info("step %lld: checkpoint written to %s (%.2f s)", (long long)done, committed,
                 sd_time_now() - t0);
     }
     return rc;
+}
+
+/* &sample every_n_steps (collective over the training ranks): the images of &sample prompts
+ * from the checkpoint this run just wrote at step `done`, made as mode 'sample' makes them
+ * (sd_sample_images with &sample checkpoint = that checkpoint), into
+ * <output_dir>/samples/step-<done>/ (samples/<p>-<j>.png and samples.jsonl). The loader's prefetch
+ * thread waits meanwhile (the checkpoint is read through HDF5). A failure is reported and the
+ * training goes on. */
+static void sample_checkpoint(trainer *t, int64_t done)
+{
+    const sd_config *cfg = t->cfg;
+    if (cfg->sample.every_n_steps <= 0 || t->last_sample == done || t->last_ckpt != done ||
+        !t->last_ckpt_path[0])
+        return;
+    sd_run_config *rc = sd_xmalloc(sizeof *rc);
+    memcpy(rc, t->rc, sizeof *rc); /* a shallow copy: only these fixed-size fields change */
+    const int long_path =
+        snprintf(rc->cfg.run.output_dir, sizeof rc->cfg.run.output_dir, "%s/samples/step-%08lld",
+                 cfg->run.output_dir, (long long)done) >= (int)sizeof rc->cfg.run.output_dir ||
+        snprintf(rc->cfg.sample.checkpoint, sizeof rc->cfg.sample.checkpoint, "%s",
+                 t->last_ckpt_path) >= (int)sizeof rc->cfg.sample.checkpoint;
+    snprintf(rc->cfg.run.mode, sizeof rc->cfg.run.mode, "sample");
+    t->last_sample = done;
+    if (long_path) {
+        if (t->rank == 0)
+            sd_error("step %lld: no images: %s/samples/step-%08lld is too long a path; training "
+                     "goes on", (long long)done, cfg->run.output_dir, (long long)done);
+        free(rc);
+        return;
+    }
+    const double t0 = sd_time_now();
+    sd_loader_h5_lock();
+    const int code = sd_sample_images(rc, t->mpi_comm, t->rank, t->size, t->dev_info);
+    sd_loader_h5_unlock();
+    if (t->rank == 0) {
+        if (code == SD_EXIT_OK)
+            sd_info("step %lld: images of &sample prompts in %s/samples (%.1f s)",
+                    (long long)done, rc->cfg.run.output_dir, sd_time_now() - t0);
+        else
+            sd_error("step %lld: the images of &sample prompts failed (above); training goes on",
+                     (long long)done);
+    }
+    free(rc);
 }
 
 /* Set-up (collective): finds the checkpoint to resume from (&checkpoint resume) and loads the
@@ -1227,6 +1274,9 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
     if (every > 0 && done % every == 0 && done < t->cfg->train.max_steps &&
         t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err) && t->rank == 0)
         sd_error("%s; training goes on", err.msg);
+    if (t->cfg->sample.every_n_steps > 0 && done % t->cfg->sample.every_n_steps == 0 &&
+        done < t->cfg->train.max_steps)
+        sample_checkpoint(t, done);
     return 0;
 }
 
@@ -1464,6 +1514,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.comm = sd_comm_create_mpi(rt->role_comm);
     t.rc = rc;
     t.mpi_comm = rt->role_comm;
+    t.dev_info = dev;
+    t.last_sample = -1;
     sd_ckpt_signals_install();
 
     if (setup(&t, rt, dev, &err)) {
@@ -1721,6 +1773,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             sd_error("%s", err.msg);
         code = SD_EXIT_FAILURE;
     }
+    if (code == SD_EXIT_OK && !t.stopped)
+        sample_checkpoint(&t, step); /* the last checkpoint's images too */
     if (code == SD_EXIT_OK && !t.stopped) {
         int failed = 0;
         float *ema_full = NULL;

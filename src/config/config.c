@@ -724,6 +724,19 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
                               "&diffusion rescale_betas_zero_snr needs prediction_type = "
                               "'v_prediction' (at zero SNR the last timestep is pure noise, from "
                               "which an epsilon prediction gives no image)");
+    if ((!strcmp(mode, "train") || !strcmp(mode, "pipeline")) && c->sample.every_n_steps > 0) {
+        if (c->sample.n_prompts == 0)
+            return validate_error(rc, "sample", "every_n_steps", err,
+                                  "&sample every_n_steps = %lld needs &sample prompts (the images "
+                                  "to make during training)", (long long)c->sample.every_n_steps);
+        if (c->checkpoint.every_n_steps == 0 ||
+            c->sample.every_n_steps % c->checkpoint.every_n_steps != 0)
+            return validate_error(rc, "sample", "every_n_steps", err,
+                                  "&sample every_n_steps = %lld must be a multiple of &checkpoint "
+                                  "every_n_steps = %lld (the images come from the checkpoints)",
+                                  (long long)c->sample.every_n_steps,
+                                  (long long)c->checkpoint.every_n_steps);
+    }
     if (!strcmp(c->model.unet_init, "pretrained") && !c->model.pretrained[0])
         return validate_error(rc, "model", "unet_init", err,
                               "&model unet_init = 'pretrained' needs &model pretrained (a diffusers snapshot)");

@@ -271,6 +271,10 @@ static const sd_option options[] = {
            "or a checkpoint root with 'latest'), or a U-Net .safetensors file; VAE, text encoder "
            "and U-Net config then come from &model. '' = &model pretrained, or without one "
            "<output_dir>'s final weights or newest checkpoint."),
+    INT(sample, every_n_steps, "0", 0, U, "steps",
+        "mode = 'train' or 'pipeline': images of the prompts from every checkpoint whose step is "
+        "a multiple of this, and from the last one, into <output_dir>/samples/step-<step>/ "
+        "(0 = none); a multiple of &checkpoint every_n_steps."),
     LOGICAL(sample, use_ema, ".false.",
             "Sample with the EMA weights: a checkpoint's EMA, or unet_ema.safetensors beside "
             "unet_final.safetensors (an error when the source has none)."),

@@ -13,7 +13,8 @@
 #      (grad_reduce = 'overlap', NCCL with one rank) give the same files; a wait for the GPU
 #      past SDTRAIN_NCCL_TIMEOUT ends the job with a message; an injected NaN skips its step;
 #   6. checkpoints on the GPU (device and host paths): killed at the start of step 7 with a
-#      checkpoint of step 4, the resumed run gives the same weights as the uninterrupted one.
+#      checkpoint of step 4, the resumed run gives the same weights as the uninterrupted one;
+#   7. images during training (&sample every_n_steps) beside the training state on the GPU.
 # Skips without a CUDA build or a GPU.
 SD_TEST_NAME=gpu-train # not the scratch directory of tests/mpi/train.sh
 . "$top_srcdir/tests/lib.sh"
@@ -208,4 +209,21 @@ for p in device host; do
     expect_in "ck$p" out "resuming from"
     identical gpu1 "ck$p" "GPU $p path: killed at step 7 and resumed == uninterrupted"
 done
+# 7. images during training (&sample every_n_steps) on the GPU, beside the training state: the
+#    weights those of the run without them, the images mode 'sample''s from the same checkpoint
+train gpuimg 1 8 none cuda fp32 "&checkpoint every_n_steps = 5 /
+&sample prompts = 'a red square', 'a blue circle', num_steps = 3, guidance_scale = 2.0,
+        every_n_steps = 5 /"
+expect_rc gpuimg 0
+expect_in gpuimg out "step 5: images of &sample prompts in $TMP/gpuimg/samples/step-00000005/samples"
+expect_in gpuimg out "step 10: images of &sample prompts"
+identical gpu1 gpuimg "images during training on the GPU: the training's weights unchanged"
+mpi gpuimg-s 1 "$SDTRAIN" "$TMP/gpuimg.nml" --set run.mode=sample --set "run.output_dir='$TMP/gpuimg-s'" \
+    --set "sample.checkpoint='$TMP/gpuimg/checkpoints/step-00000005'"
+expect_rc gpuimg-s 0
+for p in 0-0 1-0; do
+    cmp -s "$TMP/gpuimg-s/samples/$p.png" "$TMP/gpuimg/samples/step-00000005/samples/$p.png" ||
+        fail "GPU images during training: $p.png is not mode 'sample''s"
+done
+echo "ok: images during training on the GPU: mode 'sample''s PNG bytes"
 pass "mode = 'train' on the GPU"

@@ -1,0 +1,87 @@
+#!/bin/sh
+# &sample every_n_steps (doc/training.md "Images during training"): a training run makes the
+# images of &sample prompts from its checkpoints at multiples of every_n_steps and from the last
+# one, split over the training ranks; they are the PNG bytes mode 'sample' makes from the same
+# checkpoint, and the training itself (weights, losses) is the same bits as without them. Also in
+# mode 'pipeline' (its training ranks only); bad settings are refused at --check, naming the line.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+
+snap="$top_srcdir/tests/data/models/tiny-sd2"
+stok="$top_srcdir/tests/data/sample/tokenizer"
+tiny_shards 24 1
+nml base.nml <<EOF2
+&run mode = 'train', output_dir = '$TMP/plain', seed = 11, device = 'cpu' /
+&model pretrained = '$snap', tokenizer = '$stok', resolution = 32, unet_init = 'pretrained' /
+&data shard_dir = '$TMP/shards' /
+&train max_steps = 5, batch_size_per_rank = 2, learning_rate = 1e-3, ema_decay = 0.9 /
+&checkpoint every_n_steps = 2, keep_last = 0 /
+&sample prompts = 'a red square on a blue background', 'a green circle', num_steps = 2,
+        guidance_scale = 2.0, images_per_prompt = 2, scheduler = 'euler' /
+EOF2
+mpi plain 2 "$SDTRAIN" "$TMP/base.nml"
+expect_rc plain 0
+[ ! -e "$TMP/plain/samples" ] || fail "images without &sample every_n_steps"
+
+mpi withimg 2 "$SDTRAIN" "$TMP/base.nml" --set "run.output_dir='$TMP/img'" --set sample.every_n_steps=4
+expect_rc withimg 0
+expect_in withimg out "step 4: images of &sample prompts in $TMP/img/samples/step-00000004/samples"
+expect_in withimg out "step 5: images of &sample prompts in $TMP/img/samples/step-00000005/samples"
+for s in 00000004 00000005; do
+    for p in 0-0 0-1 1-0 1-1; do
+        [ -s "$TMP/img/samples/step-$s/samples/$p.png" ] || fail "no image $p at step $s"
+    done
+    [ "$(wc -l <"$TMP/img/samples/step-$s/samples.jsonl")" = 4 ] || fail "samples.jsonl of step $s"
+done
+[ ! -e "$TMP/img/samples/step-00000002" ] || fail "images at step 2 (not a multiple of 4)"
+cmp -s "$TMP/plain/unet_final.safetensors" "$TMP/img/unet_final.safetensors" ||
+    fail "the images changed the training's weights"
+cmp -s "$TMP/plain/unet_ema.safetensors" "$TMP/img/unet_ema.safetensors" ||
+    fail "the images changed the training's EMA"
+sed 's/"images_per_s": [^,]*,//; s/"[a-z_]*_s": [0-9.e-]*//g' "$TMP/plain/metrics.jsonl" >"$TMP/m1"
+sed 's/"images_per_s": [^,]*,//; s/"[a-z_]*_s": [0-9.e-]*//g' "$TMP/img/metrics.jsonl" >"$TMP/m2"
+cmp -s "$TMP/m1" "$TMP/m2" || fail "the images changed the losses"
+pass "images from the checkpoints at step 4 and the last (5), split over 2 ranks; the training's bits unchanged"
+
+# the same images as mode 'sample' from the same checkpoint, on one rank
+mpi sample4 1 "$SDTRAIN" "$TMP/base.nml" --set run.mode=sample --set "run.output_dir='$TMP/s4'" \
+    --set "sample.checkpoint='$TMP/img/checkpoints/step-00000004'"
+expect_rc sample4 0
+for p in 0-0 0-1 1-0 1-1; do
+    cmp -s "$TMP/s4/samples/$p.png" "$TMP/img/samples/step-00000004/samples/$p.png" ||
+        fail "step 4, $p.png: not mode 'sample''s bytes"
+done
+pass "the images of step 4 are mode 'sample''s PNG bytes from that checkpoint"
+
+# --check: prompts needed, a multiple of the checkpoint interval
+sed '/^&sample/,$d' "$TMP/base.nml" >"$TMP/noprompt.nml"
+echo "&sample every_n_steps = 4 /" >>"$TMP/noprompt.nml"
+run nop "$SDTRAIN" --check "$TMP/noprompt.nml"
+expect_rc nop 2
+expect_in nop err "noprompt.nml:6:9: "
+expect_in nop err "&sample every_n_steps = 4 needs &sample prompts"
+run mult "$SDTRAIN" --check "$TMP/base.nml" --set sample.every_n_steps=3
+expect_rc mult 2
+expect_in mult err "&sample every_n_steps = 3 must be a multiple of &checkpoint every_n_steps = 2"
+run noc "$SDTRAIN" --check "$TMP/base.nml" --set sample.every_n_steps=2 --set checkpoint.every_n_steps=0
+expect_rc noc 2
+expect_in noc err "must be a multiple of &checkpoint every_n_steps = 0"
+pass "--check: every_n_steps must be a multiple of the checkpoint interval"
+
+# mode 'pipeline' (a model from scratch: VAE and text encoder drawn from the seed, as the demo):
+# the images on its training ranks while rank 0 preprocesses
+nml pipe.nml <<EOF2
+&run mode = 'pipeline', n_process_ranks = 1, output_dir = '$TMP/pipe', seed = 11, device = 'cpu' /
+&model $TINY_MODEL /
+&data input = '$TMP/data', shard_dir = '$TMP/pshards', samples_per_shard = 16, encode_batch_size = 8 /
+&train max_steps = 2, batch_size_per_rank = 2, learning_rate = 1e-3 /
+&checkpoint every_n_steps = 2, keep_last = 0 /
+&sample prompts = 'a red square on a blue background', num_steps = 2, guidance_scale = 2.0,
+        images_per_prompt = 3, every_n_steps = 2 /
+EOF2
+mpi pipe 3 "$SDTRAIN" "$TMP/pipe.nml"
+expect_rc pipe 0
+for p in 0-0 0-1 0-2; do
+    [ -s "$TMP/pipe/samples/step-00000002/samples/$p.png" ] || fail "pipeline: no image $p"
+done
+pass "mode 'pipeline': the images of its last checkpoint, made by its 2 training ranks"
