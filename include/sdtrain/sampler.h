@@ -29,9 +29,10 @@
  *              inputs, so results agree to ~1e-7 rather than bit for bit (doc/sampling.md).
  *   options    clip_sample (DDIM, DDPM: sd_sampler.clip_sample_range) and set_alpha_to_one
  *              (DDIM: sd_sampler.final_alpha_cumprod = 1) are off by default, as in SD2's
- *              scheduler config; DDIM's eta (sd_sampler.eta); Karras and exponential sigmas for
- *              Euler and DPM-Solver++ (sd_sampler_use_karras / _exponential); thresholding,
- *              beta sigmas and DPM-Solver's third order are not implemented.
+ *              scheduler config; DDIM's eta (sd_sampler.eta); Karras, exponential and beta
+ *              sigmas (sd_sampler_use_karras / _exponential / _beta); DPM-Solver++ and UniPC of
+ *              orders 1-3; PNDM's Runge-Kutta warm-up (sd_sampler_pndm_prk); thresholding is
+ *              not implemented.
  *
  * Stochastic steps take their noise from the caller (the `noise` argument of sd_sampler_step,
  * asked for by sd_sampler_step_noise), so the scheduler stays a pure function of its inputs:
@@ -170,6 +171,8 @@ typedef struct sd_sampler {
     int n_ets;
     float *cur_sample, *tmp;
     int counter;
+    int n_prk;                   /* PNDM's Runge-Kutta warm-up calls (sd_sampler_pndm_prk), or 0 */
+    float *prk_acc;              /* its weighted sum of the model outputs (cur_model_output) */
     /* DPM-Solver++ state: the previous step's x0 (model_outputs[-2]), lower_order_nums */
     float *x0_prev;
     int lower_order_nums;
@@ -215,6 +218,12 @@ double sd_beta_ppf(double p, double a, double b);
  * schedule's smallest sigma instead of 0 (and DPM-Solver++ may then take it at second order).
  * Call after init (before or after sd_sampler_use_karras). */
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err);
+/* PNDM with skip_prk_steps false (PNDMScheduler's default): the Runge-Kutta warm-up first,
+ * 4 model calls (at t, at the midpoint t - T / N / 2 twice, at the next base timestep) for each
+ * of the 3 steps between the 4 largest base timesteps, then the PLMS steps from the fourth
+ * largest on: N + 9 calls. Call after init; -1 with a message for another scheduler, fewer than
+ * 4 steps (diffusers fails there too) or a timestep outside [0, T). */
+int sd_sampler_pndm_prk(sd_sampler *s, sd_err *err);
 /* After the options (dpm_order, dpm_heun, lower_order_final, euler_at_final, unipc_*) are set:
  * refuses the combinations whose last step diffusers computes as NaN, with a message saying
  * which option to change. Returns 0 or -1. */

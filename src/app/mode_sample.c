@@ -131,6 +131,7 @@ typedef struct sched_setup {
     int karras;    /* use_karras_sigmas (euler, dpmpp_2m, dpmpp_2m_sde) */
     int expo;      /* use_exponential_sigmas (the same) */
     int beta;      /* use_beta_sigmas (the same) */
+    int pndm_prk;  /* PNDM's skip_prk_steps false: the Runge-Kutta warm-up */
     int sigma_min; /* final_sigmas_type 'sigma_min' (the same) */
     int zero_snr;  /* rescale_betas_zero_snr */
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
@@ -244,6 +245,8 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     ss->karras = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_karras_sigmas");
     ss->expo = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_exponential_sigmas");
     ss->beta = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_beta_sigmas");
+    /* PNDMScheduler's default is skip_prk_steps false: the Runge-Kutta warm-up */
+    ss->pndm_prk = kind == SD_SAMPLER_PNDM && !jtrue(root, "skip_prk_steps");
     if (multi) {
         if ((v = jkey(root, "solver_order")))
             ss->dpm_order = json_object_get_int(v);
@@ -300,9 +303,6 @@ static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched
     else if (kind == SD_SAMPLER_DDPM && jstr_not(root, "variance_type", "fixed_small", &got))
         rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
                              "'fixed_small')", path, got);
-    else if (kind == SD_SAMPLER_PNDM && !jtrue(root, "skip_prk_steps"))
-        rc = sd_err_set(err, "%s: PNDM without skip_prk_steps (the Runge-Kutta warm-up) is not "
-                             "implemented; Stable Diffusion configs set skip_prk_steps true", path);
     else if (ss->karras + ss->expo + ss->beta > 1)
         rc = sd_err_set(err, "%s: more than one of use_karras_sigmas, use_exponential_sigmas and "
                              "use_beta_sigmas is set", path);
@@ -565,7 +565,8 @@ static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd
     if ((ss->sigma_min && sd_sampler_final_sigma_min(s, err) != 0) ||
         (ss->karras && sd_sampler_use_karras(s, err) != 0) ||
         (ss->expo && sd_sampler_use_exponential(s, err) != 0) ||
-        (ss->beta && sd_sampler_use_beta(s, err) != 0)) {
+        (ss->beta && sd_sampler_use_beta(s, err) != 0) ||
+        (ss->pndm_prk && sd_sampler_pndm_prk(s, err) != 0)) {
         sd_sampler_free(s);
         return -1;
     }
@@ -788,6 +789,9 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                      ", guidance_rescale %g", cfg->sample.guidance_rescale);
         if (ss.sigma_min)
             snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", final sigma_min");
+        if (ss.pndm_prk)
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                     ", Runge-Kutta warm-up (skip_prk_steps false)");
         if ((kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE) &&
             (ss.dpm_order != 2 || ss.dpm_heun || !ss.lower_order_final || ss.euler_at_final))
             snprintf(extra + strlen(extra), sizeof extra - strlen(extra),

@@ -1,4 +1,4 @@
-/* Inference schedulers: diffusers' DDIM (eta 0), PNDM (skip_prk_steps, i.e. PLMS) and DDPM
+/* Inference schedulers: diffusers' DDIM, PNDM (PLMS, with or without its Runge-Kutta warm-up), DDPM
  * steps in fp32, in diffusers' order of operations (see include/sdtrain/sampler.h). */
 #include "sdtrain/sampler.h"
 
@@ -919,6 +919,7 @@ void sd_sampler_free(sd_sampler *s)
         free(s->ets[k]);
     free(s->cur_sample);
     free(s->tmp);
+    free(s->prk_acc);
     free(s->x0_prev);
     free(s->x0_prev2);
     free(s->x0_prev3);
@@ -1322,7 +1323,101 @@ static void dpm_step(sd_sampler *s, int i, const float *mo, float *x, const floa
     memcpy(s->x0_prev, x0, (size_t)n * sizeof *x0);
 }
 
-/* PNDMScheduler.step_plms (skip_prk_steps). ets[0..n_ets) oldest first. */
+int sd_sampler_pndm_prk(sd_sampler *s, sd_err *err)
+{
+    if (s->kind != SD_SAMPLER_PNDM)
+        return sd_err_set(err, "sampler: the Runge-Kutta warm-up (skip_prk_steps false) is "
+                               "PNDM's, not %s's", sd_sampler_kind_name(s->kind));
+    if (s->n_prk > 0)
+        return 0;
+    const int N = s->num_steps, T = s->num_train_timesteps;
+    if (N < 4)
+        return sd_err_set(err, "sampler: pndm with the Runge-Kutta warm-up (skip_prk_steps "
+                               "false) needs at least 4 steps (it replaces the last three base "
+                               "steps; diffusers fails with fewer): %d given", N);
+    /* the ascending base a from the PLMS list: timesteps = [b0, b1, b1, b2, ...], b descending */
+    int64_t *a = sd_xmalloc((size_t)N * sizeof *a);
+    for (int k = 0; k < N; k++)
+        a[N - 1 - k] = s->timesteps[k == 0 ? 0 : k + 1];
+    /* prk: a[-4:].repeat(2) + tile([0, T // N // 2]), [:-1].repeat(2)[1:-1], reversed;
+     * plms: a[:-3] reversed */
+    const int m = 4;
+    const int64_t half = (int64_t)(T / N) / 2;
+    int64_t pairs[8], twice[16];
+    for (int j = 0; j < m; j++) {
+        pairs[2 * j] = a[N - m + j];
+        pairs[2 * j + 1] = a[N - m + j] + half;
+    }
+    int nt = 0;
+    for (int j = 0; j < 2 * m - 1; j++)
+        twice[nt++] = pairs[j], twice[nt++] = pairs[j];
+    const int n_prk = nt - 2, n_plms = N - 3;
+    int64_t *ts = sd_xmalloc(((size_t)n_prk + (size_t)n_plms + 1) * sizeof *ts);
+    for (int j = 0; j < n_prk; j++)
+        ts[j] = twice[nt - 2 - j]; /* [1:-1] reversed */
+    for (int j = 0; j < n_plms; j++)
+        ts[n_prk + j] = a[N - 4 - j];
+    free(a);
+    for (int j = 0; j < n_prk + n_plms; j++)
+        if (ts[j] < 0 || ts[j] > T - 1) {
+            const int64_t bad = ts[j];
+            free(ts);
+            return sd_err_set(err, "sampler: pndm with the Runge-Kutta warm-up (skip_prk_steps "
+                                   "false), %d steps and '%s' spacing visits timestep %lld, outside "
+                                   "the schedule's [0, %d) (diffusers fails there too): use "
+                                   "skip_prk_steps, another spacing or other steps", N,
+                              sd_spacing_name(s->spacing), (long long)bad, T);
+        }
+    free(s->timesteps);
+    free(s->model_t);
+    s->timesteps = ts;
+    s->n_timesteps = n_prk + n_plms;
+    s->model_t = sd_xmalloc(((size_t)s->n_timesteps + 1) * sizeof *s->model_t);
+    for (int j = 0; j < s->n_timesteps; j++)
+        s->model_t[j] = (float)ts[j];
+    s->n_prk = n_prk;
+    s->prk_acc = sd_xcalloc((size_t)s->n ? (size_t)s->n : 1, sizeof *s->prk_acc);
+    return 0;
+}
+
+/* PNDMScheduler.step_prk: four model calls per Runge-Kutta step (counter % 4); each call's
+ * sample from the step's starting sample, the fourth with the weighted sum (1/6, 1/3, 1/3, 1/6,
+ * each weight an fp32 multiplier, summed in order). The first call's output joins ets. */
+static void pndm_prk_step(sd_sampler *s, int i, const float *mo, float *sample)
+{
+    const int64_t n = s->n;
+    const int64_t diff = s->counter % 2 ? 0 : (int64_t)(s->num_train_timesteps / s->num_steps) / 2;
+    const int64_t prev_t = s->timesteps[i] - diff, t = s->timesteps[s->counter / 4 * 4];
+    const float sixth = (float)(1.0 / 6.0), third = (float)(1.0 / 3.0);
+    const float *m = mo;
+    switch (s->counter % 4) {
+    case 0:
+        for (int64_t j = 0; j < n; j++)
+            s->prk_acc[j] = sixth * mo[j];
+        memcpy(s->ets[s->n_ets++], mo, (size_t)n * sizeof(float));
+        memcpy(s->cur_sample, sample, (size_t)n * sizeof(float));
+        break;
+    case 1:
+    case 2:
+        for (int64_t j = 0; j < n; j++) {
+            const float w = third * mo[j];
+            s->prk_acc[j] = s->prk_acc[j] + w;
+        }
+        break;
+    default:
+        for (int64_t j = 0; j < n; j++) {
+            const float w = sixth * mo[j];
+            s->tmp[j] = s->prk_acc[j] + w;
+        }
+        m = s->tmp;
+        break;
+    }
+    sd_pndm_prev_sample(s->alphas_cumprod, s->final_alpha_cumprod, s->prediction, t, prev_t, n,
+                        m, s->cur_sample, sample);
+    s->counter++;
+}
+
+/* PNDMScheduler.step_plms (skip_prk_steps, or after the warm-up). ets[0..n_ets) oldest first. */
 static void pndm_step(sd_sampler *s, int i, const float *mo, float *sample)
 {
     const int64_t n = s->n;
@@ -1597,7 +1692,10 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
         break;
     }
     case SD_SAMPLER_PNDM:
-        pndm_step(s, i, model_out, sample);
+        if (s->counter < s->n_prk)
+            pndm_prk_step(s, i, model_out, sample);
+        else
+            pndm_step(s, i, model_out, sample);
         break;
     case SD_SAMPLER_EULER:
     case SD_SAMPLER_EULER_A:

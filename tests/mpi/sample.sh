@@ -226,6 +226,22 @@ mpi schedb2 1 "$SDTRAIN" "$TMP/schedb2.nml"
 expect_rc schedb2 0
 cmp -s "$TMP/schedb/samples/1-0.png" "$TMP/schedb2/samples/1-0.png" ||
     fail "beta sigmas: the file's and the namelist's give other images"
+# PNDM's Runge-Kutta warm-up (skip_prk_steps false, PNDMScheduler's default): 5 steps are
+# 14 U-Net calls; other images than PLMS's; fewer than 4 steps refused by name
+sched_snap snap-prk ', "skip_prk_steps": false'
+sample_nml schedprk pndm ", checkpoint = '$TMP/snap-prk'"
+mpi schedprk 2 "$SDTRAIN" "$TMP/schedprk.nml" --set sample.num_steps=5
+expect_rc schedprk 0
+expect_in schedprk out "5 steps (14 U-Net calls per image"
+expect_in schedprk out "Runge-Kutta warm-up (skip_prk_steps false)"
+sample_nml schedplms pndm ", checkpoint = '$TMP/snap-sd2'"
+mpi schedplms 1 "$SDTRAIN" "$TMP/schedplms.nml" --set sample.num_steps=5
+expect_rc schedplms 0
+cmp -s "$TMP/schedprk/samples/1-0.png" "$TMP/schedplms/samples/1-0.png" && fail "the warm-up changed nothing"
+sample_nml schedprk3 pndm ", checkpoint = '$TMP/snap-prk'"
+mpi schedprk3 1 "$SDTRAIN" "$TMP/schedprk3.nml"
+expect_rc schedprk3 2
+expect_in schedprk3 err "needs at least 4 steps"
 # two sigma schedules at once, and what is not implemented, are refused by name
 sched_snap snap-beta2 ', "use_beta_sigmas": true, "use_karras_sigmas": true'
 sample_nml schedx dpmpp_2m ", checkpoint = '$TMP/snap-beta2'"

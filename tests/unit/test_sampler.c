@@ -1861,6 +1861,114 @@ static void test_beta(void)
     sd_diffusion_free(&d);
 }
 
+/* tests/data/sample/prk.safetensors: PNDM with its Runge-Kutta warm-up (skip_prk_steps false):
+ * the timesteps of every spacing, steps_offset and N that diffusers can run (the others refused),
+ * and whole step sequences. */
+static sd_st_file gold8;
+
+static void test_prk(void)
+{
+    static const int Ns[] = {4, 5, 10, 50};
+    sd_diffusion dd[2];
+    int cases = 0, bad = 0, refused = 0;
+    if (init_sd2_schedule(&dd[0], "epsilon", 1000) || init_sd2_schedule(&dd[1], "v_prediction", 1000))
+        return;
+    for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
+        for (int sp = 0; sp < 3; sp++)
+            for (int off = 0; off < 2; off++) {
+                char name[80];
+                sd_sampler s;
+                sd_err err;
+                snprintf(name, sizeof name, "ts_%s_%d_%d", sd_spacing_name((sd_spacing)sp), Ns[b],
+                         off);
+                const sd_st_tensor *tt = sd_st_find(&gold8, name);
+                if (sd_sampler_init(&s, SD_SAMPLER_PNDM, &dd[0], Ns[b], (sd_spacing)sp, off, 1,
+                                    &err)) {
+                    /* the PLMS list itself outside the schedule: diffusers' too */
+                    bad += tt != NULL;
+                    refused += tt == NULL;
+                    continue;
+                }
+                const int rc = sd_sampler_pndm_prk(&s, &err);
+                if (!tt) { /* diffusers steps outside the schedule: refused */
+                    refused += rc != 0;
+                    bad += rc == 0;
+                    if (rc == 0)
+                        tap_diag("prk %s: accepted, diffusers fails", name);
+                } else {
+                    float *rt = read_from(&gold8, name, (size_t)tt->numel);
+                    int same = rc == 0 && rt && s.n_timesteps == (int)tt->numel;
+                    for (int i = 0; same && i < s.n_timesteps; i++)
+                        same = (float)s.timesteps[i] == rt[i] && s.model_t[i] == rt[i];
+                    if (!same)
+                        tap_diag("prk %s: %s", name, rc ? err.msg : "other timesteps");
+                    bad += !same;
+                    cases++;
+                    free(rt);
+                }
+                sd_sampler_free(&s);
+            }
+    tap_ok(cases + refused == 24 && cases >= 20 && bad == 0, "pndm with the Runge-Kutta warm-up: timesteps of %d "
+           "(spacing, N, steps_offset) cases equal diffusers' (N + 9 calls); %d that step "
+           "outside the schedule refused", cases, refused);
+    {
+        sd_sampler s;
+        sd_err err;
+        const int ok = sd_sampler_init(&s, SD_SAMPLER_PNDM, &dd[0], 3, SD_SPACING_LEADING, 1, 1,
+                                       &err) == 0 &&
+                       sd_sampler_pndm_prk(&s, &err) < 0 && strstr(err.msg, "at least 4 steps");
+        tap_ok(ok, "pndm's warm-up with 3 steps is refused: %s", err.msg);
+        sd_sampler_free(&s);
+        const int ok2 = sd_sampler_init(&s, SD_SAMPLER_DDIM, &dd[0], 5, SD_SPACING_LEADING, 1, 1,
+                                        &err) == 0 &&
+                        sd_sampler_pndm_prk(&s, &err) < 0;
+        tap_ok(ok2, "the warm-up for ddim is refused: %s", err.msg);
+        sd_sampler_free(&s);
+    }
+
+    static const struct {
+        const char *name;
+        int N, v;
+        sd_spacing spacing;
+        int offset;
+    } steps[] = {{"step_leading_eps_4", 4, 0, SD_SPACING_LEADING, 1},
+                 {"step_leading_eps_5", 5, 0, SD_SPACING_LEADING, 1},
+                 {"step_leading_eps_8", 8, 0, SD_SPACING_LEADING, 1},
+                 {"step_leading_v_5", 5, 1, SD_SPACING_LEADING, 1},
+                 {"step_trailing_eps_5", 5, 0, SD_SPACING_TRAILING, 0}};
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold8, "in_sample", (size_t)n);
+    float *mo = read_from(&gold8, "in_model_out", 20 * (size_t)n);
+    for (size_t c = 0; x0 && mo && c < sizeof steps / sizeof steps[0]; c++) {
+        sd_sampler s;
+        sd_err err;
+        float x[2 * 3 * 5 * 4];
+        double worst = 0.0;
+        if (sd_sampler_init(&s, SD_SAMPLER_PNDM, &dd[steps[c].v], steps[c].N, steps[c].spacing,
+                            steps[c].offset, n, &err) ||
+            sd_sampler_pndm_prk(&s, &err)) {
+            tap_ok(0, "prk %s: %s", steps[c].name, err.msg);
+            continue;
+        }
+        float *ref = read_from(&gold8, steps[c].name, (size_t)s.n_timesteps * (size_t)n);
+        memcpy(x, x0, sizeof x);
+        sd_sampler_reset(&s);
+        for (int i = 0; ref && i < s.n_timesteps; i++) {
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x, NULL);
+            const double e = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = e > worst ? e : worst;
+        }
+        tap_ok(ref && worst <= 1e-6, "pndm with the warm-up, %s: %d calls (12 Runge-Kutta), "
+               "relative error %.3g", steps[c].name, s.n_timesteps, worst);
+        free(ref);
+        sd_sampler_free(&s);
+    }
+    free(x0);
+    free(mo);
+    sd_diffusion_free(&dd[0]);
+    sd_diffusion_free(&dd[1]);
+}
+
 int main(void)
 {
     const char *srcdir = getenv("srcdir");
@@ -1909,6 +2017,13 @@ int main(void)
     if (tap_ok(sd_st_open(path, &gold7, &err) == 0, "open %s", path)) {
         test_beta();
         sd_st_close(&gold7);
+    } else {
+        tap_diag("%s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/tests/data/sample/prk.safetensors", top);
+    if (tap_ok(sd_st_open(path, &gold8, &err) == 0, "open %s", path)) {
+        test_prk();
+        sd_st_close(&gold8);
     } else {
         tap_diag("%s", err.msg);
     }
