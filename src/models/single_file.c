@@ -522,11 +522,14 @@ static void read_component(const sd_st_file *f, sd_component comp, const void *c
 }
 
 /* Whether an unused tensor of the file is one the SD family never uses (the original OpenCLIP's
- * layers past the ones SD 2 runs, its projection and logit scale; the old position_ids). */
+ * layers past the ones SD 2 runs, its projection and logit scale; the old position_ids; the
+ * VAE training's loss modules, which some LDM checkpoints carry as first_stage_model.loss.*). */
 static int ignorable(const char *name, const sd_clip_config *cc)
 {
     const char *p = name;
     int l;
+    if (!strncmp(name, SD_LDM_VAE_PREFIX "loss.", strlen(SD_LDM_VAE_PREFIX "loss.")))
+        return 1;
     if (take(&p, SD_LDM_OPENCLIP_PREFIX)) {
         if (!strcmp(p, "text_projection") || !strcmp(p, "logit_scale") || !strcmp(p, "attn_mask"))
             return 1;
