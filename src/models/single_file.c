@@ -312,7 +312,10 @@ static int add_component(sd_st_writer *wr, held *h, sd_component comp, const voi
                          size_t *numel, sd_err *err)
 {
     const sd_param_table *t = &w->table;
-    float *torch = sd_xcalloc(t->total_floats ? t->total_floats : 1, sizeof *torch);
+    size_t most = 1; /* one tensor in PyTorch's layout at a time */
+    for (size_t i = 0; i < t->n; i++)
+        most = t->params[i].numel > most ? t->params[i].numel : most;
+    float *torch = sd_xmalloc(most * sizeof *torch);
     fused *fz = NULL;
     size_t nf = 0;
     int rc = 0;
@@ -322,7 +325,7 @@ static int add_component(sd_st_writer *wr, held *h, sd_component comp, const voi
         int64_t shape[4];
         int ndim = p->ndim, part = -1, conv = 0, bad;
         memcpy(shape, p->shape, sizeof shape);
-        sd_weight_to_torch(p->ndim, p->shape, sizeof(float), w->data + p->offset, torch + p->offset);
+        sd_weight_to_torch(p->ndim, p->shape, sizeof(float), w->data + p->offset, torch);
         bad = ldm_name(comp, config, p->name, name, sizeof name, &conv, &part);
         if (bad) {
             rc = sd_err_set(err, "%s: tensor '%s' has no name in the original checkpoint layout",
@@ -335,7 +338,7 @@ static int add_component(sd_st_writer *wr, held *h, sd_component comp, const voi
             ndim = 4;
         }
         if (part < 0) {
-            rc = add_tensor(wr, h, name, dtype, ndim, shape, torch + p->offset, p->numel, err);
+            rc = add_tensor(wr, h, name, dtype, ndim, shape, torch, p->numel, err);
             (*count)++;
             *numel += p->numel;
             continue;
@@ -353,22 +356,26 @@ static int add_component(sd_st_writer *wr, held *h, sd_component comp, const voi
             f->ndim = ndim;
             f->shape[0] = 3 * shape[0];
             f->shape[1] = ndim == 2 ? shape[1] : 0;
-            f->data = hold(h, 3 * p->numel * sizeof(float));
+            f->data = sd_xmalloc(3 * p->numel * sizeof(float));
         }
         SD_CHECK(f->ndim == ndim && f->shape[0] == 3 * shape[0] &&
                      (ndim == 1 || f->shape[1] == shape[1]) && !(f->have & (1 << part)),
                  "%s: the q, k and v projections differ in shape", name);
-        memcpy(f->data + (size_t)part * p->numel, torch + p->offset, p->numel * sizeof(float));
+        memcpy(f->data + (size_t)part * p->numel, torch, p->numel * sizeof(float));
         f->have |= 1 << part;
         if (f->have == 7) {
             rc = add_tensor(wr, h, f->name, dtype, f->ndim, f->shape, f->data, 3 * p->numel, err);
             (*count)++;
             *numel += 3 * p->numel;
+            free(f->data);
+            f->data = NULL;
         }
     }
-    for (size_t k = 0; k < nf && !rc; k++)
-        if (fz[k].have != 7)
+    for (size_t k = 0; k < nf; k++) {
+        if (!rc && fz[k].have != 7)
             rc = sd_err_set(err, "%s: %s lacks one of q, k, v", dir, fz[k].name);
+        free(fz[k].data);
+    }
     free(fz);
     free(torch);
     return rc;
