@@ -1969,6 +1969,29 @@ static void test_prk(void)
     sd_diffusion_free(&dd[1]);
 }
 
+/* goldens.safetensors: the first goldens' timesteps, steps and pipelines */
+static void test_goldens(void)
+{
+    test_timesteps();
+    test_steps();
+    test_pipeline();
+}
+
+/* Opens tests/data/sample/<file> into *f, runs `test` when it opens (a failed TAP line with the
+ * reason otherwise) and closes it. */
+static void with_golden(sd_st_file *f, const char *file, void (*test)(void))
+{
+    char path[4200];
+    sd_err err;
+    snprintf(path, sizeof path, "%s/tests/data/sample/%s", top, file);
+    if (tap_ok(sd_st_open(path, f, &err) == 0, "open %s", path)) {
+        test();
+        sd_st_close(f);
+    } else {
+        tap_diag("%s", err.msg);
+    }
+}
+
 int main(void)
 {
     const char *srcdir = getenv("srcdir");
@@ -1985,57 +2008,13 @@ int main(void)
     } else {
         tap_diag("%s", err.msg);
     }
-    snprintf(path, sizeof path, "%s/tests/data/sample/zero_snr.safetensors", top);
-    if (tap_ok(sd_st_open(path, &gold3, &err) == 0, "open %s", path)) {
-        test_zero_snr();
-        sd_st_close(&gold3);
-    } else {
-        tap_diag("%s", err.msg);
-    }
-    snprintf(path, sizeof path, "%s/tests/data/sample/order3.safetensors", top);
-    if (tap_ok(sd_st_open(path, &gold4, &err) == 0, "open %s", path)) {
-        test_order3();
-        sd_st_close(&gold4);
-    } else {
-        tap_diag("%s", err.msg);
-    }
-    snprintf(path, sizeof path, "%s/tests/data/sample/lms.safetensors", top);
-    if (tap_ok(sd_st_open(path, &gold5, &err) == 0, "open %s", path)) {
-        test_lms();
-        sd_st_close(&gold5);
-    } else {
-        tap_diag("%s", err.msg);
-    }
-    snprintf(path, sizeof path, "%s/tests/data/sample/dpm2.safetensors", top);
-    if (tap_ok(sd_st_open(path, &gold6, &err) == 0, "open %s", path)) {
-        test_dpm2();
-        sd_st_close(&gold6);
-    } else {
-        tap_diag("%s", err.msg);
-    }
-    snprintf(path, sizeof path, "%s/tests/data/sample/beta.safetensors", top);
-    if (tap_ok(sd_st_open(path, &gold7, &err) == 0, "open %s", path)) {
-        test_beta();
-        sd_st_close(&gold7);
-    } else {
-        tap_diag("%s", err.msg);
-    }
-    snprintf(path, sizeof path, "%s/tests/data/sample/prk.safetensors", top);
-    if (tap_ok(sd_st_open(path, &gold8, &err) == 0, "open %s", path)) {
-        test_prk();
-        sd_st_close(&gold8);
-    } else {
-        tap_diag("%s", err.msg);
-    }
-    snprintf(path, sizeof path, "%s/tests/data/sample/goldens.safetensors", top);
-    if (tap_ok(sd_st_open(path, &gold, &err) == 0, "open %s", path)) {
-        test_timesteps();
-        test_steps();
-        test_pipeline();
-        sd_st_close(&gold);
-    } else {
-        tap_diag("%s", err.msg);
-    }
+    with_golden(&gold3, "zero_snr.safetensors", test_zero_snr);
+    with_golden(&gold4, "order3.safetensors", test_order3);
+    with_golden(&gold5, "lms.safetensors", test_lms);
+    with_golden(&gold6, "dpm2.safetensors", test_dpm2);
+    with_golden(&gold7, "beta.safetensors", test_beta);
+    with_golden(&gold8, "prk.safetensors", test_prk);
+    with_golden(&gold, "goldens.safetensors", test_goldens); /* test_pipeline reads gold2 too */
     sd_st_close(&gold2);
     test_rng_and_u8();
     return tap_done();
