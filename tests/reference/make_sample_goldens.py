@@ -35,11 +35,7 @@ import json
 import os
 import sys
 
-# The AVX2 kernels (FMA-contracted linspace) as in make_diffusion_goldens.py: our schedule
-# reproduces that alphas_cumprod bit for bit.
-if os.environ.get("ATEN_CPU_CAPABILITY") is None:
-    os.execve(sys.executable, [sys.executable] + sys.argv,
-              dict(os.environ, ATEN_CPU_CAPABILITY="avx2", PYTHONDONTWRITEBYTECODE="1"))
+import aten_avx2  # noqa: F401,E402  (re-executes under ATEN_CPU_CAPABILITY=avx2)
 
 import numpy as np
 import torch

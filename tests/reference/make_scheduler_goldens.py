@@ -49,9 +49,7 @@ Never regenerate goldens to make a failing test pass without saying why in the c
 import os
 import sys
 
-if os.environ.get("ATEN_CPU_CAPABILITY") is None:
-    os.execve(sys.executable, [sys.executable] + sys.argv,
-              dict(os.environ, ATEN_CPU_CAPABILITY="avx2", PYTHONDONTWRITEBYTECODE="1"))
+import aten_avx2  # noqa: F401,E402  (re-executes under ATEN_CPU_CAPABILITY=avx2)
 
 import numpy as np
 import torch
