@@ -53,6 +53,13 @@ def fnv1a64(data: bytes) -> int:
 
 
 
+def bare(sd: dict) -> dict:
+    """A text encoder's tensors without "text_model." and position_ids: transformers 5 names
+    CLIPTextModel's tensors without the prefix, the files and diffusers' converters keep it."""
+    return {k[len("text_model."):] if k.startswith("text_model.") else k: v
+            for k, v in sd.items() if not k.endswith("position_ids")}
+
+
 def same(name, got: dict, want: dict) -> list:
     """Differences between two state dicts (fp32): missing, extra, unequal."""
     bad = []
@@ -95,11 +102,6 @@ def check(model: str, sdtool: str, out_dir: str) -> list:
         if n_vae != len(got):
             bad.append(f"{model} vae: {n_vae} keys in the file, {len(got)} converted")
 
-        # transformers 5 names CLIPTextModel's tensors without "text_model." (the files and
-        # diffusers' converters keep it): compare without it
-        def bare(sd):
-            return {k[len("text_model."):] if k.startswith("text_model.") else k: v
-                    for k, v in sd.items() if not k.endswith("position_ids")}
         want = bare(text.state_dict())
         n_text = sum(k.startswith("cond_stage_model.") for k in ckpt)
         if text.config.hidden_act == "gelu":

@@ -31,34 +31,11 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from diffusers.loaders import single_file_utils as sfu
 from transformers import CLIPTextConfig, CLIPTextModel
 
-SD2_UNET = dict(sample_size=64, in_channels=4, out_channels=4,
-                down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-                up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-                block_out_channels=(320, 640, 1280, 1280), layers_per_block=2,
-                attention_head_dim=(5, 10, 20, 20), cross_attention_dim=1024,
-                use_linear_projection=True, norm_num_groups=32, flip_sin_to_cos=True, freq_shift=0)
-SD2_VAE = dict(in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512),
-               down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-               layers_per_block=2, latent_channels=4, norm_num_groups=32, sample_size=512)
-SD2_TEXT = dict(vocab_size=49408, hidden_size=1024, intermediate_size=4096, num_attention_heads=16,
-                num_hidden_layers=23, max_position_embeddings=77, hidden_act="gelu",
-                layer_norm_eps=1e-5, bos_token_id=0, eos_token_id=2, pad_token_id=1,
-                projection_dim=512)
-
-
-def bare(sd):
-    return {k[len("text_model."):] if k.startswith("text_model.") else k: v
-            for k, v in sd.items() if not k.endswith("position_ids")}
-
-
-def same(name, got, want):
-    bad = [f"{name}: missing {k}" for k in sorted(set(want) - set(got))]
-    bad += [f"{name}: left over {k}" for k in sorted(set(got) - set(want))]
-    for k in sorted(set(got) & set(want)):
-        a, b = got[k].float(), want[k].float()
-        if a.shape != b.shape or not torch.equal(a, b):
-            bad.append(f"{name}: {k} differs")
-    return bad
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# SD2-base's configurations, as the other full-size checks build them
+from verify_full_size import SD2_TEXT, SD2_VAE  # noqa: E402
+from verify_unet_full_size import SD2_BASE as SD2_UNET  # noqa: E402
+from make_single_file_goldens import bare, same  # noqa: E402
 
 
 def timed(cmd):
