@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sdtrain/cmd_backend.h"
 #include "sdtrain/commands.h"
 #include "sdtrain/error.h"
 #include "sdtrain/fsutil.h"
@@ -45,33 +46,23 @@ int sd_cmd_single_file(int argc, char **argv)
     sd_single_file_info info;
     struct stat st;
 
-    for (int i = 1; i < argc; i++) {
-        const char **slot = NULL;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            single_file_usage(stdout);
-            return SD_EXIT_OK;
-        } else if (!strcmp(argv[i], "--force")) {
-            force = 1;
-        } else if (!strcmp(argv[i], "--snapshot")) {
-            slot = &snapshot;
-        } else if (!strcmp(argv[i], "--out")) {
-            slot = &out;
-        } else if (!strcmp(argv[i], "--dtype")) {
-            slot = &dtype_name;
-        } else {
-            fprintf(stderr, "sdtool single-file: unknown argument '%s'\n", argv[i]);
-            single_file_usage(stderr);
-            return SD_EXIT_USAGE;
-        }
-        if (slot) {
-            if (i + 1 >= argc || !argv[i + 1][0]) {
-                fprintf(stderr, "sdtool single-file: %s needs a value\n", argv[i]);
-                return SD_EXIT_USAGE;
-            }
-            *slot = argv[++i];
-        }
+    const sd_cmd_opt opts[] = {
+        {"--force", NULL, &force, 0, 0},
+        {"--snapshot", &snapshot, NULL, 0, 0},
+        {"--out", &out, NULL, 0, 0},
+        {"--dtype", &dtype_name, NULL, 0, 0},
+    };
+    const int parsed = sd_cmd_parse_opts(argc, argv, "single-file", opts,
+                                         (int)(sizeof opts / sizeof opts[0]), &err);
+    if (parsed == 1) {
+        single_file_usage(stdout);
+        return SD_EXIT_OK;
     }
-    if (!snapshot || !out) {
+    if (parsed < 0) {
+        fprintf(stderr, "sdtool single-file: %s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    if (!snapshot || !out || !snapshot[0] || !out[0]) {
         fprintf(stderr, "sdtool single-file: --snapshot and --out are required\n");
         single_file_usage(stderr);
         return SD_EXIT_USAGE;
@@ -184,35 +175,24 @@ int sd_cmd_import_single_file(int argc, char **argv)
     char tmp[4200], notes[512];
     struct stat st;
 
-    for (int i = 1; i < argc; i++) {
-        const char **slot = NULL;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            import_usage(stdout);
-            return SD_EXIT_OK;
-        } else if (!strcmp(argv[i], "--ema")) {
-            ema = 1;
-        } else if (!strcmp(argv[i], "--force")) {
-            force = 1;
-        } else if (!strcmp(argv[i], "--file")) {
-            slot = &file;
-        } else if (!strcmp(argv[i], "--config")) {
-            slot = &config;
-        } else if (!strcmp(argv[i], "--out")) {
-            slot = &out;
-        } else {
-            fprintf(stderr, "sdtool import-single-file: unknown argument '%s'\n", argv[i]);
-            import_usage(stderr);
-            return SD_EXIT_USAGE;
-        }
-        if (slot) {
-            if (i + 1 >= argc || !argv[i + 1][0]) {
-                fprintf(stderr, "sdtool import-single-file: %s needs a value\n", argv[i]);
-                return SD_EXIT_USAGE;
-            }
-            *slot = argv[++i];
-        }
+    const sd_cmd_opt opts[] = {
+        {"--ema", NULL, &ema, 0, 0},
+        {"--force", NULL, &force, 0, 0},
+        {"--file", &file, NULL, 0, 0},
+        {"--config", &config, NULL, 0, 0},
+        {"--out", &out, NULL, 0, 0},
+    };
+    const int parsed = sd_cmd_parse_opts(argc, argv, "import-single-file", opts,
+                                         (int)(sizeof opts / sizeof opts[0]), &err);
+    if (parsed == 1) {
+        import_usage(stdout);
+        return SD_EXIT_OK;
     }
-    if (!file || !config || !out) {
+    if (parsed < 0) {
+        fprintf(stderr, "sdtool import-single-file: %s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    if (!file || !config || !out || !file[0] || !config[0] || !out[0]) {
         fprintf(stderr, "sdtool import-single-file: --file, --config and --out are required\n");
         import_usage(stderr);
         return SD_EXIT_USAGE;

@@ -145,6 +145,12 @@ expect_rc sf-run 2
 run sf-noargs "$SDTOOL" single-file --snapshot "$TMP/sexp"
 expect_rc sf-noargs 2
 expect_in sf-noargs err "--snapshot and --out are required"
+run sf-bogus "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/y.safetensors" --bogus
+expect_rc sf-bogus 2
+expect_in sf-bogus err "unknown argument '--bogus' (see sdtool single-file --help)"
+run imp-noval "$SDTOOL" import-single-file --file "$TMP/y.safetensors" --config
+expect_rc imp-noval 2
+expect_in imp-noval err "--config needs a value (see sdtool import-single-file --help)"
 pass "sdtool single-file: the export in one file (F32, F16), errors with exit 2"
 
 # and back: import-single-file with the export as the configuration; sampling from the imported
