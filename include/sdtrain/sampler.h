@@ -155,9 +155,8 @@ typedef struct sd_sampler {
     float *sigmas_interp;        /* DPM2: the interleaved log-midpoints [n_timesteps + 3] */
     float *sigmas_up, *sigmas_down; /* DPM2 ancestral: interleaved [n_timesteps + 3] */
     float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
-    int karras;                  /* sd_sampler_use_karras was applied */
-    int exponential;             /* sd_sampler_use_exponential was applied */
-    int beta_sigmas;             /* sd_sampler_use_beta was applied */
+    const char *sigma_schedule;  /* "Karras", "exponential" or "beta" after sd_sampler_use_karras /
+                                  * _exponential / _beta, else NULL (the spacing's sigmas) */
     float final_sigma;           /* the sigma after the last step: 0, or sigma_min */
     /* DPMSolverMultistepScheduler's (and UniPC's) options (set after init; the defaults are
      * diffusers') */
@@ -219,8 +218,8 @@ double sd_beta_ppf(double p, double a, double b);
  * Call after init (before or after sd_sampler_use_karras). */
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err);
 /* PNDM with skip_prk_steps false (PNDMScheduler's default): the Runge-Kutta warm-up first,
- * 4 model calls (at t, at the midpoint t - T / N / 2 twice, at the next base timestep) for each
- * of the 3 steps between the 4 largest base timesteps, then the PLMS steps from the fourth
+ * 4 model calls (at t, twice at the next base timestep + T // N // 2, at the next base timestep)
+ * for each of the 3 steps between the 4 largest base timesteps, then the PLMS steps from the fourth
  * largest on: N + 9 calls. Call after init; -1 with a message for another scheduler, fewer than
  * 4 steps (diffusers fails there too) or a timestep outside [0, T). */
 int sd_sampler_pndm_prk(sd_sampler *s, sd_err *err);

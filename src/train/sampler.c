@@ -748,12 +748,16 @@ double sd_beta_ppf(double p, double a, double b)
  * or the schedule's (DPM-Solver++), each timestep where log(sigma) interpolates in the
  * schedule's log-sigmas: DPM-Solver++ rounds Karras timesteps and truncates exponential ones
  * (its int64 cast), Euler keeps them fractional. */
+enum { SIGMAS_KARRAS, SIGMAS_EXPONENTIAL, SIGMAS_BETA };
+
 static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
 {
     const int T = s->num_train_timesteps, N = s->num_steps;
-    /* which: 0 Karras, 1 exponential, 2 beta; beta takes its timesteps as exponential does */
-    const int expo = which != 0;
-    const char *what = which == 0 ? "Karras" : which == 1 ? "exponential" : "beta";
+    /* beta sigmas take their timesteps as exponential ones do */
+    const int expo = which != SIGMAS_KARRAS;
+    const char *what = which == SIGMAS_KARRAS        ? "Karras"
+                       : which == SIGMAS_EXPONENTIAL ? "exponential"
+                                                     : "beta";
     double smin, smax;
     const int heun = s->kind == SD_SAMPLER_HEUN, dpm2 = is_dpm2(s->kind);
     if (!sd_sampler_takes_sigma_schedule(s->kind))
@@ -786,7 +790,7 @@ static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
     for (int i = 0; i < N; i++) {
         /* _convert_to_beta: sigma_min + ppf(1 - linspace(0, 1, N), 0.6, 0.6) (max - min) */
         const double sig =
-            which == 2 ? smin + sd_beta_ppf(1.0 - np_linspace_at(1.0, N, i), 0.6, 0.6) * (smax - smin)
+            which == SIGMAS_BETA ? smin + sd_beta_ppf(1.0 - np_linspace_at(1.0, N, i), 0.6, 0.6) * (smax - smin)
             : expo     ? exp(np_linspace2_at(lmax, lmin, N, i))
                        : pow(max_inv + np_linspace_at(1.0, N, i) * (min_inv - max_inv), rho);
         double t = sigma_to_t(sig, logs, T);
@@ -832,25 +836,23 @@ static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
             s->init_noise_sigma = mx;
         }
     }
-    s->karras = which == 0;
-    s->exponential = which == 1;
-    s->beta_sigmas = which == 2;
+    s->sigma_schedule = what;
     return check_ancestral(s, err);
 }
 
 int sd_sampler_use_karras(sd_sampler *s, sd_err *err)
 {
-    return convert_sigmas(s, 0, err);
+    return convert_sigmas(s, SIGMAS_KARRAS, err);
 }
 
 int sd_sampler_use_exponential(sd_sampler *s, sd_err *err)
 {
-    return convert_sigmas(s, 1, err);
+    return convert_sigmas(s, SIGMAS_EXPONENTIAL, err);
 }
 
 int sd_sampler_use_beta(sd_sampler *s, sd_err *err)
 {
-    return convert_sigmas(s, 2, err);
+    return convert_sigmas(s, SIGMAS_BETA, err);
 }
 
 int sd_sampler_final_sigma_min(sd_sampler *s, sd_err *err)
@@ -906,7 +908,7 @@ int sd_sampler_check_options(const sd_sampler *s, sd_err *err)
                                    "divides by h = 0 (NaN, in diffusers too); keep "
                                    "lower_order_final%s or set final_sigmas_type 'zero'",
                               sd_sampler_kind_name(s->kind),
-                              s->karras ? "Karras" : s->exponential ? "exponential" : s->beta_sigmas ? "beta" : "these",
+                              s->sigma_schedule ? s->sigma_schedule : "these",
                               order, order == 2 ? " with solver_type 'heun'" : "",
                               unipc ? "" : " (under 15 steps), euler_at_final");
     }
@@ -1335,29 +1337,21 @@ int sd_sampler_pndm_prk(sd_sampler *s, sd_err *err)
         return sd_err_set(err, "sampler: pndm with the Runge-Kutta warm-up (skip_prk_steps "
                                "false) needs at least 4 steps (it replaces the last three base "
                                "steps; diffusers fails with fewer): %d given", N);
-    /* the ascending base a from the PLMS list: timesteps = [b0, b1, b1, b2, ...], b descending */
-    int64_t *a = sd_xmalloc((size_t)N * sizeof *a);
-    for (int k = 0; k < N; k++)
-        a[N - 1 - k] = s->timesteps[k == 0 ? 0 : k + 1];
-    /* prk: a[-4:].repeat(2) + tile([0, T // N // 2]), [:-1].repeat(2)[1:-1], reversed;
-     * plms: a[:-3] reversed */
-    const int m = 4;
+    /* b, the base timesteps descending, from the PLMS list [b0, b1, b1, b2, ...]; the warm-up
+     * takes the steps b0 -> b1 -> b2 -> b3, each as 4 calls at b_k, b_(k+1) + T // N // 2 twice
+     * and b_(k+1) (PNDMScheduler's prk_timesteps); then PLMS from b3 on */
+#define BASE(k) s->timesteps[(k) == 0 ? 0 : (k) + 1]
     const int64_t half = (int64_t)(T / N) / 2;
-    int64_t pairs[8], twice[16];
-    for (int j = 0; j < m; j++) {
-        pairs[2 * j] = a[N - m + j];
-        pairs[2 * j + 1] = a[N - m + j] + half;
-    }
-    int nt = 0;
-    for (int j = 0; j < 2 * m - 1; j++)
-        twice[nt++] = pairs[j], twice[nt++] = pairs[j];
-    const int n_prk = nt - 2, n_plms = N - 3;
+    const int n_prk = 12, n_plms = N - 3;
     int64_t *ts = sd_xmalloc(((size_t)n_prk + (size_t)n_plms + 1) * sizeof *ts);
-    for (int j = 0; j < n_prk; j++)
-        ts[j] = twice[nt - 2 - j]; /* [1:-1] reversed */
+    for (int k = 0; k < 3; k++) {
+        ts[4 * k] = BASE(k);
+        ts[4 * k + 1] = ts[4 * k + 2] = BASE(k + 1) + half;
+        ts[4 * k + 3] = BASE(k + 1);
+    }
     for (int j = 0; j < n_plms; j++)
-        ts[n_prk + j] = a[N - 4 - j];
-    free(a);
+        ts[n_prk + j] = BASE(3 + j);
+#undef BASE
     for (int j = 0; j < n_prk + n_plms; j++)
         if (ts[j] < 0 || ts[j] > T - 1) {
             const int64_t bad = ts[j];
