@@ -147,7 +147,6 @@ typedef struct trainer {
     int64_t start_step, start_opt_step, start_skipped; /* 0 or the resumed checkpoint's */
     int64_t last_ckpt;  /* step of the newest checkpoint this run wrote or resumed, or -1 */
     char last_ckpt_path[4200]; /* the checkpoint this run wrote last, or "" */
-    int64_t last_sample; /* &sample every_n_steps: the step images were made from last, or -1 */
     const sd_device_info *dev_info; /* this rank's device (&sample every_n_steps' images) */
     int resumed, stopped; /* stopped: by a signal, after checkpointing */
     float *hm, *hv, *hema; /* GPU device path: host copies of the moments / EMA around a
@@ -1115,8 +1114,9 @@ static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped,
 static void sample_checkpoint(trainer *t, int64_t done)
 {
     const sd_config *cfg = t->cfg;
-    if (cfg->sample.every_n_steps <= 0 || t->last_sample == done || t->last_ckpt != done ||
-        !t->last_ckpt_path[0])
+    /* the boundary's checkpoint (periodic: done < max_steps; or the last one) written by this
+     * run, not one it resumed from; each step comes here once */
+    if (cfg->sample.every_n_steps <= 0 || t->last_ckpt != done || !t->last_ckpt_path[0])
         return;
     sd_run_config *rc = sd_xmalloc(sizeof *rc);
     memcpy(rc, t->rc, sizeof *rc); /* a shallow copy: only these fixed-size fields change */
@@ -1126,7 +1126,6 @@ static void sample_checkpoint(trainer *t, int64_t done)
         snprintf(rc->cfg.sample.checkpoint, sizeof rc->cfg.sample.checkpoint, "%s",
                  t->last_ckpt_path) >= (int)sizeof rc->cfg.sample.checkpoint;
     snprintf(rc->cfg.run.mode, sizeof rc->cfg.run.mode, "sample");
-    t->last_sample = done;
     if (long_path) {
         if (t->rank == 0)
             sd_error("step %lld: no images: %s/samples/step-%08lld is too long a path; training "
@@ -1515,7 +1514,6 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.rc = rc;
     t.mpi_comm = rt->role_comm;
     t.dev_info = dev;
-    t.last_sample = -1;
     sd_ckpt_signals_install();
 
     if (setup(&t, rt, dev, &err)) {
