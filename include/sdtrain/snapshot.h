@@ -59,6 +59,12 @@ void sd_snapshot_close(sd_snapshot *s);
 int sd_snapshot_component_dir(const sd_snapshot *s, sd_component c, char *buf, size_t size,
                               sd_err *err);
 
+/* One component's configuration (`config`: the sd_unet_config, sd_vae_config or
+ * sd_clip_config of `c`) and the parameter table it makes, from its config.json checked as the
+ * loaders below check it, without reading its weights. Returns 0, or -1 with a message. */
+int sd_snapshot_component_table(const sd_snapshot *s, sd_component c, void *config,
+                                sd_param_table *table, sd_err *err);
+
 /* Loads one component: config and weights. `weights_name` selects a file name inside the
  * component folder (e.g. "diffusion_pytorch_model.fp16.safetensors"); NULL takes the default
  * names (diffusion_pytorch_model, then model; .safetensors or .safetensors.index.json).

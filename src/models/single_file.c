@@ -565,28 +565,11 @@ int sd_single_file_read(const char *file, const char *config_snapshot, int ema,
                                "unet/, vae/ and text_encoder/ config.json describe the file",
                           config_snapshot);
     }
+    void *const configs[SD_COMPONENT_COUNT] = {&m->unet, &m->vae, &m->clip};
     for (int c = 0; c < SD_COMPONENT_COUNT && !rc; c++) {
-        char dir[4096], cfg[4200];
         sd_param_table table;
-        if (sd_snapshot_component_dir(&snap, (sd_component)c, dir, sizeof dir, err)) {
-            rc = -1;
-            break;
-        }
-        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
         memset(&table, 0, sizeof table);
-        if (c == SD_COMPONENT_UNET) {
-            rc = sd_unet_config_load(cfg, &m->unet, err);
-            if (!rc)
-                sd_unet_params(&m->unet, &table);
-        } else if (c == SD_COMPONENT_VAE) {
-            rc = sd_vae_config_load(cfg, &m->vae, err);
-            if (!rc)
-                sd_vae_params(&m->vae, &table);
-        } else {
-            rc = sd_clip_config_load(cfg, &m->clip, err);
-            if (!rc)
-                sd_clip_params(&m->clip, &table);
-        }
+        rc = sd_snapshot_component_table(&snap, (sd_component)c, configs[c], &table, err);
         if (!rc) {
             sd_weights_init(&m->w[c], &table);
             m->have |= 1 << c;

@@ -313,6 +313,54 @@ static int check_component_config(const char *config, sd_component c, int *eos_t
     return rc;
 }
 
+/* A component's folder into dir, its config.json checked (the class) and read into `config`,
+ * and the parameter table that configuration makes. Returns the config.json path (malloc'ed)
+ * or NULL with a message. */
+static char *component_table(const sd_snapshot *s, sd_component c, void *config,
+                             int *eos_token_id, sd_param_table *table, char *dir, size_t dir_size,
+                             sd_err *err)
+{
+    char *cfg_path;
+    int rc;
+    if (sd_snapshot_component_dir(s, c, dir, dir_size, err))
+        return NULL;
+    cfg_path = path_join(dir, "config.json");
+    rc = check_component_config(cfg_path, c, eos_token_id, err);
+    if (rc == 0) {
+        switch (c) {
+        case SD_COMPONENT_UNET:
+            rc = sd_unet_config_load(cfg_path, config, err);
+            if (rc == 0)
+                sd_unet_params(config, table);
+            break;
+        case SD_COMPONENT_VAE:
+            rc = sd_vae_config_load(cfg_path, config, err);
+            if (rc == 0)
+                sd_vae_params(config, table);
+            break;
+        default:
+            rc = sd_clip_config_load(cfg_path, config, err);
+            if (rc == 0)
+                sd_clip_params(config, table);
+            break;
+        }
+    }
+    if (rc) {
+        free(cfg_path);
+        return NULL;
+    }
+    return cfg_path;
+}
+
+int sd_snapshot_component_table(const sd_snapshot *s, sd_component c, void *config,
+                                sd_param_table *table, sd_err *err)
+{
+    char dir[4096];
+    char *cfg_path = component_table(s, c, config, NULL, table, dir, sizeof dir, err);
+    free(cfg_path);
+    return cfg_path ? 0 : -1;
+}
+
 static int load_component(const sd_snapshot *s, sd_component c, const char *weights_name,
                           void *config, int *eos_token_id, sd_weights *w, sd_err *err)
 {
@@ -321,41 +369,20 @@ static int load_component(const sd_snapshot *s, sd_component c, const char *weig
     sd_st_set set;
     int rc;
     memset(w, 0, sizeof *w);
-    if (sd_snapshot_component_dir(s, c, dir, sizeof dir, err))
+    memset(&table, 0, sizeof table);
+    cfg_path = component_table(s, c, config, eos_token_id, &table, dir, sizeof dir, err);
+    if (!cfg_path)
         return -1;
-    cfg_path = path_join(dir, "config.json");
-    rc = check_component_config(cfg_path, c, eos_token_id, err);
+    sd_weights_init(w, &table);
+    rc = sd_st_set_open_dir(&set, dir, weights_name, err);
     if (rc == 0) {
-        switch (c) {
-        case SD_COMPONENT_UNET:
-            rc = sd_unet_config_load(cfg_path, config, err);
-            if (rc == 0)
-                sd_unet_params(config, &table);
-            break;
-        case SD_COMPONENT_VAE:
-            rc = sd_vae_config_load(cfg_path, config, err);
-            if (rc == 0)
-                sd_vae_params(config, &table);
-            break;
-        default:
-            rc = sd_clip_config_load(cfg_path, config, err);
-            if (rc == 0)
-                sd_clip_params(config, &table);
-            break;
-        }
-    }
-    if (rc == 0) {
-        sd_weights_init(w, &table);
-        rc = sd_st_set_open_dir(&set, dir, weights_name, err);
-        if (rc == 0) {
-            rc = sd_weights_load(w, &set, err);
-            if (rc)
-                name_config(err, cfg_path);
-            sd_st_set_close(&set);
-        }
+        rc = sd_weights_load(w, &set, err);
         if (rc)
-            sd_weights_free(w);
+            name_config(err, cfg_path);
+        sd_st_set_close(&set);
     }
+    if (rc)
+        sd_weights_free(w);
     free(cfg_path);
     return rc;
 }
