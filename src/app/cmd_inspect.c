@@ -178,6 +178,14 @@ typedef struct stats {
     int64_t n, nan, inf;
 } stats;
 
+/* The mean and the (population) standard deviation of the finite values added (n > 0). */
+static void stats_mean_std(const stats *s, double *mean, double *std)
+{
+    const double m = s->sum / (double)s->n, var = s->sumsq / (double)s->n - m * m;
+    *mean = m;
+    *std = var > 0 ? sqrt(var) : 0.0;
+}
+
 static void stats_add(stats *s, double v)
 {
     if (isnan(v)) {
@@ -284,10 +292,11 @@ static void print_dataset(hid_t d, const char *name, const inspect_opts *o, int 
             printf("      %s\n", why);
             (*failures)++;
         } else if (st.n > 0) {
-            double mean = st.sum / (double)st.n, var = st.sumsq / (double)st.n - mean * mean;
+            double mean, std;
+            stats_mean_std(&st, &mean, &std);
             if (cls == H5T_FLOAT)
                 printf("      min %.6g  max %.6g  mean %.6g  std %.6g", st.min, st.max, mean,
-                       var > 0 ? sqrt(var) : 0.0);
+                       std);
             else
                 printf("      min %.0f  max %.0f", st.min, st.max);
             if (st.nan || st.inf)
@@ -699,10 +708,9 @@ static int inspect_safetensors(const char *path, const inspect_opts *o)
                sd_st_dtype_name(t->dtype), t->ndim ? shape : "scalar");
         if (with) {
             if (s.n) {
-                const double mean = s.sum / (double)s.n;
-                const double var = s.sumsq / (double)s.n - mean * mean;
-                printf(" min %.6g max %.6g mean %.6g std %.6g", s.min, s.max, mean,
-                       sqrt(var > 0 ? var : 0));
+                double mean, std;
+                stats_mean_std(&s, &mean, &std);
+                printf(" min %.6g max %.6g mean %.6g std %.6g", s.min, s.max, mean, std);
             }
             if (s.nan || s.inf)
                 printf(" (%lld NaN, %lld inf)", (long long)s.nan, (long long)s.inf);
