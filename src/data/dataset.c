@@ -136,7 +136,8 @@ static void ensure_cap(void **buf, size_t *cap, size_t need)
 /* Reads the whole regular file at `path` into *buf (one spare byte for a NUL). */
 static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t *len, sd_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO named by a manifest must not block the open (it is refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return sd_err_set(err, "%s: %s", path, strerror(errno));
     struct stat st;
@@ -179,7 +180,7 @@ static int read_member(const sd_dataset *ds, sd_sample *s, const struct sd_datas
         if (s->fd_id_)
             close(s->fd_);
         s->fd_id_ = 0;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         if (fd < 0) {
             sd_err_set(err, "%s: %s", path, strerror(errno));
             return MEMBER_UNREADABLE;
@@ -577,8 +578,14 @@ int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err
         h.entry_size != sizeof(struct sd_dataset_entry) || h.stats_size != sizeof(sd_dataset_stats))
         return sd_err_set(err, "dataset index image: wrong magic, version or build");
     if (h.count < 0 || h.n_shards < 0 || h.n_suffixes < 2 || h.n_suffixes > UINT16_MAX ||
-        h.format < SD_DATASET_FILES || h.format > SD_DATASET_TSV || h.pool_size == 0)
+        h.format < SD_DATASET_FILES || h.format > SD_DATASET_TSV || h.pool_size == 0 ||
+        h.utf8_policy > SD_UTF8_REJECT || h.missing_caption > SD_MISSING_CAPTION_EMPTY)
         return sd_err_set(err, "dataset index image: bad header");
+    /* Each part within the image first, so that the sum below cannot wrap around (found by
+     * tests/fuzz/fuzz_dataset.c: a huge shard count made it equal the size again). */
+    if ((uint64_t)h.count > size / sizeof(struct sd_dataset_entry) || (uint64_t)h.n_shards > size / 8 ||
+        (uint64_t)h.n_suffixes > size / 8 || h.pool_size > size || h.root_len > size || h.input_len > size)
+        return sd_err_set(err, "dataset index image: %zu bytes, too short for its header", size);
     uint64_t need = sizeof h + (uint64_t)h.count * sizeof(struct sd_dataset_entry) +
                     (uint64_t)(h.n_shards + h.n_suffixes) * sizeof(uint64_t) + h.pool_size + h.root_len +
                     h.input_len;
@@ -618,7 +625,7 @@ int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err
               e->json_sfx >= ds->n_suffixes || e->image_kind > SD_IMAGE_EXT_UNSUPPORTED ||
               (ds->format == SD_DATASET_WEBDATASET && e->shard >= ds->n_shards) ||
               (ds->format == SD_DATASET_TSV && (e->flags & ENTRY_CAPTION) &&
-               e->caption_off + e->caption_size >= ds->pool_size);
+               (e->caption_off >= ds->pool_size || e->caption_size >= ds->pool_size - e->caption_off));
     }
     if (bad) {
         sd_dataset_close(ds);

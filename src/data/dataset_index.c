@@ -411,7 +411,7 @@ static int index_files(sd_dataset *ds, sd_err *err)
 /* The whole regular file at `path`, NUL-terminated, malloc'd; NULL on failure (err says why). */
 static char *read_whole(const char *path, size_t *len, sd_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below */
     struct stat st;
     if (fd < 0) {
         sd_err_set(err, "%s: %s", path, strerror(errno));
@@ -986,7 +986,7 @@ static int detect_format(const char *in, sd_dataset_format *f, sd_err *err)
     }
     /* No telling name: look for the ustar magic of a tar header. */
     unsigned char h[263];
-    int fd = open(in, O_RDONLY | O_CLOEXEC);
+    int fd = open(in, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd >= 0) {
         ssize_t k = pread(fd, h, sizeof h, 0);
         close(fd);

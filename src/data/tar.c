@@ -201,7 +201,7 @@ int sd_tar_scan(const char *path, sd_tar_member_fn fn, void *ctx, sd_err *err)
     char *ustar_name = NULL;
     int rc = SD_TAR_OK;
 
-    r.fd = open(path, O_RDONLY | O_CLOEXEC);
+    r.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below, not waited on */
     if (r.fd < 0)
         return sd_err_set(err, "%s: %s", path, strerror(errno)), SD_TAR_UNREADABLE;
     int stat_errno = fstat(r.fd, &st) != 0 ? errno : 0;
@@ -349,13 +349,14 @@ int sd_tar_scan(const char *path, sd_tar_member_fn fn, void *ctx, sd_err *err)
         m.truncated = data + size > r.file_size;
         m.sparse = type == 'S' || pend.sparse;
         int stop = fn ? fn(&m, ctx) : 0;
-        pending_clear(&pend);
         if (m.truncated) {
+            /* before pending_clear: m.name may be the pax / GNU long name it frees */
             sd_err_set(err, "%s: member '%s' is truncated: %" PRIu64 " of %" PRIu64 " bytes present",
                        path, m.name, data < r.file_size ? r.file_size - data : 0, size);
             rc = SD_TAR_DAMAGED;
             break;
         }
+        pending_clear(&pend);
         if (stop) {
             rc = SD_TAR_STOPPED;
             break;

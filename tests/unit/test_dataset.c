@@ -517,6 +517,34 @@ static void test_tsv(void)
     tap_ok(sd_dataset_open(manifest, "tsv", &ds, &err) == -1 && strstr(err.msg, "no samples") &&
                strstr(err.msg, "empty.tsv"),
            "tsv: a manifest without samples is an error: %s", err.msg);
+
+    /* A FIFO where an image should be, and as the manifest itself: refused at once, never
+     * waited on (open without O_NONBLOCK blocks until a writer comes). An alarm turns a hang
+     * into a failure of this program instead of a stuck test suite. */
+    {
+        char fifo[700];
+        sd_sample fs = {0};
+        snprintf(fifo, sizeof fifo, "%s/img/fifo.jpg", root);
+        if (mkfifo(fifo, 0644) != 0) {
+            tap_ok(0, "mkfifo: %s", strerror(errno));
+        } else {
+            alarm(60);
+            put_str(root, "fifo.tsv", "img/fifo.jpg\ta pipe\n");
+            snprintf(manifest, sizeof manifest, "%s/fifo.tsv", root);
+            int rc = sd_dataset_open(manifest, "tsv", &ds, &err);
+            int r = rc == 0 ? sd_dataset_read(&ds, 0, &fs, &err) : 0;
+            tap_ok(rc == 0 && r == -1 && fs.reason == SD_SAMPLE_UNREADABLE && strstr(err.msg, "fifo.jpg") &&
+                       strstr(err.msg, "not a regular file"),
+                   "tsv: a FIFO as an image is skipped as unreadable, not waited on (%s)", err.msg);
+            sd_sample_free(&fs);
+            sd_dataset_close(&ds);
+            rc = sd_dataset_open(fifo, "tsv", &ds, &err);
+            tap_ok(rc == -1 && strstr(err.msg, "fifo.jpg"), "tsv: a FIFO as the manifest is refused (%s)",
+                   err.msg);
+            sd_dataset_close(&ds);
+            alarm(0);
+        }
+    }
 }
 
 /* ---- tar scanner vs libarchive -------------------------------------------------------------- */
@@ -626,6 +654,27 @@ static void test_tar_scanner(void)
     int rc = sd_tar_scan(path, log_member, &l, &err);
     tap_ok(rc == SD_TAR_DAMAGED && l.n == 5 && l.truncated[4] && !l.truncated[3] && strstr(err.msg, "big.png"),
            "tar scan: a member cut by the end of file is reported truncated (%s)", err.msg);
+    /* Cut inside the data of the member with the pax long name (found by tests/fuzz/fuzz_tar.c:
+     * the message read the name after it was freed; the ASan build catches that). */
+    {
+        char pax[600];
+        scan_log lp;
+        sd_err perr;
+        int i_long = -1;
+        snprintf(pax, sizeof pax, "%s/scan-pax.tar", tmpdir);
+        memset(&lp, 0, sizeof lp);
+        sd_tar_scan(pax, log_member, &lp, &perr);
+        for (int i = 0; i < lp.n; i++)
+            if (strcmp(lp.names[i], long_name) == 0)
+                i_long = i;
+        if (i_long >= 0 && truncate(pax, (off_t)(lp.off[i_long] + 100)) != 0)
+            tap_diag("truncate: %s", strerror(errno));
+        memset(&lp, 0, sizeof lp);
+        int prc = sd_tar_scan(pax, log_member, &lp, &perr);
+        tap_ok(i_long >= 0 && prc == SD_TAR_DAMAGED && lp.n == i_long + 1 && lp.truncated[i_long] &&
+                   strstr(perr.msg, long_name) && strstr(perr.msg, "100 of 513 bytes present"),
+               "tar scan: a truncated member with a pax long name is named in the message (%s)", perr.msg);
+    }
     /* Cut inside a header block. */
     if (truncate(path, (off_t)(l.off[4] - 200)) != 0)
         tap_diag("truncate: %s", strerror(errno));
@@ -933,6 +982,18 @@ static void test_webdataset(void)
     tap_ok(sd_dataset_unpack(blob, blob_size, &ds2, &err) == -1 && strstr(err.msg, "magic"),
            "webdataset: a damaged image is refused (%s)", err.msg);
     tap_ok(sd_dataset_unpack(blob, 10, &ds2, &err) == -1, "webdataset: a short image is refused");
+    {
+        /* A shard count 2^61 too large keeps the computed size (x 8 bytes, modulo 2^64): the
+         * header check once accepted it and read past the image (tests/fuzz/fuzz_dataset.c).
+         * The header: 8 bytes of magic, six uint32, then count, n_shards, n_suffixes (int64). */
+        int64_t n_shards;
+        ((char *)blob)[0] = 'S';
+        memcpy(&n_shards, (unsigned char *)blob + 40, sizeof n_shards);
+        n_shards += INT64_C(1) << 61;
+        memcpy((unsigned char *)blob + 40, &n_shards, sizeof n_shards);
+        tap_ok(sd_dataset_unpack(blob, blob_size, &ds2, &err) == -1 && strstr(err.msg, "too short for its header"),
+               "webdataset: an image whose counts wrap its size around is refused (%s)", err.msg);
+    }
     free(blob);
     sd_sample_free(&s);
     sd_sample_free(&s2);
