@@ -209,6 +209,28 @@ static int jopen(jctx *j, const char *path, sd_err *err)
     return 0;
 }
 
+/* A size read from the file must lie in [lo, hi]: zero would divide by zero or make empty
+ * tensors, and absurd sizes would overflow the parameter arithmetic or ask for terabytes.
+ * The bounds are those of the namelist's shape keys, or wider. */
+static void jrange(jctx *j, const char *key, int v, int lo, int hi)
+{
+    if (!j->failed && (v < lo || v > hi)) {
+        char detail[96];
+        snprintf(detail, sizeof detail, " = %d is outside %d to %d", v, lo, hi);
+        jfail(j, "%s: '%s'%s", key, detail);
+    }
+}
+
+static void jrange_list(jctx *j, const char *key, const int *v, int n, int lo, int hi)
+{
+    for (int i = 0; i < n && !j->failed; i++)
+        if (v[i] < lo || v[i] > hi) {
+            char detail[96];
+            snprintf(detail, sizeof detail, "[%d] = %d is outside %d to %d", i, v[i], lo, hi);
+            jfail(j, "%s: '%s'%s", key, detail);
+        }
+}
+
 static int jclose(jctx *j)
 {
     json_object_put(j->root);
@@ -362,6 +384,16 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
         if (mid_scale != 1.0 || out_scale != 1.0)
             jfail(&j, "%s: '%s' other than 1 is not implemented%s", "mid_block_scale_factor", NULL);
     }
+    jrange(&j, "in_channels", c->in_channels, 1, 1024);
+    jrange(&j, "out_channels", c->out_channels, 1, 1024);
+    jrange(&j, "norm_num_groups", c->norm_num_groups, 1, 1024);
+    jrange_list(&j, "block_out_channels", c->block_out_channels, c->n_levels, 1, 16384);
+    jrange(&j, "layers_per_block", c->layers_per_block, 1, 16);
+    jrange(&j, "cross_attention_dim", c->cross_attention_dim, 1, 65536);
+    jrange_list(&j, "transformer_layers_per_block", c->transformer_layers, c->n_levels, 1, 64);
+    jrange(&j, "conv_in_kernel", c->conv_in_kernel, 1, 15);
+    jrange(&j, "conv_out_kernel", c->conv_out_kernel, 1, 15);
+    jrange(&j, "downsample_padding", c->downsample_padding, 0, 1);
     if (!j.failed) {
         char why[160] = "";
         if (c->n_levels < 1)
@@ -421,6 +453,12 @@ int sd_vae_config_load(const char *path, sd_vae_config *c, sd_err *err)
         jblock_types(&j, "down_block_types", "DownEncoderBlock2D", NULL, dummy, c->n_levels);
     if (!j.failed && jget(&j, "up_block_types"))
         jblock_types(&j, "up_block_types", "UpDecoderBlock2D", NULL, dummy, c->n_levels);
+    jrange(&j, "in_channels", c->in_channels, 1, 1024);
+    jrange(&j, "out_channels", c->out_channels, 1, 1024);
+    jrange(&j, "latent_channels", c->latent_channels, 1, 1024);
+    jrange(&j, "norm_num_groups", c->norm_num_groups, 1, 1024);
+    jrange_list(&j, "block_out_channels", c->block_out_channels, c->n_levels, 1, 16384);
+    jrange(&j, "layers_per_block", c->layers_per_block, 1, 16);
     for (int i = 0; i < c->n_levels && !j.failed; i++)
         if (c->block_out_channels[i] <= 0 || c->block_out_channels[i] % c->norm_num_groups)
             jfail(&j, "%s: inconsistent configuration: %s%s", "block_out_channels",
@@ -461,6 +499,12 @@ int sd_clip_config_load(const char *path, sd_clip_config *c, sd_err *err)
     act = c->quick_gelu;
     jchoice(&j, "hidden_act", "gelu|quick_gelu", &act);
     c->quick_gelu = act;
+    jrange(&j, "vocab_size", c->vocab_size, 1, 10000000);
+    jrange(&j, "hidden_size", c->hidden_size, 1, 65536);
+    jrange(&j, "intermediate_size", c->intermediate_size, 1, 262144);
+    jrange(&j, "num_attention_heads", c->num_attention_heads, 1, 1024);
+    jrange(&j, "num_hidden_layers", c->num_hidden_layers, 1, 256);
+    jrange(&j, "max_position_embeddings", c->max_position_embeddings, 1, 65536);
     if (!j.failed && (c->num_attention_heads <= 0 || c->hidden_size % c->num_attention_heads != 0))
         jfail(&j, "%s: inconsistent configuration: %s%s", "hidden_size",
               " (hidden_size must be divisible by num_attention_heads)");

@@ -193,6 +193,28 @@ static void test_json(void)
     }
     p = write_json("clip_act.json", "{\"hidden_act\": \"relu\"}");
     tap_ok(sd_clip_config_load(p, &c, &err) != 0 && strstr(err.msg, "'hidden_act'"), "unknown activation refused");
+
+    /* Sizes out of range, found by tests/fuzz/fuzz_modelconfig.c: norm_num_groups 0 divided by
+     * zero in the VAE loader, latent_channels 0 made empty tensors, huge sizes overflowed. */
+    p = write_json("vae_groups.json", "{\"norm_num_groups\": 0}");
+    tap_ok(sd_vae_config_load(p, &v, &err) != 0 && strstr(err.msg, "vae_groups.json: 'norm_num_groups' = 0 "
+                                                                   "is outside 1 to 1024"),
+           "VAE norm_num_groups 0 refused (%s)", err.msg);
+    p = write_json("vae_latent.json", "{\"latent_channels\": 0}");
+    tap_ok(sd_vae_config_load(p, &v, &err) != 0 && strstr(err.msg, "'latent_channels' = 0"),
+           "VAE latent_channels 0 refused (%s)", err.msg);
+    p = write_json("unet_groups.json", "{\"norm_num_groups\": 0, \"block_out_channels\": [32], "
+                                       "\"down_block_types\": [\"DownBlock2D\"], \"up_block_types\": [\"UpBlock2D\"]}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 && strstr(err.msg, "'norm_num_groups' = 0"),
+           "U-Net norm_num_groups 0 refused (%s)", err.msg);
+    p = write_json("unet_big.json", "{\"block_out_channels\": [999999968], \"down_block_types\": "
+                                    "[\"DownBlock2D\"], \"up_block_types\": [\"UpBlock2D\"]}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 &&
+               strstr(err.msg, "'block_out_channels'[0] = 999999968 is outside 1 to 16384"),
+           "U-Net absurd channel count refused (%s)", err.msg);
+    p = write_json("clip_layers.json", "{\"num_hidden_layers\": 100000}");
+    tap_ok(sd_clip_config_load(p, &c, &err) != 0 && strstr(err.msg, "'num_hidden_layers' = 100000"),
+           "text encoder absurd layer count refused (%s)", err.msg);
 }
 
 static void test_namelist_configs(void)
