@@ -575,7 +575,14 @@ int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *e
     }
     rc_ = nl_parse(text, strlen(text), "<set>", &f, err);
     if (rc_ == 0) {
-        rc_ = apply_file(rc, &f, tmpl, 1, err);
+        /* One argument sets one key: a comment character in the key, or a value that ends
+         * the group and starts another, would otherwise set nothing or something else. */
+        if (f.n_groups != 1 || f.groups[0].n_assigns != 1)
+            rc_ = sd_err_set(err, "expected one group.key=value (it reads as %zu assignments "
+                                  "in %zu groups)",
+                             f.n_groups ? f.groups[0].n_assigns : 0, f.n_groups);
+        else
+            rc_ = apply_file(rc, &f, tmpl, 1, err);
         nl_free(&f);
     }
     free(text);
@@ -814,6 +821,10 @@ char *sd_config_to_namelist(const sd_run_config *rc, bool annotate)
             start = b.n;
             if (is_list(o) && ccount(&rc->cfg, o) == 0)
                 sb_printf(&b, "  ! %s = (empty)", o->key);
+            else if (o->type == SD_OPT_CHOICE && !*(const char *)cfield(&rc->cfg, o))
+                /* an unset choice (no default, e.g. &run mode before validation): '' is not
+                 * one of its values, so it is written as a comment and stays unset on reading */
+                sb_printf(&b, "  ! %s = (unset)", o->key);
             else {
                 sb_printf(&b, "  %s = ", o->key);
                 sb_value(&b, &rc->cfg, o);

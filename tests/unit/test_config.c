@@ -156,7 +156,40 @@ static void test_set(void)
            "--set with a misspelled group: %s", err.msg);
     tap_ok(sd_config_apply_set(&rc, "run.mode=bogus", 12, &err) != 0 &&
                strstr(err.msg, "invalid value 'bogus' for &run mode"), "--set of an invalid choice");
+    /* found by tests/fuzz/fuzz_namelist.c: a '!' in the key made the rest a comment, and a value
+     * could close the group and open another; both were accepted */
+    tap_ok(sd_config_apply_set(&rc, "train.!max_steps=3", 13, &err) != 0 &&
+               strstr(err.msg, "--set 'train.!max_steps=3': expected one group.key=value (it reads as 0 "
+                               "assignments in 1 groups)"),
+           "--set whose key is a comment refused: %s", err.msg);
+    tap_ok(sd_config_apply_set(&rc, "train.max_steps=3 / &run seed=9", 14, &err) != 0 &&
+               strstr(err.msg, "expected one group.key=value") && rc.cfg.run.seed != 9,
+           "--set whose value opens another group refused: %s", err.msg);
+    tap_ok(sd_config_apply_set(&rc, "train.max_steps=3, warmup_steps=2", 15, &err) != 0 &&
+               strstr(err.msg, "expected one group.key=value (it reads as 2 assignments in 1 groups)"),
+           "--set of two keys refused: %s", err.msg);
     sd_run_config_free(&rc);
+}
+
+/* Found by tests/fuzz/fuzz_namelist.c: the defaults wrote "mode = ''", which does not read back
+ * ('' is not a mode); an unset choice is now written as a comment. */
+static void test_unset_choice_round_trip(void)
+{
+    sd_run_config a, b;
+    sd_err err;
+    char *ta, *tb;
+    sd_run_config_init(&a);
+    sd_run_config_init(&b);
+    ta = sd_config_to_namelist(&a, false);
+    tap_ok(strstr(ta, "! mode = (unset)") != NULL, "an unset &run mode is written as a comment");
+    tap_ok(sd_config_from_text(&b, ta, strlen(ta), &err) == 0, "the defaults read back: %s",
+           err.msg);
+    tb = sd_config_to_namelist(&b, false);
+    tap_ok(strcmp(ta, tb) == 0 && b.cfg.run.mode[0] == 0, "and stay the defaults");
+    free(ta);
+    free(tb);
+    sd_run_config_free(&a);
+    sd_run_config_free(&b);
 }
 
 static void test_round_trip(void)
@@ -215,6 +248,7 @@ int main(int argc, char **argv)
     test_defaults();
     test_set();
     test_round_trip();
+    test_unset_choice_round_trip();
     test_reference_doc();
     test_invalid_corpus(dir);
     return tap_done();
