@@ -267,16 +267,18 @@ const sd_shard_entry *sd_shard_manifest_find(const sd_shard_manifest *m, int64_t
     return bsearch(&key, m->entries, (size_t)m->n, sizeof key, entry_cmp);
 }
 
-static int json_int_field(json_object *o, const char *name, int64_t lo, int64_t *out, const char *path,
-                          int64_t k, sd_err *err)
+static int json_int_field(json_object *o, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                          const char *path, int64_t k, sd_err *err)
 {
     json_object *v;
     if (!json_object_object_get_ex(o, name, &v))
         return sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld has no '%s'", path,
                           (long long)k, name);
-    if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < lo)
+    if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < lo ||
+        json_object_get_int64(v) > hi)
         return sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld: '%s' must be an "
-                               "integer >= %lld", path, (long long)k, name, (long long)lo);
+                               "integer from %lld to %lld", path, (long long)k, name, (long long)lo,
+                          (long long)hi);
     *out = json_object_get_int64(v);
     return 0;
 }
@@ -345,10 +347,12 @@ static int manifest_parse(const char *path, const char *text, size_t len, sd_sha
                        (long long)k);
             goto out;
         }
-        if (json_int_field(o, "index", 0, &e->index, path, k, err) ||
-            json_int_field(o, "samples", 1, &e->samples, path, k, err) ||
-            json_int_field(o, "bytes", 0, &e->bytes, path, k, err) ||
-            json_int_field(o, "resolution", 8, &res, path, k, err))
+        /* Bounds no real shard comes near, so that sums and int conversions cannot overflow:
+         * 2^40 samples would be a shard of petabytes; resolutions are the namelist's. */
+        if (json_int_field(o, "index", 0, INT64_C(1) << 40, &e->index, path, k, err) ||
+            json_int_field(o, "samples", 1, INT64_C(1) << 40, &e->samples, path, k, err) ||
+            json_int_field(o, "bytes", 0, INT64_MAX, &e->bytes, path, k, err) ||
+            json_int_field(o, "resolution", 8, 4096, &res, path, k, err))
             goto out;
         e->resolution = (int)res;
         sd_shard_file_name(e->index, want, sizeof want);
@@ -367,7 +371,18 @@ static int manifest_parse(const char *path, const char *text, size_t len, sd_sha
             goto out;
         }
         e->checksum = strtoull(hex, &hend, 16);
+        if (m->total_samples > INT64_MAX - e->samples) {
+            sd_err_set(err, "%s: not a valid shard manifest: more than 2^63 samples in all", path);
+            goto out;
+        }
         m->total_samples += e->samples;
+    }
+    /* The writer records the sum too; a file where they disagree was edited or damaged. */
+    if (json_object_object_get_ex(root, "total_samples", &v) &&
+        (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) != m->total_samples)) {
+        sd_err_set(err, "%s: not a valid shard manifest: 'total_samples' is not the sum of the "
+                        "shards' samples (%lld)", path, (long long)m->total_samples);
+        goto out;
     }
     qsort(m->entries, (size_t)m->n, sizeof *m->entries, entry_cmp);
     for (int64_t k = 1; k < m->n; k++)

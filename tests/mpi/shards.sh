@@ -152,6 +152,19 @@ expect_count corrupt-w err "manifest.json: not a valid shard manifest" 1
 run insp-corrupt "$prog" inspect "$d"
 expect_rc insp-corrupt 1
 expect_in insp-corrupt err "not a valid shard manifest"
+# Well-formed JSON that no writer makes (tests/fuzz/fuzz_shardmanifest.c): a total that is not
+# the sum, and sizes beyond any shard, which would overflow the sums.
+entry='{"index": 0, "file": "shard-000000.h5", "samples": SAMPLES, "bytes": 1, "resolution": 64, "checksum": "0123456789abcdef"}'
+printf '{"format": "sdtrain-shard-manifest", "version": 1, "total_samples": 9, "shards": [%s]}' \
+    "$(echo "$entry" | sed 's/SAMPLES/7/')" >"$d/manifest.json"
+run total "$prog" committed "$d"
+expect_rc total 1
+expect_in total err "$d/manifest.json: not a valid shard manifest: 'total_samples' is not the sum of the shards' samples (7)"
+printf '{"format": "sdtrain-shard-manifest", "version": 1, "shards": [%s]}' \
+    "$(echo "$entry" | sed 's/SAMPLES/9223372036854775807/')" >"$d/manifest.json"
+run huge "$prog" committed "$d"
+expect_rc huge 1
+expect_in huge err "shard entry 0: 'samples' must be an integer from 1 to 1099511627776"
 
 # Bad inputs and failures on one rank reach every rank (no hang), one message, no temp files.
 for np in 1 3; do
