@@ -1,4 +1,5 @@
-/* libFuzzer entry: decode an image from the input buffer, then resize, crop and normalize it. */
+/* libFuzzer entry: decode an image from the input buffer, then resize, crop and normalize it.
+ * Build and run: tests/fuzz/run_fuzz.sh image [SECONDS]. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

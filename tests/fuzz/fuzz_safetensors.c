@@ -12,7 +12,7 @@
  *      whatever the writer accepts must read back with exactly these names and strings, which
  *      checks its JSON escaping against json-c's decoding.
  * Any broken invariant calls abort(), which libFuzzer reports as a crash.
- * Build and run: tests/fuzz/run_fuzz_safetensors.sh. */
+ * Build and run: tests/fuzz/run_fuzz.sh safetensors [SECONDS]. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

@@ -1,0 +1,182 @@
+/* libFuzzer harness: the dataset index (include/sdtrain/dataset.h) from arbitrary bytes.
+ *
+ * Each input is tried three ways:
+ *   1. as the bytes of sd_dataset_pack (what rank 0 broadcasts): sd_dataset_unpack must refuse it
+ *      with a message, or give a dataset whose every sample can be described and looked up;
+ *   2. as a TSV manifest (path<TAB>caption lines) in a scratch folder: the samples it indexes are
+ *      read (their images mostly do not exist: skipped with a reason and a message), and the
+ *      index survives sd_dataset_pack / sd_dataset_unpack with the same keys and captions;
+ *   3. as the one .tar of a webdataset folder: every sample whose image member is whole reads
+ *      back exactly the bytes at the offset and size the index recorded.
+ * Any broken invariant calls abort(), which libFuzzer reports as a crash.
+ * Build and run: tests/fuzz/run_fuzz.sh dataset [SECONDS]. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sdtrain/dataset.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define MAX_READ 32 /* samples read per input */
+
+static char work[256], tsv_path[320], wds_dir[320], tar_path[384];
+
+static void require(int cond, const char *what, const char *detail)
+{
+    if (!cond) {
+        fprintf(stderr, "fuzz_dataset: invariant broken: %s%s%s\n", what, detail ? ": " : "",
+                detail ? detail : "");
+        abort();
+    }
+}
+
+static void cleanup(void)
+{
+    unlink(tar_path);
+    rmdir(wds_dir);
+    unlink(tsv_path);
+    rmdir(work);
+}
+
+static void setup(void)
+{
+    snprintf(work, sizeof work, "%s/fuzz-ds-XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+    require(mkdtemp(work) != NULL, "mkdtemp", NULL);
+    snprintf(tsv_path, sizeof tsv_path, "%s/manifest.tsv", work);
+    snprintf(wds_dir, sizeof wds_dir, "%s/wds", work);
+    snprintf(tar_path, sizeof tar_path, "%s/shard-00000.tar", wds_dir);
+    require(mkdir(wds_dir, 0755) == 0, "mkdir", wds_dir);
+    atexit(cleanup);
+}
+
+static void put_file(const char *path, const uint8_t *data, size_t size)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    require(fd >= 0, "create", path);
+    for (size_t done = 0; done < size;) {
+        ssize_t w = write(fd, data + done, size - done);
+        require(w > 0, "write", path);
+        done += (size_t)w;
+    }
+    close(fd);
+}
+
+static void describe_all(const sd_dataset *ds)
+{
+    char buf[1024];
+    for (int64_t i = 0; i < sd_dataset_count(ds); i++) {
+        sd_sample_info info;
+        const char *key = sd_dataset_key(ds, i);
+        require(key != NULL, "every sample has a key", NULL);
+        sd_dataset_info(ds, i, &info);
+        require(info.key == key, "info and key agree", key);
+        sd_dataset_describe(ds, i, buf, sizeof buf);
+    }
+}
+
+static void pack_round_trip(const sd_dataset *ds)
+{
+    void *blob = NULL;
+    size_t n = 0;
+    sd_dataset back;
+    sd_err err;
+    require(sd_dataset_pack(ds, &blob, &n) == 0, "pack", NULL);
+    memset(&back, 0, sizeof back);
+    require(sd_dataset_unpack(blob, n, &back, &err) == 0, "a packed index unpacks", err.msg);
+    require(sd_dataset_count(&back) == sd_dataset_count(ds) && back.format == ds->format,
+            "the unpacked index has the same samples", NULL);
+    for (int64_t i = 0; i < sd_dataset_count(ds); i++) {
+        sd_sample_info a, b;
+        require(strcmp(sd_dataset_key(ds, i), sd_dataset_key(&back, i)) == 0, "same keys",
+                sd_dataset_key(ds, i));
+        sd_dataset_info(ds, i, &a);
+        sd_dataset_info(&back, i, &b);
+        require(a.has_caption == b.has_caption && a.caption_size == b.caption_size &&
+                    a.image_offset == b.image_offset && a.image_size == b.image_size &&
+                    a.image_kind == b.image_kind,
+                "same sample records", a.key);
+    }
+    sd_dataset_close(&back);
+    free(blob);
+}
+
+static void read_samples(const sd_dataset *ds, const uint8_t *tar, size_t tar_size)
+{
+    sd_sample s;
+    sd_err err;
+    memset(&s, 0, sizeof s);
+    for (int64_t i = 0; i < sd_dataset_count(ds) && i < MAX_READ; i++) {
+        sd_sample_info info;
+        int rc;
+        memset(&err, 0, sizeof err);
+        rc = sd_dataset_read(ds, i, &s, &err);
+        require(s.reason >= 0 && s.reason < SD_SAMPLE_N_REASONS, "a known reason", NULL);
+        require((rc == 0) == (s.keep != 0), "kept samples return 0", NULL);
+        require(rc == 0 || err.msg[0] != 0, "a skipped sample says why", NULL);
+        if (rc != 0)
+            continue;
+        require(s.caption != NULL && strlen(s.caption) <= s.caption_len, "the caption is there", s.key);
+        sd_dataset_info(ds, i, &info);
+        if (tar && s.image_size > 0) {
+            require(!info.image_truncated && info.image_offset + info.image_size <= tar_size &&
+                        s.image_size == info.image_size &&
+                        memcmp(s.image, tar + info.image_offset, s.image_size) == 0,
+                    "a webdataset image is the member's bytes at the recorded offset", s.key);
+        }
+        sd_dataset_read_json(ds, i, &s, &err);
+    }
+    sd_sample_free(&s);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    sd_dataset ds;
+    sd_err err;
+
+    if (!work[0])
+        setup();
+
+    /* 1. as packed index bytes */
+    memset(&ds, 0, sizeof ds);
+    memset(&err, 0, sizeof err);
+    if (sd_dataset_unpack(data, size, &ds, &err) == 0) {
+        describe_all(&ds);
+        sd_dataset_close(&ds);
+    } else {
+        require(err.msg[0] != 0, "a refused index says why", NULL);
+    }
+
+    /* 2. as a TSV manifest */
+    put_file(tsv_path, data, size);
+    memset(&ds, 0, sizeof ds);
+    if (sd_dataset_open(tsv_path, "tsv", &ds, &err) == 0) {
+        describe_all(&ds);
+        read_samples(&ds, NULL, 0);
+        pack_round_trip(&ds);
+    } else {
+        require(strstr(err.msg, tsv_path) != NULL, "a refused manifest is named", err.msg);
+    }
+    sd_dataset_close(&ds);
+
+    /* 3. as the shard of a webdataset folder */
+    put_file(tar_path, data, size);
+    memset(&ds, 0, sizeof ds);
+    if (sd_dataset_open(wds_dir, "webdataset", &ds, &err) == 0) {
+        describe_all(&ds);
+        read_samples(&ds, data, size);
+        pack_round_trip(&ds);
+    } else {
+        require(err.msg[0] != 0, "a refused webdataset says why", NULL);
+    }
+    sd_dataset_close(&ds);
+    return 0;
+}

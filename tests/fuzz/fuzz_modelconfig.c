@@ -1,0 +1,148 @@
+/* libFuzzer harness: the model configurations of a diffusers snapshot (unet/, vae/ and
+ * text_encoder/config.json) from arbitrary bytes.
+ *
+ * The input is written to a memfd and read through its /proc name by each of the three loaders.
+ * Invariants (include/sdtrain/models.h):
+ *   - a refusal names the file;
+ *   - an accepted configuration gives a parameter table whose tensors have positive sizes that
+ *     are the products of their shapes without overflow, start on SD_PARAM_ALIGN boundaries in
+ *     order without overlapping, add up to the table's totals, and have distinct names that
+ *     sd_param_find finds;
+ *   - an accepted U-Net configuration written back as config.json (sd_unet_config_to_json, as
+ *     `sdtool export` does) reads back to the same text.
+ * Any broken invariant calls abort(), which libFuzzer reports as a crash.
+ * Build and run: tests/fuzz/run_fuzz.sh modelconfig [SECONDS]. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "sdtrain/models.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static int fd_in = -1, fd_back = -1;
+static char path_in[64], path_back[64];
+
+static void require(int cond, const char *what, const char *detail)
+{
+    if (!cond) {
+        fprintf(stderr, "fuzz_modelconfig: invariant broken: %s%s%s\n", what, detail ? ": " : "",
+                detail ? detail : "");
+        abort();
+    }
+}
+
+static int open_memfd(const char *name, char *path, size_t n)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    require(fd >= 0, "memfd_create", NULL);
+    snprintf(path, n, "/proc/self/fd/%d", fd);
+    return fd;
+}
+
+static void put_bytes(int fd, const void *data, size_t size)
+{
+    require(ftruncate(fd, 0) == 0, "truncate the memfd", NULL);
+    for (size_t done = 0; done < size;) {
+        ssize_t w = pwrite(fd, (const char *)data + done, size - done, (off_t)done);
+        require(w > 0, "write the memfd", NULL);
+        done += (size_t)w;
+    }
+}
+
+static void check_table(const sd_param_table *t)
+{
+    size_t end = 0, numel = 0;
+    require(t->n > 0, "a model has parameters", NULL);
+    for (size_t i = 0; i < t->n; i++) {
+        const sd_param *p = &t->params[i];
+        size_t prod = 1;
+        require(p->ndim >= 1 && p->ndim <= 4, "tensor rank", p->name);
+        require(memchr(p->name, 0, sizeof p->name) != NULL && p->name[0], "name", p->name);
+        for (int d = 0; d < p->ndim; d++) {
+            require(p->shape[d] > 0, "positive dimensions", p->name);
+            require(!__builtin_mul_overflow(prod, (size_t)p->shape[d], &prod), "size without overflow",
+                    p->name);
+        }
+        require(p->numel == prod, "numel is the product of the shape", p->name);
+        require(p->offset % SD_PARAM_ALIGN == 0 && p->offset >= end, "aligned, in order", p->name);
+        require(!__builtin_add_overflow(p->offset, p->numel, &end), "offset without overflow", p->name);
+        require(!__builtin_add_overflow(numel, p->numel, &numel), "total without overflow", p->name);
+    }
+    require(t->total_numel == numel && t->total_floats >= end, "table totals", NULL);
+    if (t->n <= 4096)
+        for (size_t i = 0; i < t->n; i++)
+            require(sd_param_find(t, t->params[i].name) == &t->params[i], "distinct names found",
+                    t->params[i].name);
+}
+
+static void refused(const sd_err *err)
+{
+    require(strncmp(err->msg, path_in, strlen(path_in)) == 0, "a refusal names the file", err->msg);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    sd_unet_config u;
+    sd_vae_config v;
+    sd_clip_config c;
+    sd_param_table t;
+    sd_err err;
+
+    if (fd_in < 0) {
+        fd_in = open_memfd("config.json", path_in, sizeof path_in);
+        fd_back = open_memfd("written.json", path_back, sizeof path_back);
+    }
+    put_bytes(fd_in, data, size);
+
+    memset(&err, 0, sizeof err);
+    if (sd_unet_config_load(path_in, &u, &err) == 0) {
+        char *json = sd_unet_config_to_json(&u), *again;
+        sd_unet_config u2;
+        memset(&t, 0, sizeof t);
+        sd_unet_params(&u, &t);
+        check_table(&t);
+        sd_param_table_free(&t);
+        require(json != NULL, "the configuration is written", NULL);
+        put_bytes(fd_back, json, strlen(json));
+        require(sd_unet_config_load(path_back, &u2, &err) == 0, "the written config.json reads back",
+                err.msg);
+        again = sd_unet_config_to_json(&u2);
+        if (strcmp(json, again) != 0) {
+            fprintf(stderr, "--- written\n%s\n--- read back and written again\n%s\n", json, again);
+            require(0, "the U-Net configuration survives writing and reading", NULL);
+        }
+        free(json);
+        free(again);
+    } else {
+        refused(&err);
+    }
+
+    memset(&err, 0, sizeof err);
+    if (sd_vae_config_load(path_in, &v, &err) == 0) {
+        memset(&t, 0, sizeof t);
+        sd_vae_params(&v, &t);
+        check_table(&t);
+        sd_param_table_free(&t);
+    } else {
+        refused(&err);
+    }
+
+    memset(&err, 0, sizeof err);
+    if (sd_clip_config_load(path_in, &c, &err) == 0) {
+        memset(&t, 0, sizeof t);
+        sd_clip_params(&c, &t);
+        check_table(&t);
+        sd_param_table_free(&t);
+    } else {
+        refused(&err);
+    }
+    return 0;
+}

@@ -1,0 +1,125 @@
+#!/bin/sh
+# Builds one libFuzzer harness (tests/fuzz/fuzz_TARGET.c) with clang, ASan and UBSan and fuzzes
+# it for a bounded time, seeded with its committed corpus (tests/fuzz/corpus/TARGET) and the
+# target's golden inputs.
+#
+# Usage: tests/fuzz/run_fuzz.sh TARGET [SECONDS] [extra libFuzzer options...]
+#   TARGET   safetensors | image | namelist | tar | tokenizer | modelconfig | dataset | shardmanifest | all
+#            (all: every target, SECONDS each)
+#   SECONDS  fuzzing time (default 60)
+# Environment: CLANG (default clang), SD_FUZZ_DIR (build + corpus + artifacts, default
+# build/fuzz/TARGET), SD_FUZZ_JOBS (parallel fuzzing processes, default 1).
+# Exit status: 0 no crash, 1 a crash, leak, timeout or build failure, 77 no clang with libFuzzer.
+# A crash leaves its input in $SD_FUZZ_DIR/artifacts/; replay it with the same binary:
+#   build/fuzz/TARGET/fuzz_TARGET build/fuzz/TARGET/artifacts/crash-...
+# and, once fixed, copy it (minimised: -minimize_crash=1) into tests/fuzz/corpus/TARGET/, which
+# `make check` replays with the ordinary build (tests/fuzz/replay.sh).
+set -eu
+
+top=$(cd "$(dirname "$0")/../.." && pwd)
+target=${1:-}
+[ -n "$target" ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+shift
+secs=${1:-60}
+[ $# -gt 0 ] && shift
+
+if [ "$target" = all ]; then
+    status=0
+    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest; do
+        SD_FUZZ_DIR="$top/build/fuzz/$t" "$0" "$t" "$secs" "$@" || status=1
+    done
+    exit $status
+fi
+
+CLANG=${CLANG:-clang}
+dir=${SD_FUZZ_DIR:-$top/build/fuzz/$target}
+jobs=${SD_FUZZ_JOBS:-1}
+src=$top/src
+core="$src/core/error.c $src/core/check.c $src/core/log.c $src/core/timer.c"
+
+# Per target: the library sources the harness needs, pkg-config packages, libFuzzer options
+# and extra seed folders.
+case $target in
+safetensors)
+    sources="$src/io/safetensors.c $src/core/tensor.c"
+    pkgs=json-c opts="-max_len=4096" seeds="$top/tests/data/safetensors" ;;
+image)
+    sources="$src/data/image.c $src/data/transform.c"
+    pkgs="libturbojpeg libpng" opts="-max_len=131072 -rss_limit_mb=2048" seeds="$top/tests/image/input" ;;
+namelist)
+    sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c"
+    pkgs="" opts="-max_len=8192" seeds="$top/tests/config/invalid $top/inputs" ;;
+tar)
+    sources="$src/data/tar.c"
+    pkgs="" opts="-max_len=16384" seeds="" ;;
+tokenizer)
+    sources="$src/data/tokenizer.c $src/data/unicode_tables.c $src/data/utf8.c"
+    pkgs="zlib json-c" opts="-max_len=4096" seeds="" ;;
+modelconfig)
+    sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c"
+    pkgs=json-c opts="-max_len=8192" seeds="" ;;
+shardmanifest)
+    # the version strings come from configure's build tree: a stand-in here
+    mkdir -p "$dir"
+    printf '%s\n' 'const char *sd_version(void); const char *sd_git_revision(void);' \
+        'const char *sd_version(void) { return "fuzz"; }' \
+        'const char *sd_git_revision(void) { return "fuzz"; }' >"$dir/version_stub.c"
+    sources="$src/io/shards.c $src/io/h5util.c $src/core/fsutil.c $src/core/fault.c $src/core/tensor.c
+        $src/dist/runtime.c $dir/version_stub.c"
+    pkgs="json-c hdf5-openmpi ompi-c" opts="-max_len=8192" seeds="" ;;
+dataset)
+    sources="$src/data/dataset.c $src/data/dataset_index.c $src/data/tar.c $src/data/utf8.c $src/core/fsutil.c"
+    pkgs="" opts="-max_len=16384" seeds="$top/tests/fuzz/corpus/tar" ;;
+*)
+    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, all)" >&2
+    exit 2 ;;
+esac
+
+if ! command -v "$CLANG" >/dev/null 2>&1; then
+    # Debian's clang (14 on bookworm) ships libFuzzer in libclang-rt-dev.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "run_fuzz: installing clang with apt-get"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang >/dev/null || true
+    fi
+fi
+command -v "$CLANG" >/dev/null 2>&1 || { echo "run_fuzz: $CLANG not found (apt-get install clang)" >&2; exit 77; }
+
+mkdir -p "$dir/corpus" "$dir/artifacts"
+cflags="" libs=""
+if [ -n "$pkgs" ]; then
+    # shellcheck disable=SC2086
+    cflags=$(pkg-config --cflags $pkgs) libs=$(pkg-config --libs $pkgs)
+fi
+# shellcheck disable=SC2086
+if ! "$CLANG" -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer \
+    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    -Wall -Wextra -Wno-unused-parameter -I"$top/include" -I"$top/src" $cflags \
+    -DSD_FUZZ_TOP="\"$top\"" -o "$dir/fuzz_$target" "$top/tests/fuzz/fuzz_$target.c" \
+    $sources $core $libs -lm 2>"$dir/build.log"; then
+    if ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n){return 0;}' |
+        "$CLANG" -x c -fsanitize=fuzzer -o /dev/null - 2>/dev/null; then
+        echo "run_fuzz: $CLANG cannot link libFuzzer (apt-get install libclang-rt-dev)" >&2
+        exit 77
+    fi
+    cat "$dir/build.log" >&2
+    exit 1
+fi
+
+dict=""
+[ -f "$top/tests/fuzz/$target.dict" ] && dict="-dict=$top/tests/fuzz/$target.dict"
+parallel=""
+[ "$jobs" -gt 1 ] && parallel="-jobs=$jobs -workers=$jobs"
+corpora="$dir/corpus"
+[ -d "$top/tests/fuzz/corpus/$target" ] && corpora="$corpora $top/tests/fuzz/corpus/$target"
+for s in $seeds; do [ -d "$s" ] && corpora="$corpora $s"; done
+echo "run_fuzz: $target for $secs s, corpus $dir/corpus"
+rc=0
+# The first folder is where libFuzzer adds new inputs; the others are read-only seeds.
+# shellcheck disable=SC2086
+"$dir/fuzz_$target" -max_total_time="$secs" -timeout=10 $opts $dict \
+    -error_exitcode=1 -timeout_exitcode=1 -print_final_stats=1 \
+    -artifact_prefix="$dir/artifacts/" $parallel "$@" $corpora >"$dir/fuzz.log" 2>&1 || rc=$?
+tail -n 30 "$dir/fuzz.log"
+runs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$dir/fuzz.log" | tail -n 1 || true)
+echo "run_fuzz: $target: ${runs:-no summary}; corpus $(ls "$dir/corpus" | wc -l) files; artifacts $(ls "$dir/artifacts" | wc -l)"
+[ "$rc" = 0 ] || { echo "run_fuzz: $target: libFuzzer exit status $rc; reproducers in $dir/artifacts" >&2; exit 1; }
