@@ -788,6 +788,26 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
         json_i64(root, "has_ema", &L->s.has_ema, path, err) ||
         json_i64(root, "bytes", &L->bytes, path, err) || json_i64(root, "n_floats", &v, path, err))
         goto out;
+    /* What any writer's numbers satisfy; a manifest outside them was edited or damaged, and a
+     * resume from it would seek the data to a negative step or divide by a zero batch. */
+    {
+        const sd_ckpt_scalars *c = &L->s;
+        const char *bad = c->step < 0                                  ? "step < 0"
+                          : c->opt_step < 0 || c->opt_step > c->step   ? "opt_step outside 0..step"
+                          : c->skipped < 0 || c->skipped > c->step     ? "skipped outside 0..step"
+                          : c->steps_per_epoch < 1 || c->epoch < 0     ? "steps_per_epoch < 1 or epoch < 0"
+                          : c->batch_per_rank < 1 || c->n_ranks < 1    ? "batch_size_per_rank or n_ranks < 1"
+                          : c->global_batch < 1 || c->global_batch > INT64_MAX / 2
+                              ? "global_batch outside 1..2^62"
+                          : c->seed < 0 || c->seed > 4294967295LL       ? "seed outside 0..4294967295"
+                          : (c->has_ema != 0 && c->has_ema != 1)       ? "has_ema not 0 or 1"
+                          : L->bytes < 0 || v < 0                      ? "bytes or n_floats < 0"
+                                                                       : NULL;
+        if (bad) {
+            sd_err_set(err, "%s: not a consistent checkpoint manifest: %s", path, bad);
+            goto out;
+        }
+    }
     L->n = (uint64_t)v;
     snprintf(L->s.sharding, sizeof L->s.sharding, "%s", (str = json_str(root, "sharding")) ? str : "");
     snprintf(L->version, sizeof L->version, "%s",

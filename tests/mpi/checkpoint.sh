@@ -281,6 +281,14 @@ run insp-good "$SDTOOL" inspect --verify "$TMP/fb-flip/checkpoints/step-00000008
 expect_rc insp-good 0
 [ "$(grep -c 'ok, checksum verified' "$TMP/insp-good.out")" = 4 ] ||
     fail "insp-good: expected 4 verified datasets"
+# a manifest with numbers no writer makes (tests/fuzz/fuzz_checkpoint.c): refused, named
+mkdir -p "$TMP/edited"
+cp -r "$TMP/ref/checkpoints/step-00000008" "$TMP/edited/"
+sed 's/"opt_step": 8,/"opt_step": 99,/' "$TMP/ref/checkpoints/step-00000008/manifest.json" \
+    >"$TMP/edited/step-00000008/manifest.json"
+run insp-edited "$SDTOOL" inspect "$TMP/edited/step-00000008"
+expect_rc insp-edited 1
+expect_in insp-edited err "$TMP/edited/step-00000008/manifest.json: not a consistent checkpoint manifest: opt_step outside 0..step"
 # only a damaged checkpoint: an error, nothing started
 train_nml fb-none 4 none
 mkdir -p "$TMP/fb-none/checkpoints"
