@@ -23,7 +23,8 @@ typedef struct sd_tokenizer sd_tokenizer;
 
 typedef struct sd_tokenizer_info {
     int32_t bos_id, eos_id, pad_id, unk_id;
-    size_t vocab_size;  /* entries of vocab.json, or of the vocabulary derived from the merges */
+    size_t vocab_size;  /* one more than the largest id: of vocab.json (whose ids need not be
+                           dense), or the size of the vocabulary derived from the merges */
     size_t n_merges;    /* merge lines read (the reference keeps at most 48,894) */
     size_t n_added;     /* added tokens the text is split on first (SD2: "!", bos, eos) */
     const char *source; /* what was loaded: the vocab.json path or the .gz path */
@@ -48,6 +49,10 @@ int sd_tokenizer_load(const char *path, sd_tokenizer **tok, sd_err *err);
 void sd_tokenizer_free(sd_tokenizer *tok);
 
 void sd_tokenizer_get_info(const sd_tokenizer *tok, sd_tokenizer_info *info);
+
+/* 0 when every id the tokenizer can give is below `model_vocab` (the text encoder's
+ * vocab_size, the rows of its embedding table); else -1 with a message naming the tokenizer. */
+int sd_tokenizer_check_model_vocab(const sd_tokenizer *tok, int64_t model_vocab, sd_err *err);
 
 /* Tokenizes one caption of `len` bytes (UTF-8; NUL bytes are characters, as in Python) into
  * exactly SD_TOKENIZER_LENGTH ids: bos, the first 75 content ids, eos, then pad ids.

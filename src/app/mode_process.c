@@ -183,9 +183,8 @@ static int load_encoders(const sd_config *cfg, const sd_device_info *dev, encode
                                "bpe_simple_vocab_16e6.txt.gz) or &model pretrained");
     if (sd_tokenizer_load(tok_path, &e->tok, err))
         return -1;
-    if (e->ccfg.vocab_size < 49408)
-        return sd_err_set(err, "the text encoder's vocabulary (%d) is smaller than the CLIP tokenizer's "
-                               "(49408 ids)", e->ccfg.vocab_size);
+    if (sd_tokenizer_check_model_vocab(e->tok, e->ccfg.vocab_size, err))
+        return -1;
     if (e->res % 8 != 0 || sd_vae_check_image_shape(&e->vcfg, e->batch, e->res, e->res, &e->lh, &e->lw, err))
         return -1;
     if (e->lh * 8 != e->res || e->lw * 8 != e->res)

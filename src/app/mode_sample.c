@@ -500,21 +500,8 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
     }
     if (sd_tokenizer_load(tok_path, &tok, err))
         goto out;
-    {
-        sd_tokenizer_info ti;
-        int64_t top;
-        sd_tokenizer_get_info(tok, &ti);
-        top = (int64_t)ti.vocab_size - 1;
-        top = ti.bos_id > top ? ti.bos_id : top;
-        top = ti.eos_id > top ? ti.eos_id : top;
-        top = ti.pad_id > top ? ti.pad_id : top;
-        if (top >= cc.vocab_size) {
-            sd_err_set(err, "tokenizer %s gives ids up to %lld, beyond the text encoder's "
-                            "vocabulary of %d: they do not belong together", ti.source,
-                       (long long)top, cc.vocab_size);
-            goto out;
-        }
-    }
+    if (sd_tokenizer_check_model_vocab(tok, cc.vocab_size, err))
+        goto out;
 
     /* a description for the log; a long one is cut */
     if (snprintf(what, what_size, "U-Net %s%s, VAE %s, text encoder %s, tokenizer %s",

@@ -323,6 +323,8 @@ static inline uint32_t pair_get(const sd_tokenizer *t, uint32_t a, uint32_t b, u
 {
     uint64_t key = (uint64_t)a << 32 | b;
     uint32_t h = (uint32_t)hash_u64(key) & t->pair_mask;
+    if (!t->pair_keys) /* a merges.txt with no merge lines: no table (tests/fuzz/fuzz_tokenizerfiles.c) */
+        return NO_RANK;
     for (;;) {
         uint64_t k = t->pair_keys[h];
         if (k == key) {
@@ -706,6 +708,7 @@ static int read_vocab_json(sd_tokenizer *t, const char *path, sd_err *err)
         return sd_err_set(err, "%s: expected a JSON object mapping token -> id", path);
     }
     size_t n = 0;
+    int64_t max_id = -1;
     json_object_object_foreach(root, key, val)
     {
         if (!json_object_is_type(val, json_type_int)) {
@@ -721,12 +724,16 @@ static int read_vocab_json(sd_tokenizer *t, const char *path, sd_err *err)
         }
         uint32_t k = sym_intern(t, key, strlen(key));
         t->syms[k].vocab_id = (int32_t)id;
+        max_id = id > max_id ? id : max_id;
         n++;
     }
     json_object_put(root);
     if (n == 0)
         return sd_err_set(err, "%s: empty vocabulary", path);
-    t->vocab_size = n;
+    /* the ids need not be dense: what the text encoder's embedding must hold is the largest
+     * one + 1 (found by tests/fuzz/fuzz_tokenizerfiles.c; counting entries let ids past the
+     * embedding table through the load-time check) */
+    t->vocab_size = (size_t)max_id + 1;
     return 0;
 }
 
@@ -929,6 +936,19 @@ int sd_tokenizer_load(const char *path, sd_tokenizer **out, sd_err *err)
     if (S_ISDIR(st.st_mode))
         return sd_tokenizer_load_snapshot(path, out, err);
     return sd_tokenizer_load_bpe_gz(path, out, err);
+}
+
+int sd_tokenizer_check_model_vocab(const sd_tokenizer *t, int64_t model_vocab, sd_err *err)
+{
+    int64_t top = (int64_t)t->vocab_size - 1;
+    top = t->bos_id > top ? t->bos_id : top;
+    top = t->eos_id > top ? t->eos_id : top;
+    top = t->pad_id > top ? t->pad_id : top;
+    if (top >= model_vocab)
+        return sd_err_set(err, "tokenizer %s gives ids up to %lld, beyond the text encoder's "
+                               "vocabulary of %lld: they do not belong together",
+                          t->source, (long long)top, (long long)model_vocab);
+    return 0;
 }
 
 void sd_tokenizer_get_info(const sd_tokenizer *t, sd_tokenizer_info *info)

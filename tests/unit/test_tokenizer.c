@@ -387,6 +387,37 @@ static void test_synthetic(void)
         tap_ok(n == 6 && ids_equal(ids, want, 6, 9), "added token 'zz' splits the text and has id 11");
         sd_tokenizer_free(tok);
     }
+
+    /* Ids need not be dense (tests/fuzz/fuzz_tokenizerfiles.c): vocab_size is the largest id + 1,
+     * which the text encoder's embedding must hold; counting entries let id 40 past a 20-row
+     * embedding at load. */
+    write_text(tdir, "vocab.json",
+               "{\"a\":0,\"b\":1,\"c\":2,\"a</w>\":3,\"b</w>\":4,\"c</w>\":40,\"ab\":6,\"abc</w>\":7,"
+               "\"<|startoftext|>\":8,\"<|endoftext|>\":9,\"!\":10,\"\\u0120\":11,\"bc</w>\":12,\"\\u00e9</w>\":13}");
+    write_text(tdir, "tokenizer_config.json", "{}");
+    rc = sd_tokenizer_load_snapshot(dir, &tok, &err);
+    if (tap_ok(rc == 0, "sparse ids load%s%s", rc ? ": " : "", rc ? err.msg : "")) {
+        sd_tokenizer_info si;
+        sd_tokenizer_get_info(tok, &si);
+        tap_ok(si.vocab_size == 41, "sparse ids: vocab_size is the largest id + 1 (%zu)", si.vocab_size);
+        tap_ok(sd_tokenizer_check_model_vocab(tok, 20, &err) == -1 &&
+                   strstr(err.msg, "gives ids up to 40, beyond the text encoder's vocabulary of 20"),
+               "sparse ids: a 20-id text encoder is refused (%s)", err.msg);
+        tap_ok(sd_tokenizer_check_model_vocab(tok, 41, &err) == 0, "sparse ids: a 41-id one is not");
+        sd_tokenizer_free(tok);
+    }
+    /* No merge lines at all: a character-level tokenizer, whose merge table was never made
+     * (tokenizing read through a NULL table; tests/fuzz/fuzz_tokenizerfiles.c). */
+    write_text(tdir, "merges.txt", "#version: 0.2\n");
+    rc = sd_tokenizer_load_snapshot(dir, &tok, &err);
+    if (tap_ok(rc == 0, "no merges: loads%s%s", rc ? ": " : "", rc ? err.msg : "")) {
+        int32_t ids[SD_TOKENIZER_LENGTH];
+        int n;
+        static const int32_t want[] = {8, 0, 1, 40, 9};
+        sd_tokenize(tok, "abc", 3, ids, &n);
+        tap_ok(n == 5 && ids_equal(ids, want, 5, 9), "no merges: 'abc' is a, b, c</w>");
+        sd_tokenizer_free(tok);
+    }
     const char *names[] = {"tokenizer/vocab.json", "tokenizer/merges.txt", "tokenizer/special_tokens_map.json",
                            "tokenizer/tokenizer_config.json", "tokenizer"};
     remove_tree(dir, names, 5);
