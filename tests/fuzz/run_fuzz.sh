@@ -4,7 +4,8 @@
 # target's golden inputs.
 #
 # Usage: tests/fuzz/run_fuzz.sh TARGET [SECONDS] [extra libFuzzer options...]
-#   TARGET   safetensors | image | namelist | tar | tokenizer | modelconfig | dataset | shardmanifest | all
+#   TARGET   safetensors | image | namelist | tar | tokenizer | modelconfig | dataset | shardmanifest |
+#            checkpoint | tokenizerfiles | all
 #            (all: every target, SECONDS each)
 #   SECONDS  fuzzing time (default 60)
 # Environment: CLANG (default clang), SD_FUZZ_DIR (build + corpus + artifacts, default
@@ -18,14 +19,14 @@ set -eu
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
 target=${1:-}
-[ -n "$target" ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ -n "$target" ] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 shift
 secs=${1:-60}
 [ $# -gt 0 ] && shift
 
 if [ "$target" = all ]; then
     status=0
-    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest; do
+    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles; do
         SD_FUZZ_DIR="$top/build/fuzz/$t" "$0" "$t" "$secs" "$@" || status=1
     done
     exit $status
@@ -52,26 +53,34 @@ namelist)
 tar)
     sources="$src/data/tar.c"
     pkgs="" opts="-max_len=16384" seeds="" ;;
-tokenizer)
+tokenizer | tokenizerfiles)
     sources="$src/data/tokenizer.c $src/data/unicode_tables.c $src/data/utf8.c"
-    pkgs="zlib json-c" opts="-max_len=4096" seeds="" ;;
+    opts="-max_len=4096"
+    [ "$target" = tokenizerfiles ] && opts="-max_len=16384"
+    pkgs="zlib json-c" seeds="" ;;
 modelconfig)
     sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c"
     pkgs=json-c opts="-max_len=8192" seeds="" ;;
-shardmanifest)
+shardmanifest | checkpoint)
     # the version strings come from configure's build tree: a stand-in here
     mkdir -p "$dir"
     printf '%s\n' 'const char *sd_version(void); const char *sd_git_revision(void);' \
         'const char *sd_version(void) { return "fuzz"; }' \
         'const char *sd_git_revision(void) { return "fuzz"; }' >"$dir/version_stub.c"
-    sources="$src/io/shards.c $src/io/h5util.c $src/core/fsutil.c $src/core/fault.c $src/core/tensor.c
+    sources="$src/io/h5util.c $src/core/fsutil.c $src/core/fault.c $src/core/tensor.c
         $src/dist/runtime.c $dir/version_stub.c"
+    if [ "$target" = shardmanifest ]; then
+        sources="$sources $src/io/shards.c"
+    else
+        sources="$sources $src/io/checkpoint.c $src/dist/collectives.c $src/config/config.c
+            $src/config/schema.c $src/config/namelist.c"
+    fi
     pkgs="json-c hdf5-openmpi ompi-c" opts="-max_len=8192" seeds="" ;;
 dataset)
     sources="$src/data/dataset.c $src/data/dataset_index.c $src/data/tar.c $src/data/utf8.c $src/core/fsutil.c"
     pkgs="" opts="-max_len=16384" seeds="$top/tests/fuzz/corpus/tar" ;;
 *)
-    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, all)" >&2
+    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, all)" >&2
     exit 2 ;;
 esac
 
