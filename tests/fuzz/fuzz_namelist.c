@@ -1,6 +1,6 @@
 /* libFuzzer harness: the namelist reader and the run configuration from arbitrary bytes.
  *
- * Each input is tried three ways:
+ * Each input is tried four ways:
  *   1. as a namelist file: nl_parse, then the schema (sd_config_apply) and the cross-key checks
  *      (sd_config_validate). A refusal must come with a message that names the file, and a
  *      parse error with its line and column inside the text.
@@ -9,7 +9,8 @@
  *      must write the same text. This checks the writer's quoting of strings and its number
  *      formatting against the reader.
  *   3. the first line, as one `--set group.key=value` argument on top of the defaults: accepted
- *      (then it set exactly one key) or refused with a message naming the command line.
+ *      (then it set exactly one key) or refused with a message naming the command line;
+ *   4. the first line as an SDTRAIN_FAULT specification: every parsed fault complete, or a message.
  * Any broken invariant calls abort(), which libFuzzer reports as a crash.
  * Build and run: tests/fuzz/run_fuzz.sh namelist [SECONDS]. */
 #include <stdint.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "sdtrain/config.h"
+#include "sdtrain/fault.h"
 #include "sdtrain/namelist.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -133,6 +135,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             written_text_reads_back(&rc);
         }
         sd_run_config_free(&rc);
+
+        /* 4. the same line as an SDTRAIN_FAULT specification (tests set it; a typo must be
+         * refused, never half-applied) */
+        {
+            sd_fault faults[SD_FAULT_MAX];
+            int n_faults = -1;
+            memset(&err, 0, sizeof err);
+            if (sd_fault_parse(arg, faults, &n_faults, &err) == 0) {
+                require(n_faults >= 0 && n_faults <= SD_FAULT_MAX, "fault count", arg);
+                for (int i = 0; i < n_faults; i++)
+                    require(faults[i].rank >= 0 && faults[i].action <= SD_FAULT_USR1 &&
+                                (faults[i].step >= 0 || faults[i].phase[0]) &&
+                                memchr(faults[i].phase, 0, sizeof faults[i].phase),
+                            "a parsed fault is complete", arg);
+            } else {
+                require(err.msg[0] != 0, "a refused fault specification says why", arg);
+            }
+        }
         free(arg);
     }
     return 0;

@@ -48,7 +48,7 @@ image)
     sources="$src/data/image.c $src/data/transform.c"
     pkgs="libturbojpeg libpng" opts="-max_len=131072 -rss_limit_mb=2048" seeds="$top/tests/image/input" ;;
 namelist)
-    sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c"
+    sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c $src/core/fault.c"
     pkgs="" opts="-max_len=8192" seeds="$top/tests/config/invalid $top/inputs" ;;
 tar)
     sources="$src/data/tar.c"
