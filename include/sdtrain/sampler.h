@@ -62,13 +62,15 @@ typedef enum {
     SD_SAMPLER_LMS = 9,      /* LMSDiscreteScheduler (linear multistep of order 4) */
     SD_SAMPLER_DPM2 = 10,    /* KDPM2DiscreteScheduler (DPM-Solver-2): 2 N - 1 model calls */
     SD_SAMPLER_DPM2_A = 11,  /* KDPM2AncestralDiscreteScheduler: the same with noise */
+    SD_SAMPLER_DPMPP_SDE = 12, /* DPMSolverSDEScheduler ("DPM++ SDE"): 2 N - 1 calls, Brownian
+                                * noise at all but the last */
 } sd_sampler_kind;
-#define SD_SAMPLER_N_KINDS 12
+#define SD_SAMPLER_N_KINDS 13
 
 typedef enum { SD_SPACING_LEADING = 0, SD_SPACING_TRAILING = 1, SD_SPACING_LINSPACE = 2 } sd_spacing;
 
 /* "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
- * "lms", "dpm2", "dpm2_a" (case-insensitive) -> kind; -1 for anything else. */
+ * "lms", "dpm2", "dpm2_a", "dpmpp_sde" (case-insensitive) -> kind; -1 for anything else. */
 int sd_sampler_kind_from_name(const char *name);
 const char *sd_sampler_kind_name(sd_sampler_kind kind);
 /* The diffusers class a kind reproduces ("DDIMScheduler", ...). */
@@ -152,7 +154,9 @@ typedef struct sd_sampler {
     float *model_t;              /* [n_timesteps] the timestep the U-Net gets (Euler's fp32) */
     float *sigmas;               /* [n_timesteps + 1] Euler, Euler ancestral, DPM-Solver++;
                                   * DPM2: KDPM2's interleaved sigmas [n_timesteps + 3] */
-    float *sigmas_interp;        /* DPM2: the interleaved log-midpoints [n_timesteps + 3] */
+    float *sigmas_interp;        /* DPM2: the interleaved log-midpoints [n_timesteps + 3];
+                                  * DPM++ SDE: at odd calls i, the midpoint between sigmas[i - 1]
+                                  * and sigmas[i] its second-order call scales its input by */
     float *sigmas_up, *sigmas_down; /* DPM2 ancestral: interleaved [n_timesteps + 3] */
     float init_noise_sigma;      /* the initial latents' scale: 1, or Euler's */
     const char *sigma_schedule;  /* "Karras", "exponential" or "beta" after sd_sampler_use_karras /
@@ -187,6 +191,7 @@ typedef struct sd_sampler {
     /* Heun state between its first- and second-order call: derivative, dt, sample */
     float *heun_der, *heun_sample;
     float heun_dt;
+    float *sde_z;                /* DPM++ SDE: the noise of the first half of the step */
     /* LMS state: the last derivatives (x - x0) / sigma, newest last */
     float *lms_der[4];
     int n_lms_der;

@@ -689,7 +689,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     memset(&s, 0, sizeof s);
     sd_err_clear(&err);
     failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm, ddpm, "
-                                           "euler, euler_a, heun, lms, dpm2, dpm2_a, dpmpp_2m, dpmpp_2m_sde or unipc",
+                                           "euler, euler_a, heun, lms, dpm2, dpm2_a, dpmpp_2m, dpmpp_2m_sde, dpmpp_sde or unipc",
                                      cfg->sample.scheduler);
     if (!failed)
         failed = resolve_sources(cfg, &src, &err) != 0;
@@ -707,7 +707,8 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                                                                : "use_beta_sigmas";
         failed = !sd_sampler_takes_sigma_schedule((sd_sampler_kind)kind) &&
                  sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'heun', "
-                                  "'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', "
+                                  "'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde', 'dpmpp_sde' or "
+                                  "'unipc', "
                                   "not "
                                   "'%s'", key,
                             cfg->sample.scheduler);

@@ -215,12 +215,13 @@ static const sd_option options[] = {
     REAL(sample, guidance_scale, "7.5", 0, 100, "",
          "Classifier-free guidance scale; <= 1 = off (no unconditional U-Net pass, as diffusers)."),
     CHOICE(sample, scheduler, "'ddim'",
-           "ddim|pndm|ddpm|euler|euler_a|heun|lms|dpm2|dpm2_a|dpmpp_2m|dpmpp_2m_sde|unipc",
+           "ddim|pndm|ddpm|euler|euler_a|heun|lms|dpm2|dpm2_a|dpmpp_2m|dpmpp_2m_sde|dpmpp_sde|unipc",
            "Sampler (noise scheduler): diffusers' DDIM, PNDM (PLMS), DDPM, EulerDiscrete, "
            "EulerAncestralDiscrete, HeunDiscrete (2 U-Net calls a step but the last), "
            "LMSDiscrete (linear multistep, order 4), KDPM2Discrete (DPM-Solver-2, 2 calls a step "
-           "but the last; _a: KDPM2AncestralDiscrete), DPMSolverMultistep (DPM-Solver++ 2M; _sde: its stochastic variant) or "
-           "UniPCMultistep."),
+           "but the last; _a: KDPM2AncestralDiscrete), DPMSolverMultistep (DPM-Solver++ 2M; _sde: its stochastic variant), "
+           "DPMSolverSDE ('dpmpp_sde', \"DPM++ SDE\": 2 calls a step but the last, Brownian "
+           "noise from counter-based normals) or UniPCMultistep."),
     CHOICE(sample, timestep_spacing, "'auto'", "auto|leading|trailing|linspace",
            "Which timesteps num_steps visits (diffusers' timestep_spacing). 'auto' = the "
            "snapshot's scheduler_config.json (without the key: the scheduler class's default, "
@@ -229,13 +230,13 @@ static const sd_option options[] = {
     LOGICAL(sample, use_karras_sigmas, ".false.",
             "Karras et al.'s sigmas (rho 7) for scheduler = 'euler', 'heun', 'lms', 'dpm2', 'dpm2_a', "
             "'dpmpp_2m', "
-            "'dpmpp_2m_sde' or 'unipc' "
+            "'dpmpp_2m_sde', 'dpmpp_sde' or 'unipc' "
             "(diffusers' use_karras_sigmas; 'dpmpp_2m' with it is \"DPM++ 2M Karras\"); a "
             "snapshot's scheduler_config.json can also set it."),
     LOGICAL(sample, use_exponential_sigmas, ".false.",
             "Exponentially spaced sigmas (log-linear from the largest to the smallest) for "
-            "scheduler = 'euler', 'heun', 'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde' or "
-            "'unipc' "
+            "scheduler = 'euler', 'heun', 'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde', "
+            "'dpmpp_sde' or 'unipc' "
             "(diffusers' "
             "use_exponential_sigmas); not with use_karras_sigmas."),
     LOGICAL(sample, use_beta_sigmas, ".false.",

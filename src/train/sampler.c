@@ -12,14 +12,15 @@
 
 static const char *const kind_names[SD_SAMPLER_N_KINDS] = {
     "ddim", "pndm", "ddpm", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_sde", "heun", "unipc",
-    "lms", "dpm2", "dpm2_a"};
+    "lms", "dpm2", "dpm2_a", "dpmpp_sde"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 /* the diffusers class of each kind (dpmpp_2m_sde: the same class, another algorithm_type) */
 static const char *const class_names[SD_SAMPLER_N_KINDS] = {
     "DDIMScheduler", "PNDMScheduler", "DDPMScheduler", "EulerDiscreteScheduler",
     "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler",
     "DPMSolverMultistepScheduler", "HeunDiscreteScheduler", "UniPCMultistepScheduler",
-    "LMSDiscreteScheduler", "KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler"};
+    "LMSDiscreteScheduler", "KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler",
+    "DPMSolverSDEScheduler"};
 
 int sd_sampler_kind_from_name(const char *name)
 {
@@ -77,11 +78,17 @@ static int is_dpm2(sd_sampler_kind kind)
     return kind == SD_SAMPLER_DPM2 || kind == SD_SAMPLER_DPM2_A;
 }
 
+/* DPM++ SDE: 2 N - 1 calls too, with its own midpoints and Brownian noise */
+static int is_sde(sd_sampler_kind kind)
+{
+    return kind == SD_SAMPLER_DPMPP_SDE;
+}
+
 /* the k-diffusion samplers: fp32 timesteps, scaled model input, init_noise_sigma */
 static int is_k(sd_sampler_kind kind)
 {
     return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_EULER_A || kind == SD_SAMPLER_HEUN ||
-           kind == SD_SAMPLER_LMS || is_dpm2(kind);
+           kind == SD_SAMPLER_LMS || is_dpm2(kind) || is_sde(kind);
 }
 
 static int uses_sigmas(sd_sampler_kind kind)
@@ -92,7 +99,7 @@ static int uses_sigmas(sd_sampler_kind kind)
 int sd_sampler_takes_sigma_schedule(sd_sampler_kind kind)
 {
     return kind == SD_SAMPLER_EULER || kind == SD_SAMPLER_HEUN || kind == SD_SAMPLER_LMS ||
-           is_dpm2(kind) || is_multistep(kind);
+           is_dpm2(kind) || is_sde(kind) || is_multistep(kind);
 }
 
 int sd_sampler_takes_final_sigma_min(sd_sampler_kind kind)
@@ -494,6 +501,96 @@ static void dpm2_finish(sd_sampler *s, const float *full, const float *bt, const
     free(logs);
 }
 
+/* DPMSolverSDEScheduler's midpoint of sigmas a > b in float64 (its second-order timesteps):
+ * sigma_fn(t + (t_next - t) * 0.5) with t = -log(sigma), i.e. exp(-t_proposed). */
+static double sde_mid64(double a, double b)
+{
+    const double t = -log(a), tn = -log(b), tp = t + (tn - t) * 0.5;
+    return exp(-tp);
+}
+
+/* The same in fp32 as its step computes it from the fp32 sigmas (torch scalars): the sigma its
+ * second-order call scales the input by and evaluates x0 at. *t_out / *tp_out get t and
+ * t_proposed. */
+static float sde_mid32(float a, float b, float *t_out, float *tp_out)
+{
+    const float t = -logf(a), tn = -logf(b), delta = tn - t, half = delta * 0.5f, tp = t + half;
+    if (t_out)
+        *t_out = t;
+    if (tp_out)
+        *tp_out = tp;
+    return expf(-tp);
+}
+
+/* The scalars of one half of a DPM++ SDE step from sigma to next (> 0), in diffusers' fp32
+ * order of operations. */
+typedef struct sde_coeffs {
+    float sin;           /* sigma_input of x0: sigma, or the midpoint on the second half */
+    float c_out, c_skip; /* k_x0's */
+    float up, down;      /* sigma_up, sigma_down */
+    float ratio, em;     /* sigma_fn(ancestral_t) / sigma_fn(t), expm1(t - ancestral_t) */
+    float wa, wb, w;     /* the second half's noise weights */
+} sde_coeffs;
+
+static void sde_half(float sigma, float next, int first, sde_coeffs *c)
+{
+    float t, tp;
+    const float mid = sde_mid32(sigma, next, &t, &tp);
+    const float tn = -logf(next);
+    c->sin = first ? sigma : mid;
+    const float sq = c->sin * c->sin;
+    c->c_skip = sq + 1.0f;
+    c->c_out = -c->sin / sqrtf(c->c_skip);
+    const float t_to = first ? tp : tn;
+    const float from = expf(-t), to = expf(-t_to);
+    const float to2 = to * to, from2 = from * from, diff = from2 - to2, num = to2 * diff,
+                up2 = num / from2, up_c = sqrtf(up2);
+    c->up = to < up_c ? to : up_c;
+    const float upsq = c->up * c->up;
+    c->down = sqrtf(to2 - upsq);
+    const float anc_t = -logf(c->down);
+    c->ratio = expf(-anc_t) / expf(-t);
+    c->em = expm1f(t - anc_t);
+    /* start, midpoint, end of the step */
+    const float a = from, m = expf(-tp), b = expf(-tn);
+    c->wa = sqrtf(a - m);
+    c->wb = sqrtf(m - b);
+    c->w = sqrtf(a - b);
+}
+
+/* DPMSolverSDEScheduler.set_timesteps after its base schedule: from the N base timesteps bt
+ * (fp32) and the N base sigmas b (float64, before the fp32 cast), the second-order timesteps
+ * _sigma_to_t(sde_mid64(b[k], b[k + 1])) and the interleaved lists as diffusers keeps them:
+ * sigmas cat(b[:1], b[1:].repeat_interleave(2), [0]) in fp32 (2 N entries), timesteps [bt0,
+ * mid0, bt1, mid1, ..., mid(N-2), bt(N-1)] (2 N - 1 calls). sigmas_interp[i] at odd i: the fp32
+ * midpoint of sigmas[i - 1] and sigmas[i]. */
+static void sde_finish(sd_sampler *s, const float *full, const float *bt, const double *b, int N)
+{
+    const int T = s->num_train_timesteps;
+    float *t = sd_xmalloc((size_t)N * sizeof *t), *logs = sd_xmalloc((size_t)T * sizeof *logs);
+    double *bb = sd_xmalloc((size_t)N * sizeof *bb);
+    memcpy(t, bt, (size_t)N * sizeof *t);
+    memcpy(bb, b, (size_t)N * sizeof *bb);
+    for (int k = 0; k < T; k++)
+        logs[k] = logf(full[k]);
+    s->model_t[0] = t[0];
+    s->sigmas[0] = (float)bb[0];
+    for (int k = 1; k < N; k++) {
+        s->model_t[2 * k - 1] = (float)sigma_to_t(sde_mid64(bb[k - 1], bb[k]), logs, T);
+        s->model_t[2 * k] = t[k];
+        s->sigmas[2 * k - 1] = s->sigmas[2 * k] = (float)bb[k];
+    }
+    s->n_timesteps = 2 * N - 1;
+    s->sigmas[2 * N - 1] = 0.0f;
+    for (int i = 0; i < s->n_timesteps; i++) {
+        s->timesteps[i] = (int64_t)llround((double)s->model_t[i]);
+        s->sigmas_interp[i] = i % 2 ? sde_mid32(s->sigmas[i - 1], s->sigmas[i], NULL, NULL) : 0.0f;
+    }
+    free(t);
+    free(logs);
+    free(bb);
+}
+
 /* Euler ancestral's and DPM2 ancestral's sigma_down = (to^2 - up^2) ** 0.5 cancel in fp32 by
  * (from / to)^2: when a sigma is over ~3000 times the next (the cosine schedule's first,
  * 20291, with few 'trailing' or 'linspace' steps; zero terminal SNR's 4096) to^2 - up^2 is
@@ -514,6 +611,18 @@ static int check_ancestral(const sd_sampler *s, sd_err *err)
             if (!isfinite(down) || !isfinite(up)) {
                 bad = i;
                 at = s->sigmas[i];
+            }
+        }
+    } else if (is_sde(s->kind)) {
+        /* both halves of every step but the last: sigma_down, its log and the noise weights */
+        for (int i = 0; i + 1 < s->n_timesteps && bad < 0; i++) {
+            const int k = i % 2 ? i - 1 : i;
+            sde_coeffs c;
+            sde_half(s->sigmas[k], s->sigmas[k + 1], i % 2 == 0, &c);
+            if (!isfinite(c.ratio) || !isfinite(c.em) || !isfinite(c.up) || !(c.w > 0.0f) ||
+                !isfinite(c.wa) || !isfinite(c.wb)) {
+                bad = i;
+                at = s->sigmas[k];
             }
         }
     } else if (s->kind == SD_SAMPLER_DPM2_A) {
@@ -583,7 +692,7 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
     s->ratio = T / num_steps;
     s->n_timesteps = count;
     /* DPM2: count = N base timesteps here, 2 N - 1 model calls after dpm2_finish */
-    const size_t cap = is_dpm2(kind) ? 2 * (size_t)count : (size_t)count;
+    const size_t cap = is_dpm2(kind) || is_sde(kind) ? 2 * (size_t)count : (size_t)count;
     s->timesteps = sd_xmalloc(cap * sizeof *s->timesteps);
     s->model_t = sd_xmalloc(cap * sizeof *s->model_t);
     for (int i = 0; i < count; i++) {
@@ -606,6 +715,15 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
         for (int i = 0; i < count; i++)
             s->sigmas[i] = (float)interp_grid(full, T, ts[i]);
         s->sigmas[count] = 0.0f;
+        if (is_sde(kind)) {
+            /* its second-order timesteps come from the float64 sigmas */
+            double *b = sd_xmalloc((size_t)count * sizeof *b);
+            for (int i = 0; i < count; i++)
+                b[i] = interp_grid(full, T, ts[i]);
+            s->sigmas_interp = sd_xmalloc((cap + 2) * sizeof *s->sigmas_interp);
+            sde_finish(s, full, s->model_t, b, count);
+            free(b);
+        }
         if (is_dpm2(kind)) {
             s->sigmas_interp = sd_xmalloc((cap + 2) * sizeof *s->sigmas_interp);
             if (kind == SD_SAMPLER_DPM2_A) {
@@ -645,8 +763,10 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
     }
     if (kind == SD_SAMPLER_HEUN)
         s->heun_der = sd_xmalloc((size_t)n * sizeof(float));
-    if (kind == SD_SAMPLER_HEUN || is_dpm2(kind)) /* the kept sample */
+    if (kind == SD_SAMPLER_HEUN || is_dpm2(kind) || is_sde(kind)) /* the kept sample */
         s->heun_sample = sd_xmalloc((size_t)n * sizeof(float));
+    if (is_sde(kind))
+        s->sde_z = sd_xmalloc((size_t)n * sizeof(float));
     if (kind == SD_SAMPLER_LMS)
         for (int k = 0; k < 4; k++)
             s->lms_der[k] = sd_xmalloc((size_t)n * sizeof(float));
@@ -759,12 +879,12 @@ static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
                        : which == SIGMAS_EXPONENTIAL ? "exponential"
                                                      : "beta";
     double smin, smax;
-    const int heun = s->kind == SD_SAMPLER_HEUN, dpm2 = is_dpm2(s->kind);
+    const int heun = s->kind == SD_SAMPLER_HEUN, dpm2 = is_dpm2(s->kind), sde = is_sde(s->kind);
     if (!sd_sampler_takes_sigma_schedule(s->kind))
         return sd_err_set(err, "sampler: %s sigmas are implemented for euler, heun, lms, dpm2(_a), unipc, "
-                               "dpmpp_2m and dpmpp_2m_sde, not %s", what,
+                               "dpmpp_2m, dpmpp_2m_sde and dpmpp_sde, not %s", what,
                           sd_sampler_kind_name(s->kind));
-    SD_CHECK(s->n_timesteps == (heun || dpm2 ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
+    SD_CHECK(s->n_timesteps == (heun || dpm2 || sde ? 2 * N - 1 : N), "%s: %d timesteps for %d steps",
              sd_sampler_kind_name(s->kind), s->n_timesteps, N);
     float *full = sd_xmalloc((size_t)T * sizeof *full), *logs = sd_xmalloc((size_t)T * sizeof *logs);
     for (int t = 0; t < T; t++) {
@@ -786,7 +906,8 @@ static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
     const double rho = 7.0, min_inv = pow(smin, 1.0 / rho), max_inv = pow(smax, 1.0 / rho);
     const double lmax = log(smax), lmin = log(smin);
     float *bsig = dpm2 ? sd_xmalloc(((size_t)N + 1) * sizeof *bsig) : NULL;
-    float *bt = dpm2 ? sd_xmalloc((size_t)N * sizeof *bt) : NULL;
+    float *bt = dpm2 || sde ? sd_xmalloc((size_t)N * sizeof *bt) : NULL;
+    double *b64 = sde ? sd_xmalloc((size_t)N * sizeof *b64) : NULL;
     for (int i = 0; i < N; i++) {
         /* _convert_to_beta: sigma_min + ppf(1 - linspace(0, 1, N), 0.6, 0.6) (max - min) */
         const double sig =
@@ -796,6 +917,11 @@ static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
         double t = sigma_to_t(sig, logs, T);
         if (is_multistep(s->kind))
             t = expo || s->karras_trunc ? trunc(t) : nearbyint(t);
+        if (sde) { /* DPM++ SDE keeps them fractional, and its sigmas in float64 */
+            b64[i] = sig;
+            bt[i] = (float)t;
+            continue;
+        }
         if (dpm2) { /* KDPM2 rounds its Karras timesteps, not its exponential ones */
             bsig[i] = (float)sig;
             bt[i] = (float)(expo ? t : nearbyint(t));
@@ -814,6 +940,10 @@ static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
         dpm2_finish(s, full, bt, bsig, N);
         free(bsig);
         free(bt);
+    } else if (sde) {
+        sde_finish(s, full, bt, b64, N);
+        free(b64);
+        free(bt);
     } else {
         s->sigmas[s->n_timesteps] = s->final_sigma;
     }
@@ -825,7 +955,7 @@ static int convert_sigmas(sd_sampler *s, int which, sd_err *err)
                                    "timestep (its largest sigmas lie too close together): use fewer steps or "
                                    "other sigmas", sd_sampler_kind_name(s->kind),
                               what, N);
-    if (s->kind == SD_SAMPLER_EULER || s->kind == SD_SAMPLER_LMS || heun || dpm2) {
+    if (s->kind == SD_SAMPLER_EULER || s->kind == SD_SAMPLER_LMS || heun || dpm2 || sde) {
         float mx = 0.0f;
         for (int i = 0; i <= s->n_timesteps; i++)
             mx = s->sigmas[i] > mx ? s->sigmas[i] : mx;
@@ -928,6 +1058,7 @@ void sd_sampler_free(sd_sampler *s)
     free(s->last_sample);
     free(s->heun_der);
     free(s->heun_sample);
+    free(s->sde_z);
     for (int k = 0; k < 4; k++)
         free(s->lms_der[k]);
     free(s->own_abar);
@@ -964,9 +1095,9 @@ void sd_sampler_scale_input(const sd_sampler *s, int i, int64_t n, const float *
     }
     /* sample / ((sigma**2 + 1) ** 0.5); DPM2's second-order calls at sigmas_interpol (the
      * ancestral variant's at index i - 1) */
-    const float sigma = !is_dpm2(s->kind) || i % 2 == 0 ? s->sigmas[i]
-                        : s->kind == SD_SAMPLER_DPM2    ? s->sigmas_interp[i]
-                                                        : s->sigmas_interp[i - 1];
+    const float sigma = !(is_dpm2(s->kind) || is_sde(s->kind)) || i % 2 == 0 ? s->sigmas[i]
+                        : s->kind == SD_SAMPLER_DPM2_A ? s->sigmas_interp[i - 1]
+                                                       : s->sigmas_interp[i];
     const float sq = sigma * sigma, p = sq + 1.0f, den = sqrtf(p);
     for (int64_t j = 0; j < n; j++)
         out[j] = x[j] / den;
@@ -984,6 +1115,8 @@ int sd_sampler_step_noise(const sd_sampler *s, int i)
         return 1;
     case SD_SAMPLER_DPM2_A: /* its second-order calls */
         return i % 2 == 1;
+    case SD_SAMPLER_DPMPP_SDE: /* both halves of every step but the last (plain Euler) */
+        return i < s->n_timesteps - 1;
     default:
         return 0;
     }
@@ -1120,6 +1253,52 @@ static void dpm2_step(sd_sampler *s, int i, const float *mo, float *x, const flo
             y = y + z;
         }
         x[j] = y;
+    }
+}
+
+/* DPMSolverSDEScheduler.step in fp32, as diffusers computes it (t = -log sigma): even calls
+ * go from sigmas[i] to the midpoint sigma_fn(t_proposed), keeping the sample; odd calls take the
+ * whole step from sigmas[i - 1] to sigmas[i], from the kept sample with x0 evaluated at the
+ * midpoint. Each half is an ancestral step: to sigma_down by the exponential integrator, plus
+ * noise * sigma_up. The last call (to 0) is an Euler step without noise.
+ * The noise: diffusers draws it from a Brownian tree over sigma, so that the second half's
+ * increment over [sigma_next, sigma] contains the first half's over [midpoint, sigma]. Here
+ * call i's own normals z_i (counter-based, as every sampler's) make the same Brownian motion: the
+ * first half uses z_i, the second (z_(i-1) (a - m)^1/2 + z_i (m - b)^1/2) / (a - b)^1/2 with
+ * a, m, b the sigmas at the step's start, midpoint and end; equal in distribution to the tree's,
+ * not its values (torchsde's seeds are its own). */
+static void sde_step(sd_sampler *s, int i, const float *mo, float *x, const float *noise)
+{
+    const int first = i % 2 == 0;
+    const int k = first ? i : i - 1; /* the step's start */
+    const float sigma = s->sigmas[k], next = s->sigmas[k + 1];
+    if (first && next == 0.0f) { /* the last call: Euler to 0 */
+        const float sq = sigma * sigma, c_skip = sq + 1.0f, c_out = -sigma / sqrtf(c_skip);
+        const float dt = next - sigma;
+        for (int64_t j = 0; j < s->n; j++) {
+            const float x0 = k_x0(s->prediction, sigma, c_out, c_skip, mo[j], x[j]);
+            const float der = (x[j] - x0) / sigma, step = der * dt;
+            x[j] = x[j] + step;
+        }
+        return;
+    }
+    sde_coeffs c;
+    sde_half(sigma, next, first, &c);
+    SD_CHECK(noise != NULL, "DPM++ SDE step %d needs noise", i);
+    for (int64_t j = 0; j < s->n; j++) {
+        const float x0 = k_x0(s->prediction, c.sin, c.c_out, c.c_skip, mo[j], x[j]);
+        const float base = first ? x[j] : s->heun_sample[j];
+        float z;
+        if (first) {
+            s->heun_sample[j] = x[j];
+            s->sde_z[j] = noise[j];
+            z = noise[j];
+        } else {
+            const float p = c.wa * s->sde_z[j], q = c.wb * noise[j], pq = p + q;
+            z = pq / c.w;
+        }
+        const float u = c.ratio * base, v = c.em * x0, y = u - v, zn = z * c.up;
+        x[j] = y + zn;
     }
 }
 
@@ -1704,6 +1883,9 @@ void sd_sampler_step(sd_sampler *s, int i, const float *model_out, float *sample
     case SD_SAMPLER_DPM2:
     case SD_SAMPLER_DPM2_A:
         dpm2_step(s, i, model_out, sample, noise);
+        break;
+    case SD_SAMPLER_DPMPP_SDE:
+        sde_step(s, i, model_out, sample, noise);
         break;
     case SD_SAMPLER_UNIPC:
         unipc_step(s, i, model_out, sample);

@@ -65,7 +65,8 @@ pass "bf16 on the GPU writes every image (differences to the CPU printed above)"
 for case in "eula euler_a , width = 24, height = 16" "dpmk dpmpp_2m , use_karras_sigmas = .true." \
     "ddimeta ddim , eta = 0.5, guidance_rescale = 0.7" \
     "dpmsde dpmpp_2m_sde , use_exponential_sigmas = .true." "unipc unipc , use_karras_sigmas = .true." \
-    "heun heun" "lms lms" "dpm2a dpm2_a , use_karras_sigmas = .true."; do
+    "heun heun" "lms lms" "dpm2a dpm2_a , use_karras_sigmas = .true." \
+    "dpmppsde dpmpp_sde , use_karras_sigmas = .true."; do
     set -- $case
     gs_case=$1 gs_sched=$2 # lib.sh's helpers set $name
     shift 2
@@ -73,4 +74,4 @@ for case in "eula euler_a , width = 24, height = 16" "dpmk dpmpp_2m , use_karras
     sample "gpu-$gs_case" 1 cuda fp32 0 "$gs_sched" "$*"
     compare "gpu-$gs_case" "cpu-$gs_case" 2
 done
-pass "Euler ancestral at 24x16, DPM-Solver++ 2M Karras, DDIM with eta and guidance_rescale, DPM-Solver++ 2M SDE with exponential sigmas, UniPC Karras, Heun, LMS, DPM2 ancestral Karras: fp32 on the GPU within 2 levels of the CPU"
+pass "Euler ancestral at 24x16, DPM-Solver++ 2M Karras, DDIM with eta and guidance_rescale, DPM-Solver++ 2M SDE with exponential sigmas, UniPC Karras, Heun, LMS, DPM2 ancestral Karras, DPM++ SDE Karras: fp32 on the GPU within 2 levels of the CPU"

@@ -19,7 +19,7 @@ same_pngs() { # same_pngs A B WHAT: runs A and B wrote the same 6 PNG files, byt
     done
 }
 
-for sched in ddim pndm ddpm euler euler_a heun lms dpm2 dpm2_a dpmpp_2m dpmpp_2m_sde unipc; do
+for sched in ddim pndm ddpm euler euler_a heun lms dpm2 dpm2_a dpmpp_2m dpmpp_2m_sde dpmpp_sde unipc; do
     sample_nml "${sched}1" "$sched"
     mpi "${sched}1" 1 "$SDTRAIN" "$TMP/${sched}1.nml"
     expect_rc "${sched}1" 0
@@ -62,7 +62,7 @@ expect_rc pngsame 0
 expect_in pngsame out "largest difference 0, mean 0.000"
 run pngother "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" "$TMP/pndm1/samples/0-0.png" 0
 expect_rc pngother 1
-pass "ddim, pndm, ddpm, euler, euler_a, heun, lms, dpm2, dpm2_a, dpmpp_2m, dpmpp_2m_sde, unipc: same PNG bytes at -np 1 and 2, samples.jsonl"
+pass "ddim, pndm, ddpm, euler, euler_a, heun, lms, dpm2, dpm2_a, dpmpp_2m, dpmpp_2m_sde, dpmpp_sde, unipc: same PNG bytes at -np 1 and 2, samples.jsonl"
 
 # several images per U-Net call (&sample batch_size): the CPU's U-Net is batch-invariant, so the
 # same bytes; 6 images as 4 + 2 on one rank, and as 2 + 1 on each of two ranks (the last batch
@@ -472,7 +472,7 @@ expect_count both err "more than one of use_karras_sigmas, use_exponential_sigma
 sample_nml karrasddim ddim ", use_karras_sigmas = .true."
 mpi karrasddim 2 "$SDTRAIN" "$TMP/karrasddim.nml"
 expect_rc karrasddim 2
-expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler', 'heun', 'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde' or 'unipc', not 'ddim'" 1
+expect_count karrasddim err "&sample use_karras_sigmas = .true. needs scheduler = 'euler', 'heun', 'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde', 'dpmpp_sde' or 'unipc', not 'ddim'" 1
 pass "Karras and exponential sigmas"
 
 # DDIM's eta draws noise per image (the same bytes at -np 1 and 2 with batches) and changes the

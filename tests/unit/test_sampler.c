@@ -256,8 +256,9 @@ static void test_spacings(void)
                         char tag[96], name[112];
                         sd_err err;
                         if (k == SD_SAMPLER_DPMPP_2M_SDE || k == SD_SAMPLER_LMS ||
-                            k == SD_SAMPLER_DPM2 || k == SD_SAMPLER_DPM2_A)
-                            continue; /* test_lms, test_dpm2 */
+                            k == SD_SAMPLER_DPM2 || k == SD_SAMPLER_DPM2_A ||
+                            k == SD_SAMPLER_DPMPP_SDE)
+                            continue; /* test_lms, test_dpm2, test_dpmsde */
                         snprintf(tag, sizeof tag, "%s_%s_%d_%d_%d",
                                  sd_sampler_kind_name((sd_sampler_kind)k),
                                  sd_spacing_name((sd_spacing)sp), N, T, off);
@@ -1864,6 +1865,153 @@ static void test_beta(void)
 /* tests/data/sample/prk.safetensors: PNDM with its Runge-Kutta warm-up (skip_prk_steps false):
  * the timesteps of every spacing, steps_offset and N that diffusers can run (the others refused),
  * and whole step sequences. */
+/* dpmsde.safetensors: DPMSolverSDEScheduler (make_dpmsde_goldens.py), the noise of call i being
+ * in_noise[i] combined as sde_step does */
+static sd_st_file gold9;
+
+/* compares a DPM++ SDE schedule with <pre>ts_<tag> (timesteps 1e-3: the second-order ones come
+ * from float64 midpoints through _sigma_to_t) and <pre>sig_<tag> (1e-6 relative) */
+static int sde_schedule_ok(const sd_sampler *s, const char *pre, const char *tag, double *wt,
+                           double *ws)
+{
+    char name[96];
+    const int nt = s->n_timesteps;
+    snprintf(name, sizeof name, "%sts_%s", pre, tag);
+    float *rt = read_from(&gold9, name, (size_t)nt);
+    snprintf(name, sizeof name, "%ssig_%s", pre, tag);
+    float *rs = read_from(&gold9, name, (size_t)nt + 1);
+    int ok = rt && rs;
+    for (int i = 0; ok && i < nt; i++) {
+        const double e = fabs((double)s->model_t[i] - rt[i]);
+        *wt = e > *wt ? e : *wt;
+    }
+    for (int i = 0; ok && i <= nt; i++) {
+        const double e = fabs((double)s->sigmas[i] - rs[i]) / (rs[i] != 0.0f ? rs[i] : 1.0f);
+        *ws = e > *ws ? e : *ws;
+    }
+    free(rt);
+    free(rs);
+    return ok && *wt <= 1e-3 && *ws <= 1e-6 ? 0 : -1;
+}
+
+static void test_dpmsde(void)
+{
+    static const int Ns[] = {1, 2, 3, 4, 7, 10, 50};
+    sd_diffusion dd[2];
+    int cases = 0, bad = 0;
+    double wt = 0.0, ws = 0.0, wi = 0.0;
+    if (init_sd2_schedule(&dd[0], "epsilon", 1000) || init_sd2_schedule(&dd[1], "v_prediction", 1000))
+        return;
+    for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
+        for (int sp = 0; sp < 3; sp++)
+            for (int off = 0; off < 2; off++) {
+                const int N = Ns[b];
+                char tag[64], name[80];
+                sd_sampler s;
+                sd_err err;
+                snprintf(tag, sizeof tag, "%s_%d_%d", sd_spacing_name((sd_spacing)sp), N, off);
+                if (sd_sampler_init(&s, SD_SAMPLER_DPMPP_SDE, &dd[0], N, (sd_spacing)sp, off, 1,
+                                    &err)) {
+                    bad++;
+                    tap_diag("dpmpp_sde %s: %s", tag, err.msg);
+                    continue;
+                }
+                snprintf(name, sizeof name, "ins_%s", tag);
+                float *ins = read_from(&gold9, name, 1);
+                if (ins) {
+                    const double e = fabs((double)s.init_noise_sigma - ins[0]) / ins[0];
+                    wi = e > wi ? e : wi;
+                }
+                if (!ins || s.n_timesteps != 2 * N - 1 || sde_schedule_ok(&s, "", tag, &wt, &ws)) {
+                    bad++;
+                    tap_diag("dpmpp_sde %s: %d calls, timesteps off by %.3g, sigmas %.3g", tag,
+                             s.n_timesteps, wt, ws);
+                }
+                free(ins);
+                cases++;
+                sd_sampler_free(&s);
+            }
+    for (int k = 0; k < 3; k++)
+        for (int m = 0; m < 4; m++) {
+            static const int KN[4] = {2, 5, 10, 25};
+            static const char *pre[3] = {"k", "e", "b"};
+            char tag[16];
+            sd_sampler s;
+            sd_err err;
+            snprintf(tag, sizeof tag, "%d", KN[m]);
+            if (sd_sampler_init(&s, SD_SAMPLER_DPMPP_SDE, &dd[0], KN[m], SD_SPACING_LINSPACE, 1, 1, &err) ||
+                (k == 0 ? sd_sampler_use_karras(&s, &err)
+                 : k == 1 ? sd_sampler_use_exponential(&s, &err)
+                          : sd_sampler_use_beta(&s, &err))) {
+                bad++;
+                tap_diag("dpmpp_sde %s %s: %s", pre[k], tag, err.msg);
+                continue;
+            }
+            if (sde_schedule_ok(&s, pre[k], tag, &wt, &ws)) {
+                bad++;
+                tap_diag("dpmpp_sde %s %s: timesteps off by %.3g, sigmas %.3g", pre[k], tag, wt, ws);
+            }
+            cases++;
+            sd_sampler_free(&s);
+        }
+    tap_ok(bad == 0 && cases == 54 && wi <= 1e-6,
+           "dpmpp_sde: 2 N - 1 interleaved timesteps and sigmas of %d schedules (three spacings, "
+           "Karras, exponential, beta) within %.3g / %.3g of diffusers', init_noise_sigma %.3g",
+           cases, wt, ws, wi);
+
+    static const struct {
+        const char *name;
+        int v, karras;
+        sd_spacing spacing;
+        int offset;
+    } steps[] = {
+        {"linspace_eps", 0, 0, SD_SPACING_LINSPACE, 0}, {"linspace_v", 1, 0, SD_SPACING_LINSPACE, 0},
+        {"leading_eps", 0, 0, SD_SPACING_LEADING, 1},   {"trailing_eps", 0, 0, SD_SPACING_TRAILING, 0},
+        {"karras_eps", 0, 1, SD_SPACING_LINSPACE, 0},
+    };
+    const int64_t n = 2 * 3 * 5 * 4;
+    float *x0 = read_from(&gold9, "in_sample", (size_t)n);
+    float *mo = read_from(&gold9, "in_model_out", 15 * (size_t)n);
+    float *z = read_from(&gold9, "in_noise", 15 * (size_t)n);
+    for (size_t c = 0; x0 && mo && z && c < sizeof steps / sizeof steps[0]; c++) {
+        sd_sampler s;
+        sd_err err;
+        char name[64];
+        float x[2 * 3 * 5 * 4], scaled[2 * 3 * 5 * 4];
+        double worst = 0.0;
+        int noise_calls = 0;
+        if (sd_sampler_init(&s, SD_SAMPLER_DPMPP_SDE, &dd[steps[c].v], 8, steps[c].spacing,
+                            steps[c].offset, n, &err) ||
+            (steps[c].karras && sd_sampler_use_karras(&s, &err))) {
+            tap_ok(0, "dpmpp_sde step_%s: %s", steps[c].name, err.msg);
+            continue;
+        }
+        snprintf(name, sizeof name, "step_%s", steps[c].name);
+        float *ref = read_from(&gold9, name, 15 * (size_t)n);
+        for (int64_t j = 0; j < n; j++)
+            x[j] = x0[j] * s.init_noise_sigma;
+        sd_sampler_reset(&s);
+        for (int i = 0; ref && i < s.n_timesteps; i++) {
+            const int noisy = sd_sampler_step_noise(&s, i);
+            noise_calls += noisy;
+            sd_sampler_scale_input(&s, i, n, x, scaled); /* as the pipeline calls it */
+            sd_sampler_step(&s, i, mo + (size_t)i * n, x, noisy ? z + (size_t)i * n : NULL);
+            const double r = rel_err(x, ref + (size_t)i * n, n, NULL);
+            worst = r > worst ? r : worst;
+        }
+        tap_ok(ref && s.n_timesteps == 15 && noise_calls == 14 && worst <= 1e-6,
+               "dpmpp_sde step_%s: 8 steps (15 calls, noise at all but the last), relative error "
+               "%.3g", steps[c].name, worst);
+        free(ref);
+        sd_sampler_free(&s);
+    }
+    free(x0);
+    free(mo);
+    free(z);
+    sd_diffusion_free(&dd[0]);
+    sd_diffusion_free(&dd[1]);
+}
+
 static sd_st_file gold8;
 
 static void test_prk(void)
@@ -2014,6 +2162,7 @@ int main(void)
     with_golden(&gold6, "dpm2.safetensors", test_dpm2);
     with_golden(&gold7, "beta.safetensors", test_beta);
     with_golden(&gold8, "prk.safetensors", test_prk);
+    with_golden(&gold9, "dpmsde.safetensors", test_dpmsde);
     with_golden(&gold, "goldens.safetensors", test_goldens); /* test_pipeline reads gold2 too */
     sd_st_close(&gold2);
     test_rng_and_u8();
