@@ -1,5 +1,6 @@
-/* Inference noise schedulers (DDIM, PNDM/PLMS, DDPM ancestral, Euler, Euler ancestral,
- * DPM-Solver++ 2M) over host fp32 arrays, as diffusers' StableDiffusionPipeline drives them. */
+/* Inference noise schedulers (DDIM, PNDM/PLMS, DDPM ancestral, Euler, Euler ancestral, Heun,
+ * LMS, DPM2 and DPM2 ancestral, DPM-Solver++ 2M / 3M and SDE, DPM++ SDE, UniPC) over host fp32
+ * arrays, as diffusers' StableDiffusionPipeline drives them. */
 #ifndef SDTRAIN_SAMPLER_H
 #define SDTRAIN_SAMPLER_H
 /*
@@ -37,7 +38,9 @@
  * Stochastic steps take their noise from the caller (the `noise` argument of sd_sampler_step,
  * asked for by sd_sampler_step_noise), so the scheduler stays a pure function of its inputs:
  * DDPM for every t > 0 (the last step of 'leading' spacing has t = steps_offset = 1: variance
- * clamped to 1e-20), DDIM with eta > 0 and Euler ancestral at every step.
+ * clamped to 1e-20), DDIM with eta > 0 and Euler ancestral at every step, DPM2 ancestral at
+ * its second-order calls, DPM++ SDE at every call but the last (its second halves combine the
+ * two calls' normals into one Brownian increment).
  */
 #include <stddef.h>
 #include <stdint.h>
