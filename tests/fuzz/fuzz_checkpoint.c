@@ -23,18 +23,12 @@
 
 #include "sdtrain/checkpoint.h"
 
+#define FUZZ_NAME "fuzz_checkpoint"
+#include "fuzz_util.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char root[256], step_dir[320], manifest[400], latest[320];
-
-static void require(int cond, const char *what, const char *detail)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_checkpoint: invariant broken: %s%s%s\n", what, detail ? ": " : "",
-                detail ? detail : "");
-        abort();
-    }
-}
 
 static void cleanup(void)
 {
@@ -44,18 +38,6 @@ static void cleanup(void)
     rmdir(root);
 }
 
-static void put_file(const char *path, const uint8_t *data, size_t size)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    require(fd >= 0, "create", path);
-    for (size_t done = 0; done < size;) {
-        ssize_t w = write(fd, data + done, size - done);
-        require(w > 0, "write", path);
-        done += (size_t)w;
-    }
-    close(fd);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     sd_ckpt_info info;
@@ -63,47 +45,45 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char name[64];
 
     if (!root[0]) {
-        snprintf(root, sizeof root, "%s/fuzz-ck-XXXXXX",
-                 access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-        require(mkdtemp(root) != NULL, "mkdtemp", NULL);
+        fuzz_scratch_dir(root, sizeof root, "fuzz-ck");
         snprintf(step_dir, sizeof step_dir, "%s/step-00000008", root);
         snprintf(manifest, sizeof manifest, "%s/%s", step_dir, SD_CKPT_MANIFEST);
         snprintf(latest, sizeof latest, "%s/%s", root, SD_CKPT_LATEST);
-        require(mkdir(step_dir, 0755) == 0, "mkdir", step_dir);
+        fuzz_require(mkdir(step_dir, 0755) == 0, "mkdir", step_dir);
         atexit(cleanup);
     }
 
     /* 1. the manifest */
-    put_file(manifest, data, size);
+    fuzz_put_file(manifest, data, size);
     memset(&err, 0, sizeof err);
     if (sd_ckpt_peek(step_dir, &info, &err) == 0) {
         const sd_ckpt_scalars *s = &info.s;
-        require(s->step >= 0 && s->opt_step >= 0 && s->opt_step <= s->step && s->skipped >= 0 &&
+        fuzz_require(s->step >= 0 && s->opt_step >= 0 && s->opt_step <= s->step && s->skipped >= 0 &&
                     s->skipped <= s->step,
                 "step counters", NULL);
-        require(s->steps_per_epoch >= 1 && s->global_batch >= 1 && s->batch_per_rank >= 1 &&
+        fuzz_require(s->steps_per_epoch >= 1 && s->global_batch >= 1 && s->batch_per_rank >= 1 &&
                     s->n_ranks >= 1,
                 "batch sizes and ranks", NULL);
-        require(s->seed >= 0 && s->seed <= 4294967295LL && (s->has_ema == 0 || s->has_ema == 1),
+        fuzz_require(s->seed >= 0 && s->seed <= 4294967295LL && (s->has_ema == 0 || s->has_ema == 1),
                 "seed and has_ema", NULL);
-        require(info.config_text != NULL, "a configuration text", NULL);
-        require(memchr(s->sharding, 0, sizeof s->sharding) != NULL, "sharding is a string", NULL);
+        fuzz_require(info.config_text != NULL, "a configuration text", NULL);
+        fuzz_require(memchr(s->sharding, 0, sizeof s->sharding) != NULL, "sharding is a string", NULL);
         sd_ckpt_info_free(&info);
     } else {
-        require(strstr(err.msg, step_dir) != NULL, "a refused manifest is named", err.msg);
+        fuzz_require(strstr(err.msg, step_dir) != NULL, "a refused manifest is named", err.msg);
     }
 
     /* 2. the latest pointer */
-    put_file(latest, data, size);
+    fuzz_put_file(latest, data, size);
     memset(&err, 0, sizeof err);
     if (sd_ckpt_read_latest(root, name, sizeof name, &err) == 0) {
         size_t n = strlen(name);
-        require(n < sizeof name, "the name fits", NULL);
+        fuzz_require(n < sizeof name, "the name fits", NULL);
         if (n > 0)
-            require(strncmp(name, "step-", 5) == 0 && n > 5 && strspn(name + 5, "0123456789") == n - 5,
+            fuzz_require(strncmp(name, "step-", 5) == 0 && n > 5 && strspn(name + 5, "0123456789") == n - 5,
                     "latest names step-NNNNNNNN", name);
     } else {
-        require(strstr(err.msg, latest) != NULL, "a refused latest is named", err.msg);
+        fuzz_require(strstr(err.msg, latest) != NULL, "a refused latest is named", err.msg);
     }
     return 0;
 }

@@ -24,20 +24,14 @@
 
 #include "sdtrain/dataset.h"
 
+#define FUZZ_NAME "fuzz_dataset"
+#include "fuzz_util.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_READ 32 /* samples read per input */
 
 static char work[256], tsv_path[320], wds_dir[320], tar_path[384];
-
-static void require(int cond, const char *what, const char *detail)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_dataset: invariant broken: %s%s%s\n", what, detail ? ": " : "",
-                detail ? detail : "");
-        abort();
-    }
-}
 
 static void cleanup(void)
 {
@@ -49,25 +43,12 @@ static void cleanup(void)
 
 static void setup(void)
 {
-    snprintf(work, sizeof work, "%s/fuzz-ds-XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-    require(mkdtemp(work) != NULL, "mkdtemp", NULL);
+    fuzz_scratch_dir(work, sizeof work, "fuzz-ds");
     snprintf(tsv_path, sizeof tsv_path, "%s/manifest.tsv", work);
     snprintf(wds_dir, sizeof wds_dir, "%s/wds", work);
     snprintf(tar_path, sizeof tar_path, "%s/shard-00000.tar", wds_dir);
-    require(mkdir(wds_dir, 0755) == 0, "mkdir", wds_dir);
+    fuzz_require(mkdir(wds_dir, 0755) == 0, "mkdir", wds_dir);
     atexit(cleanup);
-}
-
-static void put_file(const char *path, const uint8_t *data, size_t size)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    require(fd >= 0, "create", path);
-    for (size_t done = 0; done < size;) {
-        ssize_t w = write(fd, data + done, size - done);
-        require(w > 0, "write", path);
-        done += (size_t)w;
-    }
-    close(fd);
 }
 
 static void describe_all(const sd_dataset *ds)
@@ -76,9 +57,9 @@ static void describe_all(const sd_dataset *ds)
     for (int64_t i = 0; i < sd_dataset_count(ds); i++) {
         sd_sample_info info;
         const char *key = sd_dataset_key(ds, i);
-        require(key != NULL, "every sample has a key", NULL);
+        fuzz_require(key != NULL, "every sample has a key", NULL);
         sd_dataset_info(ds, i, &info);
-        require(info.key == key, "info and key agree", key);
+        fuzz_require(info.key == key, "info and key agree", key);
         sd_dataset_describe(ds, i, buf, sizeof buf);
     }
 }
@@ -89,18 +70,18 @@ static void pack_round_trip(const sd_dataset *ds)
     size_t n = 0;
     sd_dataset back;
     sd_err err;
-    require(sd_dataset_pack(ds, &blob, &n) == 0, "pack", NULL);
+    fuzz_require(sd_dataset_pack(ds, &blob, &n) == 0, "pack", NULL);
     memset(&back, 0, sizeof back);
-    require(sd_dataset_unpack(blob, n, &back, &err) == 0, "a packed index unpacks", err.msg);
-    require(sd_dataset_count(&back) == sd_dataset_count(ds) && back.format == ds->format,
+    fuzz_require(sd_dataset_unpack(blob, n, &back, &err) == 0, "a packed index unpacks", err.msg);
+    fuzz_require(sd_dataset_count(&back) == sd_dataset_count(ds) && back.format == ds->format,
             "the unpacked index has the same samples", NULL);
     for (int64_t i = 0; i < sd_dataset_count(ds); i++) {
         sd_sample_info a, b;
-        require(strcmp(sd_dataset_key(ds, i), sd_dataset_key(&back, i)) == 0, "same keys",
+        fuzz_require(strcmp(sd_dataset_key(ds, i), sd_dataset_key(&back, i)) == 0, "same keys",
                 sd_dataset_key(ds, i));
         sd_dataset_info(ds, i, &a);
         sd_dataset_info(&back, i, &b);
-        require(a.has_caption == b.has_caption && a.caption_size == b.caption_size &&
+        fuzz_require(a.has_caption == b.has_caption && a.caption_size == b.caption_size &&
                     a.image_offset == b.image_offset && a.image_size == b.image_size &&
                     a.image_kind == b.image_kind,
                 "same sample records", a.key);
@@ -119,15 +100,15 @@ static void read_samples(const sd_dataset *ds, const uint8_t *tar, size_t tar_si
         int rc;
         memset(&err, 0, sizeof err);
         rc = sd_dataset_read(ds, i, &s, &err);
-        require(s.reason >= 0 && s.reason < SD_SAMPLE_N_REASONS, "a known reason", NULL);
-        require((rc == 0) == (s.keep != 0), "kept samples return 0", NULL);
-        require(rc == 0 || err.msg[0] != 0, "a skipped sample says why", NULL);
+        fuzz_require(s.reason >= 0 && s.reason < SD_SAMPLE_N_REASONS, "a known reason", NULL);
+        fuzz_require((rc == 0) == (s.keep != 0), "kept samples return 0", NULL);
+        fuzz_require(rc == 0 || err.msg[0] != 0, "a skipped sample says why", NULL);
         if (rc != 0)
             continue;
-        require(s.caption != NULL && strlen(s.caption) <= s.caption_len, "the caption is there", s.key);
+        fuzz_require(s.caption != NULL && strlen(s.caption) <= s.caption_len, "the caption is there", s.key);
         sd_dataset_info(ds, i, &info);
         if (tar && s.image_size > 0) {
-            require(!info.image_truncated && info.image_offset + info.image_size <= tar_size &&
+            fuzz_require(!info.image_truncated && info.image_offset + info.image_size <= tar_size &&
                         s.image_size == info.image_size &&
                         memcmp(s.image, tar + info.image_offset, s.image_size) == 0,
                     "a webdataset image is the member's bytes at the recorded offset", s.key);
@@ -152,30 +133,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         describe_all(&ds);
         sd_dataset_close(&ds);
     } else {
-        require(err.msg[0] != 0, "a refused index says why", NULL);
+        fuzz_require(err.msg[0] != 0, "a refused index says why", NULL);
     }
 
     /* 2. as a TSV manifest */
-    put_file(tsv_path, data, size);
+    fuzz_put_file(tsv_path, data, size);
     memset(&ds, 0, sizeof ds);
     if (sd_dataset_open(tsv_path, "tsv", &ds, &err) == 0) {
         describe_all(&ds);
         read_samples(&ds, NULL, 0);
         pack_round_trip(&ds);
     } else {
-        require(strstr(err.msg, tsv_path) != NULL, "a refused manifest is named", err.msg);
+        fuzz_require(strstr(err.msg, tsv_path) != NULL, "a refused manifest is named", err.msg);
     }
     sd_dataset_close(&ds);
 
     /* 3. as the shard of a webdataset folder */
-    put_file(tar_path, data, size);
+    fuzz_put_file(tar_path, data, size);
     memset(&ds, 0, sizeof ds);
     if (sd_dataset_open(wds_dir, "webdataset", &ds, &err) == 0) {
         describe_all(&ds);
         read_samples(&ds, data, size);
         pack_round_trip(&ds);
     } else {
-        require(err.msg[0] != 0, "a refused webdataset says why", NULL);
+        fuzz_require(err.msg[0] != 0, "a refused webdataset says why", NULL);
     }
     sd_dataset_close(&ds);
     return 0;

@@ -25,67 +25,43 @@
 
 #include "sdtrain/models.h"
 
+#define FUZZ_NAME "fuzz_modelconfig"
+#include "fuzz_util.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int fd_in = -1, fd_back = -1;
 static char path_in[64], path_back[64];
 
-static void require(int cond, const char *what, const char *detail)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_modelconfig: invariant broken: %s%s%s\n", what, detail ? ": " : "",
-                detail ? detail : "");
-        abort();
-    }
-}
-
-static int open_memfd(const char *name, char *path, size_t n)
-{
-    int fd = memfd_create(name, MFD_CLOEXEC);
-    require(fd >= 0, "memfd_create", NULL);
-    snprintf(path, n, "/proc/self/fd/%d", fd);
-    return fd;
-}
-
-static void put_bytes(int fd, const void *data, size_t size)
-{
-    require(ftruncate(fd, 0) == 0, "truncate the memfd", NULL);
-    for (size_t done = 0; done < size;) {
-        ssize_t w = pwrite(fd, (const char *)data + done, size - done, (off_t)done);
-        require(w > 0, "write the memfd", NULL);
-        done += (size_t)w;
-    }
-}
-
 static void check_table(const sd_param_table *t)
 {
     size_t end = 0, numel = 0;
-    require(t->n > 0, "a model has parameters", NULL);
+    fuzz_require(t->n > 0, "a model has parameters", NULL);
     for (size_t i = 0; i < t->n; i++) {
         const sd_param *p = &t->params[i];
         size_t prod = 1;
-        require(p->ndim >= 1 && p->ndim <= 4, "tensor rank", p->name);
-        require(memchr(p->name, 0, sizeof p->name) != NULL && p->name[0], "name", p->name);
+        fuzz_require(p->ndim >= 1 && p->ndim <= 4, "tensor rank", p->name);
+        fuzz_require(memchr(p->name, 0, sizeof p->name) != NULL && p->name[0], "name", p->name);
         for (int d = 0; d < p->ndim; d++) {
-            require(p->shape[d] > 0, "positive dimensions", p->name);
-            require(!__builtin_mul_overflow(prod, (size_t)p->shape[d], &prod), "size without overflow",
+            fuzz_require(p->shape[d] > 0, "positive dimensions", p->name);
+            fuzz_require(!__builtin_mul_overflow(prod, (size_t)p->shape[d], &prod), "size without overflow",
                     p->name);
         }
-        require(p->numel == prod, "numel is the product of the shape", p->name);
-        require(p->offset % SD_PARAM_ALIGN == 0 && p->offset >= end, "aligned, in order", p->name);
-        require(!__builtin_add_overflow(p->offset, p->numel, &end), "offset without overflow", p->name);
-        require(!__builtin_add_overflow(numel, p->numel, &numel), "total without overflow", p->name);
+        fuzz_require(p->numel == prod, "numel is the product of the shape", p->name);
+        fuzz_require(p->offset % SD_PARAM_ALIGN == 0 && p->offset >= end, "aligned, in order", p->name);
+        fuzz_require(!__builtin_add_overflow(p->offset, p->numel, &end), "offset without overflow", p->name);
+        fuzz_require(!__builtin_add_overflow(numel, p->numel, &numel), "total without overflow", p->name);
     }
-    require(t->total_numel == numel && t->total_floats >= end, "table totals", NULL);
+    fuzz_require(t->total_numel == numel && t->total_floats >= end, "table totals", NULL);
     if (t->n <= 4096)
         for (size_t i = 0; i < t->n; i++)
-            require(sd_param_find(t, t->params[i].name) == &t->params[i], "distinct names found",
+            fuzz_require(sd_param_find(t, t->params[i].name) == &t->params[i], "distinct names found",
                     t->params[i].name);
 }
 
 static void refused(const sd_err *err)
 {
-    require(strncmp(err->msg, path_in, strlen(path_in)) == 0, "a refusal names the file", err->msg);
+    fuzz_require(strncmp(err->msg, path_in, strlen(path_in)) == 0, "a refusal names the file", err->msg);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -97,10 +73,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sd_err err;
 
     if (fd_in < 0) {
-        fd_in = open_memfd("config.json", path_in, sizeof path_in);
-        fd_back = open_memfd("written.json", path_back, sizeof path_back);
+        fd_in = fuzz_memfd("config.json", path_in, sizeof path_in);
+        fd_back = fuzz_memfd("written.json", path_back, sizeof path_back);
     }
-    put_bytes(fd_in, data, size);
+    fuzz_put_fd(fd_in, data, size);
 
     memset(&err, 0, sizeof err);
     if (sd_unet_config_load(path_in, &u, &err) == 0) {
@@ -110,14 +86,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         sd_unet_params(&u, &t);
         check_table(&t);
         sd_param_table_free(&t);
-        require(json != NULL, "the configuration is written", NULL);
-        put_bytes(fd_back, json, strlen(json));
-        require(sd_unet_config_load(path_back, &u2, &err) == 0, "the written config.json reads back",
+        fuzz_require(json != NULL, "the configuration is written", NULL);
+        fuzz_put_fd(fd_back, json, strlen(json));
+        fuzz_require(sd_unet_config_load(path_back, &u2, &err) == 0, "the written config.json reads back",
                 err.msg);
         again = sd_unet_config_to_json(&u2);
         if (strcmp(json, again) != 0) {
             fprintf(stderr, "--- written\n%s\n--- read back and written again\n%s\n", json, again);
-            require(0, "the U-Net configuration survives writing and reading", NULL);
+            fuzz_require(0, "the U-Net configuration survives writing and reading", NULL);
         }
         free(json);
         free(again);

@@ -21,18 +21,12 @@
 
 #include "sdtrain/shards.h"
 
+#define FUZZ_NAME "fuzz_shardmanifest"
+#include "fuzz_util.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char work[256], manifest[320];
-
-static void require(int cond, const char *what, const char *detail)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_shardmanifest: invariant broken: %s%s%s\n", what, detail ? ": " : "",
-                detail ? detail : "");
-        abort();
-    }
-}
 
 static void cleanup(void)
 {
@@ -44,28 +38,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     sd_shard_manifest m;
     sd_err err;
-    int fd;
 
     if (!work[0]) {
-        snprintf(work, sizeof work, "%s/fuzz-sm-XXXXXX",
-                 access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-        require(mkdtemp(work) != NULL, "mkdtemp", NULL);
+        fuzz_scratch_dir(work, sizeof work, "fuzz-sm");
         snprintf(manifest, sizeof manifest, "%s/%s", work, SD_SHARD_MANIFEST);
         atexit(cleanup);
     }
-    fd = open(manifest, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    require(fd >= 0, "create the manifest", manifest);
-    for (size_t done = 0; done < size;) {
-        ssize_t w = write(fd, data + done, size - done);
-        require(w > 0, "write the manifest", manifest);
-        done += (size_t)w;
-    }
-    close(fd);
+    fuzz_put_file(manifest, data, size);
 
     memset(&err, 0, sizeof err);
     if (sd_shard_manifest_read(work, &m, &err) != 0) {
-        require(strstr(err.msg, manifest) != NULL, "a refusal names the manifest", err.msg);
-        require(m.n == 0 && m.entries == NULL, "a refusal leaves nothing allocated", NULL);
+        fuzz_require(strstr(err.msg, manifest) != NULL, "a refusal names the manifest", err.msg);
+        fuzz_require(m.n == 0 && m.entries == NULL, "a refusal leaves nothing allocated", NULL);
         return 0;
     }
     {
@@ -74,12 +58,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const sd_shard_entry *e = &m.entries[k];
             char want[64];
             sd_shard_file_name(e->index, want, sizeof want);
-            require(strcmp(e->file, want) == 0, "the canonical file name of the index", e->file);
-            require(k == 0 || e->index > m.entries[k - 1].index, "sorted by index, no repeats", e->file);
-            require(e->samples >= 1 && e->resolution >= 8 && e->bytes >= 0, "entry fields", e->file);
-            require(!__builtin_add_overflow(total, e->samples, &total), "sum without overflow", e->file);
+            fuzz_require(strcmp(e->file, want) == 0, "the canonical file name of the index", e->file);
+            fuzz_require(k == 0 || e->index > m.entries[k - 1].index, "sorted by index, no repeats", e->file);
+            fuzz_require(e->samples >= 1 && e->resolution >= 8 && e->bytes >= 0, "entry fields", e->file);
+            fuzz_require(!__builtin_add_overflow(total, e->samples, &total), "sum without overflow", e->file);
         }
-        require(total == m.total_samples, "total_samples is the sum", NULL);
+        fuzz_require(total == m.total_samples, "total_samples is the sum", NULL);
     }
     sd_shard_manifest_free(&m);
     return 0;

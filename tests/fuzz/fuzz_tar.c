@@ -26,6 +26,9 @@
 
 #include "sdtrain/tar.h"
 
+#define FUZZ_NAME "fuzz_tar"
+#include "fuzz_util.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_SEEN 64
@@ -46,15 +49,6 @@ typedef struct {
 static int memfd = -1;
 static char memfd_path[64];
 
-static void require(int cond, const char *what, const char *detail)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_tar: invariant broken: %s%s%s\n", what, detail ? ": " : "",
-                detail ? detail : "");
-        abort();
-    }
-}
-
 static uint64_t hash_bytes(const char *s, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -66,17 +60,17 @@ static uint64_t hash_bytes(const char *s, size_t n)
 static int on_member(const sd_tar_member *m, void *ctx)
 {
     scan_state *st = ctx;
-    require(m->name != NULL && strlen(m->name) == m->name_len, "name_len is the name's length", NULL);
-    require(m->type != '\0' && m->type != '7' && m->type != 'S', "raw type flags are reported as '0'",
+    fuzz_require(m->name != NULL && strlen(m->name) == m->name_len, "name_len is the name's length", NULL);
+    fuzz_require(m->type != '\0' && m->type != '7' && m->type != 'S', "raw type flags are reported as '0'",
             NULL);
-    require(m->header_offset % 512 == 0 && m->data_offset % 512 == 0, "block alignment", m->name);
-    require(m->header_offset < m->data_offset, "the header comes before the data", m->name);
-    require(m->truncated == (m->data_offset + m->size > st->file_size),
+    fuzz_require(m->header_offset % 512 == 0 && m->data_offset % 512 == 0, "block alignment", m->name);
+    fuzz_require(m->header_offset < m->data_offset, "the header comes before the data", m->name);
+    fuzz_require(m->truncated == (m->data_offset + m->size > st->file_size),
             "truncated says whether the data runs past the end", m->name);
     if (st->n > 0) {
         const seen_member *p = &st->m[(st->n - 1) % MAX_SEEN];
-        require(!p->truncated, "only the last member can be truncated", m->name);
-        require(m->header_offset >= p->data_offset + p->size, "members do not overlap", m->name);
+        fuzz_require(!p->truncated, "only the last member can be truncated", m->name);
+        fuzz_require(m->header_offset >= p->data_offset + p->size, "members do not overlap", m->name);
     }
     seen_member *s = &st->m[st->n % MAX_SEEN];
     s->header_offset = m->header_offset;
@@ -96,30 +90,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sd_err err;
     int rc;
 
-    if (memfd < 0) {
-        memfd = memfd_create("fuzz.tar", MFD_CLOEXEC);
-        require(memfd >= 0, "memfd_create", NULL);
-        snprintf(memfd_path, sizeof memfd_path, "/proc/self/fd/%d", memfd);
-    }
-    require(ftruncate(memfd, 0) == 0, "truncate the memfd", NULL);
-    for (size_t done = 0; done < size;) {
-        ssize_t w = pwrite(memfd, data + done, size - done, (off_t)done);
-        require(w > 0, "write the memfd", NULL);
-        done += (size_t)w;
-    }
+    if (memfd < 0)
+        memfd = fuzz_memfd("fuzz.tar", memfd_path, sizeof memfd_path);
+    fuzz_put_fd(memfd, data, size);
 
     memset(&full, 0, sizeof full);
     full.file_size = size;
     memset(&err, 0, sizeof err);
     rc = sd_tar_scan(memfd_path, on_member, &full, &err);
-    require(rc == SD_TAR_OK || rc == SD_TAR_DAMAGED || rc == SD_TAR_COMPRESSED, "status", err.msg);
+    fuzz_require(rc == SD_TAR_OK || rc == SD_TAR_DAMAGED || rc == SD_TAR_COMPRESSED, "status", err.msg);
     if (rc != SD_TAR_OK)
-        require(strncmp(err.msg, memfd_path, strlen(memfd_path)) == 0, "the message names the file",
+        fuzz_require(strncmp(err.msg, memfd_path, strlen(memfd_path)) == 0, "the message names the file",
                 err.msg);
     if (full.n > 0 && full.m[(full.n - 1) % MAX_SEEN].truncated)
-        require(rc == SD_TAR_DAMAGED, "a truncated member ends the scan as damaged", err.msg);
+        fuzz_require(rc == SD_TAR_DAMAGED, "a truncated member ends the scan as damaged", err.msg);
     if (rc == SD_TAR_COMPRESSED)
-        require(full.n == 0, "a compressed file reports no member", NULL);
+        fuzz_require(full.n == 0, "a compressed file reports no member", NULL);
 
     /* stopped scans: after the first member and after the middle one */
     for (int pass = 0; pass < 2 && full.n > 0 && full.n <= MAX_SEEN; pass++) {
@@ -128,10 +114,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         part.file_size = size;
         part.stop_after = k;
         rc = sd_tar_scan(memfd_path, on_member, &part, &err);
-        require(part.n == k, "a stopped scan reports up to where it stopped", NULL);
-        require(memcmp(part.m, full.m, k * sizeof full.m[0]) == 0,
+        fuzz_require(part.n == k, "a stopped scan reports up to where it stopped", NULL);
+        fuzz_require(memcmp(part.m, full.m, k * sizeof full.m[0]) == 0,
                 "a stopped scan reports the same members first", NULL);
-        require(rc == SD_TAR_STOPPED || (part.m[k - 1].truncated && rc == SD_TAR_DAMAGED),
+        fuzz_require(rc == SD_TAR_STOPPED || (part.m[k - 1].truncated && rc == SD_TAR_DAMAGED),
                 "a stopped scan says so", err.msg);
     }
     return 0;

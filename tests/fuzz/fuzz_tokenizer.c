@@ -19,6 +19,10 @@
 #include "sdtrain/tokenizer.h"
 #include "sdtrain/utf8.h"
 
+#define FUZZ_NAME "fuzz_tokenizer"
+#include "fuzz_util.h"
+#include "fuzz_tokenizer_check.h"
+
 #ifndef SD_FUZZ_TOP
 #define SD_FUZZ_TOP "."
 #endif
@@ -26,15 +30,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static sd_tokenizer *tok, *tok_heap;
-static sd_tokenizer_info info;
-
-static void require(int cond, const char *what)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_tokenizer: invariant broken: %s\n", what);
-        abort();
-    }
-}
 
 static void setup(void)
 {
@@ -50,7 +45,6 @@ static void setup(void)
         abort();
     }
     sd_tokenizer_set_heap_threshold(tok_heap, 1);
-    sd_tokenizer_get_info(tok, &info);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -66,27 +60,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bad_early = sd_tokenize(tok, (const char *)data, size, ids_early, NULL);
     bad_heap = sd_tokenize(tok_heap, (const char *)data, size, ids_heap, &n_heap);
 
-    require(bad >= 0 && bad_early == bad && bad_heap == bad, "one count of ill-formed subparts");
-    require(n >= 2, "bos and eos at least");
-    require(ids[0] == info.bos_id, "bos first");
-    {
-        int eos_at = n - 1 < SD_TOKENIZER_LENGTH - 1 ? n - 1 : SD_TOKENIZER_LENGTH - 1;
-        /* (the content may hold bos / eos ids too: "<|endoftext|>" in a caption is that token) */
-        require(ids[eos_at] == info.eos_id, "eos where the length says");
-        for (int i = eos_at + 1; i < SD_TOKENIZER_LENGTH; i++)
-            require(ids[i] == info.pad_id, "pad after eos");
-    }
-    for (int i = 0; i < SD_TOKENIZER_LENGTH; i++)
-        require(ids[i] >= 0 && (size_t)ids[i] < info.vocab_size, "ids inside the vocabulary");
-    require(memcmp(ids, ids_early, sizeof ids) == 0, "stopping early gives the same ids");
-    require(n_heap == n && memcmp(ids, ids_heap, sizeof ids) == 0, "heap merge == rescan merge");
+    fuzz_require(bad >= 0 && bad_early == bad && bad_heap == bad, "one count of ill-formed subparts",
+                 NULL);
+    fuzz_check_ids(tok, ids, n);
+    fuzz_require(memcmp(ids, ids_early, sizeof ids) == 0, "stopping early gives the same ids", NULL);
+    fuzz_require(n_heap == n && memcmp(ids, ids_heap, sizeof ids) == 0, "heap merge == rescan merge",
+                 NULL);
 
     bad_clean = sd_tokenizer_clean_text((const char *)data, size, &clean, &clean_len);
-    require(clean != NULL && strlen(clean) == clean_len, "the clean text is NUL-terminated");
-    require(bad_clean == bad, "the clean-up counts the tokenizer's ill-formed subparts");
-    require(sd_utf8_is_valid(clean, clean_len), "the clean text is well-formed UTF-8");
-    require(clean_len == 0 || (clean[0] != ' ' && clean[clean_len - 1] != ' '), "no space at the ends");
-    require(strstr(clean, "  ") == NULL, "single spaces between words");
+    fuzz_require(clean != NULL && strlen(clean) == clean_len, "the clean text is NUL-terminated", NULL);
+    fuzz_require(bad_clean == bad, "the clean-up counts the tokenizer's ill-formed subparts", NULL);
+    fuzz_require(sd_utf8_is_valid(clean, clean_len), "the clean text is well-formed UTF-8", NULL);
+    fuzz_require(clean_len == 0 || (clean[0] != ' ' && clean[clean_len - 1] != ' '),
+                 "no space at the ends", NULL);
+    fuzz_require(strstr(clean, "  ") == NULL, "single spaces between words", NULL);
     free(clean);
     return 0;
 }

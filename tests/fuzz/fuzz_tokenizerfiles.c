@@ -22,20 +22,15 @@
 
 #include "sdtrain/tokenizer.h"
 
+#define FUZZ_NAME "fuzz_tokenizerfiles"
+#include "fuzz_util.h"
+#include "fuzz_tokenizer_check.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const char *const file_names[4] = {"vocab.json", "merges.txt", "tokenizer_config.json",
                                           "special_tokens_map.json"};
 static char dir[256], paths[4][320];
-
-static void require(int cond, const char *what, const char *detail)
-{
-    if (!cond) {
-        fprintf(stderr, "fuzz_tokenizerfiles: invariant broken: %s%s%s\n", what, detail ? ": " : "",
-                detail ? detail : "");
-        abort();
-    }
-}
 
 static void cleanup(void)
 {
@@ -44,24 +39,15 @@ static void cleanup(void)
     rmdir(dir);
 }
 
+/* The framing of one caption's ids, and the heap merge against the rescan merge. */
 static void check_ids(const sd_tokenizer *a, const sd_tokenizer *b, const char *text, size_t len)
 {
     int32_t ids[SD_TOKENIZER_LENGTH], ids_b[SD_TOKENIZER_LENGTH];
     int n = 0, n_b = 0;
-    sd_tokenizer_info info;
-    sd_tokenizer_get_info(a, &info);
     sd_tokenize(a, text, len, ids, &n);
     sd_tokenize(b, text, len, ids_b, &n_b);
-    require(n >= 2 && ids[0] == info.bos_id, "bos first", NULL);
-    {
-        int eos_at = n - 1 < SD_TOKENIZER_LENGTH - 1 ? n - 1 : SD_TOKENIZER_LENGTH - 1;
-        require(ids[eos_at] == info.eos_id, "eos where the length says", NULL);
-        for (int i = eos_at + 1; i < SD_TOKENIZER_LENGTH; i++)
-            require(ids[i] == info.pad_id, "pad after eos", NULL);
-    }
-    for (int i = 0; i < SD_TOKENIZER_LENGTH; i++)
-        require(ids[i] >= 0 && (size_t)ids[i] < info.vocab_size, "ids inside the vocabulary", NULL);
-    require(n_b == n && memcmp(ids, ids_b, sizeof ids) == 0, "heap merge == rescan merge", NULL);
+    fuzz_check_ids(a, ids, n);
+    fuzz_require(n_b == n && memcmp(ids, ids_b, sizeof ids) == 0, "heap merge == rescan merge", NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -73,8 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t start = 0;
 
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/fuzz-tk-XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-        require(mkdtemp(dir) != NULL, "mkdtemp", NULL);
+        fuzz_scratch_dir(dir, sizeof dir, "fuzz-tk");
         for (int i = 0; i < 4; i++)
             snprintf(paths[i], sizeof paths[i], "%s/%s", dir, file_names[i]);
         atexit(cleanup);
@@ -85,23 +70,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue; /* vocab.json and merges.txt always exist (maybe empty) */
         const uint8_t *end = start < size ? memchr(data + start, 0, size - start) : NULL;
         size_t stop = end ? (size_t)(end - data) : size;
-        int fd = open(paths[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        require(fd >= 0, "create", paths[i]);
-        for (size_t done = start; done < stop;) {
-            ssize_t w = write(fd, data + done, stop - done);
-            require(w > 0, "write", paths[i]);
-            done += (size_t)w;
-        }
-        close(fd);
+        fuzz_put_file(paths[i], data + start, stop - start);
         start = stop + 1;
     }
 
     memset(&err, 0, sizeof err);
     if (sd_tokenizer_load_snapshot(dir, &tok, &err) != 0) {
-        require(tok == NULL && strstr(err.msg, dir) != NULL, "a refusal names the folder's file", err.msg);
+        fuzz_require(tok == NULL && strstr(err.msg, dir) != NULL, "a refusal names the folder's file",
+                     err.msg);
         return 0;
     }
-    require(sd_tokenizer_load_snapshot(dir, &tok_heap, &err) == 0, "the same files load twice", err.msg);
+    fuzz_require(sd_tokenizer_load_snapshot(dir, &tok_heap, &err) == 0, "the same files load twice", err.msg);
     sd_tokenizer_set_heap_threshold(tok_heap, 1);
     for (size_t c = 0; c < sizeof captions / sizeof captions[0]; c++)
         check_ids(tok, tok_heap, captions[c], strlen(captions[c]));
