@@ -552,7 +552,7 @@ static void sde_half(float sigma, float next, int first, sde_coeffs *c)
     c->ratio = expf(-anc_t) / expf(-t);
     c->em = expm1f(t - anc_t);
     /* start, midpoint, end of the step */
-    const float a = from, m = expf(-tp), b = expf(-tn);
+    const float a = from, m = mid, b = expf(-tn);
     c->wa = sqrtf(a - m);
     c->wb = sqrtf(m - b);
     c->w = sqrtf(a - b);
@@ -711,18 +711,20 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
             const float a = s->alphas_cumprod[t], b = 1.0f - a, q = b / a;
             full[t] = sqrtf(q);
         }
+        /* DPM++ SDE's second-order timesteps come from the float64 sigmas: kept in b64 */
+        double *b64 = is_sde(kind) ? sd_xmalloc((size_t)count * sizeof *b64) : NULL;
         s->sigmas = sd_xmalloc((cap + 2) * sizeof *s->sigmas);
-        for (int i = 0; i < count; i++)
-            s->sigmas[i] = (float)interp_grid(full, T, ts[i]);
+        for (int i = 0; i < count; i++) {
+            const double v = interp_grid(full, T, ts[i]);
+            s->sigmas[i] = (float)v;
+            if (b64)
+                b64[i] = v;
+        }
         s->sigmas[count] = 0.0f;
-        if (is_sde(kind)) {
-            /* its second-order timesteps come from the float64 sigmas */
-            double *b = sd_xmalloc((size_t)count * sizeof *b);
-            for (int i = 0; i < count; i++)
-                b[i] = interp_grid(full, T, ts[i]);
+        if (b64) {
             s->sigmas_interp = sd_xmalloc((cap + 2) * sizeof *s->sigmas_interp);
-            sde_finish(s, full, s->model_t, b, count);
-            free(b);
+            sde_finish(s, full, s->model_t, b64, count);
+            free(b64);
         }
         if (is_dpm2(kind)) {
             s->sigmas_interp = sd_xmalloc((cap + 2) * sizeof *s->sigmas_interp);
