@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_scheduler_goldens import OUT, SD2, run_steps  # noqa: E402
+from make_scheduler_goldens import SD2, run_steps, save_goldens  # noqa: E402
 
 
 def dpm2(**kw):
@@ -115,14 +115,7 @@ def main():
         anc_mod.randn_tensor = FixedNoise([noise[i] for i in range(1, 15, 2)])
         out["step_" + name] = run_steps(s, sample0, mos)
 
-    from safetensors.numpy import save_file
-    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
-    path = os.path.join(OUT, "dpm2.safetensors")
-    save_file(out, path, metadata={"generator": "tests/reference/make_dpm2_goldens.py",
-                                   "diffusers": __import__("diffusers").__version__,
-                                   "torch": torch.__version__,
-                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
-    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+    save_goldens(out, "dpm2.safetensors", "make_dpm2_goldens.py")
 
 
 if __name__ == "__main__":

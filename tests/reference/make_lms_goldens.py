@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_scheduler_goldens import OUT, SD2, run_steps  # noqa: E402
+from make_scheduler_goldens import SD2, run_steps, save_goldens  # noqa: E402
 
 
 def lms(**kw):
@@ -67,15 +67,8 @@ def main():
         s.set_timesteps(8)
         out["step_" + name] = run_steps(s, sample0, mos)
 
-    from safetensors.numpy import save_file
     import scipy
-    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
-    path = os.path.join(OUT, "lms.safetensors")
-    save_file(out, path, metadata={"generator": "tests/reference/make_lms_goldens.py",
-                                   "diffusers": __import__("diffusers").__version__,
-                                   "torch": torch.__version__, "scipy": scipy.__version__,
-                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
-    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+    save_goldens(out, "lms.safetensors", "make_lms_goldens.py", scipy=scipy.__version__)
 
 
 if __name__ == "__main__":

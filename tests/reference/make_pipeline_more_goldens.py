@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_sample_goldens import PROMPTS, SNAP, STEPS, nhwc  # noqa: E402
-from make_scheduler_goldens import OUT, SD2, patch_noise  # noqa: E402
+from make_scheduler_goldens import OUT, SD2, patch_noise, save_goldens  # noqa: E402
 
 
 def main():
@@ -67,13 +67,7 @@ def main():
         out[f"p_{name}_u8"] = u8.astype(np.float32)
         print(name, "timesteps", s.timesteps.tolist(), "latents rms", float(lat.pow(2).mean().sqrt()))
 
-    from safetensors.numpy import save_file
-    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
-    path = os.path.join(OUT, "pipelines_more.safetensors")
-    save_file(out, path, metadata={"generator": "tests/reference/make_pipeline_more_goldens.py",
-                                   "diffusers": D.__version__, "torch": torch.__version__,
-                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
-    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+    save_goldens(out, "pipelines_more.safetensors", "make_pipeline_more_goldens.py")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,19 @@ def make(kind, **kw):
     raise ValueError(kind)
 
 
+def save_goldens(out, filename, script, **meta):
+    """Writes `out` (every array as fp32) to OUT/filename with the versions that made it: the
+    script (tests/reference/<script>), diffusers, torch, the ATen CPU capability, and `meta`."""
+    from safetensors.numpy import save_file
+    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+    path = os.path.join(OUT, filename)
+    save_file(out, path, metadata={"generator": "tests/reference/" + script,
+                                   "diffusers": __import__("diffusers").__version__,
+                                   "torch": torch.__version__, **meta,
+                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
+    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+
+
 def run_steps(s, sample0, model_outs, **step_kw):
     """The sample after each scheduler.step from sample0 * init_noise_sigma, model output i at call
     i, scale_model_input called first as the pipeline does (it sets the step index); stacked."""
@@ -279,14 +292,7 @@ def main():
     out["p_euler_a_24x16_image"] = nhwc(img)
     out["p_euler_a_24x16_u8"] = u8.astype(np.float32)
 
-    from safetensors.numpy import save_file
-    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
-    path = os.path.join(OUT, "schedulers.safetensors")
-    save_file(out, path, metadata={"generator": "tests/reference/make_scheduler_goldens.py",
-                                   "diffusers": __import__("diffusers").__version__,
-                                   "torch": torch.__version__,
-                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
-    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+    save_goldens(out, "schedulers.safetensors", "make_scheduler_goldens.py")
 
 
 if __name__ == "__main__":

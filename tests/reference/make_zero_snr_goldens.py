@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_scheduler_goldens import OUT, make, patch_noise, run_steps  # noqa: E402
+from make_scheduler_goldens import make, patch_noise, run_steps, save_goldens  # noqa: E402
 
 SD2 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
 COS = dict(beta_schedule="squaredcos_cap_v2")
@@ -99,14 +99,7 @@ def main():
         patch_noise(noise)
         out["step_" + name] = run_steps(s, sample0, mos)
 
-    from safetensors.numpy import save_file
-    out = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
-    path = os.path.join(OUT, "zero_snr.safetensors")
-    save_file(out, path, metadata={"generator": "tests/reference/make_zero_snr_goldens.py",
-                                   "diffusers": __import__("diffusers").__version__,
-                                   "torch": torch.__version__,
-                                   "cpu_capability": torch.backends.cpu.get_cpu_capability()})
-    print("wrote", path, len(out), "tensors", os.path.getsize(path), "bytes")
+    save_goldens(out, "zero_snr.safetensors", "make_zero_snr_goldens.py")
 
 
 if __name__ == "__main__":
