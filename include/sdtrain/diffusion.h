@@ -114,10 +114,15 @@ typedef struct sd_diffusion {
  * n = 1 gives start. */
 void sd_linspace_f32(double start, double end, int64_t n, sd_linspace_kind kind, float *out);
 
+/* The smallest alphas_cumprod a schedule may reach (sigma_max 1e10): the cosine schedule at
+ * T = 100000 reaches 2.4e-13, SD's 0.0047; beta_end near 1 underflows to 0. */
+#define SD_DIFFUSION_MIN_ABAR 1e-20
+
 /* Builds the schedule. `schedule` is "scaled_linear", "linear" or "squaredcos_cap_v2"
  * (case-insensitive),
  * `prediction` "epsilon" or "v_prediction". T in [1, SD_DIFFUSION_MAX_TIMESTEPS], 0 <
- * beta_start <= beta_end < 1. Sets min_snr_gamma = noise_offset = caption_dropout = 0 and
+ * beta_start <= beta_end < 1, alphas_cumprod below 1 at t = 0 (fp32) and at least
+ * SD_DIFFUSION_MIN_ABAR at T - 1. Sets min_snr_gamma = noise_offset = caption_dropout = 0 and
  * latent_scale = 0.18215 (change the fields afterwards). Returns 0, or -1 with a message (and
  * *d zeroed, needing no free). */
 int sd_diffusion_init(sd_diffusion *d, const char *schedule, double beta_start, double beta_end,

@@ -18,6 +18,7 @@
 #include "sdtrain/config.h"
 #include "sdtrain/error.h"
 #include "sdtrain/fsutil.h"
+#include "sdtrain/json_file.h"
 #include "sdtrain/models.h"
 #include "sdtrain/safetensors.h"
 #include "sdtrain/single_file.h"
@@ -277,14 +278,8 @@ static int write_other_parts(const char *tmp, const char *pre, const sd_config *
     int rc = 0;
     if (pre[0]) {
         PATHF(a, "%s/model_index.json", pre);
-        if (is_file(a)) {
-            index = json_object_from_file(a);
-            if (!index || !json_object_is_type(index, json_type_object)) {
-                if (index)
-                    json_object_put(index);
-                return sd_err_set(err, "%s: invalid JSON (the top level must be an object)", a);
-            }
-        }
+        if (is_file(a) && sd_json_read_object(a, &index, err) != 0)
+            return -1;
     }
     if (!index) {
         index = json_object_new_object();

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <json-c/json.h>
+#include <sys/stat.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -17,6 +17,7 @@
 #include "sdtrain/cmd_backend.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/error.h"
+#include "sdtrain/json_file.h"
 #include "sdtrain/models.h"
 #include "sdtrain/ops.h"
 #include "sdtrain/safetensors.h"
@@ -84,44 +85,39 @@ typedef struct sched {
     int zero_snr;
 } sched;
 
-/* scheduler/scheduler_config.json of the snapshot, when there is one. */
+/* scheduler/scheduler_config.json of the snapshot, when there is one (SD2's schedule for the
+ * keys it does not have). */
 static int read_scheduler(const sd_snapshot *s, sched *out)
 {
     char path[4200];
-    struct json_object *root, *v;
+    struct stat st;
+    const char *schedule = "scaled_linear", *prediction = "epsilon";
+    int steps = 1000;
+    sd_jconf j;
+    sd_err err;
     memset(out, 0, sizeof *out);
-    snprintf(out->beta_schedule, sizeof out->beta_schedule, "scaled_linear");
-    snprintf(out->prediction, sizeof out->prediction, "epsilon");
+    snprintf(out->beta_schedule, sizeof out->beta_schedule, "%s", schedule);
+    snprintf(out->prediction, sizeof out->prediction, "%s", prediction);
     out->beta_start = 0.00085;
     out->beta_end = 0.012;
-    out->steps = 1000;
-    if (s->is_component)
-        return 0;
-    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", s->path);
-    {
-        FILE *f = fopen(path, "r");
-        if (!f)
-            return 0;
-        fclose(f);
+    if (!s->is_component) {
+        snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", s->path);
+        if (lstat(path, &st) == 0) { /* anything there is read, or refused by name */
+            if (sd_jconf_open(&j, path, &err) != 0)
+                return fail(SD_EXIT_USAGE, "%s", err.msg);
+            sd_jconf_string(&j, "beta_schedule", &schedule);
+            sd_jconf_string(&j, "prediction_type", &prediction);
+            sd_jconf_double(&j, "beta_start", &out->beta_start);
+            sd_jconf_double(&j, "beta_end", &out->beta_end);
+            sd_jconf_int(&j, "num_train_timesteps", &steps);
+            sd_jconf_bool(&j, "rescale_betas_zero_snr", &out->zero_snr);
+            snprintf(out->beta_schedule, sizeof out->beta_schedule, "%s", schedule);
+            snprintf(out->prediction, sizeof out->prediction, "%s", prediction);
+            if (sd_jconf_close(&j) != 0)
+                return fail(SD_EXIT_USAGE, "%s", err.msg);
+        }
     }
-    root = json_object_from_file(path);
-    if (!root || !json_object_is_type(root, json_type_object)) {
-        json_object_put(root);
-        return fail(SD_EXIT_FAILURE, "%s: not a JSON object", path);
-    }
-    if (json_object_object_get_ex(root, "beta_schedule", &v) && json_object_is_type(v, json_type_string))
-        snprintf(out->beta_schedule, sizeof out->beta_schedule, "%s", json_object_get_string(v));
-    if (json_object_object_get_ex(root, "prediction_type", &v) && json_object_is_type(v, json_type_string))
-        snprintf(out->prediction, sizeof out->prediction, "%s", json_object_get_string(v));
-    if (json_object_object_get_ex(root, "beta_start", &v))
-        out->beta_start = json_object_get_double(v);
-    if (json_object_object_get_ex(root, "beta_end", &v))
-        out->beta_end = json_object_get_double(v);
-    if (json_object_object_get_ex(root, "num_train_timesteps", &v))
-        out->steps = json_object_get_int64(v);
-    if (json_object_object_get_ex(root, "rescale_betas_zero_snr", &v))
-        out->zero_snr = json_object_get_boolean(v);
-    json_object_put(root);
+    out->steps = steps;
     return 0;
 }
 
@@ -198,8 +194,10 @@ static int run(const grad_opts *o)
         sd_st_close(&in);
         return fail(SD_EXIT_FAILURE, "%s", err.msg);
     }
-    if (read_scheduler(&snap, &sc))
+    if (read_scheduler(&snap, &sc)) {
+        rc = SD_EXIT_USAGE;
         goto done;
+    }
     snprintf(pred_name, sizeof pred_name, "%s", sc.prediction);
     {
         const char *m = sd_st_metadata(&in, "prediction_type");

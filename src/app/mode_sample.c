@@ -3,7 +3,6 @@
 #include "sd_config.h"
 
 #include <errno.h>
-#include <json-c/json.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +19,7 @@
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
 #include "sdtrain/sampler.h"
+#include "sdtrain/sched_config.h"
 #include "sdtrain/snapshot.h"
 #include "sdtrain/text2img.h"
 #include "sdtrain/timer.h"
@@ -119,235 +119,6 @@ static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
     snprintf(s->vae, sizeof s->vae, "%s",
              cfg->model.autoencoder[0] ? cfg->model.autoencoder : s->parts);
     return 0;
-}
-
-/* The noise schedule and scheduler settings sampling uses. */
-typedef struct sched_setup {
-    char source[SD_PATH_MAX + 64]; /* the scheduler_config.json read, or "&diffusion" */
-    char schedule[32], prediction[32];
-    char adjusted[160];            /* what the pipeline's fix-ups changed, for the log, or "" */
-    double beta_start, beta_end;
-    int T, steps_offset, set_alpha_to_one;
-    int karras;    /* use_karras_sigmas (euler, dpmpp_2m, dpmpp_2m_sde) */
-    int expo;      /* use_exponential_sigmas (the same) */
-    int beta;      /* use_beta_sigmas (the same) */
-    int pndm_prk;  /* PNDM's skip_prk_steps false: the Runge-Kutta warm-up */
-    int sigma_min; /* final_sigmas_type 'sigma_min' (the same) */
-    int zero_snr;  /* rescale_betas_zero_snr */
-    int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
-    int unipc_bh1; /* UniPC's solver_type 'bh1' */
-    int unipc_eps; /* UniPC's predict_x0 false */
-    unsigned char unipc_nocorr[SD_SAMPLER_MAX_DISABLE / 8]; /* its disable_corrector */
-    sd_spacing spacing;
-} sched_setup;
-
-/* From the namelist: what mode 'train' trained with, plus SD's scheduler conventions
- * (steps_offset 1, set_alpha_to_one false, 'leading' spacing). */
-static void sched_from_namelist(const sd_config *cfg, sched_setup *ss)
-{
-    memset(ss, 0, sizeof *ss);
-    snprintf(ss->source, sizeof ss->source, "&diffusion");
-    snprintf(ss->schedule, sizeof ss->schedule, "%s", cfg->diffusion.beta_schedule);
-    snprintf(ss->prediction, sizeof ss->prediction, "%s", cfg->diffusion.prediction_type);
-    ss->beta_start = cfg->diffusion.beta_start;
-    ss->beta_end = cfg->diffusion.beta_end;
-    ss->T = (int)cfg->diffusion.num_train_timesteps;
-    ss->zero_snr = cfg->diffusion.rescale_betas_zero_snr;
-    ss->steps_offset = 1;
-    ss->spacing = SD_SPACING_LEADING;
-    ss->dpm_order = 2;
-    ss->lower_order_final = 1;
-}
-
-static json_object *jkey(json_object *root, const char *key)
-{
-    json_object *v = NULL;
-    if (!json_object_object_get_ex(root, key, &v) || json_object_is_type(v, json_type_null))
-        return NULL;
-    return v;
-}
-
-static int jtrue(json_object *root, const char *key)
-{
-    json_object *v = jkey(root, key);
-    return v && json_object_get_boolean(v);
-}
-
-/* a string key that must be absent or `want` */
-static int jstr_not(json_object *root, const char *key, const char *want, const char **got)
-{
-    json_object *v = jkey(root, key);
-    *got = v ? json_object_get_string(v) : want;
-    return v && strcmp(*got, want) != 0;
-}
-
-/* <snapshot>/scheduler/scheduler_config.json read as diffusers' <Kind>Scheduler.from_config
- * reads it (absent keys take that class's defaults: spacing 'leading' or 'linspace', PNDM
- * without skip_prk_steps), then fixed up as StableDiffusionPipeline's constructor does:
- * steps_offset 1 and clip_sample false whatever the file says. Returns 1 when there is no
- * such file, 0 when read, -1 with a message naming the file and key for what sdtrain does not
- * implement. */
-static int sched_from_snapshot(const char *snapshot, sd_sampler_kind kind, sched_setup *ss,
-                               sd_err *err)
-{
-    char path[SD_PATH_MAX + 64];
-    json_object *root, *v;
-    const char *got;
-    int rc = 0, offset = 0, clip = kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM;
-    const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE,
-              unipc = kind == SD_SAMPLER_UNIPC, multi = dpm || unipc;
-    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", snapshot);
-    if (!is_file(path))
-        return 1;
-    root = json_object_from_file(path);
-    if (!root || !json_object_is_type(root, json_type_object)) {
-        if (root)
-            json_object_put(root);
-        return sd_err_set(err, "%s: not a JSON object", path);
-    }
-    memset(ss, 0, sizeof *ss);
-    snprintf(ss->source, sizeof ss->source, "%s", path);
-    snprintf(ss->schedule, sizeof ss->schedule, "linear");
-    snprintf(ss->prediction, sizeof ss->prediction, "epsilon");
-    ss->beta_start = 0.0001;
-    ss->beta_end = 0.02;
-    ss->T = 1000;
-    ss->set_alpha_to_one = kind == SD_SAMPLER_DDIM;
-    ss->spacing = sd_sampler_default_spacing(kind);
-    ss->dpm_order = 2;
-    ss->lower_order_final = 1;
-    if ((v = jkey(root, "num_train_timesteps")))
-        ss->T = json_object_get_int(v);
-    if ((v = jkey(root, "beta_start")))
-        ss->beta_start = json_object_get_double(v);
-    if ((v = jkey(root, "beta_end")))
-        ss->beta_end = json_object_get_double(v);
-    if ((v = jkey(root, "beta_schedule")))
-        snprintf(ss->schedule, sizeof ss->schedule, "%s", json_object_get_string(v));
-    if ((v = jkey(root, "prediction_type")))
-        snprintf(ss->prediction, sizeof ss->prediction, "%s", json_object_get_string(v));
-    if ((v = jkey(root, "steps_offset")))
-        offset = json_object_get_int(v);
-    if ((v = jkey(root, "set_alpha_to_one")) && kind == SD_SAMPLER_DDIM)
-        ss->set_alpha_to_one = json_object_get_boolean(v);
-    if (clip && (v = jkey(root, "clip_sample")))
-        clip = json_object_get_boolean(v);
-    /* StableDiffusionPipeline.__init__: "steps_offset should be set to 1", "clip_sample
-     * should be set to False" */
-    ss->steps_offset = 1;
-    if (offset != 1 || clip)
-        snprintf(ss->adjusted, sizeof ss->adjusted, "%s%s%s",
-                 offset != 1 ? "steps_offset 1 (the file: " : "",
-                 offset != 1 ? (offset == 0 ? "0)" : "other)") : "",
-                 clip ? (offset != 1 ? ", clip_sample false" : "clip_sample false") : "");
-    /* EulerAncestral, DDIM, PNDM, DDPM have no such option: from_config ignores the key */
-    ss->zero_snr = jtrue(root, "rescale_betas_zero_snr");
-    ss->karras = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_karras_sigmas");
-    ss->expo = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_exponential_sigmas");
-    ss->beta = sd_sampler_takes_sigma_schedule(kind) && jtrue(root, "use_beta_sigmas");
-    /* PNDMScheduler's default is skip_prk_steps false: the Runge-Kutta warm-up */
-    ss->pndm_prk = kind == SD_SAMPLER_PNDM && !jtrue(root, "skip_prk_steps");
-    if (multi) {
-        if ((v = jkey(root, "solver_order")))
-            ss->dpm_order = json_object_get_int(v);
-        if ((v = jkey(root, "lower_order_final")))
-            ss->lower_order_final = json_object_get_boolean(v);
-    }
-    if (unipc && (v = jkey(root, "solver_type")))
-        ss->unipc_bh1 = !strcmp(json_object_get_string(v), "bh1");
-    if (unipc && (v = jkey(root, "predict_x0")))
-        ss->unipc_eps = !json_object_get_boolean(v);
-    /* diffusers tests `step_index - 1 in disable_corrector`: a number equal to a step index
-     * (1.0 and true count, as in Python) disables that step's corrector; other numbers match
-     * no step; anything but a number is refused as the mistake it most likely is */
-    if (unipc && (v = jkey(root, "disable_corrector")) && json_object_is_type(v, json_type_array))
-        for (size_t k = 0; k < json_object_array_length(v); k++) {
-            json_object *e = json_object_array_get_idx(v, k);
-            if (!json_object_is_type(e, json_type_int) &&
-                !json_object_is_type(e, json_type_double) &&
-                !json_object_is_type(e, json_type_boolean)) {
-                rc = sd_err_set(err, "%s: disable_corrector[%zu] is not a step index", path, k);
-                break;
-            }
-            const double x = json_object_get_double(e);
-            if (x >= 0.0 && x < SD_SAMPLER_MAX_DISABLE && x == floor(x))
-                ss->unipc_nocorr[(int)x / 8] |= (unsigned char)(1u << ((int)x % 8));
-        }
-    if (dpm) {
-        ss->euler_at_final = jtrue(root, "euler_at_final");
-        /* diffusers registers the solver types of other solvers as midpoint */
-        if ((v = jkey(root, "solver_type")))
-            ss->dpm_heun = !strcmp(json_object_get_string(v), "heun");
-    }
-    if (sd_sampler_takes_final_sigma_min(kind) && (v = jkey(root, "final_sigmas_type")))
-        ss->sigma_min = !strcmp(json_object_get_string(v), "sigma_min");
-    if ((v = jkey(root, "timestep_spacing"))) {
-        int sp = sd_spacing_from_name(json_object_get_string(v));
-        if (sp < 0)
-            rc = sd_err_set(err, "%s: timestep_spacing '%s' is not one of leading, trailing, "
-                                 "linspace", path, json_object_get_string(v));
-        else
-            ss->spacing = (sd_spacing)sp;
-    }
-    if (rc)
-        ;
-    else if ((v = jkey(root, "trained_betas")))
-        rc = sd_err_set(err, "%s: trained_betas are not implemented", path);
-    else if (kind != SD_SAMPLER_PNDM && jtrue(root, "thresholding"))
-        rc = sd_err_set(err, "%s: thresholding is not implemented", path);
-    else if (!sd_sampler_takes_zero_snr(kind) && jtrue(root, "rescale_betas_zero_snr"))
-        rc = sd_err_set(err, "%s: rescale_betas_zero_snr is set, which diffusers' %s would "
-                             "ignore (sampling another schedule than the model's): use ddim, "
-                             "ddpm, euler, euler_a, dpmpp_2m, dpmpp_2m_sde or unipc", path,
-                        sd_sampler_class_name(kind));
-    else if (kind == SD_SAMPLER_DDPM && jstr_not(root, "variance_type", "fixed_small", &got))
-        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
-                             "'fixed_small')", path, got);
-    else if (ss->karras + ss->expo + ss->beta > 1)
-        rc = sd_err_set(err, "%s: more than one of use_karras_sigmas, use_exponential_sigmas and "
-                             "use_beta_sigmas is set", path);
-    else if (kind == SD_SAMPLER_EULER && (jkey(root, "sigma_min") || jkey(root, "sigma_max")))
-        rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
-    else if (sd_sampler_takes_final_sigma_min(kind) &&
-             jstr_not(root, "final_sigmas_type", "zero", &got) && strcmp(got, "sigma_min") != 0)
-        rc = sd_err_set(err, "%s: final_sigmas_type '%s' is not one of zero, sigma_min", path,
-                        got);
-    else if (kind == SD_SAMPLER_EULER && jstr_not(root, "interpolation_type", "linear", &got))
-        rc = sd_err_set(err, "%s: interpolation_type '%s' is not implemented (only 'linear')",
-                        path, got);
-    else if (kind == SD_SAMPLER_EULER && jstr_not(root, "timestep_type", "discrete", &got))
-        rc = sd_err_set(err, "%s: timestep_type '%s' is not implemented (only 'discrete')", path,
-                        got);
-    else if (unipc && jstr_not(root, "solver_type", "bh2", &got) && strcmp(got, "bh1") != 0)
-        rc = sd_err_set(err, "%s: solver_type '%s' is not implemented for 'unipc' (bh1 or bh2)",
-                        path, got);
-    else if (unipc && (v = jkey(root, "disable_corrector")) &&
-             !json_object_is_type(v, json_type_array))
-        rc = sd_err_set(err, "%s: disable_corrector must be a list of step indices", path);
-    else if (unipc && (jtrue(root, "use_flow_sigmas") || jtrue(root, "use_dynamic_shifting")))
-        rc = sd_err_set(err, "%s: use_flow_sigmas and use_dynamic_shifting are not implemented",
-                        path);
-    else if (multi && (ss->dpm_order < 1 || ss->dpm_order > 3))
-        rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 to 3)", path,
-                        ss->dpm_order, sd_sampler_kind_name(kind));
-    else if (dpm && jstr_not(root, "algorithm_type", "dpmsolver++", &got) &&
-             strcmp(got, "sde-dpmsolver++") != 0)
-        rc = sd_err_set(err, "%s: algorithm_type '%s' is not implemented (dpmsolver++ and "
-                             "sde-dpmsolver++: &sample scheduler 'dpmpp_2m' / 'dpmpp_2m_sde')",
-                        path, got);
-    else if (dpm && (v = jkey(root, "variance_type")))
-        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for '%s'", path,
-                        json_object_get_string(v), sd_sampler_kind_name(kind));
-    else if (dpm && (v = jkey(root, "lambda_min_clipped")) &&
-             isfinite(json_object_get_double(v)))
-        rc = sd_err_set(err, "%s: lambda_min_clipped %g is not implemented (only -inf)", path,
-                        json_object_get_double(v));
-    else if (dpm && (jtrue(root, "use_lu_lambdas") || jtrue(root, "use_flow_sigmas") ||
-                     jtrue(root, "use_dynamic_shifting")))
-        rc = sd_err_set(err, "%s: use_lu_lambdas, use_flow_sigmas and use_dynamic_shifting are "
-                             "not implemented", path);
-    json_object_put(root);
-    return rc;
 }
 
 /* Warnings on &sample KEY's texts that the tokenizer changes: invalid UTF-8 (its bytes dropped)
@@ -544,34 +315,10 @@ static void json_str(FILE *f, const char *s)
 
 /* A scheduler for `n` latent elements (nb images of a batch) with the snapshot's options. */
 static int make_sampler(sd_sampler *s, int kind, const sd_diffusion *d, const sd_config *cfg,
-                        const sched_setup *ss, int64_t n, sd_err *err)
+                        const sd_sched_setup *ss, int64_t n, sd_err *err)
 {
-    if (sd_sampler_init(s, (sd_sampler_kind)kind, d, (int)cfg->sample.num_steps, ss->spacing,
-                        ss->steps_offset, n, err) != 0)
+    if (sd_sched_sampler(s, (sd_sampler_kind)kind, d, ss, (int)cfg->sample.num_steps, n, err) != 0)
         return -1;
-    if ((ss->sigma_min && sd_sampler_final_sigma_min(s, err) != 0) ||
-        (ss->karras && sd_sampler_use_karras(s, err) != 0) ||
-        (ss->expo && sd_sampler_use_exponential(s, err) != 0) ||
-        (ss->beta && sd_sampler_use_beta(s, err) != 0) ||
-        (ss->pndm_prk && sd_sampler_pndm_prk(s, err) != 0)) {
-        sd_sampler_free(s);
-        return -1;
-    }
-    s->dpm_order = ss->dpm_order;
-    s->dpm_heun = ss->dpm_heun;
-    s->lower_order_final = ss->lower_order_final;
-    s->euler_at_final = ss->euler_at_final;
-    s->unipc_bh1 = ss->unipc_bh1;
-    s->unipc_eps = ss->unipc_eps;
-    memcpy(s->unipc_nocorr, ss->unipc_nocorr, sizeof s->unipc_nocorr);
-    if (sd_sampler_check_options(s, err) != 0) { /* NaN-making combinations */
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        sd_sampler_free(s);
-        return sd_err_set(err, "%s: %s", ss->source, msg);
-    }
-    if (ss->set_alpha_to_one)
-        s->final_alpha_cumprod = 1.0f;
     if (kind == SD_SAMPLER_DDIM)
         s->eta = cfg->sample.eta;
     return 0;
@@ -661,7 +408,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     sd_t2i g;
     sd_diffusion d;
     sd_sampler s;
-    sched_setup ss;
+    sd_sched_setup ss;
     sd_err err;
     char what[4 * SD_PATH_MAX + 128], dir[SD_PATH_MAX + 16];
     float *uncond = NULL, *unconds = NULL, *cond = NULL, *lat = NULL, *img = NULL;
@@ -695,9 +442,17 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
         failed = resolve_sources(cfg, &src, &err) != 0;
     /* the schedule: a snapshot's U-Net samples with its scheduler_config.json, a U-Net we
      * trained with the &diffusion it was trained with; checked before the weights load */
-    sched_from_namelist(cfg, &ss);
-    if (!failed && src.unet_snapshot[0])
-        failed = sched_from_snapshot(src.unet_snapshot, (sd_sampler_kind)kind, &ss, &err) < 0;
+    sd_sched_from_diffusion(&ss, cfg->diffusion.beta_schedule, cfg->diffusion.prediction_type,
+                            cfg->diffusion.beta_start, cfg->diffusion.beta_end,
+                            cfg->diffusion.num_train_timesteps,
+                            cfg->diffusion.rescale_betas_zero_snr);
+    if (!failed && src.unet_snapshot[0]) {
+        char path[SD_PATH_MAX + 64];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", src.unet_snapshot);
+        if (lstat(path, &st) == 0) /* anything there is read, or refused by name */
+            failed = sd_sched_read(&ss, (sd_sampler_kind)kind, path, &err) != 0;
+    }
     if (!failed && strcmp(cfg->sample.timestep_spacing, "auto") != 0)
         ss.spacing = (sd_spacing)sd_spacing_from_name(cfg->sample.timestep_spacing);
     if (!failed && (cfg->sample.use_karras_sigmas || cfg->sample.use_exponential_sigmas ||
@@ -730,23 +485,8 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                                 (long long)cfg->sample.solver_order, cfg->sample.scheduler) != 0;
         ss.dpm_order = (int)cfg->sample.solver_order;
     }
-    if (!failed && sd_diffusion_init(&d, ss.schedule, ss.beta_start, ss.beta_end, ss.T,
-                                     ss.prediction, SD_LINSPACE_FUSED, &err) != 0) {
-        char msg[sizeof err.msg];
-        snprintf(msg, sizeof msg, "%s", err.msg);
-        failed = sd_err_set(&err, "%s: %s", ss.source, msg) != 0;
-    }
-    if (!failed && ss.zero_snr) {
-        if (d.prediction == SD_PRED_EPSILON)
-            failed = sd_err_set(&err, "%s: rescale_betas_zero_snr with prediction_type 'epsilon': "
-                                      "at zero SNR an epsilon prediction gives no image (needs "
-                                      "'v_prediction')", ss.source) != 0;
-        else if (sd_diffusion_rescale_zero_snr(&d, &err) != 0) {
-            char msg[sizeof err.msg];
-            snprintf(msg, sizeof msg, "%s", err.msg);
-            failed = sd_err_set(&err, "%s: %s", ss.source, msg) != 0;
-        }
-    }
+    if (!failed)
+        failed = sd_sched_diffusion(&ss, &d, &err) != 0;
     if (!failed) { /* the schedule itself, before the weights load */
         failed = make_sampler(&s, kind, &d, cfg, &ss, 1, &err) != 0;
         sd_sampler_free(&s);

@@ -12,6 +12,8 @@
 #include <zlib.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/hash.h"
+#include "sdtrain/json_file.h"
 #include "unicode_tables.h"
 
 /* The reference keeps merges lines [1, 49152 - 256 - 2 + 1) of the file: 48,894 merges. */
@@ -203,16 +205,6 @@ static uint64_t hash_bytes(const char *s, size_t n)
     return h ^ (h >> 29);
 }
 
-static uint64_t hash_u64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
 static void sym_rehash(sd_tokenizer *t, uint32_t cap)
 {
     free(t->sym_slots);
@@ -290,7 +282,7 @@ static void pair_rehash(sd_tokenizer *t, uint32_t cap)
     for (uint32_t i = 0; i < old_cap; i++) {
         if (keys[i] == UINT64_MAX)
             continue;
-        uint32_t h = (uint32_t)hash_u64(keys[i]) & t->pair_mask;
+        uint32_t h = (uint32_t)sd_fmix64(keys[i]) & t->pair_mask;
         while (t->pair_keys[h] != UINT64_MAX)
             h = (h + 1) & t->pair_mask;
         t->pair_keys[h] = keys[i];
@@ -309,7 +301,7 @@ static void pair_put(sd_tokenizer *t, uint32_t a, uint32_t b, uint32_t rank, uin
     if (!t->pair_keys || (t->n_pairs + 1) * 2 > (size_t)t->pair_mask + 1)
         pair_rehash(t, t->pair_keys ? (t->pair_mask + 1) * 2 : 1u << 17);
     uint64_t key = (uint64_t)a << 32 | b;
-    uint32_t h = (uint32_t)hash_u64(key) & t->pair_mask;
+    uint32_t h = (uint32_t)sd_fmix64(key) & t->pair_mask;
     while (t->pair_keys[h] != UINT64_MAX && t->pair_keys[h] != key)
         h = (h + 1) & t->pair_mask;
     if (t->pair_keys[h] == UINT64_MAX)
@@ -322,7 +314,7 @@ static void pair_put(sd_tokenizer *t, uint32_t a, uint32_t b, uint32_t rank, uin
 static inline uint32_t pair_get(const sd_tokenizer *t, uint32_t a, uint32_t b, uint32_t *res)
 {
     uint64_t key = (uint64_t)a << 32 | b;
-    uint32_t h = (uint32_t)hash_u64(key) & t->pair_mask;
+    uint32_t h = (uint32_t)sd_fmix64(key) & t->pair_mask;
     if (!t->pair_keys) /* a merges.txt with no merge lines: no table (tests/fuzz/fuzz_tokenizerfiles.c) */
         return NO_RANK;
     for (;;) {
@@ -650,39 +642,6 @@ int sd_tokenizer_load_bpe_gz(const char *path, sd_tokenizer **out, sd_err *err)
 
 /* ---- the diffusers snapshot ---------------------------------------------------------------- */
 
-static int parse_json(const char *path, const char *buf, size_t len, json_object **obj, sd_err *err)
-{
-    json_tokener *jt = json_tokener_new_ex(JSON_TOKENER_DEFAULT_DEPTH);
-    SD_CHECK(jt != NULL, "json_tokener_new_ex failed");
-    json_object *o = json_tokener_parse_ex(jt, buf, (int)len);
-    enum json_tokener_error je = json_tokener_get_error(jt);
-    size_t end = json_tokener_get_parse_end(jt);
-    if (!o || je != json_tokener_success) {
-        size_t line = 1, col = 1;
-        for (size_t i = 0; i < end && i < len; i++) {
-            if (buf[i] == '\n')
-                line++, col = 1;
-            else
-                col++;
-        }
-        sd_err_at(err, path, (int)line, (int)col, "invalid JSON: %s",
-                  je == json_tokener_continue ? "unexpected end of file" : json_tokener_error_desc(je));
-        json_object_put(o);
-        json_tokener_free(jt);
-        return -1;
-    }
-    for (size_t i = end; i < len; i++) {
-        if (buf[i] != ' ' && buf[i] != '\n' && buf[i] != '\r' && buf[i] != '\t') {
-            json_object_put(o);
-            json_tokener_free(jt);
-            return sd_err_set(err, "%s: invalid JSON: text after the top-level value at byte %zu", path, i);
-        }
-    }
-    json_tokener_free(jt);
-    *obj = o;
-    return 0;
-}
-
 static int load_json_file(const char *path, json_object **obj, sd_err *err)
 {
     char *buf;
@@ -693,7 +652,7 @@ static int load_json_file(const char *path, json_object **obj, sd_err *err)
         free(buf);
         return sd_err_set(err, "%s: contains a NUL byte, not a JSON text file", path);
     }
-    int rc = parse_json(path, buf, len, obj, err);
+    int rc = sd_json_parse(path, buf, len, obj, err);
     free(buf);
     return rc;
 }

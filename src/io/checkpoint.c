@@ -22,6 +22,7 @@
 #include "sdtrain/fsutil.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/h5util.h"
+#include "sdtrain/hash.h"
 #include "sdtrain/log.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
@@ -45,16 +46,6 @@ void sd_ckpt_dir_name(int64_t step, char *buf, size_t size)
     snprintf(buf, size, "step-%08lld", (long long)step);
 }
 
-static uint64_t fmix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count)
 {
     uint64_t s = 0;
@@ -63,7 +54,7 @@ uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count)
     for (size_t i = 0; i < count; i++) {
         uint32_t b;
         memcpy(&b, x + i, sizeof b);
-        s += fmix64((uint64_t)(first + i) * 0x9E3779B97F4A7C15ULL + b);
+        s += sd_fmix64((uint64_t)(first + i) * 0x9E3779B97F4A7C15ULL + b);
     }
     return s;
 }

@@ -21,6 +21,7 @@
 #include "sdtrain/fault.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/h5util.h"
+#include "sdtrain/hash.h"
 #include "sdtrain/log.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
@@ -113,16 +114,6 @@ static void fault_kill(const char *phase)
 #define HASH_K1 0x9E3779B97F4A7C15ULL
 #define HASH_K2 0xC2B2AE3D27D4EB4FULL
 
-static uint64_t fmix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 static uint64_t load_le64(const unsigned char *p)
 {
     uint64_t v = 0;
@@ -136,26 +127,26 @@ static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
     const unsigned char *p = (const unsigned char *)data;
     h ^= (uint64_t)n * HASH_K1;
     for (; n >= 8; n -= 8, p += 8) {
-        h ^= fmix64(load_le64(p));
+        h ^= sd_fmix64(load_le64(p));
         h = ((h << 27) | (h >> 37)) * HASH_K1 + HASH_K2;
     }
     if (n) {
         unsigned char t[8] = {0};
         memcpy(t, p, n);
-        h ^= fmix64(load_le64(t));
+        h ^= sd_fmix64(load_le64(t));
         h = ((h << 27) | (h >> 37)) * HASH_K1 + HASH_K2;
     }
-    return fmix64(h);
+    return sd_fmix64(h);
 }
 
 static uint64_t sample_term(int64_t i, uint64_t h)
 {
-    return fmix64(h + (uint64_t)(i + 1) * HASH_K1);
+    return sd_fmix64(h + (uint64_t)(i + 1) * HASH_K1);
 }
 
 static uint64_t shard_terms(int64_t n, uint64_t empty_hash)
 {
-    return fmix64((uint64_t)n ^ HASH_K2) + fmix64(empty_hash);
+    return sd_fmix64((uint64_t)n ^ HASH_K2) + sd_fmix64(empty_hash);
 }
 
 /* Stored string bytes: up to the first NUL of the fixed-width field. */

@@ -6,164 +6,54 @@
 #include <string.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/json_file.h"
 #include "sdtrain/models.h"
 
-/* ---- JSON access with errors that name the file and key --------------------------------- */
+/* ---- JSON access with errors that name the file and key (json_file.h) ------------------- */
 
-typedef struct jctx {
-    const char *path;
-    json_object *root;
-    sd_err *err;
-    int failed;
-} jctx;
-
-static int jfail(jctx *j, const char *fmt, const char *key, const char *detail)
-{
-    if (!j->failed)
-        sd_err_set(j->err, fmt, j->path, key, detail ? detail : "");
-    j->failed = 1;
-    return -1;
-}
-
-static json_object *jget(jctx *j, const char *key)
-{
-    json_object *v = NULL;
-    if (!json_object_object_get_ex(j->root, key, &v))
-        return NULL;
-    return v; /* may be a JSON null */
-}
-
-static int jint_value(jctx *j, const char *key, json_object *v, int *out)
-{
-    double d;
-    if (json_object_is_type(v, json_type_int)) {
-        int64_t x = json_object_get_int64(v);
-        if (x < -1000000000 || x > 1000000000)
-            return jfail(j, "%s: '%s' is out of range%s", key, NULL);
-        *out = (int)x;
-        return 0;
-    }
-    if (json_object_is_type(v, json_type_double)) {
-        d = json_object_get_double(v);
-        if (d == floor(d) && fabs(d) < 1e9) {
-            *out = (int)d;
-            return 0;
-        }
-    }
-    return jfail(j, "%s: '%s' must be an integer%s", key, NULL);
-}
-
-/* Optional integer: keeps *out when the key is absent or null. */
-static void jint(jctx *j, const char *key, int *out)
-{
-    json_object *v = jget(j, key);
-    if (v && !json_object_is_type(v, json_type_null))
-        jint_value(j, key, v, out);
-}
-
-static void jdouble(jctx *j, const char *key, double *out)
-{
-    json_object *v = jget(j, key);
-    if (!v || json_object_is_type(v, json_type_null))
-        return;
-    if (json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double))
-        *out = json_object_get_double(v);
-    else
-        jfail(j, "%s: '%s' must be a number%s", key, NULL);
-}
-
-static void jbool(jctx *j, const char *key, int *out)
-{
-    json_object *v = jget(j, key);
-    if (!v || json_object_is_type(v, json_type_null))
-        return;
-    if (json_object_is_type(v, json_type_boolean))
-        *out = json_object_get_boolean(v);
-    else
-        jfail(j, "%s: '%s' must be true or false%s", key, NULL);
-}
-
-/* A string key that must be absent, null or one of `allowed` ("a|b"); `*idx` gets the index. */
-static void jchoice(jctx *j, const char *key, const char *allowed, int *idx)
-{
-    json_object *v = jget(j, key);
-    const char *s, *p = allowed;
-    int i = 0;
-    if (!v || json_object_is_type(v, json_type_null))
-        return;
-    if (!json_object_is_type(v, json_type_string)) {
-        jfail(j, "%s: '%s' must be a string%s", key, NULL);
-        return;
-    }
-    s = json_object_get_string(v);
-    while (*p) {
-        const char *bar = strchr(p, '|');
-        size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (strlen(s) == len && strncmp(s, p, len) == 0) {
-            *idx = i;
-            return;
-        }
-        p += len + (bar ? 1 : 0);
-        i++;
-    }
-    {
-        char detail[256];
-        snprintf(detail, sizeof detail, " (value '%.80s'; sdtrain implements: %s)", s, allowed);
-        jfail(j, "%s: unsupported setting '%s'%s", key, detail);
-    }
-}
-
-/* A key that must be absent or null (a feature sdtrain does not implement). */
-static void jabsent(jctx *j, const char *key)
-{
-    json_object *v = jget(j, key);
-    if (v && !json_object_is_type(v, json_type_null) &&
-        !(json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)))
-        jfail(j, "%s: '%s' is set, but sdtrain does not implement that feature%s", key, NULL);
-}
 
 /* An integer list (or a single integer, broadcast to n entries when n > 0). Returns count. */
-static int jint_list(jctx *j, const char *key, int *out, int cap, int broadcast_n)
+static int jint_list(sd_jconf *j, const char *key, int *out, int cap, int broadcast_n)
 {
-    json_object *v = jget(j, key);
+    json_object *v = sd_jconf_get(j, key);
     if (!v || json_object_is_type(v, json_type_null))
         return -1;
     if (json_object_is_type(v, json_type_array)) {
         size_t n = json_object_array_length(v);
         if (n == 0 || n > (size_t)cap) {
-            jfail(j, "%s: '%s' must list 1 to 8 values%s", key, NULL);
+            sd_jconf_fail(j, "%s: '%s' must list 1 to 8 values%s", key, NULL);
             return -1;
         }
         for (size_t i = 0; i < n; i++)
-            if (jint_value(j, key, json_object_array_get_idx(v, i), &out[i]))
+            if (sd_jconf_int_value(j, key, json_object_array_get_idx(v, i), &out[i]))
                 return -1;
         return (int)n;
     }
     if (broadcast_n > 0) {
         int x;
-        if (jint_value(j, key, v, &x))
+        if (sd_jconf_int_value(j, key, v, &x))
             return -1;
         for (int i = 0; i < broadcast_n; i++)
             out[i] = x;
         return broadcast_n;
     }
-    jfail(j, "%s: '%s' must be a list%s", key, NULL);
+    sd_jconf_fail(j, "%s: '%s' must be a list%s", key, NULL);
     return -1;
 }
 
 /* A list of block type names; each must be one of the two accepted spellings. */
-static int jblock_types(jctx *j, const char *key, const char *plain, const char *cross, int *is_cross,
+static int jblock_types(sd_jconf *j, const char *key, const char *plain, const char *cross, int *is_cross,
                         int n_expected)
 {
-    json_object *v = jget(j, key);
+    json_object *v = sd_jconf_get(j, key);
     size_t n;
     if (!v)
-        return jfail(j, "%s: missing '%s'%s", key, NULL);
+        return sd_jconf_fail(j, "%s: missing '%s'%s", key, NULL);
     if (!json_object_is_type(v, json_type_array))
-        return jfail(j, "%s: '%s' must be a list%s", key, NULL);
+        return sd_jconf_fail(j, "%s: '%s' must be a list%s", key, NULL);
     n = json_object_array_length(v);
     if ((int)n != n_expected)
-        return jfail(j, "%s: '%s' must have one entry per block_out_channels entry%s", key, NULL);
+        return sd_jconf_fail(j, "%s: '%s' must have one entry per block_out_channels entry%s", key, NULL);
     for (size_t i = 0; i < n; i++) {
         const char *s = json_object_get_string(json_object_array_get_idx(v, i));
         if (s && !strcmp(s, plain))
@@ -174,37 +64,8 @@ static int jblock_types(jctx *j, const char *key, const char *plain, const char 
             char detail[256];
             snprintf(detail, sizeof detail, " (entry '%.60s'; sdtrain implements %s%s%s)", s ? s : "?",
                      plain, cross ? " and " : "", cross ? cross : "");
-            return jfail(j, "%s: unsupported block type in '%s'%s", key, detail);
+            return sd_jconf_fail(j, "%s: unsupported block type in '%s'%s", key, detail);
         }
-    }
-    return 0;
-}
-
-static int jopen(jctx *j, const char *path, sd_err *err)
-{
-    memset(j, 0, sizeof *j);
-    j->path = path;
-    j->err = err;
-    j->root = json_object_from_file(path);
-    if (!j->root) {
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            return sd_err_set(err, "%s: cannot read the model configuration", path);
-        fclose(f);
-        {
-            char why[256];
-            const char *e = json_util_get_last_err();
-            size_t n;
-            snprintf(why, sizeof why, "%s", e ? e : "parse error");
-            n = strlen(why);
-            while (n > 0 && (why[n - 1] == '\n' || why[n - 1] == ' '))
-                why[--n] = '\0';
-            return sd_err_set(err, "%s: invalid JSON (%s)", path, why);
-        }
-    }
-    if (!json_object_is_type(j->root, json_type_object)) {
-        json_object_put(j->root);
-        return sd_err_set(err, "%s: the configuration must be a JSON object", path);
     }
     return 0;
 }
@@ -212,29 +73,23 @@ static int jopen(jctx *j, const char *path, sd_err *err)
 /* A size read from the file must lie in [lo, hi]: zero would divide by zero or make empty
  * tensors, and absurd sizes would overflow the parameter arithmetic or ask for terabytes.
  * The bounds are those of the namelist's shape keys, or wider. */
-static void jrange(jctx *j, const char *key, int v, int lo, int hi)
+static void jrange(sd_jconf *j, const char *key, int v, int lo, int hi)
 {
     if (!j->failed && (v < lo || v > hi)) {
         char detail[96];
         snprintf(detail, sizeof detail, " = %d is outside %d to %d", v, lo, hi);
-        jfail(j, "%s: '%s'%s", key, detail);
+        sd_jconf_fail(j, "%s: '%s'%s", key, detail);
     }
 }
 
-static void jrange_list(jctx *j, const char *key, const int *v, int n, int lo, int hi)
+static void jrange_list(sd_jconf *j, const char *key, const int *v, int n, int lo, int hi)
 {
     for (int i = 0; i < n && !j->failed; i++)
         if (v[i] < lo || v[i] > hi) {
             char detail[96];
             snprintf(detail, sizeof detail, "[%d] = %d is outside %d to %d", i, v[i], lo, hi);
-            jfail(j, "%s: '%s'%s", key, detail);
+            sd_jconf_fail(j, "%s: '%s'%s", key, detail);
         }
-}
-
-static int jclose(jctx *j)
-{
-    json_object_put(j->root);
-    return j->failed ? -1 : 0;
 }
 
 /* ---- defaults --------------------------------------------------------------------------- */
@@ -320,28 +175,28 @@ static void unet_library_defaults(sd_unet_config *c)
 
 int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
 {
-    jctx j;
+    sd_jconf j;
     int n, idx = 0, nh;
-    if (jopen(&j, path, err))
+    if (sd_jconf_open(&j, path, err))
         return -1;
     unet_library_defaults(c);
-    jint(&j, "in_channels", &c->in_channels);
-    jint(&j, "out_channels", &c->out_channels);
-    jint(&j, "sample_size", &c->sample_size);
+    sd_jconf_int(&j, "in_channels", &c->in_channels);
+    sd_jconf_int(&j, "out_channels", &c->out_channels);
+    sd_jconf_int(&j, "sample_size", &c->sample_size);
     n = jint_list(&j, "block_out_channels", c->block_out_channels, SD_MODEL_MAX_LEVELS, 0);
     if (n > 0)
         c->n_levels = n;
-    jint(&j, "layers_per_block", &c->layers_per_block);
-    jint(&j, "cross_attention_dim", &c->cross_attention_dim);
-    jint(&j, "norm_num_groups", &c->norm_num_groups);
-    jdouble(&j, "norm_eps", &c->norm_eps);
-    jbool(&j, "flip_sin_to_cos", &c->flip_sin_to_cos);
-    jdouble(&j, "freq_shift", &c->freq_shift);
-    jbool(&j, "use_linear_projection", &c->use_linear_projection);
-    jint(&j, "downsample_padding", &c->downsample_padding);
-    jint(&j, "conv_in_kernel", &c->conv_in_kernel);
-    jint(&j, "conv_out_kernel", &c->conv_out_kernel);
-    jbool(&j, "upcast_attention", &c->upcast_attention);
+    sd_jconf_int(&j, "layers_per_block", &c->layers_per_block);
+    sd_jconf_int(&j, "cross_attention_dim", &c->cross_attention_dim);
+    sd_jconf_int(&j, "norm_num_groups", &c->norm_num_groups);
+    sd_jconf_double(&j, "norm_eps", &c->norm_eps);
+    sd_jconf_bool(&j, "flip_sin_to_cos", &c->flip_sin_to_cos);
+    sd_jconf_double(&j, "freq_shift", &c->freq_shift);
+    sd_jconf_bool(&j, "use_linear_projection", &c->use_linear_projection);
+    sd_jconf_int(&j, "downsample_padding", &c->downsample_padding);
+    sd_jconf_int(&j, "conv_in_kernel", &c->conv_in_kernel);
+    sd_jconf_int(&j, "conv_out_kernel", &c->conv_out_kernel);
+    sd_jconf_bool(&j, "upcast_attention", &c->upcast_attention);
     /* diffusers passes attention_head_dim on as the head COUNT unless num_attention_heads is
      * given (a naming accident kept for compatibility). */
     nh = jint_list(&j, "num_attention_heads", c->heads, SD_MODEL_MAX_LEVELS, c->n_levels);
@@ -351,7 +206,7 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
         for (int i = 0; i < c->n_levels; i++)
             c->heads[i] = 8;
     else if (nh >= 0 && nh != c->n_levels && !j.failed)
-        jfail(&j, "%s: '%s' must have one entry per block_out_channels entry%s", "attention_head_dim", NULL);
+        sd_jconf_fail(&j, "%s: '%s' must have one entry per block_out_channels entry%s", "attention_head_dim", NULL);
     n = jint_list(&j, "transformer_layers_per_block", c->transformer_layers, SD_MODEL_MAX_LEVELS, c->n_levels);
     if (n < 0 && !j.failed)
         for (int i = 0; i < c->n_levels; i++)
@@ -360,29 +215,29 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
         jblock_types(&j, "down_block_types", "DownBlock2D", "CrossAttnDownBlock2D", c->down_cross, c->n_levels);
     if (!j.failed)
         jblock_types(&j, "up_block_types", "UpBlock2D", "CrossAttnUpBlock2D", c->up_cross, c->n_levels);
-    jchoice(&j, "mid_block_type", "UNetMidBlock2DCrossAttn", &idx);
-    jchoice(&j, "act_fn", "silu", &idx);
-    jchoice(&j, "resnet_time_scale_shift", "default", &idx);
-    jchoice(&j, "time_embedding_type", "positional", &idx);
-    jchoice(&j, "attention_type", "default", &idx);
-    jabsent(&j, "class_embed_type");
-    jabsent(&j, "num_class_embeds");
-    jabsent(&j, "addition_embed_type");
-    jabsent(&j, "encoder_hid_dim");
-    jabsent(&j, "time_cond_proj_dim");
-    jabsent(&j, "time_embedding_act_fn");
-    jabsent(&j, "timestep_post_act");
-    jabsent(&j, "dual_cross_attention");
-    jabsent(&j, "only_cross_attention");
-    jabsent(&j, "center_input_sample");
-    jabsent(&j, "cross_attention_norm");
-    jabsent(&j, "resnet_skip_time_act");
+    sd_jconf_choice(&j, "mid_block_type", "UNetMidBlock2DCrossAttn", &idx);
+    sd_jconf_choice(&j, "act_fn", "silu", &idx);
+    sd_jconf_choice(&j, "resnet_time_scale_shift", "default", &idx);
+    sd_jconf_choice(&j, "time_embedding_type", "positional", &idx);
+    sd_jconf_choice(&j, "attention_type", "default", &idx);
+    sd_jconf_absent(&j, "class_embed_type");
+    sd_jconf_absent(&j, "num_class_embeds");
+    sd_jconf_absent(&j, "addition_embed_type");
+    sd_jconf_absent(&j, "encoder_hid_dim");
+    sd_jconf_absent(&j, "time_cond_proj_dim");
+    sd_jconf_absent(&j, "time_embedding_act_fn");
+    sd_jconf_absent(&j, "timestep_post_act");
+    sd_jconf_absent(&j, "dual_cross_attention");
+    sd_jconf_absent(&j, "only_cross_attention");
+    sd_jconf_absent(&j, "center_input_sample");
+    sd_jconf_absent(&j, "cross_attention_norm");
+    sd_jconf_absent(&j, "resnet_skip_time_act");
     {
         double mid_scale = 1.0, out_scale = 1.0;
-        jdouble(&j, "mid_block_scale_factor", &mid_scale);
-        jdouble(&j, "resnet_out_scale_factor", &out_scale);
+        sd_jconf_double(&j, "mid_block_scale_factor", &mid_scale);
+        sd_jconf_double(&j, "resnet_out_scale_factor", &out_scale);
         if (mid_scale != 1.0 || out_scale != 1.0)
-            jfail(&j, "%s: '%s' other than 1 is not implemented%s", "mid_block_scale_factor", NULL);
+            sd_jconf_fail(&j, "%s: '%s' other than 1 is not implemented%s", "mid_block_scale_factor", NULL);
     }
     jrange(&j, "in_channels", c->in_channels, 1, 1024);
     jrange(&j, "out_channels", c->out_channels, 1, 1024);
@@ -415,16 +270,16 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
             snprintf(why, sizeof why, "layers_per_block, in/out_channels and cross_attention_dim "
                      "must be positive");
         if (why[0])
-            jfail(&j, "%s: inconsistent configuration%s%s", ": ", why);
+            sd_jconf_fail(&j, "%s: inconsistent configuration%s%s", ": ", why);
     }
-    return jclose(&j);
+    return sd_jconf_close(&j);
 }
 
 int sd_vae_config_load(const char *path, sd_vae_config *c, sd_err *err)
 {
-    jctx j;
+    sd_jconf j;
     int n, idx = 0, dummy[SD_MODEL_MAX_LEVELS];
-    if (jopen(&j, path, err))
+    if (sd_jconf_open(&j, path, err))
         return -1;
     sd_vae_config_sd2_base(c);
     /* library defaults differ from SD2 for block_out_channels (64,) and layers_per_block 1 */
@@ -432,26 +287,26 @@ int sd_vae_config_load(const char *path, sd_vae_config *c, sd_err *err)
     c->block_out_channels[0] = 64;
     c->layers_per_block = 1;
     c->sample_size = 32;
-    jint(&j, "in_channels", &c->in_channels);
-    jint(&j, "out_channels", &c->out_channels);
+    sd_jconf_int(&j, "in_channels", &c->in_channels);
+    sd_jconf_int(&j, "out_channels", &c->out_channels);
     n = jint_list(&j, "block_out_channels", c->block_out_channels, SD_MODEL_MAX_LEVELS, 0);
     if (n > 0)
         c->n_levels = n;
-    jint(&j, "layers_per_block", &c->layers_per_block);
-    jint(&j, "latent_channels", &c->latent_channels);
-    jint(&j, "norm_num_groups", &c->norm_num_groups);
-    jint(&j, "sample_size", &c->sample_size);
-    jdouble(&j, "scaling_factor", &c->scaling_factor);
-    jbool(&j, "use_quant_conv", &c->use_quant_conv);
-    jbool(&j, "use_post_quant_conv", &c->use_post_quant_conv);
-    jbool(&j, "mid_block_add_attention", &c->mid_block_add_attention);
-    jchoice(&j, "act_fn", "silu", &idx);
-    jabsent(&j, "shift_factor");
-    jabsent(&j, "latents_mean");
-    jabsent(&j, "latents_std");
-    if (!j.failed && jget(&j, "down_block_types"))
+    sd_jconf_int(&j, "layers_per_block", &c->layers_per_block);
+    sd_jconf_int(&j, "latent_channels", &c->latent_channels);
+    sd_jconf_int(&j, "norm_num_groups", &c->norm_num_groups);
+    sd_jconf_int(&j, "sample_size", &c->sample_size);
+    sd_jconf_double(&j, "scaling_factor", &c->scaling_factor);
+    sd_jconf_bool(&j, "use_quant_conv", &c->use_quant_conv);
+    sd_jconf_bool(&j, "use_post_quant_conv", &c->use_post_quant_conv);
+    sd_jconf_bool(&j, "mid_block_add_attention", &c->mid_block_add_attention);
+    sd_jconf_choice(&j, "act_fn", "silu", &idx);
+    sd_jconf_absent(&j, "shift_factor");
+    sd_jconf_absent(&j, "latents_mean");
+    sd_jconf_absent(&j, "latents_std");
+    if (!j.failed && sd_jconf_get(&j, "down_block_types"))
         jblock_types(&j, "down_block_types", "DownEncoderBlock2D", NULL, dummy, c->n_levels);
-    if (!j.failed && jget(&j, "up_block_types"))
+    if (!j.failed && sd_jconf_get(&j, "up_block_types"))
         jblock_types(&j, "up_block_types", "UpDecoderBlock2D", NULL, dummy, c->n_levels);
     jrange(&j, "in_channels", c->in_channels, 1, 1024);
     jrange(&j, "out_channels", c->out_channels, 1, 1024);
@@ -461,17 +316,17 @@ int sd_vae_config_load(const char *path, sd_vae_config *c, sd_err *err)
     jrange(&j, "layers_per_block", c->layers_per_block, 1, 16);
     for (int i = 0; i < c->n_levels && !j.failed; i++)
         if (c->block_out_channels[i] <= 0 || c->block_out_channels[i] % c->norm_num_groups)
-            jfail(&j, "%s: inconsistent configuration: %s%s", "block_out_channels",
+            sd_jconf_fail(&j, "%s: inconsistent configuration: %s%s", "block_out_channels",
                   " (each entry must be a positive multiple of norm_num_groups)");
-    return jclose(&j);
+    return sd_jconf_close(&j);
 }
 
 int sd_clip_config_load(const char *path, sd_clip_config *c, sd_err *err)
 {
-    jctx j;
+    sd_jconf j;
     int act = 0;
     json_object *arch;
-    if (jopen(&j, path, err))
+    if (sd_jconf_open(&j, path, err))
         return -1;
     /* transformers' CLIPTextConfig defaults (the OpenAI ViT-B/32 text tower) */
     memset(c, 0, sizeof *c);
@@ -483,21 +338,21 @@ int sd_clip_config_load(const char *path, sd_clip_config *c, sd_err *err)
     c->max_position_embeddings = 77;
     c->quick_gelu = 1;
     c->layer_norm_eps = 1e-5;
-    arch = jget(&j, "architectures");
+    arch = sd_jconf_get(&j, "architectures");
     if (arch && json_object_is_type(arch, json_type_array) && json_object_array_length(arch) > 0) {
         const char *a = json_object_get_string(json_object_array_get_idx(arch, 0));
         if (a && strcmp(a, "CLIPTextModel") != 0 && strcmp(a, "CLIPTextModelWithProjection") != 0)
-            jfail(&j, "%s: '%s' names an unsupported model%s", "architectures", NULL);
+            sd_jconf_fail(&j, "%s: '%s' names an unsupported model%s", "architectures", NULL);
     }
-    jint(&j, "vocab_size", &c->vocab_size);
-    jint(&j, "hidden_size", &c->hidden_size);
-    jint(&j, "intermediate_size", &c->intermediate_size);
-    jint(&j, "num_attention_heads", &c->num_attention_heads);
-    jint(&j, "num_hidden_layers", &c->num_hidden_layers);
-    jint(&j, "max_position_embeddings", &c->max_position_embeddings);
-    jdouble(&j, "layer_norm_eps", &c->layer_norm_eps);
+    sd_jconf_int(&j, "vocab_size", &c->vocab_size);
+    sd_jconf_int(&j, "hidden_size", &c->hidden_size);
+    sd_jconf_int(&j, "intermediate_size", &c->intermediate_size);
+    sd_jconf_int(&j, "num_attention_heads", &c->num_attention_heads);
+    sd_jconf_int(&j, "num_hidden_layers", &c->num_hidden_layers);
+    sd_jconf_int(&j, "max_position_embeddings", &c->max_position_embeddings);
+    sd_jconf_double(&j, "layer_norm_eps", &c->layer_norm_eps);
     act = c->quick_gelu;
-    jchoice(&j, "hidden_act", "gelu|quick_gelu", &act);
+    sd_jconf_choice(&j, "hidden_act", "gelu|quick_gelu", &act);
     c->quick_gelu = act;
     jrange(&j, "vocab_size", c->vocab_size, 1, 10000000);
     jrange(&j, "hidden_size", c->hidden_size, 1, 65536);
@@ -506,13 +361,13 @@ int sd_clip_config_load(const char *path, sd_clip_config *c, sd_err *err)
     jrange(&j, "num_hidden_layers", c->num_hidden_layers, 1, 256);
     jrange(&j, "max_position_embeddings", c->max_position_embeddings, 1, 65536);
     if (!j.failed && (c->num_attention_heads <= 0 || c->hidden_size % c->num_attention_heads != 0))
-        jfail(&j, "%s: inconsistent configuration: %s%s", "hidden_size",
+        sd_jconf_fail(&j, "%s: inconsistent configuration: %s%s", "hidden_size",
               " (hidden_size must be divisible by num_attention_heads)");
     if (!j.failed && (c->vocab_size <= 0 || c->num_hidden_layers <= 0 || c->intermediate_size <= 0 ||
                       c->max_position_embeddings <= 0))
-        jfail(&j, "%s: inconsistent configuration: %s%s", "vocab_size",
+        sd_jconf_fail(&j, "%s: inconsistent configuration: %s%s", "vocab_size",
               " (sizes must be positive)");
-    return jclose(&j);
+    return sd_jconf_close(&j);
 }
 
 /* ---- from the namelist ------------------------------------------------------------------ */

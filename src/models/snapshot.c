@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/json_file.h"
 #include "sdtrain/safetensors.h"
 
 static const char *const component_names[SD_COMPONENT_COUNT] = {"unet", "vae", "text_encoder"};
@@ -44,34 +45,6 @@ static int known_class(sd_component c, const char *cls)
         if (!strcmp(cls, component_classes[c][i]))
             return 1;
     return 0;
-}
-
-/* Parses a JSON object file; the message says whether it is missing or invalid (and where). */
-static int read_json_object(const char *path, json_object **out, sd_err *err)
-{
-    FILE *f;
-    *out = json_object_from_file(path);
-    if (*out && json_object_is_type(*out, json_type_object))
-        return 0;
-    if (*out) {
-        json_object_put(*out);
-        *out = NULL;
-        return sd_err_set(err, "%s: invalid JSON (the top level must be an object)", path);
-    }
-    f = fopen(path, "rb");
-    if (!f)
-        return sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
-    fclose(f);
-    {
-        char why[256];
-        const char *e = json_util_get_last_err();
-        size_t n;
-        snprintf(why, sizeof why, "%s", e ? e : "parse error");
-        n = strlen(why);
-        while (n > 0 && (why[n - 1] == '\n' || why[n - 1] == ' '))
-            why[--n] = '\0';
-        return sd_err_set(err, "%s: invalid JSON (%s)", path, why);
-    }
 }
 
 static const char *json_string_at(json_object *o, const char *key)
@@ -131,7 +104,7 @@ static char *path_join(const char *a, const char *b)
 static int read_model_index(sd_snapshot *s, const char *path, sd_err *err)
 {
     json_object *root;
-    if (read_json_object(path, &root, err))
+    if (sd_json_read_object(path, &root, err))
         return -1;
     s->has_model_index = 1;
     for (int c = 0; c < SD_COMPONENT_COUNT; c++) {
@@ -196,7 +169,7 @@ int sd_snapshot_open(sd_snapshot *s, const char *path, sd_err *err)
         rc = read_model_index(s, index, err);
     } else if (exists(config)) {
         json_object *root;
-        rc = read_json_object(config, &root, err);
+        rc = sd_json_read_object(config, &root, err);
         if (rc == 0) {
             int c = component_of_config(root);
             if (c < 0)
@@ -289,7 +262,7 @@ static int check_component_config(const char *config, sd_component c, int *eos_t
     if (!exists(config))
         return sd_err_set(err, "%s: missing (every component folder needs its config.json)",
                           config);
-    if (read_json_object(config, &root, err))
+    if (sd_json_read_object(config, &root, err))
         return -1;
     kind = component_of_config(root);
     if (kind >= 0 && kind != (int)c)

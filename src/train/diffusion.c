@@ -129,6 +129,25 @@ int sd_diffusion_init(sd_diffusion *d, const char *schedule, double beta_start, 
         }
     }
     tables_from_betas(d);
+    /* Samplers start from sigma_max = sqrt((1 - abar) / abar) of the last timestep; their fp32
+     * arithmetic (sigma^2 + 1, the first steps' x0) overflows long before abar underflows. */
+    /* 1 - beta rounding to 1 makes a noise level of 0, which DDIM's variance (0 / 0), the
+     * sigma samplers' log-sigmas and the SNR divide by (diffusers too gives NaN there) */
+    if (!(d->alphas_cumprod[0] < 1.0f)) {
+        const double b0 = d->betas[0];
+        sd_diffusion_free(d);
+        return sd_err_set(err, "diffusion: beta_start %g is too small: the first beta (%g in "
+                               "fp32) leaves alphas_cumprod at 1, a noise level of 0",
+                          beta_start, b0);
+    }
+    if (!(d->alphas_cumprod[T - 1] >= SD_DIFFUSION_MIN_ABAR)) {
+        const double last = d->alphas_cumprod[T - 1];
+        sd_diffusion_free(d);
+        return sd_err_set(err, "diffusion: the schedule's alphas_cumprod falls to %g at the last "
+                               "timestep (below %g, the noise level would overflow in sampling): "
+                               "lower beta_end or num_train_timesteps", last,
+                          SD_DIFFUSION_MIN_ABAR);
+    }
     return 0;
 }
 

@@ -14,6 +14,7 @@
 
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
+#include "sdtrain/hash.h"
 #include "sdtrain/log.h"
 #include "sdtrain/rng.h"
 #include "sdtrain/runtime.h"
@@ -53,16 +54,6 @@ void sd_loader_options_defaults(sd_loader_options *o)
 
 /* ---- the validation split (sd-keyhash-v1: loader.h; never change it) ------------------------- */
 
-static uint64_t fmix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 uint64_t sd_loader_key_hash(const char *key)
 {
     uint64_t h = 0xcbf29ce484222325ULL;
@@ -70,7 +61,7 @@ uint64_t sd_loader_key_hash(const char *key)
         h = (h ^ *p) * 0x100000001b3ULL;
     /* FNV-1a's top bits barely move when only the last bytes differ (keys count up); the
      * finalizer spreads every input bit over the bits that decide the split. */
-    return fmix64(h);
+    return sd_fmix64(h);
 }
 
 int sd_loader_key_is_val(const char *key, double val_fraction)

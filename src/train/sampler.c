@@ -205,6 +205,16 @@ int sd_sampler_timesteps(sd_sampler_kind kind, sd_spacing spacing, int num_steps
                                        "its first timestep %g: use fewer steps",
                                   sd_sampler_kind_name(kind), N, sd_spacing_name(spacing),
                                   out[i]);
+    /* a repeated timestep later on: the multistep solvers divide by the step's log-SNR
+     * difference h = 0 (NaN in diffusers too) */
+    if (is_multistep(kind))
+        for (int i = 1; i < n; i++)
+            if (out[i] == out[i - 1])
+                return sd_err_set(err, "sampler: %s with %d steps and '%s' spacing repeats "
+                                       "timestep %g (calls %d and %d), where the solver would "
+                                       "divide by a zero step: use fewer steps",
+                                  sd_sampler_kind_name(kind), N, sd_spacing_name(spacing),
+                                  out[i], i - 1, i);
     return n;
 }
 
@@ -672,6 +682,16 @@ int sd_sampler_init(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d, 
                                "has no rescale_betas_zero_snr): use ddim, ddpm, euler, euler_a, "
                                "dpmpp_2m, dpmpp_2m_sde or unipc", sd_sampler_kind_name(kind),
                           sd_sampler_class_name(kind));
+    }
+    /* the 2^-24 below must stay the smallest abar, or the noise levels stop increasing at the
+     * end (a long schedule whose rescaled abar at T - 2 is already tinier: NaN in diffusers) */
+    if (d->zero_snr && uses_sigmas(kind) && T >= 2 && !(d->alphas_cumprod[T - 2] > 0x1p-24f)) {
+        free(ts);
+        return sd_err_set(err, "sampler: '%s' on this zero-terminal-SNR schedule: alphas_cumprod "
+                               "at t = %d is %g, below the 2^-24 the last timestep is given, so "
+                               "the noise levels would not increase to the end (use fewer "
+                               "num_train_timesteps or a smaller beta_end, or ddim / ddpm)",
+                          sd_sampler_kind_name(kind), T - 2, (double)d->alphas_cumprod[T - 2]);
     }
     s->kind = kind;
     s->spacing = spacing;

@@ -49,4 +49,20 @@ expect_rc nosnap 1
 run badout "$SDTOOL" grad --snapshot "$MODELS/odd-train" --batch "$GRAD/odd-train/batch.safetensors" \
     --out "$TMP/no/such/dir/x.safetensors"
 expect_rc badout 1
+# the snapshot's scheduler_config.json: each key of its JSON type, named when not
+mkdir -p "$TMP/snap/scheduler"
+for part in "$MODELS/odd-train"/*; do ln -s "$part" "$TMP/snap/$(basename "$part")"; done
+rm -f "$TMP/snap/scheduler"
+mkdir -p "$TMP/snap/scheduler"
+printf '{"beta_schedule": "scaled_linear", "num_train_timesteps": "1000"}\n' \
+    >"$TMP/snap/scheduler/scheduler_config.json"
+run badsched "$SDTOOL" grad --snapshot "$TMP/snap" --batch "$GRAD/odd-train/batch.safetensors" \
+    --out "$TMP/x.safetensors"
+expect_rc badsched 2
+expect_in badsched err "scheduler_config.json: 'num_train_timesteps' must be an integer"
+printf '{"beta_schedule": "scaled_linear",\n "beta_end": }\n' >"$TMP/snap/scheduler/scheduler_config.json"
+run badjson "$SDTOOL" grad --snapshot "$TMP/snap" --batch "$GRAD/odd-train/batch.safetensors" \
+    --out "$TMP/x.safetensors"
+expect_rc badjson 2
+expect_in badjson err "scheduler_config.json:2:14: invalid JSON"
 pass "sdtool grad"

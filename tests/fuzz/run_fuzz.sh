@@ -5,7 +5,7 @@
 #
 # Usage: tests/fuzz/run_fuzz.sh TARGET [SECONDS] [extra libFuzzer options...]
 #   TARGET   safetensors | image | namelist | tar | tokenizer | modelconfig | dataset | shardmanifest |
-#            checkpoint | tokenizerfiles | all
+#            checkpoint | tokenizerfiles | schedconfig | all
 #            (all: every target, SECONDS each)
 #   SECONDS  fuzzing time (default 60)
 # Environment: CLANG (default clang), SD_FUZZ_DIR (build + corpus + artifacts, default
@@ -26,7 +26,7 @@ secs=${1:-60}
 
 if [ "$target" = all ]; then
     status=0
-    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles; do
+    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig; do
         SD_FUZZ_DIR="$top/build/fuzz/$t" "$0" "$t" "$secs" "$@" || status=1
     done
     exit $status
@@ -54,13 +54,17 @@ tar)
     sources="$src/data/tar.c"
     pkgs="" opts="-max_len=16384" seeds="" ;;
 tokenizer | tokenizerfiles)
-    sources="$src/data/tokenizer.c $src/data/unicode_tables.c $src/data/utf8.c"
+    sources="$src/data/tokenizer.c $src/data/unicode_tables.c $src/data/utf8.c $src/io/json_file.c"
     opts="-max_len=4096"
     [ "$target" = tokenizerfiles ] && opts="-max_len=16384"
     pkgs="zlib json-c" seeds="" ;;
 modelconfig)
-    sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c"
+    sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c $src/io/json_file.c"
     pkgs=json-c opts="-max_len=8192" seeds="" ;;
+schedconfig)
+    sources="$src/app/sched_config.c $src/io/json_file.c $src/train/sampler.c $src/train/diffusion.c
+        $src/core/rng.c $src/core/tensor.c"
+    pkgs=json-c opts="-max_len=4096" seeds="" ;;
 shardmanifest | checkpoint)
     # the version strings come from configure's build tree: a stand-in here
     mkdir -p "$dir"
@@ -80,7 +84,7 @@ dataset)
     sources="$src/data/dataset.c $src/data/dataset_index.c $src/data/tar.c $src/data/utf8.c $src/core/fsutil.c"
     pkgs="" opts="-max_len=16384" seeds="$top/tests/fuzz/corpus/tar" ;;
 *)
-    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, all)" >&2
+    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, schedconfig, all)" >&2
     exit 2 ;;
 esac
 

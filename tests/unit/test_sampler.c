@@ -273,15 +273,18 @@ static void test_spacings(void)
                             continue;
                         }
                         int valid = 1;
+                        const int multistep = k == SD_SAMPLER_DPMPP_2M || k == SD_SAMPLER_UNIPC;
                         for (int64_t i = 0; i < t->numel; i++)
                             valid &= ref[i] >= 0.0f && ref[i] <= (float)(T - 1) &&
-                                     (!sig || i == 0 || ref[i] != ref[0]);
+                                     (!sig || i == 0 || ref[i] != ref[0]) &&
+                                     (!multistep || i == 0 || ref[i] != ref[i - 1]);
                         int n = sd_sampler_timesteps((sd_sampler_kind)k, (sd_spacing)sp, N, T,
                                                      off, ts, &err);
                         checked++;
                         if (!valid) {
-                            /* diffusers would index alphas_cumprod with it (wrapping around)
-                             * or find the wrong step: refused up front */
+                            /* diffusers would index alphas_cumprod with it (wrapping around),
+                             * find the wrong step, or (a repeat in a multistep solver) divide
+                             * by a zero step: refused up front */
                             if (n >= 0) {
                                 bad++;
                                 tap_diag("%s: accepted, diffusers gives an unusable schedule", name);
