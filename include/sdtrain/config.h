@@ -198,6 +198,14 @@ int sd_config_apply(sd_run_config *rc, const nl_file *f, sd_err *err);
 int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *err);
 /* Cross-key checks that need the whole configuration (channel counts, schedule, ...). */
 int sd_config_validate(const sd_run_config *rc, sd_err *err);
+/* An error about &group key, located where the user set it (file line and column, or the
+ * --set argument), else at the group, else at the file. Returns -1. */
+int sd_config_error_at(const sd_run_config *rc, const char *group, const char *key, sd_err *err,
+                       const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
 
 /* The inputs the mode needs to run (&data input for 'process' and 'pipeline', &data shard_dir
  * for all but 'sample', &sample prompts for 'sample'). sdtrain refuses to start a job without

@@ -16,6 +16,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
 #include "sdtrain/device.h"
+#include "sdtrain/diffusion.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/log.h"
@@ -118,6 +119,23 @@ static int check_mode_inputs(const cli *c, const sd_run_config *rc)
     return 0;
 }
 
+/* The noise schedule of &diffusion, built as the modes that use it build it (train, pipeline,
+ * sample from a U-Net trained here), so that --check refuses one they would refuse. */
+static int check_schedule(const sd_run_config *rc, sd_err *err)
+{
+    sd_diffusion d;
+    sd_err why;
+    if (!strcmp(rc->cfg.run.mode, "process"))
+        return 0;
+    if (sd_diffusion_init_config(&d, &rc->cfg, &why) == 0) {
+        sd_diffusion_free(&d);
+        return 0;
+    }
+    const char *msg = strncmp(why.msg, "diffusion: ", 11) ? why.msg : why.msg + 11;
+    return sd_config_error_at(rc, "diffusion", strstr(msg, "beta_start") ? "beta_start" : "beta_end",
+                              err, "&diffusion: %s", msg);
+}
+
 /* Rank 0 loads and validates; everybody gets the result. Returns 0 or the exit code. */
 static int load_config(const cli *c, int rank, sd_run_config *rc)
 {
@@ -130,7 +148,8 @@ static int load_config(const cli *c, int rank, sd_run_config *rc)
     sd_config_options(&n_opt);
     sd_err_clear(&err);
     if (rank == 0) {
-        if (sd_config_load(rc, c->input, c->n_set, c->sets, &err) != 0) {
+        if (sd_config_load(rc, c->input, c->n_set, c->sets, &err) != 0 ||
+            check_schedule(rc, &err) != 0) {
             fprintf(stderr, "%s\n", err.msg);
             status = SD_EXIT_USAGE;
         } else if ((status = check_mode_inputs(c, rc)) == 0) {
@@ -345,7 +364,8 @@ int main(int argc, char **argv)
         /* The layout of a job this process does not run: no MPI, no split, no device probe,
          * so job scripts can call it on a login or batch node. */
         code = SD_EXIT_OK;
-        if (sd_config_load(&rc, c.input, c.n_set, c.sets, &err) != 0) {
+        if (sd_config_load(&rc, c.input, c.n_set, c.sets, &err) != 0 ||
+            check_schedule(&rc, &err) != 0) {
             fprintf(stderr, "%s\n", err.msg);
             code = SD_EXIT_USAGE;
         } else if (sd_layout_compute(&rc.cfg, c.np, &layout, &err) != 0) {

@@ -604,16 +604,8 @@ int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *e
 
 /* ---- cross-key validation --------------------------------------------------------------- */
 
-static int validate_error(const sd_run_config *rc, const char *group, const char *key, sd_err *err,
-                          const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 5, 6)))
-#endif
-    ;
-
-/* Reports at the key's position when the user set it, else at its group, else at the file. */
-static int validate_error(const sd_run_config *rc, const char *group, const char *key, sd_err *err,
-                          const char *fmt, ...)
+int sd_config_error_at(const sd_run_config *rc, const char *group, const char *key, sd_err *err,
+                       const char *fmt, ...)
 {
     size_t ng;
     const char *const *gs = sd_config_groups(&ng);
@@ -639,9 +631,9 @@ static int divisible_list(const sd_run_config *rc, const char *key,
 {
     for (int i = 0; i < n; i++)
         if (v[i] % by != 0)
-            return validate_error(rc, "model", key, err,
-                                  "&model %s(%d) = %lld is not a multiple of %s = %lld", key, i + 1,
-                                  (long long)v[i], by_name, (long long)by);
+            return sd_config_error_at(rc, "model", key, err,
+                                      "&model %s(%d) = %lld is not a multiple of %s = %lld", key, i + 1,
+                                      (long long)v[i], by_name, (long long)by);
     return 0;
 }
 
@@ -652,20 +644,20 @@ int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err)
     int needs_input = !strcmp(mode, "process") || !strcmp(mode, "pipeline");
     int needs_shards = strcmp(mode, "sample") != 0;
     if (needs_input && !c->data.input[0])
-        return validate_error(rc, "data", "input", err,
-                              "missing required key 'input' in &data (needed when mode = '%s')", mode);
+        return sd_config_error_at(rc, "data", "input", err,
+                                  "missing required key 'input' in &data (needed when mode = '%s')", mode);
     if (needs_shards && !c->data.shard_dir[0])
-        return validate_error(rc, "data", "shard_dir", err,
-                              "missing required key 'shard_dir' in &data (needed when mode = '%s')", mode);
+        return sd_config_error_at(rc, "data", "shard_dir", err,
+                                  "missing required key 'shard_dir' in &data (needed when mode = '%s')", mode);
     if (!strcmp(mode, "sample") && c->sample.n_prompts == 0)
-        return validate_error(rc, "sample", "prompts", err,
-                              "missing required key 'prompts' in &sample (needed when mode = 'sample')");
+        return sd_config_error_at(rc, "sample", "prompts", err,
+                                  "missing required key 'prompts' in &sample (needed when mode = 'sample')");
     if (!strcmp(mode, "sample") && c->sample.n_negative_prompts > 1 &&
         c->sample.n_negative_prompts != c->sample.n_prompts)
-        return validate_error(rc, "sample", "negative_prompts", err,
-                              "&sample negative_prompts has %d entries for %d prompts: give one "
-                              "(for every prompt) or one per prompt",
-                              c->sample.n_negative_prompts, c->sample.n_prompts);
+        return sd_config_error_at(rc, "sample", "negative_prompts", err,
+                                  "&sample negative_prompts has %d entries for %d prompts: give one "
+                                  "(for every prompt) or one per prompt",
+                                  c->sample.n_negative_prompts, c->sample.n_prompts);
     return 0;
 }
 
@@ -675,78 +667,78 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
     const char *mode = c->run.mode;
 
     if (!mode[0])
-        return validate_error(rc, "run", "mode", err,
-                              "missing required key 'mode' in &run (one of 'process', 'train', "
-                              "'pipeline', 'sample')");
+        return sd_config_error_at(rc, "run", "mode", err,
+                                  "missing required key 'mode' in &run (one of 'process', 'train', "
+                                  "'pipeline', 'sample')");
     if (!strcmp(mode, "pipeline") && c->run.n_process_ranks < 1)
-        return validate_error(rc, "run", "n_process_ranks", err,
-                              "mode = 'pipeline' needs n_process_ranks >= 1 (ranks that preprocess "
-                              "while the others train)");
+        return sd_config_error_at(rc, "run", "n_process_ranks", err,
+                                  "mode = 'pipeline' needs n_process_ranks >= 1 (ranks that preprocess "
+                                  "while the others train)");
     if (c->model.resolution % 8 != 0)
-        return validate_error(rc, "model", "resolution", err,
-                              "&model resolution = %lld is not a multiple of 8 (the VAE downsamples by 8)",
-                              (long long)c->model.resolution);
+        return sd_config_error_at(rc, "model", "resolution", err,
+                                  "&model resolution = %lld is not a multiple of 8 (the VAE downsamples by 8)",
+                                  (long long)c->model.resolution);
     if (c->sample.width % 8 != 0)
-        return validate_error(rc, "sample", "width", err,
-                              "&sample width = %lld is not a multiple of 8 (the VAE downsamples "
-                              "by 8)", (long long)c->sample.width);
+        return sd_config_error_at(rc, "sample", "width", err,
+                                  "&sample width = %lld is not a multiple of 8 (the VAE downsamples "
+                                  "by 8)", (long long)c->sample.width);
     if (c->sample.height % 8 != 0)
-        return validate_error(rc, "sample", "height", err,
-                              "&sample height = %lld is not a multiple of 8 (the VAE downsamples "
-                              "by 8)", (long long)c->sample.height);
+        return sd_config_error_at(rc, "sample", "height", err,
+                                  "&sample height = %lld is not a multiple of 8 (the VAE downsamples "
+                                  "by 8)", (long long)c->sample.height);
     if (c->model.n_attention_head_dim != 1 &&
         c->model.n_attention_head_dim != c->model.n_block_out_channels)
-        return validate_error(rc, "model", "attention_head_dim", err,
-                              "&model attention_head_dim has %d values: give one, or one per entry of "
-                              "block_out_channels (%d)", c->model.n_attention_head_dim,
-                              c->model.n_block_out_channels);
+        return sd_config_error_at(rc, "model", "attention_head_dim", err,
+                                  "&model attention_head_dim has %d values: give one, or one per entry of "
+                                  "block_out_channels (%d)", c->model.n_attention_head_dim,
+                                  c->model.n_block_out_channels);
     if (divisible_list(rc, "block_out_channels", c->model.block_out_channels,
                        c->model.n_block_out_channels, c->model.norm_num_groups, "norm_num_groups", err) ||
         divisible_list(rc, "vae_block_out_channels", c->model.vae_block_out_channels,
                        c->model.n_vae_block_out_channels, c->model.norm_num_groups, "norm_num_groups", err))
         return -1;
     if (c->model.text_hidden_size % c->model.text_heads != 0)
-        return validate_error(rc, "model", "text_heads", err,
-                              "&model text_hidden_size = %lld is not divisible by text_heads = %lld",
-                              (long long)c->model.text_hidden_size, (long long)c->model.text_heads);
+        return sd_config_error_at(rc, "model", "text_heads", err,
+                                  "&model text_hidden_size = %lld is not divisible by text_heads = %lld",
+                                  (long long)c->model.text_hidden_size, (long long)c->model.text_heads);
     if (!c->model.pretrained[0] && c->model.cross_attention_dim != c->model.text_hidden_size)
-        return validate_error(rc, "model", "cross_attention_dim", err,
-                              "&model cross_attention_dim = %lld must equal text_hidden_size = %lld "
-                              "(the U-Net attends to the text encoder's output)",
-                              (long long)c->model.cross_attention_dim,
-                              (long long)c->model.text_hidden_size);
+        return sd_config_error_at(rc, "model", "cross_attention_dim", err,
+                                  "&model cross_attention_dim = %lld must equal text_hidden_size = %lld "
+                                  "(the U-Net attends to the text encoder's output)",
+                                  (long long)c->model.cross_attention_dim,
+                                  (long long)c->model.text_hidden_size);
     if (c->diffusion.beta_end <= c->diffusion.beta_start)
-        return validate_error(rc, "diffusion", "beta_end", err,
-                              "&diffusion beta_end must be larger than beta_start");
+        return sd_config_error_at(rc, "diffusion", "beta_end", err,
+                                  "&diffusion beta_end must be larger than beta_start");
     if (!strcmp(c->train.lr_schedule, "polynomial") && c->train.learning_rate <= 1e-7)
-        return validate_error(rc, "train", "learning_rate", err,
-                              "&train lr_schedule = 'polynomial' decays to 1e-7: learning_rate "
-                              "must be larger");
+        return sd_config_error_at(rc, "train", "learning_rate", err,
+                                  "&train lr_schedule = 'polynomial' decays to 1e-7: learning_rate "
+                                  "must be larger");
     if (!strcmp(c->train.lr_schedule, "polynomial") && c->train.max_steps <= c->train.warmup_steps)
-        return validate_error(rc, "train", "warmup_steps", err,
-                              "&train lr_schedule = 'polynomial' needs max_steps > warmup_steps "
-                              "(it decays over the steps after the warmup)");
+        return sd_config_error_at(rc, "train", "warmup_steps", err,
+                                  "&train lr_schedule = 'polynomial' needs max_steps > warmup_steps "
+                                  "(it decays over the steps after the warmup)");
     if (c->diffusion.rescale_betas_zero_snr && !strcmp(c->diffusion.prediction_type, "epsilon"))
-        return validate_error(rc, "diffusion", "rescale_betas_zero_snr", err,
-                              "&diffusion rescale_betas_zero_snr needs prediction_type = "
-                              "'v_prediction' (at zero SNR the last timestep is pure noise, from "
-                              "which an epsilon prediction gives no image)");
+        return sd_config_error_at(rc, "diffusion", "rescale_betas_zero_snr", err,
+                                  "&diffusion rescale_betas_zero_snr needs prediction_type = "
+                                  "'v_prediction' (at zero SNR the last timestep is pure noise, from "
+                                  "which an epsilon prediction gives no image)");
     if ((!strcmp(mode, "train") || !strcmp(mode, "pipeline")) && c->sample.every_n_steps > 0) {
         if (c->sample.n_prompts == 0)
-            return validate_error(rc, "sample", "every_n_steps", err,
-                                  "&sample every_n_steps = %lld needs &sample prompts (the images "
-                                  "to make during training)", (long long)c->sample.every_n_steps);
+            return sd_config_error_at(rc, "sample", "every_n_steps", err,
+                                      "&sample every_n_steps = %lld needs &sample prompts (the images "
+                                      "to make during training)", (long long)c->sample.every_n_steps);
         if (c->checkpoint.every_n_steps == 0 ||
             c->sample.every_n_steps % c->checkpoint.every_n_steps != 0)
-            return validate_error(rc, "sample", "every_n_steps", err,
-                                  "&sample every_n_steps = %lld must be a multiple of &checkpoint "
-                                  "every_n_steps = %lld (the images come from the checkpoints)",
-                                  (long long)c->sample.every_n_steps,
-                                  (long long)c->checkpoint.every_n_steps);
+            return sd_config_error_at(rc, "sample", "every_n_steps", err,
+                                      "&sample every_n_steps = %lld must be a multiple of &checkpoint "
+                                      "every_n_steps = %lld (the images come from the checkpoints)",
+                                      (long long)c->sample.every_n_steps,
+                                      (long long)c->checkpoint.every_n_steps);
     }
     if (!strcmp(c->model.unet_init, "pretrained") && !c->model.pretrained[0])
-        return validate_error(rc, "model", "unet_init", err,
-                              "&model unet_init = 'pretrained' needs &model pretrained (a diffusers snapshot)");
+        return sd_config_error_at(rc, "model", "unet_init", err,
+                                  "&model unet_init = 'pretrained' needs &model pretrained (a diffusers snapshot)");
     return 0;
 }
 

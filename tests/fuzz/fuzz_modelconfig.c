@@ -1,5 +1,5 @@
 /* libFuzzer harness: the model configurations of a diffusers snapshot (unet/, vae/ and
- * text_encoder/config.json) from arbitrary bytes.
+ * text_encoder/config.json) and its model_index.json from arbitrary bytes.
  *
  * The input is written to a memfd and read through its /proc name by each of the three loaders.
  * Invariants (include/sdtrain/models.h):
@@ -9,7 +9,10 @@
  *     order without overlapping, add up to the table's totals, and have distinct names that
  *     sd_param_find finds;
  *   - an accepted U-Net configuration written back as config.json (sd_unet_config_to_json, as
- *     `sdtool export` does) reads back to the same text.
+ *     `sdtool export` does) reads back to the same text;
+ *   - the bytes as a snapshot's model_index.json, and as a component folder's config.json, are
+ *     refused naming the file, or open a snapshot (then each absent component folder is refused
+ *     naming it) or a component folder of a known component.
  * Any broken invariant calls abort(), which libFuzzer reports as a crash.
  * Build and run: tests/fuzz/run_fuzz.sh modelconfig [SECONDS]. */
 #ifndef _GNU_SOURCE
@@ -24,6 +27,7 @@
 #include <unistd.h>
 
 #include "sdtrain/models.h"
+#include "sdtrain/snapshot.h"
 
 #define FUZZ_NAME "fuzz_modelconfig"
 #include "fuzz_util.h"
@@ -62,6 +66,56 @@ static void check_table(const sd_param_table *t)
 static void refused(const sd_err *err)
 {
     fuzz_require(strncmp(err->msg, path_in, strlen(path_in)) == 0, "a refusal names the file", err->msg);
+}
+
+static char snap[96], comp[96], index_path[128], config_path[128];
+
+static void cleanup(void)
+{
+    unlink(index_path);
+    unlink(config_path);
+    rmdir(snap);
+    rmdir(comp);
+}
+
+/* The same bytes as a snapshot's model_index.json, and as a component folder's config.json. */
+static void check_snapshot_files(const uint8_t *data, size_t size)
+{
+    const char *index = index_path, *config = config_path;
+    sd_snapshot s;
+    sd_err err;
+    if (!snap[0]) {
+        fuzz_scratch_dir(snap, sizeof snap, "fuzz-snapshot");
+        fuzz_scratch_dir(comp, sizeof comp, "fuzz-component");
+        snprintf(index_path, sizeof index_path, "%s/model_index.json", snap);
+        snprintf(config_path, sizeof config_path, "%s/config.json", comp);
+        atexit(cleanup);
+    }
+    fuzz_put_file(index, data, size);
+    memset(&err, 0, sizeof err);
+    if (sd_snapshot_open(&s, snap, &err) == 0) {
+        fuzz_require(s.has_model_index && !s.is_component, "a snapshot with its model_index.json", NULL);
+        for (int c = 0; c < SD_COMPONENT_COUNT; c++) {
+            char dir[256];
+            fuzz_require(s.listed[c] == 0 || s.listed[c] == 1, "listed is a flag", NULL);
+            /* no component folder exists: each is refused, naming the folder */
+            fuzz_require(sd_snapshot_component_dir(&s, (sd_component)c, dir, sizeof dir, &err) != 0 &&
+                             strstr(err.msg, snap) != NULL,
+                         "a missing component named", err.msg);
+        }
+        sd_snapshot_close(&s);
+    } else {
+        fuzz_require(strstr(err.msg, index) != NULL, "a refused model_index.json is named", err.msg);
+    }
+    fuzz_put_file(config, data, size);
+    memset(&err, 0, sizeof err);
+    if (sd_snapshot_open(&s, comp, &err) == 0) {
+        fuzz_require(s.is_component && (unsigned)s.component < SD_COMPONENT_COUNT,
+                     "a component folder of a known component", NULL);
+        sd_snapshot_close(&s);
+    } else {
+        fuzz_require(strstr(err.msg, config) != NULL, "a refused config.json is named", err.msg);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -120,5 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         refused(&err);
     }
+
+    check_snapshot_files(data, size);
     return 0;
 }

@@ -59,7 +59,16 @@ tokenizer | tokenizerfiles)
     [ "$target" = tokenizerfiles ] && opts="-max_len=16384"
     pkgs="zlib json-c" seeds="" ;;
 modelconfig)
-    sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c $src/io/json_file.c"
+    # snapshot.c links the weight loader, whose layout conversions (src/nn/ops.c, with the whole
+    # backend table) the harness never reaches: stand-ins that abort
+    mkdir -p "$dir"
+    printf '%s\n' '#include <stdint.h>' '#include <stdlib.h>' \
+        'void sd_weight_from_torch(int n, const int64_t *s, size_t e, const void *a, void *b, int64_t *o) { abort(); }' \
+        'void sd_weight_to_torch(int n, const int64_t *s, size_t e, const void *a, void *b) { abort(); }' \
+        >"$dir/layout_stub.c"
+    sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c $src/io/json_file.c
+        $src/models/snapshot.c $src/models/weights.c $src/io/safetensors.c $src/core/rng.c
+        $dir/layout_stub.c"
     pkgs=json-c opts="-max_len=8192" seeds="" ;;
 schedconfig)
     sources="$src/app/sched_config.c $src/io/json_file.c $src/train/sampler.c $src/train/diffusion.c

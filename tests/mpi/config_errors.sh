@@ -50,4 +50,20 @@ expect_in setkey err "unknown key 'lr' in &train"
 SDTRAIN_FAULT="kill:rank=x" mpi fault 2 "$SDTRAIN" --check "$TMP/ok.nml"
 expect_rc fault 2
 expect_count fault err "SDTRAIN_FAULT" 1
+# noise schedules the samplers cannot run (NaN or overflow), located at the key
+nml sched.nml <<'EOF2'
+&run mode = 'train' /
+&data shard_dir = 'shards' /
+&diffusion
+  beta_schedule = 'linear'
+  beta_end = 0.95
+/
+EOF2
+mpi sched 2 "$SDTRAIN" --check "$TMP/sched.nml"
+expect_rc sched 2
+expect_count sched err "sched.nml:5:3: &diffusion: the schedule's alphas_cumprod falls to 0 at the last timestep" 1
+run schednp "$SDTRAIN" --check "$TMP/sched.nml" --np 4 --set diffusion.beta_end=0.02 \
+    --set diffusion.beta_start=1e-16
+expect_rc schednp 2
+expect_in schednp err "command line: --set #2: &diffusion: beta_start 1e-16 is too small"
 pass "configuration errors under MPI"
