@@ -117,6 +117,7 @@ typedef struct sd_config {
     struct {
         char prompts[SD_MAX_PROMPTS][SD_PROMPT_MAX];
         int n_prompts;
+        char prompts_file[SD_PATH_MAX]; /* one prompt per line, instead of prompts; '' = none */
         char negative_prompts[SD_MAX_PROMPTS][SD_PROMPT_MAX]; /* none, one, or one per prompt */
         int n_negative_prompts;
         int64_t num_steps;

@@ -34,6 +34,12 @@ int sd_copy_tree(const char *from, const char *to, sd_err *err);
  * it is), then an fsync of the parent folder. Readers see the old folder or the complete new one. */
 int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *err);
 
+/* The whole of the regular file `path` into *data (malloc'ed, NUL-terminated; *len bytes
+ * without the NUL). Refused with a message naming the file: missing or unreadable, not a
+ * regular file (a FIFO is not waited on), more than `limit` bytes ("... MiB <what> may have"). */
+int sd_read_regular_file(const char *path, size_t limit, const char *what, char **data,
+                         size_t *len, sd_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,7 @@
 #include "sdtrain/image.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
+#include "sdtrain/runtime.h"
 #include "sdtrain/sampler.h"
 #include "sdtrain/sched_config.h"
 #include "sdtrain/snapshot.h"
@@ -121,21 +122,133 @@ static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
     return 0;
 }
 
-/* Warnings on &sample KEY's texts that the tokenizer changes: invalid UTF-8 (its bytes dropped)
- * or more tokens than the text encoder sees. */
-static void warn_prompts(const sd_tokenizer *tok, const char *key,
-                         const char (*texts)[SD_PROMPT_MAX], int n)
+/* The prompts of a run: &sample prompts, or the lines of &sample prompts_file. */
+typedef struct prompt_set {
+    int n;               /* prompts */
+    const char **text;   /* [n] */
+    int64_t *line;       /* [n] their lines in prompts_file, or NULL */
+    int n_neg;           /* negative prompts: 0, 1, or n (namelist prompts only) */
+    const char **neg;    /* [n_neg] */
+    char *buf;           /* prompts_file's bytes, which text points into */
+} prompt_set;
+
+#define PROMPTS_FILE_MAX_BYTES ((size_t)256 << 20)
+#define PROMPTS_FILE_MAX 1000000
+
+static void prompts_free(prompt_set *ps)
 {
+    free(ps->text);
+    free(ps->line);
+    free(ps->neg);
+    free(ps->buf);
+    memset(ps, 0, sizeof *ps);
+}
+
+/* Splits prompts_file's bytes into prompts in place: lines ended by LF (a CR before it
+ * dropped), blank lines (spaces and tabs only) skipped. Every rank parses the same bytes, so
+ * each finds the same prompts or the same error. */
+static int prompts_parse(prompt_set *ps, const char *path, char *buf, size_t len, sd_err *err)
+{
+    size_t cap = 0;
+    int64_t line = 0;
+    for (size_t at = 0; at < len;) {
+        char *start = buf + at, *nl = memchr(start, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - start) : len - at;
+        at += n + (nl ? 1 : 0);
+        line++;
+        if (n > 0 && start[n - 1] == '\r')
+            n--;
+        start[n] = '\0';
+        if (memchr(start, '\0', n))
+            return sd_err_at(err, path, (int)line, 1, "a NUL byte: not a text file of prompts");
+        if (strspn(start, " \t") == n)
+            continue;
+        if (n >= SD_PROMPT_MAX)
+            return sd_err_at(err, path, (int)line, 1, "a prompt of %zu bytes (at most %d)", n,
+                             SD_PROMPT_MAX - 1);
+        if (ps->n == PROMPTS_FILE_MAX)
+            return sd_err_at(err, path, (int)line, 1, "more than %d prompts", PROMPTS_FILE_MAX);
+        if ((size_t)ps->n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            ps->text = sd_xrealloc(ps->text, cap * sizeof *ps->text);
+            ps->line = sd_xrealloc(ps->line, cap * sizeof *ps->line);
+        }
+        ps->text[ps->n] = start;
+        ps->line[ps->n++] = line;
+    }
+    if (ps->n == 0)
+        return sd_err_set(err, "%s: no prompts (the file has only blank lines)", path);
+    return 0;
+}
+
+/* Collective over comm: the run's prompts. A prompts_file is read by rank 0 and broadcast. */
+static int prompts_load(const sd_config *cfg, MPI_Comm comm, int rank, prompt_set *ps,
+                        sd_err *err)
+{
+    const char *path = cfg->sample.prompts_file;
+    int failed = 0;
+    memset(ps, 0, sizeof *ps);
+    ps->n_neg = cfg->sample.n_negative_prompts;
+    ps->neg = sd_xmalloc(((size_t)ps->n_neg + 1) * sizeof *ps->neg);
+    for (int k = 0; k < ps->n_neg; k++)
+        ps->neg[k] = cfg->sample.negative_prompts[k];
+    if (!path[0]) {
+        ps->n = cfg->sample.n_prompts;
+        ps->text = sd_xmalloc(((size_t)ps->n + 1) * sizeof *ps->text);
+        for (int p = 0; p < ps->n; p++)
+            ps->text[p] = cfg->sample.prompts[p];
+        return 0;
+    }
+    uint64_t len = 0;
+    if (rank == 0) {
+        size_t n = 0;
+        failed = sd_read_regular_file(path, PROMPTS_FILE_MAX_BYTES, "a prompts file", &ps->buf,
+                                      &n, err) != 0;
+        len = n;
+    }
+    if (sd_agree(comm, failed, err) != 0) {
+        prompts_free(ps);
+        return -1;
+    }
+    SD_MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, 0, comm));
+    if (rank != 0)
+        ps->buf = sd_xmalloc((size_t)len + 1);
+    for (uint64_t off = 0; off < len; off += 1u << 30) {
+        const int chunk = (int)(len - off < (1u << 30) ? len - off : (1u << 30));
+        SD_MPI_CHECK(MPI_Bcast(ps->buf + off, chunk, MPI_CHAR, 0, comm));
+    }
+    ps->buf[len] = '\0';
+    if (prompts_parse(ps, path, ps->buf, (size_t)len, err) != 0) {
+        prompts_free(ps);
+        return -1;
+    }
+    return 0;
+}
+
+/* Warnings on the texts that the tokenizer changes: invalid UTF-8 (its bytes dropped) or more
+ * tokens than the text encoder sees. At most 10 of each, then a count. */
+static void warn_prompts(const sd_tokenizer *tok, const char *key, const char *const *texts,
+                         int n, const int64_t *line, const char *file)
+{
+    int n_bad = 0, n_long = 0;
     for (int p = 0; p < n; p++) {
         int32_t ids[TEXT_LEN];
         int n_tok = 0;
-        if (sd_tokenize(tok, texts[p], strlen(texts[p]), ids, &n_tok) > 0)
-            sd_warn("&sample %s(%d) is not valid UTF-8: the bad bytes are dropped, as the "
-                    "reference tokenizer does", key, p + 1);
-        if (n_tok > TEXT_LEN)
-            sd_warn("&sample %s(%d) has %d tokens; the text encoder sees the first %d "
-                    "(truncated, as the pipeline does)", key, p + 1, n_tok - 2, TEXT_LEN - 2);
+        char where[SD_PATH_MAX + 64];
+        if (line)
+            snprintf(where, sizeof where, "%s:%lld: the prompt", file, (long long)line[p]);
+        else
+            snprintf(where, sizeof where, "&sample %s(%d)", key, p + 1);
+        if (sd_tokenize(tok, texts[p], strlen(texts[p]), ids, &n_tok) > 0 && n_bad++ < 10)
+            sd_warn("%s is not valid UTF-8: the bad bytes are dropped, as the reference "
+                    "tokenizer does", where);
+        if (n_tok > TEXT_LEN && n_long++ < 10)
+            sd_warn("%s has %d tokens; the text encoder sees the first %d (truncated, as the "
+                    "pipeline does)", where, n_tok - 2, TEXT_LEN - 2);
     }
+    if (n_bad > 10 || n_long > 10)
+        sd_warn("%s: %d prompt(s) in all are not valid UTF-8 and %d are truncated (the first 10 "
+                "of each are named above)", line ? file : key, n_bad, n_long);
 }
 
 /* The images' height ('h') or width ('w'): &sample height / width, else &model resolution. */
@@ -352,8 +465,8 @@ static void shortest(double v, char out[40])
 }
 
 /* samples.jsonl, written by rank 0 once every image exists (temporary name + rename). */
-static int write_index(const sd_config *cfg, const char *scheduler, const char *spacing,
-                       sd_err *err)
+static int write_index(const sd_config *cfg, const prompt_set *ps, const char *scheduler,
+                       const char *spacing, sd_err *err)
 {
     char path[SD_PATH_MAX + 32], tmp[SD_PATH_MAX + 64];
     FILE *f;
@@ -367,14 +480,16 @@ static int write_index(const sd_config *cfg, const char *scheduler, const char *
     f = fopen(tmp, "w");
     if (!f)
         return sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
-    for (int p = 0; p < cfg->sample.n_prompts; p++)
+    for (int p = 0; p < ps->n; p++)
         for (int64_t j = 0; j < cfg->sample.images_per_prompt; j++) {
-            fprintf(f, "{\"prompt_index\": %d, \"image_index\": %" PRId64 ", \"prompt\": ", p, j);
-            json_str(f, cfg->sample.prompts[p]);
-            if (cfg->sample.n_negative_prompts > 0 && cfg->sample.guidance_scale > 1.0) {
+            fprintf(f, "{\"prompt_index\": %d, \"image_index\": %" PRId64 ", ", p, j);
+            if (ps->line)
+                fprintf(f, "\"prompt_line\": %" PRId64 ", ", ps->line[p]);
+            fprintf(f, "\"prompt\": ");
+            json_str(f, ps->text[p]);
+            if (ps->n_neg > 0 && cfg->sample.guidance_scale > 1.0) {
                 fprintf(f, ", \"negative_prompt\": ");
-                json_str(f, cfg->sample.negative_prompts[cfg->sample.n_negative_prompts > 1 ? p
-                                                                                         : 0]);
+                json_str(f, ps->neg[ps->n_neg > 1 ? p : 0]);
             }
             fprintf(f, ", \"seed\": %lld, \"steps\": %lld, \"scheduler\": \"%s\", "
                        "\"timestep_spacing\": \"%s\", ", (long long)cfg->run.seed,
@@ -414,7 +529,13 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     float *uncond = NULL, *unconds = NULL, *cond = NULL, *lat = NULL, *img = NULL;
     uint8_t *rgb = NULL;
     int kind = sd_sampler_kind_from_name(cfg->sample.scheduler), failed, n_mine = 0;
-    const int64_t n_total = (int64_t)cfg->sample.n_prompts * cfg->sample.images_per_prompt;
+    prompt_set ps;
+    if (prompts_load(cfg, comm, rank, &ps, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    const int64_t n_total = (int64_t)ps.n * cfg->sample.images_per_prompt;
     double t0 = sd_time_now();
     float scale;
     /* images per U-Net call: &sample batch_size (0: 8 on a GPU, 1 on the CPU), at most this
@@ -505,6 +626,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
         sd_sampler_free(&s);
         sd_diffusion_free(&d);
         sd_t2i_close(&g);
+        prompts_free(&ps);
         return SD_EXIT_USAGE;
     }
     scale = (float)(cfg->train.latent_scale > 0 ? cfg->train.latent_scale : g.vcfg.scaling_factor);
@@ -530,7 +652,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                 "U-Net calls per image, '%s' spacing%s%s), guidance %g%s, seed %lld, on %d "
                 "rank(s), %s in %s; %s; schedule from %s (%s, %s %g..%g over %d, steps_offset "
                 "%d%s%s%s%s); latents / %g before decoding", (long long)n_total,
-                cfg->sample.n_prompts, (long long)cfg->sample.images_per_prompt, g.width,
+                ps.n, (long long)cfg->sample.images_per_prompt, g.width,
                 g.height, cfg->sample.scheduler,
                 (long long)cfg->sample.num_steps, s.n_timesteps, sd_spacing_name(ss.spacing),
                 ss.karras ? ", Karras sigmas" : ss.expo ? ", exponential sigmas" : ss.beta ? ", beta sigmas" : "", extra,
@@ -556,13 +678,12 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                 cfg->sample.batch_size ? "" : dev->use_cuda ? ": 8 on a GPU" : ": 1 on the CPU",
                 guided ? 2 * nb_max : nb_max, nd_max);
     if (rank == 0)
-        warn_prompts(g.tok, "prompts", cfg->sample.prompts, cfg->sample.n_prompts);
-    if (rank == 0 && cfg->sample.n_negative_prompts > 0 && !guided)
+        warn_prompts(g.tok, "prompts", ps.text, ps.n, ps.line, cfg->sample.prompts_file);
+    if (rank == 0 && ps.n_neg > 0 && !guided)
         sd_warn("&sample negative_prompts are not used: guidance_scale %g <= 1 makes no "
                 "unconditional pass (as in diffusers)", g_scale);
     if (rank == 0 && guided)
-        warn_prompts(g.tok, "negative_prompts", cfg->sample.negative_prompts,
-                     cfg->sample.n_negative_prompts);
+        warn_prompts(g.tok, "negative_prompts", ps.neg, ps.n_neg, NULL, NULL);
     cond = sd_xmalloc((size_t)nb_max * (size_t)g.n_emb * sizeof *cond);
     lat = sd_xmalloc((size_t)nb_max * (size_t)g.n_latent * sizeof *lat);
     img = sd_xmalloc((size_t)nd_max * (size_t)g.n_image * sizeof *img);
@@ -573,10 +694,8 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
          * (encoded once here), or each prompt's own (encoded with its prompt, below) */
         uncond = sd_xmalloc((size_t)g.n_emb * sizeof *uncond);
         unconds = sd_xmalloc((size_t)nb_max * (size_t)g.n_emb * sizeof *unconds);
-        if (cfg->sample.n_negative_prompts <= 1)
-            failed = sd_t2i_encode(&g, cfg->sample.n_negative_prompts
-                                           ? cfg->sample.negative_prompts[0] : "",
-                                   NULL, uncond, &err) != 0;
+        if (ps.n_neg <= 1)
+            failed = sd_t2i_encode(&g, ps.n_neg ? ps.neg[0] : "", NULL, uncond, &err) != 0;
     }
     /* Image i = p * images_per_prompt + j goes to rank i mod size: a fixed assignment, and each
      * image depends on (seed, p, j) only, so the files do not depend on the rank count (nor, on
@@ -602,10 +721,9 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                 users[b] = &nc[b];
                 /* one text-encoder pass per prompt change (images come prompt by prompt) */
                 if (p != last_p) {
-                    failed = sd_t2i_encode(&g, cfg->sample.prompts[p], NULL, last_cond, &err) != 0;
-                    if (!failed && guided && cfg->sample.n_negative_prompts > 1)
-                        failed = sd_t2i_encode(&g, cfg->sample.negative_prompts[p], NULL, uncond,
-                                               &err) != 0;
+                    failed = sd_t2i_encode(&g, ps.text[p], NULL, last_cond, &err) != 0;
+                    if (!failed && guided && ps.n_neg > 1)
+                        failed = sd_t2i_encode(&g, ps.neg[p], NULL, uncond, &err) != 0;
                     last_p = p;
                 }
                 memcpy(cb, last_cond, (size_t)g.n_emb * sizeof *cb);
@@ -661,7 +779,8 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
             fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
         failed = 1;
     } else {
-        int bad = rank == 0 && write_index(cfg, cfg->sample.scheduler, sd_spacing_name(ss.spacing), &err) != 0;
+        int bad = rank == 0 &&
+                  write_index(cfg, &ps, cfg->sample.scheduler, sd_spacing_name(ss.spacing), &err) != 0;
         if (bad)
             fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
         sd_err e2;
@@ -680,6 +799,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     sd_sampler_free(&s);
     sd_diffusion_free(&d);
     sd_t2i_close(&g);
+    prompts_free(&ps);
     return failed ? SD_EXIT_FAILURE : SD_EXIT_OK;
 }
 

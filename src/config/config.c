@@ -649,9 +649,10 @@ int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err)
     if (needs_shards && !c->data.shard_dir[0])
         return sd_config_error_at(rc, "data", "shard_dir", err,
                                   "missing required key 'shard_dir' in &data (needed when mode = '%s')", mode);
-    if (!strcmp(mode, "sample") && c->sample.n_prompts == 0)
+    if (!strcmp(mode, "sample") && c->sample.n_prompts == 0 && !c->sample.prompts_file[0])
         return sd_config_error_at(rc, "sample", "prompts", err,
-                                  "missing required key 'prompts' in &sample (needed when mode = 'sample')");
+                                  "missing required key 'prompts' in &sample (needed when mode = 'sample'; "
+                                  "or give prompts_file)");
     if (!strcmp(mode, "sample") && c->sample.n_negative_prompts > 1 &&
         c->sample.n_negative_prompts != c->sample.n_prompts)
         return sd_config_error_at(rc, "sample", "negative_prompts", err,
@@ -723,8 +724,15 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
                                   "&diffusion rescale_betas_zero_snr needs prediction_type = "
                                   "'v_prediction' (at zero SNR the last timestep is pure noise, from "
                                   "which an epsilon prediction gives no image)");
+    if (c->sample.prompts_file[0] && c->sample.n_prompts > 0)
+        return sd_config_error_at(rc, "sample", "prompts_file", err,
+                                  "&sample has both prompts and prompts_file: give one of them");
+    if (c->sample.prompts_file[0] && c->sample.n_negative_prompts > 1)
+        return sd_config_error_at(rc, "sample", "negative_prompts", err,
+                                  "&sample negative_prompts has %d entries, but with prompts_file it "
+                                  "takes one (for every prompt)", c->sample.n_negative_prompts);
     if ((!strcmp(mode, "train") || !strcmp(mode, "pipeline")) && c->sample.every_n_steps > 0) {
-        if (c->sample.n_prompts == 0)
+        if (c->sample.n_prompts == 0 && !c->sample.prompts_file[0])
             return sd_config_error_at(rc, "sample", "every_n_steps", err,
                                       "&sample every_n_steps = %lld needs &sample prompts (the images "
                                       "to make during training)", (long long)c->sample.every_n_steps);

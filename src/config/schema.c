@@ -206,6 +206,10 @@ static const sd_option options[] = {
 
     /* &sample */
     STRING_LIST(sample, prompts, "", "Prompts to generate images for (mode = 'sample')."),
+    STRING(sample, prompts_file, "''",
+           "A UTF-8 text file of prompts, one per line (blank lines skipped), used instead of "
+           "prompts: evaluation sets of thousands of captions (at most 1000000 prompts of "
+           "1023 bytes). Rank 0 reads it when sampling starts."),
     STRING_LIST(sample, negative_prompts, "",
                 "What the images should not show: the unconditional half of classifier-free "
                 "guidance is conditioned on it instead of on the empty prompt (diffusers' "

@@ -1,5 +1,5 @@
-/* File-system helpers: mkdir -p, fsync, atomic replacement, rm -r, cp -rL; messages name the
- * path. */
+/* File-system helpers: mkdir -p, fsync, atomic replacement, rm -r, cp -rL, reading a regular
+ * file; messages name the path. */
 #include "sdtrain/fsutil.h"
 
 #include <dirent.h>
@@ -7,10 +7,14 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "sdtrain/check.h"
 
 int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 {
@@ -191,4 +195,44 @@ int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *er
     snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) : 1,
              slash ? (slash == out ? "/" : out) : ".");
     return sd_fsync_path(parent, err);
+}
+
+int sd_read_regular_file(const char *path, size_t limit, const char *what, char **data,
+                         size_t *len, sd_err *err)
+{
+    struct stat st;
+    /* O_NONBLOCK: a FIFO in the place of the file must not block the open */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return sd_err_set(err, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > limit) {
+        close(fd);
+        return sd_err_set(err, "%s: %lld bytes, more than the %zu MiB %s may have", path,
+                          (long long)st.st_size, limit >> 20, what);
+    }
+    size_t cap = (size_t)st.st_size, n = 0;
+    char *buf = sd_xmalloc(cap + 1);
+    while (n < cap) { /* a file that shrinks while read ends early; one that grows is cut */
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            int e = errno;
+            close(fd);
+            free(buf);
+            return sd_err_set(err, "%s: read error: %s", path, strerror(e));
+        }
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    close(fd);
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    return 0;
 }

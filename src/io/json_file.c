@@ -1,15 +1,12 @@
 /* JSON configuration files: reading with located errors, typed keys with named errors. */
-#include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/json_file.h"
 
 int sd_json_parse(const char *path, const char *text, size_t len, json_object **out, sd_err *err)
@@ -47,52 +44,12 @@ int sd_json_parse(const char *path, const char *text, size_t len, json_object **
     return 0;
 }
 
-/* The whole of a regular file, NUL-terminated. */
-static int read_regular_file(const char *path, char **data, size_t *len, sd_err *err)
-{
-    struct stat st;
-    /* O_NONBLOCK: a FIFO in the place of a configuration must not block the open */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return sd_err_set(err, "%s: not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > SD_JSON_FILE_LIMIT) {
-        close(fd);
-        return sd_err_set(err, "%s: %lld bytes, more than the %zu MiB a JSON configuration may "
-                               "have", path, (long long)st.st_size, SD_JSON_FILE_LIMIT >> 20);
-    }
-    size_t cap = (size_t)st.st_size, n = 0;
-    char *buf = sd_xmalloc(cap + 1);
-    while (n < cap) { /* a file that shrinks while read ends early; one that grows is cut */
-        ssize_t got = read(fd, buf + n, cap - n);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            int e = errno;
-            close(fd);
-            free(buf);
-            return sd_err_set(err, "%s: read error: %s", path, strerror(e));
-        }
-        if (got == 0)
-            break;
-        n += (size_t)got;
-    }
-    close(fd);
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return 0;
-}
-
 int sd_json_read_object(const char *path, json_object **out, sd_err *err)
 {
     char *text = NULL;
     size_t len = 0;
     *out = NULL;
-    if (read_regular_file(path, &text, &len, err) != 0)
+    if (sd_read_regular_file(path, SD_JSON_FILE_LIMIT, "a JSON configuration", &text, &len, err) != 0)
         return -1;
     if (strlen(text) != len) {
         free(text);

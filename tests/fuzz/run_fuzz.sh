@@ -54,7 +54,7 @@ tar)
     sources="$src/data/tar.c"
     pkgs="" opts="-max_len=16384" seeds="" ;;
 tokenizer | tokenizerfiles)
-    sources="$src/data/tokenizer.c $src/data/unicode_tables.c $src/data/utf8.c $src/io/json_file.c"
+    sources="$src/data/tokenizer.c $src/data/unicode_tables.c $src/data/utf8.c $src/io/json_file.c $src/core/fsutil.c"
     opts="-max_len=4096"
     [ "$target" = tokenizerfiles ] && opts="-max_len=16384"
     pkgs="zlib json-c" seeds="" ;;
@@ -66,12 +66,12 @@ modelconfig)
         'void sd_weight_from_torch(int n, const int64_t *s, size_t e, const void *a, void *b, int64_t *o) { abort(); }' \
         'void sd_weight_to_torch(int n, const int64_t *s, size_t e, const void *a, void *b) { abort(); }' \
         >"$dir/layout_stub.c"
-    sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c $src/io/json_file.c
+    sources="$src/models/model_config.c $src/models/params.c $src/core/tensor.c $src/io/json_file.c $src/core/fsutil.c
         $src/models/snapshot.c $src/models/weights.c $src/io/safetensors.c $src/core/rng.c
         $dir/layout_stub.c"
     pkgs=json-c opts="-max_len=8192" seeds="" ;;
 schedconfig)
-    sources="$src/app/sched_config.c $src/io/json_file.c $src/train/sampler.c $src/train/diffusion.c
+    sources="$src/app/sched_config.c $src/io/json_file.c $src/core/fsutil.c $src/train/sampler.c $src/train/diffusion.c
         $src/core/rng.c $src/core/tensor.c"
     pkgs=json-c opts="-max_len=4096" seeds="" ;;
 shardmanifest | checkpoint)

@@ -521,6 +521,50 @@ grep -q '"width": 24, "height": 16, "file": "samples/0-0.png"' "$TMP/wide1/sampl
     fail "samples.jsonl: the size is not recorded"
 pass "non-square images"
 
+# &sample prompts_file: the same prompts as lines (CRLF, blank lines, no final newline) make the
+# same images; samples.jsonl gives each prompt's line
+printf 'a photo of the cat\r\n\n  \t\nred car at the sea\nx "quoted" \\ back' >"$TMP/prompts.txt"
+pfile_nml() {
+    nml "$1.nml" <<EOF2
+&run mode = 'sample', output_dir = '$TMP/$1', seed = 7, device = 'cpu' /
+&model pretrained = '$top_srcdir/tests/data/models/tiny-sd2',
+       tokenizer = '$top_srcdir/tests/data/sample/tokenizer', resolution = 16 /
+&sample prompts_file = '$2', num_steps = 3, guidance_scale = 7.5, scheduler = 'ddim',
+        images_per_prompt = 2${3:-} /
+EOF2
+}
+pfile_nml pfile "$TMP/prompts.txt"
+mpi pfile 2 "$SDTRAIN" "$TMP/pfile.nml"
+expect_rc pfile 0
+expect_in pfile out "sampling 6 image(s) (3 prompt(s) x 2)"
+same_pngs pfile ddim1 "prompts_file vs the same prompts in the namelist"
+grep -q '"prompt_index": 1, "image_index": 0, "prompt_line": 4, "prompt": "red car at the sea"' \
+    "$TMP/pfile/samples.jsonl" || fail "prompts_file: samples.jsonl lacks the prompt's line"
+pass "prompts_file: the same PNG bytes as the namelist's prompts"
+awk 'BEGIN { s = ""; for (i = 0; i < 1100; i++) s = s "a"; print "ok"; print s }' >"$TMP/long.txt"
+pfile_nml plong "$TMP/long.txt"
+mpi plong 2 "$SDTRAIN" "$TMP/plong.nml"
+expect_rc plong 2
+expect_count plong err "long.txt:2:1: a prompt of 1100 bytes (at most 1023)" 1
+printf '\n \n\n' >"$TMP/blank.txt"
+pfile_nml pblank "$TMP/blank.txt"
+mpi pblank 2 "$SDTRAIN" "$TMP/pblank.nml"
+expect_rc pblank 2
+expect_count pblank err "blank.txt: no prompts (the file has only blank lines)" 1
+pfile_nml pnone "$TMP/none.txt"
+mpi pnone 2 "$SDTRAIN" "$TMP/pnone.nml"
+expect_rc pnone 2
+expect_count pnone err "none.txt: cannot read: No such file or directory" 1
+pfile_nml pneg "$TMP/prompts.txt" ", negative_prompts = 'a', 'b', 'c'"
+mpi pneg 1 "$SDTRAIN" --check "$TMP/pneg.nml"
+expect_rc pneg 2
+expect_in pneg err "with prompts_file it takes one (for every prompt)"
+sample_nml pboth ddim ", prompts_file = '$TMP/prompts.txt'"
+mpi pboth 1 "$SDTRAIN" --check "$TMP/pboth.nml"
+expect_rc pboth 2
+expect_in pboth err "&sample has both prompts and prompts_file"
+pass "prompts_file: long, blank, missing, with three negative prompts, beside prompts: refused"
+
 # bad inputs: exit 2, one message, on every rank count
 printf "&run mode = 'sample', output_dir = '$TMP/noprompt' /\n&model pretrained = '$snap' /\n" | nml noprompt.nml
 mpi noprompt 2 "$SDTRAIN" "$TMP/noprompt.nml"
