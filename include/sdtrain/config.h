@@ -25,6 +25,7 @@ typedef struct sd_config {
     struct {
         char mode[SD_NAME_MAX];        /* process | train | pipeline | sample */
         int64_t n_process_ranks;
+        char pipeline_end[SD_NAME_MAX]; /* shards | training */
         char device[SD_NAME_MAX];      /* auto | cpu | cuda */
         int64_t seed;
         char output_dir[SD_PATH_MAX];

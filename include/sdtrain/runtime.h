@@ -82,6 +82,23 @@ typedef struct sd_pipeline_plan {
 /* Preprocessing rank 0 of a pipeline job; a no-op in every other case. */
 void sd_pipeline_send_plan(const sd_runtime *rt, const sd_pipeline_plan *plan);
 
+/* &run pipeline_end = 'training': training rank 0 tells preprocessing rank 0 (world rank 0),
+ * with one empty message, that training is done; preprocessing checks for it before each shard
+ * it has still to write. */
+#define SD_PIPELINE_TRAINED_TAG 0x5D02
+
+/* Training rank 0 of a pipeline job; a no-op in every other case. */
+void sd_pipeline_send_trained(const sd_runtime *rt);
+/* Preprocessing rank 0 of a pipeline job posts the receive of that message in *req (an MPI
+ * request, MPI_REQUEST_NULL on every other rank and in every other case). */
+void sd_pipeline_trained_listen(const sd_runtime *rt, MPI_Request *req);
+/* Collective over the preprocessing communicator: 1 on every rank once the message has come
+ * (preprocessing rank 0 tests *req), else 0. 0 outside a pipeline job's preprocessing half. */
+int sd_pipeline_trained(const sd_runtime *rt, MPI_Request *req);
+/* Waits (sleeping) for the message when it has not come yet, so that none is left unreceived
+ * at the end of the job; a no-op for MPI_REQUEST_NULL. */
+void sd_pipeline_wait_trained(MPI_Request *req);
+
 /* Prints a table of every rank's role, communicator rank, node and node-local rank (rank 0). */
 void sd_runtime_report(const sd_runtime *rt);
 

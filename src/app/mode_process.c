@@ -667,6 +667,11 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     int64_t n, n_shards, n_new = 0;
     double t_start = sd_time_now(), t[T_N] = {0};
     long delay_ms = 0;
+    /* a pipeline job ending with its training: stop at a shard boundary once told */
+    const int stop_when_trained =
+        !strcmp(cfg->run.mode, "pipeline") && !strcmp(cfg->run.pipeline_end, "training");
+    int trained = 0;
+    MPI_Request trained_req = MPI_REQUEST_NULL;
 
     memset(&ds, 0, sizeof ds);
     memset(&sl, 0, sizeof sl);
@@ -741,6 +746,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     memcpy(meta.weights_path, enc.weights_path, sizeof meta.weights_path);
     memcpy(meta.weights_hash, enc.weights_hash, sizeof meta.weights_hash);
 
+    if (stop_when_trained)
+        sd_pipeline_trained_listen(rt, &trained_req);
     for (int64_t k = 0; k < n_shards && code == SD_EXIT_OK; k++) {
         int64_t begin, end;
         double t0 = sd_time_now(), t1;
@@ -750,6 +757,14 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             continue; /* committed by an earlier run: its samples are not read again */
         if (delay_ms > 0)
             usleep((useconds_t)delay_ms * 1000);
+        if (stop_when_trained && sd_pipeline_trained(rt, &trained_req)) {
+            trained = 1;
+            if (rank == 0)
+                sd_info("training is done (&run pipeline_end = 'training'): preprocessing stops "
+                        "before shard %lld of %lld; a later 'process' or 'pipeline' run commits "
+                        "the rest", (long long)k + 1, (long long)n_shards);
+            break;
+        }
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl);
         process_range(cfg, &ds, &enc, begin, end, &sl, counts, t);
@@ -811,5 +826,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     sd_shard_manifest_free(&man);
     free_encoders(&enc);
     sd_dataset_close(&ds);
+    if (code == SD_EXIT_OK && stop_when_trained && !trained)
+        sd_pipeline_wait_trained(&trained_req); /* every shard first: take the trainers' word */
     return code;
 }

@@ -273,7 +273,8 @@ static void share_cores(const sd_runtime *rt)
  * preprocessing for a job that has failed. A half that is done waits for the other without
  * spinning (the trainers usually finish first and must leave the cores to preprocessing); the
  * job ends when both are done, so every planned shard is committed: the shard directory is the
- * one mode 'process' writes, reusable by later 'train' runs. */
+ * one mode 'process' writes, reusable by later 'train' runs. With &run pipeline_end = 'training'
+ * the trainers tell preprocessing when they are done, and it stops at its next shard boundary. */
 static int run_pipeline(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const int process = rt->role == SD_ROLE_PROCESS;
@@ -295,6 +296,12 @@ static int run_pipeline(const sd_run_config *rc, const sd_runtime *rt, const sd_
         fflush(stderr);
         nanosleep(&pause, NULL);
         MPI_Abort(MPI_COMM_WORLD, code);
+    }
+    if (!process && !strcmp(rc->cfg.run.pipeline_end, "training")) {
+        if (rt->role_rank == 0)
+            sd_info("mode 'pipeline': training is done; preprocessing stops at its next shard "
+                    "(&run pipeline_end = 'training')");
+        sd_pipeline_send_trained(rt);
     }
     if (rt->role_rank == 0)
         sd_info("mode 'pipeline': the %s half is done; waiting for the %s half", process ?

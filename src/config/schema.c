@@ -39,6 +39,11 @@ static const sd_option options[] = {
            "rest train), 'sample' = generate images. Required."),
     INT(run, n_process_ranks, "0", 0, U, "ranks",
         "Ranks given to preprocessing when mode = 'pipeline' (the rest train); ignored otherwise."),
+    CHOICE(run, pipeline_end, "'shards'", "shards|training",
+           "When a mode = 'pipeline' job ends: 'shards' = once training is done and every planned "
+           "shard is committed (the shard directory complete, as mode 'process' makes it); "
+           "'training' = once training is done: preprocessing commits the shard it is writing and "
+           "stops (a later 'process' or 'pipeline' run commits the rest)."),
     CHOICE(run, device, "'auto'", "auto|cpu|cuda",
            "'cuda' requires a GPU and fails without one; 'auto' uses the GPU when there is one and "
            "falls back to the CPU with a notice."),

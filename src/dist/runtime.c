@@ -139,6 +139,39 @@ void sd_pipeline_send_plan(const sd_runtime *rt, const sd_pipeline_plan *plan)
                           MPI_COMM_WORLD));
 }
 
+void sd_pipeline_send_trained(const sd_runtime *rt)
+{
+    if (rt->role != SD_ROLE_TRAIN || rt->role_rank != 0 || rt->layout.n_process == 0)
+        return;
+    SD_MPI_CHECK(MPI_Send(NULL, 0, MPI_BYTE, 0, SD_PIPELINE_TRAINED_TAG, MPI_COMM_WORLD));
+}
+
+void sd_pipeline_trained_listen(const sd_runtime *rt, MPI_Request *req)
+{
+    *req = MPI_REQUEST_NULL;
+    if (rt->role != SD_ROLE_PROCESS || rt->role_rank != 0 || rt->layout.n_train == 0)
+        return;
+    SD_MPI_CHECK(MPI_Irecv(NULL, 0, MPI_BYTE, rt->layout.n_process, SD_PIPELINE_TRAINED_TAG,
+                           MPI_COMM_WORLD, req));
+}
+
+int sd_pipeline_trained(const sd_runtime *rt, MPI_Request *req)
+{
+    int flag = 0;
+    if (rt->role != SD_ROLE_PROCESS || rt->layout.n_train == 0)
+        return 0;
+    if (rt->role_rank == 0 && *req != MPI_REQUEST_NULL)
+        SD_MPI_CHECK(MPI_Test(req, &flag, MPI_STATUS_IGNORE));
+    SD_MPI_CHECK(MPI_Bcast(&flag, 1, MPI_INT, 0, rt->role_comm));
+    return flag;
+}
+
+void sd_pipeline_wait_trained(MPI_Request *req)
+{
+    if (*req != MPI_REQUEST_NULL)
+        sd_mpi_wait_idle(req);
+}
+
 void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *rt)
 {
     int leader, n_nodes = 0;

@@ -6,7 +6,8 @@
 # preprocessing, and one on an already complete shard directory, give the same weights and
 # losses); a step that needs the next shard waits for it; a preprocessing half that dies or
 # stalls ends the whole job with a non-zero status, without a hang; the training half on the
-# emulated GPU device path trains the same.
+# emulated GPU device path trains the same; with &run pipeline_end = 'training' preprocessing stops
+# at a shard boundary once training is done.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 # 4 ranks: the default launcher passes --oversubscribe for machines with fewer cores
@@ -95,6 +96,31 @@ expect_rc one 0
 run cmp-one "$top_builddir/tests/mpi/st_compare" "$TMP/pipe/unet_final.safetensors" "$TMP/one/unet_final.safetensors" 1e-6
 expect_rc cmp-one 0
 pass "the training does not depend on when the shards come, nor on the split of the global batch"
+
+# (e) &run pipeline_end = 'training': one step needs shard 0 only; preprocessing (slowed by 4 s a
+# shard) learns before shard 2 that training is done and stops there; a 'process' run commits
+# the rest, and the directory equals mode 'process''s
+pipe_nml early "$TMP/shards-early" 1
+SDTRAIN_TEST_SHARD_DELAY_MS=4000 mpi early 4 "$SDTRAIN" "$TMP/early.nml" --set run.pipeline_end=training
+expect_rc early 0
+expect_in early out "mode 'pipeline': training is done; preprocessing stops at its next shard"
+# (before shard 2 unless the one step took more than 4 s: a loaded machine may make it shard 3)
+expect_in early out "preprocessing stops before shard"
+n_early=$(checksums "$TMP/shards-early" | wc -l)
+[ "$n_early" -lt 3 ] || fail "early: all 3 shards committed, though training was done after the first"
+grep -q "preprocessing stops before shard $((n_early + 1)) of 3" "$TMP/early.out" ||
+    fail "early: $n_early shard(s) committed, not what the log says"
+sed "s|shards-proc|shards-early|" "$TMP/proc.nml" >"$TMP/rest.nml"
+mpi rest 2 "$SDTRAIN" "$TMP/rest.nml"
+expect_rc rest 0
+checksums "$TMP/shards-early" >"$TMP/sum-early"
+diff "$TMP/sum-proc" "$TMP/sum-early" || fail "pipeline_end 'training' + process: other shards than mode 'process'"
+# with every shard done before training ends, the trainers' message is still taken: no hang
+pipe_nml late "$TMP/shards-proc" 2
+mpi late 4 "$SDTRAIN" "$TMP/late.nml" --set run.pipeline_end=training
+expect_rc late 0
+expect_not_in late out "preprocessing stops before shard"
+pass "pipeline_end = 'training': preprocessing stops at a shard boundary, the rest comes later"
 
 # (d) a preprocessing rank killed while writing: the whole job ends, non-zero, no hang
 pipe_nml kill "$TMP/shards-kill" 8
