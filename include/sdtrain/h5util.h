@@ -17,6 +17,15 @@ extern "C" {
  * without a hang: that ends the job (MPI_Abort) with a message. */
 hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e);
 
+/* Collective over comm, after a round of collective writes to a parallel HDF5 file: returns when
+ * no rank's `failed` is set. When one is (its message in e), parallel HDF5's internal collectives
+ * may be out of step between the ranks: after a full disk (ENOSPC), H5Fclose waits forever, each
+ * rank in another barrier. Such a file can be neither closed nor removed safely, so the job ends
+ * instead: rank 0 prints "sdtrain: <message>; <free space of path's file system>; <what_stays>"
+ * and MPI_Abort ends every rank with SD_EXIT_FAILURE. What was committed before is untouched. */
+void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const char *path,
+                                   const char *what_stays);
+
 #ifdef __cplusplus
 }
 #endif

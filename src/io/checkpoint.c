@@ -245,6 +245,9 @@ static int write_state_file(writer *w, sd_err *e)
             failed |= write_dataset(w, ds, bufs[ds], 0, pb, pe, e) != 0;
         else
             failed |= write_dataset(w, ds, bufs[ds], t->begin, ob, oe, e) != 0;
+        /* a failed write (a full disk) cannot be followed by more collective HDF5 calls */
+        sd_h5_end_job_if_write_failed(w->comm, failed, e, w->file,
+                                      "the checkpoints committed before are intact");
     }
     SD_H5_CHECK(H5Pclose(w->dxpl));
     if (H5Fclose(w->h5) < 0 && !failed) {

@@ -1,6 +1,11 @@
 /* Parallel HDF5 helpers (include/sdtrain/h5util.h). */
 #include "sdtrain/h5util.h"
 
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <time.h>
+
 #include "sdtrain/check.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/runtime.h"
@@ -29,4 +34,37 @@ hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e)
                   "'%s' was created on %d of %d ranks; cannot continue without a hang", path,
                   n_created, size);
     return created ? file : -1;
+}
+
+void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const char *path,
+                                   const char *what_stays)
+{
+    int rank;
+    char space[4200] = "";
+    if (sd_agree(comm, failed, e) == 0)
+        return;
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    if (rank == 0) { /* a full disk is the usual cause: say how full */
+        struct statvfs fs;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = '\0';
+        else
+            snprintf(dir, sizeof dir, ".");
+        if (statvfs(dir, &fs) == 0)
+            snprintf(space, sizeof space, "; the file system of %s has %.1f MiB free", dir,
+                     (double)fs.f_bavail * (double)fs.f_frsize / 1048576.0);
+    }
+    /* one MPI_Abort, by rank 0 after its message (Open MPI can lose the output of ranks that
+     * abort at once); the others follow should it not */
+    struct timespec pause = {rank == 0 ? 0 : 5, rank == 0 ? 200000000 : 0};
+    if (rank == 0)
+        fprintf(stderr, "sdtrain: %s%s; ending the job (a parallel HDF5 file cannot be closed "
+                        "after a failed collective write); %s\n", e->msg, space, what_stays);
+    fflush(stdout);
+    fflush(stderr);
+    nanosleep(&pause, NULL);
+    sd_abort(SD_EXIT_FAILURE);
 }

@@ -1022,6 +1022,10 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     SD_H5_CHECK(H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_COLLECTIVE));
     {
         int failed = write_data(w, e) != 0;
+        /* a failed write (a full disk) cannot be followed by more collective HDF5 calls */
+        sd_h5_end_job_if_write_failed(w->comm, failed, e, w->tmp_path,
+                                      "the shards committed before are intact and a rerun "
+                                      "goes on from them");
         close_objects(w);
         if (H5Fclose(w->file) < 0 && !failed) {
             char h5msg[512];

@@ -1,0 +1,59 @@
+#!/bin/sh
+# A full disk under the collective parallel-HDF5 writers: a checkpoint or shard write that fails
+# on the ranks (ENOSPC) ends the whole job with a message naming the file and the free space,
+# never a hang (parallel HDF5 cannot close a file after a failed collective write: the ranks
+# would wait in different barriers), and what was committed before stays usable. Needs a small
+# file system: a 1 MiB tmpfs mounted for the test (root); skipped where mounting is refused.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+full="$TMP/full"
+mkdir -p "$full"
+mount -t tmpfs -o size=1M sdtrain-test "$full" 2>/dev/null ||
+    skip "cannot mount a 1 MiB tmpfs for the full disk (needs root)"
+trap 'umount "$full" 2>/dev/null' EXIT
+
+tiny_shards 48 2
+
+# a checkpoint (parameters, moments and EMA: 3.2 MB) on the 1 MiB file system
+STEPS=4 tiny_train_nml ck 4 none "" "&checkpoint dir = '$full/ck', every_n_steps = 2 /"
+mpi ck 2 "$SDTRAIN" "$TMP/ck.nml"
+[ "$RC" != 0 ] || fail "ck: the job exited 0 with its checkpoint on a full disk"
+expect_count ck err "state.h5 failed on rank 0" 1
+expect_in ck err "has 0.0 MiB free; ending the job"
+expect_in ck err "the checkpoints committed before are intact"
+[ ! -d "$full/ck/step-00000002" ] || fail "ck: a checkpoint was committed from a failed write"
+pass "a checkpoint on a full disk ends the job with a message, no hang"
+
+# once there is room again the same job starts afresh (the leftover is removed) and finishes
+mount -o remount,size=16M "$full" || fail "cannot grow the tmpfs"
+STEPS=4 tiny_train_nml ck2 4 none "" "&checkpoint dir = '$full/ck', every_n_steps = 0 /"
+mpi ck2 2 "$SDTRAIN" "$TMP/ck2.nml"
+expect_rc ck2 0
+expect_in ck2 out "left by an interrupted checkpoint write"
+[ -f "$full/ck/step-00000004/state.h5" ] || fail "ck2: no final checkpoint"
+pass "with room again the job runs to its end"
+
+# shards (114 KiB each here) on a 160 KiB file system: the first is committed, the second
+# fails; with room again the rerun goes on from the first
+rm -rf "${full:?}"/*
+mount -o remount,size=160k "$full" || fail "cannot shrink the tmpfs"
+nml proc.nml <<EOF2
+&run mode = 'process', output_dir = '$TMP/proc-full', seed = 5, device = 'cpu' /
+&model $TINY_MODEL /
+&data input = '$TMP/data', shard_dir = '$full/shards', samples_per_shard = 16, encode_batch_size = 8 /
+EOF2
+mpi sh 2 "$SDTRAIN" "$TMP/proc.nml"
+[ "$RC" != 0 ] || fail "sh: the job exited 0 with its shards on a full disk"
+expect_in sh err "ending the job (a parallel HDF5 file cannot be closed"
+expect_in sh err "the shards committed before are intact and a rerun goes on from them"
+grep -q '"index": 0' "$full/shards/manifest.json" || fail "sh: shard 0 is not committed"
+grep -q '"index": 1' "$full/shards/manifest.json" && fail "sh: shard 1 committed from a failed write"
+mount -o remount,size=16M "$full" || fail "cannot grow the tmpfs"
+mpi sh2 2 "$SDTRAIN" "$TMP/proc.nml"
+expect_rc sh2 0
+expect_in sh2 out "1 already committed"
+checksums() { grep -E '"(index|checksum)"' "$1/manifest.json" | tr -d ' ",' | paste - -; }
+checksums "$TMP/shards" >"$TMP/sum-ref"
+checksums "$full/shards" >"$TMP/sum-full"
+diff "$TMP/sum-ref" "$TMP/sum-full" || fail "the shards finished after the full disk differ"
+pass "a shard write on a full disk ends the job with a message, no hang; the rerun completes it"
