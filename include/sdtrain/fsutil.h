@@ -14,6 +14,11 @@ extern "C" {
  * ("directory", "shard directory"): "cannot create <what> '<prefix>': <reason>". */
 int sd_mkdir_p(const char *path, const char *what, sd_err *err);
 
+/* sd_mkdir_p, then a check that files can be created in it (a read-only file system, no
+ * permission): "<what> '<path>' is not writable: <reason>". For the folders a job writes into
+ * late (checkpoints, shards), so that it stops before its work, not after. */
+int sd_mkdir_writable(const char *path, const char *what, sd_err *err);
+
 /* fsync of a path: a file's data, or a directory's entries (which a rename changed). File
  * systems that cannot sync directories (EINVAL, EROFS) are not an error. */
 int sd_fsync_path(const char *path, sd_err *err);

@@ -18,6 +18,7 @@
 #include "sdtrain/clip.h"
 #include "sdtrain/cmd_backend.h"
 #include "sdtrain/dataset.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
@@ -718,6 +719,16 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         free_encoders(&enc);
         sd_dataset_close(&ds);
         return SD_EXIT_FAILURE;
+    }
+    /* a shard directory that cannot take shards: an error now, before any encoding */
+    if (sd_agree(comm, rank == 0 && sd_mkdir_writable(cfg->data.shard_dir, "shard directory",
+                                                      &err) != 0, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        sd_shard_manifest_free(&man);
+        free_encoders(&enc);
+        sd_dataset_close(&ds);
+        return SD_EXIT_USAGE;
     }
     if (rank == 0)
         sd_info("preprocessing %lld samples of %s into %lld shard(s) of %lld in %s with %d rank(s); %lld "

@@ -21,6 +21,7 @@
 #include "sdtrain/device.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/fault.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/grad_buckets.h"
 #include "sdtrain/loader.h"
 #include "sdtrain/log.h"
@@ -1162,6 +1163,12 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
         snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", cfg->checkpoint.dir);
     else
         snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/checkpoints", cfg->run.output_dir);
+    /* every run writes checkpoints (a final one at least): a folder that cannot take them is an
+     * error now, not after hours of training whose periodic checkpoints all fail */
+    if (t->rank == 0)
+        failed = sd_mkdir_writable(t->ckpt_dir, "checkpoint directory", err) != 0;
+    if (sd_agree(t->mpi_comm, failed, err))
+        return -1;
     if (sd_ckpt_resolve(t->mpi_comm, t->ckpt_dir, cfg->checkpoint.resume, path, sizeof path,
                         &found, err))
         return -1;

@@ -197,6 +197,15 @@ int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *er
     return sd_fsync_path(parent, err);
 }
 
+int sd_mkdir_writable(const char *path, const char *what, sd_err *err)
+{
+    if (sd_mkdir_p(path, what, err) != 0)
+        return -1;
+    if (access(path, W_OK | X_OK) != 0)
+        return sd_err_set(err, "%s '%s' is not writable: %s", what, path, strerror(errno));
+    return 0;
+}
+
 int sd_read_regular_file(const char *path, size_t limit, const char *what, char **data,
                          size_t *len, sd_err *err)
 {

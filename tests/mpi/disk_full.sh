@@ -2,8 +2,9 @@
 # A full disk under the collective parallel-HDF5 writers: a checkpoint or shard write that fails
 # on the ranks (ENOSPC) ends the whole job with a message naming the file and the free space,
 # never a hang (parallel HDF5 cannot close a file after a failed collective write: the ranks
-# would wait in different barriers), and what was committed before stays usable. Needs a small
-# file system: a 1 MiB tmpfs mounted for the test (root); skipped where mounting is refused.
+# would wait in different barriers), and what was committed before stays usable. A read-only
+# checkpoint or shard directory is refused when the job starts. Needs a small file system: a
+# tmpfs mounted for the test (root); skipped where mounting is refused.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 full="$TMP/full"
@@ -57,3 +58,23 @@ checksums "$TMP/shards" >"$TMP/sum-ref"
 checksums "$full/shards" >"$TMP/sum-full"
 diff "$TMP/sum-ref" "$TMP/sum-full" || fail "the shards finished after the full disk differ"
 pass "a shard write on a full disk ends the job with a message, no hang; the rerun completes it"
+
+# a read-only file system under the checkpoints or the shards: refused when the job starts,
+# before any training or encoding (exit 2)
+rm -rf "${full:?}"/*
+mkdir -p "$full/ro-existing"
+mount -o remount,ro "$full" || fail "cannot make the tmpfs read-only"
+STEPS=4 tiny_train_nml rock 4 none "" "&checkpoint dir = '$full/ck', every_n_steps = 2 /"
+mpi rock 2 "$SDTRAIN" "$TMP/rock.nml"
+expect_rc rock 2
+expect_count rock err "cannot create checkpoint directory '$full/ck': Read-only file system" 1
+expect_not_in rock out "step 1/4"
+STEPS=4 tiny_train_nml rock2 4 none "" "&checkpoint dir = '$full/ro-existing' /"
+mpi rock2 2 "$SDTRAIN" "$TMP/rock2.nml"
+expect_rc rock2 2
+expect_count rock2 err "checkpoint directory '$full/ro-existing' is not writable: Read-only file system" 1
+mpi rosh 2 "$SDTRAIN" "$TMP/proc.nml" --set data.shard_dir="'$full/ro-existing'"
+expect_rc rosh 2
+expect_count rosh err "shard directory '$full/ro-existing' is not writable: Read-only file system" 1
+expect_not_in rosh out "preprocessing 48 samples"
+pass "a read-only checkpoint or shard directory is refused before any work"
