@@ -1771,14 +1771,17 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         }
     }
 
-    /* the last checkpoint, the final weights (and EMA), then the summary */
+    /* the last checkpoint, the final weights (and EMA), then the summary; the weights are
+     * written even when the checkpoint cannot be (a full checkpoint disk), and the run then ends
+     * with status 1 */
+    int final_ckpt_failed = 0;
     if (code == SD_EXIT_OK && !t.stopped && t.last_ckpt != step &&
         save_checkpoint(&t, step, k, skipped, &err)) {
         if (t.rank == 0)
-            sd_error("%s", err.msg);
-        code = SD_EXIT_FAILURE;
+            sd_error("%s; the final weights are written all the same", err.msg);
+        final_ckpt_failed = 1;
     }
-    if (code == SD_EXIT_OK && !t.stopped)
+    if (code == SD_EXIT_OK && !t.stopped && !final_ckpt_failed)
         sample_checkpoint(&t, step); /* the last checkpoint's images too */
     if (code == SD_EXIT_OK && !t.stopped) {
         int failed = 0;
@@ -1804,6 +1807,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         if (any_failed(t.comm, failed))
             code = SD_EXIT_FAILURE;
     }
+    if (final_ckpt_failed)
+        code = SD_EXIT_FAILURE;
     {
         double pk = (double)peak_rss_bytes();
         sd_allreduce_f64(t.comm, &pk, 1, SD_RED_MAX);

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/statvfs.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -448,6 +449,26 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
     return 0;
 }
 
+/* A checkpoint that would fill the file system is not started: a collective write that fails
+ * half-way cannot be cleaned up and ends the job (sd_h5_end_job_if_write_failed), while this
+ * refusal leaves a periodic checkpoint to be skipped. The file holds (3 + EMA) fp32 copies of
+ * the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed). SDTRAIN_TEST_NO_ROOM_CHECK=1
+ * (a test hook) skips the check, to reach the failed write. */
+static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
+                      sd_err *e)
+{
+    struct statvfs fs;
+    const char *skip = getenv("SDTRAIN_TEST_NO_ROOM_CHECK");
+    const double need = (3.0 + (s->has_ema ? 1.0 : 0.0)) * (double)t->n * 4.0 + 4194304.0;
+    if ((skip && !strcmp(skip, "1")) || statvfs(dir, &fs) != 0)
+        return 0; /* a file system that cannot say: the write will tell */
+    const double avail = (double)fs.f_bavail * (double)fs.f_frsize;
+    if (avail >= need)
+        return 0;
+    return sd_err_set(e, "it needs %.1f MiB, and the file system of '%s' has %.1f MiB free",
+                      need / 1048576.0, dir, avail / 1048576.0);
+}
+
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
                   const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
                   char *committed, size_t committed_size, sd_err *err)
@@ -474,12 +495,13 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
     if (!failed && t->n == 0)
         failed = sd_err_set(&e, "checkpoint: no parameters to write") != 0;
 
-    /* 1. Rank 0 prepares an empty temporary directory. */
+    /* 1. Rank 0 prepares an empty temporary directory, where there is room for the file. */
     if (!failed && w.rank == 0)
         failed = sd_mkdir_p(dir, "checkpoint directory", &e) || sd_remove_tree(w.tmp_dir, &e) ||
-                 sd_mkdir_p(w.tmp_dir, "checkpoint directory", &e);
+                 check_room(dir, s, t, &e) || sd_mkdir_p(w.tmp_dir, "checkpoint directory", &e);
     if (sd_agree(comm, failed, &e)) {
-        sd_err_set(err, "%s", e.msg);
+        sd_err_set(err, "checkpoint of step %lld into '%s' not written (the previous checkpoint "
+                   "stays the latest): %s", (long long)s->step, dir, e.msg);
         return -1;
     }
 

@@ -15,9 +15,22 @@ trap 'umount "$full" 2>/dev/null' EXIT
 
 tiny_shards 48 2
 
-# a checkpoint (parameters, moments and EMA: 3.2 MB) on the 1 MiB file system
+# a checkpoint (parameters, moments and EMA: 3.2 MB) on the 1 MiB file system: not started
+# (the room is checked first), training goes on, the final weights are written, status 1
+STEPS=4 tiny_train_nml ckroom 4 none "" "&checkpoint dir = '$full/ck', every_n_steps = 2 /"
+mpi ckroom 2 "$SDTRAIN" "$TMP/ckroom.nml"
+expect_rc ckroom 1
+expect_in ckroom err "checkpoint of step 2 into '$full/ck' not written (the previous checkpoint stays the latest): it needs 7.2 MiB, and the file system of '$full/ck' has 1.0 MiB free; training goes on"
+expect_in ckroom err "checkpoint of step 4 into '$full/ck' not written"
+expect_in ckroom err "the final weights are written all the same"
+[ -s "$TMP/ckroom/unet_final.safetensors" ] && [ -s "$TMP/ckroom/unet_ema.safetensors" ] ||
+    fail "ckroom: the final weights are missing"
+pass "a checkpoint that does not fit is not started; training goes on and the weights are written"
+
+# the same with the room check off (a disk filled by something else during the write): the
+# write fails and ends the job
 STEPS=4 tiny_train_nml ck 4 none "" "&checkpoint dir = '$full/ck', every_n_steps = 2 /"
-mpi ck 2 "$SDTRAIN" "$TMP/ck.nml"
+SDTRAIN_TEST_NO_ROOM_CHECK=1 mpi ck 2 "$SDTRAIN" "$TMP/ck.nml"
 [ "$RC" != 0 ] || fail "ck: the job exited 0 with its checkpoint on a full disk"
 expect_count ck err "state.h5 failed on rank 0" 1
 expect_in ck err "has 0.0 MiB free; ending the job"
