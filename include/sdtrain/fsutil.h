@@ -19,6 +19,10 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err);
  * late (checkpoints, shards), so that it stops before its work, not after. */
 int sd_mkdir_writable(const char *path, const char *what, sd_err *err);
 
+/* The bytes an unprivileged writer may still put on the file system holding `path`
+ * (statvfs), or -1 when it cannot say. */
+double sd_fs_free_bytes(const char *path);
+
 /* fsync of a path: a file's data, or a directory's entries (which a rename changed). File
  * systems that cannot sync directories (EINVAL, EROFS) are not an error. */
 int sd_fsync_path(const char *path, sd_err *err);

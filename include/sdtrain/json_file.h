@@ -36,14 +36,11 @@ typedef struct sd_jconf {
     struct json_object *root;
     sd_err *err;
     int failed;
-    int owned; /* root was read by sd_jconf_open */
 } sd_jconf;
 
 /* sd_json_read_object into j->root; 0 or -1 (then nothing to close). */
 int sd_jconf_open(sd_jconf *j, const char *path, sd_err *err);
-/* Wraps an object already parsed (not owned: close does not free it). */
-void sd_jconf_wrap(sd_jconf *j, const char *path, struct json_object *root, sd_err *err);
-/* Frees the object (when opened here); 0, or -1 when an accessor failed. */
+/* Frees the object; 0, or -1 when an accessor failed. */
 int sd_jconf_close(sd_jconf *j);
 /* Records an error (unless one is recorded): fmt takes three %s, the path, `key` and `detail`
  * ("" when NULL). Returns -1. */

@@ -25,14 +25,6 @@ void sd_sched_from_diffusion(sd_sched_setup *ss, const char *schedule, const cha
     ss->lower_order_final = 1;
 }
 
-/* A string key: *differs when it is present and not `want`; *got is the value or `want`. */
-static void jstr_is(sd_jconf *j, const char *key, const char *want, const char **got, int *differs)
-{
-    *got = want;
-    sd_jconf_string(j, key, got);
-    *differs = strcmp(*got, want) != 0;
-}
-
 /* UniPC's disable_corrector: diffusers tests `step_index - 1 in disable_corrector`, so a number
  * equal to a step index (1.0 and true count, as in Python) disables that step's corrector and
  * other numbers match no step; anything but a number is refused as the mistake it most likely
@@ -72,8 +64,10 @@ int sd_sched_read(sd_sched_setup *ss, sd_sampler_kind kind, const char *path, sd
         skip_prk = 0, predict_x0 = 1, thresholding = 0, flow = 0, dynamic_shift = 0,
         lu_lambdas = 0;
     double lambda_min_clipped = -INFINITY, sigma_bound = 0;
-    const char *schedule = "linear", *prediction = "epsilon", *spacing = NULL, *got;
-    int differs;
+    const char *schedule = "linear", *prediction = "epsilon", *spacing = NULL;
+    /* the string options of some classes (NULL: absent) */
+    const char *solver_type = NULL, *final_sigmas = NULL, *variance = NULL, *interpolation = NULL,
+               *timestep_type = NULL, *algorithm = NULL;
 
     if (sd_jconf_open(&j, path, err) != 0)
         return -1;
@@ -115,8 +109,20 @@ int sd_sched_read(sd_sched_setup *ss, sd_sampler_kind kind, const char *path, sd
         sd_jconf_bool(&j, "predict_x0", &predict_x0);
         read_disable_corrector(&j, ss);
     }
-    if (dpm)
+    if (dpm) {
         sd_jconf_bool(&j, "euler_at_final", &ss->euler_at_final);
+        sd_jconf_string(&j, "algorithm_type", &algorithm);
+    }
+    if (multi)
+        sd_jconf_string(&j, "solver_type", &solver_type);
+    if (sd_sampler_takes_final_sigma_min(kind))
+        sd_jconf_string(&j, "final_sigmas_type", &final_sigmas);
+    if (kind == SD_SAMPLER_DDPM || dpm)
+        sd_jconf_string(&j, "variance_type", &variance);
+    if (kind == SD_SAMPLER_EULER) {
+        sd_jconf_string(&j, "interpolation_type", &interpolation);
+        sd_jconf_string(&j, "timestep_type", &timestep_type);
+    }
     if (j.failed)
         return sd_jconf_close(&j);
 
@@ -141,24 +147,16 @@ int sd_sched_read(sd_sched_setup *ss, sd_sampler_kind kind, const char *path, sd
     /* PNDMScheduler's default is skip_prk_steps false: the Runge-Kutta warm-up */
     ss->pndm_prk = kind == SD_SAMPLER_PNDM && !skip_prk;
     ss->unipc_eps = unipc && !predict_x0;
-    if (unipc) {
-        jstr_is(&j, "solver_type", "bh2", &got, &differs);
-        ss->unipc_bh1 = !strcmp(got, "bh1");
-        if (differs && !ss->unipc_bh1)
-            sd_jconf_fail(&j, "%s: solver_type '%s' is not implemented for 'unipc' (bh1 or bh2)%s",
-                          got, NULL);
-    }
-    if (dpm) { /* diffusers registers the solver types of other solvers as midpoint */
-        jstr_is(&j, "solver_type", "midpoint", &got, &differs);
-        ss->dpm_heun = !strcmp(got, "heun");
-    }
-    if (sd_sampler_takes_final_sigma_min(kind)) {
-        jstr_is(&j, "final_sigmas_type", "zero", &got, &differs);
-        ss->sigma_min = !strcmp(got, "sigma_min");
-        if (differs && !ss->sigma_min)
-            sd_jconf_fail(&j, "%s: final_sigmas_type '%s' is not one of zero, sigma_min%s", got,
-                          NULL);
-    }
+    ss->unipc_bh1 = unipc && solver_type && !strcmp(solver_type, "bh1");
+    if (unipc && solver_type && !ss->unipc_bh1 && strcmp(solver_type, "bh2") != 0)
+        sd_jconf_fail(&j, "%s: solver_type '%s' is not implemented for 'unipc' (bh1 or bh2)%s",
+                      solver_type, NULL);
+    /* diffusers registers the solver types of other solvers as midpoint */
+    ss->dpm_heun = dpm && solver_type && !strcmp(solver_type, "heun");
+    ss->sigma_min = final_sigmas && !strcmp(final_sigmas, "sigma_min");
+    if (final_sigmas && !ss->sigma_min && strcmp(final_sigmas, "zero") != 0)
+        sd_jconf_fail(&j, "%s: final_sigmas_type '%s' is not one of zero, sigma_min%s",
+                      final_sigmas, NULL);
     if (spacing) {
         const int sp = sd_spacing_from_name(spacing);
         if (sp < 0)
@@ -180,37 +178,34 @@ int sd_sched_read(sd_sched_setup *ss, sd_sampler_kind kind, const char *path, sd
                              "ignore (sampling another schedule than the model's): use ddim, "
                              "ddpm, euler, euler_a, dpmpp_2m, dpmpp_2m_sde or unipc", path,
                         sd_sampler_class_name(kind));
-    else if (kind == SD_SAMPLER_DDPM &&
-             (jstr_is(&j, "variance_type", "fixed_small", &got, &differs), differs))
+    else if (kind == SD_SAMPLER_DDPM && variance && strcmp(variance, "fixed_small") != 0)
         rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for 'ddpm' (only "
-                             "'fixed_small')", path, got);
+                             "'fixed_small')", path, variance);
     else if (ss->karras + ss->expo + ss->beta > 1)
         rc = sd_err_set(err, "%s: more than one of use_karras_sigmas, use_exponential_sigmas and "
                              "use_beta_sigmas is set", path);
     else if (kind == SD_SAMPLER_EULER &&
              (sd_jconf_value(&j, "sigma_min") || sd_jconf_value(&j, "sigma_max")))
         rc = sd_err_set(err, "%s: sigma_min / sigma_max are not implemented for 'euler'", path);
-    else if (kind == SD_SAMPLER_EULER &&
-             (jstr_is(&j, "interpolation_type", "linear", &got, &differs), differs))
+    else if (interpolation && strcmp(interpolation, "linear") != 0)
         rc = sd_err_set(err, "%s: interpolation_type '%s' is not implemented (only 'linear')",
-                        path, got);
-    else if (kind == SD_SAMPLER_EULER &&
-             (jstr_is(&j, "timestep_type", "discrete", &got, &differs), differs))
+                        path, interpolation);
+    else if (timestep_type && strcmp(timestep_type, "discrete") != 0)
         rc = sd_err_set(err, "%s: timestep_type '%s' is not implemented (only 'discrete')", path,
-                        got);
+                        timestep_type);
     else if (unipc && (flow || dynamic_shift))
         rc = sd_err_set(err, "%s: use_flow_sigmas and use_dynamic_shifting are not implemented",
                         path);
     else if (multi && (ss->dpm_order < 1 || ss->dpm_order > 3))
         rc = sd_err_set(err, "%s: solver_order %d is not implemented for '%s' (1 to 3)", path,
                         ss->dpm_order, sd_sampler_kind_name(kind));
-    else if (dpm && (jstr_is(&j, "algorithm_type", "dpmsolver++", &got, &differs), differs) &&
-             strcmp(got, "sde-dpmsolver++") != 0)
+    else if (algorithm && strcmp(algorithm, "dpmsolver++") != 0 &&
+             strcmp(algorithm, "sde-dpmsolver++") != 0)
         rc = sd_err_set(err, "%s: algorithm_type '%s' is not implemented (dpmsolver++ and "
                              "sde-dpmsolver++: &sample scheduler 'dpmpp_2m' / 'dpmpp_2m_sde')",
-                        path, got);
-    else if (dpm && (got = NULL, sd_jconf_string(&j, "variance_type", &got), got))
-        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for '%s'", path, got,
+                        path, algorithm);
+    else if (dpm && variance)
+        rc = sd_err_set(err, "%s: variance_type '%s' is not implemented for '%s'", path, variance,
                         sd_sampler_kind_name(kind));
     else if (dpm && isfinite(lambda_min_clipped))
         rc = sd_err_set(err, "%s: lambda_min_clipped %g is not implemented (only -inf)", path,
@@ -218,8 +213,7 @@ int sd_sched_read(sd_sched_setup *ss, sd_sampler_kind kind, const char *path, sd
     else if (dpm && (lu_lambdas || flow || dynamic_shift))
         rc = sd_err_set(err, "%s: use_lu_lambdas, use_flow_sigmas and use_dynamic_shifting are "
                              "not implemented", path);
-    if (sd_jconf_close(&j) != 0) /* a string key read above had another type */
-        rc = -1;
+    sd_jconf_close(&j);
     return rc;
 }
 

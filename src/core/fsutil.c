@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "sdtrain/check.h"
@@ -195,6 +196,14 @@ int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *er
     snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) : 1,
              slash ? (slash == out ? "/" : out) : ".");
     return sd_fsync_path(parent, err);
+}
+
+double sd_fs_free_bytes(const char *path)
+{
+    struct statvfs fs;
+    if (statvfs(path, &fs) != 0)
+        return -1.0;
+    return (double)fs.f_bavail * (double)fs.f_frsize;
 }
 
 int sd_mkdir_writable(const char *path, const char *what, sd_err *err)

@@ -10,7 +10,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/statvfs.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -457,13 +456,12 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
 static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
                       sd_err *e)
 {
-    struct statvfs fs;
     const char *skip = getenv("SDTRAIN_TEST_NO_ROOM_CHECK");
     const double need = (3.0 + (s->has_ema ? 1.0 : 0.0)) * (double)t->n * 4.0 + 4194304.0;
-    if ((skip && !strcmp(skip, "1")) || statvfs(dir, &fs) != 0)
-        return 0; /* a file system that cannot say: the write will tell */
-    const double avail = (double)fs.f_bavail * (double)fs.f_frsize;
-    if (avail >= need)
+    if (skip && !strcmp(skip, "1"))
+        return 0;
+    const double avail = sd_fs_free_bytes(dir);
+    if (avail < 0 || avail >= need) /* a file system that cannot say: the write will tell */
         return 0;
     return sd_err_set(e, "it needs %.1f MiB, and the file system of '%s' has %.1f MiB free",
                       need / 1048576.0, dir, avail / 1048576.0);

@@ -3,10 +3,10 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <sys/statvfs.h>
 #include <time.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/runtime.h"
 
@@ -45,7 +45,6 @@ void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const c
         return;
     SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     if (rank == 0) { /* a full disk is the usual cause: say how full */
-        struct statvfs fs;
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", path);
         char *slash = strrchr(dir, '/');
@@ -53,9 +52,10 @@ void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const c
             *slash = '\0';
         else
             snprintf(dir, sizeof dir, ".");
-        if (statvfs(dir, &fs) == 0)
+        const double avail = sd_fs_free_bytes(dir);
+        if (avail >= 0)
             snprintf(space, sizeof space, "; the file system of %s has %.1f MiB free", dir,
-                     (double)fs.f_bavail * (double)fs.f_frsize / 1048576.0);
+                     avail / 1048576.0);
     }
     /* one MPI_Abort, by rank 0 after its message (Open MPI can lose the output of ranks that
      * abort at once); the others follow should it not */

@@ -72,26 +72,13 @@ int sd_jconf_open(sd_jconf *j, const char *path, sd_err *err)
     memset(j, 0, sizeof *j);
     j->path = path;
     j->err = err;
-    if (sd_json_read_object(path, &j->root, err) != 0)
-        return -1;
-    j->owned = 1;
-    return 0;
-}
-
-void sd_jconf_wrap(sd_jconf *j, const char *path, json_object *root, sd_err *err)
-{
-    memset(j, 0, sizeof *j);
-    j->path = path;
-    j->root = root;
-    j->err = err;
+    return sd_json_read_object(path, &j->root, err);
 }
 
 int sd_jconf_close(sd_jconf *j)
 {
-    if (j->owned)
-        json_object_put(j->root);
+    json_object_put(j->root);
     j->root = NULL;
-    j->owned = 0;
     return j->failed ? -1 : 0;
 }
 
