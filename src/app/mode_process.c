@@ -671,8 +671,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     /* a pipeline job ending with its training: stop at a shard boundary once told */
     const int stop_when_trained =
         !strcmp(cfg->run.mode, "pipeline") && !strcmp(cfg->run.pipeline_end, "training");
-    int trained = 0;
-    MPI_Request trained_req = MPI_REQUEST_NULL;
+    MPI_Request trained_req = MPI_REQUEST_NULL; /* completed once the trainers' word came */
 
     memset(&ds, 0, sizeof ds);
     memset(&sl, 0, sizeof sl);
@@ -769,7 +768,6 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (delay_ms > 0)
             usleep((useconds_t)delay_ms * 1000);
         if (stop_when_trained && sd_pipeline_trained(rt, &trained_req)) {
-            trained = 1;
             if (rank == 0)
                 sd_info("training is done (&run pipeline_end = 'training'): preprocessing stops "
                         "before shard %lld of %lld; a later 'process' or 'pipeline' run commits "
@@ -837,7 +835,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     sd_shard_manifest_free(&man);
     free_encoders(&enc);
     sd_dataset_close(&ds);
-    if (code == SD_EXIT_OK && stop_when_trained && !trained)
-        sd_pipeline_wait_trained(&trained_req); /* every shard first: take the trainers' word */
+    if (code == SD_EXIT_OK) /* every shard first: take the trainers' word (else a no-op) */
+        sd_pipeline_wait_trained(&trained_req);
     return code;
 }
