@@ -79,12 +79,16 @@ uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count);
  * rename + directory fsync) and, with keep_last > 0, deletes the oldest complete checkpoints
  * beyond keep_last (never the one `latest` names). On success every rank gets the committed
  * directory in `committed` (may be NULL). Failures: every rank returns -1 with one message and
- * the previous checkpoint stays `latest`. Fault points (SDTRAIN_FAULT, world rank, step = K):
- * "ckpt-write" kills a rank after its first data is written, "ckpt-commit" after the rename and
- * before `latest` is updated. The caller holds the loader's HDF5 lock when a loader is open. */
+ * the previous checkpoint stays `latest`. verify != 0: before the commit every rank reads back
+ * the parts it wrote (past the page cache where the kernel allows) and the checksums of the data
+ * read must equal those written; otherwise the checkpoint is not committed (a failure as above).
+ * Fault points (SDTRAIN_FAULT, world rank, step = K): "ckpt-write" kills a rank after its first
+ * data is written (kill) or changes a bit of its data on disk after the sync (flip),
+ * "ckpt-commit" kills after the rename and before `latest` is updated. The caller holds the
+ * loader's HDF5 lock when a loader is open. */
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
                   const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
-                  char *committed, size_t committed_size, sd_err *err);
+                  int verify, char *committed, size_t committed_size, sd_err *err);
 
 /* ---- resuming (collective over comm) --------------------------------------------------------
  * Decides where a run starts. Rank 0 first removes leftovers of interrupted writes in dir

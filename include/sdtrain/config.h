@@ -114,6 +114,7 @@ typedef struct sd_config {
         int64_t every_n_steps;
         int64_t keep_last;
         char resume[SD_PATH_MAX];       /* auto | never | path of a checkpoint directory */
+        bool verify;                    /* read each checkpoint back before committing it */
     } checkpoint;
     struct {
         char prompts[SD_MAX_PROMPTS][SD_PROMPT_MAX];

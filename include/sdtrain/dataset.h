@@ -44,6 +44,11 @@ typedef enum sd_image_ext {
     SD_IMAGE_EXT_UNSUPPORTED = 3  /* .webp .gif .bmp .tif .tiff .avif .heic .heif .jxl .jp2 ... */
 } sd_image_ext;
 
+/* The longest caption a sample may have, in bytes (a file, tar member or manifest field):
+ * CLIP reads 77 tokens, a few hundred bytes; what is longer is a mislabelled file, and it would
+ * widen every caption of its shard (a fixed-width string dataset) to its size. */
+#define SD_CAPTION_MAX_BYTES 65536
+
 /* What became of one sample. Each read sample counts under exactly one reason; the first four
  * keep the sample, the others skip it. Names (sd_sample_reason_name) are stable: they appear in
  * the end-of-run summary and in metrics. */
@@ -59,6 +64,8 @@ typedef enum sd_sample_reason {
     SD_SAMPLE_TRUNCATED,            /* "truncated": tar member cut short by the end of file */
     SD_SAMPLE_EMPTY_IMAGE,          /* "empty_image": 0-byte image */
     SD_SAMPLE_INVALID_UTF8,         /* "invalid_utf8": caption not UTF-8 (policy 'reject') */
+    SD_SAMPLE_CAPTION_TOO_LONG,     /* "caption_too_long": more than SD_CAPTION_MAX_BYTES; never
+                                       read (not a caption: CLIP reads 77 tokens of it) */
     SD_SAMPLE_N_REASONS
 } sd_sample_reason;
 

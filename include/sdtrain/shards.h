@@ -23,6 +23,18 @@ extern "C" {
 #define SD_SHARD_LATENT_CHANNELS 4
 #define SD_SHARD_SCALING_FACTOR 0.18215
 
+/* What a shard may declare, written or read: readers size their buffers from these attributes,
+ * so a file outside them is refused before any allocation. Per sample at most
+ * SD_SHARD_MAX_SAMPLE_FLOATS floats of moments and embedding (1 GiB as fp32); strings of at
+ * most SD_SHARD_MAX_STRING bytes. */
+#define SD_SHARD_MAX_SAMPLES 2147483647LL
+#define SD_SHARD_MAX_RESOLUTION 65536
+#define SD_SHARD_MAX_CHANNELS 64
+#define SD_SHARD_MAX_TEXT_LEN 4096
+#define SD_SHARD_MAX_EMBED_DIM 65536
+#define SD_SHARD_MAX_SAMPLE_FLOATS (1LL << 28)
+#define SD_SHARD_MAX_STRING ((size_t)1 << 20)
+
 /* Memory layout of latent moments handed to the writer or asked of the reader. On disk they
  * are always NCHW [N, 2C, h, w] like the seed pipeline; the models compute in NHWC. */
 typedef enum { SD_LATENT_NCHW = 0, SD_LATENT_NHWC = 1 } sd_latent_layout;
@@ -81,12 +93,23 @@ void sd_shard_file_name(int64_t index, char *buf, size_t size);
  * rank 0 only. Refuses a shard that is already committed (committed files are immutable: readers
  * hold them open without locks). On success every rank gets the manifest entry in `committed`
  * (may be NULL). On failure every rank returns -1 with the same message. Failures of HDF5 calls
- * that no input can cause end the job (SD_H5_CHECK). Fault points (SDTRAIN_FAULT, world rank):
+ * that no input can cause end the job (SD_H5_CHECK). A shard that does not fit in the free space
+ * of dir's file system is not started (an error as above; SDTRAIN_TEST_NO_ROOM_CHECK=1 skips the
+ * check, for tests of the failed write). Fault points (SDTRAIN_FAULT, world rank):
  * "shard-write" kills a rank after its first data is written, "shard-commit" after the rename
  * and before the manifest update. */
 int sd_shard_write(MPI_Comm comm, const char *dir, int64_t index, const sd_shard_meta *meta,
                    const float *empty_embedding, const sd_shard_batch *mine,
                    sd_shard_entry *committed, sd_err *err);
+
+/* The bytes of data a shard of n samples holds on disk: latent moments, caption embeddings and
+ * ids, the captions and keys at their fixed widths (cap_w, key_w bytes; 0 for a lower bound when
+ * the strings are not known yet) and the empty-caption embedding; HDF5's metadata not included. */
+double sd_shard_data_bytes(const sd_shard_meta *meta, int64_t n, size_t cap_w, size_t key_w);
+
+/* 1 when every value of x[0..n) stays finite stored as `dtype` (SD_F32: finite; SD_F16: |x| <
+ * 65520, which round-to-nearest-even keeps at most 65504 instead of making infinite). */
+int sd_shard_storable(const float *x, size_t n, sd_dtype dtype);
 
 /* ---- the manifest (any process, no MPI) ------------------------------------------------------ */
 

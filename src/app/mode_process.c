@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "sdtrain/clip.h"
 #include "sdtrain/cmd_backend.h"
 #include "sdtrain/dataset.h"
+#include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 #include "sdtrain/log.h"
@@ -87,12 +89,15 @@ static size_t enc_emb(const encoders *e)
 
 /* Counts of every reason a sample was kept or skipped: the dataset's reasons, then the
  * decoder's (a plain array, summed over ranks with one reduction). */
-#define N_COUNTS (SD_SAMPLE_N_REASONS + SD_IMG_STATUS_COUNT)
+#define COUNT_NON_FINITE (SD_SAMPLE_N_REASONS + SD_IMG_STATUS_COUNT)
+#define N_COUNTS (COUNT_NON_FINITE + 1)
 
 static const char *count_name(int i, char *buf, size_t size)
 {
     if (i < SD_SAMPLE_N_REASONS)
         return sd_sample_reason_name((sd_sample_reason)i);
+    if (i == COUNT_NON_FINITE)
+        return "non_finite_encoding";
     snprintf(buf, size, "image_%s", sd_image_status_name((sd_image_status)(i - SD_SAMPLE_N_REASONS)));
     return buf;
 }
@@ -268,6 +273,8 @@ typedef struct slice {
     float *embeddings; /* [n, 77, D] */
     int32_t *ids;      /* [n, 77] */
     char **captions, **keys;
+    int *count;        /* [n] the counts[] entry each sample was counted under */
+    int64_t *index;    /* [n] its global sample index */
 } slice;
 
 static void slice_reset(slice *s)
@@ -288,6 +295,8 @@ static void slice_reserve(slice *s, int64_t cap, const encoders *e)
     s->ids = sd_xrealloc(s->ids, (size_t)cap * TEXT_LEN * sizeof(int32_t));
     s->captions = sd_xrealloc(s->captions, (size_t)cap * sizeof(char *));
     s->keys = sd_xrealloc(s->keys, (size_t)cap * sizeof(char *));
+    s->count = sd_xrealloc(s->count, (size_t)cap * sizeof(int));
+    s->index = sd_xrealloc(s->index, (size_t)cap * sizeof(int64_t));
     s->cap = cap;
 }
 
@@ -299,6 +308,8 @@ static void slice_free(slice *s)
     free(s->ids);
     free(s->captions);
     free(s->keys);
+    free(s->count);
+    free(s->index);
 }
 
 /* Where a rank's time goes (seconds). */
@@ -538,6 +549,8 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
             memcpy(b.ids + (size_t)b.n * TEXT_LEN, p->ids, sizeof p->ids);
             s->captions[s->n] = p->caption;
             s->keys[s->n] = p->key;
+            s->count[s->n] = p->count;
+            s->index[s->n] = w0 + j;
             s->n++;
             b.n++;
             if (b.n == e->batch) {
@@ -652,11 +665,77 @@ static void write_summary(const sd_config *cfg, const uint64_t *counts, int64_t 
     }
 }
 
+/* A sample whose encoding is not finite as the shard stores it (NaN or infinity from the
+ * encoders, or a value that fp16 storage rounds to infinity) would make every training step
+ * that draws it non-finite, epoch after epoch: it leaves the slice before the shard is written,
+ * counted as "non_finite_encoding" instead of its reason, with a warning naming it.
+ * SDTRAIN_FAULT nan:rank=R:phase=encode:step=I (a test hook) makes the moments of global sample
+ * I NaN on world rank R first. */
+static void drop_non_finite(slice *s, const encoders *e, sd_dtype dtype, int world_rank,
+                            uint64_t *counts)
+{
+    const size_t mom = enc_mom(e), emb = enc_emb(e);
+    int64_t out = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        float *m = s->moments + (size_t)i * mom, *x = s->embeddings + (size_t)i * emb;
+        if (sd_fault_armed(SD_FAULT_NAN, world_rank, s->index[i], "encode"))
+            m[0] = NAN;
+        if (sd_shard_storable(m, mom, dtype) && sd_shard_storable(x, emb, dtype)) {
+            if (out != i) {
+                memcpy(s->moments + (size_t)out * mom, m, mom * sizeof(float));
+                memcpy(s->embeddings + (size_t)out * emb, x, emb * sizeof(float));
+                memcpy(s->ids + (size_t)out * TEXT_LEN, s->ids + (size_t)i * TEXT_LEN,
+                       TEXT_LEN * sizeof(int32_t));
+                s->captions[out] = s->captions[i];
+                s->keys[out] = s->keys[i];
+                s->count[out] = s->count[i];
+                s->index[out] = s->index[i];
+            }
+            out++;
+            continue;
+        }
+        sd_warn("sample %lld (%s): its %s encoding is not finite as %s: skipped", (long long)s->index[i],
+                s->keys[i], sd_shard_storable(m, mom, dtype) ? "caption" : "image",
+                dtype == SD_F16 ? "fp16 (|x| < 65520)" : "fp32");
+        counts[s->count[i]]--;
+        counts[COUNT_NON_FINITE]++;
+        free(s->captions[i]);
+        free(s->keys[i]);
+    }
+    s->n = out;
+}
+
+/* Rank 0, before the first shard: a warning when the shards still to write will not fit. Each
+ * shard checks its own room before it is written (sd_shard_write), so this only says early what
+ * would otherwise be found after hours of encoding. The estimate leaves out the captions and
+ * keys (not read yet) and counts every sample (some may be skipped). */
+static void warn_if_no_room(const sd_config *cfg, const sd_shard_meta *meta,
+                            const sd_shard_manifest *man, int64_t n, int64_t n_shards)
+{
+    const int64_t per = cfg->data.samples_per_shard;
+    double need = 0;
+    int64_t todo = 0;
+    for (int64_t k = 0; k < n_shards; k++) {
+        if (sd_shard_manifest_find(man, k))
+            continue;
+        const int64_t len = n - k * per < per ? n - k * per : per;
+        need += sd_shard_data_bytes(meta, len, 0, 0);
+        todo++;
+    }
+    const double avail = sd_fs_free_bytes(cfg->data.shard_dir);
+    if (todo > 0 && avail >= 0 && avail < need)
+        sd_warn("the %lld shard(s) still to write need about %.1f MiB (latents, embeddings and "
+                "token ids), and the file system of '%s' has %.1f MiB free: the run will stop at "
+                "the first shard that does not fit (the shards committed before it are kept, "
+                "and a rerun with room goes on from them)",
+                (long long)todo, need / 1048576.0, cfg->data.shard_dir, avail / 1048576.0);
+}
+
 int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const sd_config *cfg = &rc->cfg;
     MPI_Comm comm = rt->role_comm;
-    int rank = rt->role_rank, size = rt->role_size, code = SD_EXIT_OK;
+    int rank = rt->role_rank, size = rt->role_size, code = SD_EXIT_OK, world_rank;
     sd_dataset ds;
     encoders enc;
     sd_err err;
@@ -756,6 +835,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     memcpy(meta.weights_path, enc.weights_path, sizeof meta.weights_path);
     memcpy(meta.weights_hash, enc.weights_hash, sizeof meta.weights_hash);
 
+    if (rank == 0)
+        warn_if_no_room(cfg, &meta, &man, n, n_shards);
     if (stop_when_trained)
         sd_pipeline_trained_listen(rt, &trained_req);
     for (int64_t k = 0; k < n_shards && code == SD_EXIT_OK; k++) {
@@ -777,6 +858,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl);
         process_range(cfg, &ds, &enc, begin, end, &sl, counts, t);
+        SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+        drop_non_finite(&sl, &enc, meta.float_dtype, world_rank, counts);
         t1 = sd_time_now();
         mine.n = sl.n;
         mine.layout = SD_LATENT_NHWC;

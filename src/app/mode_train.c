@@ -1093,15 +1093,15 @@ static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped,
     text = sd_config_to_namelist(t->rc, false);
     sd_loader_h5_lock(); /* the prefetch thread reads shards meanwhile */
     rc = sd_ckpt_write(t->mpi_comm, t->ckpt_dir, &s, &ts, text, cfg->checkpoint.keep_last,
-                       committed, sizeof committed, err);
+                       cfg->checkpoint.verify, committed, sizeof committed, err);
     sd_loader_h5_unlock();
     free(text);
     dev_stage_free(t);
     if (rc == 0) {
         t->last_ckpt = done;
         snprintf(t->last_ckpt_path, sizeof t->last_ckpt_path, "%s", committed);
-        sd_info("step %lld: checkpoint written to %s (%.2f s)", (long long)done, committed,
-                sd_time_now() - t0);
+        sd_info("step %lld: checkpoint written to %s (%.2f s%s)", (long long)done, committed,
+                sd_time_now() - t0, cfg->checkpoint.verify ? ", read back and verified" : "");
     }
     return rc;
 }

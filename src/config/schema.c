@@ -208,6 +208,11 @@ static const sd_option options[] = {
            "'auto' = continue from the newest checkpoint if there is one (a damaged or missing one is "
            "moved aside with a warning and the one before it used); 'never' = start "
            "fresh; or the path of one checkpoint directory (or of a checkpoint root: its latest)."),
+    LOGICAL(checkpoint, verify, ".true.",
+            "Read each checkpoint back before committing it: every rank re-reads the parts it "
+            "wrote (past the page cache where the kernel allows) and compares their checksums "
+            "with those of the data written; a mismatch leaves it uncommitted, as a failed write "
+            "(the previous checkpoint stays the latest and is not pruned)."),
 
     /* &sample */
     STRING_LIST(sample, prompts, "", "Prompts to generate images for (mode = 'sample')."),

@@ -5,7 +5,7 @@
 #include <string.h>
 
 const char *const sd_fault_phases[] = {"step", "ckpt-write", "ckpt-commit", "shard-write",
-                                       "shard-commit", NULL};
+                                       "shard-commit", "encode", NULL};
 
 static sd_fault armed[SD_FAULT_MAX];
 static int n_armed = 0;
@@ -35,8 +35,10 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
         f->action = SD_FAULT_NAN;
     else if (alen == 4 && !strncmp(p, "usr1", 4))
         f->action = SD_FAULT_USR1;
+    else if (alen == 4 && !strncmp(p, "flip", 4))
+        f->action = SD_FAULT_FLIP;
     else
-        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill, nan or usr1)",
+        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill, nan, usr1 or flip)",
                           (int)alen, p, (int)len, s);
     p += alen;
     while (p < end) {
@@ -67,7 +69,7 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
                 ok |= strlen(sd_fault_phases[i]) == vlen && !strncmp(sd_fault_phases[i], eq + 1, vlen);
             if (!ok)
                 return sd_err_set(err, "SDTRAIN_FAULT: unknown phase '%.*s' (known: step, ckpt-write, "
-                                       "ckpt-commit, shard-write, shard-commit)", (int)vlen, eq + 1);
+                                       "ckpt-commit, shard-write, shard-commit, encode)", (int)vlen, eq + 1);
             memcpy(f->phase, eq + 1, vlen);
             f->phase[vlen] = '\0';
         } else {
@@ -80,11 +82,20 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s' needs rank=N", (int)len, s);
     if (f->step < 0 && !f->phase[0])
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s' needs step=N or phase=NAME", (int)len, s);
+    if (f->action == SD_FAULT_FLIP) {
+        if (strcmp(f->phase, "ckpt-write") != 0)
+            return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': flip faults need phase=ckpt-write",
+                              (int)len, s);
+        return 0;
+    }
     if (f->action != SD_FAULT_KILL && f->step < 0)
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': %s faults need step=N", (int)len, s,
                           f->action == SD_FAULT_NAN ? "nan" : "usr1");
-    if (f->action != SD_FAULT_KILL && f->phase[0])
-        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': only kill faults take a phase", (int)len, s);
+    if (f->action == SD_FAULT_NAN && f->phase[0] && strcmp(f->phase, "encode") != 0)
+        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': nan faults take no phase but 'encode'",
+                          (int)len, s);
+    if (f->action != SD_FAULT_KILL && f->action != SD_FAULT_NAN && f->phase[0])
+        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': only kill and nan faults take a phase", (int)len, s);
     return 0;
 }
 

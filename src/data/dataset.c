@@ -134,7 +134,10 @@ static void ensure_cap(void **buf, size_t *cap, size_t need)
 }
 
 /* Reads the whole regular file at `path` into *buf (one spare byte for a NUL). */
-static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t *len, sd_err *err)
+/* Reads a whole regular file into *buf (NUL-terminated). A file of more than `limit` bytes is
+ * not read: returns 1 with *len its size. */
+static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t *len, size_t limit,
+                     sd_err *err)
 {
     /* O_NONBLOCK: a FIFO named by a manifest must not block the open (it is refused below) */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -145,6 +148,11 @@ static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t 
     if (stat_errno || !S_ISREG(st.st_mode)) {
         close(fd);
         return sd_err_set(err, "%s: %s", path, stat_errno ? strerror(stat_errno) : "not a regular file");
+    }
+    if ((uint64_t)st.st_size > (uint64_t)limit) {
+        close(fd);
+        *len = (size_t)st.st_size;
+        return 1;
     }
     ensure_cap((void **)buf, cap, (size_t)st.st_size + 1);
     size_t n = 0;
@@ -166,7 +174,7 @@ static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t 
     close(fd);
     (*buf)[n] = 0;
     *len = n;
-    return 0;
+    return n > limit; /* it grew past the limit since fstat */
 }
 
 enum { MEMBER_OK = 0, MEMBER_UNREADABLE = -1, MEMBER_TRUNCATED = -2 };
@@ -286,7 +294,7 @@ int sd_dataset_read(const sd_dataset *ds, int64_t i, sd_sample *s, sd_err *err)
         len = e->image_size;
     } else {
         file_path(ds, e, e->image_sfx, path, sizeof path);
-        if (read_file(path, &s->image, &s->image_cap_, &len, err) != 0)
+        if (read_file(path, &s->image, &s->image_cap_, &len, SIZE_MAX, err) != 0)
             return skip(s, SD_SAMPLE_UNREADABLE);
     }
     s->image_size = len;
@@ -304,6 +312,13 @@ int sd_dataset_read(const sd_dataset *ds, int64_t i, sd_sample *s, sd_err *err)
         describe_part(ds, e, e->image_sfx, path, sizeof path);
         sd_err_set(err, "%s: no caption, kept with an empty one", path);
         return 0;
+    }
+    if ((tar || ds->format == SD_DATASET_TSV) && e->caption_size > SD_CAPTION_MAX_BYTES) {
+        /* tsv: the caption is in the manifest line of this image */
+        describe_part(ds, e, tar ? e->caption_sfx : e->image_sfx, path, sizeof path);
+        sd_err_set(err, "%s: a caption of %llu bytes (at most %d)", path,
+                   (unsigned long long)e->caption_size, SD_CAPTION_MAX_BYTES);
+        return skip(s, SD_SAMPLE_CAPTION_TOO_LONG);
     }
     if (tar) {
         if (e->flags & (ENTRY_CAPTION_TRUNC | ENTRY_CAPTION_BAD)) {
@@ -327,7 +342,14 @@ int sd_dataset_read(const sd_dataset *ds, int64_t i, sd_sample *s, sd_err *err)
         s->caption[len] = '\0';
     } else {
         file_path(ds, e, e->caption_sfx, path, sizeof path);
-        if (read_file(path, (unsigned char **)&s->caption, &s->caption_cap_, &len, err) != 0)
+        int r = read_file(path, (unsigned char **)&s->caption, &s->caption_cap_, &len,
+                          SD_CAPTION_MAX_BYTES, err);
+        if (r == 1) {
+            sd_err_set(err, "%s: a caption of %zu bytes (at most %d)", path, len,
+                       SD_CAPTION_MAX_BYTES);
+            return skip(s, SD_SAMPLE_CAPTION_TOO_LONG);
+        }
+        if (r != 0)
             return skip(s, SD_SAMPLE_UNREADABLE);
     }
     s->caption_len = len;
@@ -385,7 +407,7 @@ int sd_dataset_read_json(const sd_dataset *ds, int64_t i, sd_sample *s, sd_err *
     char path[SD_PATH_BUF];
     file_path(ds, e, e->json_sfx, path, sizeof path);
     size_t len;
-    if (read_file(path, &s->json, &s->json_cap_, &len, err) != 0)
+    if (read_file(path, &s->json, &s->json_cap_, &len, SIZE_MAX, err) != 0)
         return -1;
     s->json_size = len;
     return 1;
@@ -417,6 +439,7 @@ static const char *const reason_names[SD_SAMPLE_N_REASONS] = {
     [SD_SAMPLE_TRUNCATED] = "truncated",
     [SD_SAMPLE_EMPTY_IMAGE] = "empty_image",
     [SD_SAMPLE_INVALID_UTF8] = "invalid_utf8",
+    [SD_SAMPLE_CAPTION_TOO_LONG] = "caption_too_long",
 };
 
 const char *sd_sample_reason_name(sd_sample_reason r)

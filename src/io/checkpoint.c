@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <json-c/json.h>
 #include <signal.h>
@@ -150,6 +151,8 @@ typedef struct writer {
     char dir[PATH_SIZE], name[64], tmp_dir[PATH_SIZE], final_dir[PATH_SIZE], file[PATH_SIZE];
     hid_t h5, dxpl;
     uint64_t sums[DS_N];
+    size_t wb[DS_N], we[DS_N]; /* the part of each dataset this rank wrote */
+    haddr_t addr[DS_N];        /* each dataset's data offset in the file (contiguous) */
     int64_t bytes;
 } writer;
 
@@ -171,6 +174,9 @@ static int write_dataset(writer *w, int ds, const float *buf, size_t have_b, siz
     SD_H5_CHECK(d = H5Dcreate2(w->h5, ds_names[ds], H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl,
                                H5P_DEFAULT));
     SD_H5_CHECK(H5Pclose(dcpl));
+    w->wb[ds] = wb;
+    w->we[ds] = we;
+    w->addr[ds] = H5Dget_offset(d); /* allocated at creation (H5D_ALLOC_TIME_EARLY) */
     SD_MPI_CHECK(MPI_Allreduce(&len, &max_len, 1, MPI_UINT64_T, MPI_MAX, w->comm));
     for (uint64_t r = 0; r * ROUND_FLOATS < max_len; r++) {
         size_t lo = wb + (size_t)r * ROUND_FLOATS;
@@ -448,6 +454,89 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
     return 0;
 }
 
+static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
+                      float *dst, sd_err *err);
+
+/* SDTRAIN_FAULT flip:rank=R:phase=ckpt-write: a storage fault the writer cannot see. After the
+ * file was written and synced, one bit of the first value this rank wrote is changed on disk. */
+static void fault_flip(const writer *w)
+{
+    for (int ds = 0; ds < DS_N; ds++) {
+        unsigned char byte;
+        int fd, ok;
+        if (w->we[ds] <= w->wb[ds] || w->addr[ds] == HADDR_UNDEF)
+            continue;
+        const off_t at = (off_t)w->addr[ds] + (off_t)(w->wb[ds] * sizeof(float));
+        fd = open(w->file, O_RDWR);
+        ok = fd >= 0 && pread(fd, &byte, 1, at) == 1;
+        byte ^= 0x40;
+        ok = ok && pwrite(fd, &byte, 1, at) == 1 && fsync(fd) == 0;
+        if (fd >= 0)
+            close(fd);
+        fprintf(stderr, "[rank %d] SDTRAIN_FAULT: %s a bit of dataset '%s' (index %zu) in %s\n",
+                sd_log_rank(), ok ? "flipped" : "could not flip", ds_names[ds], w->wb[ds],
+                w->file);
+        return;
+    }
+}
+
+/* &checkpoint verify: every rank reads back the parts it wrote and the checksums of what the
+ * file system returns must equal those of the data written. The read goes past the page cache
+ * where the kernel allows it (POSIX_FADV_DONTNEED on the synced file), so it sees what the
+ * storage holds. Collective; a read error or a mismatch is the same verdict on every rank, and
+ * the checkpoint is then not committed. */
+static int read_back(writer *w, sd_err *e)
+{
+    const size_t block = (size_t)4 << 20;
+    uint64_t part[DS_N] = {0}, sum[DS_N];
+    size_t longest = 0;
+    int failed = 0, fd;
+    char h5msg[512];
+    hid_t f;
+    fd = open(w->file, O_RDONLY);
+    if (fd >= 0) {
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+    f = H5Fopen(w->file, H5F_ACC_RDONLY, H5P_DEFAULT); /* on this rank alone (sec2) */
+    if (f < 0) {
+        failed = sd_err_set(e, "cannot open %s to read it back on rank %d: %s", w->file, w->rank,
+                            sd_h5_error_string(h5msg, sizeof h5msg)) != 0;
+    } else {
+        for (int ds = 0; ds < DS_N; ds++)
+            if (w->we[ds] - w->wb[ds] > longest)
+                longest = w->we[ds] - w->wb[ds];
+        float *buf = sd_xmalloc((longest < block ? (longest ? longest : 1) : block) * sizeof *buf);
+        for (int ds = 0; ds < DS_N && !failed; ds++) {
+            if (ds == DS_EMA && !w->s->has_ema)
+                continue;
+            for (size_t b = w->wb[ds]; b < w->we[ds] && !failed; b += block) {
+                const size_t end = w->we[ds] - b < block ? w->we[ds] : b + block;
+                if (read_range(f, w->file, ds, w->t->n, b, end, buf, e))
+                    failed = 1;
+                else
+                    part[ds] += sd_ckpt_checksum(buf, b, end - b);
+            }
+        }
+        free(buf);
+        if (H5Fclose(f) < 0 && !failed)
+            failed = sd_err_set(e, "cannot close %s after reading it back", w->file) != 0;
+    }
+    if (sd_agree(w->comm, failed, e))
+        return -1;
+    SD_MPI_CHECK(MPI_Allreduce(part, sum, DS_N, MPI_UINT64_T, MPI_SUM, w->comm));
+    for (int ds = 0; ds < DS_N; ds++) {
+        if (ds == DS_EMA && !w->s->has_ema)
+            continue;
+        if (sum[ds] != w->sums[ds])
+            return sd_err_set(e, "read back, dataset '%s' of %s has checksum %016llx, the data "
+                              "written %016llx: the file system returned other data than was "
+                              "written", ds_names[ds], w->file, (unsigned long long)sum[ds],
+                              (unsigned long long)w->sums[ds]);
+    }
+    return 0;
+}
+
 /* A checkpoint that would fill the file system is not started: a collective write that fails
  * half-way cannot be cleaned up and ends the job (sd_h5_end_job_if_write_failed), while this
  * refusal leaves a periodic checkpoint to be skipped. The file holds (3 + EMA) fp32 copies of
@@ -469,7 +558,7 @@ static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_t
 
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
                   const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
-                  char *committed, size_t committed_size, sd_err *err)
+                  int verify, char *committed, size_t committed_size, sd_err *err)
 {
     writer w;
     sd_err e;
@@ -506,6 +595,10 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
     /* 2. Every rank writes its parts; 3. rank 0 commits. */
     sd_h5_quiet_begin(&q);
     rc = write_state_file(&w, &e);
+    if (!rc && sd_fault_armed(SD_FAULT_FLIP, w.world_rank, s->step, "ckpt-write"))
+        fault_flip(&w);
+    if (!rc && verify)
+        rc = read_back(&w, &e);
     sd_h5_quiet_end(&q);
     if (!rc) {
         if (w.rank != 0 && sd_fault_armed(SD_FAULT_KILL, w.world_rank, s->step, "ckpt-commit"))

@@ -548,6 +548,13 @@ typedef struct writer {
     hid_t d_mom, d_emb, d_ids, d_cap, d_key, d_empty;
 } writer;
 
+/* Floats of one sample: moments (2C x h x w) and caption embedding (L x D); no overflow for
+ * values within the SD_SHARD_MAX_* limits of each factor. */
+static int64_t sample_floats(int64_t resolution, int64_t channels, int64_t text_len, int64_t dim)
+{
+    return 2 * channels * (resolution / 8) * (resolution / 8) + text_len * dim;
+}
+
 static int validate_local(writer *w, sd_err *e)
 {
     const sd_shard_meta *m = w->meta;
@@ -561,11 +568,14 @@ static int validate_local(writer *w, sd_err *e)
     sd_shard_file_name(w->index, name, sizeof name);
     if (!m || !b)
         return sd_err_set(e, "%s/%s: rank %d passed no metadata or no batch", w->dir, name, w->rank);
-    if (m->resolution < 8 || m->resolution % 8 != 0 || m->resolution > 65536)
-        return sd_err_set(e, "%s/%s: resolution %d is not a positive multiple of 8", w->dir, name,
-                          m->resolution);
-    if (m->latent_channels < 1 || m->latent_channels > 64 || m->text_len < 1 || m->text_len > 4096 ||
-        m->embed_dim < 1 || m->embed_dim > 65536)
+    if (m->resolution < 8 || m->resolution % 8 != 0 || m->resolution > SD_SHARD_MAX_RESOLUTION)
+        return sd_err_set(e, "%s/%s: resolution %d is not a positive multiple of 8 up to %d", w->dir,
+                          name, m->resolution, SD_SHARD_MAX_RESOLUTION);
+    if (m->latent_channels < 1 || m->latent_channels > SD_SHARD_MAX_CHANNELS || m->text_len < 1 ||
+        m->text_len > SD_SHARD_MAX_TEXT_LEN || m->embed_dim < 1 ||
+        m->embed_dim > SD_SHARD_MAX_EMBED_DIM ||
+        sample_floats(m->resolution, m->latent_channels, m->text_len, m->embed_dim) >
+            SD_SHARD_MAX_SAMPLE_FLOATS)
         return sd_err_set(e, "%s/%s: invalid shapes: latent_channels %d, text_len %d, embed_dim %d",
                           w->dir, name, m->latent_channels, m->text_len, m->embed_dim);
     if (!(m->scaling_factor > 0) || !isfinite(m->scaling_factor))
@@ -606,6 +616,9 @@ static int validate_local(writer *w, sd_err *e)
         if (len > w->key_w)
             w->key_w = len;
     }
+    if (w->cap_w > SD_SHARD_MAX_STRING || w->key_w > SD_SHARD_MAX_STRING)
+        return sd_err_set(e, "%s/%s: rank %d: a caption or key of its samples is longer than %zu "
+                          "bytes", w->dir, name, w->rank, SD_SHARD_MAX_STRING);
     return 0;
 }
 
@@ -654,6 +667,45 @@ static int prepare_dir(writer *w, sd_err *e)
     if (access(w->dir, W_OK) != 0)
         return sd_err_set(e, "cannot write shards into '%s': %s", w->dir, strerror(errno));
     return 0;
+}
+
+int sd_shard_storable(const float *x, size_t n, sd_dtype dtype)
+{
+    const float limit = dtype == SD_F16 ? 65520.0f : INFINITY;
+    int ok = 1;
+    for (size_t i = 0; i < n; i++)
+        ok &= fabsf(x[i]) < limit; /* false for NaN */
+    return ok;
+}
+
+double sd_shard_data_bytes(const sd_shard_meta *m, int64_t n, size_t cap_w, size_t key_w)
+{
+    const double fsz = m->float_dtype == SD_F16 ? 2.0 : 4.0, hs = m->resolution / 8;
+    const double emb = (double)m->text_len * (double)m->embed_dim * fsz;
+    const double sample = 2.0 * m->latent_channels * hs * hs * fsz + emb +
+                          (double)m->text_len * 4.0 + (double)cap_w + (double)key_w;
+    return (double)n * sample + emb;
+}
+
+/* Rank 0, before the file is created: a write that fails half-way on a full disk cannot be
+ * cleaned up and ends the job (sd_h5_end_job_if_write_failed); this refusal ends the run with
+ * the committed shards intact and nothing half-written. The need is the data (the string widths
+ * agreed over the ranks), 1 % and 1 MiB for HDF5's chunk index and headers (about 25 KiB for a
+ * shard of 16 samples). */
+static int check_room(const writer *w, sd_err *e)
+{
+    const char *skip = getenv("SDTRAIN_TEST_NO_ROOM_CHECK");
+    if (skip && !strcmp(skip, "1"))
+        return 0;
+    const double need = 1.01 * sd_shard_data_bytes(w->meta, w->n_total, w->cap_w, w->key_w) +
+                        1048576.0;
+    const double avail = sd_fs_free_bytes(w->dir);
+    if (avail < 0 || avail >= need) /* a file system that cannot say: the write will tell */
+        return 0;
+    return sd_err_set(e, "%s not written: it needs %.1f MiB, and the file system of '%s' has "
+                      "%.1f MiB free; the shards committed before are intact and a rerun with "
+                      "room goes on from them", w->final_path, need / 1048576.0, w->dir,
+                      avail / 1048576.0);
 }
 
 static hid_t create_dataset(writer *w, const char *name, hid_t type, int nd, const hsize_t *dims,
@@ -1007,6 +1059,8 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     free(counts);
     if (w->n_total == 0)
         return sd_err_set(e, "%s: no rank contributes a sample; a shard needs at least one", w->final_path);
+    if (sd_agree(w->comm, w->rank == 0 && check_room(w, e) != 0, e))
+        return -1;
 
     /* 4. Create the temporary file together. MPI_File_open is collective, so it fails everywhere
      * or nowhere; a split outcome cannot be cleaned up without a hang and ends the job. */
@@ -1171,9 +1225,10 @@ static int open_dataset(sd_shard *s, const char *name, H5T_class_t cls, size_t e
                         hsize_t *dims, hid_t *out, sd_err *err)
 {
     hid_t d, t, space;
-    hsize_t got[8];
+    hsize_t got[8], want_dims[8];
     int gnd, ok;
     htri_t exists = H5Lexists(s->file, name, H5P_DEFAULT);
+    memcpy(want_dims, dims, (size_t)nd * sizeof *dims);
     if (exists <= 0)
         return sd_err_set(err, "%s: dataset '%s' is missing", s->info.path, name);
     d = H5Dopen2(s->file, name, H5P_DEFAULT);
@@ -1197,7 +1252,7 @@ static int open_dataset(sd_shard *s, const char *name, H5T_class_t cls, size_t e
         char want[160], have[160];
         int64_t wd[8], hd[8];
         for (int k = 0; k < nd; k++)
-            wd[k] = (int64_t)dims[k];
+            wd[k] = (int64_t)want_dims[k];
         sd_shape_str(nd, wd, want, sizeof want);
         if (gnd < 0 || gnd > 8 || H5Sget_simple_extent_dims(space, got, NULL) < 0) {
             snprintf(have, sizeof have, "?");
@@ -1301,21 +1356,29 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
                           path, (long long)v, SD_SHARD_FORMAT_VERSION,
                           v > SD_SHARD_FORMAT_VERSION ? "; the file is newer than this program" : "");
     in->format_version = (int)v;
-    if (read_attr_i64(s->file, "shard_index", &in->shard_index, s, err) ||
-        read_attr_i64(s->file, "num_samples", &in->n_samples, s, err))
-        return -1;
-    if (read_attr_i64(s->file, "resolution", &v, s, err))
-        return -1;
-    in->resolution = (int)v;
-    if (read_attr_i64(s->file, "latent_channels", &v, s, err))
-        return -1;
-    in->latent_channels = (int)v;
-    if (read_attr_i64(s->file, "text_len", &v, s, err))
-        return -1;
-    in->text_len = (int)v;
-    if (read_attr_i64(s->file, "embed_dim", &v, s, err))
-        return -1;
-    in->embed_dim = (int)v;
+    {
+        int64_t res, ch, len, dim;
+        if (read_attr_i64(s->file, "shard_index", &in->shard_index, s, err) ||
+            read_attr_i64(s->file, "num_samples", &in->n_samples, s, err) ||
+            read_attr_i64(s->file, "resolution", &res, s, err) ||
+            read_attr_i64(s->file, "latent_channels", &ch, s, err) ||
+            read_attr_i64(s->file, "text_len", &len, s, err) ||
+            read_attr_i64(s->file, "embed_dim", &dim, s, err))
+            return -1;
+        if (in->shard_index < 0 || in->n_samples < 1 || in->n_samples > SD_SHARD_MAX_SAMPLES ||
+            res < 8 || res % 8 || res > SD_SHARD_MAX_RESOLUTION || ch < 1 ||
+            ch > SD_SHARD_MAX_CHANNELS || len < 1 || len > SD_SHARD_MAX_TEXT_LEN || dim < 1 ||
+            dim > SD_SHARD_MAX_EMBED_DIM || sample_floats(res, ch, len, dim) > SD_SHARD_MAX_SAMPLE_FLOATS)
+            return sd_err_set(err, "%s: invalid shard attributes (shard_index %lld, num_samples "
+                                   "%lld, resolution %lld, latent_channels %lld, text_len %lld, "
+                                   "embed_dim %lld)", path, (long long)in->shard_index,
+                              (long long)in->n_samples, (long long)res, (long long)ch,
+                              (long long)len, (long long)dim);
+        in->resolution = (int)res;
+        in->latent_channels = (int)ch;
+        in->text_len = (int)len;
+        in->embed_dim = (int)dim;
+    }
     if (read_attr_f64(s->file, "latent_scaling_factor", &in->scaling_factor, s, err) ||
         read_attr_str(s->file, "float_dtype", dtype, sizeof dtype, s, err) ||
         read_attr_str(s->file, "weights_path", in->weights_path, sizeof in->weights_path, s, err) ||
@@ -1323,12 +1386,9 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
         read_attr_str(s->file, "created", in->created, sizeof in->created, s, err) ||
         read_attr_str(s->file, "creator", in->creator, sizeof in->creator, s, err))
         return -1;
-    if (in->n_samples < 1 || in->resolution < 8 || in->resolution % 8 || in->latent_channels < 1 ||
-        in->text_len < 1 || in->embed_dim < 1)
-        return sd_err_set(err, "%s: invalid shard attributes (num_samples %lld, resolution %d, "
-                               "latent_channels %d, text_len %d, embed_dim %d)", path,
-                          (long long)in->n_samples, in->resolution, in->latent_channels, in->text_len,
-                          in->embed_dim);
+    if (!(in->scaling_factor > 0) || !isfinite(in->scaling_factor))
+        return sd_err_set(err, "%s: invalid latent_scaling_factor %g (a positive finite number)",
+                          path, in->scaling_factor);
     if (!strcmp(dtype, "float16"))
         in->float_dtype = SD_F16, fsz = 2;
     else if (!strcmp(dtype, "float32"))
@@ -1360,6 +1420,9 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
         SD_H5_CHECK(t = H5Dget_type(s->d_key));
         in->key_width = H5Tget_size(t);
         SD_H5_CHECK(H5Tclose(t));
+        if (in->caption_width > SD_SHARD_MAX_STRING || in->key_width > SD_SHARD_MAX_STRING)
+            return sd_err_set(err, "%s: strings of %zu (caption) and %zu (key) bytes; at most %zu",
+                              path, in->caption_width, in->key_width, SD_SHARD_MAX_STRING);
     }
     if (in->float_dtype == SD_F16)
         s->t_float = make_f16_type();

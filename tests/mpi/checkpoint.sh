@@ -3,7 +3,8 @@
 # resumed gives the same bits as an uninterrupted one (weights and every loss); a kill during the
 # checkpoint write or between rename and `latest` leaves the previous checkpoint latest; SIGUSR1
 # checkpoints and exits 0; another rank count or sharding resumes; a corrupt file is named, and
-# with resume = 'auto' the checkpoint before it resumes; keep_last and resume = 'never'.
+# with resume = 'auto' the checkpoint before it resumes; keep_last and resume = 'never'; a bit
+# changed on disk after the write is caught by the read-back (&checkpoint verify).
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
@@ -299,6 +300,30 @@ mpi fb-none 2 "$SDTRAIN" "$TMP/fb-none.nml"
 expect_rc fb-none 2
 expect_in fb-none err "holds no older complete checkpoint; start fresh with &checkpoint resume = 'never'"
 expect_count fb-none err "sdtrain:" 1
+
+# (h) &checkpoint verify (the default): a bit of rank 1's data changed on disk after the write
+# of step 8 was synced (a silent storage fault) is found by the read-back; the checkpoint is not
+# committed, step 4 stays latest meanwhile and is not pruned, training goes on with the bits of
+# the reference. With verify = .false. the same fault commits a damaged checkpoint (so the
+# fault does change the file), which sdtool inspect --verify then names.
+train_nml vflip 4 none ", keep_last = 1"
+SDTRAIN_FAULT=flip:rank=1:phase=ckpt-write:step=8 mpi vflip 2 "$SDTRAIN" "$TMP/vflip.nml"
+expect_rc vflip 0
+expect_in vflip err "SDTRAIN_FAULT: flipped a bit of dataset 'params'"
+expect_in vflip err "checkpoint of step 8 into '$TMP/vflip/checkpoints' failed (the previous checkpoint stays the latest): read back, dataset 'params' of $TMP/vflip/checkpoints/.step-00000008.tmp/state.h5 has checksum"
+expect_in vflip out "step 4: checkpoint written to $TMP/vflip/checkpoints/step-00000004"
+expect_in vflip out "read back and verified"
+[ ! -e "$TMP/vflip/checkpoints/step-00000008" ] && [ ! -e "$TMP/vflip/checkpoints/.step-00000008.tmp" ] ||
+    fail "vflip: the checkpoint that failed its read-back is visible or left over"
+latest_is vflip step-00000012
+same_as_ref vflip
+train_nml noverify 4 none ", verify = .false."
+SDTRAIN_FAULT=flip:rank=1:phase=ckpt-write:step=8 mpi noverify 2 "$SDTRAIN" "$TMP/noverify.nml"
+expect_rc noverify 0
+expect_not_in noverify out "read back and verified"
+run insp-noverify "$SDTOOL" inspect --verify "$TMP/noverify/checkpoints/step-00000008"
+expect_rc insp-noverify 1
+expect_in insp-noverify out "CHECKSUM MISMATCH"
 
 # (g) resume = 'never' in a directory with checkpoints: a warning, a fresh start, the same
 # training as the reference

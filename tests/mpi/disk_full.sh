@@ -47,8 +47,9 @@ expect_in ck2 out "left by an interrupted checkpoint write"
 [ -f "$full/ck/step-00000004/state.h5" ] || fail "ck2: no final checkpoint"
 pass "with room again the job runs to its end"
 
-# shards (114 KiB each here) on a 160 KiB file system: the first is committed, the second
-# fails; with room again the rerun goes on from the first
+# shards (114 KiB each here, 92 KiB of data) on a 160 KiB file system: a warning before the
+# first (the three need 275 KiB), which is then not started either (its room check allows 1 MiB
+# for HDF5's metadata): status 1, nothing half-written
 rm -rf "${full:?}"/*
 mount -o remount,size=160k "$full" || fail "cannot shrink the tmpfs"
 nml proc.nml <<EOF2
@@ -56,7 +57,18 @@ nml proc.nml <<EOF2
 &model $TINY_MODEL /
 &data input = '$TMP/data', shard_dir = '$full/shards', samples_per_shard = 16, encode_batch_size = 8 /
 EOF2
-mpi sh 2 "$SDTRAIN" "$TMP/proc.nml"
+mpi shroom 2 "$SDTRAIN" "$TMP/proc.nml"
+expect_rc shroom 1
+expect_in shroom err "the 3 shard(s) still to write need about 0.3 MiB (latents, embeddings and token ids), and the file system of '$full/shards' has 0.2 MiB free"
+expect_count shroom err "$full/shards/shard-000000.h5 not written: it needs 1.1 MiB, and the file system of '$full/shards' has 0.2 MiB free; the shards committed before are intact" 1
+expect_not_in shroom err "ending the job"
+[ -z "$(ls -A "$full/shards" 2>/dev/null | grep -v manifest)" ] || fail "shroom: something was left in the shard directory"
+pass "a shard that does not fit is not started; a warning says so before the first"
+
+# the same with the room check off (the disk filled by something else during the write): the
+# first shard is committed, the second fails and ends the job; with room again the rerun goes
+# on from the first
+SDTRAIN_TEST_NO_ROOM_CHECK=1 mpi sh 2 "$SDTRAIN" "$TMP/proc.nml"
 [ "$RC" != 0 ] || fail "sh: the job exited 0 with its shards on a full disk"
 expect_in sh err "ending the job (a parallel HDF5 file cannot be closed"
 expect_in sh err "the shards committed before are intact and a rerun goes on from them"

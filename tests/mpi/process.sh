@@ -77,6 +77,22 @@ for th in 3 5; do
             fail "$th threads: $reason not counted once"
     done
 done
+# a sample whose encoding is not finite (the fault hook makes global sample 0's moments NaN on
+# rank 0, which encodes it) is dropped before its shard is written and counted as
+# non_finite_encoding instead of ok; the other shards are the same bytes as before
+write_nml nanenc files "$TMP/data-files" "$TMP/shards-nanenc"
+SDTRAIN_FAULT=nan:rank=0:phase=encode:step=0 mpi nanenc 3 "$SDTRAIN" "$TMP/nanenc.nml"
+expect_rc nanenc 0
+expect_in nanenc err "sample 0 ("
+expect_in nanenc err "): its image encoding is not finite as fp16 (|x| < 65520): skipped"
+s="$TMP/shards-nanenc/preprocess_summary.json"
+grep -q '"read": 40, "kept": 34, "skipped": 6' "$s" || fail "nanenc: counts: $(cat "$s")"
+grep -q '"non_finite_encoding": 1' "$s" || fail "nanenc: not counted: $(cat "$s")"
+checksums "$TMP/shards-nanenc" | tail -n 2 >"$TMP/sum-nanenc"
+tail -n 2 "$TMP/sum-np3" | diff - "$TMP/sum-nanenc" || fail "nanenc: shards 1 and 2 differ"
+[ "$(grep -m1 '"samples"' "$TMP/shards-nanenc/manifest.json" | tr -dc 0-9)" = 15 ] ||
+    fail "nanenc: shard 0 should hold 15 samples: $(cat "$TMP/shards-nanenc/manifest.json")"
+
 # another rank count puts the same samples into the same shards in the same order (encoder
 # outputs may then differ in the last bits: the encoder batches are cut differently)
 write_nml np2 files "$TMP/data-files" "$TMP/shards-np2"

@@ -1,6 +1,7 @@
 /* Helper for shards.sh: writes latent shards with known data from any number of ranks, verifies
  * them exactly, hashes their data arrays, and exercises the error paths. */
 #include <hdf5.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,6 +304,15 @@ static int cmd_verify(int argc, char **argv)
                    !strcmp(in->latents_name, "image_latents_16"),
                "%s: attributes (N %lld, res %d, dtype %s, created %s)", e->file, (long long)in->n_samples,
                in->resolution, sd_dtype_name(in->float_dtype), in->created);
+        {
+            /* the room check's estimate (sd_shard_data_bytes + 1 % + 1 MiB) bounds the file */
+            sd_shard_meta fm;
+            fill_meta(&fm, dt);
+            const double data = sd_shard_data_bytes(&fm, N, in->caption_width, in->key_width);
+            tap_ok(data <= (double)e->bytes && (double)e->bytes <= 1.01 * data + 1048576.0,
+                   "%s: %lld bytes, %.0f of data: within the room check's bound", e->file,
+                   (long long)e->bytes, data);
+        }
         make_slice(&ref, shard, 0, N, SD_LATENT_NCHW);
         got = sd_xmalloc((size_t)N * (M_EL > E_EL ? M_EL : E_EL) * sizeof(float));
         want = sd_xmalloc((size_t)N * (M_EL > E_EL ? M_EL : E_EL) * sizeof(float));
@@ -505,6 +515,16 @@ static int cmd_errors(int argc, char **argv)
     fill_meta(&meta, SD_F16);
     split(6, size, rank, -1, &lo, &cnt);
     make_slice(&s, 0, lo, cnt, SD_LATENT_NCHW);
+
+    if (rank == 0) { /* what mode 'process' drops before writing: values not finite as stored */
+        const float fine[] = {0.0f, -65504.0f, 65519.99f, 1e-30f}, big[] = {1.0f, 65520.0f};
+        const float nan[] = {1.0f, NAN}, inf[] = {-INFINITY}, huge[] = {3e38f};
+        tap_ok(sd_shard_storable(fine, 4, SD_F16) && !sd_shard_storable(big, 2, SD_F16) &&
+                   !sd_shard_storable(nan, 2, SD_F16) && !sd_shard_storable(inf, 1, SD_F16) &&
+                   sd_shard_storable(huge, 1, SD_F32) && !sd_shard_storable(nan, 2, SD_F32) &&
+                   !sd_shard_storable(inf, 1, SD_F32) && sd_shard_storable(nan, 0, SD_F16),
+               "storable: fp16 below 65520 (what RNE keeps finite), fp32 finite, never NaN");
+    }
 
     {
         sd_shard_entry e;

@@ -1142,6 +1142,69 @@ static void test_partition(void)
            "n_shards: ceil(N/S), 0 for N = 0, -1 for invalid");
 }
 
+/* A caption longer than SD_CAPTION_MAX_BYTES is skipped as caption_too_long in every format,
+ * without being read; one of exactly the limit is kept. */
+static void test_caption_limit(void)
+{
+    char root[512], path[700], *big = malloc(SD_CAPTION_MAX_BYTES + 2), *line;
+    const size_t line_size = 2 * SD_CAPTION_MAX_BYTES + 256;
+    sd_dataset ds;
+    sd_sample s = {0};
+    sd_err err;
+    memset(big, 'x', SD_CAPTION_MAX_BYTES + 1);
+    big[SD_CAPTION_MAX_BYTES + 1] = '\0';
+    snprintf(root, sizeof root, "%s/longcap", tmpdir);
+    put_image(root, "files/00000/a.jpg", 100, 31);
+    put(root, "files/00000/a.txt", big, SD_CAPTION_MAX_BYTES); /* exactly the limit */
+    put_image(root, "files/00000/b.jpg", 100, 32);
+    put(root, "files/00000/b.txt", big, SD_CAPTION_MAX_BYTES + 1);
+    snprintf(path, sizeof path, "%s/files", root);
+    tap_ok(sd_dataset_open(path, "files", &ds, &err) == 0 && sd_dataset_count(&ds) == 2,
+           "caption limit: files indexed (%s)", err.msg);
+    tap_ok(sd_dataset_read(&ds, 0, &s, &err) == 0 && s.caption_len == SD_CAPTION_MAX_BYTES,
+           "caption limit: files: a caption of exactly %d bytes is kept", SD_CAPTION_MAX_BYTES);
+    tap_ok(sd_dataset_read(&ds, 1, &s, &err) == -1 && s.reason == SD_SAMPLE_CAPTION_TOO_LONG &&
+               strstr(err.msg, "00000/b.txt: a caption of 65537 bytes (at most 65536)"),
+           "caption limit: files: one byte more is skipped as caption_too_long: %s", err.msg);
+    sd_dataset_close(&ds);
+
+    line = malloc(line_size);
+    big[SD_CAPTION_MAX_BYTES] = '\0';
+    snprintf(line, line_size, "files/00000/a.jpg\t%s\nfiles/00000/b.jpg\t%sy\n", big, big);
+    snprintf(path, sizeof path, "%s/list.tsv", root);
+    write_bytes(path, line, strlen(line));
+    tap_ok(sd_dataset_open(path, "tsv", &ds, &err) == 0 && sd_dataset_count(&ds) == 2,
+           "caption limit: tsv indexed (%s)", err.msg);
+    tap_ok(sd_dataset_read(&ds, 0, &s, &err) == 0 && s.caption_len == SD_CAPTION_MAX_BYTES,
+           "caption limit: tsv: a caption of exactly the limit is kept");
+    tap_ok(sd_dataset_read(&ds, 1, &s, &err) == -1 && s.reason == SD_SAMPLE_CAPTION_TOO_LONG &&
+               strstr(err.msg, "a caption of 65537 bytes"),
+           "caption limit: tsv: one byte more is skipped: %s", err.msg);
+    sd_dataset_close(&ds);
+
+    {
+        big[SD_CAPTION_MAX_BYTES] = 'x';
+        tar_member m[] = {{"a.jpg", NULL, 100, 33, 0}, {"a.txt", "short", 0, 0, 0},
+                          {"b.jpg", NULL, 100, 34, 0}, {"b.txt", big, 0, 0, 0}};
+        snprintf(path, sizeof path, "%s/wds", root);
+        mkdirs(path);
+        snprintf(path, sizeof path, "%s/wds/shard-00000.tar", root);
+        write_tar(path, m, 4, TAR_PAX, 0);
+        snprintf(path, sizeof path, "%s/wds", root);
+        tap_ok(sd_dataset_open(path, "webdataset", &ds, &err) == 0 && sd_dataset_count(&ds) == 2,
+               "caption limit: webdataset indexed (%s)", err.msg);
+        tap_ok(sd_dataset_read(&ds, 0, &s, &err) == 0 && !strcmp(s.caption, "short"),
+               "caption limit: webdataset: a short caption is kept");
+        tap_ok(sd_dataset_read(&ds, 1, &s, &err) == -1 && s.reason == SD_SAMPLE_CAPTION_TOO_LONG &&
+                   strstr(err.msg, "b.txt") && strstr(err.msg, "a caption of 65537 bytes"),
+               "caption limit: webdataset: a member of one byte more is skipped: %s", err.msg);
+        sd_dataset_close(&ds);
+    }
+    sd_sample_free(&s);
+    free(line);
+    free(big);
+}
+
 static void test_reasons(void)
 {
     int names_ok = 1;
@@ -1173,6 +1236,7 @@ int main(void)
     test_utf8();
     test_files();
     test_tsv();
+    test_caption_limit();
     test_tar_scanner();
     test_tar_handmade();
     test_webdataset();

@@ -48,8 +48,21 @@ int main(void)
     tap_ok(refused_with("nan:rank=1:phase=ckpt-write", "nan faults need step=N"), "nan needs a step");
     tap_ok(parses("usr1:rank=0:step=5"), "usr1 at a step");
     tap_ok(refused_with("usr1:rank=0:phase=ckpt-write", "usr1 faults need step=N"), "usr1 needs a step");
-    tap_ok(refused_with("usr1:rank=0:step=2:phase=ckpt-write", "only kill faults take a phase"),
+    tap_ok(refused_with("usr1:rank=0:step=2:phase=ckpt-write", "only kill and nan faults take a phase"),
            "usr1 takes no phase");
+    tap_ok(sd_fault_parse("flip:rank=1:phase=ckpt-write:step=4", f, &n, &err) == 0 && n == 1 &&
+               f[0].action == SD_FAULT_FLIP && f[0].step == 4,
+           "flip at the checkpoint write of one step");
+    tap_ok(parses("flip:rank=0:phase=ckpt-write"), "flip at every checkpoint write");
+    tap_ok(sd_fault_parse("nan:rank=0:phase=encode:step=3", f, &n, &err) == 0 && n == 1 &&
+               f[0].action == SD_FAULT_NAN && f[0].step == 3 && !strcmp(f[0].phase, "encode"),
+           "nan at the encoding of one sample");
+    tap_ok(refused_with("nan:rank=0:phase=ckpt-write:step=3", "nan faults take no phase but 'encode'"),
+           "nan at another phase");
+    tap_ok(refused_with("flip:rank=0:step=3", "flip faults need phase=ckpt-write"),
+           "flip needs the phase");
+    tap_ok(refused_with("flip:rank=0:phase=shard-write", "flip faults need phase=ckpt-write"),
+           "flip only at ckpt-write");
     tap_ok(sd_fault_parse("kill:rank=1:phase=ckpt-write:step=8", f, &n, &err) == 0 && n == 1 &&
                f[0].step == 8 && !strcmp(f[0].phase, "ckpt-write"),
            "kill at a phase of one step");

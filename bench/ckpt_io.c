@@ -1,0 +1,167 @@
+/* Checkpoint write benchmark (MPI): the time of sd_ckpt_write for a real parameter table, with
+ * and without the read-back of &checkpoint verify, on the file system of --dir.
+ *
+ * Usage: mpirun -np N bench/ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema]
+ *                                   [--ddp]
+ * Defaults: the SD2-base U-Net's table (865.9 M parameters: 3.46 GB a dataset), DIR
+ * ./ckpt_io.tmp (removed at the end), 3 repetitions of each variant, an EMA, ZeRO-2 ranges (each
+ * rank holds the whole parameter buffer and its shard of the moments and the EMA, as training
+ * does). --ddp: every rank holds everything (more memory: four full buffers a rank).
+ *
+ * Each repetition writes one checkpoint without the read-back and one with it, alternating (so
+ * a slow period of the disk falls on both), keep_last = 1. The buffers hold deterministic
+ * non-constant values (the checksum does real work). Rank 0 prints the median / min / max
+ * seconds of each variant, the GB/s of the file (bytes over the median), and the read-back's
+ * share of the time. Note: on a machine whose page cache holds the file, the read-back measures
+ * memory, not the disk, unless the kernel drops the pages (POSIX_FADV_DONTNEED, which the
+ * read-back asks for; Linux drops clean pages of a local file system).
+ */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdtrain/check.h"
+#include "sdtrain/checkpoint.h"
+#include "sdtrain/collectives.h"
+#include "sdtrain/fsutil.h"
+#include "sdtrain/models.h"
+#include "sdtrain/timer.h"
+
+#include "unet_configs.h"
+
+#define MAX_REPS 100
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void fill(float *x, size_t first, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((first + i) % 1000003) * 1e-6f - 0.5f;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema] [--ddp]\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = "sd2", *dir = "ckpt_io.tmp";
+    int reps = 3, ema = 1, ddp = 0, rank, size;
+    sd_unet_config uc;
+    sd_param_table tab;
+    sd_ckpt_scalars s;
+    sd_ckpt_tensors t;
+    double times[2][MAX_REPS];
+    sd_err err;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc)
+            config = argv[++i];
+        else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+            dir = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-ema"))
+            ema = 0;
+        else if (!strcmp(argv[i], "--ddp"))
+            ddp = 1;
+        else {
+            if (rank == 0)
+                usage();
+            MPI_Finalize();
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS || (strcmp(config, "sd2") && strcmp(config, "tiny"))) {
+        if (rank == 0)
+            usage();
+        MPI_Finalize();
+        return 2;
+    }
+    if (!strcmp(config, "sd2"))
+        sd_unet_config_sd2_base(&uc);
+    else
+        bench_tiny_unet_config(&uc);
+    memset(&tab, 0, sizeof tab);
+    sd_unet_params(&uc, &tab);
+
+    memset(&t, 0, sizeof t);
+    t.table = &tab;
+    t.n = tab.total_floats;
+    if (ddp) {
+        t.begin = 0;
+        t.end = t.n;
+    } else {
+        sd_shard_range(t.n, size, rank, SD_SHARD_ALIGN, &t.begin, &t.end);
+    }
+    t.params = sd_xmalloc(t.n * sizeof(float));
+    t.m = sd_xmalloc((t.end - t.begin + 1) * sizeof(float));
+    t.v = sd_xmalloc((t.end - t.begin + 1) * sizeof(float));
+    t.ema = ema ? sd_xmalloc((t.end - t.begin + 1) * sizeof(float)) : NULL;
+    fill(t.params, 0, t.n);
+    fill(t.m, t.begin + 1, t.end - t.begin);
+    fill(t.v, t.begin + 2, t.end - t.begin);
+    if (t.ema)
+        fill(t.ema, t.begin + 3, t.end - t.begin);
+
+    memset(&s, 0, sizeof s);
+    s.steps_per_epoch = 1000;
+    s.global_batch = size;
+    s.batch_per_rank = 1;
+    s.seed = 1;
+    s.n_ranks = size;
+    s.has_ema = ema;
+    snprintf(s.sharding, sizeof s.sharding, "%s", ddp ? "none" : "shard_grad_op");
+
+    const double bytes = (3.0 + ema) * (double)t.n * 4.0;
+    if (rank == 0)
+        printf("checkpoint of %s (%zu floats a dataset, %d datasets, %.2f GB) by %d rank(s), %s, "
+               "into %s\n", config, t.n, 3 + ema, bytes / 1e9, size, ddp ? "DDP" : "ZeRO-2",
+               dir);
+    for (int r = 0; r < reps; r++) {
+        for (int verify = 0; verify < 2; verify++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            const double t0 = sd_time_now();
+            s.step = s.opt_step = 2 * r + verify + 1;
+            if (sd_ckpt_write(MPI_COMM_WORLD, dir, &s, &t, "", 1, verify, NULL, 0, &err)) {
+                if (rank == 0)
+                    fprintf(stderr, "ckpt_io: %s\n", err.msg);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+            times[verify][r] = sd_time_now() - t0;
+            if (rank == 0)
+                printf("  rep %d %-26s %8.3f s\n", r + 1, verify ? "write + read-back" : "write",
+                       times[verify][r]);
+        }
+    }
+    if (rank == 0) {
+        double med[2];
+        printf("\n| variant | median s | min s | max s | GB/s (file / median) |\n|---|---|---|---|---|\n");
+        for (int v = 0; v < 2; v++) {
+            qsort(times[v], (size_t)reps, sizeof(double), cmp_double);
+            med[v] = times[v][reps / 2];
+            printf("| %s | %.3f | %.3f | %.3f | %.2f |\n", v ? "write + read-back (verify)" : "write",
+                   med[v], times[v][0], times[v][reps - 1], bytes / 1e9 / med[v]);
+        }
+        printf("\nread-back: +%.3f s a checkpoint (%.0f %% of the write)\n", med[1] - med[0],
+               100.0 * (med[1] - med[0]) / med[0]);
+        sd_remove_tree(dir, &err);
+    }
+    free(t.params);
+    free(t.m);
+    free(t.v);
+    free(t.ema);
+    sd_param_table_free(&tab);
+    MPI_Finalize();
+    return 0;
+}
