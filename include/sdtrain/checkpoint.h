@@ -116,6 +116,13 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
  * to -1 for an intact checkpoint this run cannot use (another format version, another model). */
 #define SD_CKPT_DAMAGED (-2)
 
+/* sd_ckpt_load's return value when the file system failed to deliver the state file's bytes
+ * (EIO, ESTALE, ETIMEDOUT, EACCES, ...: a plain POSIX read of the same bytes fails too), as
+ * opposed to bytes that are there but damaged: the checkpoint may be intact, so it is not set
+ * aside; the caller ends the run with a failure status, and a retry (a requeued job) reads it
+ * again. */
+#define SD_CKPT_IO_ERROR (-3)
+
 /* resume = 'auto' after sd_ckpt_load said SD_CKPT_DAMAGED for `path` (a checkpoint of dir):
  * rank 0 moves it aside to "<path>.damaged" (kept for inspection, never pruned), warns with
  * `why` (the load's message), and points `latest` at the newest complete checkpoint left, whose

@@ -1,7 +1,8 @@
 /* Fault injection for tests (SDTRAIN_FAULT), e.g. "kill:rank=2:step=7,nan:rank=1:step=5",
  * "kill:rank=1:phase=ckpt-write:step=8" (during the checkpoint of step 8), "usr1:rank=0:step=5",
  * "flip:rank=1:phase=ckpt-write" (a byte of the checkpoint file changed behind the writer's back),
- * "nan:rank=0:phase=encode:step=3" (preprocessing: global sample 3 encodes to NaN). */
+ * "nan:rank=0:phase=encode:step=3" (preprocessing: global sample 3 encodes to NaN),
+ * "eio:rank=1:phase=ckpt-load" (reading a checkpoint's state file fails as EIO). */
 #ifndef SDTRAIN_FAULT_H
 #define SDTRAIN_FAULT_H
 
@@ -16,12 +17,14 @@ extern "C" {
 /* kill: SIGKILL this rank; nan: a NaN gradient (phase encode: a NaN encoding of sample `step`);
  * usr1: this rank sends itself SIGUSR1 (what Slurm
  * sends ahead of the time limit) at the end of the step; flip: silent storage corruption, one bit
- * of the data this rank wrote changed on disk after the write was synced (phase ckpt-write). */
+ * of the data this rank wrote changed on disk after the write was synced (phase ckpt-write); eio:
+ * the storage fails this rank's read of a checkpoint being resumed (phase ckpt-load). */
 typedef enum {
     SD_FAULT_KILL = 0,
     SD_FAULT_NAN = 1,
     SD_FAULT_USR1 = 2,
-    SD_FAULT_FLIP = 3
+    SD_FAULT_FLIP = 3,
+    SD_FAULT_EIO = 4
 } sd_fault_action;
 
 #define SD_FAULT_MAX 8
@@ -35,7 +38,7 @@ typedef struct sd_fault {
 
 /* Parses a specification: comma-separated faults, each ACTION(:key=value)+ with ACTION kill, nan,
  * usr1 or flip and keys rank (required), step, phase (kill: any phase; nan: encode only, step
- * required; flip: ckpt-write only, required). Errors name the offending part. */
+ * required; flip: ckpt-write only, required; eio: ckpt-load only, required). Errors name the offending part. */
 int sd_fault_parse(const char *spec, sd_fault *faults, int *n, sd_err *err);
 
 /* Reads SDTRAIN_FAULT once at start-up (absent or empty: no faults). */

@@ -152,6 +152,7 @@ typedef struct trainer {
     int resumed, stopped; /* stopped: by a signal, after checkpointing */
     float *hm, *hv, *hema; /* GPU device path: host copies of the moments / EMA around a
                               checkpoint read or write, else NULL */
+    int setup_exit;        /* the exit status of a failed setup when not SD_EXIT_USAGE */
 } trainer;
 
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
@@ -1198,6 +1199,12 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
         snprintf(err->msg + len, sizeof err->msg - len, "; resume from an older checkpoint with "
                  "&checkpoint resume = '<its directory>'");
     }
+    if (rc == SD_CKPT_IO_ERROR) { /* not the input's fault: a retry (requeue) may read it */
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, "; the checkpoint is left as it is, and "
+                 "the run ends with status 1 so that a retry reads it again");
+        t->setup_exit = SD_EXIT_FAILURE;
+    }
     if (rc) {
         dev_stage_free(t);
         return -1;
@@ -1524,10 +1531,11 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     sd_ckpt_signals_install();
 
     if (setup(&t, rt, dev, &err)) {
+        const int status = t.setup_exit ? t.setup_exit : SD_EXIT_USAGE;
         if (t.rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_trainer(&t);
-        return SD_EXIT_USAGE;
+        return status;
     }
     sd_loader_batch_alloc(t.loader, t.bs, &vb);
     char accum_text[64] = "";

@@ -5,7 +5,7 @@
 #include <string.h>
 
 const char *const sd_fault_phases[] = {"step", "ckpt-write", "ckpt-commit", "shard-write",
-                                       "shard-commit", "encode", NULL};
+                                       "shard-commit", "encode", "ckpt-load", NULL};
 
 static sd_fault armed[SD_FAULT_MAX];
 static int n_armed = 0;
@@ -37,8 +37,10 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
         f->action = SD_FAULT_USR1;
     else if (alen == 4 && !strncmp(p, "flip", 4))
         f->action = SD_FAULT_FLIP;
+    else if (alen == 3 && !strncmp(p, "eio", 3))
+        f->action = SD_FAULT_EIO;
     else
-        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill, nan, usr1 or flip)",
+        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill, nan, usr1, flip or eio)",
                           (int)alen, p, (int)len, s);
     p += alen;
     while (p < end) {
@@ -69,7 +71,7 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
                 ok |= strlen(sd_fault_phases[i]) == vlen && !strncmp(sd_fault_phases[i], eq + 1, vlen);
             if (!ok)
                 return sd_err_set(err, "SDTRAIN_FAULT: unknown phase '%.*s' (known: step, ckpt-write, "
-                                       "ckpt-commit, shard-write, shard-commit, encode)", (int)vlen, eq + 1);
+                                       "ckpt-commit, shard-write, shard-commit, encode, ckpt-load)", (int)vlen, eq + 1);
             memcpy(f->phase, eq + 1, vlen);
             f->phase[vlen] = '\0';
         } else {
@@ -85,6 +87,12 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
     if (f->action == SD_FAULT_FLIP) {
         if (strcmp(f->phase, "ckpt-write") != 0)
             return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': flip faults need phase=ckpt-write",
+                              (int)len, s);
+        return 0;
+    }
+    if (f->action == SD_FAULT_EIO) {
+        if (strcmp(f->phase, "ckpt-load") != 0)
+            return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': eio faults need phase=ckpt-load",
                               (int)len, s);
         return 0;
     }

@@ -455,7 +455,7 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
 }
 
 static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
-                      float *dst, sd_err *err);
+                      float *dst, int *io_failure, sd_err *err);
 
 /* SDTRAIN_FAULT flip:rank=R:phase=ckpt-write: a storage fault the writer cannot see. After the
  * file was written and synced, one bit of the first value this rank wrote is changed on disk. */
@@ -512,7 +512,7 @@ static int read_back(writer *w, sd_err *e)
                 continue;
             for (size_t b = w->wb[ds]; b < w->we[ds] && !failed; b += block) {
                 const size_t end = w->we[ds] - b < block ? w->we[ds] : b + block;
-                if (read_range(f, w->file, ds, w->t->n, b, end, buf, e))
+                if (read_range(f, w->file, ds, w->t->n, b, end, buf, NULL, e))
                     failed = 1;
                 else
                     part[ds] += sd_ckpt_checksum(buf, b, end - b);
@@ -847,9 +847,54 @@ static const char *json_str(json_object *o, const char *key)
     return json_object_get_string(v);
 }
 
+/* errno values that say the storage failed a read (a lost server, a stale handle, no
+ * permission, no memory or descriptors), not that the file's bytes are damaged. */
+static int storage_errno(int e)
+{
+    switch (e) {
+    case EIO: case EACCES: case EPERM: case EMFILE: case ENFILE: case ENOMEM: case ENOBUFS:
+    case ETIMEDOUT: case EAGAIN: case EBUSY: case EINTR: case ESTALE: case ENOLINK:
+    case ECOMM: case ENETDOWN: case ENETUNREACH: case ECONNRESET: case EREMOTEIO: case ENXIO:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* After HDF5 or json-c failed to open or read `file`: reads [off, off + len) (at most 256 MiB,
+ * and not past the end) again with plain POSIX calls. Returns the errno of a storage failure, or
+ * 0 when the bytes can be read (the reader refused what they hold: the file is damaged) or the
+ * error is of another kind (a missing file). */
+static int probe_storage(const char *file, uint64_t off, uint64_t len)
+{
+    char *buf = sd_xmalloc(1 << 20);
+    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK), e = 0;
+    if (fd < 0) {
+        e = errno;
+        free(buf);
+        return storage_errno(e) ? e : 0;
+    }
+    if (len > ((uint64_t)256 << 20))
+        len = (uint64_t)256 << 20;
+    for (uint64_t done = 0; done < len && !e;) {
+        const size_t want = len - done < (1u << 20) ? (size_t)(len - done) : (1u << 20);
+        const ssize_t got = pread(fd, buf, want, (off_t)(off + done));
+        if (got < 0 && errno != EINTR)
+            e = errno;
+        else if (got == 0)
+            break; /* the end of the file */
+        else if (got > 0)
+            done += (uint64_t)got;
+    }
+    close(fd);
+    free(buf);
+    return storage_errno(e) ? e : 0;
+}
+
 /* Rank 0: the manifest, checked for format and completeness and against this run's model.
- * *incompatible is set when the checkpoint is intact but not for this sdtrain or this model (another
- * format or version, another parameter table); every other failure means damaged files. */
+ * *incompatible is 1 when the checkpoint is intact but not for this sdtrain or this model (another
+ * format or version, another parameter table), 2 when the storage failed to deliver the manifest
+ * or the state file's size (probe_storage); every other failure means damaged files. */
 static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, char **config,
                          int *incompatible, sd_err *err)
 {
@@ -865,6 +910,12 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
     root = json_object_from_file(path);
     if (!root) {
         const char *why = json_util_get_last_err();
+        const int e = probe_storage(path, 0, UINT64_MAX);
+        if (e) {
+            *incompatible = 2;
+            return sd_err_set(err, "cannot read checkpoint manifest '%s': %s (a storage error, "
+                              "not damage: the checkpoint may be intact)", path, strerror(e));
+        }
         return sd_err_set(err, "cannot read checkpoint manifest '%s': %s", path,
                           !path_exists(path) ? strerror(ENOENT) : why ? why : "malformed JSON");
     }
@@ -971,6 +1022,12 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
             goto out;
         }
     }
+    if (stat(file, &st) != 0 && storage_errno(errno)) {
+        sd_err_set(err, "cannot stat checkpoint file %s: %s (a storage error, not damage: the "
+                   "checkpoint may be intact)", file, strerror(errno));
+        *incompatible = 2;
+        goto out;
+    }
     if (stat(file, &st) != 0 || (int64_t)st.st_size != L->bytes) {
         sd_err_set(err, "checkpoint %s is incomplete: %s is %s (the manifest says %lld bytes)",
                    dir, file, path_exists(file) ? "of another size" : "missing",
@@ -987,9 +1044,11 @@ out:
     return rc;
 }
 
-/* Reads [b, e) of a full-length dataset into dst. Local (the file is open on this rank only). */
+/* Reads [b, e) of a full-length dataset into dst. Local (the file is open on this rank only).
+ * A failed read whose bytes the storage cannot deliver (probe_storage) sets *io_failure
+ * (may be NULL) and says so in the message. */
 static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
-                      float *dst, sd_err *err)
+                      float *dst, int *io_failure, sd_err *err)
 {
     hid_t d, space, mspace, type;
     hsize_t dims[1], start[1] = {b}, count[1] = {e - b};
@@ -1016,9 +1075,21 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
         SD_H5_CHECK(mspace = H5Screate_simple(1, count, NULL));
         SD_H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL));
         rc = H5Dread(d, H5T_NATIVE_FLOAT, mspace, space, H5P_DEFAULT, dst);
-        if (rc < 0)
-            sd_err_set(err, "checkpoint %s: cannot read dataset '%s': %s", file, ds_names[ds],
-                       sd_h5_error_string(h5msg, sizeof h5msg));
+        if (rc < 0) {
+            const haddr_t at = H5Dget_offset(d);
+            const int io = at == HADDR_UNDEF ? 0 : probe_storage(file, at + 4 * (uint64_t)b,
+                                                                  4 * (e - b));
+            sd_h5_error_string(h5msg, sizeof h5msg);
+            if (io)
+                sd_err_set(err, "checkpoint %s: reading dataset '%s' failed: %s (a storage "
+                           "error, not damage: the checkpoint may be intact)", file, ds_names[ds],
+                           strerror(io));
+            else
+                sd_err_set(err, "checkpoint %s: cannot read dataset '%s': %s", file, ds_names[ds],
+                           h5msg);
+            if (io_failure)
+                *io_failure |= io != 0;
+        }
         SD_H5_CHECK(H5Sclose(mspace));
     }
     SD_H5_CHECK(H5Sclose(space));
@@ -1027,30 +1098,47 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
 }
 
 /* This rank's part of the checkpoint: parameters [pb, pe) (the rest comes from the other ranks
- * by an allgather), optimizer moments and EMA over the rank's held range. */
+ * by an allgather), optimizer moments and EMA over the rank's held range. Returns 0, 1 (the file
+ * is damaged) or 2 (the storage failed the read: probe_storage). SDTRAIN_FAULT
+ * eio:rank=R:phase=ckpt-load[:step=K] makes the read of the checkpoint of step K fail as EIO. */
 static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors *t, size_t pb,
                         size_t pe, sd_err *err)
 {
     float *dst[DS_N] = {t->params, t->m, t->v, t->ema};
     hid_t f;
-    int rc = 0;
+    int rc = 0, io = 0, world_rank;
     char h5msg[512];
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    if (sd_fault_armed(SD_FAULT_EIO, world_rank, L->s.step, "ckpt-load")) {
+        sd_err_set(err, "checkpoint %s: reading dataset 'params' failed: %s (a storage error, "
+                   "not damage: the checkpoint may be intact) [SDTRAIN_FAULT]", file,
+                   strerror(EIO));
+        return 2;
+    }
     /* every rank reads on its own (sec2): nothing collective can hang on a bad file */
     f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0)
-        return sd_err_set(err, "cannot open checkpoint file %s: %s", file,
-                          sd_h5_error_string(h5msg, sizeof h5msg));
+    if (f < 0) {
+        const int e = probe_storage(file, 0, 8);
+        sd_h5_error_string(h5msg, sizeof h5msg);
+        if (e) {
+            sd_err_set(err, "cannot open checkpoint file %s: %s (a storage error, not damage: the "
+                       "checkpoint may be intact)", file, strerror(e));
+            return 2;
+        }
+        sd_err_set(err, "cannot open checkpoint file %s: %s", file, h5msg);
+        return 1;
+    }
     for (int ds = 0; ds < DS_N && !rc; ds++) {
         if (ds == DS_EMA && (!L->s.has_ema || !t->ema))
             continue;
         if (ds == DS_PARAMS)
-            rc = read_range(f, file, ds, L->n, pb, pe, dst[ds] + pb, err);
+            rc = read_range(f, file, ds, L->n, pb, pe, dst[ds] + pb, &io, err);
         else
-            rc = read_range(f, file, ds, L->n, t->begin, t->end, dst[ds], err);
+            rc = read_range(f, file, ds, L->n, t->begin, t->end, dst[ds], &io, err);
     }
     if (H5Fclose(f) < 0 && !rc)
         rc = sd_err_set(err, "cannot close checkpoint file %s", file);
-    return rc;
+    return rc ? 1 + io : 0;
 }
 
 int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_ckpt_info *info,
@@ -1070,7 +1158,7 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
     if (sd_agree(comm, failed, err)) {
         free(config);
         SD_MPI_CHECK(MPI_Bcast(&incompatible, 1, MPI_INT, 0, comm));
-        return incompatible ? -1 : SD_CKPT_DAMAGED;
+        return incompatible == 2 ? SD_CKPT_IO_ERROR : incompatible ? -1 : SD_CKPT_DAMAGED;
     }
     SD_MPI_CHECK(MPI_Bcast(&L, (int)sizeof L, MPI_BYTE, 0, comm));
     if (rank != 0)
@@ -1086,11 +1174,16 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
         return -1;
     }
     sd_h5_quiet_begin(&q);
-    failed = read_tensors(file, &L, t, pb, pe, err) != 0;
+    failed = read_tensors(file, &L, t, pb, pe, err);
     sd_h5_quiet_end(&q);
-    if (sd_agree(comm, failed, err)) {
-        sd_ckpt_info_free(info);
-        return SD_CKPT_DAMAGED;
+    {
+        int worst;
+        SD_MPI_CHECK(MPI_Allreduce(&failed, &worst, 1, MPI_INT, MPI_MAX, comm));
+        if (sd_agree(comm, failed != 0, err)) {
+            sd_ckpt_info_free(info);
+            /* a storage failure on any rank: the files may be intact, so never set them aside */
+            return worst == 2 ? SD_CKPT_IO_ERROR : SD_CKPT_DAMAGED;
+        }
     }
     /* each rank read one slice of the parameters (not all of them: at scale that is the
      * file read once per rank); the slices are sd_comm_shard's, so the allgather completes them */
@@ -1177,7 +1270,7 @@ int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const ch
         rc = sd_err_set(err, "cannot open checkpoint file %s: %s", file,
                         sd_h5_error_string(h5msg, sizeof h5msg));
     } else {
-        rc = read_range(f, file, ds, L.n, 0, t.n, dst, err);
+        rc = read_range(f, file, ds, L.n, 0, t.n, dst, NULL, err);
         if (H5Fclose(f) < 0 && !rc)
             rc = sd_err_set(err, "cannot close checkpoint file %s", file);
     }
@@ -1244,7 +1337,7 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
          * blocks' sums add up to the whole dataset's */
         for (size_t b = 0; b < L.n && !rc; b += block) {
             size_t e = L.n - b < block ? L.n : b + block;
-            rc = read_range(f, file, ds, L.n, b, e, buf, err);
+            rc = read_range(f, file, ds, L.n, b, e, buf, NULL, err);
             if (!rc)
                 sum += sd_ckpt_checksum(buf, b, e - b);
         }

@@ -301,6 +301,29 @@ expect_rc fb-none 2
 expect_in fb-none err "holds no older complete checkpoint; start fresh with &checkpoint resume = 'never'"
 expect_count fb-none err "sdtrain:" 1
 
+# (i) a storage error while resuming (SDTRAIN_FAULT eio: rank 1's read of the state file fails
+# as EIO, which a plain read of the same bytes would show too): not damage, so the checkpoint is
+# neither set aside nor replaced by an older one; the run ends with status 1 (a requeued job
+# retries) and, the storage back, the next run resumes from it with the reference's bits
+train_nml eio 4 none
+mkdir -p "$TMP/eio"
+cp -r "$TMP/ref/checkpoints" "$TMP/eio/"
+cp "$TMP/ref/metrics.jsonl" "$TMP/eio/"
+rm -r "$TMP/eio/checkpoints/step-00000012"
+echo step-00000008 >"$TMP/eio/checkpoints/latest"
+SDTRAIN_FAULT=eio:rank=1:phase=ckpt-load mpi eio 2 "$SDTRAIN" "$TMP/eio.nml"
+expect_rc eio 1
+expect_in eio err "reading dataset 'params' failed: Input/output error (a storage error, not damage: the checkpoint may be intact)"
+expect_in eio err "the checkpoint is left as it is, and the run ends with status 1 so that a retry reads it again"
+expect_count eio err "sdtrain:" 1
+[ ! -e "$TMP/eio/checkpoints/step-00000008.damaged" ] && [ -d "$TMP/eio/checkpoints/step-00000008" ] ||
+    fail "eio: the checkpoint was set aside for a storage error"
+latest_is eio step-00000008
+mpi eio 2 "$SDTRAIN" "$TMP/eio.nml"
+expect_rc eio 0
+expect_in eio out "resuming from $TMP/eio/checkpoints/step-00000008: step 8"
+same_as_ref eio 8
+
 # (h) &checkpoint verify (the default): a bit of rank 1's data changed on disk after the write
 # of step 8 was synced (a silent storage fault) is found by the read-back; the checkpoint is not
 # committed, step 4 stays latest meanwhile and is not pruned, training goes on with the bits of

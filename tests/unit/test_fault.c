@@ -59,6 +59,9 @@ int main(void)
            "nan at the encoding of one sample");
     tap_ok(refused_with("nan:rank=0:phase=ckpt-write:step=3", "nan faults take no phase but 'encode'"),
            "nan at another phase");
+    tap_ok(parses("eio:rank=1:phase=ckpt-load:step=8"), "eio at the load of one checkpoint");
+    tap_ok(refused_with("eio:rank=1:phase=ckpt-write", "eio faults need phase=ckpt-load"),
+           "eio only at ckpt-load");
     tap_ok(refused_with("flip:rank=0:step=3", "flip faults need phase=ckpt-write"),
            "flip needs the phase");
     tap_ok(refused_with("flip:rank=0:phase=shard-write", "flip faults need phase=ckpt-write"),
