@@ -58,6 +58,7 @@ typedef struct sd_ckpt_info {
     char path[4200];
     char *config_text;
     char sdtrain_version[64];
+    int verified_after_write; /* the writer read it back and checked it before the commit */
 } sd_ckpt_info;
 void sd_ckpt_info_free(sd_ckpt_info *i);
 

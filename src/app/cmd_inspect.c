@@ -516,6 +516,8 @@ static int inspect_checkpoint(const char *dir, const inspect_opts *o)
            "%lld, EMA %s\n", (long long)info.s.n_ranks, info.s.sharding,
            (long long)info.s.batch_per_rank, (long long)info.s.global_batch,
            (long long)info.s.seed, info.s.has_ema ? "yes" : "no");
+    printf("  read back and checked when written: %s\n",
+           info.verified_after_write ? "yes" : "no (&checkpoint verify off, or an older sdtrain)");
     if (o->verify) {
         printf("  %-8s %12s  %-16s  %-16s  %s\n", "dataset", "floats", "manifest", "data",
                "status");

@@ -152,6 +152,7 @@ typedef struct writer {
     hid_t h5, dxpl;
     uint64_t sums[DS_N];
     size_t wb[DS_N], we[DS_N]; /* the part of each dataset this rank wrote */
+    int verified;              /* read back and checked before the commit (&checkpoint verify) */
     haddr_t addr[DS_N];        /* each dataset's data offset in the file (contiguous) */
     int64_t bytes;
 } writer;
@@ -295,6 +296,7 @@ static json_object *manifest_json(const writer *w)
     json_object_object_add(root, "n_ranks", json_object_new_int64(s->n_ranks));
     json_object_object_add(root, "sharding", json_object_new_string(s->sharding));
     json_object_object_add(root, "has_ema", json_object_new_boolean(s->has_ema != 0));
+    json_object_object_add(root, "verified_after_write", json_object_new_boolean(w->verified));
     json_object_object_add(root, "file", json_object_new_string(SD_CKPT_STATE_FILE));
     json_object_object_add(root, "bytes", json_object_new_int64(w->bytes));
     json_object_object_add(root, "n_floats", json_object_new_int64((int64_t)w->t->n));
@@ -597,8 +599,10 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
     rc = write_state_file(&w, &e);
     if (!rc && sd_fault_armed(SD_FAULT_FLIP, w.world_rank, s->step, "ckpt-write"))
         fault_flip(&w);
-    if (!rc && verify)
+    if (!rc && verify) {
         rc = read_back(&w, &e);
+        w.verified = rc == 0;
+    }
     sd_h5_quiet_end(&q);
     if (!rc) {
         if (w.rank != 0 && sd_fault_armed(SD_FAULT_KILL, w.world_rank, s->step, "ckpt-commit"))
@@ -818,12 +822,14 @@ typedef struct loaded {
     int64_t bytes;
     int64_t config_len;
     char version[64];
+    int verified; /* "verified_after_write": true (absent in older manifests) */
 } loaded;
 
 /* What a caller learns of a checkpoint besides its tensors (info takes `config`). */
 static void fill_info(sd_ckpt_info *info, const loaded *L, char *config, const char *path)
 {
     info->s = L->s;
+    info->verified_after_write = L->verified;
     info->config_text = config;
     snprintf(info->path, sizeof info->path, "%s", path);
     snprintf(info->sdtrain_version, sizeof info->sdtrain_version, "%s", L->version);
@@ -933,6 +939,11 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
                    (long long)v, SD_CKPT_FORMAT_VERSION);
         *incompatible = 1;
         goto out;
+    }
+    {
+        json_object *vo;
+        L->verified = json_object_object_get_ex(root, "verified_after_write", &vo) &&
+                      json_object_is_type(vo, json_type_boolean) && json_object_get_boolean(vo);
     }
     if (json_i64(root, "step", &L->s.step, path, err) ||
         json_i64(root, "opt_step", &L->s.opt_step, path, err) ||

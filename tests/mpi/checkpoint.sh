@@ -273,6 +273,7 @@ expect_in insp-root out "latest: step-00000012"
 expect_in insp-root out "step-00000012.damaged        moved aside (damaged)"
 expect_in insp-root out "step 12 (optimizer steps 12, skipped 0)"
 expect_in insp-root out "written by 2 rank(s), sharding 'none', batch 4 per rank (global 8), seed 11, EMA yes"
+expect_in insp-root out "read back and checked when written: yes"
 run insp-bad "$SDTOOL" inspect --verify --config "$TMP/fb-flip/checkpoints/step-00000012.damaged"
 expect_rc insp-bad 1
 expect_in insp-bad out "CHECKSUM MISMATCH"
@@ -347,6 +348,7 @@ expect_not_in noverify out "read back and verified"
 run insp-noverify "$SDTOOL" inspect --verify "$TMP/noverify/checkpoints/step-00000008"
 expect_rc insp-noverify 1
 expect_in insp-noverify out "CHECKSUM MISMATCH"
+expect_in insp-noverify out "read back and checked when written: no (&checkpoint verify off, or an older sdtrain)"
 
 # (g) resume = 'never' in a directory with checkpoints: a warning, a fresh start, the same
 # training as the reference
