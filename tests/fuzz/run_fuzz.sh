@@ -5,7 +5,7 @@
 #
 # Usage: tests/fuzz/run_fuzz.sh TARGET [SECONDS] [extra libFuzzer options...]
 #   TARGET   safetensors | image | namelist | tar | tokenizer | modelconfig | dataset | shardmanifest |
-#            checkpoint | tokenizerfiles | schedconfig | shardfile | all
+#            checkpoint | tokenizerfiles | schedconfig | shardfile | ckptstate | all
 #            (all: every target, SECONDS each)
 #   SECONDS  fuzzing time (default 60)
 # Environment: CLANG (default clang), SD_FUZZ_DIR (build + corpus + artifacts, default
@@ -26,7 +26,7 @@ secs=${1:-60}
 
 if [ "$target" = all ]; then
     status=0
-    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig shardfile; do
+    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig shardfile ckptstate; do
         SD_FUZZ_DIR="$top/build/fuzz/$t" "$0" "$t" "$secs" "$@" || status=1
     done
     exit $status
@@ -74,7 +74,7 @@ schedconfig)
     sources="$src/app/sched_config.c $src/io/json_file.c $src/core/fsutil.c $src/train/sampler.c $src/train/diffusion.c
         $src/core/rng.c $src/core/tensor.c"
     pkgs=json-c opts="-max_len=4096" seeds="" ;;
-shardmanifest | checkpoint | shardfile)
+shardmanifest | checkpoint | shardfile | ckptstate)
     # the version strings come from configure's build tree: a stand-in here
     mkdir -p "$dir"
     printf '%s\n' 'const char *sd_version(void); const char *sd_git_revision(void);' \
@@ -82,7 +82,7 @@ shardmanifest | checkpoint | shardfile)
         'const char *sd_git_revision(void) { return "fuzz"; }' >"$dir/version_stub.c"
     sources="$src/io/h5util.c $src/core/fsutil.c $src/core/fault.c $src/core/tensor.c
         $src/dist/runtime.c $dir/version_stub.c"
-    if [ "$target" != checkpoint ]; then
+    if [ "$target" = shardmanifest ] || [ "$target" = shardfile ]; then
         sources="$sources $src/io/shards.c"
     else
         sources="$sources $src/io/checkpoint.c $src/dist/collectives.c $src/config/config.c
@@ -93,7 +93,7 @@ dataset)
     sources="$src/data/dataset.c $src/data/dataset_index.c $src/data/tar.c $src/data/utf8.c $src/core/fsutil.c"
     pkgs="" opts="-max_len=16384" seeds="$top/tests/fuzz/corpus/tar" ;;
 *)
-    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, schedconfig, shardfile, all)" >&2
+    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, schedconfig, shardfile, ckptstate, all)" >&2
     exit 2 ;;
 esac
 
