@@ -668,11 +668,12 @@ static void write_summary(const sd_config *cfg, const uint64_t *counts, int64_t 
 /* A sample whose encoding is not finite as the shard stores it (NaN or infinity from the
  * encoders, or a value that fp16 storage rounds to infinity) would make every training step
  * that draws it non-finite, epoch after epoch: it leaves the slice before the shard is written,
- * counted as "non_finite_encoding" instead of its reason, with a warning naming it.
+ * counted as "non_finite_encoding" instead of its reason, with a warning naming it (the first
+ * ten of a rank; a broken encoder would otherwise print one per sample).
  * SDTRAIN_FAULT nan:rank=R:phase=encode:step=I (a test hook) makes the moments of global sample
  * I NaN on world rank R first. */
 static void drop_non_finite(slice *s, const encoders *e, sd_dtype dtype, int world_rank,
-                            uint64_t *counts)
+                            uint64_t *counts, int *warned)
 {
     const size_t mom = enc_mom(e), emb = enc_emb(e);
     int64_t out = 0;
@@ -694,9 +695,13 @@ static void drop_non_finite(slice *s, const encoders *e, sd_dtype dtype, int wor
             out++;
             continue;
         }
-        sd_warn("sample %lld (%s): its %s encoding is not finite as %s: skipped", (long long)s->index[i],
-                s->keys[i], sd_shard_storable(m, mom, dtype) ? "caption" : "image",
-                dtype == SD_F16 ? "fp16 (|x| < 65520)" : "fp32");
+        if (*warned < 10)
+            sd_warn("sample %lld (%s): its %s encoding is not finite as %s: skipped%s",
+                    (long long)s->index[i], s->keys[i],
+                    sd_shard_storable(m, mom, dtype) ? "caption" : "image",
+                    dtype == SD_F16 ? "fp16 (|x| < 65520)" : "fp32",
+                    *warned == 9 ? " (further ones on this rank are only counted)" : "");
+        (*warned)++;
         counts[s->count[i]]--;
         counts[COUNT_NON_FINITE]++;
         free(s->captions[i]);
@@ -736,6 +741,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     const sd_config *cfg = &rc->cfg;
     MPI_Comm comm = rt->role_comm;
     int rank = rt->role_rank, size = rt->role_size, code = SD_EXIT_OK, world_rank;
+    int non_finite_warned = 0;
     sd_dataset ds;
     encoders enc;
     sd_err err;
@@ -859,7 +865,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         slice_reset(&sl);
         process_range(cfg, &ds, &enc, begin, end, &sl, counts, t);
         SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
-        drop_non_finite(&sl, &enc, meta.float_dtype, world_rank, counts);
+        drop_non_finite(&sl, &enc, meta.float_dtype, world_rank, counts, &non_finite_warned);
         t1 = sd_time_now();
         mine.n = sl.n;
         mine.layout = SD_LATENT_NHWC;
