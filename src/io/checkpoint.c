@@ -464,7 +464,7 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
 static void fault_flip(const writer *w)
 {
     for (int ds = 0; ds < DS_N; ds++) {
-        unsigned char byte;
+        unsigned char byte = 0;
         int fd, ok;
         if (w->we[ds] <= w->wb[ds] || w->addr[ds] == HADDR_UNDEF)
             continue;
