@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/stat.h>
 
 #include "sdtrain/check.h"
@@ -24,6 +25,10 @@
  * allows without MPI_Init (MPI is never started here). */
 
 #define STATS_BLOCK_BYTES ((size_t)32 << 20)
+/* Statistics read the values; a dataset declared larger than this (a chunked dataset can declare
+ * any extent without storing it) or with a row larger than a block gets none, with a note. */
+#define STATS_MAX_VALUES ((uint64_t)1 << 34)
+#define STATS_MAX_ROW (STATS_BLOCK_BYTES / sizeof(double))
 
 typedef struct inspect_opts {
     int stats;
@@ -206,7 +211,8 @@ static void stats_add(stats *s, double v)
 }
 
 /* Statistics over a numeric dataset, read in blocks of rows so any size fits in memory. fp16 is
- * read raw and widened exactly; other numbers are converted to double by HDF5. */
+ * read raw and widened exactly; other numbers are converted to double by HDF5. Returns 0, -1
+ * (unreadable: why) or 1 (too large for statistics: why). */
 static int dataset_stats(hid_t d, hid_t t, hid_t space, stats *st, char *why, size_t why_size)
 {
     hsize_t dims[H5S_MAX_RANK], start[H5S_MAX_RANK] = {0}, count[H5S_MAX_RANK];
@@ -223,10 +229,28 @@ static int dataset_stats(hid_t d, hid_t t, hid_t space, stats *st, char *why, si
         return 0;
     }
     H5Sget_simple_extent_dims(space, dims, NULL);
-    for (int k = 1; k < nd; k++)
-        row *= (size_t)dims[k];
-    if (dims[0] == 0 || row == 0)
-        return 0;
+    {
+        uint64_t total = 1;
+        int over = 0;
+        for (int k = 0; k < nd; k++)
+            if (dims[k] == 0)
+                return 0;
+        for (int k = 0; k < nd; k++)
+            over |= __builtin_mul_overflow(total, (uint64_t)dims[k], &total);
+        for (int k = 1; k < nd; k++)
+            over |= __builtin_mul_overflow(row, (size_t)dims[k], &row);
+        if (over || total > STATS_MAX_VALUES || row > STATS_MAX_ROW) {
+            char values[32];
+            if (over)
+                snprintf(values, sizeof values, "more than 2^64");
+            else
+                snprintf(values, sizeof values, "%llu", (unsigned long long)total);
+            snprintf(why, why_size, "no statistics: %s values (they are read for them: at most "
+                     "%llu, in rows of at most %zu)", values, (unsigned long long)STATS_MAX_VALUES,
+                     STATS_MAX_ROW);
+            return 1;
+        }
+    }
     rows_per_block = STATS_BLOCK_BYTES / (row * sizeof(double));
     if (rows_per_block < 1)
         rows_per_block = 1;
@@ -288,9 +312,10 @@ static void print_dataset(hid_t d, const char *name, const inspect_opts *o, int 
     if (o->stats && (cls == H5T_FLOAT || cls == H5T_INTEGER)) {
         stats st;
         char why[320];
-        if (dataset_stats(d, t, space, &st, why, sizeof why)) {
+        const int rc = dataset_stats(d, t, space, &st, why, sizeof why);
+        if (rc) {
             printf("      %s\n", why);
-            (*failures)++;
+            *failures += rc < 0;
         } else if (st.n > 0) {
             double mean, std;
             stats_mean_std(&st, &mean, &std);

@@ -131,6 +131,17 @@ expect_count insp-ver out "ok, checksum verified" 3
 run insp-bad "$prog" inspect "$TMP/nonexistent.h5"
 expect_rc insp-bad 1
 expect_in insp-bad err "cannot open '$TMP/nonexistent.h5'"
+# an HDF5 file whose chunked datasets declare more values than anything could hold (one
+# product of its dimensions wraps past 2^64): described, no statistics for those, and neither
+# a crash nor a read of 2^35 fill values; the small dataset beside them gets its statistics
+run huge-make "$prog" huge "$TMP/huge.h5"
+expect_rc huge-make 0
+run insp-huge "$prog" inspect "$TMP/huge.h5"
+expect_rc insp-huge 0
+expect_in insp-huge out "no statistics: more than 2^64 values"
+expect_in insp-huge out "no statistics: 1073741824 values"
+expect_in insp-huge out "no statistics: 34359738368 values"
+expect_in insp-huge out "min 1  max 12"
 # the sdtool hookup, once it exists
 run sdtool-insp "$SDTOOL" inspect "$d/shard-000000.h5"
 if [ "$RC" = 3 ]; then

@@ -668,6 +668,39 @@ static int cmd_h5fatal(void)
     return 0;
 }
 
+/* An HDF5 file whose chunked datasets declare far more values than they store (and than any
+ * reader could hold), beside a small one: `sdtool inspect` must describe it without reading
+ * them. */
+static int cmd_huge(const char *path)
+{
+    static const struct {
+        const char *name;
+        int nd;
+        hsize_t dims[3];
+    } sets[] = {{"wraps", 3, {2, (hsize_t)1 << 33, ((hsize_t)1 << 31) + 1}},
+                {"long_row", 2, {1, (hsize_t)1 << 30, 0}},
+                {"many", 1, {(hsize_t)1 << 35, 0, 0}},
+                {"small", 2, {3, 4, 0}}};
+    const float small[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0)
+        return 1;
+    for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
+        hsize_t chunk[3] = {1, 1, 1};
+        hid_t space = H5Screate_simple(sets[k].nd, sets[k].dims, NULL);
+        hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE), d;
+        H5Pset_chunk(dcpl, sets[k].nd, chunk);
+        d = H5Dcreate2(f, sets[k].name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        if (d >= 0 && !strcmp(sets[k].name, "small"))
+            H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, small);
+        if (d >= 0)
+            H5Dclose(d);
+        H5Pclose(dcpl);
+        H5Sclose(space);
+    }
+    return H5Fclose(f) < 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -681,6 +714,8 @@ int main(int argc, char **argv)
         return cmd_hash(argc, argv);
     if (!strcmp(mode, "committed") && argc == 3)
         return cmd_committed(argc, argv);
+    if (!strcmp(mode, "huge") && argc == 3)
+        return cmd_huge(argv[2]);
     if (sd_fault_init_from_env(&err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 2;
@@ -695,7 +730,7 @@ int main(int argc, char **argv)
     else
         fprintf(stderr, "usage: shards_test write DIR SHARDS N f16|f32 [--empty-rank R] [--nhwc] | "
                         "verify DIR f16|f32 N SHARDS | hash DIR | committed DIR | errors DIR | h5fatal | "
-                        "inspect ARGS\n");
+                        "huge FILE | inspect ARGS\n");
     MPI_Finalize();
     return rc;
 }
