@@ -23,6 +23,12 @@ int sd_mkdir_writable(const char *path, const char *what, sd_err *err);
  * (statvfs), or -1 when it cannot say. */
 double sd_fs_free_bytes(const char *path);
 
+/* Before a write of `need` bytes under the folder `dir` that cannot be undone half-way (a
+ * collective parallel-HDF5 write): 0 when it fits or the file system cannot say, else -1 with
+ * "it needs N MiB, and the file system of 'dir' has M MiB free". The environment variable
+ * SDTRAIN_TEST_NO_ROOM_CHECK=1 (a test hook) makes it always 0, to reach the failed write. */
+int sd_fs_check_room(const char *dir, double need, sd_err *err);
+
 /* fsync of a path: a file's data, or a directory's entries (which a rename changed). File
  * systems that cannot sync directories (EINVAL, EROFS) are not an error. */
 int sd_fsync_path(const char *path, sd_err *err);

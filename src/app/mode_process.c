@@ -841,6 +841,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     memcpy(meta.weights_path, enc.weights_path, sizeof meta.weights_path);
     memcpy(meta.weights_hash, enc.weights_hash, sizeof meta.weights_hash);
 
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank)); /* SDTRAIN_FAULT's rank */
     if (rank == 0)
         warn_if_no_room(cfg, &meta, &man, n, n_shards);
     if (stop_when_trained)
@@ -864,7 +865,6 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl);
         process_range(cfg, &ds, &enc, begin, end, &sl, counts, t);
-        SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
         drop_non_finite(&sl, &enc, meta.float_dtype, world_rank, counts, &non_finite_warned);
         t1 = sd_time_now();
         mine.n = sl.n;

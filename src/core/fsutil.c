@@ -206,6 +206,18 @@ double sd_fs_free_bytes(const char *path)
     return (double)fs.f_bavail * (double)fs.f_frsize;
 }
 
+int sd_fs_check_room(const char *dir, double need, sd_err *err)
+{
+    const char *skip = getenv("SDTRAIN_TEST_NO_ROOM_CHECK");
+    if (skip && !strcmp(skip, "1"))
+        return 0;
+    const double avail = sd_fs_free_bytes(dir);
+    if (avail < 0 || avail >= need) /* a file system that cannot say: the write will tell */
+        return 0;
+    return sd_err_set(err, "it needs %.1f MiB, and the file system of '%s' has %.1f MiB free",
+                      need / 1048576.0, dir, avail / 1048576.0);
+}
+
 int sd_mkdir_writable(const char *path, const char *what, sd_err *err)
 {
     if (sd_mkdir_p(path, what, err) != 0)

@@ -459,6 +459,25 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
 static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
                       float *dst, int *io_failure, sd_err *err);
 
+/* Adds to *sum the checksum of [b, e) of dataset ds read from f, in blocks of 4 Mi floats (the
+ * checksum is a sum over elements of a function of (flat index, value), so the blocks' sums add
+ * up to the range's). Local to this rank. */
+static int checksum_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
+                          uint64_t *sum, sd_err *err)
+{
+    const size_t block = (size_t)4 << 20;
+    float *buf = sd_xmalloc((e - b < block ? (e > b ? e - b : 1) : block) * sizeof *buf);
+    int rc = 0;
+    for (size_t lo = b; lo < e && !rc; lo += block) {
+        const size_t hi = e - lo < block ? e : lo + block;
+        rc = read_range(f, file, ds, n, lo, hi, buf, NULL, err);
+        if (!rc)
+            *sum += sd_ckpt_checksum(buf, lo, hi - lo);
+    }
+    free(buf);
+    return rc;
+}
+
 /* SDTRAIN_FAULT flip:rank=R:phase=ckpt-write: a storage fault the writer cannot see. After the
  * file was written and synced, one bit of the first value this rank wrote is changed on disk. */
 static void fault_flip(const writer *w)
@@ -489,9 +508,7 @@ static void fault_flip(const writer *w)
  * the checkpoint is then not committed. */
 static int read_back(writer *w, sd_err *e)
 {
-    const size_t block = (size_t)4 << 20;
     uint64_t part[DS_N] = {0}, sum[DS_N];
-    size_t longest = 0;
     int failed = 0, fd;
     char h5msg[512];
     hid_t f;
@@ -505,22 +522,10 @@ static int read_back(writer *w, sd_err *e)
         failed = sd_err_set(e, "cannot open %s to read it back on rank %d: %s", w->file, w->rank,
                             sd_h5_error_string(h5msg, sizeof h5msg)) != 0;
     } else {
-        for (int ds = 0; ds < DS_N; ds++)
-            if (w->we[ds] - w->wb[ds] > longest)
-                longest = w->we[ds] - w->wb[ds];
-        float *buf = sd_xmalloc((longest < block ? (longest ? longest : 1) : block) * sizeof *buf);
-        for (int ds = 0; ds < DS_N && !failed; ds++) {
-            if (ds == DS_EMA && !w->s->has_ema)
-                continue;
-            for (size_t b = w->wb[ds]; b < w->we[ds] && !failed; b += block) {
-                const size_t end = w->we[ds] - b < block ? w->we[ds] : b + block;
-                if (read_range(f, w->file, ds, w->t->n, b, end, buf, NULL, e))
-                    failed = 1;
-                else
-                    part[ds] += sd_ckpt_checksum(buf, b, end - b);
-            }
-        }
-        free(buf);
+        for (int ds = 0; ds < DS_N && !failed; ds++)
+            if (ds != DS_EMA || w->s->has_ema)
+                failed = checksum_range(f, w->file, ds, w->t->n, w->wb[ds], w->we[ds], &part[ds],
+                                        e) != 0;
         if (H5Fclose(f) < 0 && !failed)
             failed = sd_err_set(e, "cannot close %s after reading it back", w->file) != 0;
     }
@@ -542,20 +547,12 @@ static int read_back(writer *w, sd_err *e)
 /* A checkpoint that would fill the file system is not started: a collective write that fails
  * half-way cannot be cleaned up and ends the job (sd_h5_end_job_if_write_failed), while this
  * refusal leaves a periodic checkpoint to be skipped. The file holds (3 + EMA) fp32 copies of
- * the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed). SDTRAIN_TEST_NO_ROOM_CHECK=1
- * (a test hook) skips the check, to reach the failed write. */
+ * the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed). */
 static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
                       sd_err *e)
 {
-    const char *skip = getenv("SDTRAIN_TEST_NO_ROOM_CHECK");
-    const double need = (3.0 + (s->has_ema ? 1.0 : 0.0)) * (double)t->n * 4.0 + 4194304.0;
-    if (skip && !strcmp(skip, "1"))
-        return 0;
-    const double avail = sd_fs_free_bytes(dir);
-    if (avail < 0 || avail >= need) /* a file system that cannot say: the write will tell */
-        return 0;
-    return sd_err_set(e, "it needs %.1f MiB, and the file system of '%s' has %.1f MiB free",
-                      need / 1048576.0, dir, avail / 1048576.0);
+    return sd_fs_check_room(dir, (3.0 + (s->has_ema ? 1.0 : 0.0)) * (double)t->n * 4.0 + 4194304.0,
+                            e);
 }
 
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
@@ -1033,13 +1030,14 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
             goto out;
         }
     }
-    if (stat(file, &st) != 0 && storage_errno(errno)) {
+    const int stat_rc = stat(file, &st), stat_errno = stat_rc != 0 ? errno : 0;
+    if (stat_rc != 0 && storage_errno(stat_errno)) {
         sd_err_set(err, "cannot stat checkpoint file %s: %s (a storage error, not damage: the "
-                   "checkpoint may be intact)", file, strerror(errno));
+                   "checkpoint may be intact)", file, strerror(stat_errno));
         *incompatible = 2;
         goto out;
     }
-    if (stat(file, &st) != 0 || (int64_t)st.st_size != L->bytes) {
+    if (stat_rc != 0 || (int64_t)st.st_size != L->bytes) {
         sd_err_set(err, "checkpoint %s is incomplete: %s is %s (the manifest says %lld bytes)",
                    dir, file, path_exists(file) ? "of another size" : "missing",
                    (long long)L->bytes);
@@ -1309,8 +1307,6 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
     int incompatible = 0, rc = 0;
     hid_t f;
     sd_h5_quiet q;
-    const size_t block = (size_t)4 << 20;
-    float *buf;
     struct stat st;
     memset(&L, 0, sizeof L);
     memset(info, 0, sizeof *info);
@@ -1333,10 +1329,8 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
         return sd_err_set(err, "cannot open checkpoint file %s: %s", file,
                           sd_h5_error_string(h5msg, sizeof h5msg));
     }
-    buf = sd_xmalloc(block * sizeof *buf);
     for (int ds = 0; ds < DS_N && !rc; ds++) {
         sd_ckpt_dataset_check *c;
-        uint64_t sum = 0;
         if (ds == DS_EMA && !L.s.has_ema)
             continue;
         c = &out[(*n_out)++];
@@ -1344,17 +1338,8 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
         snprintf(c->name, sizeof c->name, "%s", ds_names[ds]);
         c->n = L.n;
         c->expected = L.sums[ds];
-        /* the checksum is a sum over elements of a function of (flat index, value), so the
-         * blocks' sums add up to the whole dataset's */
-        for (size_t b = 0; b < L.n && !rc; b += block) {
-            size_t e = L.n - b < block ? L.n : b + block;
-            rc = read_range(f, file, ds, L.n, b, e, buf, NULL, err);
-            if (!rc)
-                sum += sd_ckpt_checksum(buf, b, e - b);
-        }
-        c->actual = sum;
+        rc = checksum_range(f, file, ds, L.n, 0, L.n, &c->actual, err);
     }
-    free(buf);
     if (H5Fclose(f) < 0 && !rc)
         rc = sd_err_set(err, "cannot close checkpoint file %s", file);
     sd_h5_quiet_end(&q);

@@ -680,11 +680,11 @@ int sd_shard_storable(const float *x, size_t n, sd_dtype dtype)
 
 double sd_shard_data_bytes(const sd_shard_meta *m, int64_t n, size_t cap_w, size_t key_w)
 {
-    const double fsz = m->float_dtype == SD_F16 ? 2.0 : 4.0, hs = m->resolution / 8;
-    const double emb = (double)m->text_len * (double)m->embed_dim * fsz;
-    const double sample = 2.0 * m->latent_channels * hs * hs * fsz + emb +
-                          (double)m->text_len * 4.0 + (double)cap_w + (double)key_w;
-    return (double)n * sample + emb;
+    const double fsz = m->float_dtype == SD_F16 ? 2.0 : 4.0;
+    const double floats = (double)sample_floats(m->resolution, m->latent_channels, m->text_len,
+                                                m->embed_dim);
+    const double sample = floats * fsz + (double)m->text_len * 4.0 + (double)cap_w + (double)key_w;
+    return (double)n * sample + (double)m->text_len * (double)m->embed_dim * fsz; /* + empty */
 }
 
 /* Rank 0, before the file is created: a write that fails half-way on a full disk cannot be
@@ -694,18 +694,13 @@ double sd_shard_data_bytes(const sd_shard_meta *m, int64_t n, size_t cap_w, size
  * shard of 16 samples). */
 static int check_room(const writer *w, sd_err *e)
 {
-    const char *skip = getenv("SDTRAIN_TEST_NO_ROOM_CHECK");
-    if (skip && !strcmp(skip, "1"))
-        return 0;
     const double need = 1.01 * sd_shard_data_bytes(w->meta, w->n_total, w->cap_w, w->key_w) +
                         1048576.0;
-    const double avail = sd_fs_free_bytes(w->dir);
-    if (avail < 0 || avail >= need) /* a file system that cannot say: the write will tell */
+    sd_err room;
+    if (sd_fs_check_room(w->dir, need, &room) == 0)
         return 0;
-    return sd_err_set(e, "%s not written: it needs %.1f MiB, and the file system of '%s' has "
-                      "%.1f MiB free; the shards committed before are intact and a rerun with "
-                      "room goes on from them", w->final_path, need / 1048576.0, w->dir,
-                      avail / 1048576.0);
+    return sd_err_set(e, "%s not written: %s; the shards committed before are intact and a "
+                      "rerun with room goes on from them", w->final_path, room.msg);
 }
 
 static hid_t create_dataset(writer *w, const char *name, hid_t type, int nd, const hsize_t *dims,
