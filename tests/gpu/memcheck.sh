@@ -19,7 +19,26 @@ CS=${SD_MEMCHECK:-$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compu
 [ -n "$CS" ] || skip "no compute-sanitizer"
 DEV=${SD_MEMCHECK_DEVICE:-cuda}
 
-# memcheck NAME NML: the run under memcheck, clean
+# nccl_probe_only FILE: whether every error memcheck counted in FILE is an API error
+# cudaErrorNoKernelImageForDevice met inside libnccl. NCCL's ncclCommInitRank asks
+# cudaFuncGetAttributes about kernels of its own that have no image for the device's
+# architecture and handles the answer itself (seen with NCCL 2.28 on an H200: 4 such errors, each
+# backtrace ending in pncclCommInitRank); memcheck counts them all the same. Anything else (a
+# memory error, a leak, an API error with no NCCL frame) makes it false.
+nccl_probe_only() {
+    awk '
+        function close_block() { if (inblk && nccl) probes++; inblk = 0 }
+        /^=+ Program hit cudaErrorNoKernelImageForDevice / { close_block(); inblk = 1; nccl = 0; hits++; next }
+        /^=+ Program hit / { close_block(); other++; next }
+        /^=+ (Invalid|Uninitialized|Leaked|Race|Barrier|Unused)/ { close_block(); other++; next }
+        /^=+ (ERROR|LEAK) SUMMARY/ { close_block() }
+        /^=+ ERROR SUMMARY: [0-9]+ error/ { total = $4 }
+        inblk && /libnccl\.so/ { nccl = 1 }
+        inblk && /^=+ *$/ { close_block() }
+        END { close_block(); exit !(hits > 0 && probes == hits && other == 0 && total == hits) }' "$1"
+}
+
+# memcheck NAME NML: the run under memcheck, clean (NCCL's own probing aside, above)
 memcheck() {
     # shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
     RC=0
@@ -27,6 +46,14 @@ memcheck() {
         --print-limit 20 "$SDTRAIN" "$TMP/$2" >"$TMP/$1.out" 2>"$TMP/$1.err" || RC=$?
     [ "$RC" != 124 ] || fail "$1: timed out under memcheck"
     grep -E '^=+ (ERROR SUMMARY|LEAK SUMMARY|Invalid|Program hit)' "$TMP/$1.out" | sed 's/^/  /' | head -8
+    if [ "$RC" = 99 ] && nccl_probe_only "$TMP/$1.out"; then
+        echo "  $1: the errors counted are NCCL's probing of kernel images inside ncclCommInitRank," \
+            "handled by NCCL (not ours); no memory error, no leak"
+        expect_in "$1" out "LEAK SUMMARY: 0 bytes leaked"
+        # the exit status was memcheck's: the program's own must have been 0
+        expect_not_in "$1" out "Target application returned an error"
+        return 0
+    fi
     expect_rc "$1" 0
     expect_in "$1" out "ERROR SUMMARY: 0 errors"
 }
@@ -43,6 +70,8 @@ STEPS=3 VAL_EVERY=2 DEVICE=$DEV tiny_train_nml train16 4 shard_grad_op \
     ", precision = 'bf16', grad_reduce = 'overlap', grad_accum_steps = 2" \
     "&checkpoint every_n_steps = 2 /"
 memcheck train16 train16.nml
+expect_in train16 out "training summary"
+expect_in train16 out "checkpoint written"
 pass "memcheck: bf16, ZeRO-2, buckets reduced during the backward, 2 micro-batches"
 
 DEVICE=$DEV tiny_sample_nml sample euler_a ", width = 24, height = 16, batch_size = 2" \
