@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Preprocessing throughput (mode 'process'): images/s for several ranks x decode-threads layouts,
-# the rate of the CPU stages alone (read, decode, transform, tokenize: what feeds an encoder) and
-# of the encoders, and where the time goes (summed over ranks).
+# the rate once set up (encoder weights loaded, device ready: what a long run approaches) and the
+# set-up's seconds, the rate of the CPU stages alone (read, decode, transform, tokenize: what
+# feeds an encoder), of the encoders and of the shard writes (per rank; by default the writes run
+# beside the encoding, OVERLAP=0 puts them between encodings), and where the time goes (summed
+# over ranks and threads).
 # Usage: [MAX_SIDE=PX] [DEVICE=cpu|cuda] [MODEL=demo|sd2] [BATCH=N] [LAUNCH="mpirun ..."] \
 #          bench/preprocess.sh [BUILD_DIR] [SAMPLES] [RESOLUTION] [LAYOUTS]
 #   LAYOUTS: space-separated RANKSxTHREADS (default "1x1 1x2 2x1")
@@ -10,6 +13,7 @@
 #   MODEL: demo = the demo's tiny encoders (default); sd2 = SD2's VAE encoder and OpenCLIP
 #          ViT-H text encoder shapes with random weights (the cost of the real models)
 #   BATCH: &data encode_batch_size (default 8; 32 suits a GPU)
+#   OVERLAP: 1 (default) writes each shard beside the next one's encoding, 0 between encodings
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$top/build/cpu}
@@ -31,8 +35,8 @@ fi
 
 "$build/sdtool" make-demo-data "$work/data" --count "$n" --max-side "${MAX_SIDE:-128}" >/dev/null
 echo "# $n images of up to ${MAX_SIDE:-128} px -> $res px, encoders ${MODEL:-demo} on ${DEVICE:-cpu}, batch ${BATCH:-8}"
-printf '%-7s %-8s %-10s %-16s %-14s %s\n' layout images images/s "CPU stages/rank" "encode/rank" \
-    "time by stage"
+printf '%-7s %-8s %-10s %-13s %-10s %-16s %-14s %-14s %s\n' layout images images/s "after set-up" \
+    "set-up s" "CPU stages/rank" "encode/rank" "writes/rank" "time by stage"
 run=0
 for l in $layouts; do
     run=$((run + 1))
@@ -43,11 +47,16 @@ for l in $layouts; do
         --set data.shard_dir="$work/shards$run" --set model.resolution="$res" \
         --set model.tokenizer="$top/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz" \
         --set run.device="${DEVICE:-cpu}" --set data.encode_batch_size="${BATCH:-8}" \
+        --set data.overlap_writes=".$([ "${OVERLAP:-1}" = 0 ] && echo false || echo true)." \
         "${model[@]}" --set data.samples_per_shard=128 2>&1) || { echo "$out" | tail -20; exit 1; }
     line=$(grep '^throughput:' <<<"$out")
     rate=$(sed -n 's/^throughput: \([0-9.]*\) images.*/\1/p' <<<"$line")
     shares=$(sed -n 's/.*time by stage: //p' <<<"$line")
     cpu=$(sed -n 's/^CPU stages (read to tokenize): \([0-9.]*\) .*/\1/p' <<<"$out")
     enc=$(sed -n 's/^CPU stages.*; encode: \([0-9.]*\) .*/\1/p' <<<"$out")
-    printf '%-7s %-8s %-10s %-16s %-14s %s\n' "$l" "$n" "$rate" "$cpu" "$enc" "$shares"
+    steady=$(sed -n 's/^after set-up (\([0-9.]*\) s[^)]*): \([0-9.]*\) images.*/\2/p' <<<"$out")
+    setup=$(sed -n 's/^after set-up (\([0-9.]*\) s.*/\1/p' <<<"$out")
+    wr=$(sed -n 's/^after set-up.*shard writes [a-z ]*: \([0-9.]*\) images.*/\1/p' <<<"$out")
+    printf '%-7s %-8s %-10s %-13s %-10s %-16s %-14s %-14s %s\n' "$l" "$n" "$rate" "$steady" "$setup" \
+        "$cpu" "$enc" "$wr" "$shares"
 done

@@ -69,6 +69,7 @@ typedef struct sd_config {
         int64_t encode_batch_size;      /* 0 = 32 on a GPU, 8 on the CPU */
         char encode_precision[SD_NAME_MAX]; /* auto | fp32 | bf16 */
         double shard_wait_timeout;          /* s: mode 'pipeline', the trainers' longest wait */
+        bool overlap_writes;                /* write shard k while shard k+1 is encoded */
     } data;
     struct {
         int64_t max_steps;

@@ -45,6 +45,9 @@ typedef struct sd_runtime {
 
 /* MPI_Init_thread, logging prefixes, and an abort handler that calls MPI_Abort. */
 void sd_mpi_start(int *argc, char ***argv);
+/* Whether MPI provides MPI_THREAD_SERIALIZED (calls from any thread, one at a time): what mode
+ * 'process''s shard writer thread needs; without it the shards are written by the main thread. */
+int sd_mpi_serialized(void);
 /* Frees communicators and calls MPI_Finalize. */
 void sd_mpi_finish(sd_runtime *rt);
 

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -710,6 +711,106 @@ static void drop_non_finite(slice *s, const encoders *e, sd_dtype dtype, int wor
     s->n = out;
 }
 
+/* A shard's collective write on a thread of the rank's own, so that the main thread reads,
+ * decodes and encodes the next shard meanwhile (&data overlap_writes). MPI and HDF5 are used by
+ * one thread of the rank at a time (MPI_THREAD_SERIALIZED; HDF5 is not built thread-safe): from
+ * writer_start to writer_join the main thread makes no MPI or HDF5 call, and the writers of all
+ * ranks make the same collective calls in the same order, shard after shard. The slice written
+ * is not touched by the main thread until the join. Without the thread (overlap off, or an MPI
+ * without MPI_THREAD_SERIALIZED) writer_start writes at once on the calling thread. */
+typedef struct shard_writer {
+    /* the write */
+    MPI_Comm comm;
+    const char *dir;
+    const sd_shard_meta *meta;
+    const float *empty;
+    int64_t index;
+    sd_shard_batch batch;
+    /* its outcome */
+    int rc;
+    sd_shard_entry entry;
+    sd_err err;
+    double seconds; /* the write's own time */
+    /* the thread */
+    int threaded, running;
+    int pending;    /* a write started whose outcome writer_finish has not taken */
+    double started; /* when the shard's reading began (for its log line) */
+    pthread_t thread;
+} shard_writer;
+
+static void writer_write(shard_writer *w)
+{
+    double t0 = sd_time_now();
+    w->rc = sd_shard_write(w->comm, w->dir, w->index, w->meta, w->empty, &w->batch, &w->entry, &w->err);
+    w->seconds = sd_time_now() - t0;
+}
+
+static void *writer_main(void *arg)
+{
+    writer_write(arg);
+    return NULL;
+}
+
+/* Writes slice s as shard `index`: on the writer thread (returns at once; writer_join waits), or
+ * on this one. */
+static void writer_start(shard_writer *w, int64_t index, const slice *s, double started)
+{
+    SD_CHECK(!w->running && !w->pending, "a shard write is still running");
+    w->index = index;
+    w->started = started;
+    w->pending = 1;
+    w->batch.n = s->n;
+    w->batch.layout = SD_LATENT_NHWC;
+    w->batch.moments = s->moments;
+    w->batch.embeddings = s->embeddings;
+    w->batch.ids = s->ids;
+    w->batch.captions = (const char *const *)s->captions;
+    w->batch.keys = (const char *const *)s->keys;
+    sd_err_clear(&w->err);
+    if (!w->threaded) {
+        writer_write(w);
+        return;
+    }
+    int e = pthread_create(&w->thread, NULL, writer_main, w);
+    SD_CHECK(e == 0, "cannot start the shard writer thread: %s", strerror(e));
+    w->running = 1;
+}
+
+/* Waits for the running write (if any); *waited adds the time this thread spent waiting. */
+static void writer_join(shard_writer *w, double *waited)
+{
+    if (!w->running)
+        return;
+    double t0 = sd_time_now();
+    int e = pthread_join(w->thread, NULL);
+    SD_CHECK(e == 0, "cannot join the shard writer thread: %s", strerror(e));
+    *waited += sd_time_now() - t0;
+    w->running = 0;
+}
+
+/* The outcome of the last write started (after waiting for it): 0 and the shard's log line,
+ * or -1 with the message printed by rank 0. Nothing to do without a pending write. */
+static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t, double *waited,
+                         int64_t *n_new)
+{
+    writer_join(w, waited);
+    if (!w->pending)
+        return 0;
+    w->pending = 0;
+    t[T_WRITE] += w->seconds;
+    if (w->rc != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", w->err.msg);
+        return -1;
+    }
+    (*n_new)++;
+    if (rank == 0)
+        sd_info("shard %lld/%lld committed: %lld samples (%.2f s, of it %.2f s writing)",
+                (long long)w->index + 1, (long long)n_shards, (long long)w->entry.samples,
+                sd_time_now() - w->started, w->seconds);
+    return 0;
+}
+
 /* Rank 0, before the first shard: a warning when the shards still to write will not fit. Each
  * shard checks its own room before it is written (sd_shard_write), so this only says early what
  * would otherwise be found after hours of encoding. The estimate leaves out the captions and
@@ -749,9 +850,11 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     sd_shard_meta meta;
     uint64_t counts[N_COUNTS] = {0}, total[N_COUNTS] = {0};
     float *empty = NULL;
-    slice sl;
+    slice sl[2];
+    int cur = 0;
+    shard_writer writer;
     int64_t n, n_shards, n_new = 0;
-    double t_start = sd_time_now(), t[T_N] = {0};
+    double t_start = sd_time_now(), t_loop = 0, t_waited = 0, t[T_N] = {0};
     long delay_ms = 0;
     /* a pipeline job ending with its training: stop at a shard boundary once told */
     const int stop_when_trained =
@@ -759,7 +862,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     MPI_Request trained_req = MPI_REQUEST_NULL; /* completed once the trainers' word came */
 
     memset(&ds, 0, sizeof ds);
-    memset(&sl, 0, sizeof sl);
+    memset(sl, 0, sizeof sl);
+    memset(&writer, 0, sizeof writer);
     sd_err_clear(&err);
     {
         /* Test hook: slow preprocessing down by this much per shard, so that tests can show a
@@ -846,15 +950,26 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         warn_if_no_room(cfg, &meta, &man, n, n_shards);
     if (stop_when_trained)
         sd_pipeline_trained_listen(rt, &trained_req);
+    /* Shard k is read and encoded into slice sl[cur] while shard k-1 (in the other slice) is
+     * written on the writer thread; its outcome is taken before shard k's write starts. */
+    writer.comm = comm;
+    writer.dir = cfg->data.shard_dir;
+    writer.meta = &meta;
+    writer.empty = empty;
+    writer.threaded = cfg->data.overlap_writes && !stop_when_trained && sd_mpi_serialized();
+    if (rank == 0 && cfg->data.overlap_writes && !writer.threaded)
+        sd_info("shards are written between encodings, not beside them (%s)",
+                stop_when_trained ? "&run pipeline_end = 'training' checks for the trainers' word between shards"
+                                  : "the MPI library lacks MPI_THREAD_SERIALIZED");
+    t_loop = sd_time_now();
     for (int64_t k = 0; k < n_shards && code == SD_EXIT_OK; k++) {
         int64_t begin, end;
-        double t0 = sd_time_now(), t1;
-        sd_shard_batch mine;
-        sd_shard_entry entry;
+        double t0 = sd_time_now();
         if (sd_shard_manifest_find(&man, k))
             continue; /* committed by an earlier run: its samples are not read again */
         if (delay_ms > 0)
             usleep((useconds_t)delay_ms * 1000);
+        /* (no shard write runs here: with stop_when_trained the writes are not threaded) */
         if (stop_when_trained && sd_pipeline_trained(rt, &trained_req)) {
             if (rank == 0)
                 sd_info("training is done (&run pipeline_end = 'training'): preprocessing stops "
@@ -863,37 +978,31 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             break;
         }
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
-        slice_reset(&sl);
-        process_range(cfg, &ds, &enc, begin, end, &sl, counts, t);
-        drop_non_finite(&sl, &enc, meta.float_dtype, world_rank, counts, &non_finite_warned);
-        t1 = sd_time_now();
-        mine.n = sl.n;
-        mine.layout = SD_LATENT_NHWC;
-        mine.moments = sl.moments;
-        mine.embeddings = sl.embeddings;
-        mine.ids = sl.ids;
-        mine.captions = (const char *const *)sl.captions;
-        mine.keys = (const char *const *)sl.keys;
-        if (sd_shard_write(comm, cfg->data.shard_dir, k, &meta, empty, &mine, &entry, &err) != 0) {
-            if (rank == 0)
-                fprintf(stderr, "sdtrain: %s\n", err.msg);
+        slice_reset(&sl[cur]);
+        process_range(cfg, &ds, &enc, begin, end, &sl[cur], counts, t);
+        drop_non_finite(&sl[cur], &enc, meta.float_dtype, world_rank, counts, &non_finite_warned);
+        if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
             code = SD_EXIT_FAILURE;
             break;
         }
-        t[T_WRITE] += sd_time_now() - t1;
-        n_new++;
-        if (rank == 0)
-            sd_info("shard %lld/%lld committed: %lld samples (%.2f s)", (long long)k + 1, (long long)n_shards,
-                    (long long)entry.samples, sd_time_now() - t0);
+        writer_start(&writer, k, &sl[cur], t0);
+        if (!writer.threaded && writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
+            code = SD_EXIT_FAILURE;
+            break;
+        }
+        cur ^= 1;
     }
+    if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0)
+        code = SD_EXIT_FAILURE;
 
     SD_MPI_CHECK(MPI_Reduce(counts, total, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, comm));
     {
         /* each stage's time summed over ranks: the shares say where the job's work went */
-        double sum[T_N], all = 0;
+        double sum[T_N], all = 0, waited = 0;
         SD_MPI_CHECK(MPI_Reduce(t, sum, T_N, MPI_DOUBLE, MPI_SUM, 0, comm));
+        SD_MPI_CHECK(MPI_Reduce(&t_waited, &waited, 1, MPI_DOUBLE, MPI_SUM, 0, comm));
         if (code == SD_EXIT_OK && rank == 0) {
-            double secs = sd_time_now() - t_start;
+            const double now = sd_time_now(), secs = now - t_start, loop = now - t_loop;
             uint64_t kept = 0;
             write_summary(cfg, total, n, n_new, secs);
             for (int i = 0; i < SD_SAMPLE_N_REASONS; i++)
@@ -916,11 +1025,20 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
                        "images/s per rank\n", cpu > 0 ? (double)kept / cpu : 0.0,
                        sum[T_ENCODE] > 0 ? (double)kept / sum[T_ENCODE] : 0.0);
             }
+            /* the rate once the encoders are loaded (what a long run approaches), and the
+             * writes' own rate: beside the encoding only their excess over it costs time */
+            printf("after set-up (%.2f s: dataset index, encoder weights, device): %.1f images/s; "
+                   "shard writes %s: %.1f images/s per rank, waited for %.2f s per rank\n",
+                   t_loop - t_start, loop > 0 ? (double)kept / loop : 0.0,
+                   writer.threaded ? "beside the encoding" : "between encodings",
+                   sum[T_WRITE] > 0 ? (double)kept / sum[T_WRITE] : 0.0,
+                   (writer.threaded ? waited : sum[T_WRITE]) / size);
             fflush(stdout);
         }
     }
     free(empty);
-    slice_free(&sl);
+    slice_free(&sl[0]);
+    slice_free(&sl[1]);
     sd_shard_manifest_free(&man);
     free_encoders(&enc);
     sd_dataset_close(&ds);

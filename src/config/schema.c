@@ -117,6 +117,11 @@ static const sd_option options[] = {
            "fp32 on the CPU; 'bf16' needs &run device = 'cuda' (or 'auto' with a GPU)."),
     LOGICAL(data, exif_transpose, ".false.",
             "Apply the JPEG EXIF orientation before resizing (the reference Pillow pipeline does not)."),
+    LOGICAL(data, overlap_writes, ".true.",
+            "Preprocessing: write each shard on a thread of its own while the next shard is read "
+            "and encoded (each rank then holds two shards' worth of encodings); the shards are "
+            "the same bytes either way. Not with pipeline_end = 'training', which checks for the "
+            "trainers' word between shards."),
     REAL(data, shard_wait_timeout, "3600", 0.001, U, "s",
          "mode = 'pipeline': the longest the training ranks wait for the next shard they need (or "
          "for the preprocessing half's plan) before the job ends with an error."),

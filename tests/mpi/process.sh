@@ -53,13 +53,17 @@ expect_in inspect out "caption_embeddings"
 run inspectdir "$SDTOOL" inspect "$TMP/shards-files"
 expect_rc inspectdir 0
 
-# the same inputs and rank count give the same data arrays
+# the same inputs and rank count give the same data arrays, whether each shard is written on
+# the writer thread while the next one is encoded (the default, the runs above) or by the main
+# thread between encodings
+expect_in proc-files out "shard writes beside the encoding"
 write_nml again files "$TMP/data-files" "$TMP/shards-again"
-mpi again 3 "$SDTRAIN" "$TMP/again.nml"
+mpi again 3 "$SDTRAIN" "$TMP/again.nml" --set data.overlap_writes=.false.
 expect_rc again 0
+expect_in again out "shard writes between encodings"
 checksums "$TMP/shards-files" >"$TMP/sum-np3"
 checksums "$TMP/shards-again" >"$TMP/sum-again"
-diff "$TMP/sum-np3" "$TMP/sum-again" || fail "two runs with 3 ranks wrote different data"
+diff "$TMP/sum-np3" "$TMP/sum-again" || fail "two runs with 3 ranks wrote different data (writes beside / between the encodings)"
 # decode threads per rank (OpenMP; the runs above have one thread per rank on 2 cores): 3 and
 # 5 threads read and decode windows of 12 and 20 samples in parallel, bad samples among them,
 # and must write the same data with the same counts
