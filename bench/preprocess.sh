@@ -14,6 +14,7 @@
 #          ViT-H text encoder shapes with random weights (the cost of the real models)
 #   BATCH: &data encode_batch_size (default 8; 32 suits a GPU)
 #   OVERLAP: 1 (default) writes each shard beside the next one's encoding, 0 between encodings
+#   SHARD: &data samples_per_shard (default 128)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$top/build/cpu}
@@ -34,7 +35,7 @@ if [ "${MODEL:-demo}" = sd2 ]; then
 fi
 
 "$build/sdtool" make-demo-data "$work/data" --count "$n" --max-side "${MAX_SIDE:-128}" >/dev/null
-echo "# $n images of up to ${MAX_SIDE:-128} px -> $res px, encoders ${MODEL:-demo} on ${DEVICE:-cpu}, batch ${BATCH:-8}"
+echo "# $n images of up to ${MAX_SIDE:-128} px -> $res px, encoders ${MODEL:-demo} on ${DEVICE:-cpu}, batch ${BATCH:-8}, shards of ${SHARD:-128}, writes $([ "${OVERLAP:-1}" = 0 ] && echo between || echo beside) the encoding"
 printf '%-7s %-8s %-10s %-13s %-10s %-16s %-14s %-14s %s\n' layout images images/s "after set-up" \
     "set-up s" "CPU stages/rank" "encode/rank" "writes/rank" "time by stage"
 run=0
@@ -48,7 +49,7 @@ for l in $layouts; do
         --set model.tokenizer="$top/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz" \
         --set run.device="${DEVICE:-cpu}" --set data.encode_batch_size="${BATCH:-8}" \
         --set data.overlap_writes=".$([ "${OVERLAP:-1}" = 0 ] && echo false || echo true)." \
-        "${model[@]}" --set data.samples_per_shard=128 2>&1) || { echo "$out" | tail -20; exit 1; }
+        "${model[@]}" --set data.samples_per_shard="${SHARD:-128}" 2>&1) || { echo "$out" | tail -20; exit 1; }
     line=$(grep '^throughput:' <<<"$out")
     rate=$(sed -n 's/^throughput: \([0-9.]*\) images.*/\1/p' <<<"$line")
     shares=$(sed -n 's/.*time by stage: //p' <<<"$line")
