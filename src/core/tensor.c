@@ -3,7 +3,14 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define SD_F16C_PATH 1
+#endif
 
 static const struct {
     const char *name;
@@ -259,14 +266,87 @@ uint16_t sd_f32_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
+/* The array conversions use the x86 F16C instructions where the CPU has them (8 values an
+ * instruction instead of a branchy scalar routine: loading fp16 weights, reading and writing fp16
+ * shards). They give the scalar routines' bits for every input: round to nearest even by the
+ * instruction's immediate (not MXCSR), overflow to infinity from 65520 on, NaNs made quiet with
+ * the payload's top bits kept, subnormal halves both ways (MXCSR's FTZ does not apply to these
+ * conversions; float subnormals, which DAZ would zero, become a signed zero half either way).
+ * tests/unit/test_tensor.c checks every half and the rounding boundaries of every half against
+ * the scalar routines. */
+#ifdef SD_F16C_PATH
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = sd_f16_to_f32(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++)
+        dst[i] = sd_f32_to_f16(src[i]);
+}
+
+/* 1 with F16C and AVX usable (the OS saves the YMM registers), 0 without, -1 not yet asked;
+ * SDTRAIN_NO_F16C=1 keeps the scalar routines (for comparisons). Races on the first calls only
+ * store the same answer. */
+static int f16c_state = -1;
+
+static int f16c_usable(void)
+{
+    int v = __atomic_load_n(&f16c_state, __ATOMIC_RELAXED);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        const char *off = getenv("SDTRAIN_NO_F16C");
+        v = 0;
+        if (!(off && *off && strcmp(off, "0") != 0) && __get_cpuid(1, &a, &b, &c, &d) &&
+            (c & bit_F16C) && (c & bit_AVX) && (c & bit_OSXSAVE)) {
+            uint32_t lo, hi;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            v = (lo & 6u) == 6u; /* XMM and YMM state enabled */
+        }
+        __atomic_store_n(&f16c_state, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+#endif
+
+int sd_f16_simd(void)
+{
+#ifdef SD_F16C_PATH
+    return f16c_usable();
+#else
+    return 0;
+#endif
+}
+
 void sd_f16_to_f32_array(const uint16_t *src, float *dst, size_t n)
 {
+#ifdef SD_F16C_PATH
+    if (f16c_usable()) {
+        f16_to_f32_f16c(src, dst, n);
+        return;
+    }
+#endif
     for (size_t i = 0; i < n; i++)
         dst[i] = sd_f16_to_f32(src[i]);
 }
 
 void sd_f32_to_f16_array(const float *src, uint16_t *dst, size_t n)
 {
+#ifdef SD_F16C_PATH
+    if (f16c_usable()) {
+        f32_to_f16_f16c(src, dst, n);
+        return;
+    }
+#endif
     for (size_t i = 0; i < n; i++)
         dst[i] = sd_f32_to_f16(src[i]);
 }

@@ -346,6 +346,62 @@ static void test_arrays(void)
     tap_ok(back[0] == 1.0f && back[4] == 3.140625f, "bf16 array round trip (pi -> %g)", back[4]);
 }
 
+/* The array conversions (F16C where the CPU has it) against the scalar routines, bit for bit:
+ * every half at every alignment of the 8-wide loop and its tail; for narrowing, every half's
+ * value, the midpoints (ties) to its neighbours and the floats one and two ulps either side, both
+ * signs, then 1e6 random floats (NaNs with all kinds of payloads, subnormals, overflow). */
+static void test_arrays_simd(void)
+{
+    enum { N = 65536 + 11 };
+    uint16_t *h = malloc(N * sizeof *h), *h2 = malloc(N * sizeof *h2);
+    float *f = malloc(N * sizeof *f);
+    int ok = 1;
+    tap_diag("fp16 array conversions on %s", sd_f16_simd() ? "F16C" : "the scalar routines");
+    for (uint32_t i = 0; i < N; i++)
+        h[i] = (uint16_t)(i * 40503u); /* every pattern, shuffled; the last 11 again */
+    for (int off = 0; off < 8; off++) {
+        sd_f16_to_f32_array(h + off, f, N - (size_t)off);
+        for (size_t i = 0; i + (size_t)off < N; i++)
+            ok &= bits_of(f[i]) == bits_of(sd_f16_to_f32(h[i + (size_t)off]));
+    }
+    tap_ok(ok, "f16 -> f32 array = scalar for every half, at every offset");
+
+    size_t n = 0;
+    float *in = malloc((size_t)0x7C00 * 2 * 7 * sizeof *in);
+    uint16_t *out = malloc((size_t)0x7C00 * 2 * 7 * sizeof *out);
+    for (uint32_t hv = 0; hv < 0x7C00; hv++)
+        for (int neg = 0; neg < 2; neg++) {
+            const uint32_t sign = neg ? 0x80000000u : 0u;
+            uint32_t b = bits_of(sd_f16_to_f32((uint16_t)hv));
+            /* the next half up; past the largest, 2^16 (the tie at 65520 goes to infinity) */
+            double up = hv + 1 < 0x7C00 ? (double)sd_f16_to_f32((uint16_t)(hv + 1)) : 65536.0;
+            uint32_t mid = bits_of((float)(((double)sd_f16_to_f32((uint16_t)hv) + up) / 2));
+            in[n++] = float_of(b | sign);
+            for (int d = -2; d <= 2; d++)
+                in[n++] = float_of((uint32_t)((int64_t)mid + d) | sign);
+            in[n++] = float_of((b ? b - 1u : 0u) | sign);
+        }
+    ok = 1;
+    sd_f32_to_f16_array(in, out, n);
+    for (size_t i = 0; i < n; i++)
+        ok &= out[i] == sd_f32_to_f16(in[i]);
+    tap_ok(ok, "f32 -> f16 array = scalar at every half, tie and neighbour (%zu values)", n);
+    ok = 1;
+    for (int rep = 0; rep < 16; rep++) {
+        for (size_t i = 0; i < N; i++)
+            f[i] = float_of(next_u32());
+        sd_f32_to_f16_array(f + rep % 8, h2, N - (size_t)(rep % 8));
+        for (size_t i = 0; i + (size_t)(rep % 8) < N; i++)
+            ok &= h2[i] == sd_f32_to_f16(f[i + (size_t)(rep % 8)]);
+    }
+    tap_ok(ok, "f32 -> f16 array = scalar on 1e6 random floats");
+    free(h);
+    free(h2);
+    free(f);
+    free(in);
+    free(out);
+}
+
 static void test_dtypes(void)
 {
     const char *names[] = {"F32", "F16", "BF16", "I32", "I64", "U8"};
@@ -454,5 +510,6 @@ int main(void)
     test_narrowing();
     test_bf16_narrowing();
     test_arrays();
+    test_arrays_simd();
     return tap_done();
 }
