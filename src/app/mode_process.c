@@ -772,7 +772,15 @@ static void writer_start(shard_writer *w, int64_t index, const slice *s, double 
         return;
     }
     int e = pthread_create(&w->thread, NULL, writer_main, w);
-    SD_CHECK(e == 0, "cannot start the shard writer thread: %s", strerror(e));
+    if (e != 0) {
+        /* (every rank writes this shard, on its thread or here: the collective calls still
+         * pair up; later shards are written here) */
+        sd_warn("cannot start a thread for the shard writes (%s): they are made between "
+                "encodings from now on", strerror(e));
+        w->threaded = 0;
+        writer_write(w);
+        return;
+    }
     w->running = 1;
 }
 
