@@ -5,15 +5,16 @@
 # feeds an encoder), of the encoders and of the shard writes (per rank; by default the writes run
 # beside the encoding, OVERLAP=0 puts them between encodings), and where the time goes (summed
 # over ranks and threads).
-# Usage: [MAX_SIDE=PX] [DEVICE=cpu|cuda] [MODEL=demo|sd2] [BATCH=N] [LAUNCH="mpirun ..."] \
-#          bench/preprocess.sh [BUILD_DIR] [SAMPLES] [RESOLUTION] [LAYOUTS]
+# Usage: [MAX_SIDE=PX] [DEVICE=cpu|cuda] [MODEL=demo|sd2] [BATCH=N] [OVERLAP=1|0] [SHARD=N] \
+#          [LAUNCH="mpirun ..."] bench/preprocess.sh [BUILD_DIR] [SAMPLES] [RESOLUTION] [LAYOUTS]
 #   LAYOUTS: space-separated RANKSxTHREADS (default "1x1 1x2 2x1")
 #   MAX_SIDE: largest side of the generated images (sdtool make-demo-data --max-side; 128)
 #   DEVICE: where the encoders run (cpu; cuda: bf16 encoders on the GPU, ranks share it)
 #   MODEL: demo = the demo's tiny encoders (default); sd2 = SD2's VAE encoder and OpenCLIP
 #          ViT-H text encoder shapes with random weights (the cost of the real models)
 #   BATCH: &data encode_batch_size (default 8; 32 suits a GPU)
-#   OVERLAP: 1 (default) writes each shard beside the next one's encoding, 0 between encodings
+#   OVERLAP: 1 (default) writes each shard beside the next one's encoding, 0 (or false, no, off)
+#            between encodings
 #   SHARD: &data samples_per_shard (default 128)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,10 @@ layouts=${4:-1x1 1x2 2x1}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # threads of a rank may use every core
+case "${OVERLAP:-1}" in
+0 | false | no | off | .false.) overlap=.false. ;;
+*) overlap=.true. ;;
+esac
 read -r -a launch <<<"${LAUNCH:-mpirun -q --oversubscribe --bind-to none}"
 [ "$(id -u)" != 0 ] || launch+=(--allow-run-as-root)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_WAIT_POLICY=passive
@@ -35,7 +40,7 @@ if [ "${MODEL:-demo}" = sd2 ]; then
 fi
 
 "$build/sdtool" make-demo-data "$work/data" --count "$n" --max-side "${MAX_SIDE:-128}" >/dev/null
-echo "# $n images of up to ${MAX_SIDE:-128} px -> $res px, encoders ${MODEL:-demo} on ${DEVICE:-cpu}, batch ${BATCH:-8}, shards of ${SHARD:-128}, writes $([ "${OVERLAP:-1}" = 0 ] && echo between || echo beside) the encoding"
+echo "# $n images of up to ${MAX_SIDE:-128} px -> $res px, encoders ${MODEL:-demo} on ${DEVICE:-cpu}, batch ${BATCH:-8}, shards of ${SHARD:-128}, writes $([ "$overlap" = .false. ] && echo "between encodings" || echo "beside the encoding")"
 printf '%-7s %-8s %-10s %-13s %-10s %-16s %-14s %-14s %s\n' layout images images/s "after set-up" \
     "set-up s" "CPU stages/rank" "encode/rank" "writes/rank" "time by stage"
 run=0
@@ -48,7 +53,7 @@ for l in $layouts; do
         --set data.shard_dir="$work/shards$run" --set model.resolution="$res" \
         --set model.tokenizer="$top/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz" \
         --set run.device="${DEVICE:-cpu}" --set data.encode_batch_size="${BATCH:-8}" \
-        --set data.overlap_writes=".$([ "${OVERLAP:-1}" = 0 ] && echo false || echo true)." \
+        --set data.overlap_writes="$overlap" \
         "${model[@]}" --set data.samples_per_shard="${SHARD:-128}" 2>&1) || { echo "$out" | tail -20; exit 1; }
     line=$(grep '^throughput:' <<<"$out")
     rate=$(sed -n 's/^throughput: \([0-9.]*\) images.*/\1/p' <<<"$line")

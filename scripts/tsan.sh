@@ -11,7 +11,8 @@
 # thread-count tests of tests/mpi/process.sh, which must give the same bytes). Open MPI's own
 # plugins (PMIx, ob1, the TCP transport: not instrumented either) report races and lock misuse of
 # their own in every MPI program, ours or not; tests/tsan.supp sets those aside, by module, and
-# nothing else. A report left is one whose stacks lie in our code. Exit status: 0 without
+# nothing else (Debian's Open MPI 4 and HDF5; the launcher flags are Open MPI's). A report left
+# is one whose stacks lie in our code. Exit status: 0 without
 # reports, 1 with (their first lines are printed), 2 when the build or a run fails.
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)

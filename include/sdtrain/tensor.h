@@ -83,6 +83,9 @@ uint16_t sd_f32_to_bf16(float f);
 /* Array versions; src and dst must not overlap. The fp16 ones run on F16C where the CPU has it,
  * with the scalar routines' bits (sd_f16_simd says which; SDTRAIN_NO_F16C=1 turns it off). */
 int sd_f16_simd(void);
+/* Tests: 0 makes the fp16 array conversions use the scalar routines from now on, 1 F16C again
+ * where the CPU has it. */
+void sd_f16_simd_enable(int on);
 void sd_f16_to_f32_array(const uint16_t *src, float *dst, size_t n);
 void sd_f32_to_f16_array(const float *src, uint16_t *dst, size_t n);
 void sd_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n);

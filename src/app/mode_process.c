@@ -731,6 +731,8 @@ typedef struct shard_writer {
     sd_shard_entry entry;
     sd_err err;
     double seconds; /* the write's own time */
+    double done;    /* when it ended */
+    int on_thread;  /* whether it ran on the writer thread */
     /* the thread */
     int threaded, running;
     int pending;    /* a write started whose outcome writer_finish has not taken */
@@ -742,7 +744,8 @@ static void writer_write(shard_writer *w)
 {
     double t0 = sd_time_now();
     w->rc = sd_shard_write(w->comm, w->dir, w->index, w->meta, w->empty, &w->batch, &w->entry, &w->err);
-    w->seconds = sd_time_now() - t0;
+    w->done = sd_time_now();
+    w->seconds = w->done - t0;
 }
 
 static void *writer_main(void *arg)
@@ -767,6 +770,7 @@ static void writer_start(shard_writer *w, int64_t index, const slice *s, double 
     w->batch.captions = (const char *const *)s->captions;
     w->batch.keys = (const char *const *)s->keys;
     sd_err_clear(&w->err);
+    w->on_thread = 0;
     if (!w->threaded) {
         writer_write(w);
         return;
@@ -781,6 +785,7 @@ static void writer_start(shard_writer *w, int64_t index, const slice *s, double 
         writer_write(w);
         return;
     }
+    w->on_thread = 1;
     w->running = 1;
 }
 
@@ -797,7 +802,10 @@ static void writer_join(shard_writer *w, double *waited)
 }
 
 /* The outcome of the last write started (after waiting for it): 0 and the shard's log line,
- * or -1 with the message printed by rank 0. Nothing to do without a pending write. */
+ * or -1 with the message printed by rank 0. Nothing to do without a pending write. *waited also
+ * gets a write made on this thread: the encoding waited for all of it. (A write beside the
+ * encoding is logged when its outcome is taken, after the next shard's encoding; its times are
+ * its own.) */
 static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t, double *waited,
                          int64_t *n_new)
 {
@@ -806,6 +814,8 @@ static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t,
         return 0;
     w->pending = 0;
     t[T_WRITE] += w->seconds;
+    if (!w->on_thread)
+        *waited += w->seconds;
     if (w->rc != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", w->err.msg);
@@ -813,9 +823,10 @@ static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t,
     }
     (*n_new)++;
     if (rank == 0)
-        sd_info("shard %lld/%lld committed: %lld samples (%.2f s, of it %.2f s writing)",
-                (long long)w->index + 1, (long long)n_shards, (long long)w->entry.samples,
-                sd_time_now() - w->started, w->seconds);
+        sd_info("shard %lld/%lld committed: %lld samples (%.2f s from its first read, of it %.2f s "
+                "writing%s)", (long long)w->index + 1, (long long)n_shards,
+                (long long)w->entry.samples, w->done - w->started, w->seconds,
+                w->on_thread ? " beside the next shard's encoding" : "");
     return 0;
 }
 
@@ -1007,8 +1018,11 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     {
         /* each stage's time summed over ranks: the shares say where the job's work went */
         double sum[T_N], all = 0, waited = 0;
+        int threaded_min = 0, threaded_max = 0;
         SD_MPI_CHECK(MPI_Reduce(t, sum, T_N, MPI_DOUBLE, MPI_SUM, 0, comm));
         SD_MPI_CHECK(MPI_Reduce(&t_waited, &waited, 1, MPI_DOUBLE, MPI_SUM, 0, comm));
+        SD_MPI_CHECK(MPI_Reduce(&writer.threaded, &threaded_min, 1, MPI_INT, MPI_MIN, 0, comm));
+        SD_MPI_CHECK(MPI_Reduce(&writer.threaded, &threaded_max, 1, MPI_INT, MPI_MAX, 0, comm));
         if (code == SD_EXIT_OK && rank == 0) {
             const double now = sd_time_now(), secs = now - t_start, loop = now - t_loop;
             uint64_t kept = 0;
@@ -1022,7 +1036,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
                    secs > 0 ? (double)kept / secs : 0.0, kept, secs, size);
             for (int i = 0; i < T_N; i++)
                 printf(" %s %.1f%%", stage_names[i], all > 0 ? 100.0 * sum[i] / all : 0.0);
-            printf("\n");
+            /* shares of the work, not of the wall time: a write beside the encoding overlaps it */
+            printf("%s\n", threaded_max ? " (the writes on a thread of their own)" : "");
             /* what the decode threads alone would deliver: the rate to compare with the
              * encoders' (on a GPU the two overlap and the slower one sets the throughput) */
             {
@@ -1038,9 +1053,10 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             printf("after set-up (%.2f s: dataset index, encoder weights, device): %.1f images/s; "
                    "shard writes %s: %.1f images/s per rank, waited for %.2f s per rank\n",
                    t_loop - t_start, loop > 0 ? (double)kept / loop : 0.0,
-                   writer.threaded ? "beside the encoding" : "between encodings",
-                   sum[T_WRITE] > 0 ? (double)kept / sum[T_WRITE] : 0.0,
-                   (writer.threaded ? waited : sum[T_WRITE]) / size);
+                   threaded_min ? "beside the encoding"
+                                : threaded_max ? "beside the encoding on some ranks"
+                                               : "between encodings",
+                   sum[T_WRITE] > 0 ? (double)kept / sum[T_WRITE] : 0.0, waited / size);
             fflush(stdout);
         }
     }

@@ -318,6 +318,17 @@ static int f16c_usable(void)
 }
 #endif
 
+void sd_f16_simd_enable(int on)
+{
+#ifdef SD_F16C_PATH
+    __atomic_store_n(&f16c_state, -1, __ATOMIC_RELAXED); /* asked again below */
+    if (!on)
+        __atomic_store_n(&f16c_state, 0, __ATOMIC_RELAXED);
+#else
+    (void)on;
+#endif
+}
+
 int sd_f16_simd(void)
 {
 #ifdef SD_F16C_PATH

@@ -59,8 +59,14 @@ static void mpi_abort_handler(int exit_code)
     int init = 0, fin = 0;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
-    if (init && !fin)
+    if (init && !fin) {
+        /* From any thread: a fatal error on the main thread of mode 'process' may come while its
+         * shard writer is inside a collective (outside MPI_THREAD_SERIALIZED's rule, but the job
+         * ends either way). MPI_Abort does not return; if it did, no exit handler (HDF5's among
+         * them) may run beside a thread still in the library. */
         MPI_Abort(MPI_COMM_WORLD, exit_code);
+        _exit(exit_code);
+    }
     exit(exit_code);
 }
 

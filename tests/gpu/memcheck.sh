@@ -19,21 +19,24 @@ CS=${SD_MEMCHECK:-$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compu
 [ -n "$CS" ] || skip "no compute-sanitizer"
 DEV=${SD_MEMCHECK_DEVICE:-cuda}
 
-# nccl_probe_only FILE: whether every error memcheck counted in FILE is an API error
-# cudaErrorNoKernelImageForDevice met inside libnccl. NCCL's ncclCommInitRank asks
+# nccl_probe_only FILE: whether every error memcheck counted in FILE (one rank's run) is an API
+# error cudaErrorNoKernelImageForDevice from cudaFuncGetAttributes met inside libnccl's
+# ncclCommInitRank. NCCL's ncclCommInitRank asks
 # cudaFuncGetAttributes about kernels of its own that have no image for the device's
 # architecture and handles the answer itself (seen with NCCL 2.28 on an H200: 4 such errors, each
 # backtrace ending in pncclCommInitRank); memcheck counts them all the same. Anything else (a
 # memory error, a leak, an API error with no NCCL frame) makes it false.
 nccl_probe_only() {
     awk '
-        function close_block() { if (inblk && nccl) probes++; inblk = 0 }
-        /^=+ Program hit cudaErrorNoKernelImageForDevice / { close_block(); inblk = 1; nccl = 0; hits++; next }
+        function close_block() { if (inblk && nccl && init) probes++; inblk = 0 }
+        /^=+ Program hit cudaErrorNoKernelImageForDevice .*cudaFuncGetAttributes/ {
+            close_block(); inblk = 1; nccl = 0; init = 0; hits++; next }
         /^=+ Program hit / { close_block(); other++; next }
         /^=+ (Invalid|Uninitialized|Leaked|Race|Barrier|Unused)/ { close_block(); other++; next }
         /^=+ (ERROR|LEAK) SUMMARY/ { close_block() }
         /^=+ ERROR SUMMARY: [0-9]+ error/ { total = $4 }
         inblk && /libnccl\.so/ { nccl = 1 }
+        inblk && /ncclCommInitRank/ { init = 1 }
         inblk && /^=+ *$/ { close_block() }
         END { close_block(); exit !(hits > 0 && probes == hits && other == 0 && total == hits) }' "$1"
 }
