@@ -826,7 +826,7 @@ static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t,
         sd_info("shard %lld/%lld committed: %lld samples (%.2f s from its first read, of it %.2f s "
                 "writing%s)", (long long)w->index + 1, (long long)n_shards,
                 (long long)w->entry.samples, w->done - w->started, w->seconds,
-                w->on_thread ? " beside the next shard's encoding" : "");
+                w->on_thread ? " on the writer thread" : "");
     return 0;
 }
 
