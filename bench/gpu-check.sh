@@ -296,14 +296,16 @@ part_variants() {
 # threads and two ranks with 8 sharing the GPU, the shard writes beside the encoding (the
 # default), then one rank with the writes between encodings (bench/preprocess.sh; the rate
 # "after set-up" is the one to compare); compare with the VAE-alone rate of "models"
+# preprocess_run LIMIT LAYOUTS: one bench/preprocess.sh run (OVERLAP from the caller)
+preprocess_run() {
+    LAUNCH="$MPIEXEC --bind-to none" DEVICE=cuda MODEL=sd2 BATCH=32 MAX_SIDE=512 SHARD=512 \
+        timeout "$(cap "$1")" bash bench/preprocess.sh "$B" 4096 256 "$2"
+}
 part_preprocess() {
     f="$logdir/preprocess.txt"
-    LAUNCH="$MPIEXEC --bind-to none" DEVICE=cuda MODEL=sd2 BATCH=32 MAX_SIDE=512 SHARD=512 \
-        timeout "$(cap 600)" bash bench/preprocess.sh "$B" 4096 256 "1x16 2x8" >"$f" 2>&1
+    preprocess_run 600 "1x16 2x8" >"$f" 2>&1
     rc=$?
-    [ "$rc" != 0 ] || late || LAUNCH="$MPIEXEC --bind-to none" DEVICE=cuda MODEL=sd2 BATCH=32 \
-        MAX_SIDE=512 SHARD=512 OVERLAP=0 timeout "$(cap 300)" bash bench/preprocess.sh "$B" 4096 256 \
-        "1x16" >>"$f" 2>&1 || rc=$?
+    [ "$rc" != 0 ] || late || OVERLAP=0 preprocess_run 300 "1x16" >>"$f" 2>&1 || rc=$?
     cat "$f"
     if [ "$rc" = 0 ]; then add "preprocess (mode process)" "done" "$f"
     else failed "preprocess (mode process)" "$rc" "exit $rc"; fi

@@ -714,9 +714,9 @@ static void drop_non_finite(slice *s, const encoders *e, sd_dtype dtype, int wor
 /* A shard's collective write on a thread of the rank's own, so that the main thread reads,
  * decodes and encodes the next shard meanwhile (&data overlap_writes). MPI and HDF5 are used by
  * one thread of the rank at a time (MPI_THREAD_SERIALIZED; HDF5 is not built thread-safe): from
- * writer_start to writer_join the main thread makes no MPI or HDF5 call, and the writers of all
+ * writer_start to writer_finish the main thread makes no MPI or HDF5 call, and the writers of all
  * ranks make the same collective calls in the same order, shard after shard. The slice written
- * is not touched by the main thread until the join. Without the thread (overlap off, or an MPI
+ * is not touched by the main thread until the join (in writer_finish). Without the thread (overlap off, or an MPI
  * without MPI_THREAD_SERIALIZED) writer_start writes at once on the calling thread. */
 typedef struct shard_writer {
     /* the write */
@@ -732,9 +732,9 @@ typedef struct shard_writer {
     sd_err err;
     double seconds; /* the write's own time */
     double done;    /* when it ended */
-    int on_thread;  /* whether it ran on the writer thread */
+    int on_thread;  /* whether it runs (ran) on the writer thread, to be joined */
     /* the thread */
-    int threaded, running;
+    int threaded;
     int pending;    /* a write started whose outcome writer_finish has not taken */
     double started; /* when the shard's reading began (for its log line) */
     pthread_t thread;
@@ -754,11 +754,11 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-/* Writes slice s as shard `index`: on the writer thread (returns at once; writer_join waits), or
- * on this one. */
+/* Writes slice s as shard `index`: on the writer thread (returns at once; writer_finish waits),
+ * or on this one. */
 static void writer_start(shard_writer *w, int64_t index, const slice *s, double started)
 {
-    SD_CHECK(!w->running && !w->pending, "a shard write is still running");
+    SD_CHECK(!w->pending, "a shard write is still running");
     w->index = index;
     w->started = started;
     w->pending = 1;
@@ -786,36 +786,28 @@ static void writer_start(shard_writer *w, int64_t index, const slice *s, double 
         return;
     }
     w->on_thread = 1;
-    w->running = 1;
-}
-
-/* Waits for the running write (if any); *waited adds the time this thread spent waiting. */
-static void writer_join(shard_writer *w, double *waited)
-{
-    if (!w->running)
-        return;
-    double t0 = sd_time_now();
-    int e = pthread_join(w->thread, NULL);
-    SD_CHECK(e == 0, "cannot join the shard writer thread: %s", strerror(e));
-    *waited += sd_time_now() - t0;
-    w->running = 0;
 }
 
 /* The outcome of the last write started (after waiting for it): 0 and the shard's log line,
- * or -1 with the message printed by rank 0. Nothing to do without a pending write. *waited also
- * gets a write made on this thread: the encoding waited for all of it. (A write beside the
+ * or -1 with the message printed by rank 0. Nothing to do without a pending write. *waited gets
+ * the time spent joining the writer thread, or all of a write made on this thread. (A write beside the
  * encoding is logged when its outcome is taken, after the next shard's encoding; its times are
  * its own.) */
 static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t, double *waited,
                          int64_t *n_new)
 {
-    writer_join(w, waited);
     if (!w->pending)
         return 0;
     w->pending = 0;
-    t[T_WRITE] += w->seconds;
-    if (!w->on_thread)
+    if (w->on_thread) {
+        const double t0 = sd_time_now();
+        const int e = pthread_join(w->thread, NULL);
+        SD_CHECK(e == 0, "cannot join the shard writer thread: %s", strerror(e));
+        *waited += sd_time_now() - t0;
+    } else {
         *waited += w->seconds;
+    }
+    t[T_WRITE] += w->seconds;
     if (w->rc != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", w->err.msg);
@@ -1018,11 +1010,10 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     {
         /* each stage's time summed over ranks: the shares say where the job's work went */
         double sum[T_N], all = 0, waited = 0;
-        int threaded_min = 0, threaded_max = 0;
+        int n_threaded = 0; /* ranks whose writes ran on the writer thread at the end */
         SD_MPI_CHECK(MPI_Reduce(t, sum, T_N, MPI_DOUBLE, MPI_SUM, 0, comm));
         SD_MPI_CHECK(MPI_Reduce(&t_waited, &waited, 1, MPI_DOUBLE, MPI_SUM, 0, comm));
-        SD_MPI_CHECK(MPI_Reduce(&writer.threaded, &threaded_min, 1, MPI_INT, MPI_MIN, 0, comm));
-        SD_MPI_CHECK(MPI_Reduce(&writer.threaded, &threaded_max, 1, MPI_INT, MPI_MAX, 0, comm));
+        SD_MPI_CHECK(MPI_Reduce(&writer.threaded, &n_threaded, 1, MPI_INT, MPI_SUM, 0, comm));
         if (code == SD_EXIT_OK && rank == 0) {
             const double now = sd_time_now(), secs = now - t_start, loop = now - t_loop;
             uint64_t kept = 0;
@@ -1037,7 +1028,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             for (int i = 0; i < T_N; i++)
                 printf(" %s %.1f%%", stage_names[i], all > 0 ? 100.0 * sum[i] / all : 0.0);
             /* shares of the work, not of the wall time: a write beside the encoding overlaps it */
-            printf("%s\n", threaded_max ? " (the writes on a thread of their own)" : "");
+            printf("%s\n", n_threaded ? " (the writes on a thread of their own)" : "");
             /* what the decode threads alone would deliver: the rate to compare with the
              * encoders' (on a GPU the two overlap and the slower one sets the throughput) */
             {
@@ -1053,9 +1044,9 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             printf("after set-up (%.2f s: dataset index, encoder weights, device): %.1f images/s; "
                    "shard writes %s: %.1f images/s per rank, waited for %.2f s per rank\n",
                    t_loop - t_start, loop > 0 ? (double)kept / loop : 0.0,
-                   threaded_min ? "beside the encoding"
-                                : threaded_max ? "beside the encoding on some ranks"
-                                               : "between encodings",
+                   n_threaded == size ? "beside the encoding"
+                   : n_threaded    ? "beside the encoding on some ranks"
+                                   : "between encodings",
                    sum[T_WRITE] > 0 ? (double)kept / sum[T_WRITE] : 0.0, waited / size);
             fflush(stdout);
         }

@@ -79,9 +79,6 @@ void sd_fatal_mpi(const char *file, int line, const char *func, const char *stmt
     sd_fatal_report(file, line, func, stmt, msg, NULL);
 }
 
-/* The thread level MPI_Init_thread provided (sd_mpi_serialized). */
-static int mpi_thread_level = MPI_THREAD_SINGLE;
-
 void sd_mpi_start(int *argc, char ***argv)
 {
     int provided, rank, size;
@@ -90,7 +87,6 @@ void sd_mpi_start(int *argc, char ***argv)
      * main thread, making no MPI call meanwhile, encodes the next; helper threads (decode,
      * prefetch) hand their results to the main thread. */
     SD_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
-    mpi_thread_level = provided;
     /* Errors come back as codes to SD_MPI_CHECK, which reports them and aborts the job. */
     SD_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
@@ -103,7 +99,9 @@ void sd_mpi_start(int *argc, char ***argv)
 
 int sd_mpi_serialized(void)
 {
-    return mpi_thread_level >= MPI_THREAD_SERIALIZED;
+    int provided = MPI_THREAD_SINGLE;
+    SD_MPI_CHECK(MPI_Query_thread(&provided));
+    return provided >= MPI_THREAD_SERIALIZED;
 }
 
 int sd_any_failed(int failed)
