@@ -25,6 +25,9 @@
 #                 tool, whose calls last at most 600 s), else none; 0: none
 #   --peer-what L the cases of "peer" (bench/gpu_vs_torch.py --what; default all:
 #                 vae-encode,unet-train,unet-fwd; vae-encode alone takes about 90 s)
+#   --peer-variants L  our side of "peer" once more per variant against the same torch
+#                 measurement: ';'-separated NAME=VAR=value[ VAR=value...] (gpu_vs_torch.py
+#                 --variant), e.g. "graph=SDTRAIN_CUDA_CONV_API=graph"
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
 #                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
 # Exit status: 0 when every part that ran passed (cut or not run ones included), 1 otherwise, 77
@@ -38,6 +41,7 @@ parts="tests,modules,sanitizer,bench"
 logdir="gpu-check-logs"
 deadline=""
 peer_what="vae-encode,unet-train,unet-fwd"
+peer_variants=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --bundle) bundle=$2; shift 2 ;;
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
     --deadline) deadline=$2; shift 2 ;;
     --log) logdir=$2; shift 2 ;;
     --peer-what) peer_what=$2; shift 2 ;;
+    --peer-variants) peer_variants=$2; shift 2 ;;
     -h | --help) sed -n '2,/^[^#]/p' "$0" | grep '^#'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; exit 2 ;;
     esac
@@ -250,7 +255,10 @@ part_variants() {
     # is the default before
     for v in "default:" "loads+onepass:SDTRAIN_CUDA_GN_APPLY=loads SDTRAIN_CUDA_GN_STATS=onepass" \
         "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
-        "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find"; do
+        "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find" \
+        "CONV_API=graph:SDTRAIN_CUDA_CONV_API=graph" \
+        "CONV_API=graph+find:SDTRAIN_CUDA_CONV_API=graph SDTRAIN_CUDA_CONV_ALGO=find" \
+        "CONV_API=graph-rtc+find:SDTRAIN_CUDA_CONV_API=graph-rtc SDTRAIN_CUDA_CONV_ALGO=find"; do
         name=${v%%:*}
         envs=${v#*:}
         # one process for every model at 256 px (the weights are made once), one for the VAE at
@@ -316,12 +324,16 @@ part_peer() {
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl &&
             export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     fi
+    vargs=()
+    IFS=';' read -r -a vlist <<<"$peer_variants"
+    for v in "${vlist[@]}"; do [ -n "$v" ] && vargs+=(--variant "$v"); done
     PYTHONUNBUFFERED=1 timeout "$(cap 1800)" python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
-        --what "$peer_what" >"$logdir/peer.txt" 2>&1
+        --what "$peer_what" "${vargs[@]}" >"$logdir/peer.txt" 2>&1
     rc=$?
     # the rows measured so far (a cut run has no table), then the table
     grep '^PEER ' "$logdir/peer.txt"
-    tail -6 "$logdir/peer.txt"
+    sed -n '/^what /,$p' "$logdir/peer.txt"
+    tail -3 "$logdir/peer.txt"
     if [ "$rc" = 0 ]; then add "bench gpu_vs_torch" "done" "$logdir/peer.txt"
     else failed "bench gpu_vs_torch" "$rc" "exit $rc"; fi
 }

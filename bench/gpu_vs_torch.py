@@ -9,7 +9,9 @@ PyTorch side: the weights in bf16 for the VAE (inference), bf16 autocast over fp
 the U-Net (how training runs), channels_last, PyTorch's SDPA attention (diffusers' default),
 and torch.compile unless --no-compile. Both sides are timed from a synchronized device to a
 synchronized device, median of --reps after warm-ups (compilation happens in the warm-ups).
-Our side is bench/models_cuda from the build (or bundle) given by --bin.
+Our side is bench/models_cuda from the build (or bundle) given by --bin; with --variant (one or
+more) our side runs once more per variant, with that variant's environment (e.g. --variant
+"graph=SDTRAIN_CUDA_CONV_API=graph"), against the same torch measurement: one row per variant.
 
 Prints one table: what, resolution, batch, ours ms, torch ms, ratio (torch / ours, > 1 means
 sdtrain is faster), and images/s; each row also as a "PEER ..." line as soon as it is measured,
@@ -17,6 +19,7 @@ so that a run cut at a deadline keeps the cases it finished. Needs torch with CU
 bench/README.md, "GPU benchmarks"). Versions are printed with the table.
 """
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -97,10 +100,11 @@ def torch_unet(batch, res, reps, warmup, compile_, train):
     return ms
 
 
-def ours(binary, what, batch, res, reps, warmup):
+def ours(binary, what, batch, res, reps, warmup, env=None):
     cmd = [binary, "--what", what, "--batch", str(batch), "--res", str(res), "--reps", str(reps),
            "--warmup", str(warmup), "--precision", "bf16"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       env=dict(os.environ, **env) if env else None)
     sys.stdout.write(p.stdout)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
@@ -117,7 +121,16 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--what", default="vae-encode,unet-train,unet-fwd")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=VAR=value[ VAR=value...]: our side again with these variables")
     a = ap.parse_args()
+    variants = [("default", {})]
+    for v in a.variant:
+        name, _, envs = v.partition("=")
+        env = dict(e.split("=", 1) for e in envs.split() if "=" in e)
+        if not name or not env:
+            ap.error(f"--variant {v!r}: want NAME=VAR=value[ VAR=value...]")
+        variants.append((name, env))
     import torch
     import diffusers
     compile_ = not a.no_compile
@@ -131,27 +144,29 @@ def main():
             cases.append((w, 256))
     rows = []
     for what, res in cases:
-        mine = ours(a.bin, what, a.batch, res, a.reps, a.warmup)
+        mine = [ours(a.bin, what, a.batch, res, a.reps, a.warmup, env) for _, env in variants]
         if what == "vae-encode":
             theirs = torch_vae(a.batch, res, a.reps, a.warmup + 2, compile_)
         else:
             theirs = torch_unet(a.batch, res, a.reps, a.warmup + 2, compile_, what == "unet-train")
-        rows.append((what, res, mine, theirs))
-        # each case's line as soon as it is measured: a run cut at a deadline keeps what it had
-        print("PEER " + row(what, res, a.batch, mine, theirs), flush=True)
+        for (name, _), m in zip(variants, mine):
+            rows.append((what, res, m, theirs, name))
+            # each case's line as soon as it is measured: a run cut at a deadline keeps what it had
+            print("PEER " + row(what, res, a.batch, m, theirs, name), flush=True)
     print(f"\n{'what':<12} {'res':>4} {'batch':>5} {'ours ms':>9} {'torch ms':>9} {'ratio':>6} "
-          f"{'ours img/s':>10} {'torch img/s':>11}")
-    for what, res, mine, theirs in rows:
-        print(row(what, res, a.batch, mine, theirs))
+          f"{'ours img/s':>10} {'torch img/s':>11}  ours")
+    for what, res, mine, theirs, name in rows:
+        print(row(what, res, a.batch, mine, theirs, name))
 
 
-def row(what, res, batch, mine, theirs):
-    """One line of the table: ours and torch's ms, the ratio (> 1: sdtrain faster), images/s."""
+def row(what, res, batch, mine, theirs, name="default"):
+    """One line of the table: ours and torch's ms, the ratio (> 1: sdtrain faster), images/s,
+    and which variant of ours."""
     r = f"{theirs / mine:6.2f}" if mine else "   n/a"
     om = f"{mine * 1e3:9.2f}" if mine else "   failed"
     oi = f"{batch / mine:10.1f}" if mine else "       n/a"
     return (f"{what:<12} {res:>4} {batch:>5} {om} {theirs * 1e3:9.2f} {r} {oi} "
-            f"{batch / theirs:11.1f}")
+            f"{batch / theirs:11.1f}  {name}")
 
 if __name__ == "__main__":
     main()

@@ -309,6 +309,16 @@ void sd_backend_cuda_wait_stream(const sd_backend *be, void *stream);
  * for a CUDA launch error, and with SDTRAIN_CUDA_SYNC=1 (debugging) also waits for `stream` as
  * sd_backend_cuda_wait_stream does, so a failure shows at the call that caused it. */
 void sd_backend_cuda_after_op(const sd_backend *be, void *stream);
+/* Which cuDNN graph-API forward plans a CUDA backend holds for a conv shape (made on first use,
+ * SDTRAIN_CUDA_CONV_API=graph or graph-rtc): bit 0 conv + bias, bit 1 conv + bias + residual;
+ * 0 for the legacy API, another backend, or a build without CUDA. For tests and benchmarks. */
+int sd_backend_cuda_conv_graph_plans(const sd_backend *be, const sd_conv2d_desc *d);
+/* Builds and finalizes the cuDNN operation graph of that forward (conv + bias, + residual when
+ * with_z) for `dtype` without a device, which cuDNN >= 9.8 allows: what the graph path asks of
+ * cuDNN up to the choice of an engine. 0 when it finalizes; -1 with the failing call in `why`;
+ * 1 (why says so) when it cannot be checked: older cuDNN, or a build without CUDA. */
+int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype, int with_z, char *why,
+                             size_t nwhy);
 
 /* ---- Memory ----------------------------------------------------------------------------- */
 

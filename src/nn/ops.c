@@ -4,6 +4,7 @@
 #include "sdtrain/ops.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "sdtrain/check.h"
@@ -948,5 +949,22 @@ void sd_backend_cuda_after_op(const sd_backend *be, void *stream)
 {
     (void)be;
     (void)stream;
+}
+
+int sd_backend_cuda_conv_graph_plans(const sd_backend *be, const sd_conv2d_desc *d)
+{
+    (void)be;
+    (void)d;
+    return 0;
+}
+
+int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype, int with_z, char *why,
+                             size_t nwhy)
+{
+    (void)d;
+    (void)dtype;
+    (void)with_z;
+    snprintf(why, nwhy, "this build has no CUDA backend");
+    return 1;
 }
 #endif

@@ -41,4 +41,10 @@ grep -q '^test_cuda_c  *not run ' "$TMP/dl.out" || { cat "$TMP/dl.out"; fail "te
 grep -q '^modules  *not run ' "$TMP/dl.out" || { cat "$TMP/dl.out"; fail "modules started after the deadline"; }
 expect_in dl out "==== gpu-check summary"
 [ -f "$TMP/logs/test_cuda_a.log" ] || fail "no log of test_cuda_a"
+# the peer's variants of our side (gpu_vs_torch.py --variant), checked before torch is imported
+if command -v python3 >/dev/null; then
+    run var python3 "$top_srcdir/bench/gpu_vs_torch.py" --variant nonsense
+    expect_rc var 2
+    expect_in var err "want NAME=VAR=value"
+fi
 pass "bench/gpu-check.sh: arguments, part order and deadline"

@@ -1,7 +1,8 @@
 /* CUDA backend vs CPU backend: conv2d forward (with and without bias, with a residual) and
  * backward (dx written and added, dw and db accumulated onto preloaded values, each gradient left
  * out once), on the shapes SD2 uses scaled down, in F32 and BF16 mode; a repeated call must give
- * the same bits. */
+ * the same bits. Then again with cuDNN's timed algorithms, and with the forward through cuDNN's
+ * graph API (SDTRAIN_CUDA_CONV_API=graph). */
 #include "cuda_compare.h"
 
 typedef struct conv_case {
@@ -313,6 +314,59 @@ int main(void)
             test_case(gpu[i], &cases[k]);
     for (int i = 0; i < n; i++)
         sd_backend_cuda_destroy(gpu[i]);
+    /* cuDNN's graph API for the forward (SDTRAIN_CUDA_CONV_API: conv + bias (+ residual) as one
+     * graph, asymmetric padding without a padded copy): precompiled engines from the heuristics,
+     * the same timed, and engines compiled at run time (left out under compute-sanitizer,
+     * SD_GPU_TEST_QUICK=1). Every case must pass the same checks against the CPU. A shape without
+     * a plan falls back to the legacy calls, so the plans are listed, and the BF16 3x3 shapes of
+     * the VAE and U-Net (what the graph API is for) must have both plans under one of the rounds
+     * at least: which engines cuDNN offers for the fused graph is the card's and version's
+     * business, not ours. */
+    static const char *const graph_api[] = {"graph", "graph", "graph-rtc"};
+    static const char *const graph_algo[] = {"heuristic", "find", "heuristic"};
+    const char *quick = getenv("SD_GPU_TEST_QUICK");
+    const int rounds = quick && strcmp(quick, "1") == 0 ? 2 : 3;
+    int bf16_planned = 0;
+    for (int r = 0; r < rounds; r++) {
+        setenv("SDTRAIN_CUDA_CONV_API", graph_api[r], 1);
+        setenv("SDTRAIN_CUDA_CONV_ALGO", graph_algo[r], 1);
+        n = gpu_backends(gpu);
+        tap_diag("convolutions with SDTRAIN_CUDA_CONV_API=%s, SDTRAIN_CUDA_CONV_ALGO=%s",
+                 graph_api[r], graph_algo[r]);
+        for (int i = 0; i < n; i++) {
+            int planned = 0;
+            for (int k = 0; k < ncases; k++) {
+                const int p = sd_backend_cuda_conv_graph_plans(gpu[i], &cases[k].d);
+                planned += (p & 1) + (p >> 1 & 1);
+                tap_diag("%s %s: graph plans:%s%s", sd_dtype_name(gpu[i]->dtype), cases[k].name,
+                         p & 1 ? " conv+bias" : "", p & 2 ? " conv+bias+residual" : " -");
+                test_case(gpu[i], &cases[k]);
+            }
+            tap_diag("%s: %d of %d graph plans", sd_dtype_name(gpu[i]->dtype), planned,
+                     2 * ncases);
+            if (gpu[i]->dtype == SD_BF16 &&
+                sd_backend_cuda_conv_graph_plans(gpu[i], &cases[1].d) == 3 &&
+                sd_backend_cuda_conv_graph_plans(gpu[i], &cases[2].d) == 3)
+                bf16_planned = 1;
+        }
+        for (int i = 0; i < n; i++)
+            sd_backend_cuda_destroy(gpu[i]);
+    }
+    if (n == 2)
+        tap_ok(bf16_planned, "BF16 3x3 pad 1 shapes: the graph API made both plans (conv + bias, "
+               "+ residual) in one of the rounds");
+    unsetenv("SDTRAIN_CUDA_CONV_API");
+    setenv("SDTRAIN_CUDA_CONV_API", "bogus", 1);
+    {
+        sd_backend *bad_api = NULL;
+        sd_err e2;
+        tap_ok(sd_backend_cuda_create(0, SD_F32, &bad_api, &e2) != 0,
+               "SDTRAIN_CUDA_CONV_API=bogus is refused: %s", bad_api ? "(accepted)" : e2.msg);
+        if (bad_api)
+            sd_backend_cuda_destroy(bad_api);
+    }
+    unsetenv("SDTRAIN_CUDA_CONV_API");
+
     setenv("SDTRAIN_CUDA_CONV_ALGO", "bogus", 1);
     sd_backend *bad = NULL;
     sd_err err;

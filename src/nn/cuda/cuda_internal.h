@@ -30,6 +30,13 @@
 #define SD_CUDA_GN_APPLY_FAST 2
 #define SD_CUDA_GN_APPLY_AUTO 3
 
+/* Convolution forward APIs (sd_cuda_state.conv_api, SDTRAIN_CUDA_CONV_API): cuDNN's legacy
+ * convolution calls; its graph API (ops_cuda_conv_graph.cu) with conv + bias (+ residual) as one
+ * graph, precompiled engines only, or also engines compiled at run time. */
+#define SD_CUDA_CONV_API_LEGACY 0
+#define SD_CUDA_CONV_API_GRAPH 1
+#define SD_CUDA_CONV_API_GRAPH_RTC 2
+
 /* cuBLASLt workspace owned by the backend (32 MiB: what cuBLAS asks for on Hopper). */
 #define SD_CUDA_LT_WORKSPACE (32u << 20)
 
@@ -57,6 +64,7 @@ typedef struct sd_cuda_state {
                                * read), 2 wide (the same, 4 channels per thread), 0 twopass */
     int gn_apply;             /* SDTRAIN_CUDA_GN_APPLY: an SD_CUDA_GN_APPLY_* value */
     int conv_find;            /* SDTRAIN_CUDA_CONV_ALGO=find: timed algorithm choice */
+    int conv_api;             /* SDTRAIN_CUDA_CONV_API: an SD_CUDA_CONV_API_* value */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;
     struct sd_cuda_prof *prof; /* op timings (SDTRAIN_CUDA_PROFILE=1), or NULL */
@@ -271,6 +279,19 @@ void sd_cuda_fill_norm_ops(sd_ops *ops);
 /* ops_cuda_conv.cu: conv2d forward/backward through cuDNN. */
 void sd_cuda_fill_conv_ops(sd_ops *ops);
 void sd_cuda_conv_cache_destroy(sd_cuda_state *st);
+/* ops_cuda_conv_graph.cu: one conv forward (+ bias, + residual when with_z) as a cuDNN graph
+ * and its execution plan. build returns NULL with the reason in `why` when cuDNN offers no
+ * usable plan (never aborts); run returns 0 without doing anything when the call does not fit
+ * the plan (no bias, residual or not as built, a pointer not 16-byte aligned), 1 after
+ * enqueuing it on the backend's stream; ws must hold sd_cuda_conv_graph_ws bytes. */
+typedef struct sd_conv_graph sd_conv_graph;
+sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc *d, int with_z,
+                                        size_t ws_cap, char *why, size_t nwhy);
+size_t sd_cuda_conv_graph_ws(const sd_conv_graph *g);
+void sd_cuda_conv_graph_describe(const sd_conv_graph *g, char *buf, size_t n);
+int sd_cuda_conv_graph_run(sd_cuda_state *st, const sd_conv_graph *g, const void *x,
+                           const void *w, const void *b, const void *z, void *y, void *ws);
+void sd_cuda_conv_graph_free(sd_conv_graph *g);
 /* ops_cuda_gemm.cu: linear forward/backward through cuBLASLt, attention. */
 void sd_cuda_fill_gemm_ops(sd_ops *ops);
 void sd_cuda_gemm_cache_destroy(sd_cuda_state *st);

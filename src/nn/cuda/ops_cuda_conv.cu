@@ -11,6 +11,10 @@
  * - Asymmetric padding (VAE Downsample2D) is done explicitly: x is copied into a zero-bordered
  *   scratch tensor and cuDNN convolves with padding 0; backward computes dx of the padded
  *   tensor in scratch and crops it. Symmetric padding goes to cuDNN as it is.
+ * - With SDTRAIN_CUDA_CONV_API=graph (or graph-rtc) the entry also holds graph-API plans for
+ *   conv + bias and conv + bias + residual (ops_cuda_conv_graph.cu, which takes asymmetric
+ *   padding itself); a forward call that fits one runs it, every other call (and every shape
+ *   cuDNN has no such plan for) runs the legacy calls below.
  * - Weight gradients are fp32: F32 mode lets cuDNN add into dw (beta 1); BF16 mode computes a
  *   bf16 dw in scratch (cuDNN's tensors share one data type) and a kernel adds it into dw.
  * - Scratch is carved in a fixed order of 256-aligned pieces (conv_layout), so the size query
@@ -47,6 +51,9 @@ typedef struct conv_entry {
     int fused_bias;
     cudnnTensorDescriptor_t b_desc; /* [1, c_out, 1, 1] */
     cudnnActivationDescriptor_t act; /* identity */
+    /* graph-API forward plans (SDTRAIN_CUDA_CONV_API=graph): [0] conv + bias, [1] conv + bias
+     * + residual; NULL where cuDNN offers none (or the legacy API is chosen) */
+    sd_conv_graph *graph[2];
 } conv_entry;
 
 struct sd_cuda_conv_cache {
@@ -297,6 +304,31 @@ static void conv_choose_backward_filter(cudnnHandle_t h, conv_entry *e, const ch
     e->bwd_filter_algo = (cudnnConvolutionBwdFilterAlgo_t)algo;
 }
 
+/* The graph-API forward plans of an entry. A shape without one says so on stderr (every shape
+ * with SDTRAIN_CUDA_CONV_LOG=1, else the first of the process), since its forward then runs
+ * through the legacy API whatever SDTRAIN_CUDA_CONV_API says. */
+static void conv_graph_plans(sd_cuda_state *st, conv_entry *e, const char *shape, int logging)
+{
+    static int told; /* a backend belongs to one thread; a lost race only repeats a line */
+    static const char *const what[2] = {"conv + bias", "conv + bias + residual"};
+    for (int z = 0; z < 2; z++) {
+        char why[384];
+        e->graph[z] = sd_cuda_conv_graph_build(st, &e->key, z, CONV_WORKSPACE_CAP, why,
+                                               sizeof why);
+        if (e->graph[z] && logging) {
+            char desc[160];
+            sd_cuda_conv_graph_describe(e->graph[z], desc, sizeof desc);
+            fprintf(stderr, "sdtrain conv %s: graph API %s: %s\n", shape, what[z], desc);
+        } else if (!e->graph[z] && (logging || !told)) {
+            fprintf(stderr,
+                    "sdtrain conv %s: the cuDNN graph API has no plan for %s (%s); the legacy "
+                    "API runs it%s\n",
+                    shape, what[z], why, logging ? "" : " (SDTRAIN_CUDA_CONV_LOG=1 lists every shape)");
+            told = 1;
+        }
+    }
+}
+
 static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
 {
     char shape[256];
@@ -350,18 +382,23 @@ static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
     conv_choose_backward_filter(st->dnn, e, shape, st->conv_find);
 
     const char *log = getenv("SDTRAIN_CUDA_CONV_LOG");
-    if (log && strcmp(log, "1") == 0)
+    const int logging = log && strcmp(log, "1") == 0;
+    if (logging)
         fprintf(stderr,
                 "sdtrain conv %s: forward algo %d (%zu B), backward data algo %d (%zu B), "
                 "backward filter algo %d (%zu B)%s\n",
                 shape, (int)e->fwd_algo, e->fwd_ws, (int)e->bwd_data_algo, e->bwd_data_ws,
                 (int)e->bwd_filter_algo, e->bwd_filter_ws,
                 e->explicit_pad ? ", explicit padding" : "");
+    if (st->conv_api != SD_CUDA_CONV_API_LEGACY)
+        conv_graph_plans(st, e, shape, logging);
     return e;
 }
 
 static void conv_entry_free(conv_entry *e)
 {
+    sd_cuda_conv_graph_free(e->graph[0]);
+    sd_cuda_conv_graph_free(e->graph[1]);
     SD_CUDNN_CHECK(cudnnDestroyActivationDescriptor(e->act));
     SD_CUDNN_CHECK(cudnnDestroyTensorDescriptor(e->b_desc));
     SD_CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(e->conv_desc));
@@ -432,7 +469,11 @@ static conv_layout conv_forward_layout(const sd_backend *be, const conv_entry *e
     L.xpad = off;
     off += conv_padded_bytes(be, e);
     L.ws = off;
-    off += sd_cuda_align(e->fwd_ws);
+    size_t ws = e->fwd_ws;
+    for (int z = 0; z < 2; z++)
+        if (sd_cuda_conv_graph_ws(e->graph[z]) > ws)
+            ws = sd_cuda_conv_graph_ws(e->graph[z]);
+    off += sd_cuda_align(ws);
     L.dxpad = L.dw16 = L.colsum = off; /* unused */
     L.total = off;
     return L;
@@ -547,6 +588,11 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
              "conv2d forward needs %zu bytes of scratch, got %zu", L.total, ws.bytes);
     char *base = (char *)ws.ptr;
 
+    /* the graph API's plan where the call fits it (bias, residual as built, aligned pointers) */
+    if (sd_cuda_conv_graph_run(st, e->graph[z != nullptr], x, w, b, z, y, base + L.ws)) {
+        SD_CUDA_SUBMARK(be, "conv2d_forward:graph");
+        return;
+    }
     const void *xin = x;
     if (e->explicit_pad) {
         conv_pad_input(be, e, x, base + L.xpad);
@@ -674,6 +720,14 @@ static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, 
     if (db)
         sd_cuda_colsum(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, dy, db, 1,
                        base + L.colsum);
+}
+
+extern "C" int sd_backend_cuda_conv_graph_plans(const sd_backend *be, const sd_conv2d_desc *d)
+{
+    if (!be || be->device != SD_DEV_CUDA)
+        return 0;
+    const conv_entry *e = conv_entry_get(be, d);
+    return (e->graph[0] ? 1 : 0) | (e->graph[1] ? 2 : 0);
 }
 
 void sd_cuda_fill_conv_ops(sd_ops *ops)
