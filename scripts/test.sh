@@ -75,7 +75,8 @@ fi
 # CUDA tree: must compile and link wherever the toolkit is installed; GPU tests skip without a GPU.
 # The host emulations of the group-norm / objective kernels, the row-wise kernels and the fused
 # attention run the CUDA kernels' own code on the CPU (tests/gpu/*_emulate.sh): what CI can
-# execute of them.
+# execute of them; test_cuda_conv_graph finalizes the cuDNN graphs of the graph-API convolution
+# without a device.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     mkdir -p build/cuda
     if step "configure CUDA tree (--with-cuda)" "$log_dir/configure-cuda.log" \
@@ -84,7 +85,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         echo "== GPU tests (CUDA tree)"
         make -C build/cuda -j"$jobs" check \
             TESTS="tests/gpu/gpu_selftest.sh tests/cli/sdtool.sh tests/mpi/device.sh \
-                   tests/gpu/norm_emulate.sh tests/gpu/flash_emulate.sh tests/gpu/elem_emulate.sh" \
+                   tests/gpu/norm_emulate.sh tests/gpu/flash_emulate.sh tests/gpu/elem_emulate.sh \
+                   tests/gpu/test_cuda_conv_graph" \
             >"$log_dir/check-cuda.log" 2>&1
         grep -E "^(PASS|FAIL|SKIP|ERROR):" "$log_dir/check-cuda.log" || true
         count_check "$log_dir/check-cuda.log"
