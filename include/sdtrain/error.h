@@ -24,6 +24,9 @@ typedef struct sd_err {
     char msg[1024];
     int line; /* 1-based source line when the error is about a text file, else 0 */
     int col;  /* 1-based column, else 0 */
+    int storage; /* 1: the storage failed a read (EIO, ESTALE, ...), not the input: a retry may
+                  * succeed (mode 'train' ends with status 1, not 2). sd_err_set clears it;
+                  * sd_err_set_storage sets it. */
 } sd_err;
 
 /* Sets the message (printf-style) and returns -1, so `return sd_err_set(e, ...)` reads well.
@@ -34,6 +37,12 @@ int sd_err_set(sd_err *e, const char *fmt, ...)
 #endif
     ;
 int sd_err_vset(sd_err *e, const char *fmt, va_list ap);
+/* sd_err_set for a failure of the storage: sets e->storage */
+int sd_err_set_storage(sd_err *e, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* Sets the message prefixed with "source:line:col: " and records line/col; returns -1. */
 int sd_err_at(sd_err *e, const char *source, int line, int col, const char *fmt, ...)

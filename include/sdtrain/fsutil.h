@@ -14,6 +14,11 @@ extern "C" {
  * ("directory", "shard directory"): "cannot create <what> '<prefix>': <reason>". */
 int sd_mkdir_p(const char *path, const char *what, sd_err *err);
 
+/* 1 when errno value e says the storage failed an operation (a lost server, a stale handle, a
+ * bad sector, no permission, no memory or descriptors): the bytes may well be intact and a retry
+ * may succeed. 0 for everything else (a missing file, ...), which is the data's problem. */
+int sd_storage_errno(int e);
+
 /* sd_mkdir_p, then a check that files can be created in it (a read-only file system, no
  * permission): "<what> '<path>' is not writable: <reason>". For the folders a job writes into
  * late (checkpoints, shards), so that it stops before its work, not after. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/fsutil.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,6 +49,37 @@ static inline const char *sd_h5_stack_string_(hid_t stack, char *buf, size_t siz
 static inline const char *sd_h5_error_string(char *buf, size_t size)
 {
     return sd_h5_stack_string_(H5E_DEFAULT, buf, size);
+}
+
+/* The errno a file driver put in the current HDF5 error stack ("..., errno = 5, error message =
+ * 'Input/output error', ..." from sec2's failed reads, writes and opens), the innermost one; 0
+ * when no entry carries one (the library refused what it read: a bad signature or checksum).
+ * Call it right after the failing call, as sd_h5_error_string. */
+static inline herr_t sd_h5_walk_errno_(unsigned n, const H5E_error2_t *e, void *data)
+{
+    int *out = (int *)data;
+    const char *p = e->desc ? strstr(e->desc, "errno = ") : NULL;
+    (void)n;
+    if (!*out && p) {
+        int v = 0;
+        if (sscanf(p + 8, "%d", &v) == 1 && v > 0)
+            *out = v;
+    }
+    return 0;
+}
+
+static inline int sd_h5_error_errno(void)
+{
+    int e = 0;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, sd_h5_walk_errno_, &e);
+    return e;
+}
+
+/* That errno when it is a storage failure (sd_storage_errno), else 0. */
+static inline int sd_h5_storage_errno(void)
+{
+    const int e = sd_h5_error_errno();
+    return sd_storage_errno(e) ? e : 0;
 }
 
 /* Prints the whole HDF5 error stack, then reports and ends the job through sd_fatal_report

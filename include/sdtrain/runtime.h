@@ -59,8 +59,8 @@ void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *r
 int sd_any_failed(int failed);
 
 /* Collective over comm: 0 when no rank failed; otherwise every rank returns -1 with err holding
- * the message of the lowest failing rank, so all report the same cause and none waits in a
- * later collective. */
+ * the message (and the `storage` flag) of the lowest failing rank, so all report the same cause
+ * and none waits in a later collective. */
 int sd_agree(MPI_Comm comm, int failed, sd_err *err);
 
 /* Completes `req` without spinning: MPI_Test with sleeps of 1 ms growing to 50 ms in between.

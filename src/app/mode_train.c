@@ -1501,7 +1501,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
 {
     const sd_config *cfg = &rc->cfg;
     trainer t;
-    sd_err err;
+    sd_err err = {.storage = 0};
     sd_loader_batch vb;
     const int64_t max_steps = cfg->train.max_steps;
     const int log_every = cfg->train.log_every > 0 ? (int)cfg->train.log_every : 1;
@@ -1531,7 +1531,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     sd_ckpt_signals_install();
 
     if (setup(&t, rt, dev, &err)) {
-        const int status = t.setup_exit ? t.setup_exit : SD_EXIT_USAGE;
+        /* a failing storage (a shard the file system could not read) is not bad input: status
+         * 1, so that a requeued job tries again */
+        const int status = t.setup_exit ? t.setup_exit : err.storage ? SD_EXIT_FAILURE
+                                                                     : SD_EXIT_USAGE;
         if (t.rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_trainer(&t);

@@ -10,7 +10,19 @@ int sd_err_vset(sd_err *e, const char *fmt, va_list ap)
         vsnprintf(e->msg, sizeof e->msg, fmt, ap);
         e->line = 0;
         e->col = 0;
+        e->storage = 0;
     }
+    return -1;
+}
+
+int sd_err_set_storage(sd_err *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sd_err_vset(e, fmt, ap);
+    va_end(ap);
+    if (e)
+        e->storage = 1;
     return -1;
 }
 
@@ -37,6 +49,7 @@ int sd_err_at(sd_err *e, const char *source, int line, int col, const char *fmt,
     va_end(ap);
     e->line = line;
     e->col = col;
+    e->storage = 0;
     return -1;
 }
 

@@ -17,6 +17,18 @@
 
 #include "sdtrain/check.h"
 
+int sd_storage_errno(int e)
+{
+    switch (e) {
+    case EIO: case EACCES: case EPERM: case EMFILE: case ENFILE: case ENOMEM: case ENOBUFS:
+    case ETIMEDOUT: case EAGAIN: case EBUSY: case EINTR: case ESTALE: case ENOLINK:
+    case ECOMM: case ENETDOWN: case ENETUNREACH: case ECONNRESET: case EREMOTEIO: case ENXIO:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 {
     char buf[4096];

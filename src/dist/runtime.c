@@ -114,17 +114,23 @@ int sd_any_failed(int failed)
 int sd_agree(MPI_Comm comm, int failed, sd_err *err)
 {
     int rank, size, mine, first;
-    char msg[sizeof err->msg];
+    struct {
+        char msg[sizeof err->msg];
+        int storage;
+    } what;
     SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     SD_MPI_CHECK(MPI_Comm_size(comm, &size));
     mine = failed ? rank : size;
     SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
     if (first == size)
         return 0;
-    if (rank == first)
-        snprintf(msg, sizeof msg, "%s", err->msg[0] ? err->msg : "unknown error");
-    SD_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, comm));
-    snprintf(err->msg, sizeof err->msg, "%s", msg);
+    if (rank == first) {
+        snprintf(what.msg, sizeof what.msg, "%s", err->msg[0] ? err->msg : "unknown error");
+        what.storage = err->storage;
+    }
+    SD_MPI_CHECK(MPI_Bcast(&what, (int)sizeof what, MPI_BYTE, first, comm));
+    snprintf(err->msg, sizeof err->msg, "%s", what.msg);
+    err->storage = what.storage;
     return -1;
 }
 

@@ -850,20 +850,6 @@ static const char *json_str(json_object *o, const char *key)
     return json_object_get_string(v);
 }
 
-/* errno values that say the storage failed a read (a lost server, a stale handle, no
- * permission, no memory or descriptors), not that the file's bytes are damaged. */
-static int storage_errno(int e)
-{
-    switch (e) {
-    case EIO: case EACCES: case EPERM: case EMFILE: case ENFILE: case ENOMEM: case ENOBUFS:
-    case ETIMEDOUT: case EAGAIN: case EBUSY: case EINTR: case ESTALE: case ENOLINK:
-    case ECOMM: case ENETDOWN: case ENETUNREACH: case ECONNRESET: case EREMOTEIO: case ENXIO:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 /* After HDF5 or json-c failed to open or read `file`: reads [off, off + len) (at most 256 MiB,
  * and not past the end) again with plain POSIX calls. Returns the errno of a storage failure, or
  * 0 when the bytes can be read (the reader refused what they hold: the file is damaged) or the
@@ -875,7 +861,7 @@ static int probe_storage(const char *file, uint64_t off, uint64_t len)
     if (fd < 0) {
         e = errno;
         free(buf);
-        return storage_errno(e) ? e : 0;
+        return sd_storage_errno(e) ? e : 0;
     }
     if (len > ((uint64_t)256 << 20))
         len = (uint64_t)256 << 20;
@@ -891,7 +877,7 @@ static int probe_storage(const char *file, uint64_t off, uint64_t len)
     }
     close(fd);
     free(buf);
-    return storage_errno(e) ? e : 0;
+    return sd_storage_errno(e) ? e : 0;
 }
 
 /* Rank 0: the manifest, checked for format and completeness and against this run's model.
@@ -1031,7 +1017,7 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
         }
     }
     const int stat_rc = stat(file, &st), stat_errno = stat_rc != 0 ? errno : 0;
-    if (stat_rc != 0 && storage_errno(stat_errno)) {
+    if (stat_rc != 0 && sd_storage_errno(stat_errno)) {
         sd_err_set(err, "cannot stat checkpoint file %s: %s (a storage error, not damage: the "
                    "checkpoint may be intact)", file, strerror(stat_errno));
         *incompatible = 2;
@@ -1065,9 +1051,20 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
     herr_t rc;
     char h5msg[512];
     d = H5Dopen2(f, ds_names[ds], H5P_DEFAULT);
-    if (d < 0)
+    if (d < 0) {
+        /* the storage failed reading the dataset's header (the driver's errno), or the header
+         * is damaged */
+        const int io = sd_h5_storage_errno();
+        sd_h5_error_string(h5msg, sizeof h5msg);
+        if (io_failure)
+            *io_failure |= io != 0;
+        if (io)
+            return sd_err_set(err, "checkpoint %s: cannot open dataset '%s': %s (a storage "
+                              "error, not damage: the checkpoint may be intact)", file,
+                              ds_names[ds], strerror(io));
         return sd_err_set(err, "checkpoint %s: cannot open dataset '%s': %s", file, ds_names[ds],
-                          sd_h5_error_string(h5msg, sizeof h5msg));
+                          h5msg);
+    }
     SD_H5_CHECK(space = H5Dget_space(d));
     SD_H5_CHECK(type = H5Dget_type(d));
     nd = H5Sget_simple_extent_dims(space, dims, NULL);
@@ -1085,10 +1082,14 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
         SD_H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL));
         rc = H5Dread(d, H5T_NATIVE_FLOAT, mspace, space, H5P_DEFAULT, dst);
         if (rc < 0) {
-            const haddr_t at = H5Dget_offset(d);
-            const int io = at == HADDR_UNDEF ? 0 : probe_storage(file, at + 4 * (uint64_t)b,
-                                                                  4 * (e - b));
+            /* the driver's errno from HDF5's error stack, else the bytes read again */
+            const int h5e = sd_h5_storage_errno();
             sd_h5_error_string(h5msg, sizeof h5msg);
+            const haddr_t at = h5e ? HADDR_UNDEF : H5Dget_offset(d);
+            const int io = h5e                 ? h5e
+                           : at == HADDR_UNDEF ? 0
+                                               : probe_storage(file, at + 4 * (uint64_t)b,
+                                                               4 * (e - b));
             if (io)
                 sd_err_set(err, "checkpoint %s: reading dataset '%s' failed: %s (a storage "
                            "error, not damage: the checkpoint may be intact)", file, ds_names[ds],
@@ -1127,8 +1128,9 @@ static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors
     /* every rank reads on its own (sec2): nothing collective can hang on a bad file */
     f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) {
-        const int e = probe_storage(file, 0, 8);
+        const int h5e = sd_h5_storage_errno();
         sd_h5_error_string(h5msg, sizeof h5msg);
+        const int e = h5e ? h5e : probe_storage(file, 0, 8);
         if (e) {
             sd_err_set(err, "cannot open checkpoint file %s: %s (a storage error, not damage: the "
                        "checkpoint may be intact)", file, strerror(e));

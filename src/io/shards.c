@@ -1145,12 +1145,45 @@ struct sd_shard {
     sd_shard_info info;
 };
 
+/* err after a failed HDF5 call on a shard (call it right after): when the file driver reported
+ * a storage failure (sd_h5_storage_errno) the message says so and err->storage is set, for a
+ * retry may read the shard; otherwise HDF5's own message (the data is damaged or foreign). */
+static int h5_fail(sd_err *err, const char *what)
+{
+    char h5msg[512];
+    const int e = sd_h5_storage_errno();
+    sd_h5_error_string(h5msg, sizeof h5msg);
+    if (e)
+        return sd_err_set_storage(err, "%s: %s (a storage error, not damage: the shard may be "
+                                  "intact)", what, strerror(e));
+    return sd_err_set(err, "%s: %s", what, h5msg);
+}
+
+/* A failed attribute read (a damaged heap, or the storage failing) is an error naming the file,
+ * not the end of the job. */
+static int attr_read_failed(const char *name, sd_shard *s, hid_t a, hid_t t, hid_t mt, sd_err *err)
+{
+    char what[SD_PATH_MAX + 200];
+    snprintf(what, sizeof what, "%s: cannot read attribute '%s'", s->info.path, name);
+    h5_fail(err, what);
+    if (mt >= 0)
+        H5Tclose(mt);
+    H5Tclose(t);
+    H5Aclose(a);
+    return -1;
+}
+
 static int read_attr_raw(hid_t loc, const char *name, hid_t want_class, sd_shard *s, hid_t *attr,
                          hid_t *type, sd_err *err)
 {
     htri_t exists = H5Aexists(loc, name);
     hid_t space;
-    if (exists <= 0)
+    if (exists < 0) {
+        char what[SD_PATH_MAX + 200];
+        snprintf(what, sizeof what, "%s: cannot look up attribute '%s'", s->info.path, name);
+        return h5_fail(err, what);
+    }
+    if (exists == 0)
         return sd_err_set(err, "%s: attribute '%s' is missing", s->info.path, name);
     SD_H5_CHECK(*attr = H5Aopen(loc, name, H5P_DEFAULT));
     SD_H5_CHECK(*type = H5Aget_type(*attr));
@@ -1175,14 +1208,18 @@ static int read_attr_str(hid_t loc, const char *name, char *buf, size_t size, sd
         SD_H5_CHECK(mt = H5Tcopy(H5T_C_S1));
         SD_H5_CHECK(H5Tset_size(mt, H5T_VARIABLE));
         SD_H5_CHECK(H5Tset_cset(mt, H5Tget_cset(t)));
-        SD_H5_CHECK(H5Aread(a, mt, &v));
+        if (H5Aread(a, mt, &v) < 0)
+            return attr_read_failed(name, s, a, t, mt, err);
         snprintf(buf, size, "%s", v ? v : "");
         H5free_memory(v);
     } else {
         size_t w = H5Tget_size(t);
         char *tmp = sd_xcalloc(w + 1, 1);
         SD_H5_CHECK(mt = H5Tcopy(t));
-        SD_H5_CHECK(H5Aread(a, mt, tmp));
+        if (H5Aread(a, mt, tmp) < 0) {
+            free(tmp);
+            return attr_read_failed(name, s, a, t, mt, err);
+        }
         snprintf(buf, size, "%s", tmp);
         free(tmp);
     }
@@ -1197,7 +1234,8 @@ static int read_attr_i64(hid_t loc, const char *name, int64_t *out, sd_shard *s,
     hid_t a, t;
     if (read_attr_raw(loc, name, H5T_INTEGER, s, &a, &t, err))
         return -1;
-    SD_H5_CHECK(H5Aread(a, H5T_NATIVE_INT64, out));
+    if (H5Aread(a, H5T_NATIVE_INT64, out) < 0)
+        return attr_read_failed(name, s, a, t, -1, err);
     SD_H5_CHECK(H5Tclose(t));
     SD_H5_CHECK(H5Aclose(a));
     return 0;
@@ -1208,7 +1246,8 @@ static int read_attr_f64(hid_t loc, const char *name, double *out, sd_shard *s, 
     hid_t a, t;
     if (read_attr_raw(loc, name, H5T_FLOAT, s, &a, &t, err))
         return -1;
-    SD_H5_CHECK(H5Aread(a, H5T_NATIVE_DOUBLE, out));
+    if (H5Aread(a, H5T_NATIVE_DOUBLE, out) < 0)
+        return attr_read_failed(name, s, a, t, -1, err);
     SD_H5_CHECK(H5Tclose(t));
     SD_H5_CHECK(H5Aclose(a));
     return 0;
@@ -1323,8 +1362,9 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
 #endif
     s->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     if (s->file < 0) {
-        char h5msg[512];
-        sd_err_set(err, "cannot open shard '%s': %s", path, sd_h5_error_string(h5msg, sizeof h5msg));
+        char what[SD_PATH_MAX + 40];
+        snprintf(what, sizeof what, "cannot open shard '%s'", path);
+        h5_fail(err, what);
         SD_H5_CHECK(H5Pclose(fapl));
         /* Only now ask whether it is HDF5 at all: H5Fis_hdf5 opens with default (locking)
          * settings, which some parallel file systems refuse. */
@@ -1521,9 +1561,9 @@ static int read_rows(sd_shard *s, hid_t d, const char *name, hid_t mt, int64_t s
         SD_H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, hstart, NULL, hcount, NULL));
         rc = H5Dread(d, mt, mspace, fspace, H5P_DEFAULT, (char *)dst + (size_t)r * row_bytes);
         if (rc < 0) {
-            char h5msg[512];
-            sd_err_set(err, "%s: reading '%s' failed: %s", s->info.path, name,
-                       sd_h5_error_string(h5msg, sizeof h5msg));
+            char what[SD_PATH_MAX + 200];
+            snprintf(what, sizeof what, "%s: reading '%s' failed", s->info.path, name);
+            h5_fail(err, what);
         }
     }
     sd_h5_quiet_end(&q);
@@ -1625,9 +1665,9 @@ int sd_shard_read_empty_embedding(sd_shard *s, float *dst, sd_err *err)
     sd_h5_quiet_begin(&q);
     rc = H5Dread(s->d_empty, s->t_float, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw ? (void *)raw : (void *)dst);
     if (rc < 0) {
-        char h5msg[512];
-        sd_err_set(err, "%s: reading 'empty_caption_embedding' failed: %s", s->info.path,
-                   sd_h5_error_string(h5msg, sizeof h5msg));
+        char what[SD_PATH_MAX + 200];
+        snprintf(what, sizeof what, "%s: reading 'empty_caption_embedding' failed", s->info.path);
+        h5_fail(err, what);
     } else if (raw) {
         sd_f16_to_f32_array(raw, dst, n);
     }
@@ -1683,11 +1723,14 @@ int sd_shard_checksum(sd_shard *s, uint64_t *out, sd_err *err)
         herr_t hr;
         sd_h5_quiet_begin(&q);
         hr = H5Dread(s->d_empty, s->t_float, H5S_ALL, H5S_ALL, H5P_DEFAULT, empty);
-        sd_h5_quiet_end(&q);
-        if (hr < 0)
-            rc = sd_err_set(err, "%s: reading 'empty_caption_embedding' failed", in->path);
-        else
+        if (hr < 0) {
+            char what[SD_PATH_MAX + 200];
+            snprintf(what, sizeof what, "%s: reading 'empty_caption_embedding' failed", in->path);
+            rc = h5_fail(err, what);
+        } else {
             sum += shard_terms(in->n_samples, hash_bytes(0, empty, e_el * fsz));
+        }
+        sd_h5_quiet_end(&q);
         free(empty);
     }
     SD_H5_CHECK(H5Tclose(tc));

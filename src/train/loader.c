@@ -993,6 +993,7 @@ int sd_loader_read_val(sd_loader *l, int64_t first, int count, sd_loader_batch *
  * binary), with the options it was given so that the other ranks can check theirs. */
 typedef struct open_header {
     int32_t status;
+    int32_t storage;        /* the failure was the storage's (sd_err.storage) */
     char msg[sizeof(((sd_err *)0)->msg)];
     int32_t resolution, latent_channels, latent_size, text_len, embed_dim;
     double scaling_factor;
@@ -1144,6 +1145,7 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
             h.val_fraction = opt->val_fraction;
         } else {
             h.status = -1;
+            h.storage = err->storage;
             snprintf(h.msg, sizeof h.msg, "%s", err->msg);
         }
     }
@@ -1156,7 +1158,8 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     if (h.status) {
         if (rank == 0)
             sd_shard_manifest_free(&m);
-        snprintf(err->msg, sizeof err->msg, "%s", h.msg);
+        sd_err_set(err, "%s", h.msg);
+        err->storage = h.storage;
         return -1;
     }
 

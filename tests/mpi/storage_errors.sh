@@ -1,0 +1,79 @@
+#!/bin/sh
+# Resuming from a checkpoint while the storage fails underneath the libraries (doc/checkpoints.md,
+# "Storage errors"): tests/mpi/eio_preload.so (LD_PRELOAD) makes the reads of one file fail on one
+# rank, with EIO or ESTALE, from a chosen byte, so HDF5 and json-c meet the error where a lost
+# server or a bad sector would put it. Each case must be told apart from damage: the run ends
+# with status 1 and a message that names the file and says "a storage error, not damage", the
+# checkpoint is neither set aside nor replaced by an older one, `latest` is unchanged, and once
+# the storage is back the next run resumes from it. The same for the shards the loader reads:
+# status 1 (a requeued job tries again), not 2 (bad input).
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+SHIM="$(cd "${top_builddir:-.}" && pwd)/tests/mpi/eio_preload.so"
+[ -f "$SHIM" ] || skip "no tests/mpi/eio_preload.so (built by make check)"
+# a sanitizer's runtime must come first in the library list: no preloading there
+if ldd "$SDTRAIN" 2>/dev/null | grep -q -e libasan -e libtsan; then
+    skip "sanitizer build: LD_PRELOAD of the failing-disk shim is not possible"
+fi
+command -v h5ls >/dev/null || skip "no h5ls (hdf5-tools) to find the datasets' addresses"
+
+tiny_shards 48 2
+nml train.nml <<EOF2
+&run mode = 'train', output_dir = '$TMP/run', seed = 11 /
+&model $TINY_MODEL /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = 8, batch_size_per_rank = 4, learning_rate = 1e-3, warmup_steps = 3,
+       sharding = 'shard_grad_op', log_every = 4, val_every = 4, ema_decay = 0.9 /
+&checkpoint every_n_steps = 4 /
+EOF2
+mpi first 2 "$SDTRAIN" "$TMP/train.nml"
+expect_rc first 0
+ck="$TMP/run/checkpoints/step-00000008"
+[ -f "$ck/state.h5" ] || fail "no checkpoint of step 8"
+# resume the finished run of 8 steps to 12: the checkpoint of step 8 is read
+sed -i 's/max_steps = 8/max_steps = 12/' "$TMP/train.nml"
+
+# where HDF5 keeps things in the state file: the data of 'params', the object header of 'adam_m'
+data_at=$(h5ls -va "$ck/state.h5/params" | sed -n 's/.*Address: *\([0-9][0-9]*\).*/\1/p' | head -1)
+m_header=$(h5ls -v "$ck/state.h5/adam_m" | sed -n 's/.*Location: *[0-9]*:\([0-9][0-9]*\).*/\1/p' | head -1)
+[ -n "$data_at" ] && [ -n "$m_header" ] || fail "h5ls gave no addresses (data '$data_at', header '$m_header')"
+
+# storage_case NAME RANK FILE ERRNO FROM END MESSAGE: one resume with the failing disk
+storage_case() {
+    SD_EIO_RANK=$2 SD_EIO_PATH=$3 SD_EIO_ERRNO=$4 SD_EIO_OFFSET=$5 SD_EIO_END=$6 \
+        LD_PRELOAD="$SHIM" mpi "$1" 2 "$SDTRAIN" "$TMP/train.nml"
+    expect_rc "$1" 1
+    expect_in "$1" err "$7"
+    expect_in "$1" err "(a storage error, not damage: the checkpoint may be intact)"
+    expect_in "$1" err "the checkpoint is left as it is, and the run ends with status 1"
+    [ -d "$ck" ] && [ ! -e "$ck.damaged" ] || fail "$1: the checkpoint was set aside for a storage error"
+    [ "$(cat "$TMP/run/checkpoints/latest")" = step-00000008 ] || fail "$1: latest changed"
+}
+# every read of the state file on rank 1: HDF5 cannot open it
+storage_case open 1 /state.h5 5 0 "" "cannot open checkpoint file $ck/state.h5: Input/output error"
+# the data of 'params' on rank 0, a stale NFS handle: the file opens, the read fails
+storage_case data 0 /state.h5 116 "$data_at" "" "reading dataset 'params' failed: Stale file handle"
+# only the object header of dataset 'adam_m' on rank 1: opening the dataset fails
+storage_case header 1 /state.h5 5 "$m_header" $((m_header + 1)) "cannot open dataset 'adam_m'"
+# the manifest on rank 0 (json-c reads it)
+storage_case manifest 0 /manifest.json 5 0 "" "cannot read checkpoint manifest '$ck/manifest.json': Input/output error"
+
+# the shards, which the loader reads: every read of them on rank 0, which opens each one at
+# set-up; then, on rank 1, their bytes from 4096 on, which it reads only while training (the
+# first steps after the resume)
+shard_case() {
+    SD_EIO_RANK=$2 SD_EIO_PATH=/shards/shard- SD_EIO_ERRNO=5 SD_EIO_OFFSET=$3 \
+        LD_PRELOAD="$SHIM" mpi "$1" 2 "$SDTRAIN" "$TMP/train.nml"
+    expect_rc "$1" 1
+    expect_in "$1" err "$4"
+    expect_in "$1" err "Input/output error (a storage error, not damage: the shard may be intact)"
+    [ "$(cat "$TMP/run/checkpoints/latest")" = step-00000008 ] || fail "$1: latest changed"
+}
+shard_case shard-open 0 0 "cannot open shard '$TMP/shards/shard-000000.h5'"
+shard_case shard-read 1 4096 "$TMP/shards/shard-00000"
+
+# the storage back: the checkpoint of step 8 resumes
+mpi back 2 "$SDTRAIN" "$TMP/train.nml"
+expect_rc back 0
+expect_in back out "resuming from $ck: step 8"
+pass "storage errors below HDF5 and json-c are told apart from damage"
