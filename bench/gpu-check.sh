@@ -238,7 +238,7 @@ part_profile() {
         SDTRAIN_CUDA_PROFILE=1 SDTRAIN_CUDA_CONV_LOG=1 timeout "$(cap 600)" "$B/bench/models_cuda" --what "$what" --res "$res" \
             --reps 5 --warmup 2 >"$f" 2>&1
         rc=$?
-        grep -v -e '^RESULT' -e '^sdtrain conv' "$f" | head -40
+        grep -v -e '^RESULT' -e '^sdtrain conv' "$f" | head -70
         if [ "$rc" = 0 ]; then add "profile $what $res" "done" "$f"
         else failed "profile $what $res" "$rc" "exit $rc"; fi
     done
@@ -250,7 +250,7 @@ part_variants() {
     [ -x "$B/bench/models_cuda" ] || { add "variants" "n/a" "no bench/models_cuda in the build"; return; }
     f="$logdir/variants.txt"
     : >"$f"
-    printf '%-44s %-12s %-5s %10s %10s\n' "variant" "model" "res" "ms" "img/s" | tee -a "$f"
+    printf '%-44s %-12s %-5s %10s %10s %9s\n' "variant" "model" "res" "ms" "img/s" "set-up s" | tee -a "$f"
     # the default is GN_STATS=wide, GN_APPLY=auto (fast for bf16) since 2026-11-26; "loads+onepass"
     # is the default before
     for v in "default:" "loads+onepass:SDTRAIN_CUDA_GN_APPLY=loads SDTRAIN_CUDA_GN_STATS=onepass" \
@@ -281,7 +281,8 @@ part_variants() {
                 r=$(sed -n 's/.* res=\([0-9]*\).*/\1/p' <<<"$line")
                 ms=$(sed -n 's/.* ms=\([0-9.]*\).*/\1/p' <<<"$line")
                 ips=$(sed -n 's/.* img_s=\([0-9.]*\).*/\1/p' <<<"$line")
-                printf '%-44s %-12s %-5s %10s %10s\n' "$name" "$m" "$r" "$ms" "$ips" | tee -a "$f"
+                su=$(sed -n 's/.* setup_s=\([0-9.]*\).*/\1/p' <<<"$line")
+                printf '%-44s %-12s %-5s %10s %10s %9s\n' "$name" "$m" "$r" "$ms" "$ips" "${su:--}" | tee -a "$f"
             done
         done
     done

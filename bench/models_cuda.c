@@ -38,6 +38,10 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Set-up: from the scratch query (where the convolutions' algorithms and graph plans are made)
+ * to the end of the first run, in seconds. */
+static double setup_t0, setup_s;
+
 static void report(const char *what, const char *shape, int batch, int res, const char *prec,
                    double flops, double *t, int reps, size_t arena)
 {
@@ -46,10 +50,12 @@ static void report(const char *what, const char *shape, int batch, int res, cons
     med = t[reps / 2];
     lo = t[0];
     hi = t[reps - 1];
-    printf("%-13s %-34s %-5s %9.2f %9.2f %9.2f %9.1f %8.1f %8.0f\n", what, shape, prec, med * 1e3,
-           lo * 1e3, hi * 1e3, batch / med, flops / med * 1e-12, (double)arena / (1 << 20));
-    printf("RESULT what=%s batch=%d res=%d precision=%s ms=%.4f img_s=%.2f tflops=%.2f\n", what,
-           batch, res, prec, med * 1e3, batch / med, flops / med * 1e-12);
+    printf("%-13s %-34s %-5s %9.2f %9.2f %9.2f %9.1f %8.1f %8.0f %8.2f\n", what, shape, prec,
+           med * 1e3, lo * 1e3, hi * 1e3, batch / med, flops / med * 1e-12,
+           (double)arena / (1 << 20), setup_s);
+    printf("RESULT what=%s batch=%d res=%d precision=%s ms=%.4f img_s=%.2f tflops=%.2f "
+           "setup_s=%.3f\n", what, batch, res, prec, med * 1e3, batch / med, flops / med * 1e-12,
+           setup_s);
     fflush(stdout);
 }
 
@@ -105,6 +111,7 @@ static void bench_vae(const sd_cmd_backend *cb, int batch, int res, int reps, in
     img = rand_tensor(cb, (int64_t)batch * res * res * c.in_channels, 11);
     out = sd_cmd_alloc(cb, (size_t)batch * lh * lw * 2 * c.latent_channels * sd_dtype_size(be->dtype));
     SD_CHECK(out != NULL, "output allocation");
+    setup_t0 = sd_time_now();
     arena_on(cb, sd_vae_encode_scratch_bytes(&c, be, batch, res, res), &a);
     for (int r = 0; r < warmup + reps; r++) {
         double t0;
@@ -114,6 +121,8 @@ static void bench_vae(const sd_cmd_backend *cb, int batch, int res, int reps, in
         t0 = sd_time_now();
         sd_vae_encode(m, batch, res, res, img, out, &a, NULL);
         sd_synchronize(be);
+        if (r == 0)
+            setup_s = sd_time_now() - setup_t0;
         if (r >= warmup)
             t[r - warmup] = sd_time_now() - t0;
     }
@@ -160,11 +169,13 @@ static void bench_unet(const sd_cmd_backend *cb, int batch, int res, int reps, i
         grads = sd_cmd_alloc(cb, w.table.total_floats * sizeof(float));
         SD_CHECK(grads != NULL, "gradient allocation");
         dout = rand_tensor(cb, (int64_t)batch * L * L * c.out_channels, 14);
+        setup_t0 = sd_time_now(); /* the trainer's scratch queries make the conv entries */
         SD_CHECK(sd_unet_trainer_create(&tr, u, &w.table, grads, batch, L, L, ctx_len, 0, &err) ==
                      0, "%s", err.msg);
         arena_on(cb, sd_unet_trainer_arena_bytes(tr), &a);
         flops = sd_unet_trainer_flops(tr);
     } else {
+        setup_t0 = sd_time_now();
         arena_on(cb, sd_unet_scratch_bytes(&c, be, batch, L, L, ctx_len), &a);
         flops = sd_unet_forward_flops(&c, batch, L, L, ctx_len);
     }
@@ -182,6 +193,8 @@ static void bench_unet(const sd_cmd_backend *cb, int batch, int res, int reps, i
             sd_unet_forward(u, batch, L, L, x, steps, ctx, ctx_len, out, &a, NULL);
         }
         sd_synchronize(be);
+        if (r == 0)
+            setup_s = sd_time_now() - setup_t0;
         if (r >= warmup)
             t[r - warmup] = sd_time_now() - t0;
     }
@@ -226,6 +239,7 @@ static void bench_text(const sd_cmd_backend *cb, int batch, int reps, int warmup
     out = sd_cmd_alloc(cb, (size_t)batch * T * c.hidden_size * sd_dtype_size(be->dtype));
     SD_CHECK(ids_d && out, "input/output allocation");
     sd_upload(be, ids_d, ids, (size_t)batch * T * sizeof *ids);
+    setup_t0 = sd_time_now();
     arena_on(cb, sd_clip_scratch_bytes(&c, be, batch, T), &a);
     for (int r = 0; r < warmup + reps; r++) {
         double t0;
@@ -235,6 +249,8 @@ static void bench_text(const sd_cmd_backend *cb, int batch, int reps, int warmup
         t0 = sd_time_now();
         sd_clip_forward(m, batch, T, (const int32_t *)ids_d, out, &a, NULL);
         sd_synchronize(be);
+        if (r == 0)
+            setup_s = sd_time_now() - setup_t0;
         if (r >= warmup)
             t[r - warmup] = sd_time_now() - t0;
     }
@@ -284,8 +300,8 @@ int main(int argc, char **argv)
     }
     printf("# sdtrain CUDA model benchmark: SD2-base shapes, random weights, %s, batch %d, median "
            "of %d after %d warm-ups\n", prec, batch, reps, warmup);
-    printf("%-13s %-34s %-5s %9s %9s %9s %9s %8s %8s\n", "model", "input", "prec", "ms", "min",
-           "max", "img/s", "TFLOP/s", "arenaMiB");
+    printf("%-13s %-34s %-5s %9s %9s %9s %9s %8s %8s %8s\n", "model", "input", "prec", "ms", "min",
+           "max", "img/s", "TFLOP/s", "arenaMiB", "set-up s");
     if (!strcmp(what, "vae-encode") || !strcmp(what, "all"))
         bench_vae(&cb, batch, res, reps, warmup, prec);
     if (!strcmp(what, "unet-fwd") || !strcmp(what, "all"))

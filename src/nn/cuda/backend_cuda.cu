@@ -19,7 +19,7 @@
  * table goes to stderr when the backend is destroyed; it covers every op since creation or the
  * last sd_profile_reset (bench/models_cuda resets after its warm-up runs). */
 #define PROF_BATCH 1024
-#define PROF_ROWS 64
+#define PROF_ROWS 256 /* the convolutions' forward rows are per shape */
 
 typedef struct {
     const char *label;
@@ -104,10 +104,10 @@ static void prof_report(sd_cuda_state *st)
     fprintf(stderr, "# sdtrain CUDA op profile (%s, GPU %d): %.3f ms of GPU time from the first "
                     "to the last op\n",
             st->dtype == SD_BF16 ? "bf16" : "fp32", st->device, total);
-    fprintf(stderr, "%-28s %8s %12s %10s %7s\n", "op", "calls", "total ms", "ms/call", "%");
+    fprintf(stderr, "%-44s %8s %12s %10s %7s\n", "op", "calls", "total ms", "ms/call", "%");
     for (int i = 0; i < p->nrows; i++) {
         const prof_row *r = &p->rows[i];
-        fprintf(stderr, "%-28s %8ld %12.3f %10.4f %6.1f%%\n", r->label, r->calls, r->ms,
+        fprintf(stderr, "%-44s %8ld %12.3f %10.4f %6.1f%%\n", r->label, r->calls, r->ms,
                 r->calls ? r->ms / (double)r->calls : 0.0, total > 0 ? 100.0 * r->ms / total : 0.0);
     }
 }

@@ -54,6 +54,9 @@ typedef struct conv_entry {
     /* graph-API forward plans (SDTRAIN_CUDA_CONV_API=graph): [0] conv + bias, [1] conv + bias
      * + residual; NULL where cuDNN offers none (or the legacy API is chosen) */
     sd_conv_graph *graph[2];
+    /* op-profile labels of this shape's forward (SDTRAIN_CUDA_PROFILE=1): [0] legacy, [1]
+     * graph API; the profile's rows point at them, and it reports before the cache is freed */
+    char prof_fwd[2][96];
 } conv_entry;
 
 struct sd_cuda_conv_cache {
@@ -340,6 +343,10 @@ static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
     e->explicit_pad = d->pad_top != d->pad_bottom || d->pad_left != d->pad_right;
     e->hp = e->explicit_pad ? d->h + d->pad_top + d->pad_bottom : d->h;
     e->wp = e->explicit_pad ? d->w + d->pad_left + d->pad_right : d->w;
+    for (int g = 0; g < 2; g++)
+        snprintf(e->prof_fwd[g], sizeof e->prof_fwd[g], "conv fwd %s %dx%dx%d>%d k%d s%d%s",
+                 g ? "graph" : "cudnn", d->h, d->w, d->c_in, d->c_out, d->kh, d->stride,
+                 e->explicit_pad ? " padded" : "");
     const int pad_h = e->explicit_pad ? 0 : d->pad_top;
     const int pad_w = e->explicit_pad ? 0 : d->pad_left;
     const cudnnDataType_t dt = st->dtype == SD_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
@@ -590,13 +597,14 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
 
     /* the graph API's plan where the call fits it (bias, residual as built, aligned pointers) */
     if (sd_cuda_conv_graph_run(st, e->graph[z != nullptr], x, w, b, z, y, base + L.ws)) {
-        SD_CUDA_SUBMARK(be, "conv2d_forward:graph");
+        SD_CUDA_SUBMARK(be, e->prof_fwd[1]);
         return;
     }
     const void *xin = x;
     if (e->explicit_pad) {
         conv_pad_input(be, e, x, base + L.xpad);
         xin = base + L.xpad;
+        SD_CUDA_SUBMARK(be, "conv2d_forward:pad");
     }
     const float one = 1.0f, zero = 0.0f; /* float scaling factors for float and bf16 data */
     if (b && e->fused_bias >= 0 &&
@@ -609,6 +617,7 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
             z ? z : y, e->b_desc, b, e->act, e->y_desc, y);
         if (r == CUDNN_STATUS_SUCCESS) {
             e->fused_bias = 1;
+            SD_CUDA_SUBMARK(be, e->prof_fwd[0]);
             return;
         }
         /* refused on first use: this shape takes the separate bias pass from now on */
@@ -620,7 +629,7 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
                                            e->conv_desc, e->fwd_algo,
                                            e->fwd_ws ? base + L.ws : nullptr, e->fwd_ws, &zero,
                                            e->y_desc, y));
-    SD_CUDA_SUBMARK(be, "conv2d_forward:cudnn");
+    SD_CUDA_SUBMARK(be, e->prof_fwd[0]);
     if (b) {
         sd_cuda_bias_rows(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, b, y);
     }

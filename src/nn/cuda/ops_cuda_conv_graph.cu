@@ -195,8 +195,11 @@ static int gops(gbuild *b, cudnnHandle_t h, const sd_conv2d_desc *d, sd_dtype dt
         return -1;
     GTRY(b, cudnnBackendSetAttribute(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, nops, ops));
-    if (h) /* NULL: sd_cuda_conv_graph_check, no device (cuDNN >= 9.8 finalizes without) */
-        GTRY(b, cudnnBackendSetAttribute(*graph, ATTR_OPGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h));
+    /* NULL: sd_cuda_conv_graph_check, no device (cuDNN >= 9.8 finalizes without). A version
+     * that no longer takes the handle may refuse it: the finalize below then says whether it
+     * was needed */
+    if (h)
+        (void)cudnnBackendSetAttribute(*graph, ATTR_OPGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     GTRY(b, cudnnBackendFinalize(*graph));
     return 0;
 }
@@ -254,10 +257,10 @@ static cudnnBackendDescriptor_t gplan(cudnnHandle_t h, cudnnBackendDescriptor_t 
         return nullptr;
     int64_t got = 0;
     *ws = 0;
+    /* the handle as on the graph: refused by a version that no longer takes it */
+    (void)cudnnBackendSetAttribute(plan, ATTR_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     if (cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg) != CUDNN_STATUS_SUCCESS ||
-        cudnnBackendSetAttribute(plan, ATTR_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h) !=
-            CUDNN_STATUS_SUCCESS ||
         cudnnBackendFinalize(plan) != CUDNN_STATUS_SUCCESS ||
         cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
                                  1, &got, ws) != CUDNN_STATUS_SUCCESS ||
