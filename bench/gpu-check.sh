@@ -327,9 +327,9 @@ part_peer() {
     fi
     vargs=()
     IFS=';' read -r -a vlist <<<"$peer_variants"
-    for v in "${vlist[@]}"; do [ -n "$v" ] && vargs+=(--variant "$v"); done
+    for v in ${vlist[@]+"${vlist[@]}"}; do [ -n "$v" ] && vargs+=(--variant "$v"); done
     PYTHONUNBUFFERED=1 timeout "$(cap 1800)" python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
-        --what "$peer_what" "${vargs[@]}" >"$logdir/peer.txt" 2>&1
+        --what "$peer_what" ${vargs[@]+"${vargs[@]}"} >"$logdir/peer.txt" 2>&1
     rc=$?
     # the rows measured so far (a cut run has no table), then the table
     grep '^PEER ' "$logdir/peer.txt"

@@ -18,6 +18,10 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err);
  * bad sector, no permission, no memory or descriptors): the bytes may well be intact and a retry
  * may succeed. 0 for everything else (a missing file, ...), which is the data's problem. */
 int sd_storage_errno(int e);
+/* After an error set from a failed system call with errno e: when e is a storage failure, marks
+ * err (err->storage = 1) and appends " (a storage error: a retry may succeed)"; else nothing.
+ * Returns -1, for `return sd_err_storage_errno(...)`. */
+int sd_err_storage_errno(sd_err *err, int e);
 
 /* sd_mkdir_p, then a check that files can be created in it (a read-only file system, no
  * permission): "<what> '<path>' is not writable: <reason>". For the folders a job writes into

@@ -58,8 +58,11 @@ static inline const char *sd_h5_error_string(char *buf, size_t size)
 static inline herr_t sd_h5_walk_errno_(unsigned n, const H5E_error2_t *e, void *data)
 {
     int *out = (int *)data;
-    const char *p = e->desc ? strstr(e->desc, "errno = ") : NULL;
+    const char *p = NULL;
     (void)n;
+    /* the last "errno = " of the text: the file name comes before it and may contain one */
+    for (const char *q = e->desc ? strstr(e->desc, "errno = ") : NULL; q; q = strstr(q + 1, "errno = "))
+        p = q;
     if (!*out && p) {
         int v = 0;
         if (sscanf(p + 8, "%d", &v) == 1 && v > 0)

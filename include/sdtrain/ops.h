@@ -313,6 +313,9 @@ void sd_backend_cuda_after_op(const sd_backend *be, void *stream);
  * SDTRAIN_CUDA_CONV_API=graph or graph-rtc): bit 0 conv + bias, bit 1 conv + bias + residual;
  * 0 for the legacy API, another backend, or a build without CUDA. For tests and benchmarks. */
 int sd_backend_cuda_conv_graph_plans(const sd_backend *be, const sd_conv2d_desc *d);
+/* How many convolution forwards a CUDA backend has run through graph-API plans (0 otherwise):
+ * tests check that the graph path did run, not only that it exists. */
+int64_t sd_backend_cuda_conv_graph_runs(const sd_backend *be);
 /* Builds and finalizes the cuDNN operation graph of that forward (conv + bias, + residual when
  * with_z) for `dtype` without a device, which cuDNN >= 9.8 allows: what the graph path asks of
  * cuDNN up to the choice of an engine. 0 when it finalizes; -1 with the failing call in `why`;

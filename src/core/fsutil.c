@@ -29,6 +29,16 @@ int sd_storage_errno(int e)
     }
 }
 
+int sd_err_storage_errno(sd_err *err, int e)
+{
+    if (err && sd_storage_errno(e)) {
+        const size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, " (a storage error: a retry may succeed)");
+        err->storage = 1;
+    }
+    return -1;
+}
+
 int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 {
     char buf[4096];

@@ -403,9 +403,11 @@ int sd_shard_manifest_read(const char *dir, sd_shard_manifest *m, sd_err *err)
     f = fopen(path, "rb");
     if (!f) {
         /* No manifest (or no directory yet): nothing is committed. */
-        if (errno == ENOENT)
+        const int e = errno;
+        if (e == ENOENT)
             return 0;
-        return sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(errno));
+        sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(e));
+        return sd_err_storage_errno(err, e);
     }
     if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
         len > (1L << 30)) {
@@ -417,7 +419,8 @@ int sd_shard_manifest_read(const char *dir, sd_shard_manifest *m, sd_err *err)
         int e = ferror(f) ? errno : EIO;
         fclose(f);
         free(text);
-        return sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(e));
+        sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(e));
+        return sd_err_storage_errno(err, e);
     }
     fclose(f);
     text[len] = '\0';
@@ -441,8 +444,10 @@ int sd_shards_committed(const char *dir, sd_shard_manifest *m, sd_err *err)
         if (join_path(path, sizeof path, dir, e->file, err))
             goto fail;
         if (stat(path, &st) != 0) {
+            const int en = errno;
             sd_err_set(err, "%s/%s lists %s as committed, but it cannot be read: %s", dir,
-                       SD_SHARD_MANIFEST, path, strerror(errno));
+                       SD_SHARD_MANIFEST, path, strerror(en));
+            sd_err_storage_errno(err, en);
             goto fail;
         }
         if ((int64_t)st.st_size != e->bytes) {
@@ -1185,9 +1190,19 @@ static int read_attr_raw(hid_t loc, const char *name, hid_t want_class, sd_shard
     }
     if (exists == 0)
         return sd_err_set(err, "%s: attribute '%s' is missing", s->info.path, name);
-    SD_H5_CHECK(*attr = H5Aopen(loc, name, H5P_DEFAULT));
-    SD_H5_CHECK(*type = H5Aget_type(*attr));
-    SD_H5_CHECK(space = H5Aget_space(*attr));
+    *attr = H5Aopen(loc, name, H5P_DEFAULT);
+    *type = *attr < 0 ? -1 : H5Aget_type(*attr);
+    space = *type < 0 ? -1 : H5Aget_space(*attr);
+    if (space < 0) {
+        char what[SD_PATH_MAX + 200];
+        snprintf(what, sizeof what, "%s: cannot open attribute '%s'", s->info.path, name);
+        h5_fail(err, what);
+        if (*type >= 0)
+            H5Tclose(*type);
+        if (*attr >= 0)
+            H5Aclose(*attr);
+        return -1;
+    }
     if (H5Tget_class(*type) != want_class || H5Sget_simple_extent_npoints(space) != 1) {
         SD_H5_CHECK(H5Sclose(space));
         SD_H5_CHECK(H5Tclose(*type));
@@ -1262,12 +1277,23 @@ static int open_dataset(sd_shard *s, const char *name, H5T_class_t cls, size_t e
     hsize_t got[8], want_dims[8];
     int gnd, ok;
     htri_t exists = H5Lexists(s->file, name, H5P_DEFAULT);
+    char what[SD_PATH_MAX + 200];
     memcpy(want_dims, dims, (size_t)nd * sizeof *dims);
-    if (exists <= 0)
+    if (exists < 0) {
+        snprintf(what, sizeof what, "%s: cannot look up dataset '%s'", s->info.path, name);
+        return h5_fail(err, what);
+    }
+    if (exists == 0)
         return sd_err_set(err, "%s: dataset '%s' is missing", s->info.path, name);
     d = H5Dopen2(s->file, name, H5P_DEFAULT);
-    if (d < 0)
+    if (d < 0) {
+        /* the storage failing to deliver its header, or something else under that name */
+        if (sd_h5_storage_errno()) {
+            snprintf(what, sizeof what, "%s: cannot open dataset '%s'", s->info.path, name);
+            return h5_fail(err, what);
+        }
         return sd_err_set(err, "%s: '%s' is not a dataset", s->info.path, name);
+    }
     SD_H5_CHECK(t = H5Dget_type(d));
     SD_H5_CHECK(space = H5Dget_space(d));
     gnd = H5Sget_simple_extent_ndims(space);
@@ -1351,8 +1377,13 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
 
     if (snprintf(in->path, sizeof in->path, "%s", path) >= (int)sizeof in->path)
         return sd_err_set(err, "path too long: '%s'", path);
-    if (access(path, R_OK) != 0)
-        return sd_err_set(err, "cannot open shard '%s': %s", path, strerror(errno));
+    if (access(path, R_OK) != 0) {
+        const int e = errno;
+        if (sd_storage_errno(e))
+            return sd_err_set_storage(err, "cannot open shard '%s': %s (a storage error, not "
+                                      "damage: the shard may be intact)", path, strerror(e));
+        return sd_err_set(err, "cannot open shard '%s': %s", path, strerror(e));
+    }
     SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
     SD_H5_CHECK(H5Pset_fapl_sec2(fapl));
 #if (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7) || H5_VERSION_GE(1, 12, 1)
@@ -1366,6 +1397,8 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
         snprintf(what, sizeof what, "cannot open shard '%s'", path);
         h5_fail(err, what);
         SD_H5_CHECK(H5Pclose(fapl));
+        if (err->storage)
+            return -1;
         /* Only now ask whether it is HDF5 at all: H5Fis_hdf5 opens with default (locking)
          * settings, which some parallel file systems refuse. */
         is_h5 = H5Fis_hdf5(path);
@@ -1374,8 +1407,17 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
         return -1;
     }
     SD_H5_CHECK(H5Pclose(fapl));
-    if (H5Aexists(s->file, "format") <= 0)
-        return sd_err_set(err, "'%s' is not an sdtrain latent shard (no 'format' attribute)", path);
+    {
+        const htri_t has_format = H5Aexists(s->file, "format");
+        if (has_format < 0) {
+            char what[SD_PATH_MAX + 80];
+            snprintf(what, sizeof what, "%s: cannot look up attribute 'format'", path);
+            return h5_fail(err, what);
+        }
+        if (has_format == 0)
+            return sd_err_set(err, "'%s' is not an sdtrain latent shard (no 'format' attribute)",
+                              path);
+    }
     {
         char format[64];
         if (read_attr_str(s->file, "format", format, sizeof format, s, err))

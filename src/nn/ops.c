@@ -958,6 +958,12 @@ int sd_backend_cuda_conv_graph_plans(const sd_backend *be, const sd_conv2d_desc 
     return 0;
 }
 
+int64_t sd_backend_cuda_conv_graph_runs(const sd_backend *be)
+{
+    (void)be;
+    return 0;
+}
+
 int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype, int with_z, char *why,
                              size_t nwhy)
 {

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/config.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
@@ -502,6 +503,7 @@ static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fract
  * known ones in index order. With shard 0 come the shapes and the empty-caption embedding. */
 typedef struct follow_head {
     int32_t status;
+    int32_t storage;          /* the failure was the storage's (sd_err.storage) */
     char msg[sizeof(((sd_err *)0)->msg)];
     int64_t n, n_rows;
     int32_t resolution, latent_channels, latent_size, text_len, embed_dim;
@@ -612,13 +614,13 @@ static void follow_wait(sd_loader *l, follow_delta *d, int64_t need_shards, int6
     const sd_loader_info *in = &l->info;
     const double t0 = sd_time_now();
     double next_info = 0;
-    sd_err e;
-    e.msg[0] = '\0';
+    sd_err e = {.storage = 0};
     for (;;) {
         int64_t known, train;
         double waited;
         if (follow_collect(l, d, &e)) {
             d->h.status = -1;
+            d->h.storage = e.storage;
             snprintf(d->h.msg, sizeof d->h.msg, "%s", e.msg);
             return;
         }
@@ -715,7 +717,8 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
     SD_MPI_CHECK(MPI_Ibcast(&d.h, (int)sizeof d.h, MPI_BYTE, 0, l->comm, &req));
     sd_mpi_wait_idle(&req);
     if (d.h.status) {
-        snprintf(err->msg, sizeof err->msg, "%s", d.h.msg);
+        sd_err_set(err, "%s", d.h.msg);
+        err->storage = d.h.storage;
         delta_free(&d);
         return -1;
     }
@@ -793,7 +796,7 @@ static void *prefetch_main(void *arg)
     for (;;) {
         int k = -1;
         step_plan p;
-        sd_err e;
+        sd_err e = {.storage = 0};
         int rc;
         for (int s = 0; s < l->n_slots; s++)
             if (l->slots[s].state == SLOT_REQUESTED)
@@ -880,7 +883,7 @@ int sd_loader_next(sd_loader *l, const sd_loader_batch **batch, double *wait_sec
     double t0 = sd_time_now();
     const int64_t step = l->next_step;
     step_plan cur, nxt;
-    sd_err scratch;
+    sd_err scratch = {.storage = 0};
     slot *s;
     int k = -1, have_nxt = 0, rc;
     *batch = NULL;
@@ -1042,8 +1045,11 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     struct stat st;
     int rc = -1;
     memset(&want, 0, sizeof want);
-    if (stat(dir, &st) != 0)
-        return sd_err_set(err, "cannot read shard directory '%s': %s", dir, strerror(errno));
+    if (stat(dir, &st) != 0) {
+        const int e = errno;
+        sd_err_set(err, "cannot read shard directory '%s': %s", dir, strerror(e));
+        return sd_err_storage_errno(err, e);
+    }
     if (!S_ISDIR(st.st_mode))
         return sd_err_set(err, "shard directory '%s' is not a directory", dir);
     if (sd_shards_committed(dir, m, err))

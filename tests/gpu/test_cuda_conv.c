@@ -337,10 +337,19 @@ int main(void)
             int planned = 0;
             for (int k = 0; k < ncases; k++) {
                 const int p = sd_backend_cuda_conv_graph_plans(gpu[i], &cases[k].d);
+                const int64_t runs0 = sd_backend_cuda_conv_graph_runs(gpu[i]);
                 planned += (p & 1) + (p >> 1 & 1);
                 tap_diag("%s %s: graph plans:%s%s", sd_dtype_name(gpu[i]->dtype), cases[k].name,
                          p & 1 ? " conv+bias" : "", p & 2 ? " conv+bias+residual" : " -");
                 test_case(gpu[i], &cases[k]);
+                /* test_case runs each planned form twice with a bias: every one of those calls
+                 * must have gone through its plan (a plan cuDNN refuses at run time is dropped,
+                 * and the call runs legacy: that fails here) */
+                const int64_t ran = sd_backend_cuda_conv_graph_runs(gpu[i]) - runs0;
+                const int64_t want = 2 * (p & 1) + 2 * (p >> 1 & 1);
+                tap_ok(ran == want, "%s %s: %lld forward calls ran through graph plans, %lld "
+                       "expected (%s)", sd_dtype_name(gpu[i]->dtype), cases[k].name,
+                       (long long)ran, (long long)want, graph_api[r]);
             }
             tap_diag("%s: %d of %d graph plans", sd_dtype_name(gpu[i]->dtype), planned,
                      2 * ncases);

@@ -6,8 +6,8 @@
  * So HDF5 (its sec2 driver: open + pread), json-c (open + read) and sdtrain's own POSIX
  * re-reads meet the error where a lost server or a bad sector would put it, below the libraries,
  * and what reaches sdtrain is whatever those libraries make of it. Used by
- * tests/mpi/checkpoint.sh; built by `make check` (Makefile.am). Not for sanitizer builds (their
- * runtime must come first in the library list; the test skips these cases there). */
+ * tests/mpi/storage_errors.sh; built by `make check` (Makefile.am) with plain flags. In a
+ * sanitizer build the test preloads the sanitizer's runtime ahead of it (it must come first). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -26,7 +26,9 @@ static int fail_errno = EIO;
 static int configured, active;
 static const char *pattern;
 
-static void configure(void)
+/* Read once when the library is loaded, before any thread of the process exists; the lazy call
+ * in track() covers an open made by another library's constructor that runs first. */
+__attribute__((constructor)) static void configure(void)
 {
     if (configured)
         return;
@@ -118,8 +120,10 @@ ssize_t read(int fd, void *buf, size_t n)
 {
     REAL(read, read_fn);
     if (fd >= 0 && fd < MAX_FD && failing[fd]) {
+        /* no position (a pipe or socket that reused the number of a file closed behind the
+         * shim's back): not a file of ours, pass through */
         const off_t at = lseek(fd, 0, SEEK_CUR);
-        if (at < 0 || fails(fd, at, n)) {
+        if (at >= 0 && fails(fd, at, n)) {
             errno = fail_errno;
             return -1;
         }

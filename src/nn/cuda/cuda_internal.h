@@ -65,6 +65,7 @@ typedef struct sd_cuda_state {
     int gn_apply;             /* SDTRAIN_CUDA_GN_APPLY: an SD_CUDA_GN_APPLY_* value */
     int conv_find;            /* SDTRAIN_CUDA_CONV_ALGO=find: timed algorithm choice */
     int conv_api;             /* SDTRAIN_CUDA_CONV_API: an SD_CUDA_CONV_API_* value */
+    int64_t conv_graph_runs;  /* convolution forwards run through a graph-API plan */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;
     struct sd_cuda_prof *prof; /* op timings (SDTRAIN_CUDA_PROFILE=1), or NULL */
@@ -283,14 +284,17 @@ void sd_cuda_conv_cache_destroy(sd_cuda_state *st);
  * and its execution plan. build returns NULL with the reason in `why` when cuDNN offers no
  * usable plan (never aborts); run returns 0 without doing anything when the call does not fit
  * the plan (no bias, residual or not as built, a pointer not 16-byte aligned), 1 after
- * enqueuing it on the backend's stream; ws must hold sd_cuda_conv_graph_ws bytes. */
+ * enqueuing it on the backend's stream, -1 with the reason in `why` when cuDNN refused to run
+ * it (nothing was enqueued: the caller drops the plan and takes the legacy path); ws must hold
+ * sd_cuda_conv_graph_ws bytes. */
 typedef struct sd_conv_graph sd_conv_graph;
 sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc *d, int with_z,
                                         size_t ws_cap, char *why, size_t nwhy);
 size_t sd_cuda_conv_graph_ws(const sd_conv_graph *g);
 void sd_cuda_conv_graph_describe(const sd_conv_graph *g, char *buf, size_t n);
 int sd_cuda_conv_graph_run(sd_cuda_state *st, const sd_conv_graph *g, const void *x,
-                           const void *w, const void *b, const void *z, void *y, void *ws);
+                           const void *w, const void *b, const void *z, void *y, void *ws,
+                           char *why, size_t nwhy);
 void sd_cuda_conv_graph_free(sd_conv_graph *g);
 /* ops_cuda_gemm.cu: linear forward/backward through cuBLASLt, attention. */
 void sd_cuda_fill_gemm_ops(sd_ops *ops);

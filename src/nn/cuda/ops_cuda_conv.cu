@@ -596,9 +596,22 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
     char *base = (char *)ws.ptr;
 
     /* the graph API's plan where the call fits it (bias, residual as built, aligned pointers) */
-    if (sd_cuda_conv_graph_run(st, e->graph[z != nullptr], x, w, b, z, y, base + L.ws)) {
-        SD_CUDA_SUBMARK(be, e->prof_fwd[1]);
-        return;
+    {
+        char why[160];
+        const int g = sd_cuda_conv_graph_run(st, e->graph[z != nullptr], x, w, b, z, y,
+                                             base + L.ws, why, sizeof why);
+        if (g > 0) {
+            SD_CUDA_SUBMARK(be, e->prof_fwd[1]);
+            return;
+        }
+        if (g < 0) { /* refused at run time: this shape takes the legacy calls from now on */
+            char shape[256];
+            conv_shape_text(d, e->dtype, shape, sizeof shape);
+            fprintf(stderr, "sdtrain conv %s: the graph API's plan did not run (%s); the legacy "
+                    "API runs it from now on\n", shape, why);
+            sd_cuda_conv_graph_free(e->graph[z != nullptr]);
+            e->graph[z != nullptr] = nullptr;
+        }
     }
     const void *xin = x;
     if (e->explicit_pad) {
@@ -729,6 +742,11 @@ static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, 
     if (db)
         sd_cuda_colsum(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, dy, db, 1,
                        base + L.colsum);
+}
+
+extern "C" int64_t sd_backend_cuda_conv_graph_runs(const sd_backend *be)
+{
+    return be && be->device == SD_DEV_CUDA ? sd_cuda(be)->conv_graph_runs : 0;
 }
 
 extern "C" int sd_backend_cuda_conv_graph_plans(const sd_backend *be, const sd_conv2d_desc *d)

@@ -330,8 +330,8 @@ static float gtime(sd_cuda_state *st, cudnnBackendDescriptor_t plan, int with_z,
 
 /* Device buffers for timing plans of this shape (x, w, b, y, z; zeroed) and the largest
  * workspace; 0 when they cannot be had (then no timing). */
-static int gtime_buffers(const sd_conv2d_desc *d, sd_dtype dtype, int64_t ws_max, void **buf,
-                         void **ws)
+static int gtime_buffers(const sd_conv2d_desc *d, sd_dtype dtype, int64_t ws_max,
+                         cudaStream_t stream, void **buf, void **ws)
 {
     const size_t e = dtype == SD_BF16 ? 2 : 4;
     const size_t bytes[5] = {(size_t)d->n * d->h * d->w * d->c_in * e,
@@ -342,7 +342,8 @@ static int gtime_buffers(const sd_conv2d_desc *d, sd_dtype dtype, int64_t ws_max
         void **p = i < 5 ? &buf[i] : ws;
         const size_t n = i < 5 ? bytes[i] : (size_t)ws_max;
         *p = nullptr;
-        if (n && (cudaMalloc(p, n) != cudaSuccess || cudaMemset(*p, 0, n) != cudaSuccess)) {
+        if (n && (cudaMalloc(p, n) != cudaSuccess ||
+                  cudaMemsetAsync(*p, 0, n, stream) != cudaSuccess)) {
             cudaGetLastError();
             for (int k = 0; k <= i; k++) {
                 cudaFree(k < 5 ? buf[k] : *ws);
@@ -377,6 +378,19 @@ sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc 
     const int want = st->conv_find ? GRAPH_FIND_MAX : 1;
     int best = -1;
 
+    /* The plans declare 16-byte aligned tensors; a call whose pointers are not falls back to
+     * the legacy API. Per-image calls (batch-invariant mode) at offsets of whole images would
+     * then alternate between the two paths unless an image's bytes are a multiple of 16: such
+     * shapes get no plan, so every call of a shape takes the same path. */
+    {
+        const size_t e = st->dtype == SD_BF16 ? 2 : 4;
+        if (((size_t)d->h * d->w * d->c_in * e) % 16 != 0 ||
+            ((size_t)d->h_out * d->w_out * d->c_out * e) % 16 != 0) {
+            snprintf(why, nwhy, "an image's input or output is not a whole number of 16-byte "
+                     "units");
+            goto fail;
+        }
+    }
     if (gops(&b, st->dnn, d, st->dtype, with_z, &graph) ||
         gcreate(&b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur))
         goto fail;
@@ -444,7 +458,7 @@ sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc 
         for (int i = 0; i < np; i++)
             ws_max = wss[i] > ws_max ? wss[i] : ws_max;
         void *buf[5], *ws = nullptr;
-        if (gtime_buffers(d, st->dtype, ws_max, buf, &ws)) {
+        if (gtime_buffers(d, st->dtype, ws_max, st->stream, buf, &ws)) {
             float best_ms = -1.0f;
             for (int i = 0; i < np; i++) {
                 const float ms = gtime(st, plans[i], with_z, buf, ws);
@@ -538,11 +552,17 @@ static int galigned(const void *p)
 }
 
 int sd_cuda_conv_graph_run(sd_cuda_state *st, const sd_conv_graph *g, const void *x,
-                           const void *w, const void *b, const void *z, void *y, void *ws)
+                           const void *w, const void *b, const void *z, void *y, void *ws,
+                           char *why, size_t nwhy)
 {
     if (!g || !b || (z != nullptr) != (g->with_z != 0) || !galigned(x) || !galigned(w) ||
         !galigned(b) || !galigned(z) || !galigned(y) || (g->ws && !galigned(ws)))
         return 0;
-    SD_CUDNN_CHECK(gexecute(st->dnn, g->plan, g->with_z, x, w, b, z, y, ws));
+    const cudnnStatus_t s = gexecute(st->dnn, g->plan, g->with_z, x, w, b, z, y, ws);
+    if (s != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, nwhy, "cudnnBackendExecute: %s", cudnnGetErrorString(s));
+        return -1;
+    }
+    st->conv_graph_runs++;
     return 1;
 }
