@@ -472,9 +472,10 @@ static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *
  * in input order into encoder batches. So the data and the counts do not depend on the thread
  * count, and on a GPU the next window decodes while the previous batch encodes (the encoders
  * run asynchronously until their results are fetched). */
-static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e, int64_t begin,
-                          int64_t end, slice *s, uint64_t *counts, double *t)
+static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e, int64_t begin,
+                         int64_t end, slice *s, uint64_t *counts, double *t, sd_err *fail)
 {
+    int storage_failed = 0;
     const size_t img_elems = (size_t)e->res * (size_t)e->res * 3;
     const sd_transform_opts topts = {e->res, 0};
     sd_image_opts iopts;
@@ -515,7 +516,7 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
     b.ids = e->h_ids[e->slot];
     slice_reserve(s, end - begin, e);
 
-    for (int64_t w0 = begin; w0 < end; w0 += win) {
+    for (int64_t w0 = begin; w0 < end && !storage_failed; w0 += win) {
         const int64_t m = end - w0 < win ? end - w0 : win;
         double busy[T_N] = {0}, cpu = 0, wall = sd_time_now();
 #ifdef _OPENMP
@@ -539,8 +540,18 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
         for (int i = T_READ; i <= T_TOKENIZE; i++)
             t[i] += cpu > 0 ? wall * busy[i] / cpu : 0;
 
-        for (int64_t j = 0; j < m; j++) {
+        for (int64_t j = 0; j < m && !storage_failed; j++) {
             prepared *p = &pw[j];
+            if (!p->kept && p->err.storage) {
+                /* the storage, not the sample: skipping it would change the dataset */
+                *fail = p->err;
+                storage_failed = 1;
+                for (int64_t r = j + 1; r < m; r++) { /* what the rest of the window holds */
+                    free(pw[r].caption);
+                    free(pw[r].key);
+                }
+                break;
+            }
             counts[p->count]++;
             if (!p->kept) {
                 sd_debug("skipped %s: %s", sd_dataset_key(ds, w0 + j), p->err.msg);
@@ -577,6 +588,7 @@ static void process_range(const sd_config *cfg, const sd_dataset *ds, encoders *
         sd_sample_free(&ws[k].smp);
     }
     free(ws);
+    return storage_failed;
 }
 
 static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_dataset *ds, sd_err *err)
@@ -856,7 +868,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     int non_finite_warned = 0;
     sd_dataset ds;
     encoders enc;
-    sd_err err;
+    sd_err err, read_err;
     sd_shard_manifest man;
     sd_shard_meta meta;
     uint64_t counts[N_COUNTS] = {0}, total[N_COUNTS] = {0};
@@ -990,9 +1002,24 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         }
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl[cur]);
-        process_range(cfg, &ds, &enc, begin, end, &sl[cur], counts, t);
-        drop_non_finite(&sl[cur], &enc, meta.float_dtype, world_rank, counts, &non_finite_warned);
+        sd_err_clear(&read_err);
+        const int read_failed = process_range(cfg, &ds, &enc, begin, end, &sl[cur], counts, t,
+                                              &read_err);
+        if (!read_failed)
+            drop_non_finite(&sl[cur], &enc, meta.float_dtype, world_rank, counts,
+                            &non_finite_warned);
         if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
+            code = SD_EXIT_FAILURE;
+            break;
+        }
+        /* an input the storage could not deliver, on any rank (after the join: no MPI call
+         * while a write is on the writer thread): the shards committed so far stay, this one is
+         * not written, and the run ends with status 1 so that a retry resumes here */
+        if (sd_agree(comm, read_failed, &read_err)) {
+            if (rank == 0)
+                sd_error("cannot read input %s; the shards committed so far are kept, shard %lld "
+                         "is not written, and the run ends with status 1 so that a retry "
+                         "resumes there", read_err.msg, (long long)k);
             code = SD_EXIT_FAILURE;
             break;
         }

@@ -362,20 +362,27 @@ static void stage_micro_batch(trainer *t, const step_inputs *in, int first, int 
 
 static void dp_params_complete(trainer *t);
 
+static int any_failed(sd_comm *c, int failed);
+
 /* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
- * latents, noise and timesteps per validation sample; split over the ranks. */
-static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
+ * latents, noise and timesteps per validation sample; split over the ranks. A read that fails
+ * on any rank (a shard the storage cannot deliver) sets *failed on every rank, the rank that
+ * saw it printing why, and returns NaN: the run then ends with status 1. */
+static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out, int *failed)
 {
     const int64_t nv = sd_loader_val_count(t->loader);
     const int64_t first = nv * t->rank / t->size, last = nv * (t->rank + 1) / t->size;
     step_inputs *in = &t->val_in;
     double sum = 0;
-    sd_err err;
+    sd_err err = {.storage = 0};
+    int read_failed = 0;
     dp_params_complete(t);
     for (int64_t i = first; i < last; i += t->bs) {
         int count = (int)(last - i < t->bs ? last - i : t->bs);
-        SD_CHECK(sd_loader_read_val(t->loader, i, count, vb, &err) == 0, "validation read: %s",
-                 err.msg);
+        if (sd_loader_read_val(t->loader, i, count, vb, &err) != 0) {
+            read_failed = 1;
+            break;
+        }
         make_inputs(t, vb, VAL_RNG_STEP, 0, in);
         send_inputs(t, in);
         stage_micro_batch(t, in, 0, count);
@@ -387,6 +394,13 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out)
         sd_download(t->be, t->mse, t->d_mse, (size_t)count * sizeof(float));
         for (int j = 0; j < count; j++)
             sum += t->mse[j];
+    }
+    *failed = any_failed(t->comm, read_failed);
+    if (*failed) {
+        if (read_failed)
+            sd_error("validation read: %s", err.msg);
+        *n_out = 0;
+        return NAN;
     }
     /* the ranks' ranges partition the nv samples */
     sd_allreduce_f64(t->comm, &sum, 1, SD_RED_SUM);
@@ -1563,16 +1577,21 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     if (cfg->train.val_every > 0 && t.info.n_val > 0 && !t.resumed) {
         /* the untrained model's validation loss: the reference every later one is read against */
         int64_t nv;
-        last_val = validate(&t, &vb, &nv);
-        if (t.metrics) {
-            fprintf(t.metrics, "{\"step\": 0, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
-                    last_val, (long long)nv);
-            fflush(t.metrics);
+        int vfailed;
+        last_val = validate(&t, &vb, &nv, &vfailed);
+        if (vfailed) {
+            code = SD_EXIT_FAILURE; /* the loop below does not start */
+        } else {
+            if (t.metrics) {
+                fprintf(t.metrics, "{\"step\": 0, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
+                        last_val, (long long)nv);
+                fflush(t.metrics);
+            }
+            sd_info("step 0: validation loss %.6f over %lld samples", last_val, (long long)nv);
         }
-        sd_info("step 0: validation loss %.6f over %lld samples", last_val, (long long)nv);
     }
     t_start = sd_time_now();
-    for (step = t.start_step; step < max_steps; step++) {
+    for (step = t.start_step; step < max_steps && code == SD_EXIT_OK; step++) {
         step_inputs *in = &t.in[step & 1], *next = &t.in[(step + 1) & 1];
         double t0 = sd_time_now(), t1, loss_local, stats[2], sumsq, gnorm, lr, coef;
         double tt[T_N] = {0};
@@ -1766,8 +1785,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         if (cfg->train.val_every > 0 && t.info.n_val > 0 &&
             ((step + 1) % cfg->train.val_every == 0 || step + 1 == max_steps)) {
             int64_t nv;
+            int vfailed;
             double tv = sd_time_now();
-            last_val = validate(&t, &vb, &nv);
+            last_val = validate(&t, &vb, &nv, &vfailed);
+            if (vfailed) {
+                code = SD_EXIT_FAILURE;
+                break;
+            }
             if (t.metrics) {
                 fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
                         (long long)step + 1, last_val, (long long)nv);

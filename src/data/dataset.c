@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sdtrain/fsutil.h"
+
 #include "dataset_internal.h"
 #include "sdtrain/check.h"
 #include "sdtrain/utf8.h"
@@ -133,6 +135,18 @@ static void ensure_cap(void **buf, size_t *cap, size_t need)
     *cap = c;
 }
 
+/* err after an input read failed with errno e: a failure of the storage (EIO, ESTALE, a lost
+ * server, no descriptors or memory; sd_storage_errno less EACCES / EPERM, which for an input
+ * file mean the file itself is not ours to read) marks err->storage, so that the caller stops
+ * instead of skipping the sample: a skip would silently change the dataset. */
+static int input_read_failed(sd_err *err, const char *path, int e)
+{
+    sd_err_set(err, "%s: %s", path, strerror(e));
+    if (e != EACCES && e != EPERM)
+        sd_err_storage_errno(err, e);
+    return -1;
+}
+
 /* Reads the whole regular file at `path` into *buf (one spare byte for a NUL). */
 /* Reads a whole regular file into *buf (NUL-terminated). A file of more than `limit` bytes is
  * not read: returns 1 with *len its size. */
@@ -142,12 +156,16 @@ static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t 
     /* O_NONBLOCK: a FIFO named by a manifest must not block the open (it is refused below) */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return sd_err_set(err, "%s: %s", path, strerror(errno));
+        return input_read_failed(err, path, errno);
     struct stat st;
     int stat_errno = fstat(fd, &st) != 0 ? errno : 0;
-    if (stat_errno || !S_ISREG(st.st_mode)) {
+    if (stat_errno) {
         close(fd);
-        return sd_err_set(err, "%s: %s", path, stat_errno ? strerror(stat_errno) : "not a regular file");
+        return input_read_failed(err, path, stat_errno);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return sd_err_set(err, "%s: not a regular file", path);
     }
     if ((uint64_t)st.st_size > (uint64_t)limit) {
         close(fd);
@@ -165,7 +183,7 @@ static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t 
         if (k < 0) {
             int e = errno;
             close(fd);
-            return sd_err_set(err, "%s: %s", path, strerror(e));
+            return input_read_failed(err, path, e);
         }
         if (k == 0)
             break;
@@ -190,7 +208,7 @@ static int read_member(const sd_dataset *ds, sd_sample *s, const struct sd_datas
         s->fd_id_ = 0;
         int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         if (fd < 0) {
-            sd_err_set(err, "%s: %s", path, strerror(errno));
+            input_read_failed(err, path, errno);
             return MEMBER_UNREADABLE;
         }
         s->fd_ = fd;
@@ -204,9 +222,10 @@ static int read_member(const sd_dataset *ds, sd_sample *s, const struct sd_datas
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0) {
+            const int en = errno;
             char name[SD_PATH_BUF];
             describe_part(ds, e, sfx, name, sizeof name);
-            sd_err_set(err, "%s: %s", name, strerror(errno));
+            input_read_failed(err, name, en);
             return MEMBER_UNREADABLE;
         }
         if (k == 0) {

@@ -72,6 +72,46 @@ shard_case() {
 shard_case shard-open 0 0 "cannot open shard '$TMP/shards/shard-000000.h5'"
 shard_case shard-read 1 4096 "$TMP/shards/shard-00000"
 
+# a fresh run reads the held-out samples first (the step-0 validation): rank 1's shard reads
+# failing there end the run with status 1 as well, every rank together, no step taken
+sed "s|output_dir = '$TMP/run'|output_dir = '$TMP/fresh'|" "$TMP/train.nml" >"$TMP/fresh.nml"
+SD_EIO_RANK=1 SD_EIO_PATH=/shards/shard- SD_EIO_ERRNO=5 SD_EIO_OFFSET=4096 \
+    LD_PRELOAD="$PRELOAD" mpi fresh 2 "$SDTRAIN" "$TMP/fresh.nml"
+expect_rc fresh 1
+expect_in fresh err "validation read: $TMP/shards/shard-00000"
+expect_in fresh err "(a storage error, not damage: the shard may be intact)"
+[ ! -d "$TMP/fresh/checkpoints" ] || [ -z "$(ls "$TMP/fresh/checkpoints")" ] ||
+    fail "fresh: a checkpoint was written although no step was taken"
+
+# preprocessing: the image of sample 25 (in shard 1 of 3) cannot be read, EIO, on whichever
+# rank reads it. Skipping it would silently change the dataset, so the run stops: status 1,
+# shard 0 stays committed, shard 1 is not written; the storage back, the rerun commits shards 1
+# and 2, and all three hold what the undisturbed run of tiny_shards wrote
+sed "s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/shards2'|; s|output_dir = '$TMP/proc'|output_dir = '$TMP/proc2'|" \
+    "$TMP/proc.nml" >"$TMP/proc2.nml"
+SD_EIO_PATH=/00000/000000025. SD_EIO_ERRNO=5 LD_PRELOAD="$PRELOAD" mpi proc-eio 2 "$SDTRAIN" "$TMP/proc2.nml"
+expect_rc proc-eio 1
+expect_in proc-eio err "cannot read input $TMP/data/00000/000000025."
+expect_in proc-eio err "Input/output error (a storage error: a retry may succeed); the shards committed so far are kept, shard 1 is not written"
+[ -f "$TMP/shards2/shard-000000.h5" ] && [ ! -f "$TMP/shards2/shard-000001.h5" ] ||
+    fail "proc-eio: expected shard 0 committed and shard 1 not written"
+mpi proc-back 2 "$SDTRAIN" "$TMP/proc2.nml"
+expect_rc proc-back 0
+COMPARE="${top_builddir:-.}/tests/mpi/shard_compare"
+for k in 0 1 2; do
+    f=shard-00000$k.h5
+    "$COMPARE" "$TMP/shards2/$f" "$TMP/shards/$f" 0 >"$TMP/cmp$k.out" 2>&1 ||
+        { cat "$TMP/cmp$k.out"; fail "preprocessing rerun: $f differs from the undisturbed run's"; }
+done
+
+# EACCES on that image is the file's own business, not the storage's: skipped as unreadable
+sed "s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/shards3'|; s|output_dir = '$TMP/proc'|output_dir = '$TMP/proc3'|" \
+    "$TMP/proc.nml" >"$TMP/proc3.nml"
+SD_EIO_PATH=/00000/000000025. SD_EIO_ERRNO=13 LD_PRELOAD="$PRELOAD" mpi proc-acces 2 "$SDTRAIN" "$TMP/proc3.nml"
+expect_rc proc-acces 0
+expect_in proc-acces out "unreadable"
+[ -f "$TMP/shards3/shard-000002.h5" ] || fail "proc-acces: not every shard was written"
+
 # the storage back: the checkpoint of step 8 resumes
 mpi back 2 "$SDTRAIN" "$TMP/train.nml"
 expect_rc back 0
