@@ -361,9 +361,12 @@ int main(void)
         for (int i = 0; i < n; i++)
             sd_backend_cuda_destroy(gpu[i]);
     }
-    if (n == 2)
+    if (n == 2 && rounds == 3)
         tap_ok(bf16_planned, "BF16 3x3 pad 1 shapes: the graph API made both plans (conv + bias, "
                "+ residual) in one of the rounds");
+    else if (n == 2) /* without the run-time-compiled round (compute-sanitizer) */
+        tap_diag("BF16 3x3 pad 1 shapes: graph plans %s in the precompiled rounds",
+                 bf16_planned ? "made" : "not made");
     unsetenv("SDTRAIN_CUDA_CONV_API");
     setenv("SDTRAIN_CUDA_CONV_API", "bogus", 1);
     {
