@@ -22,6 +22,10 @@ int sd_storage_errno(int e);
  * err (err->storage = 1) and appends " (a storage error: a retry may succeed)"; else nothing.
  * Returns -1, for `return sd_err_storage_errno(...)`. */
 int sd_err_storage_errno(sd_err *err, int e);
+/* sd_storage_errno for the reads of a job's inputs (images, captions, tar shards, manifests,
+ * dataset folders): there EACCES and EPERM mean the file itself is not ours to read, which the
+ * dataset's policy skips, not a failing storage. */
+int sd_input_storage_errno(int e);
 
 /* sd_mkdir_p, then a check that files can be created in it (a read-only file system, no
  * permission): "<what> '<path>' is not writable: <reason>". For the folders a job writes into

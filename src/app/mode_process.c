@@ -606,9 +606,12 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
         }
         size = (long long)bsize;
     }
+    if (rank == 0 && status && err->storage)
+        status = 2; /* the storage failed the index: a retry may succeed */
     SD_MPI_CHECK(MPI_Bcast(&status, 1, MPI_INT, 0, comm));
     if (status) {
         SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, 0, comm));
+        err->storage = status == 2;
         return -1;
     }
     SD_MPI_CHECK(MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm));
@@ -906,7 +909,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     if (open_dataset(cfg, comm, rank, &ds, &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
-        return SD_EXIT_USAGE;
+        return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE; /* storage: status 1, a retry */
     }
     n = sd_dataset_count(&ds);
     n_shards = sd_dataset_n_shards(n, cfg->data.samples_per_shard);

@@ -29,6 +29,11 @@ int sd_storage_errno(int e)
     }
 }
 
+int sd_input_storage_errno(int e)
+{
+    return sd_storage_errno(e) && e != EACCES && e != EPERM;
+}
+
 int sd_err_storage_errno(sd_err *err, int e)
 {
     if (err && sd_storage_errno(e)) {

@@ -142,7 +142,7 @@ static void ensure_cap(void **buf, size_t *cap, size_t need)
 static int input_read_failed(sd_err *err, const char *path, int e)
 {
     sd_err_set(err, "%s: %s", path, strerror(e));
-    if (e != EACCES && e != EPERM)
+    if (sd_input_storage_errno(e))
         sd_err_storage_errno(err, e);
     return -1;
 }

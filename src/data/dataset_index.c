@@ -15,6 +15,7 @@
 
 #include "dataset_internal.h"
 #include "sdtrain/check.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/tar.h"
 
 /* Longest key or member path we index; longer names are ignored with a note. */
@@ -186,7 +187,24 @@ typedef struct walker {
     dev_t dev[WALK_DEPTH_MAX + 1];
     ino_t ino[WALK_DEPTH_MAX + 1];
     int depth;
+    /* the first folder the storage failed to list (sd_input_storage_errno): the index would be
+     * a part of the dataset, so the open fails instead and the walk stops there */
+    int storage_errno;
+    char storage_what[KEY_MAX + 256];
 } walker;
+
+/* Folder `name` (under w->rel) could not be opened or read, errno e: a failure of the storage is
+ * recorded (returns 1); anything else is the dataset's (returns 0: skipped and counted). */
+static int walk_storage_failed(walker *w, const char *name, int e)
+{
+    if (!sd_input_storage_errno(e))
+        return 0;
+    if (!w->storage_errno) {
+        w->storage_errno = e;
+        snprintf(w->storage_what, sizeof w->storage_what, "%s/%s%s", w->ds->root, w->rel, name);
+    }
+    return 1;
+}
 
 static int cmp_name_rec(const void *pa, const void *pb)
 {
@@ -268,10 +286,17 @@ static void walk_folder(walker *w, int dfd)
 {
     sd_dataset *ds = w->ds;
     struct stat st;
+    if (w->storage_errno) { /* the storage failed earlier: the open fails, read no further */
+        close(dfd);
+        return;
+    }
     DIR *d = fdopendir(dfd);
     if (!d) {
-        ds->stats.n_unreadable_dirs++;
-        sd_dataset_note_(ds, "%s/%s: %s", ds->root, w->rel, strerror(errno));
+        const int e = errno;
+        if (!walk_storage_failed(w, "", e)) {
+            ds->stats.n_unreadable_dirs++;
+            sd_dataset_note_(ds, "%s/%s: %s", ds->root, w->rel, strerror(e));
+        }
         close(dfd);
         return;
     }
@@ -341,9 +366,12 @@ static void walk_folder(walker *w, int dfd)
         errno = 0;
     }
     if (errno) {
-        ds->stats.n_unreadable_dirs++;
-        sd_dataset_note_(ds, "%s/%s: reading the folder failed: %s (listed part kept)", ds->root,
-                         w->rel, strerror(errno));
+        const int e = errno;
+        if (!walk_storage_failed(w, "", e)) {
+            ds->stats.n_unreadable_dirs++;
+            sd_dataset_note_(ds, "%s/%s: reading the folder failed: %s (listed part kept)",
+                             ds->root, w->rel, strerror(e));
+        }
     }
 
     if (n_recs)
@@ -365,8 +393,11 @@ static void walk_folder(walker *w, int dfd)
             }
             int cfd = openat(dfd, sub[k], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
             if (cfd < 0) {
-                ds->stats.n_unreadable_dirs++;
-                sd_dataset_note_(ds, "%s/%s%s: %s", ds->root, w->rel, sub[k], strerror(errno));
+                const int e = errno;
+                if (!walk_storage_failed(w, sub[k], e)) {
+                    ds->stats.n_unreadable_dirs++;
+                    sd_dataset_note_(ds, "%s/%s%s: %s", ds->root, w->rel, sub[k], strerror(e));
+                }
                 continue;
             }
             memcpy(w->rel + saved, sub[k], len);
@@ -390,13 +421,22 @@ static void walk_folder(walker *w, int dfd)
 static int index_files(sd_dataset *ds, sd_err *err)
 {
     int dfd = open(ds->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return sd_err_set(err, "%s: %s", ds->root,
-                          errno == ENOTDIR ? "not a folder (input_format 'files' needs the "
-                                             "img2dataset output folder)" : strerror(errno));
+    if (dfd < 0) {
+        const int e = errno;
+        sd_err_set(err, "%s: %s", ds->root,
+                   e == ENOTDIR ? "not a folder (input_format 'files' needs the img2dataset "
+                                  "output folder)" : strerror(e));
+        return sd_input_storage_errno(e) ? sd_err_storage_errno(err, e) : -1;
+    }
     walker *w = sd_xcalloc(1, sizeof *w);
     w->ds = ds;
     walk_folder(w, dfd);
+    if (w->storage_errno) {
+        sd_err_set(err, "%s: %s", w->storage_what, strerror(w->storage_errno));
+        sd_err_storage_errno(err, w->storage_errno);
+        free(w);
+        return -1;
+    }
     free(w);
     sort_entries_by_key(ds);
     if (ds->n_entries == 0)
@@ -414,7 +454,10 @@ static char *read_whole(const char *path, size_t *len, sd_err *err)
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below */
     struct stat st;
     if (fd < 0) {
-        sd_err_set(err, "%s: %s", path, strerror(errno));
+        const int e = errno;
+        sd_err_set(err, "%s: %s", path, strerror(e));
+        if (sd_input_storage_errno(e))
+            sd_err_storage_errno(err, e);
         return NULL;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -433,7 +476,10 @@ static char *read_whole(const char *path, size_t *len, sd_err *err)
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0) {
-            sd_err_set(err, "%s: %s", path, strerror(errno));
+            const int e = errno;
+            sd_err_set(err, "%s: %s", path, strerror(e));
+            if (sd_input_storage_errno(e))
+                sd_err_storage_errno(err, e);
             free(b);
             close(fd);
             return NULL;
@@ -749,8 +795,11 @@ static void str_list_sort_unique(str_list *l)
 static int list_tar_folder(const char *dir, str_list *out, int *n_compressed, sd_err *err)
 {
     DIR *d = opendir(dir);
-    if (!d)
-        return sd_err_set(err, "%s: %s", dir, strerror(errno));
+    if (!d) {
+        const int e = errno;
+        sd_err_set(err, "%s: %s", dir, strerror(e));
+        return sd_input_storage_errno(e) ? sd_err_storage_errno(err, e) : -1;
+    }
     struct dirent *de;
     size_t dlen = strlen(dir);
     while ((de = readdir(d)) != NULL) {
@@ -934,6 +983,9 @@ static int index_webdataset(sd_dataset *ds, sd_err *err)
         ds->stats.n_shards++;
         if (r == SD_TAR_COMPRESSED) {
             rc = sd_err_set(err, "%s", terr.msg);
+        } else if (terr.storage) { /* the storage failed it, not damage: no partial index */
+            rc = sd_err_set(err, "%s", terr.msg);
+            err->storage = 1;
         } else if (r != SD_TAR_OK) {
             ds->stats.n_damaged_shards++;
             sd_dataset_note_(ds, "%s%s", terr.msg,

@@ -104,6 +104,33 @@ for k in 0 1 2; do
         { cat "$TMP/cmp$k.out"; fail "preprocessing rerun: $f differs from the undisturbed run's"; }
 done
 
+# the dataset's index: a TSV manifest the storage cannot deliver fails the open with status 1
+# (a retry), not 2 (bad input), and no shard is written
+{
+    printf 'path\tcaption\n'
+    for f in "$TMP"/data/00000/*.jpg; do printf '%s\t%s\n' "$f" "$(cat "${f%.jpg}.txt")"; done
+} >"$TMP/manifest.tsv"
+sed "s|input = '$TMP/data'|input = '$TMP/manifest.tsv'|; s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/shards4'|; s|output_dir = '$TMP/proc'|output_dir = '$TMP/proc4'|" \
+    "$TMP/proc.nml" >"$TMP/proc4.nml"
+SD_EIO_PATH=/manifest.tsv SD_EIO_ERRNO=5 LD_PRELOAD="$PRELOAD" mpi index-eio 2 "$SDTRAIN" "$TMP/proc4.nml"
+expect_rc index-eio 1
+expect_in index-eio err "$TMP/manifest.tsv: Input/output error (a storage error: a retry may succeed)"
+[ ! -e "$TMP/shards4/shard-000000.h5" ] || fail "index-eio: a shard was written"
+mpi index-back 2 "$SDTRAIN" "$TMP/proc4.nml"
+expect_rc index-back 0
+
+# a webdataset tar the storage cannot deliver while it is indexed: the same (not a damaged
+# shard skipped)
+mkdir -p "$TMP/wds"
+tar -cf "$TMP/wds/part-000.tar" -C "$TMP/data/00000" .
+sed "s|input = '$TMP/data'|input = '$TMP/wds'|; s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/shards5'|; s|output_dir = '$TMP/proc'|output_dir = '$TMP/proc5'|" \
+    "$TMP/proc.nml" >"$TMP/proc5.nml"
+SD_EIO_PATH=/part-000.tar SD_EIO_ERRNO=116 LD_PRELOAD="$PRELOAD" mpi tar-eio 2 "$SDTRAIN" "$TMP/proc5.nml"
+expect_rc tar-eio 1
+expect_in tar-eio err "$TMP/wds/part-000.tar: read error at offset 0: Stale file handle (a storage error: a retry may succeed)"
+mpi tar-back 2 "$SDTRAIN" "$TMP/proc5.nml"
+expect_rc tar-back 0
+
 # EACCES on that image is the file's own business, not the storage's: skipped as unreadable
 sed "s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/shards3'|; s|output_dir = '$TMP/proc'|output_dir = '$TMP/proc3'|" \
     "$TMP/proc.nml" >"$TMP/proc3.nml"
