@@ -1,12 +1,16 @@
 #!/bin/sh
-# Resuming from a checkpoint while the storage fails underneath the libraries (doc/checkpoints.md,
-# "Storage errors"): tests/mpi/eio_preload.so (LD_PRELOAD) makes the reads of one file fail on one
-# rank, with EIO or ESTALE, from a chosen byte, so HDF5 and json-c meet the error where a lost
-# server or a bad sector would put it. Each case must be told apart from damage: the run ends
-# with status 1 and a message that names the file and says "a storage error, not damage", the
-# checkpoint is neither set aside nor replaced by an older one, `latest` is unchanged, and once
-# the storage is back the next run resumes from it. The same for the shards the loader reads:
-# status 1 (a requeued job tries again), not 2 (bad input).
+# Storage that fails underneath the libraries (doc/checkpoints.md, doc/loader.md,
+# doc/datasets.md): tests/mpi/eio_preload.so (LD_PRELOAD) makes the reads of one file fail on one
+# rank (or any), with a chosen errno, from a chosen byte, so HDF5, json-c and our own readers meet
+# the error where a lost server or a bad sector would put it. Each case must be told apart from
+# damage or bad input: the run ends with status 1 (a requeued job tries again), not 2, with a
+# message that names the file and says it is a storage error.
+# - Resuming: the checkpoint is neither set aside nor replaced by an older one, `latest` is
+#   unchanged, and once the storage is back the next run resumes from it.
+# - The shards the loader reads: at set-up, during training, in the step-0 validation.
+# - Mode 'process': an input image stops the run (the committed shards kept; the rerun's shards
+#   equal an undisturbed run's) instead of being skipped as damaged, while EACCES still is a skip;
+#   a TSV manifest or a tar that fails while the dataset is indexed ends it before any shard.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 SHIM="$(cd "${top_builddir:-.}" && pwd)/tests/mpi/eio_preload.so"
