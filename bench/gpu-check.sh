@@ -258,7 +258,7 @@ part_variants() {
         "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find" \
         "CONV_API=graph:SDTRAIN_CUDA_CONV_API=graph" \
         "CONV_API=graph+find:SDTRAIN_CUDA_CONV_API=graph SDTRAIN_CUDA_CONV_ALGO=find" \
-        "CONV_API=graph-rtc+find:SDTRAIN_CUDA_CONV_API=graph-rtc SDTRAIN_CUDA_CONV_ALGO=find"; do
+        "CONV_API=graph-rtc:SDTRAIN_CUDA_CONV_API=graph-rtc"; do
         name=${v%%:*}
         envs=${v#*:}
         # one process for every model at 256 px (the weights are made once), one for the VAE at

@@ -375,7 +375,8 @@ sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc 
     cudnnBackendDescriptor_t plans[GRAPH_FIND_MAX];
     int64_t wss[GRAPH_FIND_MAX], engines[GRAPH_FIND_MAX];
     int rtcs[GRAPH_FIND_MAX], cfg_of[GRAPH_FIND_MAX], np = 0;
-    const int want = st->conv_find ? GRAPH_FIND_MAX : 1;
+    /* timed: up to 8 plans, 3 where each may compile its kernel first (seconds apiece) */
+    const int want = !st->conv_find ? 1 : allow_rtc ? 3 : GRAPH_FIND_MAX;
     int best = -1;
 
     /* The plans declare 16-byte aligned tensors; a call whose pointers are not falls back to
