@@ -480,23 +480,55 @@ static int checksum_range(hid_t f, const char *file, int ds, uint64_t n, size_t 
 
 /* SDTRAIN_FAULT flip:rank=R:phase=ckpt-write: a storage fault the writer cannot see. After the
  * file was written and synced, one bit of the first value this rank wrote is changed on disk. */
+/* One try of the flip: NULL when done, else the call that failed (errno set). */
+static const char *flip_byte(const char *file, off_t at)
+{
+    unsigned char byte = 0;
+    const char *failed = NULL;
+    ssize_t got;
+    int fd = open(file, O_RDWR);
+    if (fd < 0)
+        return "open";
+    got = pread(fd, &byte, 1, at);
+    if (got != 1) {
+        failed = got == 0 ? "pread (end of file)" : "pread";
+    } else {
+        byte ^= 0x40;
+        if (pwrite(fd, &byte, 1, at) != 1)
+            failed = "pwrite";
+        else if (fsync(fd) != 0)
+            failed = "fsync";
+    }
+    const int e = errno;
+    close(fd);
+    errno = e;
+    return failed;
+}
+
 static void fault_flip(const writer *w)
 {
     for (int ds = 0; ds < DS_N; ds++) {
-        unsigned char byte = 0;
-        int fd, ok;
+        const char *failed = NULL;
+        int e = 0;
         if (w->we[ds] <= w->wb[ds] || w->addr[ds] == HADDR_UNDEF)
             continue;
         const off_t at = (off_t)w->addr[ds] + (off_t)(w->wb[ds] * sizeof(float));
-        fd = open(w->file, O_RDWR);
-        ok = fd >= 0 && pread(fd, &byte, 1, at) == 1;
-        byte ^= 0x40;
-        ok = ok && pwrite(fd, &byte, 1, at) == 1 && fsync(fd) == 0;
-        if (fd >= 0)
-            close(fd);
-        fprintf(stderr, "[rank %d] SDTRAIN_FAULT: %s a bit of dataset '%s' (index %zu) in %s\n",
-                sd_log_rank(), ok ? "flipped" : "could not flip", ds_names[ds], w->wb[ds],
-                w->file);
+        /* a test's fault: a few tries, each failure named (a flip that did not land makes the
+         * test that expects it fail, and the message says why) */
+        for (int attempt = 0; attempt < 3; attempt++) {
+            failed = flip_byte(w->file, at);
+            e = errno;
+            if (!failed)
+                break;
+            usleep(100000);
+        }
+        if (failed)
+            fprintf(stderr, "[rank %d] SDTRAIN_FAULT: could not flip a bit of dataset '%s' "
+                    "(index %zu, byte %lld) in %s: %s: %s\n", sd_log_rank(), ds_names[ds],
+                    w->wb[ds], (long long)at, w->file, failed, strerror(e));
+        else
+            fprintf(stderr, "[rank %d] SDTRAIN_FAULT: flipped a bit of dataset '%s' (index %zu) "
+                    "in %s\n", sd_log_rank(), ds_names[ds], w->wb[ds], w->file);
         return;
     }
 }
