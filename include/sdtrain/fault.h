@@ -46,6 +46,9 @@ int sd_fault_init_from_env(sd_err *err);
 
 /* 1 when a fault of `action` is armed for this rank at this step or phase (phase may be NULL). */
 int sd_fault_armed(sd_fault_action action, int rank, int64_t step, const char *phase);
+/* 1 when such a fault is armed for any rank: the same answer on every rank (all read the same
+ * SDTRAIN_FAULT), so a collective step that only a fault needs may depend on it. */
+int sd_fault_armed_any_rank(sd_fault_action action, int64_t step, const char *phase);
 
 /* The phases the code base announces; a specification naming another phase is rejected. */
 extern const char *const sd_fault_phases[];

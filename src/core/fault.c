@@ -135,15 +135,25 @@ int sd_fault_init_from_env(sd_err *err)
     return sd_fault_parse(spec, armed, &n_armed, err);
 }
 
-int sd_fault_armed(sd_fault_action action, int rank, int64_t step, const char *phase)
+static int armed_for(sd_fault_action action, int rank, int64_t step, const char *phase)
 {
     for (int i = 0; i < n_armed; i++) {
         const sd_fault *f = &armed[i];
-        if (f->action != action || f->rank != rank)
+        if (f->action != action || (rank >= 0 && f->rank != rank))
             continue;
         if (f->phase[0] ? (phase && !strcmp(phase, f->phase) && (f->step < 0 || f->step == step))
                         : (f->step == step && (!phase || !strcmp(phase, "step"))))
             return 1;
     }
     return 0;
+}
+
+int sd_fault_armed(sd_fault_action action, int rank, int64_t step, const char *phase)
+{
+    return rank >= 0 && armed_for(action, rank, step, phase);
+}
+
+int sd_fault_armed_any_rank(sd_fault_action action, int64_t step, const char *phase)
+{
+    return armed_for(action, -1, step, phase);
 }

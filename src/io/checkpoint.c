@@ -513,15 +513,9 @@ static void fault_flip(const writer *w)
         if (w->we[ds] <= w->wb[ds] || w->addr[ds] == HADDR_UNDEF)
             continue;
         const off_t at = (off_t)w->addr[ds] + (off_t)(w->wb[ds] * sizeof(float));
-        /* a test's fault: a few tries, each failure named (a flip that did not land makes the
-         * test that expects it fail, and the message says why) */
-        for (int attempt = 0; attempt < 3; attempt++) {
-            failed = flip_byte(w->file, at);
-            e = errno;
-            if (!failed)
-                break;
-            usleep(100000);
-        }
+        /* a flip that does not land makes the test that expects it fail: say why */
+        failed = flip_byte(w->file, at);
+        e = errno;
         if (failed)
             fprintf(stderr, "[rank %d] SDTRAIN_FAULT: could not flip a bit of dataset '%s' "
                     "(index %zu, byte %lld) in %s: %s: %s\n", sd_log_rank(), ds_names[ds],
@@ -628,6 +622,11 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
     rc = write_state_file(&w, &e);
     if (!rc && sd_fault_armed(SD_FAULT_FLIP, w.world_rank, s->step, "ckpt-write"))
         fault_flip(&w);
+    /* Without the read-back nothing orders the flip before rank 0's commit, which renames the
+     * directory (a CI run once had the flip find no file). Every rank reads the same
+     * SDTRAIN_FAULT, so they all take this barrier or none does. */
+    if (!rc && !verify && sd_fault_armed_any_rank(SD_FAULT_FLIP, s->step, "ckpt-write"))
+        SD_MPI_CHECK(MPI_Barrier(comm));
     if (!rc && verify) {
         rc = read_back(&w, &e);
         w.verified = rc == 0;
