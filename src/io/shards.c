@@ -4,6 +4,7 @@
 #include "sdtrain/fsutil.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <hdf5.h>
 #include <json-c/json.h>
@@ -1153,11 +1154,20 @@ struct sd_shard {
 /* err after a failed HDF5 call on a shard (call it right after): when the file driver reported
  * a storage failure (sd_h5_storage_errno) the message says so and err->storage is set, for a
  * retry may read the shard; otherwise HDF5's own message (the data is damaged or foreign). */
-static int h5_fail(sd_err *err, const char *what)
+static int h5_fail(sd_err *err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static int h5_fail(sd_err *err, const char *fmt, ...)
 {
-    char h5msg[512];
+    char h5msg[512], what[SD_PATH_MAX + 200];
+    va_list ap;
     const int e = sd_h5_storage_errno();
     sd_h5_error_string(h5msg, sizeof h5msg);
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
     if (e)
         return sd_err_set_storage(err, "%s: %s (a storage error, not damage: the shard may be "
                                   "intact)", what, strerror(e));
@@ -1168,9 +1178,7 @@ static int h5_fail(sd_err *err, const char *what)
  * not the end of the job. */
 static int attr_read_failed(const char *name, sd_shard *s, hid_t a, hid_t t, hid_t mt, sd_err *err)
 {
-    char what[SD_PATH_MAX + 200];
-    snprintf(what, sizeof what, "%s: cannot read attribute '%s'", s->info.path, name);
-    h5_fail(err, what);
+    h5_fail(err, "%s: cannot read attribute '%s'", s->info.path, name);
     if (mt >= 0)
         H5Tclose(mt);
     H5Tclose(t);
@@ -1183,20 +1191,15 @@ static int read_attr_raw(hid_t loc, const char *name, hid_t want_class, sd_shard
 {
     htri_t exists = H5Aexists(loc, name);
     hid_t space;
-    if (exists < 0) {
-        char what[SD_PATH_MAX + 200];
-        snprintf(what, sizeof what, "%s: cannot look up attribute '%s'", s->info.path, name);
-        return h5_fail(err, what);
-    }
+    if (exists < 0)
+        return h5_fail(err, "%s: cannot look up attribute '%s'", s->info.path, name);
     if (exists == 0)
         return sd_err_set(err, "%s: attribute '%s' is missing", s->info.path, name);
     *attr = H5Aopen(loc, name, H5P_DEFAULT);
     *type = *attr < 0 ? -1 : H5Aget_type(*attr);
     space = *type < 0 ? -1 : H5Aget_space(*attr);
     if (space < 0) {
-        char what[SD_PATH_MAX + 200];
-        snprintf(what, sizeof what, "%s: cannot open attribute '%s'", s->info.path, name);
-        h5_fail(err, what);
+        h5_fail(err, "%s: cannot open attribute '%s'", s->info.path, name);
         if (*type >= 0)
             H5Tclose(*type);
         if (*attr >= 0)
@@ -1277,21 +1280,16 @@ static int open_dataset(sd_shard *s, const char *name, H5T_class_t cls, size_t e
     hsize_t got[8], want_dims[8];
     int gnd, ok;
     htri_t exists = H5Lexists(s->file, name, H5P_DEFAULT);
-    char what[SD_PATH_MAX + 200];
     memcpy(want_dims, dims, (size_t)nd * sizeof *dims);
-    if (exists < 0) {
-        snprintf(what, sizeof what, "%s: cannot look up dataset '%s'", s->info.path, name);
-        return h5_fail(err, what);
-    }
+    if (exists < 0)
+        return h5_fail(err, "%s: cannot look up dataset '%s'", s->info.path, name);
     if (exists == 0)
         return sd_err_set(err, "%s: dataset '%s' is missing", s->info.path, name);
     d = H5Dopen2(s->file, name, H5P_DEFAULT);
     if (d < 0) {
         /* the storage failing to deliver its header, or something else under that name */
-        if (sd_h5_storage_errno()) {
-            snprintf(what, sizeof what, "%s: cannot open dataset '%s'", s->info.path, name);
-            return h5_fail(err, what);
-        }
+        if (sd_h5_storage_errno())
+            return h5_fail(err, "%s: cannot open dataset '%s'", s->info.path, name);
         return sd_err_set(err, "%s: '%s' is not a dataset", s->info.path, name);
     }
     SD_H5_CHECK(t = H5Dget_type(d));
@@ -1393,9 +1391,7 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
 #endif
     s->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     if (s->file < 0) {
-        char what[SD_PATH_MAX + 40];
-        snprintf(what, sizeof what, "cannot open shard '%s'", path);
-        h5_fail(err, what);
+        h5_fail(err, "cannot open shard '%s'", path);
         SD_H5_CHECK(H5Pclose(fapl));
         if (err->storage)
             return -1;
@@ -1409,11 +1405,8 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
     SD_H5_CHECK(H5Pclose(fapl));
     {
         const htri_t has_format = H5Aexists(s->file, "format");
-        if (has_format < 0) {
-            char what[SD_PATH_MAX + 80];
-            snprintf(what, sizeof what, "%s: cannot look up attribute 'format'", path);
-            return h5_fail(err, what);
-        }
+        if (has_format < 0)
+            return h5_fail(err, "%s: cannot look up attribute 'format'", path);
         if (has_format == 0)
             return sd_err_set(err, "'%s' is not an sdtrain latent shard (no 'format' attribute)",
                               path);
@@ -1603,9 +1596,7 @@ static int read_rows(sd_shard *s, hid_t d, const char *name, hid_t mt, int64_t s
         SD_H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, hstart, NULL, hcount, NULL));
         rc = H5Dread(d, mt, mspace, fspace, H5P_DEFAULT, (char *)dst + (size_t)r * row_bytes);
         if (rc < 0) {
-            char what[SD_PATH_MAX + 200];
-            snprintf(what, sizeof what, "%s: reading '%s' failed", s->info.path, name);
-            h5_fail(err, what);
+            h5_fail(err, "%s: reading '%s' failed", s->info.path, name);
         }
     }
     sd_h5_quiet_end(&q);
@@ -1707,9 +1698,7 @@ int sd_shard_read_empty_embedding(sd_shard *s, float *dst, sd_err *err)
     sd_h5_quiet_begin(&q);
     rc = H5Dread(s->d_empty, s->t_float, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw ? (void *)raw : (void *)dst);
     if (rc < 0) {
-        char what[SD_PATH_MAX + 200];
-        snprintf(what, sizeof what, "%s: reading 'empty_caption_embedding' failed", s->info.path);
-        h5_fail(err, what);
+        h5_fail(err, "%s: reading 'empty_caption_embedding' failed", s->info.path);
     } else if (raw) {
         sd_f16_to_f32_array(raw, dst, n);
     }
@@ -1766,9 +1755,7 @@ int sd_shard_checksum(sd_shard *s, uint64_t *out, sd_err *err)
         sd_h5_quiet_begin(&q);
         hr = H5Dread(s->d_empty, s->t_float, H5S_ALL, H5S_ALL, H5P_DEFAULT, empty);
         if (hr < 0) {
-            char what[SD_PATH_MAX + 200];
-            snprintf(what, sizeof what, "%s: reading 'empty_caption_embedding' failed", in->path);
-            rc = h5_fail(err, what);
+            rc = h5_fail(err, "%s: reading 'empty_caption_embedding' failed", in->path);
         } else {
             sum += shard_terms(in->n_samples, hash_bytes(0, empty, e_el * fsz));
         }

@@ -294,9 +294,11 @@ static cudnnStatus_t gexecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, in
     return s;
 }
 
+/* The timing buffers' slots (gtime_buffers). */
+enum { TB_X, TB_W, TB_B, TB_Y, TB_Z, TB_WS, TB_N };
+
 /* Median-free timing: the best of 3 runs after one warm-up, in ms; < 0 when a run fails. */
-static float gtime(sd_cuda_state *st, cudnnBackendDescriptor_t plan, int with_z, void *const *buf,
-                   void *ws)
+static float gtime(sd_cuda_state *st, cudnnBackendDescriptor_t plan, int with_z, void *const *buf)
 {
     cudaEvent_t a, b;
     float best = -1.0f;
@@ -308,8 +310,8 @@ static float gtime(sd_cuda_state *st, cudnnBackendDescriptor_t plan, int with_z,
     }
     for (int r = 0; r < 4; r++) {
         cudaEventRecord(a, st->stream);
-        if (gexecute(st->dnn, plan, with_z, buf[0], buf[1], buf[2], buf[4], buf[3], ws) !=
-            CUDNN_STATUS_SUCCESS) {
+        if (gexecute(st->dnn, plan, with_z, buf[TB_X], buf[TB_W], buf[TB_B], buf[TB_Z], buf[TB_Y],
+                     buf[TB_WS]) != CUDNN_STATUS_SUCCESS) {
             best = -1.0f;
             break;
         }
@@ -328,32 +330,34 @@ static float gtime(sd_cuda_state *st, cudnnBackendDescriptor_t plan, int with_z,
     return best;
 }
 
-/* Device buffers for timing plans of this shape (x, w, b, y, z; zeroed) and the largest
- * workspace; 0 when they cannot be had (then no timing). */
+/* Device buffers for timing plans of this shape, zeroed: buf[TB_X..TB_Z] and the largest
+ * workspace in buf[TB_WS]; 0 when they cannot be had (then no timing, nothing held). */
+
+static void gtime_buffers_free(void **buf)
+{
+    for (int i = 0; i < TB_N; i++) {
+        cudaFree(buf[i]); /* NULL: nothing */
+        buf[i] = nullptr;
+    }
+}
+
 static int gtime_buffers(const sd_conv2d_desc *d, sd_dtype dtype, int64_t ws_max,
-                         cudaStream_t stream, void **buf, void **ws)
+                         cudaStream_t stream, void **buf)
 {
     const size_t e = dtype == SD_BF16 ? 2 : 4;
-    const size_t bytes[5] = {(size_t)d->n * d->h * d->w * d->c_in * e,
-                             (size_t)d->c_out * d->kh * d->kw * d->c_in * e, (size_t)d->c_out * e,
-                             (size_t)d->n * d->h_out * d->w_out * d->c_out * e,
-                             (size_t)d->n * d->h_out * d->w_out * d->c_out * e};
-    for (int i = 0; i < 6; i++) {
-        void **p = i < 5 ? &buf[i] : ws;
-        const size_t n = i < 5 ? bytes[i] : (size_t)ws_max;
-        *p = nullptr;
-        if (n && (cudaMalloc(p, n) != cudaSuccess ||
-                  cudaMemsetAsync(*p, 0, n, stream) != cudaSuccess)) {
+    const size_t y = (size_t)d->n * d->h_out * d->w_out * d->c_out * e;
+    const size_t bytes[TB_N] = {(size_t)d->n * d->h * d->w * d->c_in * e,
+                                (size_t)d->c_out * d->kh * d->kw * d->c_in * e,
+                                (size_t)d->c_out * e, y, y, (size_t)ws_max};
+    for (int i = 0; i < TB_N; i++)
+        buf[i] = nullptr;
+    for (int i = 0; i < TB_N; i++)
+        if (bytes[i] && (cudaMalloc(&buf[i], bytes[i]) != cudaSuccess ||
+                         cudaMemsetAsync(buf[i], 0, bytes[i], stream) != cudaSuccess)) {
             cudaGetLastError();
-            for (int k = 0; k <= i; k++) {
-                cudaFree(k < 5 ? buf[k] : *ws);
-                if (k < 5)
-                    buf[k] = nullptr;
-            }
-            *ws = nullptr;
+            gtime_buffers_free(buf);
             return 0;
         }
-    }
     return 1;
 }
 
@@ -458,20 +462,18 @@ sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc 
         int64_t ws_max = 0;
         for (int i = 0; i < np; i++)
             ws_max = wss[i] > ws_max ? wss[i] : ws_max;
-        void *buf[5], *ws = nullptr;
-        if (gtime_buffers(d, st->dtype, ws_max, st->stream, buf, &ws)) {
+        void *buf[TB_N];
+        if (gtime_buffers(d, st->dtype, ws_max, st->stream, buf)) {
             float best_ms = -1.0f;
             for (int i = 0; i < np; i++) {
-                const float ms = gtime(st, plans[i], with_z, buf, ws);
+                const float ms = gtime(st, plans[i], with_z, buf);
                 if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms)) {
                     best_ms = ms;
                     best = i;
                 }
             }
             g->ms = best_ms;
-            for (int k = 0; k < 5; k++)
-                cudaFree(buf[k]);
-            cudaFree(ws);
+            gtime_buffers_free(buf);
         }
     }
     for (int i = 0; i < np; i++)
