@@ -109,6 +109,7 @@ typedef struct trainer {
     step_inputs in[2], val_in;
     float *mse;            /* host copy of d_mse (bs * acc) */
     FILE *metrics;
+    int64_t metrics_lost;  /* rank 0: the step whose metrics line could not be written, or -1 */
     /* The GPU (doc/training.md "On the GPU"); on the CPU be is the CPU backend, the d_* buffers
      * of a micro-batch below are host memory and the rest of this part is unused. */
     int gpu;               /* the CUDA backend computes the U-Net (or emu) */
@@ -368,6 +369,24 @@ static int any_failed(sd_comm *c, int failed);
  * latents, noise and timesteps per validation sample; split over the ranks. A read that fails
  * on any rank (a shard the storage cannot deliver) sets *failed on every rank, the rank that
  * saw it printing why, and returns NaN: the run then ends with status 1. */
+/* Rank 0, after a metrics line: a write the file system refused (a full disk, a failing
+ * storage: stdio reports it at the flush) is said once, naming the file, the step and the errno;
+ * the training goes on without metrics.jsonl, whose lines are not its state (the checkpoints and
+ * the final weights are unaffected), and the summary repeats it. */
+static void metrics_flush(trainer *t, int64_t step)
+{
+    errno = 0;
+    if (fflush(t->metrics) == 0 && !ferror(t->metrics))
+        return;
+    const int e = errno;
+    sd_warn("cannot write %s/metrics.jsonl at step %lld: %s; training goes on without it (the "
+            "checkpoints and the final weights are not affected)", t->cfg->run.output_dir,
+            (long long)step, e ? strerror(e) : "write error");
+    fclose(t->metrics);
+    t->metrics = NULL;
+    t->metrics_lost = step;
+}
+
 static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out, int *failed)
 {
     const int64_t nv = sd_loader_val_count(t->loader);
@@ -1529,6 +1548,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     memset(&vb, 0, sizeof vb);
     sd_err_clear(&err);
     t.cfg = cfg;
+    t.metrics_lost = -1;
     t.rank = rt->role_rank;
     t.size = rt->role_size;
     t.world_rank = rt->world_rank;
@@ -1585,7 +1605,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             if (t.metrics) {
                 fprintf(t.metrics, "{\"step\": 0, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
                         last_val, (long long)nv);
-                fflush(t.metrics);
+                metrics_flush(&t, 0);
             }
             sd_info("step 0: validation loss %.6f over %lld samples", last_val, (long long)nv);
         }
@@ -1767,7 +1787,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                 for (int i = 0; i < T_N; i++)
                     fprintf(t.metrics, ", \"%s_s\": %.6f", t_names[i], tt[i]);
                 fprintf(t.metrics, "}\n");
-                fflush(t.metrics);
+                metrics_flush(&t, step + 1);
             }
             if ((step + 1) % log_every == 0 || step + 1 == max_steps) {
                 char eta[32];
@@ -1795,7 +1815,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             if (t.metrics) {
                 fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
                         (long long)step + 1, last_val, (long long)nv);
-                fflush(t.metrics);
+                metrics_flush(&t, step + 1);
             }
             sd_info("step %lld: validation loss %.6f over %lld samples (%.2f s)",
                     (long long)step + 1, last_val, (long long)nv, sd_time_now() - tv);
@@ -1886,6 +1906,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             printf("  %-28s %s/metrics.jsonl, %s/unet_final.safetensors%s\n", "outputs",
                    cfg->run.output_dir, cfg->run.output_dir,
                    cfg->train.ema_decay > 0 ? ", unet_ema.safetensors" : "");
+        if (t.metrics_lost >= 0)
+            printf("  %-28s %s/metrics.jsonl from step %lld on: writing it failed (see the "
+                   "warning above)\n", "INCOMPLETE", cfg->run.output_dir,
+                   (long long)t.metrics_lost);
         fflush(stdout);
     }
     sd_loader_batch_free(&vb);

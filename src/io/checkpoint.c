@@ -155,6 +155,7 @@ typedef struct writer {
     int verified;              /* read back and checked before the commit (&checkpoint verify) */
     haddr_t addr[DS_N];        /* each dataset's data offset in the file (contiguous) */
     int64_t bytes;
+    int latest_moved; /* rank 0: `latest` names this checkpoint although the commit failed after */
 } writer;
 
 /* Writes one full-length dataset: this rank's part [wb, we) of buf, which holds the flat range
@@ -333,9 +334,20 @@ int sd_ckpt_read_latest(const char *dir, char *name, size_t size, sd_err *err)
     if (join(path, sizeof path, dir, SD_CKPT_LATEST, err))
         return -1;
     f = fopen(path, "r");
-    if (!f)
-        return errno == ENOENT ? 0 : sd_err_set(err, "cannot read '%s': %s", path, strerror(errno));
+    if (!f) {
+        const int e = errno;
+        if (e == ENOENT)
+            return 0;
+        sd_err_set(err, "cannot read '%s': %s", path, strerror(e));
+        return sd_err_storage_errno(err, e);
+    }
     len = fread(buf, 1, sizeof buf - 1, f);
+    if (ferror(f)) { /* a read the storage failed is not a malformed `latest` */
+        const int e = errno;
+        fclose(f);
+        sd_err_set(err, "cannot read '%s': %s", path, strerror(e));
+        return sd_err_storage_errno(err, e);
+    }
     fclose(f);
     buf[len] = '\0';
     while (len && (buf[len - 1] == '\n' || buf[len - 1] == ' ' || buf[len - 1] == '\r'))
@@ -448,9 +460,18 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
     if (sd_fault_armed(SD_FAULT_KILL, w->world_rank, w->s->step, "ckpt-commit"))
         fault_kill("ckpt-commit", w->s->step);
     snprintf(latest, sizeof latest, "%s\n", w->name);
-    if (join(path, sizeof path, w->dir, SD_CKPT_LATEST, e) ||
-        sd_write_file_atomic(path, latest, strlen(latest), e))
+    if (join(path, sizeof path, w->dir, SD_CKPT_LATEST, e))
         return -1;
+    if (sd_write_file_atomic(path, latest, strlen(latest), e)) {
+        /* the pointer may have moved before the failure (the folder's sync after the rename):
+         * what the caller says must match what `latest` names */
+        char now[128];
+        sd_err ignored;
+        sd_err_clear(&ignored);
+        w->latest_moved = sd_ckpt_read_latest(w->dir, now, sizeof now, &ignored) == 0 &&
+                          !strcmp(now, w->name);
+        return -1;
+    }
     if (keep_last > 0)
         prune(w->dir, keep_last, w->name);
     return 0;
@@ -642,8 +663,14 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
             sd_err dummy;
             sd_remove_tree(w.tmp_dir, &dummy);
         }
-        sd_err_set(err, "checkpoint of step %lld into '%s' failed (the previous checkpoint stays "
-                   "the latest): %s", (long long)s->step, dir, e.msg);
+        SD_MPI_CHECK(MPI_Bcast(&w.latest_moved, 1, MPI_INT, 0, comm));
+        if (w.latest_moved)
+            sd_err_set(err, "checkpoint of step %lld into '%s' is committed and '%s' names it, but "
+                       "the storage failed at the end (it may not hold the commit durably): %s",
+                       (long long)s->step, dir, SD_CKPT_LATEST, e.msg);
+        else
+            sd_err_set(err, "checkpoint of step %lld into '%s' failed (the previous checkpoint "
+                       "stays the latest): %s", (long long)s->step, dir, e.msg);
         return -1;
     }
     if (committed)
@@ -680,36 +707,90 @@ static void remove_leftovers(const char *dir)
     closedir(d);
 }
 
-int sd_ckpt_is_complete(const char *path)
+/* 1 when p exists, 0 when it does not (ENOENT, ENOTDIR), -1 (errno kept) when stat fails
+ * otherwise: a storage that cannot answer is not a missing file. */
+static int stat_exists(const char *p)
 {
-    char p[PATH_SIZE];
-    snprintf(p, sizeof p, "%s/%s", path, SD_CKPT_MANIFEST);
-    if (!path_exists(p))
-        return 0;
-    snprintf(p, sizeof p, "%s/%s", path, SD_CKPT_STATE_FILE);
-    return path_exists(p);
+    struct stat st;
+    if (stat(p, &st) == 0)
+        return 1;
+    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
 }
 
-/* The newest complete checkpoint directory of dir (sd_ckpt_is_complete), into name; "" when none. */
-static void newest_complete(const char *dir, char *name, size_t size)
+/* sd_ckpt_is_complete with the storage's failures told apart: 1 complete, 0 not, -1 with err
+ * set (and marked a storage error for EIO, ESTALE, ...) when a stat cannot tell. */
+static int complete_or_err(const char *path, sd_err *err)
+{
+    static const char *const files[2] = {SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE};
+    for (int i = 0; i < 2; i++) {
+        char p[PATH_SIZE];
+        int r;
+        if (join(p, sizeof p, path, files[i], err))
+            return -1;
+        if ((r = stat_exists(p)) < 0) {
+            const int e = errno;
+            sd_err_set(err, "cannot look at '%s': %s", p, strerror(e));
+            return sd_err_storage_errno(err, e);
+        }
+        if (r == 0)
+            return 0;
+    }
+    return 1;
+}
+
+int sd_ckpt_is_complete(const char *path)
+{
+    sd_err e;
+    sd_err_clear(&e);
+    return complete_or_err(path, &e) == 1;
+}
+
+/* The newest complete checkpoint directory of dir (complete_or_err), into name; "" when none
+ * (dir missing included): 0. A listing or a look the storage fails is an error, -1: taking it for
+ * "no checkpoint" would start the run over, or resume an older checkpoint than the newest. */
+static int newest_complete(const char *dir, char *name, size_t size, sd_err *err)
 {
     DIR *d = opendir(dir);
-    struct dirent *de;
     int64_t best = -1;
+    int rc = 0;
     name[0] = '\0';
-    if (!d)
-        return;
-    while ((de = readdir(d))) {
+    if (!d) {
+        const int e = errno;
+        if (e == ENOENT)
+            return 0;
+        sd_err_set(err, "cannot list checkpoint directory '%s': %s", dir, strerror(e));
+        return sd_err_storage_errno(err, e);
+    }
+    for (;;) {
         char path[PATH_SIZE];
         int64_t st;
+        int r;
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (!de) {
+            const int e = errno;
+            if (e) {
+                sd_err_set(err, "cannot list checkpoint directory '%s': %s", dir, strerror(e));
+                rc = sd_err_storage_errno(err, e);
+            }
+            break;
+        }
         if (!is_step_name(de->d_name, &st) || st <= best || strlen(de->d_name) >= size ||
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
-            !sd_ckpt_is_complete(path))
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path)
             continue;
-        best = st;
-        snprintf(name, size, "%s", de->d_name);
+        if ((r = complete_or_err(path, err)) < 0) {
+            rc = -1;
+            break;
+        }
+        if (r) {
+            best = st;
+            snprintf(name, size, "%s", de->d_name);
+        }
     }
     closedir(d);
+    if (rc)
+        name[0] = '\0';
+    return rc;
 }
 
 /* `latest` of dir := name (atomically). */
@@ -728,7 +809,8 @@ static int point_latest(const char *dir, const char *name, sd_err *err)
 static int fall_back(const char *dir, const char *bad, char *path, size_t size, sd_err *err)
 {
     char name[128];
-    newest_complete(dir, name, sizeof name);
+    if (newest_complete(dir, name, sizeof name, err))
+        return -1;
     if (!name[0])
         return sd_err_set(err, "%s, and %s holds no older complete checkpoint; start fresh with "
                           "&checkpoint resume = 'never'", bad, dir);
@@ -743,6 +825,7 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
                         sd_err *err)
 {
     char name[128];
+    int r;
     *found = 0;
     remove_leftovers(dir);
     if (!strcmp(resume, "never")) {
@@ -756,12 +839,30 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
         if (sd_ckpt_read_latest(dir, name, sizeof name, err))
             return -1;
         if (!name[0]) {
-            sd_info("no checkpoint in %s: starting from step 0", dir);
+            /* no `latest`: a first commit interrupted before it was written (or `latest`
+             * removed) can leave a complete checkpoint all the same, which a requeued job must
+             * resume rather than start over and replace */
+            if (newest_complete(dir, name, sizeof name, err))
+                return -1;
+            if (!name[0]) {
+                sd_info("no checkpoint in %s: starting from step 0", dir);
+                return 0;
+            }
+            sd_warn("resume: %s has no '%s' but holds the complete checkpoint %s (a commit "
+                    "interrupted before '%s' was written?); resuming from it", dir,
+                    SD_CKPT_LATEST, name, SD_CKPT_LATEST);
+            if (snprintf(path, size, "%s/%s", dir, name) >= (int)size)
+                return sd_err_set(err, "path too long: '%s/%s'", dir, name);
+            if (point_latest(dir, name, err))
+                return -1;
+            *found = 1;
             return 0;
         }
         if (snprintf(path, size, "%s/%s", dir, name) >= (int)size)
             return sd_err_set(err, "path too long: '%s/%s'", dir, name);
-        if (!sd_ckpt_is_complete(path)) {
+        if ((r = complete_or_err(path, err)) < 0)
+            return -1;
+        if (!r) {
             char bad[2 * PATH_SIZE + 256];
             snprintf(bad, sizeof bad, "%s/%s names %s, which is missing or incomplete (no %s or "
                      "%s)", dir, SD_CKPT_LATEST, path, SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE);
@@ -771,7 +872,9 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
         *found = 1;
         return 0;
     }
-    if (sd_ckpt_is_complete(resume)) {
+    if ((r = complete_or_err(resume, err)) < 0)
+        return -1;
+    if (r) {
         if (snprintf(path, size, "%s", resume) >= (int)size)
             return sd_err_set(err, "path too long: '%s'", resume);
         *found = 1;
@@ -780,7 +883,9 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
     if (sd_ckpt_read_latest(resume, name, sizeof name, err) == 0 && name[0]) {
         if (snprintf(path, size, "%s/%s", resume, name) >= (int)size)
             return sd_err_set(err, "path too long: '%s/%s'", resume, name);
-        if (sd_ckpt_is_complete(path)) {
+        if ((r = complete_or_err(path, err)) < 0)
+            return -1;
+        if (r) {
             *found = 1;
             return 0;
         }

@@ -464,8 +464,10 @@ fail:
     return -1;
 }
 
-/* Writes the manifest atomically: readers see the old one or the new one, never a mix. */
-static int manifest_write(const char *dir, const sd_shard_manifest *m, sd_err *err)
+/* Writes the manifest atomically: readers see the old one or the new one, never a mix. *replaced
+ * says whether the new one took the old one's place, which it has when only the final sync of the
+ * directory fails. */
+static int manifest_write(const char *dir, const sd_shard_manifest *m, int *replaced, sd_err *err)
 {
     char path[SD_PATH_MAX + 32], tmp[SD_PATH_MAX + 48], hex[17];
     json_object *root = json_object_new_object(), *arr = json_object_new_array();
@@ -525,6 +527,7 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, sd_err *e
         unlink(tmp);
         goto out;
     }
+    *replaced = 1;
     rc = sd_fsync_path(dir, err);
 out:
     json_object_put(root);
@@ -707,6 +710,16 @@ static int check_room(const writer *w, sd_err *e)
         return 0;
     return sd_err_set(e, "%s not written: %s; the shards committed before are intact and a "
                       "rerun with room goes on from them", w->final_path, room.msg);
+}
+
+/* After a failure that leaves nothing of the shard (its temporary file removed, or the commit
+ * undone): says what stays. -1. */
+static int nothing_of_it(sd_err *e)
+{
+    const size_t len = strlen(e->msg);
+    snprintf(e->msg + len, sizeof e->msg - len, "; the shard is not written, the shards committed "
+             "before are intact and a rerun goes on from them");
+    return -1;
 }
 
 static hid_t create_dataset(writer *w, const char *name, hid_t type, int nd, const hsize_t *dims,
@@ -954,6 +967,7 @@ static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
     struct stat st;
     sd_shard_manifest m;
     sd_shard_entry *grown;
+    int replaced = 0;
     if (stat(w->tmp_path, &st) != 0) {
         sd_err_set(e, "cannot stat '%s': %s", w->tmp_path, strerror(errno));
         goto drop_tmp;
@@ -975,18 +989,26 @@ static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
     m.entries = grown;
     m.n++;
     qsort(m.entries, (size_t)m.n, sizeof *m.entries, entry_cmp);
-    if (manifest_write(w->dir, &m, e)) {
+    if (manifest_write(w->dir, &m, &replaced, e)) {
         sd_shard_manifest_free(&m);
-        goto drop_final;
+        if (!replaced)
+            goto drop_final;
+        /* the manifest names the shard already: removing the file would leave a manifest that
+         * lists a missing shard, which no rerun gets past */
+        const size_t len = strlen(e->msg);
+        snprintf(e->msg + len, sizeof e->msg - len, " (after the manifest listing %s replaced the "
+                 "old one: the shard stays committed, though the storage may not hold it durably; a "
+                 "rerun goes on from it)", w->file_name);
+        return -1;
     }
     sd_shard_manifest_free(&m);
     return 0;
 drop_tmp:
     unlink(w->tmp_path);
-    return -1;
+    return nothing_of_it(e);
 drop_final:
     unlink(w->final_path);
-    return -1;
+    return nothing_of_it(e);
 }
 
 static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
@@ -1096,7 +1118,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         if (sd_agree(w->comm, failed, e)) {
             if (w->rank == 0)
                 unlink(w->tmp_path);
-            return -1;
+            return nothing_of_it(e);
         }
     }
 
@@ -1111,7 +1133,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     if (w->rank != 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-commit"))
         fault_kill("shard-commit");
     if (sd_agree(w->comm, w->rank == 0 && commit(w, &entry, e) != 0, e))
-        return -1;
+        return -1; /* commit said what stays */
     SD_MPI_CHECK(MPI_Bcast(&entry, (int)sizeof entry, MPI_BYTE, 0, w->comm));
     if (out)
         *out = entry;

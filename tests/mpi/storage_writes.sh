@@ -1,0 +1,234 @@
+#!/bin/sh
+# Storage that fails the job's writes, syncs, listings and looks (doc/checkpoints.md,
+# doc/shards.md), through the LD_PRELOAD shim tests/mpi/eio_preload.so (SD_EIO_OPS = write, sync,
+# list, stat; SD_EIO_AFTER = how many of them pass first). What each case must show: a message
+# naming the file and the errno, never a hang; what was committed before stays usable; what the
+# message says stays is what stays; and once the storage is back the rerun finishes with the
+# bits of an undisturbed run.
+# - Checkpoints: the state file's data (rank 1) ends the job (a parallel HDF5 file cannot be
+#   closed after a failed collective write); its fsync or the manifest's write fails only that
+#   checkpoint; the checkpoint folder's sync after `latest` moved says the checkpoint is
+#   committed (it is), not that the previous one stays the latest; every folder sync failing
+#   leaves complete checkpoints and no `latest`, which the rerun resumes (it started over before
+#   2026-11-27); the final weights' write.
+# - Resuming: a look (stat) at the checkpoint `latest` names, and the listing of a checkpoint
+#   folder without `latest`, fail with status 1 rather than taking an older checkpoint or a
+#   fresh start.
+# - Shards: the data (rank 1), the file's fsync, the folder's sync after the manifest named the
+#   shard (the shard was removed then, leaving a manifest that listed a missing file: no rerun
+#   got past it before 2026-11-27), a dataset folder's listing.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+SHIM="$(cd "${top_builddir:-.}" && pwd)/tests/mpi/eio_preload.so"
+[ -f "$SHIM" ] || skip "no tests/mpi/eio_preload.so (built by make check)"
+PRELOAD=$SHIM
+san=$(ldd "$SDTRAIN" 2>/dev/null | awk '/lib[at]san[.]so/ { print $3; exit }')
+[ -z "$san" ] || PRELOAD="$san:$SHIM"
+COMPARE="${top_builddir:-.}/tests/mpi/shard_compare"
+
+tiny_shards 48 2
+train_nml() { # train_nml NAME: 8 steps, a checkpoint every 4
+    nml "$1.nml" <<EOF2
+&run mode = 'train', output_dir = '$TMP/$1', seed = 11 /
+&model $TINY_MODEL /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = 8, batch_size_per_rank = 4, learning_rate = 1e-3, warmup_steps = 3,
+       sharding = 'shard_grad_op', log_every = 4, val_every = 4, ema_decay = 0.9 /
+&checkpoint every_n_steps = 4 /
+EOF2
+}
+failing() { # failing NAME NML RANK PATH OPS [AFTER]: one run with the failing storage
+    SD_EIO_RANK=$3 SD_EIO_PATH=$4 SD_EIO_OPS=$5 SD_EIO_AFTER=${6:-0} SD_EIO_ERRNO=5 \
+        LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$2"
+}
+latest_is() {
+    [ "$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)" = "$2" ] ||
+        fail "$1: latest is '$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)', expected '$2'"
+}
+same_weights() { # same_weights NAME: the undisturbed run's final weights and EMA, bit for bit
+    for f in unet_final unet_ema; do
+        cmp -s "$TMP/ref/$f.safetensors" "$TMP/$1/$f.safetensors" ||
+            fail "$1: $f.safetensors differs from the undisturbed run's"
+    done
+}
+train_nml ref
+mpi ref 2 "$SDTRAIN" "$TMP/ref.nml"
+expect_rc ref 0
+ck=checkpoints
+
+# the data of the final checkpoint's state file, on rank 1: the job ends (status 1) with rank
+# 0's message; step 4 stays the latest, and the rerun removes the leftover and resumes it
+train_nml data
+failing data "$TMP/data.nml" 1 .step-00000008.tmp/state.h5 write
+expect_rc data 1
+expect_in data err "writing dataset 'params' of $TMP/data/$ck/.step-00000008.tmp/state.h5 failed on rank 1"
+expect_in data err "the checkpoints committed before are intact"
+latest_is data step-00000004
+[ ! -e "$TMP/data/$ck/step-00000008" ] || fail "data: the failed checkpoint was committed"
+mpi data 2 "$SDTRAIN" "$TMP/data.nml"
+expect_rc data 0
+expect_in data out "left by an interrupted checkpoint write"
+expect_in data out "resuming from $TMP/data/$ck/step-00000004"
+latest_is data step-00000008
+same_weights data
+pass "a failed write of checkpoint data ends the job; the rerun resumes the one before"
+
+# the fsync of step 4's state file on rank 1: that checkpoint fails, on every rank together,
+# training goes on and the final checkpoint commits (status 0)
+train_nml sync
+failing sync "$TMP/sync.nml" 1 .step-00000004.tmp/state.h5 sync
+expect_rc sync 0
+expect_in sync err "checkpoint of step 4 into '$TMP/sync/$ck' failed (the previous checkpoint stays the latest): cannot sync '$TMP/sync/$ck/.step-00000004.tmp/state.h5': Input/output error; training goes on"
+[ ! -e "$TMP/sync/$ck/step-00000004" ] && [ ! -e "$TMP/sync/$ck/.step-00000004.tmp" ] ||
+    fail "sync: step 4 committed, or its temporary folder left"
+latest_is sync step-00000008
+same_weights sync
+pass "a checkpoint whose fsync fails is not committed; training goes on"
+
+# the final checkpoint's manifest (rank 0): status 1, the final weights written all the same,
+# step 4 stays the latest
+train_nml man
+failing man "$TMP/man.nml" 0 .step-00000008.tmp/manifest.json write
+expect_rc man 1
+expect_in man err "checkpoint of step 8 into '$TMP/man/$ck' failed (the previous checkpoint stays the latest): cannot write '$TMP/man/$ck/.step-00000008.tmp/manifest.json.tmp': Input/output error; the final weights are written all the same"
+latest_is man step-00000004
+same_weights man
+pass "a checkpoint whose manifest cannot be written is not committed"
+
+# the checkpoint folder's syncs (rank 0): per checkpoint one after the rename, one after
+# `latest` moved. The fourth failing (step 8's `latest`): the message says step 8 is committed
+# and named, which it is; the rerun resumes it
+train_nml lsync
+failing lsync "$TMP/lsync.nml" 0 "/$ck\$" sync 3
+expect_rc lsync 1
+expect_in lsync err "checkpoint of step 8 into '$TMP/lsync/$ck' is committed and 'latest' names it, but the storage failed at the end (it may not hold the commit durably): cannot sync '$TMP/lsync/$ck': Input/output error"
+expect_not_in lsync err "the previous checkpoint stays the latest"
+latest_is lsync step-00000008
+mpi lsync 2 "$SDTRAIN" "$TMP/lsync.nml"
+expect_rc lsync 0
+expect_in lsync out "resuming from $TMP/lsync/$ck/step-00000008: step 8"
+same_weights lsync
+# every one failing: steps 4 and 8 are renamed into place but `latest` is never written; the
+# rerun resumes the newest complete one (it started over before, replacing them)
+train_nml nolatest
+failing nolatest "$TMP/nolatest.nml" 0 "/$ck\$" sync
+expect_rc nolatest 1
+[ -f "$TMP/nolatest/$ck/step-00000008/state.h5" ] && [ ! -e "$TMP/nolatest/$ck/latest" ] ||
+    fail "nolatest: expected step 8 in place and no latest"
+mpi nolatest 2 "$SDTRAIN" "$TMP/nolatest.nml"
+expect_rc nolatest 0
+expect_in nolatest err "resume: $TMP/nolatest/$ck has no 'latest' but holds the complete checkpoint step-00000008 (a commit interrupted before 'latest' was written?); resuming from it"
+expect_in nolatest out "resuming from $TMP/nolatest/$ck/step-00000008: step 8"
+expect_not_in nolatest out "starting from step 0"
+latest_is nolatest step-00000008
+same_weights nolatest
+pass "what a failed folder sync leaves is what the message says, and the rerun resumes it"
+
+# the final weights (rank 0): status 1, no file and no temporary left; the rerun writes them
+train_nml final
+failing final "$TMP/final.nml" 0 /unet_final.safetensors write
+expect_rc final 1
+expect_in final err "$TMP/final/unet_final.safetensors: cannot write $TMP/final/unet_final.safetensors.tmp-"
+expect_in final err ": Input/output error"
+[ -z "$(ls "$TMP/final" | grep unet_final)" ] || fail "final: a final weights file or temporary was left"
+latest_is final step-00000008
+mpi final 2 "$SDTRAIN" "$TMP/final.nml"
+expect_rc final 0
+same_weights final
+pass "final weights that cannot be written end the run with status 1; the rerun writes them"
+
+# resuming (the finished reference run, to 12 steps): a look at the checkpoint `latest` names
+# fails (EIO) on rank 0: status 1, nothing set aside or replaced by step 4
+sed 's/max_steps = 8/max_steps = 12/' "$TMP/ref.nml" >"$TMP/ref12.nml"
+failing look "$TMP/ref12.nml" 0 step-00000008/manifest.json stat
+expect_rc look 1
+expect_in look err "cannot look at '$TMP/ref/$ck/step-00000008/manifest.json': Input/output error (a storage error: a retry may succeed)"
+expect_not_in look err "newest complete checkpoint before it"
+latest_is ref step-00000008
+[ -d "$TMP/ref/$ck/step-00000008" ] || fail "look: step 8 was set aside"
+# without `latest`, the listing of the folder fails: status 1, not a fresh start
+rm "$TMP/ref/$ck/latest"
+failing list "$TMP/ref12.nml" 0 "/$ck\$" list
+expect_rc list 1
+expect_in list err "cannot list checkpoint directory '$TMP/ref/$ck': Input/output error (a storage error: a retry may succeed)"
+expect_not_in list out "starting from step 0"
+[ ! -e "$TMP/ref/$ck/step-00000012" ] || fail "list: the run went on"
+pass "a look or a listing the storage fails while resolving the resume ends with status 1"
+
+# shards: mode 'process' into a fresh folder each, compared with tiny_shards' at tolerance 0
+proc_nml() { # proc_nml NAME: $TMP/NAME.nml writing into $TMP/NAME-shards
+    sed "s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/$1-shards'|; s|output_dir = '$TMP/proc'|output_dir = '$TMP/$1'|" \
+        "$TMP/proc.nml" >"$TMP/$1.nml"
+}
+rerun_equal() { # rerun_equal NAME: the storage back, the rerun completes the undisturbed shards
+    mpi "$1-back" 2 "$SDTRAIN" "$TMP/$1.nml"
+    expect_rc "$1-back" 0
+    for k in 0 1 2; do
+        f=shard-00000$k.h5
+        "$COMPARE" "$TMP/$1-shards/$f" "$TMP/shards/$f" 0 >"$TMP/$1-cmp$k.out" 2>&1 ||
+            { cat "$TMP/$1-cmp$k.out"; fail "$1: $f differs from the undisturbed run's"; }
+    done
+}
+committed_only() { # committed_only NAME FILES...: the shard folder holds just these
+    name=$1
+    shift
+    want=$(for f in "$@"; do echo "$f"; done | sort | tr '\n' ' ')
+    have=$(ls -A "$TMP/$name-shards" | sort | tr '\n' ' ')
+    [ "$have" = "$want" ] || fail "$name: the shard folder holds '$have', expected '$want'"
+}
+# shard 1's data on rank 1: the job ends, shard 0 stays committed
+proc_nml sdata
+failing sdata "$TMP/sdata.nml" 1 shard-000001 write
+[ "$RC" = 1 ] || { cat "$TMP/sdata.err"; fail "sdata: status $RC, expected 1"; }
+expect_in sdata err "writing /image_latents_32 of $TMP/sdata-shards/.shard-000001.h5.tmp failed on rank 1"
+expect_in sdata err "the shards committed before are intact and a rerun goes on from them"
+rerun_equal sdata
+# shard 1's fsync on rank 1: that shard is not written, every rank stops
+proc_nml ssync
+failing ssync "$TMP/ssync.nml" 1 .shard-000001.h5.tmp sync
+expect_rc ssync 1
+expect_in ssync err "cannot sync '$TMP/ssync-shards/.shard-000001.h5.tmp': Input/output error; the shard is not written, the shards committed before are intact and a rerun goes on from them"
+committed_only ssync manifest.json shard-000000.h5
+rerun_equal ssync
+# the folder's second sync (rank 0): after the manifest listing shard 0 replaced the old one.
+# The shard stays (removing it left a manifest naming a missing file)
+proc_nml msync
+failing msync "$TMP/msync.nml" 0 "/msync-shards\$" sync 1
+expect_rc msync 1
+expect_in msync err "cannot sync '$TMP/msync-shards': Input/output error (after the manifest listing shard-000000.h5 replaced the old one: the shard stays committed, though the storage may not hold it durably; a rerun goes on from it)"
+committed_only msync manifest.json shard-000000.h5
+rerun_equal msync
+# the folder's first sync (after the rename, before the manifest): the shard is removed again
+proc_nml rsync
+failing rsync "$TMP/rsync.nml" 0 "/rsync-shards\$" sync
+expect_rc rsync 1
+expect_in rsync err "cannot sync '$TMP/rsync-shards': Input/output error; the shard is not written"
+committed_only rsync
+rerun_equal rsync
+pass "a shard whose write, fsync or commit fails: what the message says stays, and the rerun completes"
+
+# a folder of the dataset whose listing fails (readdir: EIO) while it is indexed: status 1
+# before any shard, not a dataset with that folder left out
+proc_nml dlist
+failing dlist "$TMP/dlist.nml" 0 "00000\$" list
+expect_rc dlist 1
+expect_in dlist err "$TMP/data/00000/: Input/output error (a storage error: a retry may succeed)"
+[ ! -e "$TMP/dlist-shards/shard-000000.h5" ] || fail "dlist: a shard was written"
+rerun_equal dlist
+pass "a dataset folder whose listing fails ends the run before any shard"
+
+# metrics.jsonl that cannot be written (here /dev/full: every flush fails with ENOSPC): one
+# warning naming the file, the step and the errno; training goes on and ends with the
+# undisturbed run's weights; the summary says the metrics are incomplete
+if [ -c /dev/full ]; then
+    train_nml metrics
+    mkdir -p "$TMP/metrics"
+    ln -s /dev/full "$TMP/metrics/metrics.jsonl"
+    mpi metrics 2 "$SDTRAIN" "$TMP/metrics.nml"
+    expect_rc metrics 0
+    expect_count metrics err "cannot write $TMP/metrics/metrics.jsonl at step 0: No space left on device; training goes on without it" 1
+    expect_in metrics out "INCOMPLETE"
+    expect_in metrics out "$TMP/metrics/metrics.jsonl from step 0 on: writing it failed"
+    same_weights metrics
+    pass "metrics.jsonl that cannot be written: one warning, training goes on"
+fi
