@@ -94,6 +94,17 @@ usr1_after_first_step() {
 # nml FILE <<EOF: writes a namelist into the scratch directory.
 nml() { cat >"$TMP/$1"; }
 
+# need_eio_shim: PRELOAD := the failing disk of the storage tests (tests/mpi/eio_preload.so,
+# built by make check; doc/testing.md), after the sanitizer's runtime when sdtrain is built with
+# one (it must come first in the library list); skips without the shim.
+need_eio_shim() {
+    shim="$(cd "$top_builddir" && pwd)/tests/mpi/eio_preload.so"
+    [ -f "$shim" ] || skip "no tests/mpi/eio_preload.so (built by make check)"
+    PRELOAD=$shim
+    san=$(ldd "$SDTRAIN" 2>/dev/null | awk '/lib[at]san[.]so/ { print $3; exit }')
+    [ -z "$san" ] || PRELOAD="$san:$shim"
+}
+
 # The tiny model of the end-to-end tests (the body of a &model group) and its tokenizer.
 TINY_TOKENIZER="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
 TINY_MODEL="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8,

@@ -13,12 +13,7 @@
 #   a TSV manifest or a tar that fails while the dataset is indexed ends it before any shard.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
-SHIM="$(cd "${top_builddir:-.}" && pwd)/tests/mpi/eio_preload.so"
-[ -f "$SHIM" ] || skip "no tests/mpi/eio_preload.so (built by make check)"
-# a sanitizer's runtime must come first in the library list: preloaded before the shim
-PRELOAD=$SHIM
-san=$(ldd "$SDTRAIN" 2>/dev/null | awk '/lib[at]san[.]so/ { print $3; exit }')
-[ -z "$san" ] || PRELOAD="$san:$SHIM"
+need_eio_shim
 command -v h5ls >/dev/null || skip "no h5ls (hdf5-tools) to find the datasets' addresses"
 
 tiny_shards 48 2

@@ -19,11 +19,7 @@
 #   got past it before 2026-11-27), a dataset folder's listing.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
-SHIM="$(cd "${top_builddir:-.}" && pwd)/tests/mpi/eio_preload.so"
-[ -f "$SHIM" ] || skip "no tests/mpi/eio_preload.so (built by make check)"
-PRELOAD=$SHIM
-san=$(ldd "$SDTRAIN" 2>/dev/null | awk '/lib[at]san[.]so/ { print $3; exit }')
-[ -z "$san" ] || PRELOAD="$san:$SHIM"
+need_eio_shim
 COMPARE="${top_builddir:-.}/tests/mpi/shard_compare"
 
 tiny_shards 48 2
