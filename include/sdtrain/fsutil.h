@@ -43,7 +43,8 @@ double sd_fs_free_bytes(const char *path);
 int sd_fs_check_room(const char *dir, double need, sd_err *err);
 
 /* fsync of a path: a file's data, or a directory's entries (which a rename changed). File
- * systems that cannot sync directories (EINVAL, EROFS) are not an error. */
+ * systems that cannot sync directories (EINVAL, EROFS) are not an error. A failure of the
+ * storage (sd_storage_errno) is marked in err (sd_err_storage_errno), here and below. */
 int sd_fsync_path(const char *path, sd_err *err);
 
 /* Replaces `path` atomically with `len` bytes: written to "<path>.tmp", fsynced, renamed over

@@ -365,10 +365,6 @@ static void dp_params_complete(trainer *t);
 
 static int any_failed(sd_comm *c, int failed);
 
-/* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
- * latents, noise and timesteps per validation sample; split over the ranks. A read that fails
- * on any rank (a shard the storage cannot deliver) sets *failed on every rank, the rank that
- * saw it printing why, and returns NaN: the run then ends with status 1. */
 /* Rank 0, after a metrics line: a write the file system refused (a full disk, a failing
  * storage: stdio reports it at the flush) is said once, naming the file, the step and the errno;
  * the training goes on without metrics.jsonl, whose lines are not its state (the checkpoints and
@@ -387,6 +383,10 @@ static void metrics_flush(trainer *t, int64_t step)
     t->metrics_lost = step;
 }
 
+/* Validation loss: the unweighted MSE averaged over the whole held-out split, with fixed
+ * latents, noise and timesteps per validation sample; split over the ranks. A read that fails
+ * on any rank (a shard the storage cannot deliver) sets *failed on every rank, the rank that
+ * saw it printing why, and returns NaN: the run then ends with status 1. */
 static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out, int *failed)
 {
     const int64_t nv = sd_loader_val_count(t->loader);

@@ -67,13 +67,18 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 int sd_fsync_path(const char *path, sd_err *err)
 {
     int fd = open(path, O_RDONLY), rc, e;
-    if (fd < 0)
-        return sd_err_set(err, "cannot open '%s' to sync it: %s", path, strerror(errno));
+    if (fd < 0) {
+        e = errno;
+        sd_err_set(err, "cannot open '%s' to sync it: %s", path, strerror(e));
+        return sd_err_storage_errno(err, e);
+    }
     rc = fsync(fd);
     e = errno;
     close(fd);
-    if (rc != 0 && e != EINVAL && e != EROFS)
-        return sd_err_set(err, "cannot sync '%s': %s", path, strerror(e));
+    if (rc != 0 && e != EINVAL && e != EROFS) {
+        sd_err_set(err, "cannot sync '%s': %s", path, strerror(e));
+        return sd_err_storage_errno(err, e);
+    }
     return 0;
 }
 
@@ -82,34 +87,40 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
     char tmp[4200], dir[4200];
     const char *p = (const char *)data;
     size_t off = 0;
-    int fd, n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd, e, n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return sd_err_set(err, "path too long: '%s'", path);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    if (fd < 0)
-        return sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
+    if (fd < 0) {
+        e = errno;
+        sd_err_set(err, "cannot write '%s': %s", tmp, strerror(e));
+        return sd_err_storage_errno(err, e);
+    }
     while (off < len) {
         ssize_t w = write(fd, p + off, len - off);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
-            sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
+            e = w < 0 ? errno : EIO; /* 0 bytes written: no errno to tell */
+            sd_err_set(err, "cannot write '%s': %s", tmp, strerror(e));
             close(fd);
             unlink(tmp);
-            return -1;
+            return sd_err_storage_errno(err, e);
         }
         off += (size_t)w;
     }
     if (fsync(fd) != 0) {
-        sd_err_set(err, "cannot sync '%s': %s", tmp, strerror(errno));
+        e = errno;
+        sd_err_set(err, "cannot sync '%s': %s", tmp, strerror(e));
         close(fd);
         unlink(tmp);
-        return -1;
+        return sd_err_storage_errno(err, e);
     }
     if (close(fd) != 0 || rename(tmp, path) != 0) {
-        sd_err_set(err, "cannot replace '%s': %s", path, strerror(errno));
+        e = errno;
+        sd_err_set(err, "cannot replace '%s': %s", path, strerror(e));
         unlink(tmp);
-        return -1;
+        return sd_err_storage_errno(err, e);
     }
     snprintf(dir, sizeof dir, "%s", path);
     return sd_fsync_path(dirname(dir), err);

@@ -155,7 +155,7 @@ typedef struct writer {
     int verified;              /* read back and checked before the commit (&checkpoint verify) */
     haddr_t addr[DS_N];        /* each dataset's data offset in the file (contiguous) */
     int64_t bytes;
-    int latest_moved; /* rank 0: `latest` names this checkpoint although the commit failed after */
+    int renamed;      /* rank 0: step-K is in place (the commit may have failed after) */
 } writer;
 
 /* Writes one full-length dataset: this rank's part [wb, we) of buf, which holds the flat range
@@ -451,6 +451,7 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
     if (rename(w->tmp_dir, w->final_dir) != 0)
         return sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_dir, w->final_dir,
                           strerror(errno));
+    w->renamed = 1;
     if (sd_fsync_path(w->dir, e))
         return -1;
     if (old[0])
@@ -460,18 +461,9 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
     if (sd_fault_armed(SD_FAULT_KILL, w->world_rank, w->s->step, "ckpt-commit"))
         fault_kill("ckpt-commit", w->s->step);
     snprintf(latest, sizeof latest, "%s\n", w->name);
-    if (join(path, sizeof path, w->dir, SD_CKPT_LATEST, e))
+    if (join(path, sizeof path, w->dir, SD_CKPT_LATEST, e) ||
+        sd_write_file_atomic(path, latest, strlen(latest), e))
         return -1;
-    if (sd_write_file_atomic(path, latest, strlen(latest), e)) {
-        /* the pointer may have moved before the failure (the folder's sync after the rename):
-         * what the caller says must match what `latest` names */
-        char now[128];
-        sd_err ignored;
-        sd_err_clear(&ignored);
-        w->latest_moved = sd_ckpt_read_latest(w->dir, now, sizeof now, &ignored) == 0 &&
-                          !strcmp(now, w->name);
-        return -1;
-    }
     if (keep_last > 0)
         prune(w->dir, keep_last, w->name);
     return 0;
@@ -602,6 +594,46 @@ static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_t
                             e);
 }
 
+/* Collective, after a failed write or commit: err := what happened and what stays, which rank 0
+ * alone knows when the commit failed after the rename (the folder's sync, or `latest`'s write
+ * or sync: the pointer may have moved before the failure). A checkpoint in place that `latest`
+ * does not name is resumed only when there is no `latest` (resolve_root); else a later one
+ * replaces it. */
+static void commit_failed(writer *w, const sd_err *e, sd_err *err)
+{
+    char now[128] = "";
+    int state = 0; /* 0: nothing in place; 1: in place, `latest` not moved; 2: `latest` names it */
+    if (w->rank == 0 && w->renamed) {
+        sd_err ignored;
+        sd_err_clear(&ignored);
+        if (sd_ckpt_read_latest(w->dir, now, sizeof now, &ignored))
+            snprintf(now, sizeof now, "?");
+        state = !strcmp(now, w->name) ? 2 : 1;
+    }
+    SD_MPI_CHECK(MPI_Bcast(&state, 1, MPI_INT, 0, w->comm));
+    SD_MPI_CHECK(MPI_Bcast(now, (int)sizeof now, MPI_CHAR, 0, w->comm));
+    const long long step = (long long)w->s->step;
+    if (state == 2)
+        sd_err_set(err, "checkpoint of step %lld into '%s' is committed and '%s' names it, but the "
+                   "storage failed at the end (it may not hold the commit durably): %s", step,
+                   w->dir, SD_CKPT_LATEST, e->msg);
+    else if (state == 1 && !strcmp(now, "?"))
+        sd_err_set(err, "checkpoint of step %lld into '%s' is in place as %s, but whether '%s' "
+                   "names it cannot be read: %s", step, w->dir, w->name, SD_CKPT_LATEST, e->msg);
+    else if (state == 1 && now[0])
+        sd_err_set(err, "checkpoint of step %lld into '%s' is in place as %s, but '%s' still names "
+                   "%s, which a resume takes: %s", step, w->dir, w->name, SD_CKPT_LATEST, now,
+                   e->msg);
+    else if (state == 1)
+        sd_err_set(err, "checkpoint of step %lld into '%s' is in place as %s, but no '%s' names "
+                   "it (a resume takes the newest complete checkpoint: this one): %s", step, w->dir,
+                   w->name, SD_CKPT_LATEST, e->msg);
+    else
+        sd_err_set(err, "checkpoint of step %lld into '%s' failed (the previous checkpoint stays "
+                   "the latest): %s", step, w->dir, e->msg);
+    err->storage = e->storage;
+}
+
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
                   const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
                   int verify, char *committed, size_t committed_size, sd_err *err)
@@ -663,14 +695,7 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
             sd_err dummy;
             sd_remove_tree(w.tmp_dir, &dummy);
         }
-        SD_MPI_CHECK(MPI_Bcast(&w.latest_moved, 1, MPI_INT, 0, comm));
-        if (w.latest_moved)
-            sd_err_set(err, "checkpoint of step %lld into '%s' is committed and '%s' names it, but "
-                       "the storage failed at the end (it may not hold the commit durably): %s",
-                       (long long)s->step, dir, SD_CKPT_LATEST, e.msg);
-        else
-            sd_err_set(err, "checkpoint of step %lld into '%s' failed (the previous checkpoint "
-                       "stays the latest): %s", (long long)s->step, dir, e.msg);
+        commit_failed(&w, &e, err);
         return -1;
     }
     if (committed)
@@ -880,7 +905,9 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
         *found = 1;
         return 0;
     }
-    if (sd_ckpt_read_latest(resume, name, sizeof name, err) == 0 && name[0]) {
+    if ((r = sd_ckpt_read_latest(resume, name, sizeof name, err)) != 0 && err->storage)
+        return -1; /* a `latest` the storage cannot deliver is not a missing one */
+    if (r == 0 && name[0]) {
         if (snprintf(path, size, "%s/%s", resume, name) >= (int)size)
             return sd_err_set(err, "path too long: '%s/%s'", resume, name);
         if ((r = complete_or_err(path, err)) < 0)

@@ -996,9 +996,9 @@ static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
         /* the manifest names the shard already: removing the file would leave a manifest that
          * lists a missing shard, which no rerun gets past */
         const size_t len = strlen(e->msg);
-        snprintf(e->msg + len, sizeof e->msg - len, " (after the manifest listing %s replaced the "
-                 "old one: the shard stays committed, though the storage may not hold it durably; a "
-                 "rerun goes on from it)", w->file_name);
+        snprintf(e->msg + len, sizeof e->msg - len, "; the manifest listing %s had replaced the "
+                 "old one: the shard stays committed, though the storage may not hold it durably, "
+                 "and a rerun goes on from it", w->file_name);
         return -1;
     }
     sd_shard_manifest_free(&m);

@@ -18,7 +18,7 @@
  * would put it, below the libraries, and what reaches sdtrain is whatever those libraries make
  * of it. stdio's own reads and writes (fread, fprintf) do not go through these symbols and are
  * not failed; fsync(fileno(f)) of a file opened with fopen is. Used by
- * tests/mpi/storage_errors.sh; built by `make check` (Makefile.am) with plain flags. In a
+ * tests/mpi/storage_errors.sh and tests/mpi/storage_writes.sh; built by `make check` (Makefile.am) with plain flags. In a
  * sanitizer build the test preloads the sanitizer's runtime ahead of it (it must come first). */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -325,10 +325,16 @@ DIR *opendir(const char *path)
     return d;
 }
 
+static void untrack_dir(DIR *d)
+{
+    if (d)
+        untrack(dirfd(d));
+}
+
 int closedir(DIR *d)
 {
     REAL(closedir, closedir_fn);
-    untrack(dirfd(d));
+    untrack_dir(d);
     return real_closedir(d);
 }
 

@@ -54,19 +54,19 @@ ck=checkpoints
 
 # the data of the final checkpoint's state file, on rank 1: the job ends (status 1) with rank
 # 0's message; step 4 stays the latest, and the rerun removes the leftover and resumes it
-train_nml data
-failing data "$TMP/data.nml" 1 .step-00000008.tmp/state.h5 write
-expect_rc data 1
-expect_in data err "writing dataset 'params' of $TMP/data/$ck/.step-00000008.tmp/state.h5 failed on rank 1"
-expect_in data err "the checkpoints committed before are intact"
-latest_is data step-00000004
-[ ! -e "$TMP/data/$ck/step-00000008" ] || fail "data: the failed checkpoint was committed"
-mpi data 2 "$SDTRAIN" "$TMP/data.nml"
-expect_rc data 0
-expect_in data out "left by an interrupted checkpoint write"
-expect_in data out "resuming from $TMP/data/$ck/step-00000004"
-latest_is data step-00000008
-same_weights data
+train_nml cdata
+failing cdata "$TMP/cdata.nml" 1 .step-00000008.tmp/state.h5 write
+expect_rc cdata 1
+expect_in cdata err "writing dataset 'params' of $TMP/cdata/$ck/.step-00000008.tmp/state.h5 failed on rank 1"
+expect_in cdata err "the checkpoints committed before are intact"
+latest_is cdata step-00000004
+[ ! -e "$TMP/cdata/$ck/step-00000008" ] || fail "cdata: the failed checkpoint was committed"
+mpi cdata 2 "$SDTRAIN" "$TMP/cdata.nml"
+expect_rc cdata 0
+expect_in cdata out "left by an interrupted checkpoint write"
+expect_in cdata out "resuming from $TMP/cdata/$ck/step-00000004"
+latest_is cdata step-00000008
+same_weights cdata
 pass "a failed write of checkpoint data ends the job; the rerun resumes the one before"
 
 # the fsync of step 4's state file on rank 1: that checkpoint fails, on every rank together,
@@ -74,7 +74,7 @@ pass "a failed write of checkpoint data ends the job; the rerun resumes the one 
 train_nml sync
 failing sync "$TMP/sync.nml" 1 .step-00000004.tmp/state.h5 sync
 expect_rc sync 0
-expect_in sync err "checkpoint of step 4 into '$TMP/sync/$ck' failed (the previous checkpoint stays the latest): cannot sync '$TMP/sync/$ck/.step-00000004.tmp/state.h5': Input/output error; training goes on"
+expect_in sync err "checkpoint of step 4 into '$TMP/sync/$ck' failed (the previous checkpoint stays the latest): cannot sync '$TMP/sync/$ck/.step-00000004.tmp/state.h5': Input/output error (a storage error: a retry may succeed); training goes on"
 [ ! -e "$TMP/sync/$ck/step-00000004" ] && [ ! -e "$TMP/sync/$ck/.step-00000004.tmp" ] ||
     fail "sync: step 4 committed, or its temporary folder left"
 latest_is sync step-00000008
@@ -86,7 +86,7 @@ pass "a checkpoint whose fsync fails is not committed; training goes on"
 train_nml man
 failing man "$TMP/man.nml" 0 .step-00000008.tmp/manifest.json write
 expect_rc man 1
-expect_in man err "checkpoint of step 8 into '$TMP/man/$ck' failed (the previous checkpoint stays the latest): cannot write '$TMP/man/$ck/.step-00000008.tmp/manifest.json.tmp': Input/output error; the final weights are written all the same"
+expect_in man err "checkpoint of step 8 into '$TMP/man/$ck' failed (the previous checkpoint stays the latest): cannot write '$TMP/man/$ck/.step-00000008.tmp/manifest.json.tmp': Input/output error (a storage error: a retry may succeed); the final weights are written all the same"
 latest_is man step-00000004
 same_weights man
 pass "a checkpoint whose manifest cannot be written is not committed"
@@ -104,11 +104,21 @@ mpi lsync 2 "$SDTRAIN" "$TMP/lsync.nml"
 expect_rc lsync 0
 expect_in lsync out "resuming from $TMP/lsync/$ck/step-00000008: step 8"
 same_weights lsync
+# the third (step 8's, after its rename): step 8 is in place, `latest` still names step 4,
+# and the message says so
+train_nml rsync8
+failing rsync8 "$TMP/rsync8.nml" 0 "/$ck\$" sync 2
+expect_rc rsync8 1
+expect_in rsync8 err "checkpoint of step 8 into '$TMP/rsync8/$ck' is in place as step-00000008, but 'latest' still names step-00000004, which a resume takes: cannot sync '$TMP/rsync8/$ck': Input/output error"
+latest_is rsync8 step-00000004
 # every one failing: steps 4 and 8 are renamed into place but `latest` is never written; the
 # rerun resumes the newest complete one (it started over before, replacing them)
 train_nml nolatest
 failing nolatest "$TMP/nolatest.nml" 0 "/$ck\$" sync
 expect_rc nolatest 1
+expect_in nolatest err "checkpoint of step 4 into '$TMP/nolatest/$ck' is in place as step-00000004, but no 'latest' names it (a resume takes the newest complete checkpoint: this one): cannot sync"
+expect_in nolatest err "checkpoint of step 8 into '$TMP/nolatest/$ck' is in place as step-00000008, but no 'latest' names it"
+expect_not_in nolatest err "the previous checkpoint stays the latest"
 [ -f "$TMP/nolatest/$ck/step-00000008/state.h5" ] && [ ! -e "$TMP/nolatest/$ck/latest" ] ||
     fail "nolatest: expected step 8 in place and no latest"
 mpi nolatest 2 "$SDTRAIN" "$TMP/nolatest.nml"
@@ -183,7 +193,7 @@ rerun_equal sdata
 proc_nml ssync
 failing ssync "$TMP/ssync.nml" 1 .shard-000001.h5.tmp sync
 expect_rc ssync 1
-expect_in ssync err "cannot sync '$TMP/ssync-shards/.shard-000001.h5.tmp': Input/output error; the shard is not written, the shards committed before are intact and a rerun goes on from them"
+expect_in ssync err "cannot sync '$TMP/ssync-shards/.shard-000001.h5.tmp': Input/output error (a storage error: a retry may succeed); the shard is not written, the shards committed before are intact and a rerun goes on from them"
 committed_only ssync manifest.json shard-000000.h5
 rerun_equal ssync
 # the folder's second sync (rank 0): after the manifest listing shard 0 replaced the old one.
@@ -191,14 +201,14 @@ rerun_equal ssync
 proc_nml msync
 failing msync "$TMP/msync.nml" 0 "/msync-shards\$" sync 1
 expect_rc msync 1
-expect_in msync err "cannot sync '$TMP/msync-shards': Input/output error (after the manifest listing shard-000000.h5 replaced the old one: the shard stays committed, though the storage may not hold it durably; a rerun goes on from it)"
+expect_in msync err "cannot sync '$TMP/msync-shards': Input/output error (a storage error: a retry may succeed); the manifest listing shard-000000.h5 had replaced the old one: the shard stays committed, though the storage may not hold it durably, and a rerun goes on from it"
 committed_only msync manifest.json shard-000000.h5
 rerun_equal msync
 # the folder's first sync (after the rename, before the manifest): the shard is removed again
 proc_nml rsync
 failing rsync "$TMP/rsync.nml" 0 "/rsync-shards\$" sync
 expect_rc rsync 1
-expect_in rsync err "cannot sync '$TMP/rsync-shards': Input/output error; the shard is not written"
+expect_in rsync err "cannot sync '$TMP/rsync-shards': Input/output error (a storage error: a retry may succeed); the shard is not written"
 committed_only rsync
 rerun_equal rsync
 pass "a shard whose write, fsync or commit fails: what the message says stays, and the rerun completes"
