@@ -17,6 +17,7 @@
 # - Shards: the data (rank 1), the file's fsync, the folder's sync after the manifest named the
 #   shard (the shard was removed then, leaving a manifest that listed a missing file: no rerun
 #   got past it before 2026-11-27), a dataset folder's listing.
+# - metrics.jsonl that cannot be written; mode 'pipeline' with either half's storage failing.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 need_eio_shim
@@ -238,3 +239,33 @@ if [ -c /dev/full ]; then
     same_weights metrics
     pass "metrics.jsonl that cannot be written: one warning, training goes on"
 fi
+
+# mode 'pipeline' (2 preprocessing + 2 training ranks): a storage failure on either half ends
+# the whole job with status 1 and the half's message, no hang. The preprocessing half: shard 1's
+# fsync on rank 0 (shard 0 stays committed); the training half: rank 3's reads of shard 0 from
+# byte 4096 (its step-0 validation)
+pipe_nml() {
+    nml "$1.nml" <<EOF2
+&run mode = 'pipeline', n_process_ranks = 2, output_dir = '$TMP/$1', seed = 11, device = 'cpu' /
+&model $TINY_MODEL /
+&data input = '$TMP/data', shard_dir = '$TMP/$1-shards', samples_per_shard = 16,
+      encode_batch_size = 8, val_fraction = 0.2 /
+&train max_steps = 8, batch_size_per_rank = 4, learning_rate = 1e-3, warmup_steps = 2,
+       log_every = 2, val_every = 4 /
+EOF2
+}
+pipe_nml psync
+SD_EIO_RANK=0 SD_EIO_PATH=.shard-000001.h5.tmp SD_EIO_OPS=sync LD_PRELOAD="$PRELOAD" \
+    mpi psync 4 "$SDTRAIN" "$TMP/psync.nml"
+expect_rc psync 1
+expect_in psync err "cannot sync '$TMP/psync-shards/.shard-000001.h5.tmp': Input/output error (a storage error: a retry may succeed); the shard is not written"
+expect_in psync err "mode 'pipeline': the preprocessing half failed (exit status 1); ending the whole job"
+committed_only psync manifest.json shard-000000.h5
+pipe_nml pread
+SD_EIO_RANK=3 SD_EIO_PATH=/pread-shards/shard-000000 SD_EIO_OFFSET=4096 LD_PRELOAD="$PRELOAD" \
+    mpi pread 4 "$SDTRAIN" "$TMP/pread.nml"
+expect_rc pread 1
+expect_in pread err "$TMP/pread-shards/shard-000000.h5"
+expect_in pread err "Input/output error (a storage error, not damage: the shard may be intact)"
+expect_in pread err "mode 'pipeline': the training half failed (exit status 1); ending the whole job"
+pass "a storage failure in either half of mode 'pipeline' ends the whole job with status 1"
