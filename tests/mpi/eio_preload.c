@@ -2,9 +2,9 @@
  * contains SD_EIO_PATH, in the process whose OMPI_COMM_WORLD_RANK is SD_EIO_RANK (unset: every
  * process), the operations SD_EIO_OPS names (a comma list; default "read") fail with errno
  * SD_EIO_ERRNO (a number; default EIO):
- *   read   read/pread touching bytes [SD_EIO_OFFSET, SD_EIO_END) of the file (defaults 0 and the
- *          end: every read);
- *   write  write/pwrite touching those bytes;
+ *   read   read/pread/readv/preadv touching bytes [SD_EIO_OFFSET, SD_EIO_END) of the file
+ *          (defaults 0 and the end: every read);
+ *   write  write/pwrite/writev/pwritev touching those bytes;
  *   sync   fsync/fdatasync;
  *   list   readdir of a directory (the listing fails after the entries already returned: none);
  *   stat   stat/lstat of the path.
@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define MAX_FD 4096
@@ -409,3 +410,50 @@ int lstat64(const char *path, struct stat64 *st)
     REAL(lstat64, stat64_fn);
     return stat_fails(path) ? -1 : real_lstat64(path, st);
 }
+
+/* the vector forms (MPI-IO's posix component may use them) */
+typedef ssize_t (*iov_fn)(int, const struct iovec *, int);
+typedef ssize_t (*piov_fn)(int, const struct iovec *, int, off_t);
+
+static size_t iov_bytes(const struct iovec *iov, int n)
+{
+    size_t sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += iov[i].iov_len;
+    return sum;
+}
+
+ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+    REAL(readv, iov_fn);
+    if (fails_here(op_read, fd, iov_bytes(iov, n))) {
+        errno = fail_errno;
+        return -1;
+    }
+    return real_readv(fd, iov, n);
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+    REAL(writev, iov_fn);
+    if (fails_here(op_write, fd, iov_bytes(iov, n))) {
+        errno = fail_errno;
+        return -1;
+    }
+    return real_writev(fd, iov, n);
+}
+
+#define VECTOR_AT(name, op)                                                                       \
+    ssize_t name(int fd, const struct iovec *iov, int n, off_t off)                               \
+    {                                                                                             \
+        REAL(name, piov_fn);                                                                      \
+        if (fails(op, fd, off, iov_bytes(iov, n))) {                                              \
+            errno = fail_errno;                                                                   \
+            return -1;                                                                            \
+        }                                                                                         \
+        return real_##name(fd, iov, n, off);                                                      \
+    }
+VECTOR_AT(preadv, op_read)
+VECTOR_AT(preadv64, op_read)
+VECTOR_AT(pwritev, op_write)
+VECTOR_AT(pwritev64, op_write)
