@@ -322,6 +322,15 @@ int64_t sd_backend_cuda_conv_graph_runs(const sd_backend *be);
  * 1 (why says so) when it cannot be checked: older cuDNN, or a build without CUDA. */
 int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype, int with_z, char *why,
                              size_t nwhy);
+/* The same graph put to cuDNN's heuristics (mode A) for a GPU described by device_json (cuDNN's
+ * JSON device description: SM count, shared memory, clocks, ...) without a device: *listed
+ * engine configurations, *usable of them passing the graph path's filter (precompiled,
+ * deterministic, no FFT / Winograd / reduced precision; F32 no tensor cores) with a plan that
+ * finalizes for that device within ws_cap bytes of workspace. 0; -1 with why; 1 when it cannot
+ * be asked (older cuDNN, no CUDA in the build). */
+int sd_cuda_conv_graph_engines(const sd_conv2d_desc *d, sd_dtype dtype, int with_z,
+                               const char *device_json, size_t ws_cap, int *usable, int *listed,
+                               char *why, size_t nwhy);
 
 /* ---- Memory ----------------------------------------------------------------------------- */
 

@@ -973,4 +973,18 @@ int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype, int with_z
     snprintf(why, nwhy, "this build has no CUDA backend");
     return 1;
 }
+
+int sd_cuda_conv_graph_engines(const sd_conv2d_desc *d, sd_dtype dtype, int with_z,
+                               const char *device_json, size_t ws_cap, int *usable, int *listed,
+                               char *why, size_t nwhy)
+{
+    (void)d;
+    (void)dtype;
+    (void)with_z;
+    (void)device_json;
+    (void)ws_cap;
+    *usable = *listed = 0;
+    snprintf(why, nwhy, "this build has no CUDA backend");
+    return 1;
+}
 #endif

@@ -1,5 +1,6 @@
-/* conv2d forward through cuDNN's graph (backend) API: conv -> + bias (-> + residual) as one
- * operation graph, fp32 intermediates, rounded once into y. Chosen with
+/* conv2d forward through cuDNN's graph (backend) API: conv -> + bias, or conv -> + residual ->
+ * + bias, as one operation graph, fp32 intermediates, rounded once into y (BF16; F32 keeps the
+ * legacy API). Chosen with
  * SDTRAIN_CUDA_CONV_API=graph (or graph-rtc, which also admits engines that compile their kernel
  * at run time); the legacy API (ops_cuda_conv.cu) remains the default and the fallback for every
  * shape, call or pointer the graph path does not take. doc/cuda/conv.md, "Graph API".
@@ -128,7 +129,7 @@ static int gadd(gbuild *b, cudnnBackendDescriptor_t in, cudnnBackendDescriptor_t
     return 0;
 }
 
-/* The finalized operation graph: conv -> + bias (-> + z) -> y. */
+/* The finalized operation graph: conv -> + bias -> y, or conv -> + z -> + bias -> y. */
 static int gops(gbuild *b, cudnnHandle_t h, const sd_conv2d_desc *d, sd_dtype dtype, int with_z,
                 cudnnBackendDescriptor_t *graph)
 {
@@ -184,11 +185,15 @@ static int gops(gbuild *b, cudnnHandle_t h, const sd_conv2d_desc *d, sd_dtype dt
     GTRY(b, cudnnBackendSetAttribute(ops[0], CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
                                      CUDNN_TYPE_FLOAT, 1, &zero));
     GTRY(b, cudnnBackendFinalize(ops[0]));
-    /* (conv + b) + z, the order of the unfused ops and of the legacy epilogue */
-    if (gadd(b, conv_out, bias, with_z ? biased : y, &ops[1]))
+    /* (conv + z) + b, the legacy fused call's y = conv + z + bias: cuDNN's precompiled engines
+     * take this pattern, while (conv + b) + z gets none (its heuristics for an H100 list 0
+     * configurations for every SD2 shape; tests/gpu/test_cuda_conv_graph) */
+    if (with_z) {
+        if (gadd(b, conv_out, z, biased, &ops[1]) || gadd(b, biased, bias, y, &ops[2]))
+            return -1;
+    } else if (gadd(b, conv_out, bias, y, &ops[1])) {
         return -1;
-    if (with_z && gadd(b, biased, z, y, &ops[2]))
-        return -1;
+    }
 
     const int64_t nops = with_z ? 3 : 2;
     if (gcreate(b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph))
@@ -238,18 +243,23 @@ static int gengine_ok(cudnnBackendDescriptor_t cfg, sd_dtype dtype, int allow_rt
     int64_t nb = 0;
     if (ok && cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
                                        CUDNN_TYPE_BEHAVIOR_NOTE, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT,
-                                       &nb, bnotes) == CUDNN_STATUS_SUCCESS)
+                                       &nb, bnotes) == CUDNN_STATUS_SUCCESS) {
         for (int64_t i = 0; i < nb; i++)
             if (bnotes[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)
                 *rtc = 1;
+    } else if (ok) {
+        *rtc = 1; /* unknown: only where run-time compilation is allowed */
+    }
     if (*rtc && !allow_rtc)
         ok = 0;
     cudnnBackendDestroyDescriptor(eng);
     return ok;
 }
 
-/* An execution plan for cfg, or NULL (its workspace in *ws). */
-static cudnnBackendDescriptor_t gplan(cudnnHandle_t h, cudnnBackendDescriptor_t cfg, int64_t *ws)
+/* An execution plan for cfg, or NULL (its workspace in *ws): for the handle's device, or for
+ * the device devprop describes (h NULL: sd_cuda_conv_graph_engines, no GPU). */
+static cudnnBackendDescriptor_t gplan(cudnnHandle_t h, cudnnBackendDescriptor_t devprop,
+                                      cudnnBackendDescriptor_t cfg, int64_t *ws)
 {
     cudnnBackendDescriptor_t plan;
     if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) !=
@@ -258,7 +268,14 @@ static cudnnBackendDescriptor_t gplan(cudnnHandle_t h, cudnnBackendDescriptor_t 
     int64_t got = 0;
     *ws = 0;
     /* the handle as on the graph: refused by a version that no longer takes it */
-    (void)cudnnBackendSetAttribute(plan, ATTR_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    if (h)
+        (void)cudnnBackendSetAttribute(plan, ATTR_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    else if (cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
+                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                      &devprop) != CUDNN_STATUS_SUCCESS) {
+        cudnnBackendDestroyDescriptor(plan);
+        return nullptr;
+    }
     if (cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg) != CUDNN_STATUS_SUCCESS ||
         cudnnBackendFinalize(plan) != CUDNN_STATUS_SUCCESS ||
@@ -363,6 +380,53 @@ static int gtime_buffers(const sd_conv2d_desc *d, sd_dtype dtype, int64_t ws_max
 
 #define GRAPH_FIND_MAX 8
 
+/* cuDNN's engine configurations for the finalized graph, heuristics mode A, best first: *count
+ * descriptors made in *cfgs (the caller destroys them), *got of them filled. For the handle's
+ * device, or for the device devprop describes (sd_cuda_conv_graph_engines, no GPU). 0, or -1
+ * with the reason. */
+static int gheur(gbuild *b, cudnnBackendDescriptor_t graph, cudnnBackendDescriptor_t devprop,
+                 cudnnBackendDescriptor_t **cfgs, int64_t *count, int64_t *got)
+{
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    cudnnBackendDescriptor_t heur;
+    *cfgs = nullptr;
+    *count = *got = 0;
+    if (gcreate(b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur))
+        return -1;
+    GTRY(b, cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
+    GTRY(b, cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1,
+                                     &mode));
+    if (devprop)
+        GTRY(b, cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP,
+                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop));
+    {
+        const cudnnStatus_t s = cudnnBackendFinalize(heur);
+        if (s != CUDNN_STATUS_SUCCESS)
+            return gfail(b, "heuristics (mode A) for the graph", s);
+    }
+    int64_t n = 0;
+    if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                 0, &n, nullptr) != CUDNN_STATUS_SUCCESS ||
+        n <= 0) {
+        snprintf(b->why, b->nwhy, "cuDNN's heuristics list no engine for the graph");
+        return -1;
+    }
+    *cfgs = (cudnnBackendDescriptor_t *)sd_xcalloc((size_t)n, sizeof **cfgs);
+    for (int64_t i = 0; i < n; i++, ++*count)
+        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &(*cfgs)[i]) !=
+            CUDNN_STATUS_SUCCESS)
+            break;
+    /* asking for 0 would return the total again, not fill anything */
+    if (*count == 0 ||
+        cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                 *count, got, *cfgs) != CUDNN_STATUS_SUCCESS)
+        *got = 0;
+    if (*got > *count)
+        *got = *count;
+    return 0;
+}
+
 sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc *d, int with_z,
                                         size_t ws_cap, char *why, size_t nwhy)
 {
@@ -370,11 +434,10 @@ sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc 
     g->with_z = with_z;
     g->ms = -1.0f;
     gbuild b = {g, why, nwhy};
-    cudnnBackendDescriptor_t graph, heur;
+    cudnnBackendDescriptor_t graph;
     cudnnBackendDescriptor_t *cfgs = nullptr;
     int64_t count = 0, got = 0;
     const int allow_rtc = st->conv_api == SD_CUDA_CONV_API_GRAPH_RTC;
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     /* the passing candidates, in cuDNN's order */
     cudnnBackendDescriptor_t plans[GRAPH_FIND_MAX];
     int64_t wss[GRAPH_FIND_MAX], engines[GRAPH_FIND_MAX];
@@ -396,46 +459,23 @@ sd_conv_graph *sd_cuda_conv_graph_build(sd_cuda_state *st, const sd_conv2d_desc 
             goto fail;
         }
     }
+    if (st->dtype != SD_BF16) {
+        /* without tensor cores (no TF32) the heuristics for an H100 offer generic engines only
+         * (44, needing over 1 GiB of workspace at 256 px, and 11), which nothing has shown to
+         * beat the legacy IMPLICIT_PRECOMP_GEMM; fp32 is the mode of the comparisons */
+        snprintf(why, nwhy, "fp32 keeps the legacy API");
+        goto fail;
+    }
     if (gops(&b, st->dnn, d, st->dtype, with_z, &graph) ||
-        gcreate(&b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur))
+        gheur(&b, graph, nullptr, &cfgs, &count, &got))
         goto fail;
-    if (cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph) != CUDNN_STATUS_SUCCESS ||
-        cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode) !=
-            CUDNN_STATUS_SUCCESS) {
-        snprintf(why, nwhy, "setting up cuDNN's heuristics failed");
-        goto fail;
-    }
-    {
-        const cudnnStatus_t s = cudnnBackendFinalize(heur);
-        if (s != CUDNN_STATUS_SUCCESS) {
-            gfail(&b, "heuristics (mode A) for the graph", s);
-            goto fail;
-        }
-    }
-    if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                 0, &count, nullptr) != CUDNN_STATUS_SUCCESS ||
-        count <= 0) {
-        snprintf(why, nwhy, "cuDNN's heuristics list no engine for the graph");
-        goto fail;
-    }
-    cfgs = (cudnnBackendDescriptor_t *)sd_xcalloc((size_t)count, sizeof *cfgs);
-    for (int64_t i = 0; i < count; i++)
-        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[i]) !=
-            CUDNN_STATUS_SUCCESS) {
-            count = i;
-            break;
-        }
-    if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                 count, &got, cfgs) != CUDNN_STATUS_SUCCESS)
-        got = 0;
     g->candidates = (int)got;
     for (int64_t i = 0; i < got && np < want; i++) {
         int64_t engine = -1, ws = 0;
         int rtc = 0;
         if (!gengine_ok(cfgs[i], st->dtype, allow_rtc, &engine, &rtc))
             continue;
-        cudnnBackendDescriptor_t p = gplan(st->dnn, cfgs[i], &ws);
+        cudnnBackendDescriptor_t p = gplan(st->dnn, nullptr, cfgs[i], &ws);
         if (!p)
             continue;
         if ((uint64_t)ws > ws_cap) {
@@ -514,6 +554,57 @@ extern "C" int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype,
     cudnnBackendDescriptor_t graph;
     why[0] = '\0';
     const int r = gops(&b, nullptr, d, dtype, with_z, &graph);
+    sd_cuda_conv_graph_free(g);
+    return r;
+}
+
+extern "C" int sd_cuda_conv_graph_engines(const sd_conv2d_desc *d, sd_dtype dtype, int with_z,
+                                          const char *device_json, size_t ws_cap, int *usable,
+                                          int *listed, char *why, size_t nwhy)
+{
+    *usable = *listed = 0;
+    why[0] = '\0';
+    if (cudnnGetVersion() < 90800) {
+        snprintf(why, nwhy, "cuDNN %zu finalizes an operation graph only with a handle (a GPU)",
+                 cudnnGetVersion());
+        return 1;
+    }
+    sd_conv_graph *g = (sd_conv_graph *)sd_xcalloc(1, sizeof *g);
+    gbuild b = {g, why, nwhy};
+    cudnnBackendDescriptor_t graph, devprop;
+    cudnnBackendDescriptor_t *cfgs = nullptr;
+    int64_t count = 0, got = 0;
+    int r = gops(&b, nullptr, d, dtype, with_z, &graph);
+    if (r == 0) {
+        /* a version without device descriptions cannot be asked: not checkable (1) */
+        if (gcreate(&b, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &devprop) ||
+            cudnnBackendSetAttribute(devprop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+                                     CUDNN_TYPE_CHAR, (int64_t)strlen(device_json),
+                                     device_json) != CUDNN_STATUS_SUCCESS ||
+            cudnnBackendFinalize(devprop) != CUDNN_STATUS_SUCCESS) {
+            snprintf(why, nwhy, "cuDNN %zu does not take this device description",
+                     cudnnGetVersion());
+            r = 1;
+        }
+    }
+    if (r == 0)
+        r = gheur(&b, graph, devprop, &cfgs, &count, &got);
+    for (int64_t i = 0; r == 0 && i < got; i++) {
+        int64_t engine = -1, ws = 0;
+        int rtc = 0;
+        if (!gengine_ok(cfgs[i], dtype, 0, &engine, &rtc))
+            continue;
+        cudnnBackendDescriptor_t p = gplan(nullptr, devprop, cfgs[i], &ws);
+        if (!p)
+            continue;
+        cudnnBackendDestroyDescriptor(p);
+        if ((uint64_t)ws <= ws_cap)
+            ++*usable;
+    }
+    *listed = (int)got;
+    for (int64_t i = 0; i < count; i++)
+        cudnnBackendDestroyDescriptor(cfgs[i]);
+    free(cfgs);
     sd_cuda_conv_graph_free(g);
     return r;
 }
