@@ -76,7 +76,7 @@ fi
 # The host emulations of the group-norm / objective kernels, the row-wise kernels and the fused
 # attention run the CUDA kernels' own code on the CPU (tests/gpu/*_emulate.sh): what CI can
 # execute of them; test_cuda_conv_graph finalizes the cuDNN graphs of the graph-API convolution
-# without a device.
+# without a device and asks cuDNN's heuristics for their engines on an H100 described in JSON.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     mkdir -p build/cuda
     if step "configure CUDA tree (--with-cuda)" "$log_dir/configure-cuda.log" \
