@@ -541,18 +541,25 @@ fail:
     return nullptr;
 }
 
+/* 1 (why says so) when this cuDNN cannot finalize an operation graph without a device */
+static int gneeds_device(char *why, size_t nwhy)
+{
+    why[0] = '\0';
+    if (cudnnGetVersion() >= 90800)
+        return 0;
+    snprintf(why, nwhy, "cuDNN %zu finalizes an operation graph only with a handle (a GPU)",
+             cudnnGetVersion());
+    return 1;
+}
+
 extern "C" int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype, int with_z,
                                         char *why, size_t nwhy)
 {
-    if (cudnnGetVersion() < 90800) {
-        snprintf(why, nwhy, "cuDNN %zu finalizes an operation graph only with a handle (a GPU)",
-                 cudnnGetVersion());
+    if (gneeds_device(why, nwhy))
         return 1;
-    }
     sd_conv_graph *g = (sd_conv_graph *)sd_xcalloc(1, sizeof *g);
     gbuild b = {g, why, nwhy};
     cudnnBackendDescriptor_t graph;
-    why[0] = '\0';
     const int r = gops(&b, nullptr, d, dtype, with_z, &graph);
     sd_cuda_conv_graph_free(g);
     return r;
@@ -563,12 +570,8 @@ extern "C" int sd_cuda_conv_graph_engines(const sd_conv2d_desc *d, sd_dtype dtyp
                                           int *listed, char *why, size_t nwhy)
 {
     *usable = *listed = 0;
-    why[0] = '\0';
-    if (cudnnGetVersion() < 90800) {
-        snprintf(why, nwhy, "cuDNN %zu finalizes an operation graph only with a handle (a GPU)",
-                 cudnnGetVersion());
+    if (gneeds_device(why, nwhy))
         return 1;
-    }
     sd_conv_graph *g = (sd_conv_graph *)sd_xcalloc(1, sizeof *g);
     gbuild b = {g, why, nwhy};
     cudnnBackendDescriptor_t graph, devprop;
