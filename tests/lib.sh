@@ -128,6 +128,20 @@ ${5:-}
 EOF2
 }
 
+# storage_train_nml NAME: $TMP/NAME.nml, the storage tests' training run of the tiny model on
+# $TMP/shards into $TMP/NAME: 8 steps of 2 ranks x 4 with ZeRO-2, validation and a checkpoint
+# every 4 steps, EMA.
+storage_train_nml() {
+    nml "$1.nml" <<EOF2
+&run mode = 'train', output_dir = '$TMP/$1', seed = 11 /
+&model $TINY_MODEL /
+&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
+&train max_steps = 8, batch_size_per_rank = 4, learning_rate = 1e-3, warmup_steps = 3,
+       sharding = 'shard_grad_op', log_every = 4, val_every = 4, ema_decay = 0.9 /
+&checkpoint every_n_steps = 4 /
+EOF2
+}
+
 # tiny_sample_nml NAME SCHEDULER [SAMPLE-KEYS] [GROUPS]: $TMP/NAME.nml, the sampling tests' run
 # on the tiny-sd2 snapshot with the tiny tokenizer of tests/data/sample: 3 prompts x 2 images,
 # 3 steps, guidance 7.5, on the CPU (DEVICE=cuda to change). SAMPLE-KEYS is appended to &sample

@@ -17,20 +17,13 @@ need_eio_shim
 command -v h5ls >/dev/null || skip "no h5ls (hdf5-tools) to find the datasets' addresses"
 
 tiny_shards 48 2
-nml train.nml <<EOF2
-&run mode = 'train', output_dir = '$TMP/run', seed = 11 /
-&model $TINY_MODEL /
-&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
-&train max_steps = 8, batch_size_per_rank = 4, learning_rate = 1e-3, warmup_steps = 3,
-       sharding = 'shard_grad_op', log_every = 4, val_every = 4, ema_decay = 0.9 /
-&checkpoint every_n_steps = 4 /
-EOF2
-mpi first 2 "$SDTRAIN" "$TMP/train.nml"
+storage_train_nml run
+mpi first 2 "$SDTRAIN" "$TMP/run.nml"
 expect_rc first 0
 ck="$TMP/run/checkpoints/step-00000008"
 [ -f "$ck/state.h5" ] || fail "no checkpoint of step 8"
 # resume the finished run of 8 steps to 12: the checkpoint of step 8 is read
-sed -i 's/max_steps = 8/max_steps = 12/' "$TMP/train.nml"
+sed -i 's/max_steps = 8/max_steps = 12/' "$TMP/run.nml"
 
 # where HDF5 keeps things in the state file: the data of 'params', the object header of 'adam_m'
 data_at=$(h5ls -va "$ck/state.h5/params" | sed -n 's/.*Address: *\([0-9][0-9]*\).*/\1/p' | head -1)
@@ -40,7 +33,7 @@ m_header=$(h5ls -v "$ck/state.h5/adam_m" | sed -n 's/.*Location: *[0-9]*:\([0-9]
 # storage_case NAME RANK FILE ERRNO FROM END MESSAGE: one resume with the failing disk
 storage_case() {
     SD_EIO_RANK=$2 SD_EIO_PATH=$3 SD_EIO_ERRNO=$4 SD_EIO_OFFSET=$5 SD_EIO_END=$6 \
-        LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$TMP/train.nml"
+        LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$TMP/run.nml"
     expect_rc "$1" 1
     expect_in "$1" err "$7"
     expect_in "$1" err "(a storage error, not damage: the checkpoint may be intact)"
@@ -62,7 +55,7 @@ storage_case manifest 0 /manifest.json 5 0 "" "cannot read checkpoint manifest '
 # first steps after the resume)
 shard_case() {
     SD_EIO_RANK=$2 SD_EIO_PATH=/shards/shard- SD_EIO_ERRNO=5 SD_EIO_OFFSET=$3 \
-        LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$TMP/train.nml"
+        LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$TMP/run.nml"
     expect_rc "$1" 1
     expect_in "$1" err "$4"
     expect_in "$1" err "Input/output error (a storage error, not damage: the shard may be intact)"
@@ -73,7 +66,7 @@ shard_case shard-read 1 4096 "$TMP/shards/shard-00000"
 
 # a fresh run reads the held-out samples first (the step-0 validation): rank 1's shard reads
 # failing there end the run with status 1 as well, every rank together, no step taken
-sed "s|output_dir = '$TMP/run'|output_dir = '$TMP/fresh'|" "$TMP/train.nml" >"$TMP/fresh.nml"
+sed "s|output_dir = '$TMP/run'|output_dir = '$TMP/fresh'|" "$TMP/run.nml" >"$TMP/fresh.nml"
 SD_EIO_RANK=1 SD_EIO_PATH=/shards/shard- SD_EIO_ERRNO=5 SD_EIO_OFFSET=4096 \
     LD_PRELOAD="$PRELOAD" mpi fresh 2 "$SDTRAIN" "$TMP/fresh.nml"
 expect_rc fresh 1
@@ -139,7 +132,7 @@ expect_in proc-acces out "unreadable"
 [ -f "$TMP/shards3/shard-000002.h5" ] || fail "proc-acces: not every shard was written"
 
 # the storage back: the checkpoint of step 8 resumes
-mpi back 2 "$SDTRAIN" "$TMP/train.nml"
+mpi back 2 "$SDTRAIN" "$TMP/run.nml"
 expect_rc back 0
 expect_in back out "resuming from $ck: step 8"
 pass "storage errors below HDF5 and json-c are told apart from damage"

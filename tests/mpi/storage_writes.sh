@@ -24,16 +24,6 @@ need_eio_shim
 COMPARE="${top_builddir:-.}/tests/mpi/shard_compare"
 
 tiny_shards 48 2
-train_nml() { # train_nml NAME: 8 steps, a checkpoint every 4
-    nml "$1.nml" <<EOF2
-&run mode = 'train', output_dir = '$TMP/$1', seed = 11 /
-&model $TINY_MODEL /
-&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
-&train max_steps = 8, batch_size_per_rank = 4, learning_rate = 1e-3, warmup_steps = 3,
-       sharding = 'shard_grad_op', log_every = 4, val_every = 4, ema_decay = 0.9 /
-&checkpoint every_n_steps = 4 /
-EOF2
-}
 failing() { # failing NAME NML RANK PATH OPS [AFTER]: one run with the failing storage
     SD_EIO_RANK=$3 SD_EIO_PATH=$4 SD_EIO_OPS=$5 SD_EIO_AFTER=${6:-0} SD_EIO_ERRNO=5 \
         LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$2"
@@ -48,14 +38,14 @@ same_weights() { # same_weights NAME: the undisturbed run's final weights and EM
             fail "$1: $f.safetensors differs from the undisturbed run's"
     done
 }
-train_nml ref
+storage_train_nml ref
 mpi ref 2 "$SDTRAIN" "$TMP/ref.nml"
 expect_rc ref 0
 ck=checkpoints
 
 # the data of the final checkpoint's state file, on rank 1: the job ends (status 1) with rank
 # 0's message; step 4 stays the latest, and the rerun removes the leftover and resumes it
-train_nml cdata
+storage_train_nml cdata
 failing cdata "$TMP/cdata.nml" 1 .step-00000008.tmp/state.h5 write
 expect_rc cdata 1
 expect_in cdata err "writing dataset 'params' of $TMP/cdata/$ck/.step-00000008.tmp/state.h5 failed on rank 1"
@@ -72,7 +62,7 @@ pass "a failed write of checkpoint data ends the job; the rerun resumes the one 
 
 # the fsync of step 4's state file on rank 1: that checkpoint fails, on every rank together,
 # training goes on and the final checkpoint commits (status 0)
-train_nml sync
+storage_train_nml sync
 failing sync "$TMP/sync.nml" 1 .step-00000004.tmp/state.h5 sync
 expect_rc sync 0
 expect_in sync err "checkpoint of step 4 into '$TMP/sync/$ck' failed (the previous checkpoint stays the latest): cannot sync '$TMP/sync/$ck/.step-00000004.tmp/state.h5': Input/output error (a storage error: a retry may succeed); training goes on"
@@ -84,7 +74,7 @@ pass "a checkpoint whose fsync fails is not committed; training goes on"
 
 # the final checkpoint's manifest (rank 0): status 1, the final weights written all the same,
 # step 4 stays the latest
-train_nml man
+storage_train_nml man
 failing man "$TMP/man.nml" 0 .step-00000008.tmp/manifest.json write
 expect_rc man 1
 expect_in man err "checkpoint of step 8 into '$TMP/man/$ck' failed (the previous checkpoint stays the latest): cannot write '$TMP/man/$ck/.step-00000008.tmp/manifest.json.tmp': Input/output error (a storage error: a retry may succeed); the final weights are written all the same"
@@ -95,7 +85,7 @@ pass "a checkpoint whose manifest cannot be written is not committed"
 # the checkpoint folder's syncs (rank 0): per checkpoint one after the rename, one after
 # `latest` moved. The fourth failing (step 8's `latest`): the message says step 8 is committed
 # and named, which it is; the rerun resumes it
-train_nml lsync
+storage_train_nml lsync
 failing lsync "$TMP/lsync.nml" 0 "/$ck\$" sync 3
 expect_rc lsync 1
 expect_in lsync err "checkpoint of step 8 into '$TMP/lsync/$ck' is committed and 'latest' names it, but the storage failed at the end (it may not hold the commit durably): cannot sync '$TMP/lsync/$ck': Input/output error"
@@ -107,14 +97,14 @@ expect_in lsync out "resuming from $TMP/lsync/$ck/step-00000008: step 8"
 same_weights lsync
 # the third (step 8's, after its rename): step 8 is in place, `latest` still names step 4,
 # and the message says so
-train_nml rsync8
+storage_train_nml rsync8
 failing rsync8 "$TMP/rsync8.nml" 0 "/$ck\$" sync 2
 expect_rc rsync8 1
 expect_in rsync8 err "checkpoint of step 8 into '$TMP/rsync8/$ck' is in place as step-00000008, but 'latest' still names step-00000004, which a resume takes: cannot sync '$TMP/rsync8/$ck': Input/output error"
 latest_is rsync8 step-00000004
 # every one failing: steps 4 and 8 are renamed into place but `latest` is never written; the
 # rerun resumes the newest complete one (it started over before, replacing them)
-train_nml nolatest
+storage_train_nml nolatest
 failing nolatest "$TMP/nolatest.nml" 0 "/$ck\$" sync
 expect_rc nolatest 1
 expect_in nolatest err "checkpoint of step 4 into '$TMP/nolatest/$ck' is in place as step-00000004, but no 'latest' names it (a resume takes the newest complete checkpoint: this one): cannot sync"
@@ -132,7 +122,7 @@ same_weights nolatest
 pass "what a failed folder sync leaves is what the message says, and the rerun resumes it"
 
 # the final weights (rank 0): status 1, no file and no temporary left; the rerun writes them
-train_nml final
+storage_train_nml final
 failing final "$TMP/final.nml" 0 /unet_final.safetensors write
 expect_rc final 1
 expect_in final err "$TMP/final/unet_final.safetensors: cannot write $TMP/final/unet_final.safetensors.tmp-"
@@ -228,7 +218,7 @@ pass "a dataset folder whose listing fails ends the run before any shard"
 # warning naming the file, the step and the errno; training goes on and ends with the
 # undisturbed run's weights; the summary says the metrics are incomplete
 if [ -c /dev/full ]; then
-    train_nml metrics
+    storage_train_nml metrics
     mkdir -p "$TMP/metrics"
     ln -s /dev/full "$TMP/metrics/metrics.jsonl"
     mpi metrics 2 "$SDTRAIN" "$TMP/metrics.nml"
