@@ -326,8 +326,9 @@ int sd_cuda_conv_graph_check(const sd_conv2d_desc *d, sd_dtype dtype, int with_z
  * JSON device description: SM count, shared memory, clocks, ...) without a device: *listed
  * engine configurations, *usable of them passing the graph path's filter (precompiled,
  * deterministic, no FFT / Winograd / reduced precision; F32 no tensor cores) with a plan that
- * finalizes for that device within ws_cap bytes of workspace. 0; -1 with why; 1 when it cannot
- * be asked (older cuDNN, no CUDA in the build). */
+ * finalizes for that device within ws_cap bytes of workspace. 0 (why names the first usable
+ * one's engine and workspace); -1 with why; 1 when it cannot be asked (older cuDNN, no CUDA in
+ * the build). */
 int sd_cuda_conv_graph_engines(const sd_conv2d_desc *d, sd_dtype dtype, int with_z,
                                const char *device_json, size_t ws_cap, int *usable, int *listed,
                                char *why, size_t nwhy);

@@ -78,7 +78,7 @@ int main(void)
             else
                 tap_ok(r == 0 && usable > 0, "%s, BF16, %s: %d of the %d engine configurations "
                        "cuDNN lists for an H100 are usable%s%s", shapes[k].name, what, usable,
-                       listed, r ? ": " : "", r ? why : "");
+                       listed, why[0] ? "; " : "", why);
         }
     /* the check has teeth: cuDNN validates the shapes it is given (an output one row short) */
     sd_conv2d_desc bad = shapes[1].d;

@@ -601,8 +601,11 @@ extern "C" int sd_cuda_conv_graph_engines(const sd_conv2d_desc *d, sd_dtype dtyp
         if (!p)
             continue;
         cudnnBackendDestroyDescriptor(p);
-        if ((uint64_t)ws <= ws_cap)
-            ++*usable;
+        if ((uint64_t)ws > ws_cap)
+            continue;
+        if (++*usable == 1) /* what the path would take without timing */
+            snprintf(why, nwhy, "the first: engine %lld, %lld B of workspace", (long long)engine,
+                     (long long)ws);
     }
     *listed = (int)got;
     for (int64_t i = 0; i < count; i++)
