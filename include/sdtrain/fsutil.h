@@ -26,6 +26,19 @@ int sd_err_storage_errno(sd_err *err, int e);
  * dataset folders): there EACCES and EPERM mean the file itself is not ours to read, which the
  * dataset's policy skips, not a failing storage. */
 int sd_input_storage_errno(int e);
+/* err := the message (printf-style), ": " and strerror(e), after a failed system call with errno
+ * e; then sd_err_storage_errno. -1, for `return sd_err_errno(err, e, "cannot sync '%s'", p)`. */
+int sd_err_errno(sd_err *err, int e, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* sd_err_errno for the reads of a job's inputs: marks err only where sd_input_storage_errno. */
+int sd_err_input_errno(sd_err *err, int e, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 /* sd_mkdir_p, then a check that files can be created in it (a read-only file system, no
  * permission): "<what> '<path>' is not writable: <reason>". For the folders a job writes into

@@ -44,6 +44,34 @@ int sd_err_storage_errno(sd_err *err, int e)
     return -1;
 }
 
+/* err := fmt's text, ": ", strerror(e) */
+static void err_errno(sd_err *err, int e, const char *fmt, va_list ap)
+{
+    sd_err_vset(err, fmt, ap);
+    if (err) {
+        const size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, ": %s", strerror(e));
+    }
+}
+
+int sd_err_errno(sd_err *err, int e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    err_errno(err, e, fmt, ap);
+    va_end(ap);
+    return sd_err_storage_errno(err, e);
+}
+
+int sd_err_input_errno(sd_err *err, int e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    err_errno(err, e, fmt, ap);
+    va_end(ap);
+    return sd_input_storage_errno(e) ? sd_err_storage_errno(err, e) : -1;
+}
+
 int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 {
     char buf[4096];
@@ -67,18 +95,13 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 int sd_fsync_path(const char *path, sd_err *err)
 {
     int fd = open(path, O_RDONLY), rc, e;
-    if (fd < 0) {
-        e = errno;
-        sd_err_set(err, "cannot open '%s' to sync it: %s", path, strerror(e));
-        return sd_err_storage_errno(err, e);
-    }
+    if (fd < 0)
+        return sd_err_errno(err, errno, "cannot open '%s' to sync it", path);
     rc = fsync(fd);
     e = errno;
     close(fd);
-    if (rc != 0 && e != EINVAL && e != EROFS) {
-        sd_err_set(err, "cannot sync '%s': %s", path, strerror(e));
-        return sd_err_storage_errno(err, e);
-    }
+    if (rc != 0 && e != EINVAL && e != EROFS)
+        return sd_err_errno(err, e, "cannot sync '%s'", path);
     return 0;
 }
 
@@ -91,36 +114,30 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
     if (n < 0 || (size_t)n >= sizeof tmp)
         return sd_err_set(err, "path too long: '%s'", path);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    if (fd < 0) {
-        e = errno;
-        sd_err_set(err, "cannot write '%s': %s", tmp, strerror(e));
-        return sd_err_storage_errno(err, e);
-    }
+    if (fd < 0)
+        return sd_err_errno(err, errno, "cannot write '%s'", tmp);
     while (off < len) {
         ssize_t w = write(fd, p + off, len - off);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
             e = w < 0 ? errno : EIO; /* 0 bytes written: no errno to tell */
-            sd_err_set(err, "cannot write '%s': %s", tmp, strerror(e));
             close(fd);
             unlink(tmp);
-            return sd_err_storage_errno(err, e);
+            return sd_err_errno(err, e, "cannot write '%s'", tmp);
         }
         off += (size_t)w;
     }
     if (fsync(fd) != 0) {
         e = errno;
-        sd_err_set(err, "cannot sync '%s': %s", tmp, strerror(e));
         close(fd);
         unlink(tmp);
-        return sd_err_storage_errno(err, e);
+        return sd_err_errno(err, e, "cannot sync '%s'", tmp);
     }
     if (close(fd) != 0 || rename(tmp, path) != 0) {
         e = errno;
-        sd_err_set(err, "cannot replace '%s': %s", path, strerror(e));
         unlink(tmp);
-        return sd_err_storage_errno(err, e);
+        return sd_err_errno(err, e, "cannot replace '%s'", path);
     }
     snprintf(dir, sizeof dir, "%s", path);
     return sd_fsync_path(dirname(dir), err);

@@ -141,10 +141,7 @@ static void ensure_cap(void **buf, size_t *cap, size_t need)
  * instead of skipping the sample: a skip would silently change the dataset. */
 static int input_read_failed(sd_err *err, const char *path, int e)
 {
-    sd_err_set(err, "%s: %s", path, strerror(e));
-    if (sd_input_storage_errno(e))
-        sd_err_storage_errno(err, e);
-    return -1;
+    return sd_err_input_errno(err, e, "%s", path);
 }
 
 /* Reads the whole regular file at `path` into *buf (one spare byte for a NUL). */

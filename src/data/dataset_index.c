@@ -432,8 +432,7 @@ static int index_files(sd_dataset *ds, sd_err *err)
     w->ds = ds;
     walk_folder(w, dfd);
     if (w->storage_errno) {
-        sd_err_set(err, "%s: %s", w->storage_what, strerror(w->storage_errno));
-        sd_err_storage_errno(err, w->storage_errno);
+        sd_err_errno(err, w->storage_errno, "%s", w->storage_what);
         free(w);
         return -1;
     }
@@ -454,10 +453,7 @@ static char *read_whole(const char *path, size_t *len, sd_err *err)
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below */
     struct stat st;
     if (fd < 0) {
-        const int e = errno;
-        sd_err_set(err, "%s: %s", path, strerror(e));
-        if (sd_input_storage_errno(e))
-            sd_err_storage_errno(err, e);
+        sd_err_input_errno(err, errno, "%s", path);
         return NULL;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -476,10 +472,7 @@ static char *read_whole(const char *path, size_t *len, sd_err *err)
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0) {
-            const int e = errno;
-            sd_err_set(err, "%s: %s", path, strerror(e));
-            if (sd_input_storage_errno(e))
-                sd_err_storage_errno(err, e);
+            sd_err_input_errno(err, errno, "%s", path);
             free(b);
             close(fd);
             return NULL;
@@ -795,11 +788,8 @@ static void str_list_sort_unique(str_list *l)
 static int list_tar_folder(const char *dir, str_list *out, int *n_compressed, sd_err *err)
 {
     DIR *d = opendir(dir);
-    if (!d) {
-        const int e = errno;
-        sd_err_set(err, "%s: %s", dir, strerror(e));
-        return sd_input_storage_errno(e) ? sd_err_storage_errno(err, e) : -1;
-    }
+    if (!d)
+        return sd_err_input_errno(err, errno, "%s", dir);
     struct dirent *de;
     size_t dlen = strlen(dir);
     while ((de = readdir(d)) != NULL) {

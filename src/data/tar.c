@@ -203,11 +203,8 @@ int sd_tar_scan(const char *path, sd_tar_member_fn fn, void *ctx, sd_err *err)
     int rc = SD_TAR_OK;
 
     r.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below, not waited on */
-    if (r.fd < 0) {
-        const int e = errno;
-        sd_err_set(err, "%s: %s", path, strerror(e));
-        if (sd_input_storage_errno(e)) /* the storage's failure, not the tar's */
-            sd_err_storage_errno(err, e);
+    if (r.fd < 0) { /* marked a storage failure where it is one, not the tar's */
+        sd_err_input_errno(err, errno, "%s", path);
         return SD_TAR_UNREADABLE;
     }
     int stat_errno = fstat(r.fd, &st) != 0 ? errno : 0;
@@ -229,11 +226,9 @@ int sd_tar_scan(const char *path, sd_tar_member_fn fn, void *ctx, sd_err *err)
             break; /* no end-of-archive blocks: accepted, as GNU tar does */
         const unsigned char *h = reader_get(&r, off, BLOCK, &got);
         if (got < BLOCK) {
-            if (r.err) {
-                sd_err_set(err, "%s: read error at offset %" PRIu64 ": %s", path, off, strerror(r.err));
-                if (sd_input_storage_errno(r.err))
-                    sd_err_storage_errno(err, r.err);
-            } else
+            if (r.err)
+                sd_err_input_errno(err, r.err, "%s: read error at offset %" PRIu64, path, off);
+            else
                 sd_err_set(err, "%s: truncated tar header at offset %" PRIu64 " (%zu of 512 bytes)",
                            path, off, got);
             rc = off == 0 && r.err ? SD_TAR_UNREADABLE : SD_TAR_DAMAGED;

@@ -68,10 +68,19 @@ static int join(char *out, size_t size, const char *a, const char *b, sd_err *er
     return 0;
 }
 
-static int path_exists(const char *p)
+/* 1 when p exists, 0 when it does not (ENOENT, ENOTDIR), -1 (errno kept) when stat fails
+ * otherwise: a storage that cannot answer is not a missing file. */
+static int stat_exists(const char *p)
 {
     struct stat st;
-    return stat(p, &st) == 0;
+    if (stat(p, &st) == 0)
+        return 1;
+    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
+}
+
+static int path_exists(const char *p)
+{
+    return stat_exists(p) == 1;
 }
 
 /* Ends this process the way a node failure would (no MPI_Finalize, no HDF5 flush). */
@@ -334,19 +343,13 @@ int sd_ckpt_read_latest(const char *dir, char *name, size_t size, sd_err *err)
     if (join(path, sizeof path, dir, SD_CKPT_LATEST, err))
         return -1;
     f = fopen(path, "r");
-    if (!f) {
-        const int e = errno;
-        if (e == ENOENT)
-            return 0;
-        sd_err_set(err, "cannot read '%s': %s", path, strerror(e));
-        return sd_err_storage_errno(err, e);
-    }
+    if (!f)
+        return errno == ENOENT ? 0 : sd_err_errno(err, errno, "cannot read '%s'", path);
     len = fread(buf, 1, sizeof buf - 1, f);
     if (ferror(f)) { /* a read the storage failed is not a malformed `latest` */
         const int e = errno;
         fclose(f);
-        sd_err_set(err, "cannot read '%s': %s", path, strerror(e));
-        return sd_err_storage_errno(err, e);
+        return sd_err_errno(err, e, "cannot read '%s'", path);
     }
     fclose(f);
     buf[len] = '\0';
@@ -732,16 +735,6 @@ static void remove_leftovers(const char *dir)
     closedir(d);
 }
 
-/* 1 when p exists, 0 when it does not (ENOENT, ENOTDIR), -1 (errno kept) when stat fails
- * otherwise: a storage that cannot answer is not a missing file. */
-static int stat_exists(const char *p)
-{
-    struct stat st;
-    if (stat(p, &st) == 0)
-        return 1;
-    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
-}
-
 /* sd_ckpt_is_complete with the storage's failures told apart: 1 complete, 0 not, -1 with err
  * set (and marked a storage error for EIO, ESTALE, ...) when a stat cannot tell. */
 static int complete_or_err(const char *path, sd_err *err)
@@ -752,11 +745,8 @@ static int complete_or_err(const char *path, sd_err *err)
         int r;
         if (join(p, sizeof p, path, files[i], err))
             return -1;
-        if ((r = stat_exists(p)) < 0) {
-            const int e = errno;
-            sd_err_set(err, "cannot look at '%s': %s", p, strerror(e));
-            return sd_err_storage_errno(err, e);
-        }
+        if ((r = stat_exists(p)) < 0)
+            return sd_err_errno(err, errno, "cannot look at '%s'", p);
         if (r == 0)
             return 0;
     }
@@ -779,13 +769,10 @@ static int newest_complete(const char *dir, char *name, size_t size, sd_err *err
     int64_t best = -1;
     int rc = 0;
     name[0] = '\0';
-    if (!d) {
-        const int e = errno;
-        if (e == ENOENT)
-            return 0;
-        sd_err_set(err, "cannot list checkpoint directory '%s': %s", dir, strerror(e));
-        return sd_err_storage_errno(err, e);
-    }
+    if (!d)
+        return errno == ENOENT ? 0
+                               : sd_err_errno(err, errno, "cannot list checkpoint directory '%s'",
+                                              dir);
     for (;;) {
         char path[PATH_SIZE];
         int64_t st;
@@ -793,11 +780,8 @@ static int newest_complete(const char *dir, char *name, size_t size, sd_err *err
         errno = 0;
         struct dirent *de = readdir(d);
         if (!de) {
-            const int e = errno;
-            if (e) {
-                sd_err_set(err, "cannot list checkpoint directory '%s': %s", dir, strerror(e));
-                rc = sd_err_storage_errno(err, e);
-            }
+            if (errno)
+                rc = sd_err_errno(err, errno, "cannot list checkpoint directory '%s'", dir);
             break;
         }
         if (!is_step_name(de->d_name, &st) || st <= best || strlen(de->d_name) >= size ||

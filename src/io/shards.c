@@ -402,14 +402,8 @@ int sd_shard_manifest_read(const char *dir, sd_shard_manifest *m, sd_err *err)
     if (join_path(path, sizeof path, dir, SD_SHARD_MANIFEST, err))
         return -1;
     f = fopen(path, "rb");
-    if (!f) {
-        /* No manifest (or no directory yet): nothing is committed. */
-        const int e = errno;
-        if (e == ENOENT)
-            return 0;
-        sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(e));
-        return sd_err_storage_errno(err, e);
-    }
+    if (!f) /* No manifest (or no directory yet): nothing is committed. */
+        return errno == ENOENT ? 0 : sd_err_errno(err, errno, "cannot read shard manifest '%s'", path);
     if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
         len > (1L << 30)) {
         fclose(f);
@@ -420,8 +414,7 @@ int sd_shard_manifest_read(const char *dir, sd_shard_manifest *m, sd_err *err)
         int e = ferror(f) ? errno : EIO;
         fclose(f);
         free(text);
-        sd_err_set(err, "cannot read shard manifest '%s': %s", path, strerror(e));
-        return sd_err_storage_errno(err, e);
+        return sd_err_errno(err, e, "cannot read shard manifest '%s'", path);
     }
     fclose(f);
     text[len] = '\0';
@@ -445,10 +438,8 @@ int sd_shards_committed(const char *dir, sd_shard_manifest *m, sd_err *err)
         if (join_path(path, sizeof path, dir, e->file, err))
             goto fail;
         if (stat(path, &st) != 0) {
-            const int en = errno;
-            sd_err_set(err, "%s/%s lists %s as committed, but it cannot be read: %s", dir,
-                       SD_SHARD_MANIFEST, path, strerror(en));
-            sd_err_storage_errno(err, en);
+            sd_err_errno(err, errno, "%s/%s lists %s as committed, but it cannot be read", dir,
+                         SD_SHARD_MANIFEST, path);
             goto fail;
         }
         if ((int64_t)st.st_size != e->bytes) {

@@ -1045,11 +1045,8 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     struct stat st;
     int rc = -1;
     memset(&want, 0, sizeof want);
-    if (stat(dir, &st) != 0) {
-        const int e = errno;
-        sd_err_set(err, "cannot read shard directory '%s': %s", dir, strerror(e));
-        return sd_err_storage_errno(err, e);
-    }
+    if (stat(dir, &st) != 0)
+        return sd_err_errno(err, errno, "cannot read shard directory '%s'", dir);
     if (!S_ISDIR(st.st_mode))
         return sd_err_set(err, "shard directory '%s' is not a directory", dir);
     if (sd_shards_committed(dir, m, err))
