@@ -106,8 +106,10 @@ def ours(binary, what, batch, res, reps, warmup, env=None):
     p = subprocess.run(cmd, capture_output=True, text=True,
                        env=dict(os.environ, **env) if env else None)
     sys.stdout.write(p.stdout)
+    # always: a variant's diagnostics (SDTRAIN_CUDA_CONV_LOG=1: each shape's plans and timings)
+    # belong in the log beside its row
+    sys.stderr.write(p.stderr)
     if p.returncode != 0:
-        sys.stderr.write(p.stderr)
         return None
     m = re.search(r"RESULT what=\S+ .* ms=([0-9.]+)", p.stdout)
     return float(m.group(1)) / 1e3 if m else None

@@ -332,8 +332,12 @@ static void conv_graph_plans(sd_cuda_state *st, conv_entry *e, const char *shape
     }
 }
 
-static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
+static void conv_keep_faster(const sd_backend *be, conv_entry *e, const char *shape,
+                             int logging);
+
+static conv_entry *conv_entry_create(const sd_backend *be, const sd_conv2d_desc *d)
 {
+    sd_cuda_state *st = sd_cuda(be);
     char shape[256];
     conv_shape_text(d, st->dtype, shape, sizeof shape);
 
@@ -397,8 +401,11 @@ static conv_entry *conv_entry_create(sd_cuda_state *st, const sd_conv2d_desc *d)
                 shape, (int)e->fwd_algo, e->fwd_ws, (int)e->bwd_data_algo, e->bwd_data_ws,
                 (int)e->bwd_filter_algo, e->bwd_filter_ws,
                 e->explicit_pad ? ", explicit padding" : "");
-    if (st->conv_api != SD_CUDA_CONV_API_LEGACY)
+    if (st->conv_api != SD_CUDA_CONV_API_LEGACY) {
         conv_graph_plans(st, e, shape, logging);
+        if (st->conv_find)
+            conv_keep_faster(be, e, shape, logging);
+    }
     return e;
 }
 
@@ -431,7 +438,7 @@ static conv_entry *conv_entry_get(const sd_backend *be, const sd_conv2d_desc *d)
         c->entries =
             (conv_entry **)sd_xrealloc(c->entries, (size_t)c->capacity * sizeof *c->entries);
     }
-    conv_entry *e = conv_entry_create(st, d);
+    conv_entry *e = conv_entry_create(be, d);
     c->entries[c->count++] = e;
     return e;
 }
@@ -584,35 +591,14 @@ static size_t cuda_conv2d_forward_scratch(const sd_backend *be, const sd_conv2d_
     return conv_forward_layout(be, conv_entry_get(be, d)).total;
 }
 
-/* y = conv(x) + b (+ z when z is not NULL). */
-static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
-                         const void *w, const void *b, const void *z, void *y, sd_scratch ws)
+/* y = conv(x) + b (+ z when z is not NULL) through the legacy calls; base: the scratch, laid
+ * out as L. */
+static void conv_forward_legacy(const sd_backend *be, conv_entry *e, const void *x,
+                                const void *w, const void *b, const void *z, void *y, char *base,
+                                const conv_layout &L)
 {
     sd_cuda_state *st = sd_cuda(be);
-    conv_entry *e = conv_entry_get(be, d);
-    const conv_layout L = conv_forward_layout(be, e);
-    SD_CHECK(ws.bytes >= L.total && (L.total == 0 || ws.ptr != nullptr),
-             "conv2d forward needs %zu bytes of scratch, got %zu", L.total, ws.bytes);
-    char *base = (char *)ws.ptr;
-
-    /* the graph API's plan where the call fits it (bias, residual as built, aligned pointers) */
-    {
-        char why[160];
-        const int g = sd_cuda_conv_graph_run(st, e->graph[z != nullptr], x, w, b, z, y,
-                                             base + L.ws, why, sizeof why);
-        if (g > 0) {
-            SD_CUDA_SUBMARK(be, e->prof_fwd[1]);
-            return;
-        }
-        if (g < 0) { /* refused at run time: this shape takes the legacy calls from now on */
-            char shape[256];
-            conv_shape_text(d, e->dtype, shape, sizeof shape);
-            fprintf(stderr, "sdtrain conv %s: the graph API's plan did not run (%s); the legacy "
-                    "API runs it from now on\n", shape, why);
-            sd_cuda_conv_graph_free(e->graph[z != nullptr]);
-            e->graph[z != nullptr] = nullptr;
-        }
-    }
+    const sd_conv2d_desc *d = &e->key;
     const void *xin = x;
     if (e->explicit_pad) {
         conv_pad_input(be, e, x, base + L.xpad);
@@ -648,6 +634,142 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
     }
     if (z) /* the order of the unfused ops: (conv + b) + z, as sd_conv2d_forward then sd_add */
         st->ops.add(be, (int64_t)d->n * d->h_out * d->w_out * d->c_out, y, z, 1.0f, y);
+}
+
+/* ---- graph plan or legacy calls, whichever is faster (SDTRAIN_CUDA_CONV_ALGO=find) ------ */
+
+enum { CT_X, CT_W, CT_B, CT_Z, CT_Y, CT_SCRATCH, CT_N };
+
+/* Milliseconds of one forward of e's shape with a bias (and the residual when with_z): the best
+ * of 3 runs after a first one, through `graph` when it is not NULL, else through the legacy
+ * calls; -1 when it could not be timed. */
+static float conv_time_forward(const sd_backend *be, conv_entry *e, int with_z,
+                               const sd_conv_graph *graph, void *const *buf, const conv_layout &L)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    char *base = (char *)buf[CT_SCRATCH];
+    const void *z = with_z ? buf[CT_Z] : nullptr;
+    cudaEvent_t a, b;
+    float best = -1.0f;
+    if (cudaEventCreate(&a) != cudaSuccess) {
+        cudaGetLastError();
+        return -1.0f;
+    }
+    if (cudaEventCreate(&b) != cudaSuccess) {
+        cudaGetLastError();
+        cudaEventDestroy(a);
+        return -1.0f;
+    }
+    for (int r = 0; r < 4; r++) {
+        SD_CUDA_CHECK(cudaEventRecord(a, st->stream));
+        if (graph) {
+            char why[160];
+            if (sd_cuda_conv_graph_run(st, graph, buf[CT_X], buf[CT_W], buf[CT_B], z, buf[CT_Y],
+                                       base + L.ws, why, sizeof why) <= 0) {
+                best = -1.0f; /* refused: the first real call will drop the plan and say so */
+                break;
+            }
+            st->conv_graph_runs--; /* counts the op's calls, not these */
+        } else {
+            conv_forward_legacy(be, e, buf[CT_X], buf[CT_W], buf[CT_B], z, buf[CT_Y], base, L);
+        }
+        SD_CUDA_CHECK(cudaEventRecord(b, st->stream));
+        float ms = 0.0f;
+        SD_CUDA_CHECK(cudaEventSynchronize(b));
+        SD_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        if (r > 0 && (best < 0.0f || ms < best))
+            best = ms;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return best;
+}
+
+/* With timed choices (SDTRAIN_CUDA_CONV_ALGO=find) a shape's graph-API plans must also beat the
+ * legacy calls with the algorithm cuDNN's timed runs chose: each plan and the legacy forward
+ * (bias in cuDNN's epilogue where it takes it, the VAE's padded copy included) are timed on the
+ * same zeroed buffers, and a plan that is not faster is dropped, so that shape runs legacy. No
+ * device memory for the buffers: the plans stay, untimed against legacy. */
+static void conv_keep_faster(const sd_backend *be, conv_entry *e, const char *shape, int logging)
+{
+    static const char *const what[2] = {"conv + bias", "conv + bias + residual"};
+    sd_cuda_state *st = sd_cuda(be);
+    if (!e->graph[0] && !e->graph[1])
+        return;
+    const sd_conv2d_desc *d = &e->key;
+    const size_t el = sd_cuda_elem(be);
+    const size_t ybytes = (size_t)d->n * d->h_out * d->w_out * d->c_out * el;
+    const conv_layout L = conv_forward_layout(be, e); /* the larger workspace of both paths */
+    const size_t bytes[CT_N] = {(size_t)d->n * d->h * d->w * d->c_in * el,
+                                (size_t)d->c_out * d->kh * d->kw * d->c_in * el,
+                                (size_t)d->c_out * el, ybytes, ybytes, L.total};
+    void *buf[CT_N] = {};
+    int have = 1;
+    for (int i = 0; i < CT_N && have; i++)
+        if (bytes[i] && (cudaMalloc(&buf[i], bytes[i]) != cudaSuccess ||
+                         cudaMemsetAsync(buf[i], 0, bytes[i], st->stream) != cudaSuccess))
+            have = 0;
+    if (!have) {
+        cudaGetLastError();
+        if (logging)
+            fprintf(stderr, "sdtrain conv %s: no device memory to time the graph API against the "
+                    "legacy calls; the graph plans stay\n", shape);
+    }
+    /* the timing runs are not the op's: keep them out of the op profile */
+    struct sd_cuda_prof *prof = st->prof;
+    st->prof = nullptr;
+    for (int z = 0; z < 2 && have; z++) {
+        if (!e->graph[z])
+            continue;
+        const float tg = conv_time_forward(be, e, z, e->graph[z], buf, L);
+        const float tl = conv_time_forward(be, e, z, nullptr, buf, L);
+        if (tg < 0.0f || tl < 0.0f)
+            continue;
+        const int legacy = tl <= tg;
+        if (logging)
+            fprintf(stderr, "sdtrain conv %s: %s timed: graph API %.3f ms, legacy algo %d %.3f "
+                    "ms: the %s runs it\n", shape, what[z], tg, (int)e->fwd_algo, tl,
+                    legacy ? "legacy API" : "graph API");
+        if (legacy) {
+            sd_cuda_conv_graph_free(e->graph[z]);
+            e->graph[z] = nullptr;
+        }
+    }
+    st->prof = prof;
+    for (int i = 0; i < CT_N; i++)
+        cudaFree(buf[i]); /* NULL: nothing */
+}
+
+/* y = conv(x) + b (+ z when z is not NULL). */
+static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
+                         const void *w, const void *b, const void *z, void *y, sd_scratch ws)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    conv_entry *e = conv_entry_get(be, d);
+    const conv_layout L = conv_forward_layout(be, e);
+    SD_CHECK(ws.bytes >= L.total && (L.total == 0 || ws.ptr != nullptr),
+             "conv2d forward needs %zu bytes of scratch, got %zu", L.total, ws.bytes);
+    char *base = (char *)ws.ptr;
+
+    /* the graph API's plan where the call fits it (bias, residual as built, aligned pointers) */
+    {
+        char why[160];
+        const int g = sd_cuda_conv_graph_run(st, e->graph[z != nullptr], x, w, b, z, y,
+                                             base + L.ws, why, sizeof why);
+        if (g > 0) {
+            SD_CUDA_SUBMARK(be, e->prof_fwd[1]);
+            return;
+        }
+        if (g < 0) { /* refused at run time: this shape takes the legacy calls from now on */
+            char shape[256];
+            conv_shape_text(d, e->dtype, shape, sizeof shape);
+            fprintf(stderr, "sdtrain conv %s: the graph API's plan did not run (%s); the legacy "
+                    "API runs it from now on\n", shape, why);
+            sd_cuda_conv_graph_free(e->graph[z != nullptr]);
+            e->graph[z != nullptr] = nullptr;
+        }
+    }
+    conv_forward_legacy(be, e, x, w, b, z, y, base, L);
 }
 
 static void cuda_conv2d_forward(const sd_backend *be, const sd_conv2d_desc *d, const void *x,
