@@ -1254,6 +1254,16 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
                     "order from here on differs from an uninterrupted run (keep ranks x "
                     "batch_size_per_rank to reproduce it)", (long long)info.s.global_batch,
                     (long long)t->info.global_batch);
+        /* mode 'train' knows its whole dataset now (mode 'pipeline' counts the shards seen so
+         * far); with the same global batch, other steps per epoch mean other training samples */
+        if (!failed && info.s.global_batch == t->info.global_batch &&
+            !strcmp(cfg->run.mode, "train") && info.s.steps_per_epoch > 0 &&
+            info.s.steps_per_epoch != t->info.steps_per_epoch)
+            sd_warn("resume: the shards in %s give %lld steps per epoch, %lld when the checkpoint "
+                    "was written: the training samples changed, so the data order from here on "
+                    "differs from an uninterrupted run, and epochs are counted with this run's "
+                    "samples", cfg->data.shard_dir, (long long)t->info.steps_per_epoch,
+                    (long long)info.s.steps_per_epoch);
         if (!failed && info.s.step > cfg->train.max_steps)
             sd_warn("resume: the checkpoint is at step %lld, beyond max_steps = %lld",
                     (long long)info.s.step, (long long)cfg->train.max_steps);
@@ -1434,6 +1444,7 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     lo.shard_dir = cfg->data.shard_dir;
     lo.val_fraction = cfg->data.val_fraction;
     /* a step's samples of this rank: its grad_accum_steps micro-batches, read together */
+    /* sd_config_validate keeps it in range */
     SD_CHECK(cfg->train.batch_size_per_rank * cfg->train.grad_accum_steps <= INT32_MAX,
              "batch_size_per_rank x grad_accum_steps out of range");
     lo.batch_per_rank = (int)(cfg->train.batch_size_per_rank * cfg->train.grad_accum_steps);
@@ -1537,7 +1548,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     sd_err err = {.storage = 0};
     sd_loader_batch vb;
     const int64_t max_steps = cfg->train.max_steps;
-    const int log_every = cfg->train.log_every > 0 ? (int)cfg->train.log_every : 1;
+    const int64_t log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 1;
     int64_t k = 0, skipped = 0, step;
     double t_start, t_acc[T_N] = {0}, interval_loss = 0, last_loss = NAN, last_val = NAN;
     double t_loop = 0;

@@ -551,11 +551,14 @@ int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *e
         o = sd_config_find(group, key);
     }
     {
-        /* Strings may be given without quotes on the command line: quote them here. */
+        /* Strings may be given without quotes on the command line: quote them here (a string
+         * list's unquoted value is one string, commas and all; several need quotes each). */
         const char *val = eq + 1;
         size_t vl = strlen(val), cap = strlen(arg) * 2 + 64;
         size_t n = 0;
-        int quote = o && (o->type == SD_OPT_STRING || o->type == SD_OPT_CHOICE) &&
+        int quote = o &&
+                    (o->type == SD_OPT_STRING || o->type == SD_OPT_CHOICE ||
+                     o->type == SD_OPT_STRING_LIST) &&
                     val[strspn(val, " \t")] != '\'' && val[strspn(val, " \t")] != '"';
         text = sd_xmalloc(cap);
         n += (size_t)snprintf(text, cap, "&%s\n%.*s=", group, (int)(eq - dot - 1), dot + 1);
@@ -671,6 +674,10 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
         return sd_config_error_at(rc, "run", "mode", err,
                                   "missing required key 'mode' in &run (one of 'process', 'train', "
                                   "'pipeline', 'sample')");
+    if (!c->run.output_dir[0])
+        return sd_config_error_at(rc, "run", "output_dir", err,
+                                  "&run output_dir = '' names no directory (used.nml, metrics.jsonl "
+                                  "and the run's other files go there)");
     if (!strcmp(mode, "pipeline") && c->run.n_process_ranks < 1)
         return sd_config_error_at(rc, "run", "n_process_ranks", err,
                                   "mode = 'pipeline' needs n_process_ranks >= 1 (ranks that preprocess "
@@ -744,6 +751,12 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
                                       (long long)c->sample.every_n_steps,
                                       (long long)c->checkpoint.every_n_steps);
     }
+    if (c->train.batch_size_per_rank * c->train.grad_accum_steps > 2147483647)
+        return sd_config_error_at(rc, "train", "batch_size_per_rank", err,
+                                  "&train batch_size_per_rank x grad_accum_steps = %lld x %lld is "
+                                  "more than 2147483647 samples per rank and step",
+                                  (long long)c->train.batch_size_per_rank,
+                                  (long long)c->train.grad_accum_steps);
     if (!strcmp(c->model.unet_init, "pretrained") && !c->model.pretrained[0])
         return sd_config_error_at(rc, "model", "unet_init", err,
                                   "&model unet_init = 'pretrained' needs &model pretrained (a diffusers snapshot)");

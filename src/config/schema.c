@@ -37,7 +37,7 @@ static const sd_option options[] = {
            "What the job does: 'process' = preprocessing only (all ranks), 'train' = training from "
            "existing shards (all ranks), 'pipeline' = both at once (n_process_ranks preprocess, the "
            "rest train), 'sample' = generate images. Required."),
-    INT(run, n_process_ranks, "0", 0, U, "ranks",
+    INT(run, n_process_ranks, "0", 0, 2147483647, "ranks",
         "Ranks given to preprocessing when mode = 'pipeline' (the rest train); ignored otherwise."),
     CHOICE(run, pipeline_end, "'shards'", "shards|training",
            "When a mode = 'pipeline' job ends: 'shards' = once training is done and every planned "
@@ -105,7 +105,7 @@ static const sd_option options[] = {
     INT(data, max_image_pixels, "178956970", 1, U, "pixels",
         "Images with more pixels are skipped, judged from the header before decoding (Pillow's "
         "decompression-bomb limit)."),
-    INT(data, min_image_side, "0", 0, U, "px", "Images whose shorter side is smaller are skipped (0 = no limit)."),
+    INT(data, min_image_side, "0", 0, 16777216, "px", "Images whose shorter side is smaller are skipped (0 = no limit)."),
     LOGICAL(data, strict_jpeg, ".true.",
             "Treat libjpeg's corrupt-data warnings as errors (skip the image); truncated files are "
             "always skipped."),
@@ -128,7 +128,7 @@ static const sd_option options[] = {
 
     /* &train */
     INT(train, max_steps, "1000", 1, U, "steps", "Optimizer steps to run in total (counting resumed ones)."),
-    INT(train, batch_size_per_rank, "8", 1, U, "samples",
+    INT(train, batch_size_per_rank, "8", 1, 2147483647, "samples",
         "Samples per training rank per forward/backward pass; the global batch is this times the "
         "training ranks times grad_accum_steps."),
     INT(train, grad_accum_steps, "1", 1, 4096, "micro-batches",
@@ -170,7 +170,7 @@ static const sd_option options[] = {
            "= full fp32, no TF32 (comparable with the CPU reference)."),
     REAL(train, ema_decay, "0", 0, 1, "", "Exponential moving average of the weights (0 = off)."),
     INT(train, ema_start_step, "0", 0, U, "steps", "First step that updates the moving average."),
-    INT(train, log_every, "10", 1, U, "steps",
+    INT(train, log_every, "10", 1, 2147483647, "steps",
         "Progress line interval (metrics.jsonl gets every step)."),
     INT(train, val_every, "0", 0, U, "steps",
         "Validation loss interval (0 = off); also before the first and after the last step."),

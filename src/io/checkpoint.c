@@ -382,18 +382,24 @@ static int step_dir_cmp(const void *a, const void *b)
     return x->step < y->step ? 1 : x->step > y->step ? -1 : 0; /* newest first */
 }
 
-/* keep_last: the newest keep_last committed checkpoints stay, and the one `latest` names. */
+/* keep_last: of the checkpoints up to the one just committed (`latest`), the newest keep_last
+ * stay. Later steps are another run's (one started over with resume = 'never', or a run resumed
+ * from an older checkpoint): they are not this run's history, so they neither count nor go. */
 static void prune(const char *dir, int64_t keep_last, const char *latest)
 {
     DIR *d = opendir(dir);
     struct dirent *de;
     step_dir *list = NULL;
     size_t n = 0, cap = 0;
+    int64_t now = INT64_MAX;
     if (!d)
         return;
+    if (!is_step_name(latest, &now))
+        now = INT64_MAX;
     while ((de = readdir(d))) {
         int64_t st;
-        if (!is_step_name(de->d_name, &st) || strlen(de->d_name) >= sizeof list->name)
+        if (!is_step_name(de->d_name, &st) || strlen(de->d_name) >= sizeof list->name ||
+            st > now)
             continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
@@ -760,10 +766,11 @@ int sd_ckpt_is_complete(const char *path)
     return complete_or_err(path, &e) == 1;
 }
 
-/* The newest complete checkpoint directory of dir (complete_or_err), into name; "" when none
- * (dir missing included): 0. A listing or a look the storage fails is an error, -1: taking it for
- * "no checkpoint" would start the run over, or resume an older checkpoint than the newest. */
-static int newest_complete(const char *dir, char *name, size_t size, sd_err *err)
+/* The newest complete checkpoint directory of dir (complete_or_err) with a step below `below`,
+ * into name; "" when none (dir missing included): 0. A listing or a look the storage fails is an
+ * error, -1: taking it for "no checkpoint" would start the run over, or resume an older
+ * checkpoint than the newest. */
+static int newest_complete(const char *dir, int64_t below, char *name, size_t size, sd_err *err)
 {
     DIR *d = opendir(dir);
     int64_t best = -1;
@@ -784,7 +791,8 @@ static int newest_complete(const char *dir, char *name, size_t size, sd_err *err
                 rc = sd_err_errno(err, errno, "cannot list checkpoint directory '%s'", dir);
             break;
         }
-        if (!is_step_name(de->d_name, &st) || st <= best || strlen(de->d_name) >= size ||
+        if (!is_step_name(de->d_name, &st) || st <= best || st >= below ||
+            strlen(de->d_name) >= size ||
             snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path)
             continue;
         if ((r = complete_or_err(path, err)) < 0) {
@@ -813,12 +821,18 @@ static int point_latest(const char *dir, const char *name, sd_err *err)
 }
 
 /* Rank 0, resume = 'auto' and `latest` naming a missing, incomplete or damaged checkpoint
- * (`bad` says which and why): the newest complete checkpoint left in dir into path, `latest`
- * pointed at it, and a warning: 0. None left: an error saying so. */
-static int fall_back(const char *dir, const char *bad, char *path, size_t size, sd_err *err)
+ * `bad_name` (`bad` says which and why): the newest complete checkpoint before it in dir into
+ * path, `latest` pointed at it, and a warning: 0. None left: an error saying so. Later steps are
+ * not looked at: they belong to another run (one this run started over from, or that resumed
+ * from an older checkpoint), whose weights would silently replace this run's. */
+static int fall_back(const char *dir, const char *bad_name, const char *bad, char *path,
+                     size_t size, sd_err *err)
 {
     char name[128];
-    if (newest_complete(dir, name, sizeof name, err))
+    int64_t below;
+    if (!is_step_name(bad_name, &below))
+        below = INT64_MAX;
+    if (newest_complete(dir, below, name, sizeof name, err))
         return -1;
     if (!name[0])
         return sd_err_set(err, "%s, and %s holds no older complete checkpoint; start fresh with "
@@ -840,7 +854,9 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
     if (!strcmp(resume, "never")) {
         if (sd_ckpt_read_latest(dir, name, sizeof name, err) == 0 && name[0])
             sd_warn("&checkpoint resume = 'never': starting fresh although %s holds checkpoints "
-                    "(latest: %s); this run's checkpoints replace them", dir, name);
+                    "(latest: %s); this run's checkpoints replace them (each one of the same "
+                    "step as this run reaches it; later ones are left alone by keep_last and "
+                    "by the fall-back to an older checkpoint)", dir, name);
         sd_err_clear(err);
         return 0;
     }
@@ -851,7 +867,7 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
             /* no `latest`: a first commit interrupted before it was written (or `latest`
              * removed) can leave a complete checkpoint all the same, which a requeued job must
              * resume rather than start over and replace */
-            if (newest_complete(dir, name, sizeof name, err))
+            if (newest_complete(dir, INT64_MAX, name, sizeof name, err))
                 return -1;
             if (!name[0]) {
                 sd_info("no checkpoint in %s: starting from step 0", dir);
@@ -875,7 +891,7 @@ static int resolve_root(const char *dir, const char *resume, char *path, size_t 
             char bad[2 * PATH_SIZE + 256];
             snprintf(bad, sizeof bad, "%s/%s names %s, which is missing or incomplete (no %s or "
                      "%s)", dir, SD_CKPT_LATEST, path, SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE);
-            if (fall_back(dir, bad, path, size, err))
+            if (fall_back(dir, name, bad, path, size, err))
                 return -1;
         }
         *found = 1;
@@ -923,7 +939,8 @@ int sd_ckpt_set_aside(MPI_Comm comm, const char *dir, const char *path, const ch
                                 strerror(errno)) != 0;
         } else {
             snprintf(bad, sizeof bad, "%s (moved aside to %s)", why, aside);
-            failed = fall_back(dir, bad, buf, PATH_SIZE, err) != 0;
+            const char *base = strrchr(path, '/');
+            failed = fall_back(dir, base ? base + 1 : path, bad, buf, PATH_SIZE, err) != 0;
         }
     }
     if (sd_agree(comm, failed, err)) {
@@ -1510,7 +1527,6 @@ void sd_ckpt_info_free(sd_ckpt_info *i)
 /* Keys that may change between a checkpoint and its resume without a word. */
 static const char *const free_keys[] = {
     "train.max_steps", "train.batch_size_per_rank", "train.grad_accum_steps", "train.sharding",
-    "train.precision",
     "train.log_every", "train.val_every", "train.recompute_activations", NULL};
 /* Groups whose other keys shape the training: a change is worth a warning. */
 static const char *const watched_groups[] = {"model", "train", "diffusion", NULL};

@@ -4,7 +4,9 @@
 # checkpoint write or between rename and `latest` leaves the previous checkpoint latest; SIGUSR1
 # checkpoints and exits 0; another rank count or sharding resumes; a corrupt file is named, and
 # with resume = 'auto' the checkpoint before it resumes; keep_last and resume = 'never'; a bit
-# changed on disk after the write is caught by the read-back (&checkpoint verify).
+# changed on disk after the write is caught by the read-back (&checkpoint verify); a run started
+# over beside another run's later checkpoints neither prunes nor resumes them; other shards on
+# resume are a warning.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
@@ -358,4 +360,41 @@ expect_in never err "starting fresh although"
 expect_not_in never out "resuming from"
 same_as_ref kill
 [ "$(grep -c '"val_loss"' "$TMP/kill/metrics.jsonl")" = 4 ] || fail "never: metrics.jsonl not started over"
+# (g2) a run started over (resume = 'never', 6 steps, a checkpoint every 2, keep_last = 2) in a
+# directory holding the reference's checkpoints 4, 8 and 12: keep_last prunes only its own
+# (steps up to the one just written), leaving the reference's later ones alone; its newest
+# checkpoint damaged, resume = 'auto' falls back to its own step 4, never to the later step 12
+# of the other run (which would give that run's weights, silently)
+train_nml over 4 none
+mkdir -p "$TMP/over"
+cp -r "$TMP/ref/checkpoints" "$TMP/over/"
+mpi over 2 "$SDTRAIN" "$TMP/over.nml" --set checkpoint.resume=never --set train.max_steps=6 \
+    --set checkpoint.every_n_steps=2 --set checkpoint.keep_last=2
+expect_rc over 0
+latest_is over step-00000006
+[ "$(cd "$TMP/over/checkpoints" && echo step-*)" = "step-00000004 step-00000006 step-00000008 step-00000012" ] ||
+    fail "over: checkpoints left: $(cd "$TMP/over/checkpoints" && echo step-*), expected its own 4 and 6 and the other run's 8 and 12"
+flip_byte "$TMP/over/checkpoints/step-00000006/state.h5"
+mpi over2 2 "$SDTRAIN" "$TMP/over.nml" --set train.max_steps=6 --set checkpoint.every_n_steps=2 \
+    --set checkpoint.keep_last=2
+expect_rc over2 0
+expect_in over2 out "resuming from $TMP/over/checkpoints/step-00000004: step 4"
+expect_not_in over2 out "step-00000012"
+latest_is over step-00000006
+
+# (j) shards with other training samples than the checkpoint's (a subset here): the same global
+# batch, other steps per epoch: a warning that the data order differs from here on
+nml proc2.nml <<EOF2
+&run mode = 'process', output_dir = '$TMP/proc2', seed = 5, device = 'cpu' /
+&model $TINY_MODEL /
+&data input = '$TMP/data', shard_dir = '$TMP/shards2', samples_per_shard = 16, encode_batch_size = 8,
+      max_samples = 32 /
+EOF2
+mpi proc2 2 "$SDTRAIN" "$TMP/proc2.nml"
+expect_rc proc2 0
+train_nml other 4 none ", resume = '$TMP/ref/checkpoints/step-00000004'"
+mpi other 2 "$SDTRAIN" "$TMP/other.nml" --set data.shard_dir="$TMP/shards2"
+expect_rc other 0
+expect_in other err "the training samples changed"
+expect_not_in gb err "the training samples changed"
 pass "checkpoints and resume of mode = 'train'"

@@ -41,7 +41,7 @@ nml ok.nml <<'EOF2'
 EOF2
 mpi set 2 "$SDTRAIN" --check "$TMP/ok.nml" --set train.batch_size_per_rank=0
 expect_rc set 2
-expect_count set err "command line: --set 'train.batch_size_per_rank=0': value out of range for &train batch_size_per_rank: 0 (allowed: >= 1)" 1
+expect_count set err "command line: --set 'train.batch_size_per_rank=0': value out of range for &train batch_size_per_rank: 0 (allowed: 1 to 2147483647)" 1
 mpi setkey 2 "$SDTRAIN" --check "$TMP/ok.nml" --set train.lr=1e-3
 expect_rc setkey 2
 expect_in setkey err "unknown key 'lr' in &train"

@@ -144,6 +144,10 @@ static void test_set(void)
            "--set of one list element");
     tap_ok(sd_config_apply_set(&rc, "sample.prompts='a', 'b'", 7, &err) == 0 && rc.cfg.sample.n_prompts == 2,
            "--set of a string list");
+    tap_ok(sd_config_apply_set(&rc, "sample.prompts=a cat, on a mat", 7, &err) == 0 &&
+               rc.cfg.sample.n_prompts == 1 && !strcmp(rc.cfg.sample.prompts[0], "a cat, on a mat"),
+           "--set of a string list without quotes: one string, commas and all (%d: '%s')",
+           rc.cfg.sample.n_prompts, rc.cfg.sample.prompts[0]);
     tap_ok(sd_config_apply_set(&rc, "train.max_steps", 8, &err) != 0 &&
                strstr(err.msg, "expected group.key=value") != NULL, "--set without '=' refused");
     tap_ok(sd_config_apply_set(&rc, "max_steps=3", 9, &err) != 0 &&
