@@ -82,6 +82,10 @@ int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *er
 int sd_read_regular_file(const char *path, size_t limit, const char *what, char **data,
                          size_t *len, sd_err *err);
 
+/* 1 when `a` and `b` name the same existing file (device and inode, so links and other
+ * spellings of a path count), else 0. For the commands that must not write over an input. */
+int sd_same_file(const char *a, const char *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,7 +21,8 @@ typedef enum sd_image_status {
     SD_IMG_TRUNCATED,   /* the data ends before the image does */
     SD_IMG_CORRUPT,     /* the decoder failed, or (strict JPEG) libjpeg warned about corrupt data */
     SD_IMG_ZERO_SIZE,   /* the header declares a width or height of 0 */
-    SD_IMG_TOO_LARGE,   /* the header declares more than max_pixels pixels (nothing was allocated) */
+    SD_IMG_TOO_LARGE,   /* the header declares more than max_pixels pixels, or a size the transform
+                           refuses (resize_to); nothing was allocated */
     SD_IMG_TOO_SMALL,   /* the shorter side is below min_side (a policy of the caller) */
     SD_IMG_IO,          /* the file could not be read */
     SD_IMG_NOMEM,       /* an allocation failed */
@@ -74,6 +75,9 @@ typedef struct sd_image_opts {
     sd_alpha_policy alpha;
     int64_t max_pixels; /* width*height above this: SD_IMG_TOO_LARGE from the header; <= 0: default */
     int min_side;       /* min(width, height) below this: SD_IMG_TOO_SMALL; 0: no limit */
+    /* The resolution the image is transformed to next (sd_transform_rgb8): a size the transform
+     * refuses (sd_transform_size_ok) is SD_IMG_TOO_LARGE from the header. 0: not checked. */
+    int resize_to;
     /* JPEG: libjpeg warnings (corrupt data, extraneous bytes, bad Huffman code...) are errors
      * (SD_IMG_CORRUPT). Default 1. With 0 they are ignored as Pillow ignores them; a JPEG that
      * ends early is always SD_IMG_TRUNCATED, as Pillow raises "image file is truncated". */
@@ -81,7 +85,7 @@ typedef struct sd_image_opts {
 } sd_image_opts;
 
 /* Defaults: exif_transpose 0, SD_ALPHA_DROP, SD_IMAGE_DEFAULT_MAX_PIXELS, min_side 0,
- * strict_jpeg 1. */
+ * resize_to 0, strict_jpeg 1. */
 void sd_image_opts_default(sd_image_opts *o);
 
 /* A decoded image: RGB8, rows of width*3 bytes, no padding. Start from SD_IMAGE_INIT (or
@@ -109,7 +113,7 @@ typedef struct sd_image_info {
     int bit_depth;
 } sd_image_info;
 
-/* Reads the header: format, dimensions. Checks zero size, max_pixels and min_side (opts may be
+/* Reads the header: format, dimensions. Checks zero size, max_pixels, resize_to and min_side (opts may be
  * NULL for the defaults). `name` (a path or tar member name) prefixes every message. */
 sd_image_status sd_image_probe(const void *buf, size_t size, const char *name,
                                const sd_image_opts *opts, sd_image_info *info, sd_err *err);

@@ -95,6 +95,7 @@ typedef struct sd_loader_info {
     int latent_size;         /* h = w = resolution / 8 */
     int text_len, embed_dim; /* L, D */
     double scaling_factor;   /* applied when a latent is sampled from the moments */
+    char weights_hash[128];  /* of the encoders that made the shards (all the same) */
     int64_t n_shards, n_samples, n_train, n_val;
     int batch_per_rank, rank, n_ranks;
     int64_t global_batch;    /* n_ranks * batch_per_rank */

@@ -38,6 +38,14 @@ int sd_resize_bilinear_rgb8(const uint8_t *src, int w, int h, int out_w, int out
                             int win_w, int win_h, int vertical_first, uint8_t *dst, sd_resize_ws *ws,
                             sd_err *err);
 
+/* The largest side sd_transform_rgb8 takes, before and after the resize. */
+#define SD_TRANSFORM_MAX_SIDE (1 << 24)
+
+/* Whether sd_transform_rgb8 takes a w x h image at this resolution (1 or 0): both sides, and the
+ * long side once the short side is resized to `resolution`, at most SD_TRANSFORM_MAX_SIDE. The
+ * decoder checks it from the header (sd_image_opts.resize_to), before anything is allocated. */
+int sd_transform_size_ok(int64_t w, int64_t h, int resolution);
+
 typedef struct sd_transform_opts {
     int resolution;     /* output is resolution x resolution */
     int vertical_first; /* see sd_resize_bilinear_rgb8; 0 = Pillow <= 12.1 */

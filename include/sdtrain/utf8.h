@@ -25,6 +25,14 @@ int sd_utf8_is_valid(const char *s, size_t n);
  * n_replaced is not NULL it receives the number of U+FFFD inserted. */
 size_t sd_utf8_repair(const char *s, size_t n, char *out, size_t *n_replaced);
 
+/* UTF-8 encoding of U+2400 SYMBOL FOR NULL. */
+#define SD_UTF8_SYMBOL_FOR_NULL "\xE2\x90\x80"
+
+/* s[0..n) as a C string, for stores whose strings end at the first NUL (HDF5): each NUL byte
+ * written as U+2400 SYMBOL FOR NULL, NUL-terminated in out. Returns the length; out may be NULL
+ * to get only that, else it holds the length + 1 bytes (at most 3 * n + 1). */
+size_t sd_utf8_nul_to_symbol(const char *s, size_t n, char *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -434,6 +434,26 @@ static int inspect_file(const char *path, const inspect_opts *o)
     return c.failures ? SD_EXIT_FAILURE : SD_EXIT_OK;
 }
 
+/* A name a shard writer leaves: a shard, its temporary file, the manifest's temporary file. */
+static int is_shard_name(const char *nm)
+{
+    return !strncmp(nm, "shard-", 6) || !strncmp(nm, ".shard-", 7) || !strcmp(nm, SD_SHARD_MANIFEST ".tmp");
+}
+
+/* 1 when dir holds a name a shard writer leaves: a shard directory that has nothing committed. */
+static int has_shard_names(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+    if (!d)
+        return 0;
+    while (!found && (de = readdir(d)) != NULL)
+        found = is_shard_name(de->d_name);
+    closedir(d);
+    return found;
+}
+
 /* Names in dir that look like shards or their temporary files but are not committed. */
 static void list_uncommitted(const char *dir, const sd_shard_manifest *m)
 {
@@ -445,8 +465,7 @@ static void list_uncommitted(const char *dir, const sd_shard_manifest *m)
     while ((de = readdir(d)) != NULL) {
         const char *nm = de->d_name;
         int listed = 0;
-        if (strncmp(nm, "shard-", 6) != 0 && strncmp(nm, ".shard-", 7) != 0 &&
-            strcmp(nm, SD_SHARD_MANIFEST ".tmp") != 0)
+        if (!is_shard_name(nm))
             continue;
         for (int64_t k = 0; k < m->n && !listed; k++)
             listed = !strcmp(m->entries[k].file, nm);
@@ -460,18 +479,32 @@ static void list_uncommitted(const char *dir, const sd_shard_manifest *m)
     closedir(d);
 }
 
+static int file_in(const char *dir, const char *name)
+{
+    char path[4600];
+    struct stat st;
+    if (strlen(dir) + strlen(name) + 2 > sizeof path)
+        return 0;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) == 0;
+}
+
+/* A shard directory: one with a manifest, or (nothing committed yet) with a writer's leftovers. */
 static int inspect_dir(const char *dir, const inspect_opts *o)
 {
     sd_shard_manifest m;
     sd_err err;
-    int problems = 0;
+    int problems = 0, has_manifest = file_in(dir, SD_SHARD_MANIFEST);
     if (sd_shard_manifest_read(dir, &m, &err)) {
         fprintf(stderr, "sdtool inspect: %s\n", err.msg);
         return SD_EXIT_FAILURE;
     }
     printf("shard directory: %s\n", dir);
-    printf("manifest: %s/%s (%s version %d)\n", dir, SD_SHARD_MANIFEST, SD_SHARD_MANIFEST_FORMAT,
-           SD_SHARD_MANIFEST_VERSION);
+    if (has_manifest)
+        printf("manifest: %s/%s (%s version %d)\n", dir, SD_SHARD_MANIFEST, SD_SHARD_MANIFEST_FORMAT,
+               SD_SHARD_MANIFEST_VERSION);
+    else
+        printf("manifest: none (nothing committed)\n");
     printf("committed shards: %lld, samples: %lld\n", (long long)m.n, (long long)m.total_samples);
     if (m.n > 0)
         printf("  %-8s %-18s %10s %14s %6s  %-16s  %s\n", "index", "file", "samples", "bytes", "res",
@@ -509,16 +542,6 @@ static int inspect_dir(const char *dir, const inspect_opts *o)
     if (problems)
         printf("problems: %d committed shard(s) failed the checks\n", problems);
     return problems ? SD_EXIT_FAILURE : SD_EXIT_OK;
-}
-
-static int file_in(const char *dir, const char *name)
-{
-    char path[4600];
-    struct stat st;
-    if (strlen(dir) + strlen(name) + 2 > sizeof path)
-        return 0;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    return stat(path, &st) == 0;
 }
 
 /* One checkpoint directory: its scalars, the writer's configuration in short, the datasets with
@@ -774,7 +797,10 @@ int sd_cmd_inspect(int argc, char **argv)
                    "             and the one `latest` names)\n"
                    "  --verify   recompute each shard's or checkpoint dataset's checksum\n"
                    "  --no-stats skip the value statistics (a pass over all data)\n"
-                   "  --config   a checkpoint's run namelist (the configuration that wrote it)\n");
+                   "  --config   a checkpoint's run namelist (the configuration that wrote it)\n"
+                   "exit status: 0 described, 1 a check failed or PATH cannot be read, 2 bad usage or a\n"
+                   "folder that is no shard directory (manifest.json), checkpoint (state.h5) or\n"
+                   "checkpoint root (latest)\n");
             return SD_EXIT_OK;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "sdtool inspect: unknown option '%s' (see sdtool inspect --help)\n", argv[i]);
@@ -803,8 +829,15 @@ int sd_cmd_inspect(int argc, char **argv)
         rc = inspect_checkpoint(path, &o);
     else if (file_in(path, SD_CKPT_LATEST))
         rc = inspect_ckpt_root(path, &o);
-    else
+    else if (file_in(path, SD_SHARD_MANIFEST) || has_shard_names(path))
         rc = inspect_dir(path, &o);
+    else {
+        fprintf(stderr,
+                "sdtool inspect: '%s' is no shard directory (no %s, no shard-* files), no checkpoint "
+                "(no %s) and no checkpoint root (no %s)\n",
+                path, SD_SHARD_MANIFEST, SD_CKPT_STATE_FILE, SD_CKPT_LATEST);
+        rc = SD_EXIT_USAGE;
+    }
     sd_h5_quiet_end(&q);
     fflush(stdout);
     return rc;

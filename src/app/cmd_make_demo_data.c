@@ -124,6 +124,24 @@ static int add_tar_member(struct archive *a, const member *m, sd_err *err)
     return ok ? 0 : sd_err_set(err, "tar: %s", archive_error_string(a));
 }
 
+static void demo_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sdtool make-demo-data DIR [--count N] [--seed S] [--format files|webdataset|tsv]\n"
+            "                             [--bad] [--max-side PX]\n"
+            "\n"
+            "Writes a small synthetic captioned image dataset into DIR: coloured squares, circles,\n"
+            "triangles and stripes captioned \"a red square on a blue background\".\n"
+            "\n"
+            "  --count N      samples (default 64, 1 to 10000000)\n"
+            "  --seed S       the pictures and captions are a function of S and the index (default 1234)\n"
+            "  --format F     files (image + .txt), webdataset (tar shards) or tsv (manifest.tsv)\n"
+            "  --bad          the last five samples are bad (truncated, empty, text, WebP, no caption)\n"
+            "  --max-side PX  image sides drawn from [40, 128] scaled by PX/128 (16 to 8192; default 128)\n"
+            "\n"
+            "exit status: 0 written, 1 DIR cannot be written, 2 bad usage.\n");
+}
+
 int sd_cmd_make_demo_data(int argc, char **argv)
 {
     const char *dir = NULL, *format = "files";
@@ -135,7 +153,10 @@ int sd_cmd_make_demo_data(int argc, char **argv)
     struct archive *tar = NULL;
 
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--count") && i + 1 < argc)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            demo_usage(stdout);
+            return SD_EXIT_OK;
+        } else if (!strcmp(argv[i], "--count") && i + 1 < argc)
             count = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = atoll(argv[++i]);

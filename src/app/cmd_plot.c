@@ -13,6 +13,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/commands.h"
 #include "sdtrain/error.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 
 #define MAX_SERIES 16
@@ -36,8 +37,8 @@ static void plot_usage(FILE *f)
             "  --size WxH     image size in pixels (default 800x500)\n"
             "  --text         print min, max, last and a sparkline per metric instead\n"
             "\n"
-            "exit status: 0 done, 1 the image cannot be written, 2 bad usage or a malformed file\n"
-            "(the message gives file:line).\n");
+            "exit status: 0 done, 1 the image cannot be written, 2 bad usage (--out the same file as\n"
+            "METRICS included) or a malformed file (the message gives file:line).\n");
 }
 
 /* ---- the metrics --------------------------------------------------------------------------- */
@@ -586,6 +587,11 @@ int sd_cmd_plot(int argc, char **argv)
             n -= 6;
         snprintf(out_buf, sizeof out_buf, "%.*s.png", (int)n, in);
         out = out_buf;
+    }
+    if (sd_same_file(in, out)) {
+        fprintf(stderr, "sdtool plot: the output '%s' is the input '%s': it would be overwritten\n", out, in);
+        free_metrics(&m);
+        return SD_EXIT_USAGE;
     }
     c.w = w;
     c.h = h;

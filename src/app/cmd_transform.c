@@ -5,6 +5,7 @@
 
 #include "sdtrain/commands.h"
 #include "sdtrain/error.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 #include "sdtrain/transform.h"
 
@@ -27,7 +28,7 @@ static void transform_usage(FILE *f)
             "  --decode-only       write the decoded RGB image at full size, no resize or crop\n"
             "\n"
             "exit status: 0 written, 1 the image was refused (reason printed) or OUT cannot be written,\n"
-            "2 bad usage.\n",
+            "2 bad usage (OUT the same file as IN included).\n",
             (long long)SD_IMAGE_DEFAULT_MAX_PIXELS);
 }
 
@@ -103,6 +104,13 @@ int sd_cmd_transform(int argc, char **argv)
         return SD_EXIT_USAGE;
     }
 
+    if (sd_same_file(in, out)) {
+        fprintf(stderr, "sdtool transform: the output '%s' is the input '%s': it would be overwritten\n", out,
+                in);
+        return SD_EXIT_USAGE;
+    }
+    if (!decode_only)
+        o.resize_to = to.resolution; /* sizes the transform refuses are refused from the header */
     st = sd_image_decode_file(in, &o, &img, &err);
     if (st != SD_IMG_OK) {
         fprintf(stderr, "sdtool transform: %s [%s]\n", err.msg, sd_image_status_name(st));

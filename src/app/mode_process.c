@@ -32,6 +32,7 @@
 #include "sdtrain/timer.h"
 #include "sdtrain/tokenizer.h"
 #include "sdtrain/transform.h"
+#include "sdtrain/utf8.h"
 #include "sdtrain/vae.h"
 #include "sdtrain/weights.h"
 
@@ -446,8 +447,14 @@ static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *
     t0 = sd_time_now();
     w->t[T_DECODE] += t0 - t1;
     if (st == SD_IMG_OK && sd_transform_rgb8(w->img.data, w->img.width, w->img.height, topts,
-                                             w->rgb, &w->ws, &p->err) != 0)
-        st = SD_IMG_CORRUPT;
+                                             w->rgb, &w->ws, &p->err) != 0) {
+        /* the header check (iopts->resize_to) refuses the sizes first; what is left is memory */
+        char msg[sizeof p->err.msg];
+        st = sd_transform_size_ok(w->img.width, w->img.height, topts->resolution) ? SD_IMG_NOMEM
+                                                                                   : SD_IMG_TOO_LARGE;
+        memcpy(msg, p->err.msg, sizeof msg);
+        sd_err_set(&p->err, "%s: %s", w->smp.key, msg);
+    }
     if (st != SD_IMG_OK) {
         /* read fine, but the image is not usable: counted under the image's reason */
         p->count = SD_SAMPLE_N_REASONS + (int)st;
@@ -459,7 +466,10 @@ static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *
     t1 = sd_time_now();
     w->t[T_TRANSFORM] += t1 - t0;
     sd_tokenize(e->tok, w->smp.caption, w->smp.caption_len, p->ids, NULL);
-    p->caption = sd_xstrdup(w->smp.caption);
+    /* the shard's strings end at a NUL: one inside the caption is stored as U+2400 (the ids
+     * above are the caption's as read) */
+    p->caption = sd_xmalloc(sd_utf8_nul_to_symbol(w->smp.caption, w->smp.caption_len, NULL) + 1);
+    sd_utf8_nul_to_symbol(w->smp.caption, w->smp.caption_len, p->caption);
     p->key = sd_xstrdup(w->smp.key);
     p->kept = 1;
     w->t[T_TOKENIZE] += sd_time_now() - t1;
@@ -491,6 +501,7 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
     iopts.alpha = strcmp(cfg->data.alpha, "white") == 0 ? SD_ALPHA_WHITE : SD_ALPHA_DROP;
     iopts.max_pixels = cfg->data.max_image_pixels;
     iopts.min_side = (int)cfg->data.min_image_side;
+    iopts.resize_to = e->res;
     iopts.strict_jpeg = cfg->data.strict_jpeg;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
@@ -608,6 +619,15 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
     }
     if (rank == 0 && status && err->storage)
         status = 2; /* the storage failed the index: a retry may succeed */
+    if (rank == 0 && status == 0) {
+        /* what indexing met that is no sample (damaged shards, unreadable folders, bad lines):
+         * named here, counted in the summary */
+        for (int i = 0; i < ds->n_notes; i++)
+            sd_warn("%s", ds->notes[i]);
+        if (ds->n_notes_total > ds->n_notes)
+            sd_warn("%lld more problem(s) of the dataset '%s' are only counted (summary: \"index\")",
+                    (long long)(ds->n_notes_total - ds->n_notes), cfg->data.input);
+    }
     SD_MPI_CHECK(MPI_Bcast(&status, 1, MPI_INT, 0, comm));
     if (status) {
         SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, 0, comm));
@@ -633,14 +653,36 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
     return 0;
 }
 
+/* What the dataset index counted that is no sample (sd_dataset_stats), as the summary names it. */
+typedef struct index_count {
+    const char *name;
+    int64_t n;
+} index_count;
+enum { N_INDEX_COUNTS = 7 };
+
+static void index_counts(const sd_dataset_stats *st, index_count *c)
+{
+    const index_count all[N_INDEX_COUNTS] = {
+        {"damaged_shards", st->n_damaged_shards},   {"truncated_members", st->n_truncated},
+        {"unreadable_folders", st->n_unreadable_dirs}, {"bad_lines", st->n_bad_lines},
+        {"orphan_captions", st->n_orphan_captions}, {"duplicates", st->n_duplicates},
+        {"ignored_files", st->n_ignored}};
+    memcpy(c, all, sizeof all);
+}
+
 /* The per-reason summary: a table on stdout and <shard_dir>/preprocess_summary.json
  * (temporary file + rename). Rank 0 only. */
-static void write_summary(const sd_config *cfg, const uint64_t *counts, int64_t n_samples, int64_t n_new_shards,
-                          double seconds)
+static void write_summary(const sd_config *cfg, const uint64_t *counts, const sd_dataset_stats *ist,
+                          int64_t n_samples, int64_t n_new_shards, double seconds)
 {
     char path[SD_PATH_MAX + 64], tmp[SD_PATH_MAX + 96], name[64];
     uint64_t kept = 0, skipped = 0;
+    index_count ic[N_INDEX_COUNTS];
+    int any_index = 0;
     FILE *f;
+    index_counts(ist, ic);
+    for (int i = 0; i < N_INDEX_COUNTS; i++)
+        any_index |= ic[i].n != 0;
     for (int i = 0; i < N_COUNTS; i++) {
         int keeps = i < SD_SAMPLE_N_REASONS && sd_sample_reason_keeps((sd_sample_reason)i);
         if (keeps)
@@ -656,6 +698,16 @@ static void write_summary(const sd_config *cfg, const uint64_t *counts, int64_t 
             continue;
         int keeps = i < SD_SAMPLE_N_REASONS && sd_sample_reason_keeps((sd_sample_reason)i);
         printf("  %-28s %12" PRIu64 "  %s\n", count_name(i, name, sizeof name), counts[i], keeps ? "kept" : "skipped");
+    }
+    if (any_index) {
+        /* found while indexing, before any sample: not among the samples read */
+        printf("  dataset index (not samples):");
+        for (int i = 0, first = 1; i < N_INDEX_COUNTS; i++)
+            if (ic[i].n) {
+                printf("%s %s %lld", first ? "" : ",", ic[i].name, (long long)ic[i].n);
+                first = 0;
+            }
+        printf("\n");
     }
     fflush(stdout);
     snprintf(path, sizeof path, "%s/preprocess_summary.json", cfg->data.shard_dir);
@@ -674,6 +726,9 @@ static void write_summary(const sd_config *cfg, const uint64_t *counts, int64_t 
         fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name), counts[i]);
         first = 0;
     }
+    fprintf(f, "}, \"index\": {");
+    for (int i = 0; i < N_INDEX_COUNTS; i++)
+        fprintf(f, "%s\"%s\": %lld", i ? ", " : "", ic[i].name, (long long)ic[i].n);
     fprintf(f, "}}\n");
     if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
         sd_warn("cannot write %s: %s", path, strerror(errno));
@@ -1047,7 +1102,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (code == SD_EXIT_OK && rank == 0) {
             const double now = sd_time_now(), secs = now - t_start, loop = now - t_loop;
             uint64_t kept = 0;
-            write_summary(cfg, total, n, n_new, secs);
+            write_summary(cfg, total, &ds.stats, n, n_new, secs);
             for (int i = 0; i < SD_SAMPLE_N_REASONS; i++)
                 if (sd_sample_reason_keeps((sd_sample_reason)i))
                     kept += total[i];

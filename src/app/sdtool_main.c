@@ -24,7 +24,15 @@ static int cmd_namelist_doc(int argc, char **argv)
     const char *out = NULL;
     char *md;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: sdtool namelist-doc [--out FILE]\n"
+                   "\n"
+                   "Writes the namelist reference (Markdown, doc/namelist.md) generated from the schema,\n"
+                   "to FILE or stdout.\n"
+                   "\n"
+                   "exit status: 0 written, 1 FILE cannot be written, 2 bad usage.\n");
+            return SD_EXIT_OK;
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
         else {
             fprintf(stderr, "sdtool namelist-doc: unknown argument '%s' (usage: sdtool namelist-doc [--out FILE])\n",
@@ -51,8 +59,18 @@ static int cmd_device(int argc, char **argv)
 {
     sd_device_info d;
     sd_err err;
-    (void)argc;
-    (void)argv;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: sdtool device\n"
+                   "\n"
+                   "Shows the features compiled in and the GPUs this process can use.\n"
+                   "\n"
+                   "exit status: 0 a GPU is usable, 1 none (the reason is printed), 2 bad usage.\n");
+            return SD_EXIT_OK;
+        }
+        fprintf(stderr, "sdtool device: unknown argument '%s' (usage: sdtool device)\n", argv[i]);
+        return SD_EXIT_USAGE;
+    }
     printf("build: %s\n", sd_build_features());
     if (sd_device_resolve("auto", 0, &d, &err) != 0) {
         printf("gpus: error: %s\n", err.msg);

@@ -321,3 +321,9 @@ int sd_read_regular_file(const char *path, size_t limit, const char *what, char 
     *len = n;
     return 0;
 }
+
+int sd_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}

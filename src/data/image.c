@@ -12,6 +12,8 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include "sdtrain/transform.h"
+
 /* ---- names ---------------------------------------------------------------------------- */
 
 const char *sd_image_status_name(sd_image_status s)
@@ -248,6 +250,11 @@ static sd_image_status check_dims(const char *name, const char *fmt, uint64_t w,
                     "%s header declares %llux%llu = %llu pixels, more than the limit of %lld", fmt,
                     (unsigned long long)w, (unsigned long long)h, (unsigned long long)(w * h),
                     (long long)maxp);
+    if (o->resize_to > 0 && !sd_transform_size_ok((int64_t)w, (int64_t)h, o->resize_to))
+        return fail(err, SD_IMG_TOO_LARGE, name,
+                    "%s header declares %llux%llu, too large for the resize to %d (sides before and "
+                    "after it at most %d)",
+                    fmt, (unsigned long long)w, (unsigned long long)h, o->resize_to, SD_TRANSFORM_MAX_SIDE);
     if (o->min_side > 0 && (w < (uint64_t)o->min_side || h < (uint64_t)o->min_side))
         return fail(err, SD_IMG_TOO_SMALL, name,
                     "%llux%llu image is smaller than the minimum side of %d pixels",
@@ -787,10 +794,15 @@ sd_image_status sd_image_read_file(const char *path, uint8_t **buf, size_t *size
     *size = 0;
     if (!f)
         return fail(err, SD_IMG_IO, path, "cannot open: %s", strerror(errno));
-    if (fstat(fileno(f), &stt) != 0 || !S_ISREG(stt.st_mode)) {
+    if (fstat(fileno(f), &stt) != 0) {
         int e = errno;
         fclose(f);
-        return fail(err, SD_IMG_IO, path, "%s", S_ISDIR(stt.st_mode) ? "is a directory" : strerror(e));
+        return fail(err, SD_IMG_IO, path, "cannot stat: %s", strerror(e));
+    }
+    if (!S_ISREG(stt.st_mode)) {
+        fclose(f);
+        return fail(err, SD_IMG_IO, path, "%s",
+                    S_ISDIR(stt.st_mode) ? "is a directory" : "not a regular file");
     }
     n = (size_t)stt.st_size;
     b = malloc(n ? n : 1);

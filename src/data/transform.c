@@ -605,19 +605,28 @@ void sd_center_crop_offsets(int w, int h, int crop_w, int crop_h, int *left, int
     *left = w >= crop_w ? round_half_even_half(w - crop_w) : 0;
 }
 
+int sd_transform_size_ok(int64_t w, int64_t h, int resolution)
+{
+    const int64_t shrt = w <= h ? w : h, lng = w <= h ? h : w;
+    if (shrt < 1 || lng > SD_TRANSFORM_MAX_SIDE || resolution < 1 || resolution > SD_TRANSFORM_MAX_SIDE)
+        return 0;
+    /* the resized long side, int(resolution * long / short), in double: it may not fit an int */
+    return (double)resolution * (double)lng / (double)shrt < SD_TRANSFORM_MAX_SIDE + 1.0;
+}
+
 int sd_transform_rgb8(const uint8_t *src, int w, int h, const sd_transform_opts *opts, uint8_t *dst,
                       sd_resize_ws *ws, sd_err *err)
 {
     int r, nw, nh, left, top;
     if (!opts || opts->resolution < 1 || opts->resolution > (1 << 16))
         return sd_err_set(err, "transform: invalid resolution %d", opts ? opts->resolution : 0);
-    if (w < 1 || h < 1 || w > (1 << 24) || h > (1 << 24))
+    if (w < 1 || h < 1 || w > SD_TRANSFORM_MAX_SIDE || h > SD_TRANSFORM_MAX_SIDE)
         return sd_err_set(err, "transform: invalid image size %dx%d", w, h);
     r = opts->resolution;
+    if (!sd_transform_size_ok(w, h, r))
+        return sd_err_set(err, "transform: a %dx%d image resized to short side %d is too large (a side over %d)",
+                          w, h, r, SD_TRANSFORM_MAX_SIDE);
     sd_resize_short_side_size(w, h, r, &nw, &nh);
-    if (nw < r || nh < r || nw > (1 << 24) || nh > (1 << 24))
-        return sd_err_set(err, "transform: a %dx%d image resized to short side %d is %dx%d, too large", w, h,
-                          r, nw, nh);
     sd_center_crop_offsets(nw, nh, r, r, &left, &top);
     return sd_resize_bilinear_rgb8(src, w, h, nw, nh, left, top, r, r, opts->vertical_first, dst, ws, err);
 }

@@ -86,3 +86,22 @@ size_t sd_utf8_repair(const char *s, size_t n, char *out, size_t *n_replaced)
         *n_replaced = replaced;
     return o;
 }
+
+size_t sd_utf8_nul_to_symbol(const char *s, size_t n, char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\0') {
+            if (out)
+                out[o] = s[i];
+            o++;
+        } else {
+            if (out)
+                memcpy(out + o, SD_UTF8_SYMBOL_FOR_NULL, 3);
+            o += 3;
+        }
+    }
+    if (out)
+        out[o] = '\0';
+    return o;
+}

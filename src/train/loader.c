@@ -215,6 +215,13 @@ static sd_sample_id id_of(const sd_loader *l, int64_t n_shards, uint32_t ord)
  * by another of the same size) would be read into buffers of the wrong size. */
 static int check_shape(const sd_loader_info *want, const sd_shard_info *in, sd_err *err)
 {
+    /* latents and embeddings of other encoder weights live in other spaces: training on a mix
+     * would be silently wrong (a shard directory topped up by a run with another snapshot) */
+    if (strcmp(in->weights_hash, want->weights_hash) != 0)
+        return sd_err_set(err, "%s was encoded by other weights (%s, %s) than the shards before it "
+                               "(%s): all shards of a training set must come from the same VAE "
+                               "and text encoder", in->path, in->weights_hash[0] ? in->weights_hash : "no hash",
+                          in->weights_path, want->weights_hash[0] ? want->weights_hash : "no hash");
     if (in->resolution != want->resolution || in->latent_channels != want->latent_channels ||
         in->latent_size != want->latent_size || in->text_len != want->text_len ||
         in->embed_dim != want->embed_dim || in->scaling_factor != want->scaling_factor)
@@ -478,6 +485,7 @@ static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fract
         want->text_len = in->text_len;
         want->embed_dim = in->embed_dim;
         want->scaling_factor = in->scaling_factor;
+        snprintf(want->weights_hash, sizeof want->weights_hash, "%s", in->weights_hash);
         *empty = sd_xmalloc((size_t)in->text_len * (size_t)in->embed_dim * sizeof(float));
         r = sd_shard_read_empty_embedding(s, *empty, err);
         *have_want = r == 0;
@@ -508,6 +516,7 @@ typedef struct follow_head {
     int64_t n, n_rows;
     int32_t resolution, latent_channels, latent_size, text_len, embed_dim;
     double scaling_factor;
+    char weights_hash[128];
 } follow_head;
 
 typedef struct follow_delta {
@@ -572,6 +581,7 @@ static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
             want.text_len = d->h.text_len;
             want.embed_dim = d->h.embed_dim;
             want.scaling_factor = d->h.scaling_factor;
+            memcpy(want.weights_hash, d->h.weights_hash, sizeof want.weights_hash);
         } else {
             have = 0;
         }
@@ -592,6 +602,7 @@ static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
             d->h.text_len = want.text_len;
             d->h.embed_dim = want.embed_dim;
             d->h.scaling_factor = want.scaling_factor;
+            memcpy(d->h.weights_hash, want.weights_hash, sizeof d->h.weights_hash);
         }
         d->entries[d->h.n] = *e;
         d->n_held[d->h.n] = d->h.n_rows - before;
@@ -739,6 +750,7 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
             in->text_len = d.h.text_len;
             in->embed_dim = d.h.embed_dim;
             in->scaling_factor = d.h.scaling_factor;
+            memcpy(in->weights_hash, d.h.weights_hash, sizeof in->weights_hash);
             l->m_el = (size_t)(2 * in->latent_channels) * (size_t)in->latent_size * (size_t)in->latent_size;
             l->e_el = (size_t)in->text_len * (size_t)in->embed_dim;
             if (rank != 0)
@@ -1000,6 +1012,7 @@ typedef struct open_header {
     char msg[sizeof(((sd_err *)0)->msg)];
     int32_t resolution, latent_channels, latent_size, text_len, embed_dim;
     double scaling_factor;
+    char weights_hash[128];
     int64_t n_shards, n_samples, n_val;
     int32_t batch_per_rank;
     uint64_t seed;
@@ -1079,6 +1092,7 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     h->text_len = want.text_len;
     h->embed_dim = want.embed_dim;
     h->scaling_factor = want.scaling_factor;
+    memcpy(h->weights_hash, want.weights_hash, sizeof h->weights_hash);
     h->n_shards = m->n;
     h->n_samples = m->total_samples;
     rc = 0;
@@ -1173,6 +1187,7 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     l->info.text_len = h.text_len;
     l->info.embed_dim = h.embed_dim;
     l->info.scaling_factor = h.scaling_factor;
+    memcpy(l->info.weights_hash, h.weights_hash, sizeof l->info.weights_hash);
     l->info.n_shards = h.n_shards;
     l->info.n_samples = h.n_samples;
     l->info.n_val = h.n_val;

@@ -18,6 +18,20 @@ expect_rc th 0
 for c in tokenize transform inspect forward grad export make-demo-data plot score-demo; do
     expect_in th out "  $c "
 done
+# every subcommand sdtool --help lists: help on stdout, exit 0, nothing run (make-demo-data
+# writes no folder, device prints no build line)
+cmds=$(sed -n 's/^  \([a-z][a-z-]*\) .*/\1/p' "$TMP/th.out")
+[ -n "$cmds" ] || fail "sdtool --help lists no subcommands"
+for c in $cmds; do
+    run "h-$c" "$SDTOOL" "$c" --help
+    expect_rc "h-$c" 0
+    expect_in "h-$c" out "usage: sdtool $c"
+    [ ! -s "$TMP/h-$c.err" ] || { cat "$TMP/h-$c.err" >&2; fail "sdtool $c --help: output on stderr"; }
+done
+run h-demo-dir "$SDTOOL" make-demo-data "$TMP/demo" --help
+expect_rc h-demo-dir 0
+[ ! -e "$TMP/demo" ] || fail "sdtool make-demo-data DIR --help wrote DIR"
+expect_not_in h-device out "build:"
 run tv "$SDTOOL" --version
 expect_rc tv 0
 expect_in tv out "sdtool 0.1.0 (git "

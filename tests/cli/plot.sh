@@ -85,3 +85,14 @@ run badarg "$SDTOOL" plot "$m" --smooth 0
 expect_rc badarg 2
 [ ! -e "$TMP/x.png" ] || fail "a refused file left a PNG"
 pass "plot: malformed files end with exit 2 and file:line"
+
+# --out the metrics file itself (or another name of it): refused, the log left as it was
+cp "$m" "$TMP/keep.jsonl"
+ln -s keep.jsonl "$TMP/link.png"
+for out in "$TMP/keep.jsonl" "$TMP/link.png"; do
+    run same "$SDTOOL" plot "$TMP/keep.jsonl" --out "$out"
+    expect_rc same 2
+    expect_in same err "the output '$out' is the input '$TMP/keep.jsonl'"
+    cmp -s "$m" "$TMP/keep.jsonl" || fail "plot --out $out overwrote its input"
+done
+pass "plot: an output that is the input is refused"

@@ -39,6 +39,22 @@ expect_in webp err "[unsupported]"
 run missing "$SDTOOL" transform --resolution 64 "$TMP/nope.jpg" "$TMP/x.png"
 expect_rc missing 1
 expect_in missing err "nope.jpg"
+run devnull "$SDTOOL" transform --resolution 64 /dev/null "$TMP/x.png"
+expect_rc devnull 1
+expect_in devnull err "/dev/null: not a regular file [io]"
+# 1 x 600000: resized to 32 it would be 32 x 19,200,000, more than the transform takes (2^24 a
+# side): refused from the header, as too_large, the file named
+run tall "$SDTOOL" transform --resolution 32 "$IMG/input/gray_1x600000.png" "$TMP/x.png"
+expect_rc tall 1
+expect_in tall err "sdtool transform: $IMG/input/gray_1x600000.png: PNG header declares 1x600000, too large"
+expect_in tall err "[too_large]"
+[ ! -e "$TMP/x.png" ] || fail "a refused image left an output file"
+# the output is the input: refused, the input kept
+cp "$IMG/input/rgb_110x90.png" "$TMP/same.png"
+run same "$SDTOOL" transform --resolution 32 "$TMP/same.png" "$TMP/same.png"
+expect_rc same 2
+expect_in same err "the output '$TMP/same.png' is the input '$TMP/same.png'"
+cmp -s "$IMG/input/rgb_110x90.png" "$TMP/same.png" || fail "transform overwrote its input"
 
 # usage errors
 run nores "$SDTOOL" transform "$IMG/input/rgb_1x1.png" "$TMP/y.png"

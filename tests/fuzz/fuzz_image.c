@@ -39,6 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o.alpha = (size >> 1) & 1 ? SD_ALPHA_WHITE : SD_ALPHA_DROP;
     o.strict_jpeg = !((size >> 2) & 1);
     o.max_pixels = 1 << 22; /* keeps each run small; the limit logic is what is exercised */
+    o.resize_to = 64;       /* sizes the transform below refuses (1 x 600000) are refused here */
 
     memset(&err, 0, sizeof err);
     pst = sd_image_probe(data, size, "fuzz", &o, &info, &err);

@@ -78,6 +78,13 @@ mpi w-mixed2 2 "$prog" write "$TMP/mixed" f16 2:7 16
 expect_rc w-mixed2 0
 errcase mixed 3 "$TMP/mixed" 1 0.2 "shard-000002.h5: resolution 16, latent channels 4, latent size 2, text_len 77, embed_dim 16"
 expect_in mixed err "all shards of a training set must agree"
+# shards of other encoder weights (the same shapes): latents of two spaces, refused by name
+mpi w-mixhash 2 "$prog" write "$TMP/mixhash" f16 0:7,1:7 8 fnv1a64:00000000000000aa
+expect_rc w-mixhash 0
+mpi w-mixhash2 2 "$prog" write "$TMP/mixhash" f16 2:7 8 fnv1a64:00000000000000bb
+expect_rc w-mixhash2 0
+errcase mixhash 3 "$TMP/mixhash" 1 0.2 "shard-000002.h5 was encoded by other weights (fnv1a64:00000000000000bb"
+expect_in mixhash err "all shards of a training set must come from the same VAE and text encoder"
 pass "open errors reach every rank"
 
 # A shard that becomes unreadable after open: next fails on every rank, with and without prefetch.

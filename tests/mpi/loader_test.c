@@ -154,7 +154,8 @@ static float *test_meta(sd_shard_meta *meta, sd_dtype dt, int D)
     return empty;
 }
 
-/* write DIR f16|f32 SPEC [D]: every rank of the job contributes a contiguous slice. */
+/* write DIR f16|f32 SPEC [D [WEIGHTS_HASH]]: every rank of the job contributes a contiguous
+ * slice. */
 static int cmd_write(int argc, char **argv)
 {
     const char *dir = argv[2];
@@ -166,6 +167,8 @@ static int cmd_write(int argc, char **argv)
     if (parse_dtype(argv[3], &dt) || parse_spec(argv[4], &sp) || D < 1)
         return 2;
     empty = test_meta(&meta, dt, D);
+    if (argc > 6)
+        snprintf(meta.weights_hash, sizeof meta.weights_hash, "%s", argv[6]);
     for (int k = 0; k < sp.n && rc == 0; k++)
         rc = write_shard(MPI_COMM_WORLD, dir, &meta, empty, sp.index[k], sp.samples[k]);
     free(empty);
@@ -839,7 +842,7 @@ int main(int argc, char **argv)
     sd_mpi_start(&argc, &argv);
     SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
     SD_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g_size));
-    if (!strcmp(mode, "write") && (argc == 5 || argc == 6))
+    if (!strcmp(mode, "write") && argc >= 5 && argc <= 7)
         rc = cmd_write(argc, argv);
     else if (!strcmp(mode, "check") && argc == 10)
         rc = cmd_check(argc, argv);
@@ -850,7 +853,7 @@ int main(int argc, char **argv)
     else if (!strcmp(mode, "follow") && argc == 12)
         rc = cmd_follow(argc, argv);
     else if (g_rank == 0)
-        fprintf(stderr, "usage: loader_test write DIR f16|f32 SPEC [D] | check DIR f16|f32 SPEC B FRAC SEED K "
+        fprintf(stderr, "usage: loader_test write DIR f16|f32 SPEC [D [HASH]] | check DIR f16|f32 SPEC B FRAC SEED K "
                         "DIGEST | open DIR B FRAC | unreadable DIR B | follow DIR f16|f32 SPEC B FRAC SEED K DELAY_MS "
                         "PREFETCH DIGEST\n");
     /* Any rank's failure is the job's (rank 0 alone prints the TAP plan). */

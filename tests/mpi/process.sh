@@ -39,6 +39,20 @@ for fmt in files webdataset tsv; do
     [ "$(checksums "$TMP/shards-$fmt" | wc -l)" = 3 ] || fail "$fmt: manifest does not list 3 shards"
     ! ls -a "$TMP/shards-$fmt" | grep -q '\.tmp' || fail "$fmt: temporary files left"
 done
+# what indexing meets that is no sample (here a file named .tar that is none): a warning naming
+# it on stderr, and the summary's "index" counts it (it was counted and said nowhere before)
+cp -r "$TMP/data-webdataset" "$TMP/data-wdsbad"
+i=0
+while [ $i -lt 40 ]; do echo "this is not a tar file"; i=$((i + 1)); done >"$TMP/data-wdsbad/zz-bad.tar"
+write_nml wdsbad webdataset "$TMP/data-wdsbad" "$TMP/shards-wdsbad"
+mpi proc-wdsbad 2 "$SDTRAIN" "$TMP/wdsbad.nml"
+expect_rc proc-wdsbad 0
+expect_count proc-wdsbad err "warning: $TMP/data-wdsbad/zz-bad.tar: " 1
+expect_in proc-wdsbad out "dataset index (not samples): damaged_shards 1"
+grep -q '"index": {"damaged_shards": 1, ' "$TMP/shards-wdsbad/preprocess_summary.json" ||
+    fail "wdsbad: index counts: $(cat "$TMP/shards-wdsbad/preprocess_summary.json")"
+grep -q '"index": {"damaged_shards": 0, ' "$TMP/shards-webdataset/preprocess_summary.json" ||
+    fail "webdataset: index counts: $(cat "$TMP/shards-webdataset/preprocess_summary.json")"
 # the bad samples by reason (same planted set in every format)
 for reason in image_truncated image_not_image; do
     grep -q "\"$reason\": 1" "$TMP/shards-files/preprocess_summary.json" || fail "$reason not counted"
@@ -159,6 +173,35 @@ expect_in pipe out "training summary"
 expect_not_in pipe err "not implemented"
 checksums "$TMP/shards-pipe" >"$TMP/sum-pipe"
 diff "$TMP/sum-np3" "$TMP/sum-pipe" || fail "pipeline preprocessing wrote other data than process mode"
+
+# a caption with a NUL byte inside: the shard's caption string (a C string in HDF5) has U+2400
+# in its place, the ids are the whole caption's; an image the transform cannot take (1 x 600000
+# at resolution 32 is 32 x 19,200,000) is refused from its header as image_too_large, named
+mkdir -p "$TMP/data-odd"
+cp "$top_srcdir/tests/image/input/rgb_64x64_q90_420.jpg" "$TMP/data-odd/a.jpg"
+printf 'a red square\0 on a blue background' >"$TMP/data-odd/a.txt"
+cp "$top_srcdir/tests/image/input/gray_1x600000.png" "$TMP/data-odd/tall.png"
+echo "a tall image" >"$TMP/data-odd/tall.txt"
+write_nml odd files "$TMP/data-odd" "$TMP/shards-odd"
+mpi odd 1 "$SDTRAIN" "$TMP/odd.nml" --set run.log_level=debug
+expect_rc odd 0
+s="$TMP/shards-odd/preprocess_summary.json"
+grep -q '"read": 2, "kept": 1, "skipped": 1' "$s" || fail "odd: counts: $(cat "$s")"
+grep -q '"image_too_large": 1' "$s" || fail "odd: the tall image is not counted as too large: $(cat "$s")"
+! grep -q '"image_corrupt"' "$s" || fail "odd: counted as corrupt: $(cat "$s")"
+expect_in odd out "tall: PNG header declares 1x600000, too large for the resize to 32"
+if command -v h5dump >/dev/null; then
+    h5dump -d caption -b NATIVE -o "$TMP/odd-caption.bin" "$TMP/shards-odd/shard-000000.h5" >/dev/null ||
+        fail "odd: h5dump of the captions"
+    printf 'a red square\342\220\200 on a blue background' >"$TMP/odd-want.bin"
+    cmp -s "$TMP/odd-caption.bin" "$TMP/odd-want.bin" ||
+        fail "odd: stored caption '$(od -c "$TMP/odd-caption.bin" | head -n 3)'"
+    run odd-ids "$SDTOOL" tokenize --vocab "$tokenizer" "a red square on a blue background"
+    h5dump -d caption_ids -c "1,77" "$TMP/shards-odd/shard-000000.h5" | sed -n 's/^ *(0,[0-9]*): //p' |
+        tr -d ' \n' | tr ',' ' ' >"$TMP/odd-ids"
+    [ "$(cat "$TMP/odd-ids")" = "$(tr -s ' \n' ' ' <"$TMP/odd-ids.out" | sed 's/ $//')" ] ||
+        fail "odd: caption_ids $(cat "$TMP/odd-ids") are not the whole caption's: $(cat "$TMP/odd-ids.out")"
+fi
 
 # a missing input is a clear error, once
 write_nml missing files "$TMP/no-such-dir" "$TMP/shards-missing"

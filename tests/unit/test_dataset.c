@@ -220,6 +220,15 @@ static void test_utf8(void)
     tap_ok(all, "UTF-8 repair matches CPython's errors='replace' on %zu vectors", sizeof v / sizeof *v);
     tap_ok(sd_utf8_is_valid("a\0b", 3) && sd_utf8_valid_prefix("ab\xff" "c", 4) == 2,
            "NUL is valid UTF-8; valid_prefix stops at the first bad byte");
+    {
+        char out[32];
+        size_t n = sd_utf8_nul_to_symbol("a\0b\0", 4, out);
+        tap_ok(n == 8 && strcmp(out, "a\xE2\x90\x80" "b\xE2\x90\x80") == 0 &&
+                   sd_utf8_nul_to_symbol("a\0b\0", 4, NULL) == 8 &&
+                   sd_utf8_nul_to_symbol("ab", 2, out) == 2 && strcmp(out, "ab") == 0 &&
+                   sd_utf8_nul_to_symbol("", 0, out) == 0 && out[0] == '\0',
+               "NUL bytes become U+2400 SYMBOL FOR NULL for the shard's caption strings");
+    }
 }
 
 /* ---- files layout --------------------------------------------------------------------------- */

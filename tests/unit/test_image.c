@@ -692,6 +692,10 @@ static void bad_inputs(const char *tmpdir)
         tap_ok(sd_image_decode_file(missing, NULL, &img, &e) == SD_IMG_IO && strstr(e.msg, "missing.jpg"),
                "missing file -> io (%s)", e.msg);
         tap_ok(sd_image_decode_file(tmpdir, NULL, &img, &e) == SD_IMG_IO, "a directory -> io (%s)", e.msg);
+        errno = 0; /* no stale errno in the message ("Success") */
+        tap_ok(sd_image_decode_file("/dev/null", NULL, &img, &e) == SD_IMG_IO &&
+                   !strcmp(e.msg, "/dev/null: not a regular file"),
+               "a character device -> io, not a regular file (%s)", e.msg);
         tap_ok(sd_image_decode_file(zero, NULL, &img, &e) == SD_IMG_EMPTY, "zero-byte file -> empty (%s)", e.msg);
         unlink(zero);
         free(missing);
@@ -748,6 +752,72 @@ static void geometry(void)
         o.resolution = 0;
         tap_ok(sd_transform_rgb8(src, 5, 4, &o, dst, NULL, &e) == -1, "resolution 0 is an error (%s)", e.msg);
     }
+}
+
+/* Sizes the transform refuses (a side, or the resized long side, over 2^24) are refused from the
+ * header when the decoder knows the resolution (resize_to): too_large, the file named, nothing
+ * decoded. The crafted PNGs are a few KB whatever they declare. */
+static void transform_limits(void)
+{
+    const int tall = 600000; /* 1 x 600000: resized to 32 it would be 32 x 19,200,000 */
+    uint8_t *rows = calloc(tall, 1), *png = NULL, *b;
+    size_t n;
+    sd_image_opts o;
+    sd_image_info info;
+    sd_image img = SD_IMAGE_INIT;
+    sd_err e;
+    sd_image_status st;
+    tap_ok(sd_transform_size_ok(1, 1 << 24, 1) && !sd_transform_size_ok(1, (1 << 24) + 1, 1) &&
+               !sd_transform_size_ok(1, 1 << 24, 2) && sd_transform_size_ok(1 << 12, 1 << 24, 1 << 12) &&
+               !sd_transform_size_ok(1, 600000, 32) && sd_transform_size_ok(1, 524288, 32) &&
+               sd_transform_size_ok(1, 1, 16384) && !sd_transform_size_ok(0, 5, 4) &&
+               !sd_transform_size_ok(2000000000, 2000000000, 1) && !sd_transform_size_ok(1, 1 << 24, 65536),
+           "sd_transform_size_ok: sides and the resized long side at most 2^24, no int overflow");
+    {
+        png_spec s = {1, tall, 8, PNG_COLOR_TYPE_GRAY, rows, NULL, 0, NULL, 0, NULL, 0};
+        make_png(&s, &png, &n);
+    }
+    sd_image_opts_default(&o);
+    o.resize_to = 32;
+    memset(&e, 0, sizeof e);
+    st = sd_image_decode(png, n, "tall.png", &o, &img, &e);
+    tap_ok(st == SD_IMG_TOO_LARGE && strncmp(e.msg, "tall.png: ", 10) == 0 && strstr(e.msg, "1x600000") &&
+               img.width == 0 && img.data == NULL,
+           "a 1x600000 PNG for resolution 32 -> too_large from the header, nothing allocated (%s)", e.msg);
+    tap_ok(sd_image_probe(png, n, "tall.png", &o, &info, &e) == SD_IMG_TOO_LARGE, "the probe says the same");
+    o.resize_to = 0;
+    st = sd_image_decode(png, n, "tall.png", &o, &img, &e);
+    tap_ok(st == SD_IMG_OK && img.width == 1 && img.height == tall, "without resize_to it decodes");
+    if (st == SD_IMG_OK) {
+        uint8_t dst[32 * 32 * 3];
+        sd_transform_opts to = {32, 0};
+        tap_ok(sd_transform_rgb8(img.data, img.width, img.height, &to, dst, NULL, &e) == -1 &&
+                   strstr(e.msg, "too large"),
+               "and the transform refuses it (%s)", e.msg);
+    }
+    /* the same file declaring 1 x 178,956,970 (just under max_pixels; a side over 2^24): refused
+     * before libpng allocates its 1.4 GB of row pointers and 0.7 GB of pixels */
+    b = malloc(n);
+    memcpy(b, png, n);
+    put_be32(b + 20, 178956970u);
+    put_be32(b + 29, crc32_png(b + 12, 17));
+    o.resize_to = 512;
+    memset(&e, 0, sizeof e);
+    st = sd_image_decode(b, n, "bomb.png", &o, &img, &e);
+    tap_ok(st == SD_IMG_TOO_LARGE && strncmp(e.msg, "bomb.png: ", 10) == 0 && strstr(e.msg, "1x178956970"),
+           "a PNG header declaring 1x178956970 -> too_large before decoding (%s)", e.msg);
+    /* a normal image at the same setting decodes */
+    {
+        png_spec s = {4, 3, 8, PNG_COLOR_TYPE_GRAY, rows, NULL, 0, NULL, 0, NULL, 0};
+        free(png);
+        make_png(&s, &png, &n);
+    }
+    tap_ok(sd_image_decode(png, n, "small.png", &o, &img, &e) == SD_IMG_OK && img.width == 4,
+           "a 4x3 PNG with resize_to 512 decodes (upscaled later)");
+    free(b);
+    free(png);
+    free(rows);
+    sd_image_free(&img);
 }
 
 /* A plain transcription of Pillow's two-pass 8-bit resample (whole image, horizontal then
@@ -973,6 +1043,7 @@ int main(void)
     golden_set();
     conversions();
     bad_inputs(tmpdir);
+    transform_limits();
     geometry();
     resize_oracle();
     normalization();
