@@ -653,6 +653,69 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
     return 0;
 }
 
+/* Rank 0: whether the shards an earlier run committed in the shard directory belong to this
+ * run's plan, which skips them and writes the others (shard k holds good samples of
+ * [k S, min((k+1) S, n))). Every committed shard must be one of the plan's, hold at most the
+ * samples the plan gives it and be of this resolution; the first one is opened, and its encoder
+ * weights and keys (in order, among the samples the plan gives it) must be this run's. Another
+ * &data input, max_samples or samples_per_shard, or other encoders, would otherwise top the
+ * directory up with samples twice over, or with latents of another space, without a word. */
+static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n, int64_t n_shards,
+                           const sd_shard_manifest *man, const encoders *e, sd_err *err)
+{
+    const int64_t S = cfg->data.samples_per_shard;
+    static const char *const advice = "use another &data shard_dir, or empty this one";
+    sd_shard *sh = NULL;
+    char *keys = NULL;
+    int rc = 0;
+    if (man->n == 0)
+        return 0;
+    for (int64_t i = 0; i < man->n; i++) {
+        const sd_shard_entry *m = &man->entries[i];
+        const int64_t planned = m->index < n_shards ? (n - m->index * S < S ? n - m->index * S : S) : 0;
+        if (m->samples > planned)
+            return sd_err_set(err, "%s: the committed %s holds %lld samples, but this run plans %lld "
+                              "for it (%lld samples of %s in shards of %lld): the shards were written "
+                              "with another &data input, max_samples or samples_per_shard; %s",
+                              cfg->data.shard_dir, m->file, (long long)m->samples, (long long)planned,
+                              (long long)n, cfg->data.input, (long long)S, advice);
+        if (m->resolution != e->res)
+            return sd_err_set(err, "%s: the committed %s is of resolution %d, this run's is %d; %s",
+                              cfg->data.shard_dir, m->file, m->resolution, e->res, advice);
+    }
+    if (sd_shard_open_entry(cfg->data.shard_dir, &man->entries[0], &sh, err))
+        return -1;
+    {
+        const sd_shard_info *in = sd_shard_get_info(sh);
+        const sd_shard_entry *m = &man->entries[0];
+        const size_t kw = in->key_width + 1;
+        if (strcmp(in->weights_hash, e->weights_hash) != 0) {
+            rc = sd_err_set(err, "%s: the committed %s was encoded by other weights (%s, %s) than "
+                            "this run's (%s, %s); %s", cfg->data.shard_dir, m->file,
+                            in->weights_hash, in->weights_path, e->weights_hash, e->weights_path,
+                            advice);
+        } else {
+            keys = sd_xmalloc((size_t)in->n_samples * kw + 1);
+            rc = sd_shard_read_keys(sh, 0, in->n_samples, 1, keys, kw, err);
+        }
+        /* its keys, in order, among the keys of the samples the plan gives it */
+        for (int64_t r = 0, i = m->index * S; rc == 0 && r < in->n_samples; r++, i++) {
+            const char *key = keys + (size_t)r * kw;
+            const int64_t end = n - m->index * S < S ? n : (m->index + 1) * S;
+            while (i < end && strcmp(sd_dataset_key(ds, i), key) != 0)
+                i++;
+            if (i == end)
+                rc = sd_err_set(err, "%s: the committed %s holds sample '%s', which this run's plan "
+                                "does not put there (%lld samples of %s in shards of %lld): the "
+                                "shards were written from another input; %s", cfg->data.shard_dir,
+                                m->file, key, (long long)n, cfg->data.input, (long long)S, advice);
+        }
+    }
+    free(keys);
+    sd_shard_close(sh);
+    return rc;
+}
+
 /* What the dataset index counted that is no sample (sd_dataset_stats), as the summary names it. */
 typedef struct index_count {
     const char *name;
@@ -987,7 +1050,18 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_encoders(&enc);
         sd_dataset_close(&ds);
-        return SD_EXIT_FAILURE;
+        /* a shard changed after its commit is not mended by a retry; the storage may be */
+        return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE;
+    }
+    /* the committed shards are this run's to skip */
+    if (sd_agree(comm, rank == 0 && check_committed(cfg, &ds, n, n_shards, &man, &enc, &err) != 0,
+                 &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        sd_shard_manifest_free(&man);
+        free_encoders(&enc);
+        sd_dataset_close(&ds);
+        return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE;
     }
     /* a shard directory that cannot take shards: an error now, before any encoding */
     if (sd_agree(comm, rank == 0 && sd_mkdir_writable(cfg->data.shard_dir, "shard directory",

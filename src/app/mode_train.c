@@ -1541,6 +1541,14 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     return sd_agree(comm, failed, err);
 }
 
+/* Every shard known (mode 'pipeline': the last planned one committed) and fewer training
+ * samples than one global batch: the same on every rank. */
+static int too_few_samples(const trainer *t)
+{
+    const sd_loader_info *li = sd_loader_get_info(t->loader);
+    return li->complete && li->steps_per_epoch < 1;
+}
+
 int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const sd_config *cfg = &rc->cfg;
@@ -1599,7 +1607,17 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             t.info.complete ? "" : " (in the shards committed so far)", (long long)max_steps);
     report_compute(&t, rt, dev);
 
-    SD_CHECK(sd_loader_seek(t.loader, t.start_step, &err) == 0, "%s", err.msg);
+    /* mode 'pipeline' learns only here (or at a later step) that all its shards together hold
+     * fewer training samples than one global batch: the configuration error mode 'train' gives
+     * at open, status 2 */
+    if (sd_agree(t.mpi_comm, sd_loader_seek(t.loader, t.start_step, &err) != 0, &err) != 0) {
+        const int status = too_few_samples(&t) ? SD_EXIT_USAGE : SD_EXIT_FAILURE;
+        if (t.rank == 0)
+            fprintf(stderr, "sdtrain: %s\n", err.msg);
+        sd_loader_batch_free(&vb);
+        free_trainer(&t);
+        return status;
+    }
     k = t.start_opt_step;
     skipped = t.start_skipped;
     if (cfg->train.val_every > 0 && t.info.n_val == 0)
@@ -1645,7 +1663,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         if (any_failed(t.comm, in->failed)) {
             if (in->failed)
                 sd_error("%s", in->err.msg);
-            code = SD_EXIT_FAILURE;
+            code = too_few_samples(&t) ? SD_EXIT_USAGE : SD_EXIT_FAILURE;
             break;
         }
 

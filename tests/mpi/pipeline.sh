@@ -139,4 +139,17 @@ SDTRAIN_TEST_SHARD_DELAY_MS=20000 mpi stall 4 "$SDTRAIN" "$TMP/stall.nml" --set 
 [ "$RC" != 0 ] || fail "stall: the job exited 0"
 expect_in stall err "no shard 0 committed in $TMP/shards-stall after waiting 2 s"
 expect_in stall err "the training half failed"
+# (e) all the shards together hold fewer training samples than one global batch (8 images,
+# 2 x 16 a step): the configuration error of mode 'train', status 2 (was an internal check
+# failure, status 1, which job scripts retry), with the shards complete before training starts
+# and with the trainers waiting for them
+pipe_nml small "$TMP/shards-small" 4
+sed -i "s|input = '$TMP/data'|input = '$TMP/data', max_samples = 8|; s/batch_size_per_rank = 4/batch_size_per_rank = 16/" "$TMP/small.nml"
+mpi small 4 "$SDTRAIN" "$TMP/small.nml"
+expect_rc small 2
+expect_in small err "fewer than one global batch of 32 (2 ranks x 16)"
+expect_not_in small err "check failed"
+SDTRAIN_TEST_SHARD_DELAY_MS=500 mpi small2 4 "$SDTRAIN" "$TMP/small.nml" --set data.shard_dir="$TMP/shards-small2"
+expect_rc small2 2
+expect_in small2 err "fewer than one global batch of 32 (2 ranks x 16)"
 pass "a failing half ends the whole job"

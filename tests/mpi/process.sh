@@ -163,6 +163,22 @@ expect_rc resume 0
 checksums "$TMP/shards-kill" >"$TMP/sum-kill"
 diff "$TMP/sum-np3" "$TMP/sum-kill" || fail "resumed run wrote different data"
 
+# a rerun whose plan the committed shards do not fit is refused before it writes anything
+# (status 2): other shard sizes (the committed shards would have been skipped and their samples
+# written again into the others), other encoder weights (latents of two spaces in one
+# directory), and a committed shard changed on disk (no retry mends it)
+mpi rerun-size 2 "$SDTRAIN" "$TMP/kill.nml" --set data.samples_per_shard=8
+expect_rc rerun-size 2
+expect_count rerun-size err "but this run plans 8 for it (40 samples of $TMP/data-files in shards of 8)" 1
+mpi rerun-weights 2 "$SDTRAIN" "$TMP/kill.nml" --set run.seed=8
+expect_rc rerun-weights 2
+expect_in rerun-weights err "the committed shard-000000.h5 was encoded by other weights"
+cp -r "$TMP/shards-kill" "$TMP/shards-cut"
+truncate -s 1000 "$TMP/shards-cut/shard-000001.h5"
+mpi rerun-cut 2 "$SDTRAIN" "$TMP/kill.nml" --set data.shard_dir="$TMP/shards-cut"
+expect_rc rerun-cut 2
+expect_in rerun-cut err "but the file has 1000 bytes"
+
 # mode = 'pipeline': the preprocessing ranks write the same shards while the training rank
 # trains on them (tests/mpi/pipeline.sh checks the training half)
 write_nml pipe files "$TMP/data-files" "$TMP/shards-pipe"
