@@ -1155,6 +1155,27 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             code = SD_EXIT_FAILURE;
             break;
         }
+        {
+            /* a shard of nothing but skipped samples cannot be written (a shard holds at least
+             * one, and the shards are numbered without gaps): bad input no rerun mends */
+            int64_t mine = sl[cur].n, all = 0;
+            SD_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT64_T, MPI_SUM, comm));
+            if (all == 0) {
+                const int64_t first = k * cfg->data.samples_per_shard;
+                const int64_t last = first + cfg->data.samples_per_shard < n
+                                         ? first + cfg->data.samples_per_shard : n;
+                if (rank == 0)
+                    sd_error("shard %lld: none of its %lld samples (%lld to %lld of %s, from '%s' "
+                             "on) is usable, each was skipped (bad image, caption or encoding; "
+                             "&run log_level = 'debug' names each), and a shard holds at least "
+                             "one; the shards committed before it are kept. Mend or remove those "
+                             "inputs, or write another samples_per_shard into a new shard_dir",
+                             (long long)k, (long long)(last - first), (long long)first,
+                             (long long)last - 1, cfg->data.input, sd_dataset_key(&ds, first));
+                code = SD_EXIT_USAGE;
+                break;
+            }
+        }
         writer_start(&writer, k, &sl[cur], t0);
         if (!writer.threaded && writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
             code = SD_EXIT_FAILURE;

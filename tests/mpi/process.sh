@@ -179,6 +179,19 @@ mpi rerun-cut 2 "$SDTRAIN" "$TMP/kill.nml" --set data.shard_dir="$TMP/shards-cut
 expect_rc rerun-cut 2
 expect_in rerun-cut err "but the file has 1000 bytes"
 
+# a shard all of whose samples are bad cannot be written (a shard holds one at least): status 2
+# (bad input, which slurm/process.sh does not retry; it was 1), the shard before it committed
+run data-allbad "$SDTOOL" make-demo-data "$TMP/data-allbad" --count 8
+expect_rc data-allbad 0
+for f in "$TMP"/data-allbad/00000/00000000[4-7].*; do
+    case $f in *.txt) ;; *) echo garbage >"$f" ;; esac
+done
+write_nml allbad files "$TMP/data-allbad" "$TMP/shards-allbad"
+mpi allbad 2 "$SDTRAIN" "$TMP/allbad.nml" --set data.samples_per_shard=4
+expect_rc allbad 2
+expect_count allbad err "shard 1: none of its 4 samples (4 to 7 of $TMP/data-allbad, from '00000/000000004' on) is usable" 1
+[ "$(checksums "$TMP/shards-allbad" | wc -l)" = 1 ] || fail "allbad: shard 0 not committed"
+
 # mode = 'pipeline': the preprocessing ranks write the same shards while the training rank
 # trains on them (tests/mpi/pipeline.sh checks the training half)
 write_nml pipe files "$TMP/data-files" "$TMP/shards-pipe"
