@@ -86,6 +86,12 @@ int sd_read_regular_file(const char *path, size_t limit, const char *what, char 
  * spellings of a path count), else 0. For the commands that must not write over an input. */
 int sd_same_file(const char *a, const char *b);
 
+/* 1 when `path` is the folder or file `dir` or lies inside it, comparing real paths (symbolic
+ * links, "..", other spellings); either may name what does not exist yet, whose existing part is
+ * resolved. 0 otherwise, or when a path cannot be resolved. For the commands that replace an
+ * output folder: one that holds an input, or lies in one, must be refused. */
+int sd_path_within(const char *path, const char *dir);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,6 +26,11 @@ int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_devic
  * exit status; rank 0 has reported a failure. */
 int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                      const sd_device_info *dev);
+/* The checkpoint root of the training output directory `run_dir` into root: the run's
+ * &checkpoint dir, read from the namelist `nml` (NULL: run_dir/used.nml, when there), when it
+ * set one and that folder exists here, else run_dir/checkpoints. For mode 'sample' and sdtool
+ * export, which take a training output directory as their source. */
+void sd_run_checkpoint_root(const char *run_dir, const char *nml, char *root, size_t size);
 
 #ifdef __cplusplus
 }

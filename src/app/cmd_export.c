@@ -20,6 +20,7 @@
 #include "sdtrain/fsutil.h"
 #include "sdtrain/json_file.h"
 #include "sdtrain/models.h"
+#include "sdtrain/modes.h"
 #include "sdtrain/safetensors.h"
 #include "sdtrain/single_file.h"
 #include "sdtrain/snapshot.h"
@@ -49,7 +50,8 @@ static void export_usage(FILE *f)
             "                     a training output directory (its checkpoints/latest, else\n"
             "                     unet_final.safetensors / unet_ema.safetensors) or a U-Net\n"
             "                     .safetensors file (needs --nml or a used.nml beside it)\n"
-            "  --out DIR          the snapshot to write (built in DIR.tmp, then renamed)\n"
+            "  --out DIR          the snapshot to write (built in DIR.tmp, then renamed); not\n"
+            "                     SRC nor a folder holding it\n"
             "  --ema              export the EMA of the parameters instead of the parameters\n"
             "  --pretrained SNAP  where the other parts come from (default: the run's &model\n"
             "                     pretrained; none: only unet/, scheduler/ and model_index.json)\n"
@@ -172,17 +174,7 @@ static int resolve_source(const char *src, int ema, const char *nml, source *s, 
         snprintf(s->nml, sizeof s->nml, "%s", p);
     {
         char root[PATH_LEN];
-        PATHF(root, "%s/checkpoints", src);
-        if (s->nml[0]) {
-            /* &checkpoint dir, when the run set one and it is reachable from here */
-            sd_run_config rc2;
-            sd_err e2;
-            sd_run_config_init(&rc2);
-            if (sd_config_load(&rc2, s->nml, 0, NULL, &e2) == 0 && rc2.cfg.checkpoint.dir[0] &&
-                is_dir(rc2.cfg.checkpoint.dir))
-                PATHF(root, "%s", rc2.cfg.checkpoint.dir);
-            sd_run_config_free(&rc2);
-        }
+        sd_run_checkpoint_root(src, s->nml[0] ? s->nml : NULL, root, sizeof root);
         rc = latest_of(root, s->ckpt, sizeof s->ckpt, err);
         if (rc <= 0) {
             if (rc == 0 && !nml)
@@ -264,9 +256,66 @@ static int write_scheduler(const char *tmp, const sd_config *cfg, sd_err *err)
     return rc;
 }
 
-/* Everything but the U-Net: copied from the snapshot `pre` ("" = none), the scheduler written
- * from &diffusion when the snapshot has none, the tokenizer from &model tokenizer when that is
- * a folder and the snapshot has none; then model_index.json. */
+/* o[key] = value (taken over), its name appended to the list `changed` unless o had it already. */
+static void fit_key(json_object *o, const char *key, json_object *value, char *changed,
+                    size_t size)
+{
+    json_object *v;
+    const size_t n = strlen(changed);
+    if (json_object_object_get_ex(o, key, &v) && json_object_equal(v, value)) {
+        json_object_put(value);
+        return;
+    }
+    json_object_object_add(o, key, value);
+    snprintf(changed + n, size - n, "%s%s", n ? ", " : "", key);
+}
+
+/* The snapshot's scheduler config copied to tmp/scheduler, with the schedule the run trained
+ * with: &diffusion's keys replace the snapshot's (a v-prediction fine-tune of an epsilon snapshot
+ * must not be sampled as epsilon); its class and other options (steps_offset, timestep_spacing,
+ * ...) stay. 1 when the copy cannot be read as a JSON object (the caller writes it from
+ * &diffusion), 0 done, -1 error. */
+static int fit_scheduler(const char *tmp, const char *pre, const sd_config *cfg, sd_err *err)
+{
+    char p[PATH_LEN], changed[256] = "";
+    json_object *o, *v;
+    sd_err e2;
+    const char *text;
+    int rc;
+    PATHF(p, "%s/scheduler/scheduler_config.json", tmp);
+    if (sd_json_read_object(p, &o, &e2)) {
+        fprintf(stderr, "sdtool export: warning: %s/scheduler/scheduler_config.json: %s: "
+                        "scheduler/ written from &diffusion instead\n", pre, e2.msg);
+        return 1;
+    }
+    fit_key(o, "prediction_type", json_object_new_string(cfg->diffusion.prediction_type),
+            changed, sizeof changed);
+    fit_key(o, "beta_schedule", json_object_new_string(cfg->diffusion.beta_schedule), changed,
+            sizeof changed);
+    fit_key(o, "beta_start", json_object_new_double(cfg->diffusion.beta_start), changed,
+            sizeof changed);
+    fit_key(o, "beta_end", json_object_new_double(cfg->diffusion.beta_end), changed,
+            sizeof changed);
+    fit_key(o, "num_train_timesteps", json_object_new_int64(cfg->diffusion.num_train_timesteps),
+            changed, sizeof changed);
+    /* the run's betas come from beta_schedule; zero terminal SNR is written whole elsewhere */
+    if (json_object_object_get_ex(o, "trained_betas", &v) && v)
+        fit_key(o, "trained_betas", NULL, changed, sizeof changed);
+    if (json_object_object_get_ex(o, "rescale_betas_zero_snr", &v))
+        fit_key(o, "rescale_betas_zero_snr", json_object_new_boolean(0), changed, sizeof changed);
+    if (changed[0])
+        fprintf(stderr, "sdtool export: scheduler/scheduler_config.json: copied from %s with the "
+                        "run's &diffusion for %s\n", pre, changed);
+    text = json_object_to_json_string_ext(o, JSON_FLAGS);
+    rc = sd_write_file_atomic(p, text, strlen(text), err);
+    json_object_put(o);
+    return rc;
+}
+
+/* Everything but the U-Net: copied from the snapshot `pre` ("" = none), the scheduler's config
+ * given the run's &diffusion (fit_scheduler) or written from it when the snapshot has none, the
+ * tokenizer from &model tokenizer when that is a folder and the snapshot has none; then
+ * model_index.json. */
 static int write_other_parts(const char *tmp, const char *pre, const sd_config *cfg,
                              const char *provenance, sd_err *err)
 {
@@ -327,6 +376,12 @@ static int write_other_parts(const char *tmp, const char *pre, const sd_config *
                         "written from &diffusion (DDIMScheduler, rescale_betas_zero_snr, "
                         "'trailing'), not copied from %s\n", pre);
         add_pair(index, "scheduler", NULL, NULL); /* written below */
+    } else if (!rc && listed(index, "scheduler")) {
+        rc = fit_scheduler(tmp, pre, cfg, err);
+        if (rc == 1) {
+            add_pair(index, "scheduler", NULL, NULL); /* written below */
+            rc = 0;
+        }
     }
     if (!rc && !listed(index, "scheduler")) {
         rc = write_scheduler(tmp, cfg, err);
@@ -471,6 +526,17 @@ int sd_cmd_export(int argc, char **argv)
     /* the source and the run's configuration */
     if (resolve_source(from, ema, nml, &src, &err))
         goto bad;
+    /* DIR.tmp is removed and DIR replaced: neither may be or hold what is read (inside it is
+     * fine: runs/x/export) */
+    {
+        const char *inputs[4] = {from, src.ckpt, src.weights, src.nml};
+        for (int i = 0; i < 4; i++)
+            if (inputs[i][0] && (sd_path_within(inputs[i], out) || sd_path_within(inputs[i], tmp))) {
+                sd_err_set(&err, "--out %s would replace the source %s (or a folder holding "
+                                 "it): give another folder", out, inputs[i]);
+                goto bad;
+            }
+    }
     if (src.ckpt[0] && !src.nml[0]) {
         if (sd_ckpt_peek(src.ckpt, &info, &err))
             goto bad;
@@ -518,6 +584,11 @@ int sd_cmd_export(int argc, char **argv)
         goto bad;
     }
 
+    if (pre[0] && (sd_path_within(pre, out) || sd_path_within(pre, tmp))) {
+        sd_err_set(&err, "--out %s would replace the pretrained snapshot %s that the other parts "
+                         "come from: give another folder", out, pre);
+        goto bad;
+    }
     if (single && !pre[0]) {
         sd_err_set(&err, "--single-file %s needs the VAE and text encoder of a pretrained "
                          "snapshot, and the run has none: give --pretrained SNAPSHOT", single);

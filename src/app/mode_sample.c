@@ -25,6 +25,7 @@
 #include "sdtrain/text2img.h"
 #include "sdtrain/timer.h"
 #include "sdtrain/tokenizer.h"
+#include "sdtrain/utf8.h"
 
 #define TEXT_LEN SD_TOKENIZER_LENGTH
 #define TRAIN_UNET_FILE "unet_final.safetensors"
@@ -76,28 +77,79 @@ static int find_checkpoint(const char *dir, char *out, size_t size)
     return 1;
 }
 
-/* A training output directory: its final weights (the EMA file with use_ema), else its newest
- * checkpoint. 1 when found, 0 when the directory holds neither. */
-static int from_training_output(const sd_config *cfg, const char *dir, sources *s)
+void sd_run_checkpoint_root(const char *run_dir, const char *nml, char *root, size_t size)
 {
-    char path[SD_PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s", dir, cfg->sample.use_ema ? TRAIN_EMA_FILE : TRAIN_UNET_FILE);
+    char used[SD_PATH_MAX + 16];
+    snprintf(root, size, "%s/checkpoints", run_dir);
+    if (!nml) {
+        snprintf(used, sizeof used, "%s/used.nml", run_dir);
+        if (!is_file(used))
+            return;
+        nml = used;
+    }
+    sd_run_config rc;
+    sd_err err;
+    sd_run_config_init(&rc);
+    /* &checkpoint dir, when the run set one and it is reachable from here */
+    if (sd_config_load(&rc, nml, 0, NULL, &err) == 0 && rc.cfg.checkpoint.dir[0] &&
+        is_dir(rc.cfg.checkpoint.dir))
+        snprintf(root, size, "%s", rc.cfg.checkpoint.dir);
+    sd_run_config_free(&rc);
+}
+
+/* A training output directory (`key` names where it was given): its final weights (the EMA
+ * file with use_ema), else the newest checkpoint of its checkpoint root. 1 when found; 0 when
+ * dir is no training output directory (none of what mode 'train' writes there; its used.nml
+ * counts unless `own`: this run's output_dir, where this run wrote one); -1 with a message when
+ * it is one without what is asked for. */
+static int from_training_output(const sd_config *cfg, const char *key, const char *dir, int own,
+                                sources *s, sd_err *err)
+{
+    char path[SD_PATH_MAX + 64], root[SD_PATH_MAX + 64];
+    const char *want = cfg->sample.use_ema ? TRAIN_EMA_FILE : TRAIN_UNET_FILE;
+    int n_marks = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, want);
     if (is_file(path)) {
         snprintf(s->unet_file, sizeof s->unet_file, "%s", path);
         return 1;
     }
-    snprintf(path, sizeof path, "%s/checkpoints", dir);
-    return is_dir(path) && find_checkpoint(path, s->ckpt, sizeof s->ckpt);
+    sd_run_checkpoint_root(dir, NULL, root, sizeof root);
+    if (is_dir(root) && find_checkpoint(root, s->ckpt, sizeof s->ckpt))
+        return 1;
+    static const char *const marks[] = {TRAIN_UNET_FILE, TRAIN_EMA_FILE, "metrics.jsonl",
+                                        "used.nml"};
+    for (int i = 0; i < (own ? 3 : 4); i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, marks[i]);
+        n_marks += is_file(path);
+    }
+    if (!n_marks && !is_dir(root))
+        return 0;
+    if (cfg->sample.use_ema)
+        return sd_err_set(err, "%s = '%s' is a training output directory without EMA weights "
+                               "(&sample use_ema = .true.): no %s and no checkpoint in %s (the run "
+                               "had &train ema_decay = 0?)", key, dir, TRAIN_EMA_FILE, root);
+    return sd_err_set(err, "%s = '%s' is a training output directory with nothing to sample "
+                           "from: no %s and no checkpoint in %s (its &checkpoint dir, from "
+                           "used.nml, or checkpoints/)", key, dir, TRAIN_UNET_FILE, root);
 }
 
 static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
 {
     const char *ck = cfg->sample.checkpoint, *pre = cfg->model.pretrained;
+    int rc;
     memset(s, 0, sizeof *s);
     if (!ck[0]) {
         if (pre[0]) {
+            if (cfg->sample.use_ema)
+                return sd_err_set(err, "&sample use_ema = .true., but the U-Net comes from &model "
+                                       "pretrained = '%s', a diffusers snapshot, which has no EMA "
+                                       "weights: set &sample checkpoint to the training output "
+                                       "directory or checkpoint", pre);
             snprintf(s->unet_snapshot, sizeof s->unet_snapshot, "%s", pre);
-        } else if (!from_training_output(cfg, cfg->run.output_dir, s)) {
+        } else if ((rc = from_training_output(cfg, "&run output_dir", cfg->run.output_dir, 1,
+                                              s, err)) < 0) {
+            return -1;
+        } else if (rc == 0) {
             return sd_err_set(err, "nothing to sample from: &sample checkpoint and &model "
                                    "pretrained are both '' and &run output_dir '%s' holds neither "
                                    "%s nor checkpoints/ (what mode 'train' writes there). Set "
@@ -106,10 +158,23 @@ static int resolve_sources(const sd_config *cfg, sources *s, sd_err *err)
                               cfg->sample.use_ema ? TRAIN_EMA_FILE : TRAIN_UNET_FILE);
         }
     } else if (is_file(ck)) {
+        if (cfg->sample.use_ema)
+            return sd_err_set(err, "&sample use_ema = .true., but &sample checkpoint = '%s' is a "
+                                   "U-Net .safetensors file, which has no EMA weights: give the "
+                                   "training output directory or checkpoint, or the file of the "
+                                   "EMA weights (%s) with use_ema = .false.", ck, TRAIN_EMA_FILE);
         snprintf(s->unet_file, sizeof s->unet_file, "%s", ck);
     } else if (is_dir(ck)) {
-        if (!find_checkpoint(ck, s->ckpt, sizeof s->ckpt) && !from_training_output(cfg, ck, s))
-            snprintf(s->unet_snapshot, sizeof s->unet_snapshot, "%s", ck);
+        if (!find_checkpoint(ck, s->ckpt, sizeof s->ckpt)) {
+            if ((rc = from_training_output(cfg, "&sample checkpoint", ck, 0, s, err)) < 0)
+                return -1;
+            if (rc == 0 && cfg->sample.use_ema)
+                return sd_err_set(err, "&sample use_ema = .true., but &sample checkpoint = '%s' "
+                                       "is no training output directory or checkpoint: a diffusers "
+                                       "snapshot has no EMA weights", ck);
+            if (rc == 0)
+                snprintf(s->unet_snapshot, sizeof s->unet_snapshot, "%s", ck);
+        }
     } else {
         return sd_err_set(err, "&sample checkpoint = '%s': no such file or directory (expected a "
                                "diffusers snapshot, a training output directory with %s, or a "
@@ -411,11 +476,15 @@ out:
     return rc;
 }
 
-/* JSON string body of s (quotes, backslashes and control characters escaped; UTF-8 as is). */
+/* JSON string body of s (quotes, backslashes and control characters escaped; UTF-8 as is, each
+ * ill-formed subpart written as U+FFFD, so the index stays UTF-8 JSON). */
 static void json_str(FILE *f, const char *s)
 {
+    const size_t n = strlen(s);
+    char *fixed = sd_xmalloc(3 * n + 1);
+    sd_utf8_repair(s, n, fixed, NULL);
     fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)fixed; *p; p++) {
         if (*p == '"' || *p == '\\')
             fprintf(f, "\\%c", *p);
         else if (*p < 0x20)
@@ -424,6 +493,7 @@ static void json_str(FILE *f, const char *s)
             fputc(*p, f);
     }
     fputc('"', f);
+    free(fixed);
 }
 
 /* A scheduler for `n` latent elements (nb images of a batch) with the snapshot's options. */

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,4 +327,57 @@ int sd_same_file(const char *a, const char *b)
 {
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* realpath of `p`, which may not exist (yet): the longest existing prefix resolved, then each
+ * further component applied as mkdir -p would create it ("." and ".." by name). */
+static int loose_realpath(const char *p, char out[PATH_MAX])
+{
+    char head[PATH_MAX];
+    const char *rest;
+    const size_t n = strlen(p);
+    if (n == 0 || n >= sizeof head)
+        return -1;
+    memcpy(head, p, n + 1);
+    while (!realpath(head[0] ? head : p[0] == '/' ? "/" : ".", out)) {
+        char *slash = strrchr(head, '/');
+        if (!head[0])
+            return -1;
+        if (slash)
+            *slash = '\0';
+        else
+            head[0] = '\0';
+    }
+    for (rest = p + strlen(head); *rest;) {
+        const size_t len = strcspn(rest, "/");
+        char next[PATH_MAX];
+        size_t at = strlen(out);
+        if (len == 0 || (len == 1 && rest[0] == '.')) {
+            /* nothing */
+        } else if (len == 2 && rest[0] == '.' && rest[1] == '.') {
+            while (at > 1 && out[at - 1] != '/')
+                at--;
+            out[at > 1 ? at - 1 : 1] = '\0';
+        } else {
+            if (at + 1 + len >= PATH_MAX)
+                return -1;
+            snprintf(out + at, PATH_MAX - at, "%s%.*s", at > 1 ? "/" : "", (int)len, rest);
+            if (realpath(out, next)) /* a link or folder made meanwhile */
+                memcpy(out, next, strlen(next) + 1);
+        }
+        rest += len;
+        if (*rest == '/')
+            rest++;
+    }
+    return 0;
+}
+
+int sd_path_within(const char *path, const char *dir)
+{
+    char rp[PATH_MAX], rd[PATH_MAX];
+    size_t n;
+    if (loose_realpath(path, rp) || loose_realpath(dir, rd))
+        return 0;
+    n = strlen(rd);
+    return strncmp(rp, rd, n) == 0 && (rp[n] == '\0' || rp[n] == '/' || (n == 1 && rd[0] == '/'));
 }

@@ -3,7 +3,9 @@
 # diffusers snapshot hold the training weights bit for bit (params and --ema), `sdtool forward`
 # on the export equals the forward on the original weights, a run that trained from a snapshot
 # gets its unet config and other parts, and `&sample checkpoint = <export>` samples the same PNG
-# bytes as the training output; bad input ends with exit 2 and a message naming the file.
+# bytes as the training output (also with a &diffusion other than the snapshot's scheduler, and
+# with &checkpoint dir elsewhere); bad input, and an --out that is, holds or lies in the source,
+# end with exit 2 and a message naming the file.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 
@@ -225,6 +227,70 @@ cmp -s "$TMP/zs-run/samples/0-0.png" "$TMP/zs-exp/samples/0-0.png" ||
     fail "zero SNR: sampling from the export differs from sampling from the training output"
 pass "zero terminal SNR: exported as DDIMScheduler with rescale_betas_zero_snr and 'trailing'; same samples"
 
+# the schedule the run trained with over the snapshot's: a v-prediction fine-tune of an epsilon
+# snapshot exports prediction_type v_prediction, the snapshot's class and other options kept;
+# sampling from the export == from the run (an unreadable scheduler config: from &diffusion)
+mkdir -p "$TMP/esnap/scheduler"
+for part in unet vae text_encoder model_index.json; do ln -s "$TMP/zsnap/$part" "$TMP/esnap/$part"; done
+printf '{"_class_name": "PNDMScheduler", "num_train_timesteps": 1000, "beta_start": 0.00085,
+ "beta_end": 0.012, "beta_schedule": "scaled_linear", "set_alpha_to_one": false,
+ "skip_prk_steps": true, "steps_offset": 1, "clip_sample": false, "prediction_type": "epsilon"}\n' \
+    >"$TMP/esnap/scheduler/scheduler_config.json"
+sed "s/prediction_type = 'epsilon'/prediction_type = 'v_prediction'/" "$TMP/srun/used.nml" >"$TMP/vs.nml"
+run vexp "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/vs.nml" \
+    --pretrained "$TMP/esnap" --out "$TMP/vexp"
+expect_rc vexp 0
+expect_in vexp err "copied from $TMP/esnap with the run's &diffusion for prediction_type"
+v="$TMP/vexp/scheduler/scheduler_config.json"
+for k in '"_class_name": "PNDMScheduler"' '"prediction_type": "v_prediction"' '"steps_offset": 1' \
+    '"skip_prk_steps": true' '"beta_start": 0.00085'; do
+    grep -qF "$k" "$v" || fail "v-prediction export: $k not in $v: $(cat "$v")"
+done
+mpi vs-run 1 "$SDTRAIN" "$TMP/vs.nml" --set run.mode=sample --set "run.output_dir='$TMP/vs-run'" \
+    --set "sample.checkpoint='$TMP/srun'"
+mpi vs-exp 1 "$SDTRAIN" "$TMP/vs.nml" --set run.mode=sample --set "run.output_dir='$TMP/vs-exp'" \
+    --set "sample.checkpoint='$TMP/vexp'"
+expect_rc vs-run 0
+expect_rc vs-exp 0
+expect_in vs-exp out "schedule from $v (v_prediction"
+cmp -s "$TMP/vs-run/samples/0-0.png" "$TMP/vs-exp/samples/0-0.png" ||
+    fail "v-prediction: sampling from the export differs from sampling from the training output"
+rm "$TMP/esnap/scheduler/scheduler_config.json"
+printf '{"_class_name": "PNDMScheduler", "steps_offset": 1,' >"$TMP/esnap/scheduler/scheduler_config.json"
+run vexp2 "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/vs.nml" \
+    --pretrained "$TMP/esnap" --out "$TMP/vexp2"
+expect_rc vexp2 0
+expect_in vexp2 err "scheduler/ written from &diffusion instead"
+grep -qF '"prediction_type": "v_prediction"' "$TMP/vexp2/scheduler/scheduler_config.json" ||
+    fail "an unreadable scheduler config: not written from &diffusion"
+pass "the run's &diffusion over the snapshot's scheduler config (v_prediction from epsilon); same samples"
+
+# &checkpoint dir elsewhere (read from used.nml) and no unet_final.safetensors: export and
+# &sample checkpoint = <output_dir> both take its latest checkpoint
+mkdir -p "$TMP/crun"
+cp -r "$TMP/run/checkpoints" "$TMP/cdir"
+sed "s|^  dir = ''|  dir = '$TMP/cdir'|" "$TMP/run/used.nml" >"$TMP/crun/used.nml"
+grep -q "dir = '$TMP/cdir'" "$TMP/crun/used.nml" || fail "used.nml: no &checkpoint dir line"
+run cexp "$SDTOOL" export --from "$TMP/crun" --out "$TMP/cexp"
+expect_rc cexp 0
+expect_in cexp out "of checkpoint $TMP/cdir/step-00000004"
+for s in run crun; do
+    mpi "csample-$s" 1 "$SDTRAIN" "$TMP/run/used.nml" --set run.mode=sample \
+        --set "run.output_dir='$TMP/csample-$s'" --set "sample.checkpoint='$TMP/$s'" \
+        --set "sample.prompts='a red square'" --set sample.num_steps=2
+    expect_rc "csample-$s" 0
+done
+expect_in csample-crun out "U-Net $TMP/cdir/step-00000004 (parameters)"
+cmp -s "$TMP/csample-run/samples/0-0.png" "$TMP/csample-crun/samples/0-0.png" ||
+    fail "&checkpoint dir: sampling its checkpoint differs from sampling unet_final.safetensors"
+rm -r "$TMP/cdir"
+mpi csample-none 1 "$SDTRAIN" "$TMP/run/used.nml" --set run.mode=sample \
+    --set "run.output_dir='$TMP/csample-none'" --set "sample.checkpoint='$TMP/crun'" \
+    --set "sample.prompts='a red square'" --set sample.num_steps=2
+expect_rc csample-none 2
+expect_in csample-none err "&sample checkpoint = '$TMP/crun' is a training output directory with nothing to sample from"
+pass "&checkpoint dir from used.nml: export and sampling take its checkpoint"
+
 # ---- errors -----------------------------------------------------------------------------------
 run exists "$SDTOOL" export --from "$TMP/run" --out "$TMP/exp"
 expect_rc exists 2
@@ -233,6 +299,29 @@ run force "$SDTOOL" export --from "$TMP/run/checkpoints/step-00000002" --out "$T
 expect_rc force 0
 cmp -s "$TMP/exp/unet/diffusion_pytorch_model.safetensors" "$TMP/exp2/unet/diffusion_pytorch_model.safetensors" ||
     fail "--force did not replace the export"
+# --out must not be the source or hold it (--force would delete the run); inside it is fine
+# (scripts/demo.sh exports runs/demo into runs/demo/export)
+run self "$SDTOOL" export --from "$TMP/run" --out "$TMP/run" --force
+expect_rc self 2
+expect_in self err "--out $TMP/run would replace the source $TMP/run"
+run self2 "$SDTOOL" export --from "$TMP/run/checkpoints/step-00000002" --out "$TMP/./run/" --force
+expect_rc self2 2
+run self3 "$SDTOOL" export --from "$TMP/run/checkpoints/step-00000002" --out "$TMP/run/checkpoints/../checkpoints" --force
+expect_rc self3 2
+run self4 "$SDTOOL" export --from "$TMP/run/checkpoints" --out "$TMP/run/checkpoints/step-00000004.tmp/.." --force
+expect_rc self4 2
+run inside "$SDTOOL" export --from "$TMP/run" --out "$TMP/run/export"
+expect_rc inside 0
+[ -s "$TMP/run/export/unet/diffusion_pytorch_model.safetensors" ] || fail "inside: no export in the run's folder"
+ln -s "$TMP/run" "$TMP/runlink"
+run self5 "$SDTOOL" export --from "$TMP/runlink/unet_final.safetensors" --out "$TMP/run" --force
+expect_rc self5 2
+run self6 "$SDTOOL" export --from "$TMP/srun" --pretrained "$TMP/zsnap" --out "$TMP/zsnap" --force
+expect_rc self6 2
+expect_in self6 err "--out $TMP/zsnap would replace the pretrained snapshot $TMP/zsnap"
+[ -s "$TMP/run/unet_final.safetensors" ] && [ -f "$TMP/run/checkpoints/latest" ] &&
+    [ -f "$TMP/run/checkpoints/step-00000002/state.h5" ] && [ -d "$TMP/zsnap/scheduler" ] ||
+    fail "an export over its source removed or wrote something"
 run missing "$SDTOOL" export --from "$TMP/nowhere" --out "$TMP/x"
 expect_rc missing 2
 expect_in missing err "--from $TMP/nowhere: no such file or directory"

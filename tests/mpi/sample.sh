@@ -1,7 +1,8 @@
 #!/bin/sh
 # mode = 'sample' end to end on the tiny-sd2 snapshot (with the tiny tokenizer of
 # tests/data/sample): the same PNG bytes at -np 1 and -np 2, one samples.jsonl line per image,
-# a training output directory (unet_final.safetensors) as &sample checkpoint, and bad set-ups
+# a training output directory (unet_final.safetensors) as &sample checkpoint, use_ema without
+# EMA weights refused, invalid UTF-8 of a prompt as U+FFFD in samples.jsonl, and bad set-ups
 # (no prompts, a missing snapshot or snapshot part, a tokenizer that does not fit the text
 # encoder) end every rank with exit 2 and one clear message.
 . "$top_srcdir/tests/lib.sh"
@@ -160,7 +161,21 @@ expect_in ckpt out "U-Net $TMP/trainout/unet_final.safetensors"
 for f in 0-0 1-1 2-1; do
     cmp -s "$TMP/ckpt/samples/$f.png" "$TMP/ddim1/samples/$f.png" || fail "checkpoint dir: $f differs"
 done
-pass "a training output directory as &sample checkpoint"
+# &sample use_ema where the source has no EMA weights: an error naming it, not the parameters
+sample_nml noema1 ddim ", checkpoint = '$TMP/trainout/unet_final.safetensors', use_ema = .true."
+mpi noema1 2 "$SDTRAIN" "$TMP/noema1.nml"
+expect_rc noema1 2
+expect_count noema1 err "checkpoint = '$TMP/trainout/unet_final.safetensors' is a U-Net .safetensors file, which has no EMA weights" 1
+sample_nml noema2 ddim ", use_ema = .true."
+mpi noema2 1 "$SDTRAIN" "$TMP/noema2.nml"
+expect_rc noema2 2
+expect_in noema2 err "the U-Net comes from &model pretrained = '$snap', a diffusers snapshot, which has no EMA weights"
+sample_nml noema3 ddim ", checkpoint = '$TMP/trainout', use_ema = .true."
+mpi noema3 1 "$SDTRAIN" "$TMP/noema3.nml"
+expect_rc noema3 2
+expect_in noema3 err "checkpoint = '$TMP/trainout' is a training output directory without EMA weights"
+[ ! -e "$TMP/noema1/samples" ] && [ ! -e "$TMP/noema3/samples" ] || fail "use_ema without EMA: images written"
+pass "a training output directory as &sample checkpoint; use_ema where there is no EMA"
 
 # a snapshot with scheduler/scheduler_config.json: SD2's values sample exactly as the built-in
 # defaults; the file's prediction_type is used; what is not implemented is refused by name
@@ -541,6 +556,18 @@ same_pngs pfile ddim1 "prompts_file vs the same prompts in the namelist"
 grep -q '"prompt_index": 1, "image_index": 0, "prompt_line": 4, "prompt": "red car at the sea"' \
     "$TMP/pfile/samples.jsonl" || fail "prompts_file: samples.jsonl lacks the prompt's line"
 pass "prompts_file: the same PNG bytes as the namelist's prompts"
+# a prompt that is not UTF-8 (a Latin-1 e-acute): samples.jsonl stays UTF-8, U+FFFD in its place
+printf 'caf\351 latte\n' >"$TMP/latin1.txt"
+pfile_nml platin "$TMP/latin1.txt"
+mpi platin 1 "$SDTRAIN" "$TMP/platin.nml"
+expect_rc platin 0
+expect_in platin err "latin1.txt:1: the prompt is not valid UTF-8"
+grep -qF "\"prompt\": \"caf$(printf '\357\277\275') latte\"" "$TMP/platin/samples.jsonl" ||
+    fail "samples.jsonl: the bad byte is not U+FFFD: $(head -1 "$TMP/platin/samples.jsonl")"
+if command -v iconv >/dev/null 2>&1; then
+    iconv -f UTF-8 -t UTF-8 "$TMP/platin/samples.jsonl" >/dev/null 2>&1 || fail "samples.jsonl is not UTF-8"
+fi
+pass "prompts_file: invalid UTF-8 written to samples.jsonl as U+FFFD"
 awk 'BEGIN { s = ""; for (i = 0; i < 1100; i++) s = s "a"; print "ok"; print s }' >"$TMP/long.txt"
 pfile_nml plong "$TMP/long.txt"
 mpi plong 2 "$SDTRAIN" "$TMP/plong.nml"
