@@ -13,6 +13,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/cmd_backend.h"
@@ -23,6 +25,7 @@
 #include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/grad_buckets.h"
+#include "sdtrain/json_file.h"
 #include "sdtrain/loader.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
@@ -184,6 +187,54 @@ static int build_model(trainer *t, sd_err *err)
         sd_weights_init_random(&t->w, cfg->run.seed);
     }
     return 0;
+}
+
+/* Rank 0, a U-Net from a snapshot: what of the snapshot's training setup this run does not
+ * follow, as warnings (nothing here stops the run). Its config's `dropout` (diffusers drops out
+ * inside every ResNet block while training; sdtrain does not), and, for its weights, a noise
+ * schedule of its scheduler_config.json other than &diffusion's: fine-tuning a v-prediction
+ * model on the epsilon objective, say, retrains what it predicts without a word otherwise. */
+static void snapshot_training_notes(const sd_config *cfg)
+{
+    char path[SD_PATH_MAX + 64];
+    json_object *o, *v;
+    sd_err e;
+    snprintf(path, sizeof path, "%s/unet/config.json", cfg->model.pretrained);
+    if (sd_json_read_object(path, &o, &e) == 0) {
+        if (json_object_object_get_ex(o, "dropout", &v) && v && json_object_get_double(v) > 0)
+            sd_warn("%s has dropout = %g: sdtrain trains the U-Net without dropout (diffusers "
+                    "applies it in every ResNet block)", path, json_object_get_double(v));
+        json_object_put(o);
+    }
+    if (strcmp(cfg->model.unet_init, "pretrained") != 0)
+        return;
+    snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", cfg->model.pretrained);
+    if (sd_json_read_object(path, &o, &e) != 0)
+        return;
+    char diff[512] = "";
+    size_t n = 0;
+    if (json_object_object_get_ex(o, "prediction_type", &v) && v &&
+        json_object_is_type(v, json_type_string) &&
+        strcmp(json_object_get_string(v), cfg->diffusion.prediction_type) != 0)
+        n += (size_t)snprintf(diff + n, sizeof diff - n, "%sprediction_type '%s' (this run: '%s')",
+                              n ? ", " : "", json_object_get_string(v),
+                              cfg->diffusion.prediction_type);
+    if (n < sizeof diff && json_object_object_get_ex(o, "num_train_timesteps", &v) && v &&
+        json_object_get_int64(v) != cfg->diffusion.num_train_timesteps)
+        n += (size_t)snprintf(diff + n, sizeof diff - n, "%snum_train_timesteps %lld (this run: "
+                              "%lld)", n ? ", " : "", (long long)json_object_get_int64(v),
+                              (long long)cfg->diffusion.num_train_timesteps);
+    if (n < sizeof diff && json_object_object_get_ex(o, "beta_schedule", &v) && v &&
+        json_object_is_type(v, json_type_string) &&
+        strcmp(json_object_get_string(v), cfg->diffusion.beta_schedule) != 0)
+        n += (size_t)snprintf(diff + n, sizeof diff - n, "%sbeta_schedule '%s' (this run: '%s')",
+                              n ? ", " : "", json_object_get_string(v),
+                              cfg->diffusion.beta_schedule);
+    if (n)
+        sd_warn("the U-Net's weights come from %s, whose scheduler has %s: this run trains it "
+                "with &diffusion's schedule instead (set &diffusion to the snapshot's to "
+                "continue its own)", cfg->model.pretrained, diff);
+    json_object_put(o);
 }
 
 static int check_shapes(trainer *t, sd_err *err)
@@ -1468,6 +1519,8 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     t->D = t->info.embed_dim;
 
     failed = build_model(t, err) != 0;
+    if (!failed && t->rank == 0 && cfg->model.pretrained[0])
+        snapshot_training_notes(cfg);
     if (!failed)
         failed = check_shapes(t, err) != 0;
     if (!failed)

@@ -779,6 +779,42 @@ static int read_specials(const char *path, special_spec *sp, sd_tokenizer *t, bo
     return 0;
 }
 
+/* added_tokens.json, {"content": id, ...}: the added tokens of tokenizers saved before
+ * transformers 4.34 (textual-inversion pipelines among them), which transformers still reads;
+ * an id tokenizer_config.json's added_tokens_decoder already gave keeps that entry, as there. */
+static int read_added_tokens_json(const char *path, sd_tokenizer *t, sd_err *err)
+{
+    struct stat st;
+    json_object *root;
+    if (stat(path, &st) != 0)
+        return 0; /* optional file */
+    if (load_json_file(path, &root, err) != 0)
+        return -1;
+    if (!json_object_is_type(root, json_type_object)) {
+        json_object_put(root);
+        return sd_err_set(err, "%s: expected a JSON object of token: id", path);
+    }
+    json_object_object_foreach(root, key, val)
+    {
+        int taken = 0;
+        if (!json_object_is_type(val, json_type_int) || json_object_get_int64(val) < 0 ||
+            json_object_get_int64(val) > INT32_MAX) {
+            sd_err_set(err, "%s: token '%.100s' has no valid id", path, key);
+            json_object_put(root);
+            return -1;
+        }
+        const int32_t id = (int32_t)json_object_get_int64(val);
+        for (size_t i = 0; i < t->n_added; i++)
+            taken |= t->added[i].id == id;
+        if (!taken && add_token(t, path, key, id, err) != 0) {
+            json_object_put(root);
+            return -1;
+        }
+    }
+    json_object_put(root);
+    return 0;
+}
+
 static int path_join(char *out, size_t cap, const char *dir, const char *name, sd_err *err)
 {
     int n = snprintf(out, cap, "%s/%s", dir, name);
@@ -795,7 +831,7 @@ static bool is_file(const char *path)
 
 int sd_tokenizer_load_snapshot(const char *dir, sd_tokenizer **out, sd_err *err)
 {
-    char tdir[4096], vocab[4200], merges[4200], smap[4200], tcfg[4200];
+    char tdir[4096], vocab[4200], merges[4200], smap[4200], tcfg[4200], atok[4200];
     *out = NULL;
     if (path_join(tdir, sizeof tdir, dir, "tokenizer", err) || path_join(vocab, sizeof vocab, tdir, "vocab.json", err))
         return -1;
@@ -817,7 +853,8 @@ int sd_tokenizer_load_snapshot(const char *dir, sd_tokenizer **out, sd_err *err)
     }
     if (path_join(merges, sizeof merges, tdir, "merges.txt", err) ||
         path_join(smap, sizeof smap, tdir, "special_tokens_map.json", err) ||
-        path_join(tcfg, sizeof tcfg, tdir, "tokenizer_config.json", err))
+        path_join(tcfg, sizeof tcfg, tdir, "tokenizer_config.json", err) ||
+        path_join(atok, sizeof atok, tdir, "added_tokens.json", err))
         return -1;
     if (!is_file(merges))
         return sd_err_set(err, "%s: missing (vocab.json is there but merges.txt is not)", merges);
@@ -853,7 +890,8 @@ int sd_tokenizer_load_snapshot(const char *dir, sd_tokenizer **out, sd_err *err)
     /* special tokens: CLIPTokenizer's defaults, then tokenizer_config.json, then
      * special_tokens_map.json (which transformers lets win) */
     special_spec sp = {.content = {"<|endoftext|>", "<|startoftext|>", "<|endoftext|>", "<|endoftext|>"}};
-    if (read_specials(tcfg, &sp, t, true, err) != 0 || read_specials(smap, &sp, t, false, err) != 0)
+    if (read_specials(tcfg, &sp, t, true, err) != 0 || read_added_tokens_json(atok, t, err) != 0 ||
+        read_specials(smap, &sp, t, false, err) != 0)
         goto fail;
     int32_t ids[4];
     for (int i = 0; i < 4; i++) {

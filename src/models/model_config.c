@@ -82,6 +82,16 @@ static void jrange(sd_jconf *j, const char *key, int v, int lo, int hi)
     }
 }
 
+/* A normalization epsilon: finite and >= 0 (and below 1: a larger one is no epsilon). */
+static void jeps(sd_jconf *j, const char *key, double v)
+{
+    if (!j->failed && !(v >= 0.0 && v < 1.0)) {
+        char detail[96];
+        snprintf(detail, sizeof detail, " = %g is outside [0, 1)", v);
+        sd_jconf_fail(j, "%s: '%s'%s", key, detail);
+    }
+}
+
 static void jrange_list(sd_jconf *j, const char *key, const int *v, int n, int lo, int hi)
 {
     for (int i = 0; i < n && !j->failed; i++)
@@ -236,9 +246,31 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
         double mid_scale = 1.0, out_scale = 1.0;
         sd_jconf_double(&j, "mid_block_scale_factor", &mid_scale);
         sd_jconf_double(&j, "resnet_out_scale_factor", &out_scale);
-        if (mid_scale != 1.0 || out_scale != 1.0)
+        if (mid_scale != 1.0)
             sd_jconf_fail(&j, "%s: '%s' other than 1 is not implemented%s", "mid_block_scale_factor", NULL);
+        else if (out_scale != 1.0)
+            sd_jconf_fail(&j, "%s: '%s' other than 1 is not implemented%s", "resnet_out_scale_factor", NULL);
     }
+    /* null is diffusers' "no mid block", not the default one (sd_jconf_choice reads null as
+     * absent) */
+    {
+        json_object *mb = sd_jconf_get(&j, "mid_block_type");
+        if (!j.failed && mb == NULL && json_object_object_get_ex(j.root, "mid_block_type", NULL))
+            sd_jconf_fail(&j, "%s: '%s' = null (a U-Net without a mid block) is not implemented%s",
+                          "mid_block_type", NULL);
+    }
+    /* the time embedding's width is 4 x block_out_channels[0] here */
+    {
+        int ted = 4 * c->block_out_channels[0];
+        sd_jconf_int(&j, "time_embedding_dim", &ted);
+        if (!j.failed && ted != 4 * c->block_out_channels[0]) {
+            char detail[96];
+            snprintf(detail, sizeof detail, " = %d (other than 4 x block_out_channels[0] = %d) is "
+                     "not implemented", ted, 4 * c->block_out_channels[0]);
+            sd_jconf_fail(&j, "%s: '%s'%s", "time_embedding_dim", detail);
+        }
+    }
+    jeps(&j, "norm_eps", c->norm_eps);
     jrange(&j, "in_channels", c->in_channels, 1, 1024);
     jrange(&j, "out_channels", c->out_channels, 1, 1024);
     jrange(&j, "norm_num_groups", c->norm_num_groups, 1, 1024);
@@ -302,6 +334,11 @@ int sd_vae_config_load(const char *path, sd_vae_config *c, sd_err *err)
     sd_jconf_bool(&j, "mid_block_add_attention", &c->mid_block_add_attention);
     sd_jconf_choice(&j, "act_fn", "silu", &idx);
     sd_jconf_absent(&j, "shift_factor");
+    if (!j.failed && !(c->scaling_factor > 0.0 && isfinite(c->scaling_factor))) {
+        char detail[96];
+        snprintf(detail, sizeof detail, " = %g must be a positive number", c->scaling_factor);
+        sd_jconf_fail(&j, "%s: '%s'%s", "scaling_factor", detail);
+    }
     sd_jconf_absent(&j, "latents_mean");
     sd_jconf_absent(&j, "latents_std");
     if (!j.failed && sd_jconf_get(&j, "down_block_types"))
@@ -351,6 +388,7 @@ int sd_clip_config_load(const char *path, sd_clip_config *c, sd_err *err)
     sd_jconf_int(&j, "num_hidden_layers", &c->num_hidden_layers);
     sd_jconf_int(&j, "max_position_embeddings", &c->max_position_embeddings);
     sd_jconf_double(&j, "layer_norm_eps", &c->layer_norm_eps);
+    jeps(&j, "layer_norm_eps", c->layer_norm_eps);
     act = c->quick_gelu;
     sd_jconf_choice(&j, "hidden_act", "gelu|quick_gelu", &act);
     c->quick_gelu = act;

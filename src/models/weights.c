@@ -102,6 +102,11 @@ static int resolve_key(const sd_weights *w, const char *key, long *param)
     if (find_index(w, "text_model.embeddings.position_embedding.weight") >= 0 &&
         (!strcmp(key, "text_model.embeddings.position_ids") || !strcmp(key, "embeddings.position_ids")))
         return 1;
+    /* CLIPTextModelWithProjection's projection of the pooled output: SD conditions on the
+     * hidden states and never uses it */
+    if (find_index(w, "text_model.embeddings.position_embedding.weight") >= 0 &&
+        !strcmp(key, "text_projection.weight"))
+        return 1;
     if (strncmp(key, "text_model.", 11) != 0 && strlen(key) + 11 < sizeof buf) {
         snprintf(buf, sizeof buf, "text_model.%s", key);
         *param = find_index(w, buf);

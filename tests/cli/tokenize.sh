@@ -21,6 +21,15 @@ run snap "$SDTOOL" tokenize --snapshot "$TMP/snap" "a photo of a cat"
 expect_rc snap 0
 cmp -s "$TMP/gz.out" "$TMP/snap.out" || fail "snapshot and gz differ"
 
+# added_tokens.json (tokenizers saved before transformers 4.34, e.g. textual inversion): its
+# token is one id, as transformers loads it, not BPE pieces
+cp -r "$TMP/snap" "$TMP/snap-at"
+printf '{"<cat-toy>": 49408}\n' >"$TMP/snap-at/tokenizer/added_tokens.json"
+run added "$SDTOOL" tokenize --snapshot "$TMP/snap-at" "a photo of <cat-toy>"
+expect_rc added 0
+[ "$(cut -d' ' -f1-6 "$TMP/added.out")" = "49406 320 1125 539 49408 49407" ] ||
+    fail "added_tokens.json: wrong ids: $(cut -d' ' -f1-8 "$TMP/added.out")"
+
 # --file: one line per caption; --count; the environment variable as the default vocabulary
 printf 'a photo of a cat\nHello, world!\n\n' >"$TMP/caps.txt"
 SDTRAIN_TOKENIZER="$TMP/snap/tokenizer"

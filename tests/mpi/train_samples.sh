@@ -22,6 +22,21 @@ EOF2
 mpi plain 2 "$SDTRAIN" "$TMP/base.nml"
 expect_rc plain 0
 [ ! -e "$TMP/plain/samples" ] || fail "images without &sample every_n_steps"
+expect_not_in plain err "whose scheduler has"
+expect_not_in plain err "trains the U-Net without dropout"
+
+# a snapshot whose training setup this run does not follow: a v-prediction scheduler (this run
+# trains epsilon) and ResNet dropout (not implemented): warnings, the run goes on
+cp -r "$snap" "$TMP/vsnap"
+mkdir -p "$TMP/vsnap/scheduler"
+printf '{"_class_name": "DDIMScheduler", "prediction_type": "v_prediction", "num_train_timesteps": 1000, "beta_schedule": "scaled_linear"}\n' \
+    >"$TMP/vsnap/scheduler/scheduler_config.json"
+sed -i 's/"dropout": 0.0/"dropout": 0.1/' "$TMP/vsnap/unet/config.json"
+mpi vsnap 1 "$SDTRAIN" "$TMP/base.nml" --set "model.pretrained='$TMP/vsnap'" \
+    --set "run.output_dir='$TMP/vsnap-run'" --set train.max_steps=1
+expect_rc vsnap 0
+expect_count vsnap err "whose scheduler has prediction_type 'v_prediction' (this run: 'epsilon')" 1
+expect_count vsnap err "has dropout = 0.1: sdtrain trains the U-Net without dropout" 1
 
 mpi withimg 2 "$SDTRAIN" "$TMP/base.nml" --set "run.output_dir='$TMP/img'" --set sample.every_n_steps=4
 expect_rc withimg 0

@@ -621,6 +621,17 @@ static void test_broken(void)
             sd_weights_free(&w0);
             sd_snapshot_close(&s0);
         }
+        /* CLIPTextModelWithProjection's files carry text_projection.weight, which SD never uses */
+        dir = make_component("text-projection", te, "model.safetensors", MOD_UNEXPECTED,
+                             "text_projection.weight");
+        ok = sd_snapshot_open(&s0, dir, &err) == 0 &&
+             sd_snapshot_load_text_encoder(&s0, NULL, &cc, NULL, &w0, &err) == 0;
+        tap_ok(ok, "a text encoder file with text_projection.weight loads (%s)",
+               ok ? "ignored" : err.msg);
+        if (ok) {
+            sd_weights_free(&w0);
+            sd_snapshot_close(&s0);
+        }
     }
 }
 

@@ -155,6 +155,31 @@ static void test_json(void)
                                  "\"block_out_channels\": [32]}");
     tap_ok(sd_unet_config_load(p, &u, &err) != 0 && strstr(err.msg, "unsupported setting 'resnet_time_scale_shift'"),
            "scale_shift time conditioning refused (%s)", err.msg);
+    p = write_json("outscale.json", "{\"block_out_channels\": [32], \"down_block_types\": [\"DownBlock2D\"],"
+                                    " \"up_block_types\": [\"UpBlock2D\"], \"mid_block_scale_factor\": 1,"
+                                    " \"resnet_out_scale_factor\": 2.0}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 &&
+               strstr(err.msg, "'resnet_out_scale_factor' other than 1 is not implemented"),
+           "resnet_out_scale_factor refused under its own name (%s)", err.msg);
+    p = write_json("nomid.json", "{\"block_out_channels\": [32], \"down_block_types\": [\"DownBlock2D\"],"
+                                 " \"up_block_types\": [\"UpBlock2D\"], \"mid_block_type\": null}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 &&
+               strstr(err.msg, "'mid_block_type' = null (a U-Net without a mid block) is not implemented"),
+           "mid_block_type null (no mid block) refused, not read as the default (%s)", err.msg);
+    p = write_json("ted.json", "{\"block_out_channels\": [32], \"down_block_types\": [\"DownBlock2D\"],"
+                               " \"up_block_types\": [\"UpBlock2D\"], \"time_embedding_dim\": 64}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 && strstr(err.msg, "'time_embedding_dim' = 64"),
+           "time_embedding_dim other than 4 x block_out_channels[0] refused (%s)", err.msg);
+    p = write_json("ted128.json", "{\"block_out_channels\": [32], \"down_block_types\": [\"DownBlock2D\"],"
+                                  " \"up_block_types\": [\"UpBlock2D\"], \"time_embedding_dim\": 128,"
+                                  " \"norm_num_groups\": 8}");
+    tap_ok(sd_unet_config_load(p, &u, &err) == 0, "time_embedding_dim = 4 x block_out_channels[0] "
+           "taken (%s)", err.msg);
+    p = write_json("eps.json", "{\"block_out_channels\": [32], \"down_block_types\": [\"DownBlock2D\"],"
+                               " \"up_block_types\": [\"UpBlock2D\"], \"norm_eps\": -1e-5}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 && strstr(err.msg, "eps.json") &&
+               strstr(err.msg, "'norm_eps' = -1e-05 is outside [0, 1)"),
+           "a negative norm_eps refused by name (%s)", err.msg);
     p = write_json("block.json", "{\"block_out_channels\": [32], \"down_block_types\": "
                                  "[\"SimpleCrossAttnDownBlock2D\"], \"up_block_types\": [\"UpBlock2D\"]}");
     tap_ok(sd_unet_config_load(p, &u, &err) != 0 && strstr(err.msg, "SimpleCrossAttnDownBlock2D"),
