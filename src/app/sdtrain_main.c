@@ -3,6 +3,7 @@
 #include "sd_config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,7 +197,7 @@ static int write_used_nml(const sd_run_config *rc, const cli *c, int world_size,
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
     f = fopen(tmp, "w");
     if (!f)
-        return sd_err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
+        return sd_err_errno(err, errno, "cannot write '%s'", tmp);
     fprintf(f, "! used.nml: the effective configuration of an sdtrain run (re-usable as input)\n"
                "! sdtrain %s (git %s), %s, %d rank(s)\n! input: %s\n",
             sd_version(), sd_git_revision(), stamp, world_size, rc->source);
@@ -210,7 +211,7 @@ static int write_used_nml(const sd_run_config *rc, const cli *c, int world_size,
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return sd_err_set(err, "cannot write '%s': %s", path, strerror(e));
+        return sd_err_errno(err, e, "cannot write '%s'", path);
     }
     return 0;
 }
@@ -251,6 +252,18 @@ static void share_cores(const sd_runtime *rt)
 #ifdef _OPENMP
     const char *env = getenv("OMP_NUM_THREADS");
     int n;
+    if (env && env[0]) {
+        /* a list of positive numbers (one per nesting level); anything else the OpenMP runtime
+         * rejects and then runs a thread per visible core in every rank: the share below */
+        char *end;
+        const long first = strtol(env, &end, 10);
+        if (first < 1 || first > INT_MAX || (*end && *end != ',' && *end != ' ')) {
+            if (rt->world_rank == 0)
+                sd_warn("OMP_NUM_THREADS = '%.40s' is not a positive number of threads: taken as "
+                        "unset", env);
+            env = NULL;
+        }
+    }
     if (env && env[0])
         n = omp_get_max_threads();
     else {
@@ -420,8 +433,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
             failed = 1;
         }
-        if (sd_any_failed(failed))
-            return finish(&rt, SD_EXIT_FAILURE);
+        /* an output_dir that cannot be made (a file of that name, no such parent, no
+         * permission) is the configuration's; a failing storage is worth a retry */
+        if (sd_agree(MPI_COMM_WORLD, failed, &err))
+            return finish(&rt, err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE);
     }
     if (rank == 0) {
         char *text = sd_config_to_namelist(&rc, true);

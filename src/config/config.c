@@ -526,7 +526,43 @@ int sd_config_apply(sd_run_config *rc, const nl_file *f, sd_err *err)
     return apply_file(rc, f, tmpl, 1, err);
 }
 
-int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *err)
+/* --set's argument without the blanks before it, around its first '=' and after it: they are
+ * the user's spacing ("run.mode = train"), not part of the key or of an unquoted value. */
+static char *set_normalize(const char *given)
+{
+    const char *b = given + strspn(given, " \t");
+    const char *eq = strchr(b, '=');
+    char *out = sd_xmalloc(strlen(b) + 1);
+    size_t n = 0;
+    if (eq) {
+        size_t k = (size_t)(eq - b);
+        while (k > 0 && (b[k - 1] == ' ' || b[k - 1] == '\t'))
+            k--;
+        memcpy(out, b, k);
+        n = k;
+        out[n++] = '=';
+        b = eq + 1;
+        b += strspn(b, " \t");
+    }
+    memcpy(out + n, b, strlen(b) + 1);
+    n += strlen(b);
+    while (n > 0 && (out[n - 1] == ' ' || out[n - 1] == '\t'))
+        out[--n] = '\0';
+    return out;
+}
+
+static int apply_set(sd_run_config *rc, const char *arg, const char *given, int index, sd_err *err);
+
+int sd_config_apply_set(sd_run_config *rc, const char *given, int index, sd_err *err)
+{
+    char *arg = set_normalize(given);
+    const int r = apply_set(rc, arg, given, index, err);
+    free(arg);
+    return r;
+}
+
+/* arg: the normalized form of `given`, which the messages quote */
+static int apply_set(sd_run_config *rc, const char *arg, const char *given, int index, sd_err *err)
 {
     const char *dot = strchr(arg, '.'), *eq = strchr(arg, '=');
     char group[64], *text;
@@ -537,7 +573,7 @@ int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *e
 
     if (!eq || !dot || dot > eq || dot == arg || (size_t)(dot - arg) >= sizeof group)
         return sd_err_set(err, "command line: --set '%s': expected group.key=value, e.g. --set "
-                               "train.learning_rate=2e-4", arg);
+                               "train.learning_rate=2e-4", given);
     memcpy(group, arg, (size_t)(dot - arg));
     group[dot - arg] = '\0';
     {
@@ -598,7 +634,7 @@ int sd_config_apply_set(sd_run_config *rc, const char *arg, int index, sd_err *e
             m = m ? strchr(m + 1, ':') : NULL;
             m = m ? m + 2 : err->msg;
         }
-        snprintf(msg, sizeof msg, "command line: --set '%.200s': %.780s", arg, m);
+        snprintf(msg, sizeof msg, "command line: --set '%.200s': %.780s", given, m);
         memcpy(err->msg, msg, sizeof msg);
         err->line = err->col = 0;
     }
@@ -757,6 +793,44 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
                                   "more than 2147483647 samples per rank and step",
                                   (long long)c->train.batch_size_per_rank,
                                   (long long)c->train.grad_accum_steps);
+    /* the &sample keys that only some samplers take: refused here, at --check, where they are
+     * used (mode 'sample', images during training), not when the images are made (mode_sample.c
+     * repeats the checks with the samplers' own list) */
+    if (!strcmp(mode, "sample") ||
+        ((!strcmp(mode, "train") || !strcmp(mode, "pipeline")) && c->sample.every_n_steps > 0)) {
+        static const char *const sigma_schedulers =
+            "|euler|heun|lms|dpm2|dpm2_a|dpmpp_2m|dpmpp_2m_sde|dpmpp_sde|unipc|";
+        static const char *const order_schedulers = "|dpmpp_2m|dpmpp_2m_sde|unipc|";
+        char bar[80];
+        const int sigmas = c->sample.use_karras_sigmas + c->sample.use_exponential_sigmas +
+                           c->sample.use_beta_sigmas;
+        snprintf(bar, sizeof bar, "|%s|", c->sample.scheduler);
+        if (sigmas > 1)
+            return sd_config_error_at(rc, "sample", c->sample.use_beta_sigmas ? "use_beta_sigmas"
+                                                                               : "use_exponential_sigmas",
+                                      err, "&sample: more than one of use_karras_sigmas, "
+                                      "use_exponential_sigmas and use_beta_sigmas is .true.: choose one");
+        if (sigmas == 1 && !strstr(sigma_schedulers, bar)) {
+            const char *key = c->sample.use_karras_sigmas        ? "use_karras_sigmas"
+                              : c->sample.use_exponential_sigmas ? "use_exponential_sigmas"
+                                                                 : "use_beta_sigmas";
+            return sd_config_error_at(rc, "sample", key, err,
+                                      "&sample %s = .true. needs scheduler = 'euler', 'heun', 'lms', "
+                                      "'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde', 'dpmpp_sde' or "
+                                      "'unipc', not '%s'", key, c->sample.scheduler);
+        }
+        if (c->sample.solver_order > 0 && !strstr(order_schedulers, bar))
+            return sd_config_error_at(rc, "sample", "solver_order", err,
+                                      "&sample solver_order = %lld needs scheduler = 'dpmpp_2m', "
+                                      "'dpmpp_2m_sde' or 'unipc', not '%s'",
+                                      (long long)c->sample.solver_order, c->sample.scheduler);
+    }
+    if ((!strcmp(mode, "process") || !strcmp(mode, "pipeline")) &&
+        !strcmp(c->data.encode_precision, "bf16") && !strcmp(c->run.device, "cpu"))
+        return sd_config_error_at(rc, "data", "encode_precision", err,
+                                  "&data encode_precision = 'bf16' needs a GPU, and &run device = "
+                                  "'cpu' encodes in fp32 on the CPU: set device = 'cuda' (or "
+                                  "'auto' on a GPU node) or encode_precision = 'auto'");
     if (!strcmp(c->model.unet_init, "pretrained") && !c->model.pretrained[0])
         return sd_config_error_at(rc, "model", "unet_init", err,
                                   "&model unet_init = 'pretrained' needs &model pretrained (a diffusers snapshot)");

@@ -85,9 +85,15 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err)
             char saved = buf[i];
             buf[i] = '\0';
             if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return sd_err_set(err, "cannot create %s '%s': %s", what, buf, strerror(errno));
+                return sd_err_errno(err, errno, "cannot create %s '%s'", what, buf);
             buf[i] = saved;
         }
+    }
+    {
+        /* EEXIST also for a file of that name: not a directory to put anything in */
+        struct stat st;
+        if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode))
+            return sd_err_set(err, "%s '%s' exists and is not a directory", what, path);
     }
     return 0;
 }

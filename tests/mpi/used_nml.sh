@@ -33,8 +33,20 @@ strip "$TMP/again.out" >"$TMP/a"
 strip "$TMP/first.out" >"$TMP/b"
 diff -u "$TMP/b" "$TMP/a" || fail "used.nml does not reproduce the configuration"
 
-# an output directory that cannot be created is an error for every rank, once
+# an OMP_NUM_THREADS the OpenMP runtime rejects is taken as unset (it would run a thread per
+# visible core in every rank), with a warning, not credited in the thread count's line
+OMP_NUM_THREADS=abc mpi omp 2 "$SDTRAIN" "$TMP/in.nml" --set "run.output_dir=$TMP/omp"
+expect_count omp err "OMP_NUM_THREADS = 'abc' is not a positive number of threads: taken as unset" 1
+expect_in omp out "OpenMP threads per rank: "
+expect_not_in omp out "(OMP_NUM_THREADS)"
+
+# an output directory that cannot be created is an error for every rank, once: the
+# configuration's (status 2, no retry), as a file in its place is
 mpi badout 2 "$SDTRAIN" "$TMP/in.nml" --set "run.output_dir=/proc/sdtrain-cannot/x"
-expect_rc badout 1
+expect_rc badout 2
 expect_count badout err "cannot create directory" 1
+: >"$TMP/afile"
+mpi fileout 2 "$SDTRAIN" "$TMP/in.nml" --set "run.output_dir=$TMP/afile"
+expect_rc fileout 2
+expect_count fileout err "directory '$TMP/afile' exists and is not a directory" 1
 pass "used.nml"

@@ -148,6 +148,14 @@ static void test_set(void)
                rc.cfg.sample.n_prompts == 1 && !strcmp(rc.cfg.sample.prompts[0], "a cat, on a mat"),
            "--set of a string list without quotes: one string, commas and all (%d: '%s')",
            rc.cfg.sample.n_prompts, rc.cfg.sample.prompts[0]);
+    tap_ok(sd_config_apply_set(&rc, " run.output_dir = out2 ", 7, &err) == 0 &&
+               !strcmp(rc.cfg.run.output_dir, "out2"),
+           "--set with blanks around the key, the '=' and the value: they are not the value's "
+           "('%s')", rc.cfg.run.output_dir);
+    tap_ok(sd_config_apply_set(&rc, "run.mode = sample", 7, &err) == 0 &&
+               !strcmp(rc.cfg.run.mode, "sample"), "--set of a choice with blanks around '='");
+    tap_ok(sd_config_apply_set(&rc, "run.output_dir=' spaced '", 7, &err) == 0 &&
+               !strcmp(rc.cfg.run.output_dir, " spaced "), "--set keeps the blanks inside quotes");
     tap_ok(sd_config_apply_set(&rc, "train.max_steps", 8, &err) != 0 &&
                strstr(err.msg, "expected group.key=value") != NULL, "--set without '=' refused");
     tap_ok(sd_config_apply_set(&rc, "max_steps=3", 9, &err) != 0 &&
