@@ -589,6 +589,17 @@ int sd_cmd_export(int argc, char **argv)
                          "come from: give another folder", out, pre);
         goto bad;
     }
+    if (single) {
+        /* the file written may not be one that is read, nor lie in the checkpoint or snapshot read */
+        const char *inputs[5] = {from, src.ckpt, src.weights, src.nml, pre};
+        for (int i = 0; i < 5; i++)
+            if (inputs[i][0] && (sd_same_file(single, inputs[i]) ||
+                                 (i != 0 && i != 3 && sd_path_within(single, inputs[i])))) {
+                sd_err_set(&err, "--single-file %s would overwrite %s, which the export reads: "
+                                 "give another file", single, inputs[i]);
+                goto bad;
+            }
+    }
     if (single && !pre[0]) {
         sd_err_set(&err, "--single-file %s needs the VAE and text encoder of a pretrained "
                          "snapshot, and the run has none: give --pretrained SNAPSHOT", single);

@@ -226,7 +226,7 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
     if (!j.failed)
         jblock_types(&j, "up_block_types", "UpBlock2D", "CrossAttnUpBlock2D", c->up_cross, c->n_levels);
     sd_jconf_choice(&j, "mid_block_type", "UNetMidBlock2DCrossAttn", &idx);
-    sd_jconf_choice(&j, "act_fn", "silu", &idx);
+    sd_jconf_choice(&j, "act_fn", "silu|swish", &idx); /* diffusers: the same function */
     sd_jconf_choice(&j, "resnet_time_scale_shift", "default", &idx);
     sd_jconf_choice(&j, "time_embedding_type", "positional", &idx);
     sd_jconf_choice(&j, "attention_type", "default", &idx);
@@ -332,7 +332,7 @@ int sd_vae_config_load(const char *path, sd_vae_config *c, sd_err *err)
     sd_jconf_bool(&j, "use_quant_conv", &c->use_quant_conv);
     sd_jconf_bool(&j, "use_post_quant_conv", &c->use_post_quant_conv);
     sd_jconf_bool(&j, "mid_block_add_attention", &c->mid_block_add_attention);
-    sd_jconf_choice(&j, "act_fn", "silu", &idx);
+    sd_jconf_choice(&j, "act_fn", "silu|swish", &idx); /* diffusers: the same function */
     sd_jconf_absent(&j, "shift_factor");
     if (!j.failed && !(c->scaling_factor > 0.0 && isfinite(c->scaling_factor))) {
         char detail[96];

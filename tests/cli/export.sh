@@ -191,6 +191,14 @@ run exsf-none "$SDTOOL" export --from "$TMP/run" --out "$TMP/x3" --single-file "
 expect_rc exsf-none 2
 expect_in exsf-none err "--single-file $TMP/x3.safetensors needs the VAE and text encoder of a pretrained snapshot"
 [ ! -e "$TMP/x3" ] && [ ! -e "$TMP/x3.safetensors" ] || fail "export --single-file without parts wrote something"
+# the single file may not overwrite what the export reads (the run's weights, the snapshot)
+cp "$TMP/srun/unet_final.safetensors" "$TMP/srun-unet-copy.safetensors"
+run exsf-self "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/srun/used.nml" \
+    --out "$TMP/x4" --single-file "$TMP/srun/unet_final.safetensors" --force
+expect_rc exsf-self 2
+expect_in exsf-self err "would overwrite $TMP/srun/unet_final.safetensors, which the export reads"
+cmp -s "$TMP/srun/unet_final.safetensors" "$TMP/srun-unet-copy.safetensors" ||
+    fail "export --single-file overwrote the run's weights"
 pass "sdtool export --single-file: the tensors of sdtool single-file; refused without a VAE and text encoder"
 
 # zero terminal SNR: the scheduler is written from &diffusion as DDIMScheduler (PNDMScheduler has

@@ -383,6 +383,7 @@ int main(void)
     unsetenv("SDTRAIN_CUDA_CONV_API");
     unsetenv("SDTRAIN_CUDA_CONV_ALGO");
     bogus_refused("SDTRAIN_CUDA_CONV_API");
+    bogus_refused("SDTRAIN_CUDA_CONV_BIAS");
     bogus_refused("SDTRAIN_CUDA_CONV_ALGO");
     return tap_done();
 }

@@ -155,6 +155,11 @@ static void test_json(void)
                                  "\"block_out_channels\": [32]}");
     tap_ok(sd_unet_config_load(p, &u, &err) != 0 && strstr(err.msg, "unsupported setting 'resnet_time_scale_shift'"),
            "scale_shift time conditioning refused (%s)", err.msg);
+    p = write_json("swish.json", "{\"block_out_channels\": [32], \"down_block_types\": [\"DownBlock2D\"],"
+                                 " \"up_block_types\": [\"UpBlock2D\"], \"act_fn\": \"swish\","
+                                 " \"norm_num_groups\": 8}");
+    tap_ok(sd_unet_config_load(p, &u, &err) == 0, "act_fn 'swish' (diffusers' other name of SiLU) "
+           "taken (%s)", err.msg);
     p = write_json("outscale.json", "{\"block_out_channels\": [32], \"down_block_types\": [\"DownBlock2D\"],"
                                     " \"up_block_types\": [\"UpBlock2D\"], \"mid_block_scale_factor\": 1,"
                                     " \"resnet_out_scale_factor\": 2.0}");

@@ -384,6 +384,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
      *   SDTRAIN_CUDA_CONV_ALGO  heuristic | find
      *   SDTRAIN_CUDA_CONV_API   legacy | graph | graph-rtc (conv forward through cuDNN's graph
      *                           API, ops_cuda_conv_graph.cu; written 2026-11-27 without a GPU)
+     *   SDTRAIN_CUDA_CONV_BIAS  fused (in cuDNN's epilogue where it takes it) | separate
      *   SDTRAIN_CUDA_COPY_STREAM on | off (asynchronous copies in order on the compute stream:
      *                           no overlap, for telling a copy-stream problem apart)
      * wide and auto became the defaults on 2026-11-26 after the op tests passed on an H200 and
@@ -394,13 +395,15 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     static const char *const algo_values[] = {"heuristic", "find", nullptr};
     static const char *const copy_values[] = {"on", "off", nullptr};
     static const char *const api_values[] = {"legacy", "graph", "graph-rtc", nullptr};
+    static const char *const bias_values[] = {"fused", "separate", nullptr};
     const int attention = env_choice("SDTRAIN_CUDA_ATTENTION", attention_values, err);
     const int stats = env_choice("SDTRAIN_CUDA_GN_STATS", stats_values, err);
     const int apply = env_choice("SDTRAIN_CUDA_GN_APPLY", apply_values, err);
     const int algo = env_choice("SDTRAIN_CUDA_CONV_ALGO", algo_values, err);
     const int copy = env_choice("SDTRAIN_CUDA_COPY_STREAM", copy_values, err);
     const int api = env_choice("SDTRAIN_CUDA_CONV_API", api_values, err);
-    if (attention < 0 || stats < 0 || apply < 0 || algo < 0 || copy < 0 || api < 0)
+    const int bias = env_choice("SDTRAIN_CUDA_CONV_BIAS", bias_values, err);
+    if (attention < 0 || stats < 0 || apply < 0 || algo < 0 || copy < 0 || api < 0 || bias < 0)
         return -1;
 
     sd_cuda_state *st = (sd_cuda_state *)calloc(1, sizeof *st);
@@ -413,6 +416,7 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     st->gn_apply = apply == 0 ? SD_CUDA_GN_APPLY_AUTO : apply - 1;
     st->conv_find = algo;
     st->conv_api = api; /* the list's order is the SD_CUDA_CONV_API_* values' */
+    st->conv_bias_separate = bias == 1;
     st->copy_stream_on = copy == 0;
     const char *sync = getenv("SDTRAIN_CUDA_SYNC");
     st->sync_each_op = sync && strcmp(sync, "1") == 0;

@@ -65,6 +65,7 @@ typedef struct sd_cuda_state {
     int gn_apply;             /* SDTRAIN_CUDA_GN_APPLY: an SD_CUDA_GN_APPLY_* value */
     int conv_find;            /* SDTRAIN_CUDA_CONV_ALGO=find: timed algorithm choice */
     int conv_api;             /* SDTRAIN_CUDA_CONV_API: an SD_CUDA_CONV_API_* value */
+    int conv_bias_separate;   /* SDTRAIN_CUDA_CONV_BIAS=separate: no bias in cuDNN's epilogue */
     int64_t conv_graph_runs;  /* convolution forwards run through a graph-API plan */
     struct sd_cuda_conv_cache *conv_cache;
     struct sd_cuda_gemm_cache *gemm_cache;

@@ -376,8 +376,7 @@ static conv_entry *conv_entry_create(const sd_backend *be, const sd_conv2d_desc 
     SD_CUDNN_CHECK(cudnnCreateActivationDescriptor(&e->act));
     SD_CUDNN_CHECK(cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_IDENTITY,
                                                 CUDNN_NOT_PROPAGATE_NAN, 0.0));
-    const char *fb = getenv("SDTRAIN_CUDA_CONV_BIAS");
-    if (fb && strcmp(fb, "separate") == 0)
+    if (st->conv_bias_separate)
         e->fused_bias = -1;
 
     /* cuDNN's idea of the output must be ours (floor division, as PyTorch). */
