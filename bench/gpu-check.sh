@@ -81,7 +81,8 @@ cap() { local l; l=$(($(left) - 10)); [ "$l" -lt "$1" ] && echo $((l > 1 ? l : 1
 late_note() { add "$1" "not run" "deadline (--deadline $deadline) reached"; }
 # failed NAME RC DETAIL: a failure, or a command cut at the deadline (exit 124 with no time left)
 failed() {
-    if [ "$2" = 124 ] && [ "$(left)" -le 15 ]; then add "$1" "cut" "at the deadline; partial log"
+    # 124: timeout's SIGTERM; 137: its SIGKILL (-k) of a command that ignored the SIGTERM
+    if { [ "$2" = 124 ] || [ "$2" = 137 ]; } && [ "$(left)" -le 15 ]; then add "$1" "cut" "at the deadline; partial log"
     else status=1; add "$1" "FAIL" "$3"; fi
 }
 
@@ -133,7 +134,7 @@ tap_run() { # NAME CMD...: runs a TAP program, records ok/not ok counts
     local name=$1 t0 t1 ok nok skip
     shift
     t0=$(date +%s)
-    timeout "$(cap 600)" "$@" >"$logdir/$name.log" 2>&1
+    timeout -k 10 "$(cap 600)" "$@" >"$logdir/$name.log" 2>&1
     local rc=$?
     t1=$(date +%s)
     ok=$(grep -c '^ok' "$logdir/$name.log")
@@ -165,7 +166,7 @@ part_tests() {
 part_modules() {
     t0=$(date +%s)
     top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="" \
-        timeout "$(cap 600)" sh tests/gpu/modules.sh >"$logdir/modules.log" 2>&1
+        timeout -k 10 "$(cap 600)" sh tests/gpu/modules.sh >"$logdir/modules.log" 2>&1
     rc=$?
     grep -E '^(ok|FAIL)' "$logdir/modules.log" | sed 's/^/  /' | cut -c1-200
     nok=$(grep -c '^ok' "$logdir/modules.log")
@@ -184,7 +185,7 @@ part_sanitizer() {
         for p in $optests; do
             n=$(basename "$p")
             late && { late_note "memcheck $n"; continue; }
-            SD_GPU_TEST_QUICK=1 timeout "$(cap 900)" "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$p" \
+            SD_GPU_TEST_QUICK=1 timeout -k 10 "$(cap 900)" "$cs" --tool memcheck --leak-check full --error-exitcode 99 "$p" \
                 >"$logdir/memcheck-$n.log" 2>&1
             rc=$?
             errs=$(grep -E -o 'ERROR SUMMARY: [0-9]+' "$logdir/memcheck-$n.log" | tail -1)
@@ -205,7 +206,7 @@ part_bench() {
         dt=${v%%:*}
         att=${v#*:}
         late && { late_note "bench ops_cuda $dt $att"; continue; }
-        SDTRAIN_CUDA_ATTENTION=$att timeout "$(cap 600)" "$B/bench/ops_cuda" --batch 32 --res both --dtype "$dt" \
+        SDTRAIN_CUDA_ATTENTION=$att timeout -k 10 "$(cap 600)" "$B/bench/ops_cuda" --batch 32 --res both --dtype "$dt" \
             --csv "$logdir/ops_${dt}_$att.csv" >"$logdir/ops_${dt}_$att.txt" 2>&1
         rc=$?
         cat "$logdir/ops_${dt}_$att.txt"
@@ -218,7 +219,7 @@ part_models() {
     [ -x "$B/bench/models_cuda" ] || { add "models" "n/a" "no bench/models_cuda in the build"; return; }
     for p in bf16 fp32; do
         late && { late_note "bench models_cuda $p"; continue; }
-        timeout "$(cap 900)" "$B/bench/models_cuda" --precision "$p" >"$logdir/models_$p.txt" 2>&1
+        timeout -k 10 "$(cap 900)" "$B/bench/models_cuda" --precision "$p" >"$logdir/models_$p.txt" 2>&1
         rc=$?
         cat "$logdir/models_$p.txt"
         if [ "$rc" = 0 ]; then add "bench models_cuda $p" "done" "$logdir/models_$p.txt"
@@ -235,7 +236,7 @@ part_profile() {
         res=${w#*:}
         f="$logdir/profile_${what}_$res.txt"
         late && { late_note "profile $what $res"; continue; }
-        SDTRAIN_CUDA_PROFILE=1 SDTRAIN_CUDA_CONV_LOG=1 timeout "$(cap 600)" "$B/bench/models_cuda" --what "$what" --res "$res" \
+        SDTRAIN_CUDA_PROFILE=1 SDTRAIN_CUDA_CONV_LOG=1 timeout -k 10 "$(cap 600)" "$B/bench/models_cuda" --what "$what" --res "$res" \
             --reps 5 --warmup 2 >"$f" 2>&1
         rc=$?
         grep -v -e '^RESULT' -e '^sdtrain conv' "$f" | head -70
@@ -268,7 +269,7 @@ part_variants() {
             res=${w#*:}
             late && { late_note "variant $name $what $res"; continue; }
             # shellcheck disable=SC2086 # envs is a list of VAR=value words
-            out=$(env $envs timeout "$(cap 300)" "$B/bench/models_cuda" --what "$what" --res "$res" \
+            out=$(env $envs timeout -k 10 "$(cap 300)" "$B/bench/models_cuda" --what "$what" --res "$res" \
                 --reps 10 --warmup 3 2>&1)
             rc=$?
             if [ "$rc" != 0 ]; then
@@ -294,7 +295,7 @@ part_variants() {
         late && { late_note "variant $name groupnorm"; continue; }
         echo "# ops_cuda groupnorm, $name" | tee -a "$f"
         # shellcheck disable=SC2086 # envs is a list of VAR=value words
-        env $envs timeout "$(cap 300)" "$B/bench/ops_cuda" --batch 32 --res both --only groupnorm 2>&1 |
+        env $envs timeout -k 10 "$(cap 300)" "$B/bench/ops_cuda" --batch 32 --res both --only groupnorm 2>&1 |
             grep -v '^#' | tee -a "$f"
     done
     add "variants (models_cuda)" "done" "$f"
@@ -308,7 +309,7 @@ part_variants() {
 # preprocess_run LIMIT LAYOUTS: one bench/preprocess.sh run (OVERLAP from the caller)
 preprocess_run() {
     LAUNCH="$MPIEXEC --bind-to none" DEVICE=cuda MODEL=sd2 BATCH=32 MAX_SIDE=512 SHARD=512 \
-        timeout "$(cap "$1")" bash bench/preprocess.sh "$B" 4096 256 "$2"
+        timeout -k 10 "$(cap "$1")" bash bench/preprocess.sh "$B" 4096 256 "$2"
 }
 part_preprocess() {
     f="$logdir/preprocess.txt"
@@ -328,7 +329,7 @@ part_peer() {
     vargs=()
     IFS=';' read -r -a vlist <<<"$peer_variants"
     for v in ${vlist[@]+"${vlist[@]}"}; do [ -n "$v" ] && vargs+=(--variant "$v"); done
-    PYTHONUNBUFFERED=1 timeout "$(cap 1800)" python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
+    PYTHONUNBUFFERED=1 timeout -k 10 "$(cap 1800)" python3 bench/gpu_vs_torch.py --bin "$B/bench/models_cuda" \
         --what "$peer_what" ${vargs[@]+"${vargs[@]}"} >"$logdir/peer.txt" 2>&1
     rc=$?
     # the rows measured so far (a cut run has no table), then the table
@@ -350,7 +351,7 @@ gpu_script() {
     late && { late_note "$t.sh"; return; }
     t0=$(date +%s)
     top_srcdir="$top" top_builddir="$B" SD_TEST_CUDA_BUILD=yes MPIEXEC="$MPIEXEC" \
-        timeout "$(cap 600)" sh "tests/gpu/$t.sh" >"$logdir/$t.log" 2>&1
+        timeout -k 10 "$(cap 600)" sh "tests/gpu/$t.sh" >"$logdir/$t.log" 2>&1
     rc=$?
     grep -E '^(ok|FAIL|SKIP)' "$logdir/$t.log" | sed 's/^/  /' | cut -c1-200
     nok=$(grep -c '^ok' "$logdir/$t.log")
@@ -375,6 +376,10 @@ for p in ${parts//,/ }; do
     fi
     echo "==== $p ($(left) s left before the deadline)" | sed 's/ (999999 s left before the deadline)//'
     "part_$p"
+    # the logs so far, in case the device tool's own limit ends the script before its end
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        tar -C "$logdir" -czf "$OUT/gpu-check-logs.tgz" . 2>/dev/null || true
+    fi
 done
 
 echo
