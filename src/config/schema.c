@@ -244,7 +244,7 @@ static const sd_option options[] = {
     CHOICE(sample, timestep_spacing, "'auto'", "auto|leading|trailing|linspace",
            "Which timesteps num_steps visits (diffusers' timestep_spacing). 'auto' = the "
            "snapshot's scheduler_config.json (without the key: the scheduler class's default, "
-           "'linspace' for euler, euler_a and dpmpp_2m, else 'leading'), or 'leading' without a "
+           "'leading' for ddim, pndm and ddpm, else 'linspace'), or 'leading' without a "
            "snapshot config (SD's convention)."),
     LOGICAL(sample, use_karras_sigmas, ".false.",
             "Karras et al.'s sigmas (rho 7) for scheduler = 'euler', 'heun', 'lms', 'dpm2', 'dpm2_a', "
