@@ -454,6 +454,33 @@ static int has_shard_names(const char *dir)
     return found;
 }
 
+/* Whether dir holds a step-N checkpoint directory (a checkpoint root whose `latest` is not
+ * written yet: a first commit interrupted before it, which a resume still takes). */
+static int has_step_dirs(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+    if (!d)
+        return 0;
+    while (!found && (de = readdir(d)) != NULL)
+        found = !strncmp(de->d_name, "step-", 5) && de->d_name[5] >= '0' && de->d_name[5] <= '9';
+    closedir(d);
+    return found;
+}
+
+/* Whether path's last component (trailing slashes aside) is step-N: a checkpoint directory,
+ * complete or not. */
+static int is_step_dir(const char *path)
+{
+    size_t n = strlen(path), b;
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    for (b = n; b > 0 && path[b - 1] != '/'; b--)
+        ;
+    return n - b > 5 && !strncmp(path + b, "step-", 5) && path[b + 5] >= '0' && path[b + 5] <= '9';
+}
+
 /* Names in dir that look like shards or their temporary files but are not committed. */
 static void list_uncommitted(const char *dir, const sd_shard_manifest *m)
 {
@@ -552,6 +579,12 @@ static int inspect_checkpoint(const char *dir, const inspect_opts *o)
     sd_ckpt_dataset_check ds[4];
     sd_err err;
     int n = 0, problems = 0;
+    if (!sd_ckpt_is_complete(dir)) {
+        fprintf(stderr, "sdtool inspect: checkpoint %s is incomplete: it needs %s and %s (a write "
+                "that did not finish; a resume takes the checkpoint before it)\n", dir,
+                SD_CKPT_MANIFEST, SD_CKPT_STATE_FILE);
+        return SD_EXIT_FAILURE;
+    }
     if (o->verify ? sd_ckpt_verify(dir, &info, ds, &n, &err) : sd_ckpt_peek(dir, &info, &err)) {
         fprintf(stderr, "sdtool inspect: %s\n", err.msg);
         return SD_EXIT_FAILURE;
@@ -621,7 +654,8 @@ static int inspect_ckpt_root(const char *dir, const inspect_opts *o)
         latest[0] = '\0';
         rc = SD_EXIT_FAILURE;
     } else {
-        printf("latest: %s\n", latest[0] ? latest : "(none)");
+        printf("latest: %s\n",
+               latest[0] ? latest : "(none: a resume takes the newest complete checkpoint)");
     }
     if (!(d = opendir(dir))) {
         fprintf(stderr, "sdtool inspect: cannot list '%s': %s\n", dir, strerror(errno));
@@ -825,9 +859,9 @@ int sd_cmd_inspect(int argc, char **argv)
     sd_h5_quiet_begin(&q);
     if (!S_ISDIR(st.st_mode))
         rc = inspect_file(path, &o);
-    else if (file_in(path, SD_CKPT_STATE_FILE))
+    else if (file_in(path, SD_CKPT_STATE_FILE) || is_step_dir(path))
         rc = inspect_checkpoint(path, &o);
-    else if (file_in(path, SD_CKPT_LATEST))
+    else if (file_in(path, SD_CKPT_LATEST) || has_step_dirs(path))
         rc = inspect_ckpt_root(path, &o);
     else if (file_in(path, SD_SHARD_MANIFEST) || has_shard_names(path))
         rc = inspect_dir(path, &o);

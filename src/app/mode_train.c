@@ -1954,20 +1954,28 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.info = *sd_loader_get_info(t.loader); /* follow mode: the shards known by now */
     if (t.rank == 0) {
         const double wall = sd_time_now() - t_start;
-        const int64_t done = step;
+        const int64_t done = step, ran = step - t.start_step; /* ran: this run's, after a resume */
         printf("\ntraining summary (%d rank(s), %s)\n", t.size,
                t.zero2 ? "ZeRO-2" : "DDP");
-        printf("  %-28s %lld of %lld (%lld skipped: non-finite)\n", "steps", (long long)done,
-               (long long)max_steps, (long long)skipped);
+        if (t.resumed)
+            printf("  %-28s %lld of %lld, %lld of them in this run (%lld skipped: non-finite)\n",
+                   "steps", (long long)done, (long long)max_steps, (long long)ran,
+                   (long long)skipped);
+        else
+            printf("  %-28s %lld of %lld (%lld skipped: non-finite)\n", "steps", (long long)done,
+                   (long long)max_steps, (long long)skipped);
         printf("  %-28s %lld (%.2f epochs%s)\n", "samples seen",
                (long long)(done * t.info.global_batch),
                t.info.steps_per_epoch ? (double)done / (double)t.info.steps_per_epoch : 0.0,
                t.info.complete ? "" : " of the shards committed so far");
-        printf("  %-28s %.6f\n", "last training loss", last_loss);
+        if (ran > 0)
+            printf("  %-28s %.6f\n", "last training loss", last_loss);
+        else
+            printf("  %-28s none (no step in this run)\n", "last training loss");
         if (isfinite(last_val))
             printf("  %-28s %.6f\n", "last validation loss", last_val);
         printf("  %-28s %.2f img/s (%.1f s wall)\n", "throughput",
-               wall > 0 ? (double)(done * t.info.global_batch) / wall : 0.0, wall);
+               wall > 0 ? (double)(ran * t.info.global_batch) / wall : 0.0, wall);
         for (int i = 0; i < T_N; i++)
             printf("  %-28s %8.3f s  %5.1f%%\n", t_names[i], t_acc[i],
                    t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);

@@ -350,6 +350,22 @@ expect_not_in noverify out "read back and verified"
 run insp-noverify "$SDTOOL" inspect --verify "$TMP/noverify/checkpoints/step-00000008"
 expect_rc insp-noverify 1
 expect_in insp-noverify out "CHECKSUM MISMATCH"
+# an incomplete checkpoint (its state file gone) is named so, whether given itself or as the
+# root's latest (was read as a shard directory, or detailed as a whole checkpoint, exit 0); a
+# root without latest is still a root (a resume takes its newest complete checkpoint)
+mkdir -p "$TMP/inc"
+cp -r "$TMP/ref/checkpoints" "$TMP/inc/"
+rm "$TMP/inc/checkpoints/step-00000012/state.h5"
+run insp-inc "$SDTOOL" inspect "$TMP/inc/checkpoints/step-00000012"
+expect_rc insp-inc 1
+expect_in insp-inc err "checkpoint $TMP/inc/checkpoints/step-00000012 is incomplete"
+run insp-incroot "$SDTOOL" inspect "$TMP/inc/checkpoints"
+expect_rc insp-incroot 1
+expect_in insp-incroot out "INCOMPLETE (no manifest or state file)  <- latest"
+rm -r "$TMP/inc/checkpoints/step-00000012" "$TMP/inc/checkpoints/latest"
+run insp-nolatest "$SDTOOL" inspect "$TMP/inc/checkpoints"
+expect_rc insp-nolatest 0
+expect_in insp-nolatest out "latest: (none: a resume takes the newest complete checkpoint)"
 expect_in insp-noverify out "read back and checked when written: no (&checkpoint verify off, or an older sdtrain)"
 
 # (g) resume = 'never' in a directory with checkpoints: a warning, a fresh start, the same
@@ -379,6 +395,13 @@ mpi over2 2 "$SDTRAIN" "$TMP/over.nml" --set train.max_steps=6 --set checkpoint.
     --set checkpoint.keep_last=2
 expect_rc over2 0
 expect_in over2 out "resuming from $TMP/over/checkpoints/step-00000004: step 4"
+# the summary counts this run's steps for the throughput (it divided all 6 by 2 steps' time)
+expect_in over2 out "6 of 6, 2 of them in this run"
+mpi over3 2 "$SDTRAIN" "$TMP/over.nml" --set train.max_steps=6 --set checkpoint.every_n_steps=2 \
+    --set checkpoint.keep_last=2
+expect_rc over3 0
+expect_in over3 out "6 of 6, 0 of them in this run"
+expect_in over3 out "none (no step in this run)"
 expect_not_in over2 out "step-00000012"
 latest_is over step-00000006
 
