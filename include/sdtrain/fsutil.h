@@ -92,6 +92,14 @@ int sd_same_file(const char *a, const char *b);
  * output folder: one that holds an input, or lies in one, must be refused. */
 int sd_path_within(const char *path, const char *dir);
 
+/* Takes a lock of a directory for the rest of the process: an exclusive flock on dir/name
+ * (created; ".sdtrain.lock" for the output directory, another name for another role of the
+ * same folder), which then records "pid host start-time". 0 when held, or when the
+ * file system takes no locks (nothing to be had); -1 with err naming the holder when another
+ * process holds it (`what`: "output directory", ...). The lock goes with the process, so a job
+ * killed or requeued leaves none behind. */
+int sd_lock_dir(const char *dir, const char *name, const char *what, sd_err *err);
+
 #ifdef __cplusplus
 }
 #endif

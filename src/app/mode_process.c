@@ -1064,8 +1064,10 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE;
     }
     /* a shard directory that cannot take shards: an error now, before any encoding */
-    if (sd_agree(comm, rank == 0 && sd_mkdir_writable(cfg->data.shard_dir, "shard directory",
-                                                      &err) != 0, &err) != 0) {
+    if (sd_agree(comm, rank == 0 && (sd_mkdir_writable(cfg->data.shard_dir, "shard directory",
+                                                       &err) != 0 ||
+                                     sd_lock_dir(cfg->data.shard_dir, ".sdtrain-writer.lock",
+                                                 "shard directory", &err) != 0), &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         sd_shard_manifest_free(&man);

@@ -429,7 +429,12 @@ int main(int argc, char **argv)
 
     if (!c.check) {
         int failed = 0;
-        if (rank == 0 && write_used_nml(&rc, &c, size, &err) != 0) {
+        /* one job per output directory: a second one would interleave checkpoints, metrics
+         * and samples with the first's */
+        if (rank == 0 && (sd_mkdir_p(rc.cfg.run.output_dir, "directory", &err) != 0 ||
+                          sd_lock_dir(rc.cfg.run.output_dir, ".sdtrain.lock", "output directory",
+                                      &err) != 0 ||
+                          write_used_nml(&rc, &c, size, &err) != 0)) {
             fprintf(stderr, "sdtrain: %s\n", err.msg);
             failed = 1;
         }

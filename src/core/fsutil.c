@@ -12,8 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sdtrain/check.h"
@@ -386,4 +388,45 @@ int sd_path_within(const char *path, const char *dir)
         return 0;
     n = strlen(rd);
     return strncmp(rp, rd, n) == 0 && (rp[n] == '\0' || rp[n] == '/' || (n == 1 && rd[0] == '/'));
+}
+
+int sd_lock_dir(const char *dir, const char *name, const char *what, sd_err *err)
+{
+    char path[4200], holder[256] = "";
+    int fd;
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return 0;
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return 0; /* a directory where no lock file can be made is refused elsewhere, if at all */
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        if (e != EWOULDBLOCK) { /* no locks on this file system (some network mounts) */
+            close(fd);
+            return 0;
+        }
+        ssize_t n = read(fd, holder, sizeof holder - 1);
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(fd);
+        return sd_err_set(err, "another sdtrain job uses the %s '%s' (%s holds %s): two jobs "
+                          "there would overwrite each other's files; wait for it to end or give "
+                          "this one another directory", what, dir,
+                          holder[0] ? holder : "a process", path);
+    }
+    {
+        char host[128] = "?", text[300];
+        time_t now = time(NULL);
+        struct tm tm;
+        char stamp[32];
+        gethostname(host, sizeof host - 1);
+        gmtime_r(&now, &tm);
+        strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        const int len = snprintf(text, sizeof text, "pid %ld on %s since %s\n", (long)getpid(),
+                                 host, stamp);
+        if (ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)len, 0) == len) {
+            /* the record is informational: the lock is the flock */
+        }
+    }
+    return 0; /* fd stays open: the lock lasts as long as the process */
 }

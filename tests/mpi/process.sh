@@ -192,6 +192,30 @@ expect_rc allbad 2
 expect_count allbad err "shard 1: none of its 4 samples (4 to 7 of $TMP/data-allbad, from '00000/000000004' on) is usable" 1
 [ "$(checksums "$TMP/shards-allbad" | wc -l)" = 1 ] || fail "allbad: shard 0 not committed"
 
+# one job per output directory and per shard directory (a lock each, held as long as the job
+# runs): a second job started while the first runs is refused (status 2) naming the holder,
+# and the first finishes undisturbed
+write_nml lock files "$TMP/data-files" "$TMP/shards-lock"
+# shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
+SDTRAIN_TEST_SHARD_DELAY_MS=1500 $MPIEXEC $MPIEXEC_NP 2 "$SDTRAIN" "$TMP/lock.nml" \
+    >"$TMP/lock1.out" 2>&1 &
+first=$!
+i=0
+while [ $i -lt 300 ] && ! grep -q "^pid " "$TMP/shards-lock/.sdtrain-writer.lock" 2>/dev/null; do
+    sleep 0.1
+    i=$((i + 1))
+done
+mpi lock2 2 "$SDTRAIN" "$TMP/lock.nml"
+expect_rc lock2 2
+expect_count lock2 err "another sdtrain job uses the output directory '$TMP/run-lock'" 1
+mpi lock3 2 "$SDTRAIN" "$TMP/lock.nml" --set run.output_dir="$TMP/run-lock3"
+expect_rc lock3 2
+expect_count lock3 err "another sdtrain job uses the shard directory '$TMP/shards-lock'" 1
+wait $first || fail "lock: the first job failed: $(tail -5 "$TMP/lock1.out")"
+[ "$(checksums "$TMP/shards-lock" | wc -l)" = 3 ] || fail "lock: the first job did not commit its 3 shards"
+mpi lock4 2 "$SDTRAIN" "$TMP/lock.nml"
+expect_rc lock4 0
+
 # mode = 'pipeline': the preprocessing ranks write the same shards while the training rank
 # trains on them (tests/mpi/pipeline.sh checks the training half)
 write_nml pipe files "$TMP/data-files" "$TMP/shards-pipe"
