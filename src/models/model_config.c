@@ -1,6 +1,7 @@
 /* Model configurations from diffusers/transformers config.json files, the namelist, or the
  * SD2-base defaults; anything sdtrain does not implement is refused by name. */
 #include <json-c/json.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -261,12 +262,14 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
     }
     /* the time embedding's width is 4 x block_out_channels[0] here */
     {
-        int ted = 4 * c->block_out_channels[0];
+        /* 64-bit: block_out_channels is range-checked below, after this */
+        const long long want = 4LL * c->block_out_channels[0];
+        int ted = INT_MIN; /* absent */
         sd_jconf_int(&j, "time_embedding_dim", &ted);
-        if (!j.failed && ted != 4 * c->block_out_channels[0]) {
-            char detail[96];
-            snprintf(detail, sizeof detail, " = %d (other than 4 x block_out_channels[0] = %d) is "
-                     "not implemented", ted, 4 * c->block_out_channels[0]);
+        if (!j.failed && ted != INT_MIN && (long long)ted != want) {
+            char detail[128];
+            snprintf(detail, sizeof detail, " = %d (other than 4 x block_out_channels[0] = %lld) "
+                     "is not implemented", ted, want);
             sd_jconf_fail(&j, "%s: '%s'%s", "time_embedding_dim", detail);
         }
     }
