@@ -3,8 +3,9 @@
  *
  * Usage: mpirun -np N bench/ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema]
  *                                   [--ddp]
- * Defaults: the SD2-base U-Net's table (865.9 M parameters: 3.46 GB a dataset), DIR
- * ./ckpt_io.tmp (removed at the end), 3 repetitions of each variant, an EMA, ZeRO-2 ranges (each
+ * Defaults: the SD2-base U-Net's table (865.9 M parameters: 3.46 GB a dataset), DIR . (the
+ * checkpoints go to DIR/ckpt_io.run, which must not exist and is removed at the end; nothing
+ * else in DIR is touched), 3 repetitions of each variant, an EMA, ZeRO-2 ranges (each
  * rank holds the whole parameter buffer and its shard of the moments and the EMA, as training
  * does). --ddp: every rank holds everything (more memory: four full buffers a rank).
  *
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "sdtrain/check.h"
 #include "sdtrain/checkpoint.h"
@@ -52,7 +54,8 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    const char *config = "sd2", *dir = "ckpt_io.tmp";
+    const char *config = "sd2", *dir = ".";
+    char work[4200];
     int reps = 3, ema = 1, ddp = 0, rank, size;
     sd_unet_config uc;
     sd_param_table tab;
@@ -87,6 +90,20 @@ int main(int argc, char **argv)
             usage();
         MPI_Finalize();
         return 2;
+    }
+    /* a folder of our own inside DIR: removing it at the end must not take anything else */
+    snprintf(work, sizeof work, "%s/ckpt_io.run", dir);
+    {
+        struct stat st;
+        int exists = rank == 0 && stat(work, &st) == 0;
+        MPI_Bcast(&exists, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (exists) {
+            if (rank == 0)
+                fprintf(stderr, "ckpt_io: %s exists (a run going on there, or an interrupted one): "
+                        "remove it or give another --dir\n", work);
+            MPI_Finalize();
+            return 2;
+        }
     }
     if (!strcmp(config, "sd2"))
         sd_unet_config_sd2_base(&uc);
@@ -127,13 +144,13 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("checkpoint of %s (%zu floats a dataset, %d datasets, %.2f GB) by %d rank(s), %s, "
                "into %s\n", config, t.n, 3 + ema, bytes / 1e9, size, ddp ? "DDP" : "ZeRO-2",
-               dir);
+               work);
     for (int r = 0; r < reps; r++) {
         for (int verify = 0; verify < 2; verify++) {
             MPI_Barrier(MPI_COMM_WORLD);
             const double t0 = sd_time_now();
             s.step = s.opt_step = 2 * r + verify + 1;
-            if (sd_ckpt_write(MPI_COMM_WORLD, dir, &s, &t, "", 1, verify, NULL, 0, &err)) {
+            if (sd_ckpt_write(MPI_COMM_WORLD, work, &s, &t, "", 1, verify, NULL, 0, &err)) {
                 if (rank == 0)
                     fprintf(stderr, "ckpt_io: %s\n", err.msg);
                 MPI_Abort(MPI_COMM_WORLD, 1);
@@ -149,13 +166,14 @@ int main(int argc, char **argv)
         printf("\n| variant | median s | min s | max s | GB/s (file / median) |\n|---|---|---|---|---|\n");
         for (int v = 0; v < 2; v++) {
             qsort(times[v], (size_t)reps, sizeof(double), cmp_double);
-            med[v] = times[v][reps / 2];
+            med[v] = reps % 2 ? times[v][reps / 2]
+                              : 0.5 * (times[v][reps / 2 - 1] + times[v][reps / 2]);
             printf("| %s | %.3f | %.3f | %.3f | %.2f |\n", v ? "write + read-back (verify)" : "write",
                    med[v], times[v][0], times[v][reps - 1], bytes / 1e9 / med[v]);
         }
         printf("\nread-back: +%.3f s a checkpoint (%.0f %% of the write)\n", med[1] - med[0],
                100.0 * (med[1] - med[0]) / med[0]);
-        sd_remove_tree(dir, &err);
+        sd_remove_tree(work, &err);
     }
     free(t.params);
     free(t.m);

@@ -55,7 +55,7 @@ write_nml() { # write_nml NAME MODE
       val_fraction = 0.1 /
 &train max_steps = $STEPS, batch_size_per_rank = $((16 / NP)), learning_rate = 1e-3,
        warmup_steps = 20, sharding = 'shard_grad_op', grad_clip = 1.0, log_every = 100,
-       val_every = $((STEPS / 4)), latent_sample = .false., latent_scale = $SCALE /
+       val_every = $((STEPS / 4 > 0 ? STEPS / 4 : 1)), latent_sample = .false., latent_scale = $SCALE /
 &diffusion prediction_type = '$PRED', caption_dropout = 0 /
 EOF2
 }
@@ -73,8 +73,8 @@ for c in true shuffled; do
     final[$c]=$(grep '"val_loss"' "$m" | tail -n 1 | sed 's/.*"val_loss": \([^,]*\),.*/\1/')
 done
 
-printf '\nlearning check: %d samples (10%% held out), %d steps of global batch 16 on %d rank(s)\n' \
-    "$COUNT" "$STEPS" "$NP"
+printf '\nlearning check: %d samples (10%% held out), %d steps of global batch %d (%d x %d) on %d rank(s)\n' \
+    "$COUNT" "$STEPS" $((16 / NP * NP)) "$NP" $((16 / NP)) "$NP"
 printf '%-18s %14s %14s %10s %10s\n' captions "val loss t=0" "val loss end" "end/start" "train s"
 for c in true shuffled; do
     printf '%-18s %14.6f %14.6f %10.3f %10d\n' "$c" "${init[$c]}" "${final[$c]}" \

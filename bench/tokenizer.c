@@ -111,10 +111,21 @@ int main(int argc, char **argv)
         sd_tokenize(tok, lines[i], lens[i], ids, count ? &nt : NULL);
         checksum += ids[1];
     }
-    double rates[1000];
+    /* as many passes as --min-time takes (the array grows: short files need many) */
+    size_t rcap = 1024;
+    double *rates = malloc(rcap * sizeof *rates);
     int passes = 0;
     double start = now_s();
-    while (passes < 1000 && (passes < 3 || now_s() - start < min_time)) {
+    if (!rates)
+        return 1;
+    while (passes < 3 || now_s() - start < min_time) {
+        if ((size_t)passes == rcap) {
+            double *more = realloc(rates, 2 * rcap * sizeof *rates);
+            if (!more)
+                break;
+            rates = more;
+            rcap *= 2;
+        }
         double p0 = now_s();
         for (size_t i = 0; i < n; i++) {
             sd_tokenize(tok, lines[i], lens[i], ids, count ? &nt : NULL);
@@ -123,11 +134,12 @@ int main(int argc, char **argv)
         rates[passes++] = (double)n / (now_s() - p0);
     }
     qsort(rates, (size_t)passes, sizeof *rates, cmp_double);
-    double med = rates[passes / 2];
+    double med = passes % 2 ? rates[passes / 2] : 0.5 * (rates[passes / 2 - 1] + rates[passes / 2]);
     printf("vocabulary\t%s\nload_s\t%.3f\ncaptions\t%zu\nmean_bytes\t%.1f\npasses\t%d\n", vocab, load_s, n,
            (double)bytes / (double)n, passes);
     printf("captions_per_s\t%.0f\nus_per_caption\t%.3f\nmin_max_captions_per_s\t%.0f\t%.0f\nchecksum\t%ld\n", med,
            1e6 / med, rates[0], rates[passes - 1], checksum);
+    free(rates);
     sd_tokenizer_free(tok);
     for (size_t i = 0; i < n; i++)
         free(lines[i]);

@@ -12,6 +12,8 @@ work=${2:-$top/runs/train-scaling}
 NPS=${NPS:-"1 2"}
 STEPS=${STEPS:-60}
 BATCH=${BATCH:-8}
+# the medians leave out the first 5 steps (start-up): fewer would leave nothing to measure
+[ "$STEPS" -gt 5 ] || { echo "train_scaling.sh: STEPS=$STEPS: need more than 5 steps (the first 5 are left out of the medians)" >&2; exit 2; }
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 root=()
 [ "$(id -u)" != 0 ] || root=(--allow-run-as-root)

@@ -90,7 +90,7 @@ static void bench(const char *label, const sd_unet_config *c, int batch, int lat
         times[r] = sd_time_now() - t0;
     }
     qsort(times, (size_t)reps, sizeof times[0], cmp_double);
-    med = times[reps / 2];
+    med = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
     for (size_t i = 0; i < (size_t)batch * latent * latent * c->out_channels; i++)
         SD_CHECK(isfinite(out[i]), "non-finite output %g at %zu", out[i], i);
     printf("unet %-5s batch %d latent %dx%d ctx %d threads %d: %10.2f ms (min %.2f, max %.2f)  "
@@ -135,6 +135,10 @@ int main(int argc, char **argv)
     }
     if (reps < 1)
         reps = 1;
+    if (strcmp(model, "tiny") != 0 && strcmp(model, "sd2") != 0 && strcmp(model, "all") != 0) {
+        fprintf(stderr, "%s: --model %s: expected tiny, sd2 or all\n", argv[0], model);
+        return 2;
+    }
     if (strcmp(model, "tiny") == 0 || strcmp(model, "all") == 0) {
         bench_tiny_unet_config(&c);
         bench("tiny", &c, batch, latent, ctx_len, reps, invariant);

@@ -7,7 +7,7 @@
 #   bench/without-system-mpi.sh bash bench/gpu-check.sh --bundle .gpu --parts train
 #   bench/without-system-mpi.sh sh -c '. /tmp/sdgpu/ompi/env.sh && mpirun -np 2 /tmp/sdgpu/build/sdtrain --check inputs/demo.nml'
 set -eu
-[ $# -gt 0 ] || { sed -n '2,9p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,8p' "$0"; exit 2; }
 [ "${SD_WITHOUT_SYSTEM_MPI:-}" = 1 ] || exec unshare -m env SD_WITHOUT_SYSTEM_MPI=1 sh "$0" "$@"
 la=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 e=$(mktemp -d)

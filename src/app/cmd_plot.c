@@ -153,6 +153,10 @@ static int read_metrics(const char *path, const char *list, metrics *m, sd_err *
                 if (!is_number(val) || !wanted(list, key))
                     continue;
                 y = json_object_get_double(val);
+                /* sdtrain writes -1 for a loss or gradient norm that was not finite (a skipped
+                 * step): no value, not a point at -1 */
+                if ((strstr(key, "loss") || !strcmp(key, "grad_norm")) && y == -1.0)
+                    continue;
                 if (!isfinite(y) || !(s = find_series(m, key, 1)))
                     continue;
                 push(s, x, y);

@@ -1686,7 +1686,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         } else {
             if (t.metrics) {
                 fprintf(t.metrics, "{\"step\": 0, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
-                        last_val, (long long)nv);
+                        isfinite(last_val) ? last_val : -1.0, (long long)nv);
                 metrics_flush(&t, 0);
             }
             sd_info("step 0: validation loss %.6f over %lld samples", last_val, (long long)nv);
@@ -1895,8 +1895,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                 break;
             }
             if (t.metrics) {
+                /* -1 for a non-finite loss, as the step lines: "nan" is no JSON */
                 fprintf(t.metrics, "{\"step\": %lld, \"val_loss\": %.9g, \"val_samples\": %lld}\n",
-                        (long long)step + 1, last_val, (long long)nv);
+                        (long long)step + 1, isfinite(last_val) ? last_val : -1.0, (long long)nv);
                 metrics_flush(&t, step + 1);
             }
             sd_info("step %lld: validation loss %.6f over %lld samples (%.2f s)",

@@ -55,6 +55,13 @@ expect_not_in text out "epoch"
 run text2 "$SDTOOL" plot "$m" --text --metric lr
 expect_rc text2 0
 expect_not_in text2 out "grad_norm"
+# a skipped step's stand-in -1 (loss, grad_norm: non-finite) is no point
+printf '%s\n' '{"step": 1, "loss": 0.5, "grad_norm": 2}' '{"step": 2, "loss": -1, "grad_norm": -1}' \
+    '{"step": 3, "loss": 0.25, "grad_norm": 1.5}' '{"step": 3, "val_loss": -1}' >"$TMP/skip.jsonl"
+run skip "$SDTOOL" plot "$TMP/skip.jsonl" --text
+expect_rc skip 0
+grep -q '^loss  *2  *0.25  *0.5  *0.25  |' "$TMP/skip.out" || { cat "$TMP/skip.out"; fail "--text: the -1 of a skipped step drawn"; }
+grep -q '^grad_norm  *2  *1.5  *2  *1.5  |' "$TMP/skip.out" || { cat "$TMP/skip.out"; fail "--text: grad_norm -1 drawn"; }
 pass "plot --text: min, max, last and a sparkline per metric"
 
 # bad files: exit 2 with file:line
