@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bench_stats.h"
 #include "sdtrain/check.h"
 #include "sdtrain/checkpoint.h"
 #include "sdtrain/collectives.h"
@@ -166,8 +167,7 @@ int main(int argc, char **argv)
         printf("\n| variant | median s | min s | max s | GB/s (file / median) |\n|---|---|---|---|---|\n");
         for (int v = 0; v < 2; v++) {
             qsort(times[v], (size_t)reps, sizeof(double), cmp_double);
-            med[v] = reps % 2 ? times[v][reps / 2]
-                              : 0.5 * (times[v][reps / 2 - 1] + times[v][reps / 2]);
+            med[v] = bench_sorted_median(times[v], reps);
             printf("| %s | %.3f | %.3f | %.3f | %.2f |\n", v ? "write + read-back (verify)" : "write",
                    med[v], times[v][0], times[v][reps - 1], bytes / 1e9 / med[v]);
         }

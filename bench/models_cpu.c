@@ -6,6 +6,7 @@
 #include <omp.h>
 #endif
 
+#include "bench_stats.h"
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/clip.h"
@@ -39,7 +40,7 @@ static void result(const char *module, const char *size, const char *shape, doub
 {
     double med;
     qsort(t, (size_t)n, sizeof *t, cmp_double);
-    med = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]); /* as Python's statistics.median */
+    med = bench_sorted_median(t, n);
     printf("%-13s %-9s %-22s %9.2f GFLOP %10.2f ms (min %.2f) %8.1f GFLOP/s  arena %.1f MiB\n",
            module, size, shape, flops * 1e-9, med * 1e3, t[0] * 1e3, flops * 1e-9 / med,
            arena / 1048576.0);

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_stats.h"
 #include "sdtrain/tokenizer.h"
 
 static double now_s(void)
@@ -134,7 +135,7 @@ int main(int argc, char **argv)
         rates[passes++] = (double)n / (now_s() - p0);
     }
     qsort(rates, (size_t)passes, sizeof *rates, cmp_double);
-    double med = passes % 2 ? rates[passes / 2] : 0.5 * (rates[passes / 2 - 1] + rates[passes / 2]);
+    double med = bench_sorted_median(rates, passes);
     printf("vocabulary\t%s\nload_s\t%.3f\ncaptions\t%zu\nmean_bytes\t%.1f\npasses\t%d\n", vocab, load_s, n,
            (double)bytes / (double)n, passes);
     printf("captions_per_s\t%.0f\nus_per_caption\t%.3f\nmin_max_captions_per_s\t%.0f\t%.0f\nchecksum\t%ld\n", med,

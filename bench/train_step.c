@@ -9,6 +9,7 @@
 #include <omp.h>
 #endif
 
+#include "bench_stats.h"
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/diffusion.h"
@@ -84,7 +85,7 @@ static double median(const double *x, int n, double *lo, double *hi)
     double *s = sd_xmalloc((size_t)n * sizeof *s), m;
     memcpy(s, x, (size_t)n * sizeof *s);
     qsort(s, (size_t)n, sizeof *s, cmp_double);
-    m = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    m = bench_sorted_median(s, n);
     if (lo)
         *lo = s[0];
     if (hi)

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_stats.h"
 #include "sdtrain/image.h"
 #include "sdtrain/transform.h"
 
@@ -27,7 +28,7 @@ static int cmp_double(const void *a, const void *b)
 static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return bench_sorted_median(v, n);
 }
 
 static void usage(void)

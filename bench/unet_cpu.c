@@ -7,6 +7,7 @@
 #include <omp.h>
 #endif
 
+#include "bench_stats.h"
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
 #include "sdtrain/models.h"
@@ -90,7 +91,7 @@ static void bench(const char *label, const sd_unet_config *c, int batch, int lat
         times[r] = sd_time_now() - t0;
     }
     qsort(times, (size_t)reps, sizeof times[0], cmp_double);
-    med = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+    med = bench_sorted_median(times, reps);
     for (size_t i = 0; i < (size_t)batch * latent * latent * c->out_channels; i++)
         SD_CHECK(isfinite(out[i]), "non-finite output %g at %zu", out[i], i);
     printf("unet %-5s batch %d latent %dx%d ctx %d threads %d: %10.2f ms (min %.2f, max %.2f)  "

@@ -440,23 +440,14 @@ static int is_shard_name(const char *nm)
     return !strncmp(nm, "shard-", 6) || !strncmp(nm, ".shard-", 7) || !strcmp(nm, SD_SHARD_MANIFEST ".tmp");
 }
 
-/* 1 when dir holds a name a shard writer leaves: a shard directory that has nothing committed. */
-static int has_shard_names(const char *dir)
+/* "step-N" (N starting with a digit): a checkpoint directory's name, complete or not. */
+static int is_step_name(const char *nm)
 {
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    int found = 0;
-    if (!d)
-        return 0;
-    while (!found && (de = readdir(d)) != NULL)
-        found = is_shard_name(de->d_name);
-    closedir(d);
-    return found;
+    return !strncmp(nm, "step-", 5) && nm[5] >= '0' && nm[5] <= '9';
 }
 
-/* Whether dir holds a step-N checkpoint directory (a checkpoint root whose `latest` is not
- * written yet: a first commit interrupted before it, which a resume still takes). */
-static int has_step_dirs(const char *dir)
+/* 1 when some name in dir passes `pred`. */
+static int dir_has_name(const char *dir, int (*pred)(const char *))
 {
     DIR *d = opendir(dir);
     struct dirent *de;
@@ -464,7 +455,7 @@ static int has_step_dirs(const char *dir)
     if (!d)
         return 0;
     while (!found && (de = readdir(d)) != NULL)
-        found = !strncmp(de->d_name, "step-", 5) && de->d_name[5] >= '0' && de->d_name[5] <= '9';
+        found = pred(de->d_name);
     closedir(d);
     return found;
 }
@@ -473,12 +464,14 @@ static int has_step_dirs(const char *dir)
  * complete or not. */
 static int is_step_dir(const char *path)
 {
+    char last[256];
     size_t n = strlen(path), b;
     while (n > 1 && path[n - 1] == '/')
         n--;
     for (b = n; b > 0 && path[b - 1] != '/'; b--)
         ;
-    return n - b > 5 && !strncmp(path + b, "step-", 5) && path[b + 5] >= '0' && path[b + 5] <= '9';
+    snprintf(last, sizeof last, "%.*s", (int)(n - b), path + b);
+    return is_step_name(last);
 }
 
 /* Names in dir that look like shards or their temporary files but are not committed. */
@@ -861,9 +854,11 @@ int sd_cmd_inspect(int argc, char **argv)
         rc = inspect_file(path, &o);
     else if (file_in(path, SD_CKPT_STATE_FILE) || is_step_dir(path))
         rc = inspect_checkpoint(path, &o);
-    else if (file_in(path, SD_CKPT_LATEST) || has_step_dirs(path))
+    /* a root without latest: a first commit interrupted before it, which a resume still takes */
+    else if (file_in(path, SD_CKPT_LATEST) || dir_has_name(path, is_step_name))
         rc = inspect_ckpt_root(path, &o);
-    else if (file_in(path, SD_SHARD_MANIFEST) || has_shard_names(path))
+    /* leftovers of a shard writer: a shard directory that has nothing committed */
+    else if (file_in(path, SD_SHARD_MANIFEST) || dir_has_name(path, is_shard_name))
         rc = inspect_dir(path, &o);
     else {
         fprintf(stderr,

@@ -646,34 +646,23 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     }
     if (!failed && strcmp(cfg->sample.timestep_spacing, "auto") != 0)
         ss.spacing = (sd_spacing)sd_spacing_from_name(cfg->sample.timestep_spacing);
+    /* sd_config_validate refused these &sample options for the samplers without them (its list
+     * of names must be the samplers' own: a mismatch is a bug, not bad input) */
     if (!failed && (cfg->sample.use_karras_sigmas || cfg->sample.use_exponential_sigmas ||
                     cfg->sample.use_beta_sigmas)) {
-        const char *key = cfg->sample.use_karras_sigmas        ? "use_karras_sigmas"
-                          : cfg->sample.use_exponential_sigmas ? "use_exponential_sigmas"
-                                                               : "use_beta_sigmas";
-        failed = !sd_sampler_takes_sigma_schedule((sd_sampler_kind)kind) &&
-                 sd_err_set(&err, "&sample %s = .true. needs scheduler = 'euler', 'heun', "
-                                  "'lms', 'dpm2', 'dpm2_a', 'dpmpp_2m', 'dpmpp_2m_sde', 'dpmpp_sde' or "
-                                  "'unipc', "
-                                  "not "
-                                  "'%s'", key,
-                            cfg->sample.scheduler);
-        if (!failed && cfg->sample.use_karras_sigmas + cfg->sample.use_exponential_sigmas +
-                               cfg->sample.use_beta_sigmas > 1)
-            failed = sd_err_set(&err, "&sample: more than one of use_karras_sigmas, "
-                                      "use_exponential_sigmas and use_beta_sigmas is .true.: "
-                                      "choose one") != 0;
+        SD_CHECK(sd_sampler_takes_sigma_schedule((sd_sampler_kind)kind) &&
+                     cfg->sample.use_karras_sigmas + cfg->sample.use_exponential_sigmas +
+                             cfg->sample.use_beta_sigmas == 1,
+                 "&sample sigma schedule for '%s' passed validation", cfg->sample.scheduler);
         /* the namelist's choice replaces the snapshot config's */
         ss.karras = cfg->sample.use_karras_sigmas;
         ss.expo = cfg->sample.use_exponential_sigmas;
         ss.beta = cfg->sample.use_beta_sigmas;
     }
     if (!failed && cfg->sample.solver_order > 0) { /* the namelist's replaces the config's */
-        const int dpm = kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE;
-        if (!dpm && kind != SD_SAMPLER_UNIPC)
-            failed = sd_err_set(&err, "&sample solver_order = %lld needs scheduler = 'dpmpp_2m', "
-                                      "'dpmpp_2m_sde' or 'unipc', not '%s'",
-                                (long long)cfg->sample.solver_order, cfg->sample.scheduler) != 0;
+        SD_CHECK(kind == SD_SAMPLER_DPMPP_2M || kind == SD_SAMPLER_DPMPP_2M_SDE ||
+                     kind == SD_SAMPLER_UNIPC,
+                 "&sample solver_order for '%s' passed validation", cfg->sample.scheduler);
         ss.dpm_order = (int)cfg->sample.solver_order;
     }
     if (!failed)

@@ -189,9 +189,7 @@ static int write_used_nml(const sd_run_config *rc, const cli *c, int world_size,
     struct tm tm;
     int ok;
 
-    if (sd_mkdir_p(rc->cfg.run.output_dir, "directory", err))
-        return -1;
-    snprintf(path, sizeof path, "%s/used.nml", rc->cfg.run.output_dir);
+    snprintf(path, sizeof path, "%s/used.nml", rc->cfg.run.output_dir); /* the caller made it */
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     gmtime_r(&now, &tm);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);

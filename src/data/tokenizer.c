@@ -730,18 +730,28 @@ static int special_content(const char *path, const char *key, json_object *v, ch
     return 0;
 }
 
-static int read_specials(const char *path, special_spec *sp, sd_tokenizer *t, bool with_added, sd_err *err)
+/* An optional JSON file of the tokenizer folder holding an object: 1 with *root (the caller
+ * puts it), 0 when the file is absent, -1 with err (`what` says what the object should be). */
+static int load_optional_object(const char *path, const char *what, json_object **root, sd_err *err)
 {
     struct stat st;
-    json_object *root;
     if (stat(path, &st) != 0)
-        return 0; /* optional file */
-    if (load_json_file(path, &root, err) != 0)
+        return 0;
+    if (load_json_file(path, root, err) != 0)
         return -1;
-    if (!json_object_is_type(root, json_type_object)) {
-        json_object_put(root);
-        return sd_err_set(err, "%s: expected a JSON object", path);
+    if (!json_object_is_type(*root, json_type_object)) {
+        json_object_put(*root);
+        return sd_err_set(err, "%s: expected %s", path, what);
     }
+    return 1;
+}
+
+static int read_specials(const char *path, special_spec *sp, sd_tokenizer *t, bool with_added, sd_err *err)
+{
+    json_object *root;
+    const int r = load_optional_object(path, "a JSON object", &root, err);
+    if (r <= 0)
+        return r;
     for (int i = 0; i < 4; i++) {
         json_object *v;
         if (!json_object_object_get_ex(root, SPECIAL_KEYS[i], &v) || json_object_is_type(v, json_type_null))
@@ -784,16 +794,10 @@ static int read_specials(const char *path, special_spec *sp, sd_tokenizer *t, bo
  * an id tokenizer_config.json's added_tokens_decoder already gave keeps that entry, as there. */
 static int read_added_tokens_json(const char *path, sd_tokenizer *t, sd_err *err)
 {
-    struct stat st;
     json_object *root;
-    if (stat(path, &st) != 0)
-        return 0; /* optional file */
-    if (load_json_file(path, &root, err) != 0)
-        return -1;
-    if (!json_object_is_type(root, json_type_object)) {
-        json_object_put(root);
-        return sd_err_set(err, "%s: expected a JSON object of token: id", path);
-    }
+    const int r = load_optional_object(path, "a JSON object of token: id", &root, err);
+    if (r <= 0)
+        return r;
     json_object_object_foreach(root, key, val)
     {
         int taken = 0;
