@@ -27,7 +27,7 @@
 #                 vae-encode,unet-train,unet-fwd; vae-encode alone takes about 90 s)
 #   --peer-variants L  our side of "peer" once more per variant against the same torch
 #                 measurement: ';'-separated NAME=VAR=value[ VAR=value...] (gpu_vs_torch.py
-#                 --variant), e.g. "graph=SDTRAIN_CUDA_CONV_API=graph"
+#                 --variant), e.g. "legacy=SDTRAIN_CUDA_CONV_API=legacy"
 #   --log DIR     logs and CSV files (default gpu-check-logs; with $OUT set (the device tool)
 #                 they are also packed into $OUT/gpu-check-logs.tgz, one file to fetch)
 # Exit status: 0 when every part that ran passed (cut or not run ones included), 1 otherwise, 77
@@ -253,12 +253,12 @@ part_variants() {
     : >"$f"
     printf '%-44s %-12s %-5s %10s %10s %9s\n' "variant" "model" "res" "ms" "img/s" "set-up s" | tee -a "$f"
     # the default is GN_STATS=wide, GN_APPLY=auto (fast for bf16) since 2026-11-26; "loads+onepass"
-    # is the default before
+    # is the default before; CONV_API=graph is the default since 2026-11-27 (legacy before)
     for v in "default:" "loads+onepass:SDTRAIN_CUDA_GN_APPLY=loads SDTRAIN_CUDA_GN_STATS=onepass" \
         "GN_APPLY=regs:SDTRAIN_CUDA_GN_APPLY=regs" \
         "CONV_ALGO=find:SDTRAIN_CUDA_CONV_ALGO=find" \
-        "CONV_API=graph:SDTRAIN_CUDA_CONV_API=graph" \
-        "CONV_API=graph+find:SDTRAIN_CUDA_CONV_API=graph SDTRAIN_CUDA_CONV_ALGO=find" \
+        "CONV_API=legacy:SDTRAIN_CUDA_CONV_API=legacy" \
+        "CONV_API=legacy+find:SDTRAIN_CUDA_CONV_API=legacy SDTRAIN_CUDA_CONV_ALGO=find" \
         "CONV_API=graph-rtc:SDTRAIN_CUDA_CONV_API=graph-rtc"; do
         name=${v%%:*}
         envs=${v#*:}

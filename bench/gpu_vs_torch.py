@@ -11,7 +11,7 @@ and torch.compile unless --no-compile. Both sides are timed from a synchronized 
 synchronized device, median of --reps after warm-ups (compilation happens in the warm-ups).
 Our side is bench/models_cuda from the build (or bundle) given by --bin; with --variant (one or
 more) our side runs once more per variant, with that variant's environment (e.g. --variant
-"graph=SDTRAIN_CUDA_CONV_API=graph"), against the same torch measurement: one row per variant.
+"legacy=SDTRAIN_CUDA_CONV_API=legacy"), against the same torch measurement: one row per variant.
 
 Prints one table: what, resolution, batch, ours ms, torch ms, ratio (torch / ours, > 1 means
 sdtrain is faster), and images/s; each row also as a "PEER ..." line as soon as it is measured,

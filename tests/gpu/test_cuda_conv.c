@@ -2,7 +2,7 @@
  * backward (dx written and added, dw and db accumulated onto preloaded values, each gradient left
  * out once), on the shapes SD2 uses scaled down, in F32 and BF16 mode; a repeated call must give
  * the same bits. Then again with cuDNN's timed algorithms, and with the forward through cuDNN's
- * graph API (SDTRAIN_CUDA_CONV_API=graph). */
+ * graph API (SDTRAIN_CUDA_CONV_API=graph, the default; the rounds before set legacy). */
 #include "cuda_compare.h"
 
 typedef struct conv_case {
@@ -291,6 +291,8 @@ static void bogus_refused(const char *var)
 int main(void)
 {
     sd_backend *gpu[2];
+    /* the legacy convolution calls first (graph is SDTRAIN_CUDA_CONV_API's default) */
+    setenv("SDTRAIN_CUDA_CONV_API", "legacy", 1);
     int n = gpu_backends(gpu);
     gpu_seed_from_env();
 
@@ -335,13 +337,16 @@ int main(void)
      * the VAE and U-Net (what the graph API is for) must have both plans under one of the rounds
      * at least: which engines cuDNN offers for the fused graph is the card's and version's
      * business, not ours. */
-    static const char *const graph_api[] = {"graph", "graph", "graph-rtc"};
+    static const char *const graph_api[] = {"graph (the default)", "graph", "graph-rtc"};
     static const char *const graph_algo[] = {"heuristic", "find", "heuristic"};
     const char *quick = getenv("SD_GPU_TEST_QUICK");
     const int rounds = quick && strcmp(quick, "1") == 0 ? 2 : 3;
     int bf16_planned = 0;
     for (int r = 0; r < rounds; r++) {
-        setenv("SDTRAIN_CUDA_CONV_API", graph_api[r], 1);
+        if (r == 0) /* the default */
+            unsetenv("SDTRAIN_CUDA_CONV_API");
+        else
+            setenv("SDTRAIN_CUDA_CONV_API", graph_api[r], 1);
         setenv("SDTRAIN_CUDA_CONV_ALGO", graph_algo[r], 1);
         n = gpu_backends(gpu);
         tap_diag("convolutions with SDTRAIN_CUDA_CONV_API=%s, SDTRAIN_CUDA_CONV_ALGO=%s",

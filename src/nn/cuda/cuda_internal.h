@@ -30,11 +30,12 @@
 #define SD_CUDA_GN_APPLY_FAST 2
 #define SD_CUDA_GN_APPLY_AUTO 3
 
-/* Convolution forward APIs (sd_cuda_state.conv_api, SDTRAIN_CUDA_CONV_API): cuDNN's legacy
- * convolution calls; its graph API (ops_cuda_conv_graph.cu) with conv + bias (+ residual) as one
- * graph, precompiled engines only, or also engines compiled at run time. */
-#define SD_CUDA_CONV_API_LEGACY 0
-#define SD_CUDA_CONV_API_GRAPH 1
+/* Convolution forward APIs (sd_cuda_state.conv_api, SDTRAIN_CUDA_CONV_API, in the order of its
+ * list of values, the default first): cuDNN's graph API (ops_cuda_conv_graph.cu) with conv + bias
+ * (+ residual) as one graph, precompiled engines only; its legacy convolution calls; the graph
+ * API also with engines compiled at run time. */
+#define SD_CUDA_CONV_API_GRAPH 0
+#define SD_CUDA_CONV_API_LEGACY 1
 #define SD_CUDA_CONV_API_GRAPH_RTC 2
 
 /* cuBLASLt workspace owned by the backend (32 MiB: what cuBLAS asks for on Hopper). */

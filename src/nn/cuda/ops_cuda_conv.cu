@@ -11,8 +11,8 @@
  * - Asymmetric padding (VAE Downsample2D) is done explicitly: x is copied into a zero-bordered
  *   scratch tensor and cuDNN convolves with padding 0; backward computes dx of the padded
  *   tensor in scratch and crops it. Symmetric padding goes to cuDNN as it is.
- * - With SDTRAIN_CUDA_CONV_API=graph (or graph-rtc) the entry also holds graph-API plans for
- *   conv + bias and conv + bias + residual (ops_cuda_conv_graph.cu, which takes asymmetric
+ * - With SDTRAIN_CUDA_CONV_API=graph (the default) or graph-rtc, a BF16 entry also holds
+ *   graph-API plans for conv + bias and conv + bias + residual (ops_cuda_conv_graph.cu, which takes asymmetric
  *   padding itself); a forward call that fits one runs it, every other call (and every shape
  *   cuDNN has no such plan for) runs the legacy calls below.
  * - Weight gradients are fp32: F32 mode lets cuDNN add into dw (beta 1); BF16 mode computes a
@@ -400,7 +400,9 @@ static conv_entry *conv_entry_create(const sd_backend *be, const sd_conv2d_desc 
                 shape, (int)e->fwd_algo, e->fwd_ws, (int)e->bwd_data_algo, e->bwd_data_ws,
                 (int)e->bwd_filter_algo, e->bwd_filter_ws,
                 e->explicit_pad ? ", explicit padding" : "");
-    if (st->conv_api != SD_CUDA_CONV_API_LEGACY) {
+    /* fp32 keeps the legacy API whatever SDTRAIN_CUDA_CONV_API says (ops_cuda_conv_graph.cu):
+     * with graph the default, that is no news for stderr */
+    if (st->conv_api != SD_CUDA_CONV_API_LEGACY && st->dtype == SD_BF16) {
         conv_graph_plans(st, e, shape, logging);
         if (st->conv_find)
             conv_keep_faster(be, e, shape, logging);

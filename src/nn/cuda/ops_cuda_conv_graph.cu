@@ -1,9 +1,9 @@
 /* conv2d forward through cuDNN's graph (backend) API: conv -> + bias, or conv -> + residual ->
  * + bias, as one operation graph, fp32 intermediates, rounded once into y (BF16; F32 keeps the
- * legacy API). Chosen with
- * SDTRAIN_CUDA_CONV_API=graph (or graph-rtc, which also admits engines that compile their kernel
- * at run time); the legacy API (ops_cuda_conv.cu) remains the default and the fallback for every
- * shape, call or pointer the graph path does not take. doc/cuda/conv.md, "Graph API".
+ * legacy API). SDTRAIN_CUDA_CONV_API=graph, the default since it ran on an H100 on 2026-11-27
+ * (graph-rtc also admits engines that compile their kernel at run time; legacy turns it off);
+ * the legacy API (ops_cuda_conv.cu) is the fallback for every shape, call or pointer the graph
+ * path does not take. doc/cuda/conv.md, "Graph API".
  *
  * Why: the legacy API's heuristics pick IMPLICIT_PRECOMP_GEMM for every SD2 shape (470-680
  * TFLOP/s bf16 on an H100), while the graph API's heuristics also list the engines written for
