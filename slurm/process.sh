@@ -24,7 +24,12 @@ sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cpu/sdtrain)}
 # --kill-on-bad-exit: a rank that dies (OOM killer, a lost node) ends the whole step at once;
 # without it the other ranks would wait in their next collective until the time limit.
 launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+# One OpenMP thread per CPU of the task. srun (Slurm >= 22.05) no longer takes --cpus-per-task
+# from sbatch: without SRUN_CPUS_PER_TASK each rank would get (and be bound to) one core.
+# Outside Slurm OMP_NUM_THREADS is left as it is (unset: sdtrain shares the node's cores).
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+    export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+fi
 
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=process "$@" >/dev/null
 rc=0

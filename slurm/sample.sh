@@ -17,7 +17,12 @@ shift
 sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cuda/sdtrain)}
 # srun starts the MPI ranks through Slurm's PMIx; set LAUNCH="mpirun" where that is missing.
 launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+# One OpenMP thread per CPU of the task. srun (Slurm >= 22.05) no longer takes --cpus-per-task
+# from sbatch: without SRUN_CPUS_PER_TASK each rank would get (and be bound to) one core.
+# Outside Slurm OMP_NUM_THREADS is left as it is (unset: sdtrain shares the node's cores).
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+    export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+fi
 
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=sample "$@" >/dev/null
 # shellcheck disable=SC2086 # $launch is a command with flags

@@ -29,24 +29,33 @@ sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cuda/sdtrain)}
 # GPU they also watch NCCL: SDTRAIN_NCCL_TIMEOUT, doc/training.md). --gpus-per-task=1 (with
 # --gpus-per-node removed) works as well: the ranks tell GPUs apart by UUID.
 launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+# One OpenMP thread per CPU of the task. srun (Slurm >= 22.05) no longer takes --cpus-per-task
+# from sbatch: without SRUN_CPUS_PER_TASK each rank would get (and be bound to) one core.
+# Outside Slurm OMP_NUM_THREADS is left as it is (unset: sdtrain shares the node's cores).
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+    export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+fi
 
 # Refuse a bad configuration before the allocation's GPUs sit idle waiting for all ranks.
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=train "$@" >/dev/null
 stop=0
 pid=""
+caught=0
 # a signal after the run has ended (it finished just before the time limit) requeues nothing
-trap 'if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then stop=1; kill -USR1 "$pid" 2>/dev/null || true; fi' USR1
+trap 'caught=1; if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then stop=1; kill -USR1 "$pid" 2>/dev/null || true; fi' USR1
 # shellcheck disable=SC2086 # $launch is a command with flags
 $launch "$sdtrain" "$input" --set run.mode=train "$@" &
 pid=$!
-# wait returns when the trap runs; the launcher (srun forwards SIGUSR1 to every task) goes on
-# until the checkpoint is written, so wait until it has really ended
-rc=0
-wait "$pid" || rc=$?
-while kill -0 "$pid" 2>/dev/null; do
+# wait returns early (status > 128) when the trap runs; the launcher (srun forwards SIGUSR1 to
+# every task) goes on until the checkpoint is written, or has just ended: wait again for its own
+# status (the shell keeps it), so that an exit 0 right after the signal is not taken for a failure
+while :; do
+    caught=0
     rc=0
     wait "$pid" || rc=$?
+    if [ "$caught" = 0 ] || [ "$rc" -le 128 ]; then
+        break
+    fi
 done
 if [ -n "${SLURM_JOB_ID:-}" ]; then
     if [ "$stop" = 1 ] && [ "$rc" = 0 ]; then

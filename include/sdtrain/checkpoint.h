@@ -181,8 +181,9 @@ int sd_ckpt_signal_pending(void);
 
 /* ---- metrics on resume (one process) ---------------------------------------------------------
  * Keeps the lines of path whose "step" is at most `step` (the ones after the checkpoint are
- * recomputed by the resumed run), written to a temporary file and renamed. A missing file is
- * fine. */
+ * recomputed by the resumed run), written to a temporary file and renamed; a last line without
+ * its newline (a write cut short) is dropped, as the resumed run's lines would continue it. A
+ * missing file is fine. */
 int sd_ckpt_metrics_rollback(const char *path, int64_t step, sd_err *err);
 
 #ifdef __cplusplus

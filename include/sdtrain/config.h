@@ -223,6 +223,11 @@ int sd_config_load(sd_run_config *rc, const char *path, int n_set, char *const *
  * carries a comment saying where the value came from; the text re-parses to the same config. */
 char *sd_config_to_namelist(const sd_run_config *rc, bool annotate);
 
+/* Writes s as the text of a namelist comment (after a '!'): line breaks and other control
+ * characters become '?', so that the comment cannot end early (a path or a --set argument may
+ * hold any byte but NUL). */
+void sd_config_put_comment(FILE *f, const char *s);
+
 /* Parses text written by sd_config_to_namelist (used to broadcast the configuration). */
 int sd_config_from_text(sd_run_config *rc, const char *text, size_t len, sd_err *err);
 

@@ -24,6 +24,7 @@
 #include "sdtrain/safetensors.h"
 #include "sdtrain/single_file.h"
 #include "sdtrain/snapshot.h"
+#include "sdtrain/utf8.h"
 #include "sdtrain/weights.h"
 
 #define PATH_LEN (SD_PATH_MAX + 256)
@@ -405,7 +406,14 @@ static int write_other_parts(const char *tmp, const char *pre, const sd_config *
     }
     if (!json_object_object_get_ex(index, "requires_safety_checker", NULL))
         json_object_object_add(index, "requires_safety_checker", json_object_new_boolean(0));
-    json_object_object_add(index, "_sdtrain_export", json_object_new_string(provenance));
+    {
+        /* paths are bytes, JSON text is UTF-8: ill-formed parts become U+FFFD (json-c would
+         * copy them, and model_index.json would not be JSON) */
+        char *fixed = sd_xmalloc(3 * strlen(provenance) + 1);
+        sd_utf8_repair(provenance, strlen(provenance), fixed, NULL);
+        json_object_object_add(index, "_sdtrain_export", json_object_new_string(fixed));
+        free(fixed);
+    }
     text = json_object_to_json_string_ext(index, JSON_FLAGS);
     PATHF(b, "%s/model_index.json", tmp);
     rc = sd_write_file_atomic(b, text, strlen(text), err);

@@ -153,24 +153,45 @@ int sd_cmd_make_demo_data(int argc, char **argv)
     struct archive *tar = NULL;
 
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             demo_usage(stdout);
             return SD_EXIT_OK;
-        } else if (!strcmp(argv[i], "--count") && i + 1 < argc)
-            count = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--format") && i + 1 < argc)
-            format = argv[++i];
-        else if (!strcmp(argv[i], "--max-side") && i + 1 < argc)
-            max_side = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--bad"))
+        } else if (!strcmp(a, "--count") || !strcmp(a, "--seed") || !strcmp(a, "--format") ||
+                   !strcmp(a, "--max-side")) {
+            const char *v = i + 1 < argc ? argv[++i] : NULL;
+            char *end;
+            long long n;
+            if (!v) {
+                fprintf(stderr, "sdtool make-demo-data: %s needs a value (see sdtool make-demo-data --help)\n", a);
+                return SD_EXIT_USAGE;
+            }
+            if (!strcmp(a, "--format")) {
+                format = v;
+                continue;
+            }
+            /* a whole number, nothing after it ("5x" is no count; atoll took it for 5) */
+            errno = 0;
+            n = strtoll(v, &end, 10);
+            if (errno || end == v || *end) {
+                fprintf(stderr, "sdtool make-demo-data: %s '%s': expected a whole number\n", a, v);
+                return SD_EXIT_USAGE;
+            }
+            if (!strcmp(a, "--count"))
+                count = n;
+            else if (!strcmp(a, "--seed"))
+                seed = n;
+            else
+                max_side = n < 0 || n > 100000 ? 0 : (int)n; /* out of range: refused below */
+        } else if (!strcmp(a, "--bad"))
             with_bad = 1;
-        else if (argv[i][0] == '-' || dir) {
-            fprintf(stderr, "usage: sdtool make-demo-data DIR [--count N] [--seed S] [--format files|webdataset|tsv] [--bad] [--max-side PX]\n");
+        else if (a[0] == '-' || dir) {
+            fprintf(stderr, "sdtool make-demo-data: unexpected argument '%s'\n"
+                            "usage: sdtool make-demo-data DIR [--count N] [--seed S] [--format files|webdataset|tsv] [--bad] [--max-side PX]\n",
+                    a);
             return SD_EXIT_USAGE;
         } else
-            dir = argv[i];
+            dir = a;
     }
     if (!dir || count < 1 || count > 10000000 || seed < 0 || max_side < 16 || max_side > 8192 ||
         (strcmp(format, "files") && strcmp(format, "webdataset") && strcmp(format, "tsv"))) {

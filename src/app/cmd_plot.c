@@ -164,6 +164,9 @@ static int read_metrics(const char *path, const char *list, metrics *m, sd_err *
         }
         json_object_put(o);
     }
+    /* a read error (a directory given: EISDIR) is not the end of an empty file */
+    if (!rc && ferror(f))
+        rc = sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
     free(line);
     fclose(f);
     if (!rc && m->lines == 0)

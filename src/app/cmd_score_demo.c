@@ -267,6 +267,8 @@ static int read_samples_jsonl(const char *dir, const char *path, item_list *l, s
         }
         json_object_put(o);
     }
+    if (!rc && ferror(f)) /* a directory given (EISDIR) is not an empty list */
+        rc = sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
     free(line);
     fclose(f);
     return rc;
@@ -296,6 +298,8 @@ static int read_captions(const char *dir, const char *path, item_list *l, sd_err
                  line);
         add_item(l, file, tab + 1);
     }
+    if (!rc && ferror(f)) /* a directory given (EISDIR) is not an empty list */
+        rc = sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
     free(line);
     fclose(f);
     return rc;

@@ -115,7 +115,8 @@ static void import_usage(FILE *f)
             "  --config SNAP    a diffusers snapshot of the same model: its unet/, vae/ and\n"
             "                   text_encoder/ config.json describe the file; its other parts\n"
             "                   (model_index.json, scheduler/, tokenizer/, ...) are copied\n"
-            "  --out DIR        the snapshot to write (built in DIR.tmp, then renamed)\n"
+            "  --out DIR        the snapshot to write (built in DIR.tmp, then renamed); not\n"
+            "                   FILE or SNAP nor a folder holding them\n"
             "  --ema            the U-Net from the file's EMA copy (model_ema.*)\n"
             "  --force          replace an existing DIR\n"
             "\n"
@@ -205,6 +206,17 @@ int sd_cmd_import_single_file(int argc, char **argv)
             fprintf(stderr, "sdtool import-single-file: --out path too long\n");
             return SD_EXIT_USAGE;
         }
+    }
+    /* DIR.tmp is removed and DIR replaced: neither may be or hold what is read (as for export) */
+    {
+        const char *inputs[2] = {file, config};
+        for (int i = 0; i < 2; i++)
+            if (sd_path_within(inputs[i], out) || sd_path_within(inputs[i], tmp)) {
+                fprintf(stderr, "sdtool import-single-file: --out %s would replace %s %s (or a "
+                                "folder holding it): give another folder\n", out,
+                        i ? "--config" : "--file", inputs[i]);
+                return SD_EXIT_USAGE;
+            }
     }
     if (stat(out, &st) == 0 && !force) {
         fprintf(stderr, "sdtool import-single-file: %s already exists (give --force to replace "

@@ -230,6 +230,27 @@ static void snapshot_training_notes(const sd_config *cfg)
         n += (size_t)snprintf(diff + n, sizeof diff - n, "%sbeta_schedule '%s' (this run: '%s')",
                               n ? ", " : "", json_object_get_string(v),
                               cfg->diffusion.beta_schedule);
+    /* the betas' ends (unused by the cosine schedule), compared as the fp32 linspace takes them */
+    const char *const ends[2] = {"beta_start", "beta_end"};
+    const double mine[2] = {cfg->diffusion.beta_start, cfg->diffusion.beta_end};
+    for (int i = 0; i < 2 && strcmp(cfg->diffusion.beta_schedule, "squaredcos_cap_v2") != 0;
+         i++)
+        if (n < sizeof diff && json_object_object_get_ex(o, ends[i], &v) && v &&
+            (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)) &&
+            (float)json_object_get_double(v) != (float)mine[i])
+            n += (size_t)snprintf(diff + n, sizeof diff - n, "%s%s %g (this run: %g)",
+                                  n ? ", " : "", ends[i], json_object_get_double(v), mine[i]);
+    /* a zero terminal SNR schedule (absent: diffusers' default, not rescaled) */
+    {
+        int zero_snr = 0;
+        if (json_object_object_get_ex(o, "rescale_betas_zero_snr", &v) && v &&
+            json_object_is_type(v, json_type_boolean))
+            zero_snr = json_object_get_boolean(v) != 0;
+        if (n < sizeof diff && zero_snr != (cfg->diffusion.rescale_betas_zero_snr != 0))
+            n += (size_t)snprintf(diff + n, sizeof diff - n, "%srescale_betas_zero_snr %s (this "
+                                  "run: %s)", n ? ", " : "", zero_snr ? "true" : "false",
+                                  cfg->diffusion.rescale_betas_zero_snr ? ".true." : ".false.");
+    }
     if (n)
         sd_warn("the U-Net's weights come from %s, whose scheduler has %s: this run trains it "
                 "with &diffusion's schedule instead (set &diffusion to the snapshot's to "

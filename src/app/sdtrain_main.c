@@ -197,10 +197,15 @@ static int write_used_nml(const sd_run_config *rc, const cli *c, int world_size,
     if (!f)
         return sd_err_errno(err, errno, "cannot write '%s'", tmp);
     fprintf(f, "! used.nml: the effective configuration of an sdtrain run (re-usable as input)\n"
-               "! sdtrain %s (git %s), %s, %d rank(s)\n! input: %s\n",
-            sd_version(), sd_git_revision(), stamp, world_size, rc->source);
-    for (int i = 0; i < c->n_set; i++)
-        fprintf(f, "! --set #%d: %s\n", i + 1, c->sets[i]);
+               "! sdtrain %s (git %s), %s, %d rank(s)\n! input: ",
+            sd_version(), sd_git_revision(), stamp, world_size);
+    sd_config_put_comment(f, rc->source); /* a line break in it would end the comment */
+    fputc('\n', f);
+    for (int i = 0; i < c->n_set; i++) {
+        fprintf(f, "! --set #%d: ", i + 1);
+        sd_config_put_comment(f, c->sets[i]);
+        fputc('\n', f);
+    }
     body = sd_config_to_namelist(rc, true);
     fputs(body, f);
     free(body);

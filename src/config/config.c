@@ -751,9 +751,14 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
                                   "(the U-Net attends to the text encoder's output)",
                                   (long long)c->model.cross_attention_dim,
                                   (long long)c->model.text_hidden_size);
-    if (c->diffusion.beta_end <= c->diffusion.beta_start)
+    /* diffusers takes equal ends (constant betas); the cosine schedule uses neither end */
+    if (strcmp(c->diffusion.beta_schedule, "squaredcos_cap_v2") != 0 &&
+        !(c->diffusion.beta_start > 0 && c->diffusion.beta_start <= c->diffusion.beta_end &&
+          c->diffusion.beta_end < 1))
         return sd_config_error_at(rc, "diffusion", "beta_end", err,
-                                  "&diffusion beta_end must be larger than beta_start");
+                                  "&diffusion beta_schedule '%s' needs 0 < beta_start <= beta_end "
+                                  "< 1 (beta_start %g, beta_end %g)", c->diffusion.beta_schedule,
+                                  c->diffusion.beta_start, c->diffusion.beta_end);
     if (!strcmp(c->train.lr_schedule, "polynomial") && c->train.learning_rate <= 1e-7)
         return sd_config_error_at(rc, "train", "learning_rate", err,
                                   "&train lr_schedule = 'polynomial' decays to 1e-7: learning_rate "
@@ -863,6 +868,23 @@ static void sb_quoted(strbuf *b, const char *s)
     sb_printf(b, "'");
 }
 
+/* s in a '!' comment: a line break would end the comment and make the rest namelist text. */
+static void sb_comment(strbuf *b, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        sb_printf(b, "%c", c < 0x20 || c == 0x7f ? '?' : (char)c);
+    }
+}
+
+void sd_config_put_comment(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        fputc(c < 0x20 || c == 0x7f ? '?' : c, f);
+    }
+}
+
 /* The value of option `o` as namelist text. */
 static void sb_value(strbuf *b, const sd_config *c, const sd_option *o)
 {
@@ -920,9 +942,10 @@ char *sd_config_to_namelist(const sd_run_config *rc, bool annotate)
                 const sd_origin *org = &rc->origin[i];
                 size_t width = b.n - start;
                 sb_printf(&b, "%*s ! ", width < 40 ? (int)(40 - width) : 0, "");
-                if (org->kind == SD_ORIGIN_FILE)
-                    sb_printf(&b, "%s:%d", rc->source, org->line);
-                else if (org->kind == SD_ORIGIN_SET)
+                if (org->kind == SD_ORIGIN_FILE) {
+                    sb_comment(&b, rc->source);
+                    sb_printf(&b, ":%d", org->line);
+                } else if (org->kind == SD_ORIGIN_SET)
                     sb_printf(&b, "--set #%d", org->set_index);
                 else
                     sb_printf(&b, "default");

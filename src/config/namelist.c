@@ -5,6 +5,7 @@
  * goes through peek(), which returns 0 past the end, and NUL bytes are rejected before parsing,
  * so no input can make it read out of bounds. */
 #include "sdtrain/namelist.h"
+#include "sdtrain/utf8.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -507,6 +508,7 @@ static int logical_word(const char *s, size_t n, int *b)
 static int parse_string(parser *p, nl_value *v)
 {
     srcpos at = here(p);
+    const size_t open = p->c.pos;
     int q = peek(p);
     size_t n = 0;
     char *d;
@@ -542,6 +544,23 @@ static int parse_string(parser *p, nl_value *v)
         d[n++] = (char)c;
     }
     d[n] = '\0';
+    /* Text, as JSON (checkpoint manifests, summaries) and f90nml need it: the first ill-formed
+     * byte is refused where it stands (its column found again over the doubled quotes). */
+    {
+        const size_t good = sd_utf8_valid_prefix(d, n);
+        if (good < n) {
+            size_t k = open + 1;
+            for (size_t o = 0; o < good; o++)
+                k += (unsigned char)p->t[k] == q ? 2 : 1;
+            const unsigned char bad = (unsigned char)d[good];
+            free(d);
+            return sd_err_at(p->err, p->source, at.line, at.col + (int)(k - open),
+                             "a string that is not UTF-8: byte 0x%02X here starts no valid UTF-8 "
+                             "character (a namelist is UTF-8 text: convert Latin-1 and other "
+                             "encodings, e.g. with iconv)",
+                             bad);
+        }
+    }
     v->kind = NL_STRING;
     v->s = d;
     return 0;

@@ -169,7 +169,9 @@ static const sd_option options[] = {
            "Compute precision. 'bf16' = bf16 activations with fp32 master weights (GPU); 'fp32' "
            "= full fp32, no TF32 (comparable with the CPU reference)."),
     REAL(train, ema_decay, "0", 0, 1, "", "Exponential moving average of the weights (0 = off)."),
-    INT(train, ema_start_step, "0", 0, U, "steps", "First step that updates the moving average."),
+    INT(train, ema_start_step, "0", 0, U, "steps",
+        "diffusers' EMAModel update_after_step: the moving average is a copy of the weights "
+        "through update ema_start_step + 1 and averages from the next one on."),
     INT(train, log_every, "10", 1, 2147483647, "steps",
         "Progress line interval (metrics.jsonl gets every step)."),
     INT(train, val_every, "0", 0, U, "steps",

@@ -1633,6 +1633,8 @@ int sd_ckpt_metrics_rollback(const char *path, int64_t step, sd_err *err)
         return errno == ENOENT ? 0 : sd_err_set(err, "cannot read %s: %s", path, strerror(errno));
     while ((got = getline(&line, &cap, f)) > 0) {
         const char *s = strstr(line, "\"step\":");
+        if (line[got - 1] != '\n')
+            break; /* the last line, cut short (a full disk, a crash): the next would join it */
         if (s && strtoll(s + 7, NULL, 10) > step)
             continue;
         if (len + (size_t)got + 1 > out_cap) {

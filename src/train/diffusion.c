@@ -98,7 +98,8 @@ int sd_diffusion_init(sd_diffusion *d, const char *schedule, double beta_start, 
     if (num_train_timesteps < 1 || num_train_timesteps > SD_DIFFUSION_MAX_TIMESTEPS)
         return sd_err_set(err, "diffusion: num_train_timesteps %lld out of [1, %d]",
                           (long long)num_train_timesteps, SD_DIFFUSION_MAX_TIMESTEPS);
-    if (!(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0))
+    if (strcasecmp(schedule, "squaredcos_cap_v2") != 0 && /* uses neither end */
+        !(beta_start > 0.0 && beta_start <= beta_end && beta_end < 1.0))
         return sd_err_set(err, "diffusion: need 0 < beta_start (%g) <= beta_end (%g) < 1",
                           beta_start, beta_end);
     int T = (int)num_train_timesteps;

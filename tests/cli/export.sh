@@ -56,6 +56,18 @@ run step2 "$SDTOOL" export --from "$TMP/run/checkpoints/step-00000002" --out "$T
 expect_rc step2 0
 cmp -s "$TMP/exp2/unet/diffusion_pytorch_model.safetensors" "$TMP/run/unet_final.safetensors" &&
     fail "export of step 2 equals the final weights"
+# a source whose path is not UTF-8 (a Latin-1 name): model_index.json, which quotes it, stays
+# UTF-8 JSON (json-c copied the byte)
+if command -v iconv >/dev/null 2>&1; then
+    lat=$(printf '%s/run-caf\351' "$TMP")
+    ln -s "$TMP/run" "$lat"
+    run lat "$SDTOOL" export --from "$lat" --out "$TMP/exp-lat"
+    expect_rc lat 0
+    iconv -f UTF-8 -t UTF-8 "$TMP/exp-lat/model_index.json" >/dev/null 2>&1 ||
+        fail "export: model_index.json is not UTF-8"
+    grep -q "run-caf$(printf '\357\277\275')" "$TMP/exp-lat/model_index.json" ||
+        fail "export: the Latin-1 byte is not U+FFFD in model_index.json"
+fi
 # no checkpoints: unet_final.safetensors + used.nml
 mkdir -p "$TMP/final"
 cp "$TMP/run/unet_final.safetensors" "$TMP/run/unet_ema.safetensors" "$TMP/run/used.nml" "$TMP/final/"
@@ -179,6 +191,19 @@ run imp-wrong "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" \
 expect_rc imp-wrong 2
 expect_in imp-wrong err "does not fit the configuration of $top_srcdir/tests/data/models/tiny-sd1"
 [ ! -e "$TMP/simp2" ] && [ ! -e "$TMP/simp2.tmp" ] || fail "a failed import left a folder"
+# --out that holds the file or the configuration snapshot read: refused before anything is
+# removed (with --force it replaced the folder, deleting the single file given)
+cp "$TMP/sexp32.safetensors" "$TMP/simp/in.safetensors"
+run imp-holds "$SDTOOL" import-single-file --file "$TMP/simp/in.safetensors" --config "$TMP/sexp" \
+    --out "$TMP/simp" --force
+expect_rc imp-holds 2
+expect_in imp-holds err "--out $TMP/simp would replace --file $TMP/simp/in.safetensors"
+[ -f "$TMP/simp/in.safetensors" ] || fail "import-single-file --force deleted its --file"
+run imp-holds2 "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" --config "$TMP/sexp" \
+    --out "$TMP/sexp" --force
+expect_rc imp-holds2 2
+expect_in imp-holds2 err "--out $TMP/sexp would replace --config $TMP/sexp"
+[ -f "$TMP/sexp/model_index.json" ] || fail "import-single-file --force replaced its --config"
 pass "sdtool import-single-file: the file back as a snapshot that samples the same bytes; errors"
 
 # export --single-file: the snapshot and, from it, the same tensors as sdtool single-file's

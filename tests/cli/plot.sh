@@ -103,3 +103,10 @@ for out in "$TMP/keep.jsonl" "$TMP/link.png"; do
     cmp -s "$m" "$TMP/keep.jsonl" || fail "plot --out $out overwrote its input"
 done
 pass "plot: an output that is the input is refused"
+
+# a folder for METRICS.jsonl: the read error, not "no metrics lines"
+mkdir -p "$TMP/dir.jsonl"
+run dir "$SDTOOL" plot "$TMP/dir.jsonl" --text
+expect_rc dir 2
+expect_in dir err "$TMP/dir.jsonl: cannot read: Is a directory"
+pass "plot: a folder given for the metrics is named as such"

@@ -112,3 +112,25 @@ run badside "$SDTOOL" make-demo-data "$TMP/bad-side" --max-side 8
 expect_rc badside 2
 expect_in badside err "--max-side 16..8192"
 pass "make-demo-data --max-side draws larger images"
+
+# numbers with something after them are refused naming the option (atoll took "5x" for 5), as is
+# an option without its value
+for a in "--count 5x" "--seed 1e3" "--max-side 64abc"; do
+    # shellcheck disable=SC2086 # option and value
+    run badnum "$SDTOOL" make-demo-data "$TMP/bad-num" $a
+    expect_rc badnum 2
+    expect_in badnum err "sdtool make-demo-data: ${a%% *} '${a#* }': expected a whole number"
+done
+run noval "$SDTOOL" make-demo-data "$TMP/bad-num" --count
+expect_rc noval 2
+expect_in noval err "sdtool make-demo-data: --count needs a value"
+[ ! -e "$TMP/bad-num" ] || fail "a refused make-demo-data wrote $TMP/bad-num"
+# a folder where a list file is expected: the read error, not "no images to score"
+mkdir -p "$TMP/capdir" "$TMP/jsonldir/samples.jsonl"
+run capdir "$SDTOOL" score-demo --samples "$TMP/big" --captions "$TMP/capdir"
+expect_rc capdir 2
+expect_in capdir err "$TMP/capdir: cannot read: Is a directory"
+run jsonldir "$SDTOOL" score-demo --samples "$TMP/jsonldir"
+expect_rc jsonldir 2
+expect_in jsonldir err "$TMP/jsonldir/samples.jsonl: cannot read: Is a directory"
+pass "make-demo-data and score-demo: bad numbers and folders for files are named"

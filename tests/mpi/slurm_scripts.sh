@@ -13,7 +13,9 @@
 #      requeued job, it resumes from that checkpoint and finishes; without a signal it does not
 #      requeue;
 #   4. a failed run (a rank killed) is requeued with the failure counted in the job's Comment,
-#      up to SDTRAIN_MAX_RESTARTS in a row; a run that ends with status 2 (bad input) is not.
+#      up to SDTRAIN_MAX_RESTARTS in a row; a run that ends with status 2 (bad input) is not;
+#   5. srun gets the task's CPUs (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS is left alone outside Slurm;
+#   6. a launcher that ends right after SIGUSR1 is requeued for the time limit, not as a failure.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 command -v bash >/dev/null 2>&1 || skip "no bash (the job scripts are bash)"
@@ -136,3 +138,61 @@ job noshards "$top_srcdir/slurm/train.sh" "$TMP/train.nml" --set data.shard_dir=
 expect_rc noshards 2
 [ ! -s "$TMP/scontrol.log" ] || fail "a run with bad input (exit 2) was requeued: $(cat "$TMP/scontrol.log")"
 pass "failures requeue up to SDTRAIN_MAX_RESTARTS in a row (counted in the job's Comment); bad input does not"
+
+# 5. the CPUs of a task: srun (Slurm >= 22.05) does not take --cpus-per-task from sbatch, so
+#    the scripts pass SLURM_CPUS_PER_TASK on as SRUN_CPUS_PER_TASK (else every rank is bound to
+#    one core and its OpenMP threads share it); outside Slurm OMP_NUM_THREADS is left alone
+#    (not forced to 1). A stand-in srun records what it was given.
+cat >"$TMP/bin/srun" <<EOF3
+#!/bin/sh
+echo "srun \$* SRUN_CPUS_PER_TASK=\${SRUN_CPUS_PER_TASK:-unset} OMP_NUM_THREADS=\${OMP_NUM_THREADS:-unset}" >>"$TMP/srun.log"
+EOF3
+chmod +x "$TMP/bin/srun"
+for s in process train sample; do
+    : >"$TMP/srun.log"
+    run "cpus-$s" env -u LAUNCH -u OMP_NUM_THREADS PATH="$TMP/bin:$PATH" SLURM_NTASKS=2 \
+        SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=12 bash "$top_srcdir/slurm/$s.sh" "$TMP/proc.nml"
+    expect_rc "cpus-$s" 0
+    grep -q "SRUN_CPUS_PER_TASK=12 OMP_NUM_THREADS=12\$" "$TMP/srun.log" ||
+        fail "slurm/$s.sh: srun ran as: $(cat "$TMP/srun.log")"
+    : >"$TMP/srun.log"
+    run "nocpus-$s" env -u LAUNCH -u SLURM_CPUS_PER_TASK -u SLURM_JOB_ID -u SLURM_NTASKS \
+        PATH="$TMP/bin:$PATH" OMP_NUM_THREADS=3 bash "$top_srcdir/slurm/$s.sh" "$TMP/proc.nml"
+    expect_rc "nocpus-$s" 0
+    grep -q "SRUN_CPUS_PER_TASK=unset OMP_NUM_THREADS=3\$" "$TMP/srun.log" ||
+        fail "slurm/$s.sh outside Slurm: srun ran as: $(cat "$TMP/srun.log")"
+done
+pass "the scripts give srun the task's CPUs (SRUN_CPUS_PER_TASK) and leave OMP_NUM_THREADS alone outside Slurm"
+
+# 6. a launcher that ends (status 0, checkpoint written) right after it is sent SIGUSR1: the
+#    script takes its status, not the interrupted wait's (138), and requeues for the time limit.
+#    The race is the script's; a few tries make a wrong status all but certain to show.
+cat >"$TMP/bin/quick-launcher" <<EOF3
+#!/bin/bash
+sleep 600 &
+trap "kill \$! 2>/dev/null; exit 0" USR1
+touch "$TMP/quick.started"
+wait
+EOF3
+chmod +x "$TMP/bin/quick-launcher"
+for i in 1 2 3 4 5 6; do
+    : >"$TMP/scontrol.log"
+    rm -f "$TMP/quick.started" "$TMP/comment"
+    env PATH="$TMP/bin:$PATH" LAUNCH="$TMP/bin/quick-launcher" SLURM_NTASKS=2 SLURM_JOB_ID=4242 \
+        SLURM_CPUS_PER_TASK=1 bash "$top_srcdir/slurm/train.sh" "$TMP/train.nml" \
+        >"$TMP/quick.out" 2>"$TMP/quick.err" &
+    jobpid=$!
+    n=0
+    while [ ! -f "$TMP/quick.started" ]; do
+        n=$((n + 1))
+        [ $n -lt 600 ] || { kill -KILL $jobpid; fail "quick-launcher did not start"; }
+        sleep 0.1
+    done
+    kill -USR1 $jobpid
+    RC=0
+    wait $jobpid || RC=$?
+    expect_rc quick 0
+    expect_in quick out "sdtrain stopped for the time limit with a checkpoint; requeueing job 4242"
+    expect_not_in quick out "sdtrain failed"
+done
+pass "slurm/train.sh: a launcher that ends right after SIGUSR1 is requeued for the time limit, not as a failure"

@@ -37,6 +37,24 @@ mpi vsnap 1 "$SDTRAIN" "$TMP/base.nml" --set "model.pretrained='$TMP/vsnap'" \
 expect_rc vsnap 0
 expect_count vsnap err "whose scheduler has prediction_type 'v_prediction' (this run: 'epsilon')" 1
 expect_count vsnap err "has dropout = 0.1: sdtrain trains the U-Net without dropout" 1
+# the schedule's other keys: a zero terminal SNR snapshot (and another beta_end) continued on
+# &diffusion's unrescaled schedule is warned about too; SD2's own values give no warning
+cp -r "$snap" "$TMP/zsnap"
+mkdir -p "$TMP/zsnap/scheduler"
+printf '{"prediction_type": "v_prediction", "num_train_timesteps": 1000, "beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.02, "rescale_betas_zero_snr": true}\n' \
+    >"$TMP/zsnap/scheduler/scheduler_config.json"
+mpi zsnap 1 "$SDTRAIN" "$TMP/base.nml" --set "model.pretrained='$TMP/zsnap'" \
+    --set "run.output_dir='$TMP/zsnap-run'" --set train.max_steps=1 \
+    --set diffusion.prediction_type=v_prediction
+expect_rc zsnap 0
+expect_count zsnap err "whose scheduler has beta_end 0.02 (this run: 0.012), rescale_betas_zero_snr true (this run: .false.)" 1
+expect_not_in zsnap err "prediction_type 'v_prediction' (this run"
+printf '{"prediction_type": "epsilon", "num_train_timesteps": 1000, "beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012, "rescale_betas_zero_snr": false}\n' \
+    >"$TMP/zsnap/scheduler/scheduler_config.json"
+mpi sd2snap 1 "$SDTRAIN" "$TMP/base.nml" --set "model.pretrained='$TMP/zsnap'" \
+    --set "run.output_dir='$TMP/sd2snap-run'" --set train.max_steps=1
+expect_rc sd2snap 0
+expect_not_in sd2snap err "whose scheduler has"
 
 mpi withimg 2 "$SDTRAIN" "$TMP/base.nml" --set "run.output_dir='$TMP/img'" --set sample.every_n_steps=4
 expect_rc withimg 0

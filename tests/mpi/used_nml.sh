@@ -33,6 +33,19 @@ strip "$TMP/again.out" >"$TMP/a"
 strip "$TMP/first.out" >"$TMP/b"
 diff -u "$TMP/b" "$TMP/a" || fail "used.nml does not reproduce the configuration"
 
+# a line break in the input's path or in a --set argument stays inside used.nml's comments
+# (it ended the comment, and used.nml did not read back)
+nl='
+'
+cp "$TMP/in.nml" "$TMP/in${nl}&bogus x=1.nml"
+mpi brk 1 "$SDTRAIN" "$TMP/in${nl}&bogus x=1.nml" --set "run.output_dir=$TMP/brk" \
+    --set "train.max_steps=${nl}5"
+expect_rc brk 2
+grep -q "^! input: .*/in?&bogus x=1.nml$" "$TMP/brk/used.nml" || fail "input path: $(cat "$TMP/brk/used.nml")"
+run brk2 "$SDTRAIN" --check --np 1 "$TMP/brk/used.nml"
+expect_rc brk2 0
+expect_in brk2 out "max_steps = 5 "
+
 # an OMP_NUM_THREADS the OpenMP runtime rejects is taken as unset (it would run a thread per
 # visible core in every rank), with a warning, not credited in the thread count's line
 OMP_NUM_THREADS=abc mpi omp 2 "$SDTRAIN" "$TMP/in.nml" --set "run.output_dir=$TMP/omp"

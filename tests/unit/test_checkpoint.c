@@ -87,6 +87,21 @@ int main(void)
                          "{\"step\": 2, \"loss\": 2}\n{\"step\": 2, \"val_loss\": 1.2}\n"),
            "lines after step 2 dropped, the others kept in order");
     free(text);
+    /* A line that a full disk or a crash cut short has no newline: kept, it ran into the next
+     * line the resumed run appends, and metrics.jsonl was no longer JSON Lines. */
+    {
+        const char *m[] = {"{\"step\": 1, \"loss\": 1}\n{\"st",
+                           "{\"step\": 1, \"loss\": 1}\n{\"step\": 1",
+                           "{\"step\": 1, \"loss\": 1}\n{\"step\": 1, \"loss\": 1}"};
+        for (int i = 0; i < 3; i++) {
+            sd_write_file_atomic(path, m[i], strlen(m[i]), &err);
+            tap_ok(sd_ckpt_metrics_rollback(path, 2, &err) == 0, "metrics rolled back (%d)", i);
+            text = slurp(path);
+            tap_ok(!strcmp(text, "{\"step\": 1, \"loss\": 1}\n"),
+                   "a last line without its newline is dropped (%d): '%s'", i, text);
+            free(text);
+        }
+    }
     snprintf(path, sizeof path, "%s/none.jsonl", dir);
     tap_ok(sd_ckpt_metrics_rollback(path, 2, &err) == 0, "a missing metrics file is fine");
 

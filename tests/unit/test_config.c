@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "sdtrain/config.h"
+#include "sdtrain/diffusion.h"
 #include "tap.h"
 
 static char *slurp(const char *path)
@@ -233,6 +234,67 @@ static void test_round_trip(void)
     sd_run_config_free(&b);
 }
 
+/* The annotations of used.nml quote the input's path: a line break in it (a legal file name)
+ * ended the comment and the rest of the path became namelist text, so used.nml did not read
+ * back. */
+static void test_annotation_with_line_break(void)
+{
+    sd_run_config a, b;
+    sd_err err;
+    char *ta;
+    static const char text[] = "&run\n  mode = 'train'\n  seed = 7\n/\n";
+    sd_run_config_init(&a);
+    sd_run_config_init(&b);
+    snprintf(a.source, sizeof a.source, "%s", "runs/x\n&bogus y=1 /\r\n/in.nml");
+    tap_ok(sd_config_from_text(&a, text, strlen(text), &err) == 0, "a file's values apply (%s)",
+           err.msg);
+    ta = sd_config_to_namelist(&a, true);
+    tap_ok(sd_config_from_text(&b, ta, strlen(ta), &err) == 0,
+           "annotations naming a path with line breaks re-parse (%s)", err.msg);
+    tap_ok(memcmp(&a.cfg, &b.cfg, sizeof a.cfg) == 0 && b.cfg.run.seed == 7,
+           "and give the same configuration");
+    free(ta);
+    sd_run_config_free(&a);
+    sd_run_config_free(&b);
+}
+
+/* &diffusion's beta ends: equal ends are constant betas (diffusers takes them), the cosine
+ * schedule uses neither, a decreasing or zero linear schedule is refused (and what passes here
+ * must pass sd_diffusion_init, which a run calls later) */
+static void test_beta_ends(void)
+{
+    static const struct {
+        const char *text;
+        int ok;
+    } cases[] = {
+        {"&diffusion beta_start = 0.001, beta_end = 0.001 /\n", 1},
+        {"&diffusion beta_schedule = 'linear', beta_start = 0.0001, beta_end = 0.02 /\n", 1},
+        {"&diffusion beta_schedule = 'squaredcos_cap_v2', beta_start = 0.5, beta_end = 0.1 /\n", 1},
+        {"&diffusion beta_start = 0.02, beta_end = 0.01 /\n", 0},
+        {"&diffusion beta_schedule = 'linear', beta_start = 0, beta_end = 0 /\n", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sd_run_config rc;
+        sd_err err = {0};
+        char text[256];
+        snprintf(text, sizeof text, "&run mode = 'train' /\n%s", cases[i].text);
+        sd_run_config_init(&rc);
+        int rc_ = sd_config_from_text(&rc, text, strlen(text), &err);
+        if (rc_ == 0)
+            rc_ = sd_config_validate(&rc, &err);
+        if (rc_ == 0) {
+            sd_diffusion d;
+            rc_ = sd_diffusion_init_config(&d, &rc.cfg, &err);
+            if (rc_ == 0)
+                sd_diffusion_free(&d);
+        }
+        tap_ok(cases[i].ok ? rc_ == 0 : rc_ != 0 && strstr(err.msg, "beta_end") != NULL,
+               "%.*s %s: %s", (int)strlen(cases[i].text) - 1, cases[i].text,
+               cases[i].ok ? "is valid" : "is refused", rc_ ? err.msg : "(valid)");
+        sd_run_config_free(&rc);
+    }
+}
+
 static void test_reference_doc(void)
 {
     char *md = sd_config_reference_markdown();
@@ -261,6 +323,8 @@ int main(int argc, char **argv)
     test_set();
     test_round_trip();
     test_unset_choice_round_trip();
+    test_annotation_with_line_break();
+    test_beta_ends();
     test_reference_doc();
     test_invalid_corpus(dir);
     return tap_done();
