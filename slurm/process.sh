@@ -24,6 +24,12 @@ sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cpu/sdtrain)}
 # --kill-on-bad-exit: a rank that dies (OOM killer, a lost node) ends the whole step at once;
 # without it the other ranks would wait in their next collective until the time limit.
 launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
+# a launcher that is not there (outside Slurm: no srun) is named, with what to set instead
+command -v "${launch%% *}" >/dev/null 2>&1 || {
+    echo "slurm/process.sh: the launcher '${launch%% *}' is not found; outside Slurm set LAUNCH," \
+        "e.g. LAUNCH='mpirun -np 4'" >&2
+    exit 2
+}
 # One OpenMP thread per CPU of the task. srun (Slurm >= 22.05) no longer takes --cpus-per-task
 # from sbatch: without SRUN_CPUS_PER_TASK each rank would get (and be bound to) one core.
 # Outside Slurm OMP_NUM_THREADS is left as it is (unset: sdtrain shares the node's cores).

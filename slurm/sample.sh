@@ -17,6 +17,12 @@ shift
 sdtrain=${SDTRAIN:-$(command -v sdtrain || echo build/cuda/sdtrain)}
 # srun starts the MPI ranks through Slurm's PMIx; set LAUNCH="mpirun" where that is missing.
 launch=${LAUNCH:-srun --mpi=pmix --cpu-bind=cores --kill-on-bad-exit=1}
+# a launcher that is not there (outside Slurm: no srun) is named, with what to set instead
+command -v "${launch%% *}" >/dev/null 2>&1 || {
+    echo "slurm/sample.sh: the launcher '${launch%% *}' is not found; outside Slurm set LAUNCH," \
+        "e.g. LAUNCH='mpirun -np 4'" >&2
+    exit 2
+}
 # One OpenMP thread per CPU of the task. srun (Slurm >= 22.05) no longer takes --cpus-per-task
 # from sbatch: without SRUN_CPUS_PER_TASK each rank would get (and be bound to) one core.
 # Outside Slurm OMP_NUM_THREADS is left as it is (unset: sdtrain shares the node's cores).

@@ -35,7 +35,7 @@ static void plot_usage(FILE *f)
             "  --smooth N     trailing moving average over N points\n"
             "  --logy         logarithmic y axes (values <= 0 are left out)\n"
             "  --size WxH     image size in pixels (default 800x500)\n"
-            "  --text         print min, max, last and a sparkline per metric instead\n"
+            "  --text         print min, max, last and a sparkline per metric instead (no --out)\n"
             "\n"
             "exit status: 0 done, 1 the image cannot be written, 2 bad usage (--out the same file as\n"
             "METRICS included) or a malformed file (the message gives file:line).\n");
@@ -521,8 +521,9 @@ int sd_cmd_plot(int argc, char **argv)
             }
             smooth_n = (int)v;
         } else if (i + 1 < argc && !strcmp(a, "--size")) {
-            if (sscanf(argv[++i], "%dx%d", &w, &h) != 2 || w < 200 || h < 120 || w > 8000 ||
-                h > 8000) {
+            int used = -1;
+            if (sscanf(argv[++i], "%dx%d%n", &w, &h, &used) != 2 || argv[i][used] != '\0' ||
+                w < 200 || h < 120 || w > 8000 || h > 8000) {
                 fprintf(stderr, "sdtool plot: --size wants WxH within 200x120..8000x8000, not '%s'\n",
                         argv[i]);
                 return SD_EXIT_USAGE;
@@ -537,6 +538,16 @@ int sd_cmd_plot(int argc, char **argv)
     }
     if (!in) {
         plot_usage(stderr);
+        return SD_EXIT_USAGE;
+    }
+    if (as_text && out) {
+        fprintf(stderr, "sdtool plot: --text prints to standard output: --out '%s' would not be "
+                        "written (give one of the two)\n", out);
+        return SD_EXIT_USAGE;
+    }
+    if (list && strlen(list) >= sizeof list_buf) {
+        fprintf(stderr, "sdtool plot: --metric: a list of %zu bytes (at most %zu)\n", strlen(list),
+                sizeof list_buf - 1);
         return SD_EXIT_USAGE;
     }
     if (!list && !as_text)

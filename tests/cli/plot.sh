@@ -90,6 +90,17 @@ expect_rc missing 2
 expect_in missing err "nowhere.jsonl: cannot read"
 run badarg "$SDTOOL" plot "$m" --smooth 0
 expect_rc badarg 2
+# a --size with trailing junk, --out with --text (nothing would be written), an overlong list
+run badsize "$SDTOOL" plot "$m" --size 300x200junk
+expect_rc badsize 2
+expect_in badsize err "--size wants WxH"
+run textout "$SDTOOL" plot "$m" --text --out "$TMP/never.png"
+expect_rc textout 2
+expect_in textout err "--text prints to standard output"
+[ ! -e "$TMP/never.png" ] || fail "plot --text --out wrote a file"
+run longlist "$SDTOOL" plot "$m" --metric "loss,$(printf 'x%.0s' $(seq 600))"
+expect_rc longlist 2
+expect_in longlist err "--metric: a list of 605 bytes"
 [ ! -e "$TMP/x.png" ] || fail "a refused file left a PNG"
 pass "plot: malformed files end with exit 2 and file:line"
 

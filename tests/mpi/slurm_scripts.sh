@@ -15,7 +15,8 @@
 #   4. a failed run (a rank killed) is requeued with the failure counted in the job's Comment,
 #      up to SDTRAIN_MAX_RESTARTS in a row; a run that ends with status 2 (bad input) is not;
 #   5. srun gets the task's CPUs (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS is left alone outside Slurm;
-#   6. a launcher that ends right after SIGUSR1 is requeued for the time limit, not as a failure.
+#   6. a launcher that ends right after SIGUSR1 is requeued for the time limit, not as a failure;
+#   7. a launcher that is not there (srun outside Slurm) is named, status 2, nothing requeued.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 command -v bash >/dev/null 2>&1 || skip "no bash (the job scripts are bash)"
@@ -196,3 +197,13 @@ for i in 1 2 3 4 5 6; do
     expect_not_in quick out "sdtrain failed"
 done
 pass "slurm/train.sh: a launcher that ends right after SIGUSR1 is requeued for the time limit, not as a failure"
+
+# 7. a launcher that does not exist (srun outside Slurm): named, with LAUNCH to set; status 2
+for s in process train sample; do
+    : >"$TMP/scontrol.log"
+    LAUNCH="no-such-launcher --mpi=pmix" job "nolaunch-$s" "$top_srcdir/slurm/$s.sh" "$TMP/proc.nml"
+    expect_rc "nolaunch-$s" 2
+    expect_in "nolaunch-$s" err "slurm/$s.sh: the launcher 'no-such-launcher' is not found; outside Slurm set LAUNCH"
+    [ ! -s "$TMP/scontrol.log" ] || fail "$s.sh without a launcher called scontrol: $(cat "$TMP/scontrol.log")"
+done
+pass "slurm/*.sh: a missing launcher is named with LAUNCH to set, status 2, nothing requeued"
