@@ -32,7 +32,7 @@ static void single_file_usage(FILE *f)
             "                  (e.g. what `sdtool export` wrote)\n"
             "  --out FILE      the file to write (atomically: a temporary name, then a rename)\n"
             "  --dtype T       F32 (default), F16 or BF16: every tensor in that type\n"
-            "  --force         replace an existing FILE\n"
+            "  --force         replace an existing FILE (never one inside DIR)\n"
             "\n"
             "exit status: 0 done, 1 FILE cannot be written, 2 bad usage or input.\n");
 }
@@ -70,6 +70,13 @@ int sd_cmd_single_file(int argc, char **argv)
     if (sd_st_dtype_from_name(dtype_name, &dtype) != 0 ||
         (dtype != SD_ST_F32 && dtype != SD_ST_F16 && dtype != SD_ST_BF16)) {
         fprintf(stderr, "sdtool single-file: --dtype %s: expected F32, F16 or BF16\n", dtype_name);
+        return SD_EXIT_USAGE;
+    }
+    /* with --force a file of the snapshot (its unet weights) would be replaced by what is
+     * written from it; export --single-file refuses the same */
+    if (sd_path_within(out, snapshot)) {
+        fprintf(stderr, "sdtool single-file: --out %s lies in the snapshot %s that it is written "
+                        "from: give a file outside it\n", out, snapshot);
         return SD_EXIT_USAGE;
     }
     if (stat(out, &st) == 0) {

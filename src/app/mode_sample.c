@@ -599,6 +599,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     float *uncond = NULL, *unconds = NULL, *cond = NULL, *lat = NULL, *img = NULL;
     uint8_t *rgb = NULL;
     int kind = sd_sampler_kind_from_name(cfg->sample.scheduler), failed, n_mine = 0;
+    int sched_file = 0; /* the U-Net's snapshot has scheduler/scheduler_config.json */
     prompt_set ps;
     if (prompts_load(cfg, comm, rank, &ps, &err) != 0) {
         if (rank == 0)
@@ -629,20 +630,37 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     failed = kind < 0 && sd_err_set(&err, "&sample scheduler = '%s': expected ddim, pndm, ddpm, "
                                            "euler, euler_a, heun, lms, dpm2, dpm2_a, dpmpp_2m, dpmpp_2m_sde, dpmpp_sde or unipc",
                                      cfg->sample.scheduler);
-    if (!failed)
+    /* What to sample from (the U-Net's source, and whether its snapshot has a scheduler config)
+     * is rank 0's decision, broadcast: every rank looking for itself could find another source
+     * (a stat that fails on one node, a training run beside this job that writes its final
+     * weights or moves `latest` between the ranks' looks), and its images would then come from
+     * another U-Net or schedule without a word. Reading the parts stays every rank's own. */
+    memset(&src, 0, sizeof src);
+    if (!failed && rank == 0) {
         failed = resolve_sources(cfg, &src, &err) != 0;
+        if (!failed && src.unet_snapshot[0]) {
+            char path[SD_PATH_MAX + 64];
+            struct stat st;
+            snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", src.unet_snapshot);
+            sched_file = lstat(path, &st) == 0; /* anything there is read, or refused by name */
+        }
+    }
+    if (sd_agree(comm, failed, &err) != 0) {
+        failed = 1;
+    } else {
+        SD_MPI_CHECK(MPI_Bcast(&src, (int)sizeof src, MPI_BYTE, 0, comm));
+        SD_MPI_CHECK(MPI_Bcast(&sched_file, 1, MPI_INT, 0, comm));
+    }
     /* the schedule: a snapshot's U-Net samples with its scheduler_config.json, a U-Net we
      * trained with the &diffusion it was trained with; checked before the weights load */
     sd_sched_from_diffusion(&ss, cfg->diffusion.beta_schedule, cfg->diffusion.prediction_type,
                             cfg->diffusion.beta_start, cfg->diffusion.beta_end,
                             cfg->diffusion.num_train_timesteps,
                             cfg->diffusion.rescale_betas_zero_snr);
-    if (!failed && src.unet_snapshot[0]) {
+    if (!failed && sched_file) {
         char path[SD_PATH_MAX + 64];
-        struct stat st;
         snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", src.unet_snapshot);
-        if (lstat(path, &st) == 0) /* anything there is read, or refused by name */
-            failed = sd_sched_read(&ss, (sd_sampler_kind)kind, path, &err) != 0;
+        failed = sd_sched_read(&ss, (sd_sampler_kind)kind, path, &err) != 0;
     }
     if (!failed && strcmp(cfg->sample.timestep_spacing, "auto") != 0)
         ss.spacing = (sd_spacing)sd_spacing_from_name(cfg->sample.timestep_spacing);

@@ -153,6 +153,14 @@ expect_in sf-half out "(F16)"
 run sf-dtype "$SDTOOL" single-file --snapshot "$TMP/sexp" --out "$TMP/y.safetensors" --dtype F64
 expect_rc sf-dtype 2
 expect_in sf-dtype err "--dtype F64: expected F32, F16 or BF16"
+# --out inside the snapshot read (with --force, its own U-Net weights): refused, nothing changed
+cp "$TMP/sexp/unet/diffusion_pytorch_model.safetensors" "$TMP/unet-before.safetensors"
+run sf-inside "$SDTOOL" single-file --snapshot "$TMP/sexp" \
+    --out "$TMP/sexp/unet/diffusion_pytorch_model.safetensors" --force
+expect_rc sf-inside 2
+expect_in sf-inside err "lies in the snapshot $TMP/sexp that it is written from"
+cmp -s "$TMP/unet-before.safetensors" "$TMP/sexp/unet/diffusion_pytorch_model.safetensors" ||
+    fail "single-file --force replaced the snapshot's own weights"
 run sf-run "$SDTOOL" single-file --snapshot "$TMP/run" --out "$TMP/y.safetensors"
 expect_rc sf-run 2
 [ ! -e "$TMP/y.safetensors" ] || fail "single-file: a failed conversion left a file"
