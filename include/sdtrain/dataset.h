@@ -150,7 +150,10 @@ const char *sd_dataset_format_name(sd_dataset_format f);
 /* The key of sample i (0 <= i < count): files: relative path without extension
  * ("00000/000000012"); webdataset: member path up to the first dot of its basename (webdataset's
  * __key__; unique within a shard, not across shards); tsv: the manifest path without its
- * extension. Valid until sd_dataset_close. */
+ * extension. Always valid UTF-8 (a shard stores it as such): a name that is not (a Latin-1 file
+ * name) has each ill-formed subsequence replaced by U+FFFD, as Python's
+ * decode('utf-8', 'replace'); the files are still opened by their bytes. The same string is
+ * sd_sample.key and sd_sample_info.key. Valid until sd_dataset_close. */
 const char *sd_dataset_key(const sd_dataset *ds, int64_t i);
 
 /* Where sample i's image is, for messages: "<root>/<key>.jpg" or "<shard.tar>:<member>".
@@ -180,7 +183,7 @@ void sd_dataset_info(const sd_dataset *ds, int64_t i, sd_sample_info *info);
  * read with the same sd_sample. */
 typedef struct sd_sample {
     int64_t index;
-    const char *key;              /* points into the dataset */
+    const char *key;              /* points into the dataset: sd_dataset_key */
     sd_sample_reason reason;
     bool keep;                    /* false: skip the sample and count `reason` */
     sd_image_ext image_kind;

@@ -24,6 +24,9 @@ typedef struct sd_weights {
     size_t *by_name; /* indices into table.params sorted by name, for sd_weights_find */
 } sd_weights;
 
+/* Refuses (-1, err naming `what`) a table whose fp32 parameters alone would not fit the memory
+ * of this node: a configuration's sizes, checked before sd_weights_init asks for the bytes. */
+int sd_weights_check_size(const sd_param_table *table, const char *what, sd_err *err);
 /* Takes ownership of `table` (moved in) and allocates a zeroed buffer. */
 void sd_weights_init(sd_weights *w, sd_param_table *table);
 void sd_weights_free(sd_weights *w);

@@ -171,9 +171,17 @@ static int load_encoders(const sd_config *cfg, const sd_device_info *dev, encode
         sd_vae_config_from_namelist(cfg, &e->vcfg);
         sd_clip_config_from_namelist(cfg, &e->ccfg);
         sd_vae_params(&e->vcfg, &t);
+        if (sd_weights_check_size(&t, "the VAE of the &model shape keys", err)) {
+            sd_param_table_free(&t);
+            return -1;
+        }
         sd_weights_init(&e->vw, &t);
         sd_weights_init_random(&e->vw, (uint64_t)cfg->run.seed ^ UINT64_C(0x7661650000000000));
         sd_clip_params(&e->ccfg, &t);
+        if (sd_weights_check_size(&t, "the text encoder of the &model shape keys", err)) {
+            sd_param_table_free(&t);
+            return -1;
+        }
         sd_weights_init(&e->cw, &t);
         sd_weights_init_random(&e->cw, (uint64_t)cfg->run.seed ^ UINT64_C(0x636c697000000000));
         snprintf(e->weights_path, sizeof e->weights_path, "random(seed=%lld)", (long long)cfg->run.seed);

@@ -373,6 +373,11 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
         }
         memset(&table, 0, sizeof table);
         sd_unet_params(&uc, &table);
+        if (sd_weights_check_size(&table, cfg->model.pretrained[0] ? "the snapshot's U-Net"
+                                  : "the U-Net of the &model shape keys", err)) {
+            sd_param_table_free(&table);
+            goto out;
+        }
         sd_weights_init(&uw, &table);
         if (src->ckpt[0]) {
             /* a checkpoint: its manifest is checked against the table, the dataset's checksum
@@ -418,6 +423,10 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
         sd_vae_config_from_namelist(cfg, &vc);
         memset(&t, 0, sizeof t);
         sd_vae_params(&vc, &t);
+        if (sd_weights_check_size(&t, "the VAE of the &model shape keys", err)) {
+            sd_param_table_free(&t);
+            goto out;
+        }
         sd_weights_init(&vw, &t);
         sd_weights_init_random(&vw, (uint64_t)cfg->run.seed ^ UINT64_C(0x7661650000000000));
     }
@@ -434,6 +443,10 @@ static int load_models(const sd_config *cfg, const sd_device_info *dev, const so
         sd_clip_config_from_namelist(cfg, &cc);
         memset(&t, 0, sizeof t);
         sd_clip_params(&cc, &t);
+        if (sd_weights_check_size(&t, "the text encoder of the &model shape keys", err)) {
+            sd_param_table_free(&t);
+            goto out;
+        }
         sd_weights_init(&cw, &t);
         sd_weights_init_random(&cw, (uint64_t)cfg->run.seed ^ UINT64_C(0x636c697000000000));
     }

@@ -183,6 +183,10 @@ static int build_model(trainer *t, sd_err *err)
         sd_unet_config_from_namelist(cfg, &t->uc);
         memset(&table, 0, sizeof table);
         sd_unet_params(&t->uc, &table);
+        if (sd_weights_check_size(&table, "the U-Net of the &model shape keys", err)) {
+            sd_param_table_free(&table);
+            return -1;
+        }
         sd_weights_init(&t->w, &table);
         sd_weights_init_random(&t->w, cfg->run.seed);
     }

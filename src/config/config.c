@@ -11,6 +11,7 @@
 
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
+#include "sdtrain/unet.h"
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -736,6 +737,25 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
                                   "&model attention_head_dim has %d values: give one, or one per entry of "
                                   "block_out_channels (%d)", c->model.n_attention_head_dim,
                                   c->model.n_block_out_channels);
+    /* the U-Net built from these keys (without a snapshot) must be one the forward takes:
+     * refused here, at --check, rather than after its weights were allocated */
+    if (!c->model.pretrained[0]) {
+        if (c->model.block_out_channels[0] > SD_UNET_MAX_TIME_PROJ_DIM)
+            return sd_config_error_at(rc, "model", "block_out_channels", err,
+                                      "&model block_out_channels(1) = %lld is more than %d (the "
+                                      "U-Net's time embedding is 4 x block_out_channels(1) wide)",
+                                      (long long)c->model.block_out_channels[0],
+                                      SD_UNET_MAX_TIME_PROJ_DIM);
+        for (int i = 0; i < c->model.n_block_out_channels; i++) {
+            const int64_t heads = c->model.attention_head_dim[c->model.n_attention_head_dim == 1 ? 0 : i];
+            if (heads > c->model.block_out_channels[i])
+                return sd_config_error_at(rc, "model", "attention_head_dim", err,
+                                          "&model attention_head_dim = %lld heads is more than the "
+                                          "%lld channels of level %d (block_out_channels(%d))",
+                                          (long long)heads, (long long)c->model.block_out_channels[i],
+                                          i + 1, i + 1);
+        }
+    }
     if (divisible_list(rc, "block_out_channels", c->model.block_out_channels,
                        c->model.n_block_out_channels, c->model.norm_num_groups, "norm_num_groups", err) ||
         divisible_list(rc, "vae_block_out_channels", c->model.vae_block_out_channels,

@@ -68,7 +68,7 @@ static const sd_option options[] = {
     INT(model, resolution, "256", 8, 4096, "px", "Image side after resize and center crop; multiple of 8."),
     INT_LIST(model, block_out_channels, "320, 640, 1280, 1280", 1, 16384, "channels",
              "U-Net channels per resolution level (used without a snapshot)."),
-    INT(model, layers_per_block, "2", 1, 16, "", "U-Net ResNet blocks per level (used without a snapshot)."),
+    INT(model, layers_per_block, "2", 1, 8, "", "U-Net ResNet blocks per level (used without a snapshot)."),
     INT_LIST(model, attention_head_dim, "5, 10, 20, 20", 1, 1024, "",
              "U-Net attention heads per level, as diffusers' attention_head_dim (one value, or one "
              "per level; used without a snapshot)."),

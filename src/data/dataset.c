@@ -61,9 +61,16 @@ static const struct sd_dataset_entry *entry_at(const sd_dataset *ds, int64_t i)
     return &ds->entries[i];
 }
 
+const char *sd_dataset_key_(const sd_dataset *ds, uint64_t off)
+{
+    const char *k = sd_dataset_str_(ds, off);
+    size_t n = strlen(k);
+    return sd_utf8_is_valid(k, n) ? k : k + n + 1;
+}
+
 const char *sd_dataset_key(const sd_dataset *ds, int64_t i)
 {
-    return sd_dataset_str_(ds, entry_at(ds, i)->key);
+    return sd_dataset_key_(ds, entry_at(ds, i)->key);
 }
 
 /* root + "/" + key + suffix, or key + suffix for an absolute tsv path. */
@@ -102,7 +109,7 @@ void sd_dataset_info(const sd_dataset *ds, int64_t i, sd_sample_info *info)
 {
     const struct sd_dataset_entry *e = entry_at(ds, i);
     memset(info, 0, sizeof *info);
-    info->key = sd_dataset_str_(ds, e->key);
+    info->key = sd_dataset_key_(ds, e->key);
     info->shard = ds->format == SD_DATASET_WEBDATASET ? sd_dataset_str_(ds, ds->shards[e->shard]) : NULL;
     info->image_suffix = sd_dataset_suffix_(ds, e->image_sfx);
     info->caption_suffix = sd_dataset_suffix_(ds, e->caption_sfx);
@@ -262,7 +269,7 @@ int sd_dataset_read(const sd_dataset *ds, int64_t i, sd_sample *s, sd_err *err)
 
     sd_err_clear(err);
     s->index = i;
-    s->key = sd_dataset_str_(ds, e->key);
+    s->key = sd_dataset_key_(ds, e->key);
     s->reason = SD_SAMPLE_OK;
     s->keep = true;
     s->image_kind = (sd_image_ext)e->image_kind;
@@ -665,6 +672,14 @@ int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err
               (ds->format == SD_DATASET_WEBDATASET && e->shard >= ds->n_shards) ||
               (ds->format == SD_DATASET_TSV && (e->flags & ENTRY_CAPTION) &&
                (e->caption_off >= ds->pool_size || e->caption_size >= ds->pool_size - e->caption_off));
+        if (!bad) { /* a key that is not UTF-8 has its repaired copy after it (sd_dataset_key_add_) */
+            const char *key = ds->pool + e->key;
+            size_t n = strlen(key);
+            if (!sd_utf8_is_valid(key, n)) {
+                const uint64_t rep = e->key + n + 1;
+                bad = rep >= ds->pool_size || !sd_utf8_is_valid(ds->pool + rep, strlen(ds->pool + rep));
+            }
+        }
     }
     if (bad) {
         sd_dataset_close(ds);

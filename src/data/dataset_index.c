@@ -17,6 +17,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/tar.h"
+#include "sdtrain/utf8.h"
 
 /* Longest key or member path we index; longer names are ignored with a note. */
 #define KEY_MAX 4096
@@ -38,6 +39,18 @@ uint64_t sd_dataset_pool_add_(sd_dataset *ds, const char *s, size_t n)
     memcpy(ds->pool + off, s, n);
     ds->pool[off + n] = '\0';
     ds->pool_size += n + 1;
+    return off;
+}
+
+uint64_t sd_dataset_key_add_(sd_dataset *ds, const char *s, size_t n)
+{
+    uint64_t off = sd_dataset_pool_add_(ds, s, n);
+    if (!sd_utf8_is_valid(s, n)) {
+        char *t = sd_xmalloc(3 * n + 1);
+        size_t m = sd_utf8_repair(s, n, t, NULL);
+        sd_dataset_pool_add_(ds, t, m);
+        free(t);
+    }
     return off;
 }
 
@@ -252,7 +265,7 @@ static void emit_folder_samples(walker *w, const char *names, name_rec *recs, si
             char key[KEY_MAX + 1];
             memcpy(key, w->rel, w->rel_len);
             memcpy(key + w->rel_len, names + img->off, img->stem_len);
-            e->key = sd_dataset_pool_add_(ds, key, w->rel_len + img->stem_len);
+            e->key = sd_dataset_key_add_(ds, key, w->rel_len + img->stem_len);
             e->image_kind = (uint8_t)img->format;
             e->image_sfx = sd_dataset_suffix_id_(ds, names + img->off + img->stem_len,
                                                  img->len - img->stem_len);
@@ -502,6 +515,14 @@ static int index_tsv(sd_dataset *ds, sd_err *err)
     char *text = read_whole(ds->input, &len, err);
     if (!text)
         return -1;
+    if (len >= 2 && (memcmp(text, "\xFF\xFE", 2) == 0 || memcmp(text, "\xFE\xFF", 2) == 0)) {
+        /* Windows PowerShell's `>` and Excel's "Unicode Text" write UTF-16: every line would
+         * be a bad line for its NUL bytes, which says nothing about the cause */
+        int le = (unsigned char)text[0] == 0xFF;
+        free(text);
+        return sd_err_set(err, "%s: UTF-16%s text (byte-order mark %s); save the manifest as UTF-8",
+                          ds->input, le ? "LE" : "BE", le ? "FF FE" : "FE FF");
+    }
     size_t pos = 0;
     if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
         pos = 3; /* a UTF-8 byte-order mark, as spreadsheet exports write */
@@ -547,7 +568,7 @@ static int index_tsv(sd_dataset *ds, sd_err *err)
             }
         }
         struct sd_dataset_entry *e = new_entry(ds);
-        e->key = sd_dataset_pool_add_(ds, line, key_len);
+        e->key = sd_dataset_key_add_(ds, line, key_len);
         e->image_sfx = sd_dataset_suffix_id_(ds, line + key_len, path_len - key_len);
         e->image_kind = (uint8_t)format;
         if (tab) {
@@ -623,7 +644,7 @@ static struct sd_dataset_entry *key_table_get(key_table *t, sd_dataset *ds, cons
         h = (h + 1) & (t->cap - 1);
     }
     struct sd_dataset_entry *e = new_entry(ds);
-    e->key = sd_dataset_pool_add_(ds, k, n);
+    e->key = sd_dataset_key_add_(ds, k, n);
     e->shard = shard;
     t->gen[h] = t->current;
     t->entry[h] = ds->n_entries - 1;

@@ -36,6 +36,14 @@ enum {
 
 /* Appends s[0..n) plus a NUL to the pool; returns its offset. */
 uint64_t sd_dataset_pool_add_(sd_dataset *ds, const char *s, size_t n);
+/* Appends key s[0..n) (no NUL inside; not in the pool) as found, which is what file and member
+ * access use, and when it is not valid UTF-8 a repaired copy right after it (each ill-formed
+ * subsequence replaced by U+FFFD, as for captions): the key callers see (sd_dataset_key_). A
+ * shard stores keys as UTF-8 strings, so a file named in Latin-1 would otherwise stop the run.
+ * Returns the offset of the key as found. */
+uint64_t sd_dataset_key_add_(sd_dataset *ds, const char *s, size_t n);
+/* The key at pool offset `off` as callers see it: valid UTF-8 (see sd_dataset_key_add_). */
+const char *sd_dataset_key_(const sd_dataset *ds, uint64_t off);
 /* Index of suffix s[0..n) in ds->suffixes, added when new. */
 uint16_t sd_dataset_suffix_id_(sd_dataset *ds, const char *s, size_t n);
 /* Records an indexing problem for the caller (first SD_DATASET_MAX_NOTES kept). */

@@ -137,6 +137,8 @@ static uint64_t round_block(uint64_t n)
 
 typedef struct pending {
     char *path;        /* pax 'path' or GNU long name, malloc'd */
+    char *sparse_name; /* pax 'GNU.sparse.name': the real name of a sparse member whose 'path'
+                          is GNU tar's ./GNUSparseFile.PID/NAME (formats 0.1, 1.0); malloc'd */
     int have_size;
     uint64_t size;     /* pax 'size' */
     int sparse;        /* pax GNU.sparse.* seen */
@@ -145,7 +147,16 @@ typedef struct pending {
 static void pending_clear(pending *p)
 {
     free(p->path);
+    free(p->sparse_name);
     memset(p, 0, sizeof *p);
+}
+
+static void set_str(char **dst, const char *val, size_t vlen)
+{
+    free(*dst);
+    *dst = sd_xmalloc(vlen + 1);
+    memcpy(*dst, val, vlen);
+    (*dst)[vlen] = '\0';
 }
 
 /* Parses pax records "LEN key=value\n" (LEN counts the whole record). Returns 0 or -1. */
@@ -171,10 +182,10 @@ static int parse_pax(const unsigned char *d, size_t n, pending *p)
         size_t klen = (size_t)(eq - kv), vlen = (size_t)(end - eq - 1);
         const char *val = (const char *)eq + 1;
         if (klen == 4 && memcmp(kv, "path", 4) == 0) {
-            free(p->path);
-            p->path = sd_xmalloc(vlen + 1);
-            memcpy(p->path, val, vlen);
-            p->path[vlen] = '\0';
+            set_str(&p->path, val, vlen);
+        } else if (klen == 15 && memcmp(kv, "GNU.sparse.name", 15) == 0) {
+            set_str(&p->sparse_name, val, vlen); /* wins over 'path', as in Python's tarfile */
+            p->sparse = 1;
         } else if (klen == 4 && memcmp(kv, "size", 4) == 0) {
             uint64_t v = 0;
             if (vlen == 0 || vlen > 19)
@@ -330,7 +341,9 @@ int sd_tar_scan(const char *path, sd_tar_member_fn fn, void *ctx, sd_err *err)
 
         sd_tar_member m;
         memset(&m, 0, sizeof m);
-        if (pend.path) {
+        if (pend.sparse_name) {
+            m.name = pend.sparse_name;
+        } else if (pend.path) {
             m.name = pend.path;
         } else {
             size_t nlen = strnlen((const char *)h, 100), plen = 0;

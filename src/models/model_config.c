@@ -9,6 +9,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/json_file.h"
 #include "sdtrain/models.h"
+#include "sdtrain/unet.h"
 
 /* ---- JSON access with errors that name the file and key (json_file.h) ------------------- */
 
@@ -278,7 +279,10 @@ int sd_unet_config_load(const char *path, sd_unet_config *c, sd_err *err)
     jrange(&j, "out_channels", c->out_channels, 1, 1024);
     jrange(&j, "norm_num_groups", c->norm_num_groups, 1, 1024);
     jrange_list(&j, "block_out_channels", c->block_out_channels, c->n_levels, 1, 16384);
-    jrange(&j, "layers_per_block", c->layers_per_block, 1, 16);
+    /* the U-Net forward's limits (unet.h): refused here, naming the file, before the weights
+     * of such a model are allocated */
+    jrange(&j, "layers_per_block", c->layers_per_block, 1, SD_UNET_MAX_LAYERS_PER_BLOCK);
+    jrange(&j, "block_out_channels[0]", c->block_out_channels[0], 1, SD_UNET_MAX_TIME_PROJ_DIM);
     jrange(&j, "cross_attention_dim", c->cross_attention_dim, 1, 65536);
     jrange_list(&j, "transformer_layers_per_block", c->transformer_layers, c->n_levels, 1, 64);
     jrange(&j, "conv_in_kernel", c->conv_in_kernel, 1, 15);

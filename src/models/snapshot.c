@@ -346,6 +346,12 @@ static int load_component(const sd_snapshot *s, sd_component c, const char *weig
     cfg_path = component_table(s, c, config, eos_token_id, &table, dir, sizeof dir, err);
     if (!cfg_path)
         return -1;
+    /* before the allocation: a config.json of absurd sizes is refused, not attempted */
+    if (sd_weights_check_size(&table, cfg_path, err)) {
+        sd_param_table_free(&table);
+        free(cfg_path);
+        return -1;
+    }
     sd_weights_init(w, &table);
     rc = sd_st_set_open_dir(&set, dir, weights_name, err);
     if (rc == 0) {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sdtrain/check.h"
 #include "sdtrain/ops.h"
@@ -18,6 +19,18 @@
 static int cmp_param_by_name(const void *a, const void *b)
 {
     return strcmp((*(const sd_param *const *)a)->name, (*(const sd_param *const *)b)->name);
+}
+
+int sd_weights_check_size(const sd_param_table *table, const char *what, sd_err *err)
+{
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double bytes = (double)table->total_floats * (double)sizeof(float);
+    const double memory = pages > 0 && page > 0 ? (double)pages * (double)page : 0.0;
+    if (table->total_floats > SIZE_MAX / sizeof(float) || (memory > 0.0 && bytes > memory))
+        return sd_err_set(err, "%s has %.3g parameters: %.1f GB in fp32, more than the %.1f GB "
+                          "of memory of this node", what, (double)table->total_floats, bytes * 1e-9,
+                          memory * 1e-9);
+    return 0;
 }
 
 void sd_weights_init(sd_weights *w, sd_param_table *table)

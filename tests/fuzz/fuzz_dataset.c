@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "sdtrain/dataset.h"
+#include "sdtrain/utf8.h"
 
 #define FUZZ_NAME "fuzz_dataset"
 #include "fuzz_util.h"
@@ -60,6 +61,8 @@ static void describe_all(const sd_dataset *ds)
         fuzz_require(key != NULL, "every sample has a key", NULL);
         sd_dataset_info(ds, i, &info);
         fuzz_require(info.key == key, "info and key agree", key);
+        /* a shard stores keys as UTF-8: a name that is not has its repaired copy */
+        fuzz_require(sd_utf8_is_valid(key, strlen(key)), "the key is UTF-8", key);
         sd_dataset_describe(ds, i, buf, sizeof buf);
     }
 }

@@ -192,6 +192,21 @@ expect_rc allbad 2
 expect_count allbad err "shard 1: none of its 4 samples (4 to 7 of $TMP/data-allbad, from '00000/000000004' on) is usable" 1
 [ "$(checksums "$TMP/shards-allbad" | wc -l)" = 1 ] || fail "allbad: shard 0 not committed"
 
+# a file name that is not UTF-8 (a Latin-1 byte): its sample is read and stored under the key
+# with U+FFFD in its place (the shard's keys are UTF-8 text); it stopped the run with status 1
+run data-latin1 "$SDTOOL" make-demo-data "$TMP/data-latin1" --count 6
+expect_rc data-latin1 0
+lat=$(printf 'caf\351')
+cp "$TMP/data-latin1/00000/000000000.jpg" "$TMP/data-latin1/00000/$lat.jpg"
+cp "$TMP/data-latin1/00000/000000000.txt" "$TMP/data-latin1/00000/$lat.txt"
+write_nml latin1 files "$TMP/data-latin1" "$TMP/shards-latin1"
+mpi latin1 2 "$SDTRAIN" "$TMP/latin1.nml"
+expect_rc latin1 0
+grep -q '"total_samples": 7' "$TMP/shards-latin1/manifest.json" ||
+    fail "latin1: not 7 samples: $(cat "$TMP/shards-latin1/manifest.json")"
+mpi latin1-again 2 "$SDTRAIN" "$TMP/latin1.nml"
+expect_rc latin1-again 0
+
 # one job per output directory and per shard directory (a lock each, held as long as the job
 # runs): a second job started while the first runs is refused (status 2) naming the holder,
 # and the first finishes undisturbed

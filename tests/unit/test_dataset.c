@@ -1214,6 +1214,129 @@ static void test_caption_limit(void)
     free(big);
 }
 
+/* ---- real-world variations: non-UTF-8 names, GNU sparse names, UTF-16 manifests ------------- */
+
+/* A file or member named in Latin-1 ("caf\xe9"): the key callers see (and a shard stores, as a
+ * UTF-8 string) has U+FFFD for the bad byte, while the bytes still open the file. Before, the
+ * raw key reached the shard writer, which refused it and stopped mode 'process' (status 1, no
+ * shard written) for one oddly named file. */
+static void test_non_utf8_names(void)
+{
+    char root[512], path[700];
+    const char *want = "caf" SD_UTF8_REPLACEMENT;
+    sd_dataset ds, back;
+    sd_sample s = {0};
+    sd_sample_info info;
+    sd_err err;
+    snprintf(root, sizeof root, "%s/latin1", tmpdir);
+    put_image(root, "files/00000/caf\xe9.jpg", 200, 61);
+    put_str(root, "files/00000/caf\xe9.txt", "a cafe");
+    put_image(root, "files/00000/plain.jpg", 100, 62);
+    put_str(root, "files/00000/plain.txt", "plain");
+    snprintf(path, sizeof path, "%s/files", root);
+    int ok = sd_dataset_open(path, "files", &ds, &err) == 0 && sd_dataset_count(&ds) == 2;
+    tap_ok(ok, "latin-1 names: files indexed (%s)", err.msg);
+    if (ok) {
+        char want_key[64];
+        snprintf(want_key, sizeof want_key, "00000/%s", want);
+        sd_dataset_info(&ds, 0, &info);
+        int r = sd_dataset_read(&ds, 0, &s, &err);
+        snprintf(path, sizeof path, "%s/files/00000/caf\xe9.jpg", root);
+        tap_ok(r == 0 && !strcmp(sd_dataset_key(&ds, 0), want_key) && !strcmp(s.key, want_key) &&
+                   info.key == sd_dataset_key(&ds, 0) && file_matches(path, s.image, s.image_size) &&
+                   !strcmp(s.caption, "a cafe") && !strcmp(sd_dataset_key(&ds, 1), "00000/plain"),
+               "latin-1 names: files: the key is UTF-8 (U+FFFD), the file is read by its bytes (%s)",
+               err.msg);
+        void *blob;
+        size_t size;
+        sd_dataset_pack(&ds, &blob, &size);
+        tap_ok(sd_dataset_unpack(blob, size, &back, &err) == 0 && !strcmp(sd_dataset_key(&back, 0), want_key) &&
+                   sd_dataset_read(&back, 0, &s, &err) == 0 && file_matches(path, s.image, s.image_size),
+               "latin-1 names: the packed index keeps both the bytes and the UTF-8 key (%s)", err.msg);
+        sd_dataset_close(&back);
+        free(blob);
+    }
+    sd_dataset_close(&ds);
+
+    snprintf(path, sizeof path, "%s/list.tsv", root);
+    put_str(root, "list.tsv", "files/00000/caf\xe9.jpg\tfrom the manifest\n");
+    ok = sd_dataset_open(path, "tsv", &ds, &err) == 0 && sd_dataset_count(&ds) == 1;
+    tap_ok(ok && !strcmp(sd_dataset_key(&ds, 0), "files/00000/caf" SD_UTF8_REPLACEMENT) &&
+               sd_dataset_read(&ds, 0, &s, &err) == 0 && s.image_size == 200 &&
+               sd_utf8_is_valid(s.key, strlen(s.key)),
+           "latin-1 names: tsv: UTF-8 key, image read (%s)", err.msg);
+    sd_dataset_close(&ds);
+
+    const tar_member m[] = {{"caf\xe9.jpg", NULL, 300, 63, 0}, {"caf\xe9.txt", "tar cafe", 0, 0, 0}};
+    snprintf(path, sizeof path, "%s/latin1.tar", root);
+    write_tar(path, m, 2, TAR_USTAR, 0);
+    ok = sd_dataset_open(path, "webdataset", &ds, &err) == 0 && sd_dataset_count(&ds) == 1;
+    tap_ok(ok && !strcmp(sd_dataset_key(&ds, 0), want) && sd_dataset_read(&ds, 0, &s, &err) == 0 &&
+               member_matches(m, 2, "caf\xe9.jpg", s.image, s.image_size) && !strcmp(s.caption, "tar cafe"),
+           "latin-1 names: webdataset: UTF-8 key, members paired and read (%s)", err.msg);
+    sd_dataset_close(&ds);
+    sd_sample_free(&s);
+}
+
+/* GNU tar --sparse in POSIX format (sparse formats 0.1 and 1.0) names the member
+ * ./GNUSparseFile.PID/NAME in 'path' and the real name in 'GNU.sparse.name' (which Python's
+ * tarfile uses). Before, the key was GNUSparseFile.PID/s: the sample lost its caption s.txt (an
+ * orphan) and the message named a member no tool shows. */
+static void test_tar_sparse_name(void)
+{
+    static unsigned char t[512 * 10];
+    memset(t, 0, sizeof t);
+    const char *recs = "38 path=./GNUSparseFile.123/dir/s.jpg\n"
+                       "29 GNU.sparse.name=dir/s.jpg\n"
+                       "22 GNU.sparse.major=1\n"
+                       "22 GNU.sparse.minor=0\n"
+                       "29 GNU.sparse.realsize=20000\n";
+    unsigned char *b = t;
+    make_header(b, "./PaxHeaders/s.jpg", 'x', strlen(recs), 1, 0);
+    memcpy(b + 512, recs, strlen(recs));
+    b += 1024;
+    make_header(b, "./GNUSparseFile.123/s.jpg", '0', 1024, 1, 0); /* map block + one data block */
+    memcpy(b + 512, "1\n0\n512\n", 8);
+    b += 512 * 3;
+    make_header(b, "dir/s.txt", '0', 6, 1, 0);
+    memcpy(b + 512, "sparse", 6);
+    char path[600];
+    snprintf(path, sizeof path, "%s/sparse-pax.tar", tmpdir);
+    write_bytes(path, t, sizeof t);
+    scan_log l;
+    memset(&l, 0, sizeof l);
+    sd_err err;
+    int rc = sd_tar_scan(path, log_member, &l, &err);
+    tap_ok(rc == SD_TAR_OK && l.n == 2 && !strcmp(l.names[0], "dir/s.jpg"),
+           "tar scan: a pax sparse member is named by GNU.sparse.name (%s)", l.n ? l.names[0] : "");
+    sd_dataset ds;
+    sd_sample s = {0};
+    int ok = sd_dataset_open(path, "webdataset", &ds, &err) == 0 && sd_dataset_count(&ds) == 1;
+    tap_ok(ok && !strcmp(sd_dataset_key(&ds, 0), "dir/s") && ds.stats.n_orphan_captions == 0 &&
+               sd_dataset_read(&ds, 0, &s, &err) == -1 && s.reason == SD_SAMPLE_UNREADABLE &&
+               strstr(err.msg, "sparse-pax.tar:dir/s.jpg: cannot be read by offset"),
+           "webdataset: the sparse member keeps its key and caption, unreadable: %s", err.msg);
+    sd_dataset_close(&ds);
+    sd_sample_free(&s);
+}
+
+/* Windows PowerShell's `>` and Excel's "Unicode Text" write UTF-16. Before, each line was a bad
+ * line ("NUL byte in the path"), which does not say what is wrong. */
+static void test_tsv_utf16(void)
+{
+    char path[600];
+    sd_dataset ds;
+    sd_err err;
+    snprintf(path, sizeof path, "%s/utf16.tsv", tmpdir);
+    write_bytes(path, "\xff\xfe" "a\0.\0j\0p\0g\0\t\0c\0\n\0", 20);
+    tap_ok(sd_dataset_open(path, "tsv", &ds, &err) == -1 && strstr(err.msg, "utf16.tsv: UTF-16LE text") &&
+               strstr(err.msg, "save the manifest as UTF-8"),
+           "tsv: a UTF-16 manifest is refused by name: %s", err.msg);
+    write_bytes(path, "\xfe\xff" "\0a\0.\0j\0p\0g", 12);
+    tap_ok(sd_dataset_open(path, "auto", &ds, &err) == -1 && strstr(err.msg, "UTF-16BE"),
+           "tsv: UTF-16BE too: %s", err.msg);
+}
+
 static void test_reasons(void)
 {
     int names_ok = 1;
@@ -1250,6 +1373,9 @@ int main(void)
     test_tar_handmade();
     test_webdataset();
     test_open_errors();
+    test_non_utf8_names();
+    test_tar_sparse_name();
+    test_tsv_utf16();
     test_partition();
     test_reasons();
     char cmd[512];

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "sdtrain/models.h"
+#include "sdtrain/weights.h"
 #include "tap.h"
 
 static char tmpdir[64];
@@ -242,6 +243,28 @@ static void test_json(void)
     tap_ok(sd_unet_config_load(p, &u, &err) != 0 &&
                strstr(err.msg, "'block_out_channels'[0] = 999999968 is outside 1 to 16384"),
            "U-Net absurd channel count refused (%s)", err.msg);
+    /* within the reader's old ranges but beyond the U-Net forward's limits (unet.h): refused
+     * by the reader, naming the file, not after the weights of such a model were allocated */
+    p = write_json("unet_lpb.json", "{\"layers_per_block\": 9, \"block_out_channels\": [32], "
+                                    "\"down_block_types\": [\"DownBlock2D\"], \"up_block_types\": [\"UpBlock2D\"]}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 &&
+               strstr(err.msg, "unet_lpb.json: 'layers_per_block' = 9 is outside 1 to 8"),
+           "U-Net layers_per_block beyond the forward's limit refused (%s)", err.msg);
+    p = write_json("unet_temb.json", "{\"block_out_channels\": [8192], \"down_block_types\": "
+                                     "[\"DownBlock2D\"], \"up_block_types\": [\"UpBlock2D\"]}");
+    tap_ok(sd_unet_config_load(p, &u, &err) != 0 &&
+               strstr(err.msg, "unet_temb.json: 'block_out_channels[0]' = 8192 is outside 1 to 4096"),
+           "U-Net time embedding wider than the forward's limit refused (%s)", err.msg);
+    {
+        /* fp32 parameters past the node's memory: a clear error before the allocation */
+        sd_param_table big;
+        memset(&big, 0, sizeof big);
+        big.total_floats = (size_t)1 << 60;
+        tap_ok(sd_weights_check_size(&big, "huge.json", &err) != 0 && strstr(err.msg, "huge.json has") &&
+                   strstr(err.msg, "more than the"), "parameters past the memory refused (%s)", err.msg);
+        big.total_floats = 1000;
+        tap_ok(sd_weights_check_size(&big, "small.json", &err) == 0, "small parameter table accepted");
+    }
     p = write_json("clip_layers.json", "{\"num_hidden_layers\": 100000}");
     tap_ok(sd_clip_config_load(p, &c, &err) != 0 && strstr(err.msg, "'num_hidden_layers' = 100000"),
            "text encoder absurd layer count refused (%s)", err.msg);
