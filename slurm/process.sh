@@ -2,6 +2,9 @@
 # Offline preprocessing: images + captions -> HDF5 latent shards (&run mode = 'process').
 #   sbatch slurm/process.sh INPUT.nml [--set group.key=value ...]
 # All ranks preprocess; shards already committed in &data shard_dir are skipped on a rerun.
+# Five minutes before the time limit Slurm sends SIGUSR1 to this script (B:), which passes it on
+# to the ranks: they commit the shard they have encoded and exit 0 ("stopped for SIGUSR1 after
+# committing shard K"), and the script requeues the job, which goes on from the committed shards.
 # When the run fails (a rank killed, out of memory: any exit status but 0 and 2, the status of
 # bad input, which a retry would not mend) the script requeues the job, which then skips the
 # committed shards, at most SDTRAIN_MAX_RESTARTS (default 3) times in a row; the count lives in
@@ -13,6 +16,7 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --time=12:00:00
 #SBATCH --requeue
+#SBATCH --signal=B:USR1@300
 #SBATCH --output=%x-%j.out
 set -euo pipefail
 
@@ -38,10 +42,30 @@ if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
 fi
 
 "$sdtrain" --check "$input" --np "${SLURM_NTASKS:-1}" --set run.mode=process "$@" >/dev/null
-rc=0
+stop=0
+pid=""
+caught=0
+# a signal after the run has ended (it finished just before the time limit) requeues nothing
+trap 'caught=1; if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then stop=1; kill -USR1 "$pid" 2>/dev/null || true; fi' USR1
 # shellcheck disable=SC2086 # $launch is a command with flags
-$launch "$sdtrain" "$input" --set run.mode=process "$@" || rc=$?
-if [ -n "${SLURM_JOB_ID:-}" ] && [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
+$launch "$sdtrain" "$input" --set run.mode=process "$@" &
+pid=$!
+# wait returns early (status > 128) when the trap runs; the launcher (srun forwards SIGUSR1 to
+# every task) goes on until the shard being encoded is committed: wait again for its own status
+while :; do
+    caught=0
+    rc=0
+    wait "$pid" || rc=$?
+    if [ "$caught" = 0 ] || [ "$rc" -le 128 ]; then
+        break
+    fi
+done
+if [ -n "${SLURM_JOB_ID:-}" ] && [ "$stop" = 1 ] && [ "$rc" = 0 ]; then
+    echo "sdtrain stopped for the time limit after committing a shard; requeueing job" \
+        "$SLURM_JOB_ID to go on from the committed shards"
+    scontrol update JobId="$SLURM_JOB_ID" Comment=sdtrain-failures=0 || true
+    scontrol requeue "$SLURM_JOB_ID" || true
+elif [ -n "${SLURM_JOB_ID:-}" ] && [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
     max=${SDTRAIN_MAX_RESTARTS:-3}
     failures=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null |
         sed -n 's/.*Comment=sdtrain-failures=\([0-9]*\).*/\1/p' || true)

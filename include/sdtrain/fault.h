@@ -15,8 +15,8 @@ extern "C" {
 #endif
 
 /* kill: SIGKILL this rank; nan: a NaN gradient (phase encode: a NaN encoding of sample `step`);
- * usr1: this rank sends itself SIGUSR1 (what Slurm
- * sends ahead of the time limit) at the end of the step; flip: silent storage corruption, one bit
+ * usr1: this rank sends itself SIGUSR1 (what Slurm sends ahead of the time limit) at the end of
+ * the step (in mode 'process': once shard `step` is encoded); flip: silent storage corruption, one bit
  * of the data this rank wrote changed on disk after the write was synced (phase ckpt-write); eio:
  * the storage fails this rank's read of a checkpoint being resumed (phase ckpt-load). */
 typedef enum {

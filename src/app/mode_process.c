@@ -4,8 +4,10 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 
 #include "sdtrain/arena.h"
 #include "sdtrain/check.h"
+#include "sdtrain/checkpoint.h"
 #include "sdtrain/clip.h"
 #include "sdtrain/cmd_backend.h"
 #include "sdtrain/dataset.h"
@@ -1008,6 +1011,12 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     int64_t n, n_shards, n_new = 0;
     double t_start = sd_time_now(), t_loop = 0, t_waited = 0, t[T_N] = {0};
     long delay_ms = 0;
+    /* mode 'process' stops at a shard boundary on SIGUSR1 / SIGTERM (Slurm's notice ahead of
+     * the time limit, scancel): the shard encoded is committed, and a rerun goes on from there.
+     * A pipeline job's preprocessing half keeps the signals' default (its trainers checkpoint). */
+    const int catch_signals = !strcmp(cfg->run.mode, "process");
+    int stop_signal = 0;
+    int64_t stopped_after = -1;
     /* a pipeline job ending with its training: stop at a shard boundary once told */
     const int stop_when_trained =
         !strcmp(cfg->run.mode, "pipeline") && !strcmp(cfg->run.pipeline_end, "training");
@@ -1017,6 +1026,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     memset(sl, 0, sizeof sl);
     memset(&writer, 0, sizeof writer);
     sd_err_clear(&err);
+    if (catch_signals)
+        sd_ckpt_signals_install();
     {
         /* Test hook: slow preprocessing down by this much per shard, so that tests can show a
          * pipeline's training does not depend on how fast its shards come. */
@@ -1052,14 +1063,35 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         sd_dataset_close(&ds);
         return SD_EXIT_USAGE;
     }
-    /* Which shards a previous run committed: read by every rank from the same manifest. */
-    if (sd_agree(comm, sd_shards_committed(cfg->data.shard_dir, &man, &err) != 0, &err) != 0) {
+    /* Which shards a previous run committed: rank 0 reads the manifest and tells the others,
+     * so that every rank skips the same shards even where a file system's client caches let
+     * two nodes see two versions of the file (the ranks' collectives pair shard by shard). */
+    memset(&man, 0, sizeof man);
+    if (sd_agree(comm, rank == 0 && sd_shards_committed(cfg->data.shard_dir, &man, &err) != 0,
+                 &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_encoders(&enc);
         sd_dataset_close(&ds);
         /* a shard changed after its commit is not mended by a retry; the storage may be */
         return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE;
+    }
+    {
+        int64_t head[2] = {man.n, man.total_samples};
+        SD_MPI_CHECK(MPI_Bcast(head, 2, MPI_INT64_T, 0, comm));
+        if (rank != 0) {
+            man.n = head[0];
+            man.total_samples = head[1];
+            man.entries = man.n > 0 ? sd_xmalloc((size_t)man.n * sizeof *man.entries) : NULL;
+        }
+        if (man.n > 0) {
+            MPI_Datatype entry_type; /* an entry a unit: a count of entries fits an int */
+            SD_CHECK(man.n <= INT_MAX, "%lld committed shards", (long long)man.n);
+            SD_MPI_CHECK(MPI_Type_contiguous((int)sizeof *man.entries, MPI_BYTE, &entry_type));
+            SD_MPI_CHECK(MPI_Type_commit(&entry_type));
+            SD_MPI_CHECK(MPI_Bcast(man.entries, (int)man.n, entry_type, 0, comm));
+            SD_MPI_CHECK(MPI_Type_free(&entry_type));
+        }
     }
     /* the committed shards are this run's to skip */
     if (sd_agree(comm, rank == 0 && check_committed(cfg, &ds, n, n_shards, &man, &enc, &err) != 0,
@@ -1186,15 +1218,31 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
                 break;
             }
         }
+        if (catch_signals) {
+            /* SDTRAIN_FAULT usr1:rank=R:step=K: rank R is signalled once shard K is encoded */
+            if (sd_fault_armed(SD_FAULT_USR1, world_rank, k, NULL))
+                raise(SIGUSR1);
+            int sig = sd_ckpt_signal_pending();
+            SD_MPI_CHECK(MPI_Allreduce(&sig, &stop_signal, 1, MPI_INT, MPI_MAX, comm));
+        }
         writer_start(&writer, k, &sl[cur], t0);
         if (!writer.threaded && writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
             code = SD_EXIT_FAILURE;
             break;
         }
         cur ^= 1;
+        if (stop_signal) { /* this shard's write is taken below, with the loop's last one */
+            stopped_after = k;
+            break;
+        }
     }
     if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0)
         code = SD_EXIT_FAILURE;
+    if (code == SD_EXIT_OK && stopped_after >= 0 && rank == 0)
+        sd_info("stopped for %s after committing shard %lld: %lld of the %lld shards are "
+                "committed, and a rerun goes on from them",
+                stop_signal == SIGUSR1 ? "SIGUSR1" : stop_signal == SIGTERM ? "SIGTERM" : "a signal",
+                (long long)stopped_after, (long long)(man.n + n_new), (long long)n_shards);
 
     SD_MPI_CHECK(MPI_Reduce(counts, total, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, comm));
     {

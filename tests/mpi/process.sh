@@ -207,6 +207,22 @@ grep -q '"total_samples": 7' "$TMP/shards-latin1/manifest.json" ||
 mpi latin1-again 2 "$SDTRAIN" "$TMP/latin1.nml"
 expect_rc latin1-again 0
 
+# SIGUSR1 (Slurm's notice ahead of the time limit) on one rank: every rank stops at the same
+# shard boundary, the shard encoded is committed, status 0; a rerun commits the rest, and the
+# shards are those of an uninterrupted run (tests/mpi/slurm_scripts.sh: process.sh requeues)
+write_nml sig files "$TMP/data-files" "$TMP/shards-sig"
+SDTRAIN_FAULT=usr1:rank=1:step=1 mpi sig 2 "$SDTRAIN" "$TMP/sig.nml" --set data.samples_per_shard=8
+expect_rc sig 0
+expect_count sig out "stopped for SIGUSR1 after committing shard 1: 2 of the 5 shards are committed, and a rerun goes on from them" 1
+[ "$(checksums "$TMP/shards-sig" | wc -l)" = 2 ] || fail "sig: not 2 shards: $(checksums "$TMP/shards-sig")"
+mpi sig2 2 "$SDTRAIN" "$TMP/sig.nml" --set data.samples_per_shard=8
+expect_rc sig2 0
+write_nml nosig files "$TMP/data-files" "$TMP/shards-nosig"
+mpi nosig 2 "$SDTRAIN" "$TMP/nosig.nml" --set data.samples_per_shard=8
+expect_rc nosig 0
+[ "$(checksums "$TMP/shards-sig")" = "$(checksums "$TMP/shards-nosig")" ] ||
+    fail "sig: stopped and rerun, the shards differ from an uninterrupted run's"
+
 # one job per output directory and per shard directory (a lock each, held as long as the job
 # runs): a second job started while the first runs is refused (status 2) naming the holder,
 # and the first finishes undisturbed

@@ -16,7 +16,9 @@
 #      up to SDTRAIN_MAX_RESTARTS in a row; a run that ends with status 2 (bad input) is not;
 #   5. srun gets the task's CPUs (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS is left alone outside Slurm;
 #   6. a launcher that ends right after SIGUSR1 is requeued for the time limit, not as a failure;
-#   7. a launcher that is not there (srun outside Slurm) is named, status 2, nothing requeued.
+#   7. a launcher that is not there (srun outside Slurm) is named, status 2, nothing requeued;
+#   8. process.sh sent SIGUSR1 ahead of the time limit: the ranks commit the shard encoded and
+#      exit 0, the script requeues its job, and the requeued job commits the rest.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 command -v bash >/dev/null 2>&1 || skip "no bash (the job scripts are bash)"
@@ -207,3 +209,37 @@ for s in process train sample; do
     [ ! -s "$TMP/scontrol.log" ] || fail "$s.sh without a launcher called scontrol: $(cat "$TMP/scontrol.log")"
 done
 pass "slurm/*.sh: a missing launcher is named with LAUNCH to set, status 2, nothing requeued"
+
+# 8. process.sh and the time-limit signal: a shard boundary, status 0, requeued; the requeued
+#    job writes the rest (the shards slowed down so that the signal comes mid-run)
+: >"$TMP/scontrol.log"
+rm -f "$TMP/comment"
+env PATH="$TMP/bin:$PATH" SLURM_NTASKS=2 SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 \
+    SDTRAIN_TEST_SHARD_DELAY_MS=400 bash "$top_srcdir/slurm/process.sh" "$TMP/proc.nml" \
+    --set data.shard_dir="'$TMP/shards-sig'" --set data.samples_per_shard=4 \
+    >"$TMP/psig.out" 2>"$TMP/psig.err" &
+jobpid=$!
+i=0
+while [ ! -f "$TMP/shards-sig/manifest.json" ]; do
+    i=$((i + 1))
+    [ $i -lt 600 ] || { kill -KILL $jobpid; fail "process.sh: no shard committed within 60 s"; }
+    sleep 0.1
+done
+kill -USR1 $jobpid
+RC=0
+wait $jobpid || RC=$?
+expect_rc psig 0
+expect_in psig out "stopped for SIGUSR1 after committing shard"
+expect_in psig out "sdtrain stopped for the time limit after committing a shard; requeueing job 4242"
+[ "$(tr '\n' ';' <"$TMP/scontrol.log")" = "update JobId=4242 Comment=sdtrain-failures=0;requeue 4242;" ] ||
+    fail "process.sh: scontrol was called with: $(cat "$TMP/scontrol.log")"
+n=$(grep -c '"index"' "$TMP/shards-sig/manifest.json")
+[ "$n" -ge 1 ] && [ "$n" -lt 12 ] || fail "process.sh after SIGUSR1: $n of 12 shards committed"
+: >"$TMP/scontrol.log"
+job psig2 "$top_srcdir/slurm/process.sh" "$TMP/proc.nml" --set data.shard_dir="'$TMP/shards-sig'" \
+    --set data.samples_per_shard=4
+expect_rc psig2 0
+expect_in psig2 out "$n already committed"
+[ "$(grep -c '"index"' "$TMP/shards-sig/manifest.json")" = 12 ] || fail "the requeued process.sh did not finish"
+[ ! -s "$TMP/scontrol.log" ] || fail "a process.sh job that ended by itself requeued: $(cat "$TMP/scontrol.log")"
+pass "slurm/process.sh: SIGUSR1 commits the shard encoded, exits 0 and requeues; the requeued job commits the rest"
