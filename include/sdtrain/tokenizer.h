@@ -33,8 +33,8 @@ typedef struct sd_tokenizer_info {
 /* Loads tokenizer/vocab.json + merges.txt of a diffusers snapshot. `dir` is the snapshot
  * root (it has tokenizer/) or the tokenizer folder itself. The special tokens are
  * CLIPTokenizer's defaults (all <|endoftext|> but bos), overridden by tokenizer_config.json
- * and then special_tokens_map.json when present, as transformers does: an SD2 snapshot sets
- * pad "!" (id 0) there. Returns 0, or -1 with a message naming the file and the problem.
+ * and then, when that has no "added_tokens_decoder", by special_tokens_map.json, as
+ * transformers 4.47 does: an SD2 snapshot sets pad "!" (id 0) there. Returns 0, or -1 with a message naming the file and the problem.
  * The tokenizer is immutable afterwards: one may be shared by any number of threads. */
 int sd_tokenizer_load_snapshot(const char *dir, sd_tokenizer **tok, sd_err *err);
 

@@ -20,12 +20,26 @@ void sd_resize_short_side_size(int w, int h, int size, int *out_w, int *out_h);
  * Python's round-half-to-even (so (h - ch) = 3 gives 2, not 1), likewise left. The crop must fit. */
 void sd_center_crop_offsets(int w, int h, int crop_w, int crop_h, int *left, int *top);
 
+/* The order of Pillow's two resampling passes, which changed between versions (each pass rounds
+ * to 8 bits, so the order shows in the result). Both passes run only when both sides change. */
+typedef enum sd_pass_order {
+    /* Pillow <= 12.1: horizontal first, always (the pinned reference, Pillow 9.4) */
+    SD_PASS_ORDER_PILLOW_9 = 0,
+    /* Pillow 12.2 .. 12.x (Image.resize): vertical first when h > 100 * w and the height shrinks */
+    SD_PASS_ORDER_PILLOW_12_2 = 1,
+    /* Pillow >= 13.0 (Resample.c): vertical first when the height shrinks and
+     * h - out_h > 2 * (w - out_w); with torchvision's Resize that is most portrait images over 2:1
+     * that are scaled down */
+    SD_PASS_ORDER_PILLOW_13 = 2
+} sd_pass_order;
+
+/* Whether Pillow of that pass order resizes a w x h image to out_w x out_h vertically first. */
+int sd_resize_vertical_first(int w, int h, int out_w, int out_h, sd_pass_order order);
+
 /* Pillow's Image.resize(size, BILINEAR) of an RGB8 image (reducing_gap None, full box), computed
  * only for the output window [x0, x0 + win_w) x [y0, y0 + win_h) of the out_w x out_h result:
  * every value is bit-identical to the same pixel of Pillow's full result (fixed point with 22
- * fraction bits, horizontal pass then vertical, each 8-bit clipped).
- * `vertical_first` reproduces Pillow >= 12.2, which resizes vertically first when
- * h > 100 * w and the height shrinks; 0 gives Pillow <= 12.1 (torchvision's pinned Pillow here).
+ * fraction bits, two passes in the order `order` picks, each 8-bit clipped).
  * dst holds win_w * win_h * 3 bytes. Returns 0, or -1 with err set for invalid sizes or when
  * memory runs out. */
 typedef struct sd_resize_ws {
@@ -35,7 +49,7 @@ typedef struct sd_resize_ws {
 void sd_resize_ws_free(sd_resize_ws *ws);
 
 int sd_resize_bilinear_rgb8(const uint8_t *src, int w, int h, int out_w, int out_h, int x0, int y0,
-                            int win_w, int win_h, int vertical_first, uint8_t *dst, sd_resize_ws *ws,
+                            int win_w, int win_h, sd_pass_order order, uint8_t *dst, sd_resize_ws *ws,
                             sd_err *err);
 
 /* The largest side sd_transform_rgb8 takes, before and after the resize. */
@@ -47,8 +61,8 @@ int sd_resize_bilinear_rgb8(const uint8_t *src, int w, int h, int out_w, int out
 int sd_transform_size_ok(int64_t w, int64_t h, int resolution);
 
 typedef struct sd_transform_opts {
-    int resolution;     /* output is resolution x resolution */
-    int vertical_first; /* see sd_resize_bilinear_rgb8; 0 = Pillow <= 12.1 */
+    int resolution;         /* output is resolution x resolution */
+    sd_pass_order pass_order; /* which Pillow's resize to reproduce; 0 = Pillow <= 12.1 */
 } sd_transform_opts;
 
 /* The seed path on an RGB8 w x h image: torchvision resize(resolution) (PIL antialiased bilinear)

@@ -24,7 +24,9 @@ static void transform_usage(FILE *f)
             "  --alpha drop|white  drop alpha as convert('RGB') does (default), or composite on white\n"
             "  --lenient-jpeg      accept JPEGs libjpeg only warns about (Pillow does); truncation stays an error\n"
             "  --max-pixels N      refuse images with more pixels (default %lld, Pillow's bomb limit)\n"
-            "  --pillow-12.2       resize tall images (h > 100 w) vertically first, as Pillow >= 12.2\n"
+            "  --pillow-12.2       resize tall images (h > 100 w) vertically first, as Pillow 12.2 .. 12.x\n"
+            "  --pillow-13         resize vertically first when h - h' > 2 (w - w'), as Pillow >= 13.0\n"
+            "                      (default: horizontally first, as Pillow <= 12.1, the pinned 9.4)\n"
             "  --decode-only       write the decoded RGB image at full size, no resize or crop\n"
             "\n"
             "exit status: 0 written, 1 the image was refused (reason printed) or OUT cannot be written,\n"
@@ -35,7 +37,7 @@ static void transform_usage(FILE *f)
 int sd_cmd_transform(int argc, char **argv)
 {
     sd_image_opts o;
-    sd_transform_opts to = {0, 0};
+    sd_transform_opts to = {0, SD_PASS_ORDER_PILLOW_9};
     const char *in = NULL, *out = NULL;
     int decode_only = 0, rc = 0;
     sd_image img = SD_IMAGE_INIT;
@@ -82,7 +84,9 @@ int sd_cmd_transform(int argc, char **argv)
         } else if (!strcmp(a, "--lenient-jpeg")) {
             o.strict_jpeg = 0;
         } else if (!strcmp(a, "--pillow-12.2")) {
-            to.vertical_first = 1;
+            to.pass_order = SD_PASS_ORDER_PILLOW_12_2;
+        } else if (!strcmp(a, "--pillow-13")) {
+            to.pass_order = SD_PASS_ORDER_PILLOW_13;
         } else if (!strcmp(a, "--decode-only")) {
             decode_only = 1;
         } else if (a[0] == '-' && a[1] != 0) {

@@ -498,7 +498,7 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
 {
     int storage_failed = 0;
     const size_t img_elems = (size_t)e->res * (size_t)e->res * 3;
-    const sd_transform_opts topts = {e->res, 0};
+    const sd_transform_opts topts = {e->res, SD_PASS_ORDER_PILLOW_9}; /* the pinned Pillow 9.4 */
     sd_image_opts iopts;
     int nthreads = 1;
     int64_t win;

@@ -438,10 +438,22 @@ static void taps_range(const int *bounds, int count, int *lo, int *hi)
     *hi = b;
 }
 
+int sd_resize_vertical_first(int w, int h, int out_w, int out_h, sd_pass_order order)
+{
+    if (out_h >= h)
+        return 0; /* every version: horizontal first unless the height shrinks */
+    if (order == SD_PASS_ORDER_PILLOW_12_2)
+        return (long long)h > 100LL * w;
+    if (order == SD_PASS_ORDER_PILLOW_13)
+        return (long long)h - out_h > 2 * ((long long)w - out_w);
+    return 0;
+}
+
 int sd_resize_bilinear_rgb8(const uint8_t *src, int w, int h, int out_w, int out_h, int x0, int y0,
-                            int win_w, int win_h, int vertical_first, uint8_t *dst, sd_resize_ws *ws_in,
+                            int win_w, int win_h, sd_pass_order order, uint8_t *dst, sd_resize_ws *ws_in,
                             sd_err *err)
 {
+    int vertical_first;
     const int limit = 1 << 24; /* sizes stay exact as Pillow's float box */
     const int need_h = out_w != w, need_v = out_h != h;
     int ksh = 0, ksv = 0, kh_n = 0;
@@ -463,7 +475,7 @@ int sd_resize_bilinear_rgb8(const uint8_t *src, int w, int h, int out_w, int out
     if (x0 < 0 || y0 < 0 || win_w < 1 || win_h < 1 || x0 > out_w - win_w || y0 > out_h - win_h)
         return sd_err_set(err, "resize: window %dx%d at (%d, %d) is outside the %dx%d result", win_w,
                           win_h, x0, y0, out_w, out_h);
-    vertical_first = vertical_first && (long long)h > 100LL * w && out_h < h;
+    vertical_first = sd_resize_vertical_first(w, h, out_w, out_h, order);
 
     /* scratch: coefficients of both directions, a temp image between passes, sums of one row */
     if (need_h) {
@@ -538,8 +550,8 @@ int sd_resize_bilinear_rgb8(const uint8_t *src, int w, int h, int out_w, int out
                    (size_t)win_w * 3, acc);
         }
     } else {
-        /* Pillow >= 12.2 for tall images: vertical pass over the columns the horizontal taps
-         * read, then horizontal. need_v holds here (out_h < h). */
+        /* Pillow >= 12.2 for some shapes (sd_resize_vertical_first): vertical pass over the
+         * columns the horizontal taps read, then horizontal. need_v holds here (out_h < h). */
         int c0 = x0, c1 = x0 + win_w;
         if (need_h)
             taps_range(bh, win_w, &c0, &c1);
@@ -628,7 +640,7 @@ int sd_transform_rgb8(const uint8_t *src, int w, int h, const sd_transform_opts 
                           w, h, r, SD_TRANSFORM_MAX_SIDE);
     sd_resize_short_side_size(w, h, r, &nw, &nh);
     sd_center_crop_offsets(nw, nh, r, r, &left, &top);
-    return sd_resize_bilinear_rgb8(src, w, h, nw, nh, left, top, r, r, opts->vertical_first, dst, ws, err);
+    return sd_resize_bilinear_rgb8(src, w, h, nw, nh, left, top, r, r, opts->pass_order, dst, ws, err);
 }
 
 float sd_normalize_value(uint8_t v)

@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     {
         const int res[2] = {64, 7};
         for (int i = 0; i < 2; i++) {
-            sd_transform_opts to = {res[i], (int)((size >> 3) & 1)};
+            sd_transform_opts to = {res[i], (sd_pass_order)((size >> 3) % 3)};
             FUZZ_ASSERT(sd_transform_rgb8(img.data, img.width, img.height, &to, out, &ws, &err) == 0);
             sd_normalize_rgb8(out, res[i], res[i], i ? SD_LAYOUT_CHW : SD_LAYOUT_HWC, norm);
             for (int k = 0; k < res[i] * res[i] * 3; k++)

@@ -35,9 +35,16 @@ Layout of tests/image/:
       exif         ImageOps.exif_transpose() before convert (sdtrain: exif_transpose on)
       alpha=white  im.convert('RGBA') composited on white with Image.paste(mask=alpha)
                    (sdtrain: SD_ALPHA_WHITE) instead of convert('RGB')
-      tall         resized vertically first, as Pillow >= 12.2 does when h > 100 w and
-                   the height shrinks (sdtrain: vertical_first); the same input without
-                   the flag is Pillow <= 12.1's order
+      tall         resized vertically first, as Pillow 12.2 does when h > 100 w and
+                   the height shrinks (sdtrain: SD_PASS_ORDER_PILLOW_12_2); the same input
+                   without the flag is Pillow <= 12.1's order
+      pillow13     resized vertically first, as Pillow >= 13.0 does when the height shrinks
+                   and h - h' > 2 (w - w') (sdtrain: SD_PASS_ORDER_PILLOW_13)
+
+--add writes only the files that are missing (cases added to this script later), keeping every
+committed input and reference, and fails if a committed reference would change: the corpus can
+grow without the pinned Pillow, whose references are never rewritten by another one.  The new
+cases' references must not depend on the running Pillow's own pass order (see pass_order_case).
 
 The inputs are deterministic (numpy's PCG64 with fixed seeds), and so is the
 output (PNG written by Pillow with fixed settings).
@@ -327,6 +334,40 @@ def reference(im, res, pillow_only):
     return tv
 
 
+def running_pillow_vertical_first(w, h, nw, nh):
+    """Whether this Pillow's Image.resize runs the vertical pass first (see --help)."""
+    version = tuple(int(p) for p in PIL.__version__.split('.')[:2])
+    if nh >= h:
+        return False
+    if version >= (13, 0):
+        return h - nh > 2 * (w - nw)  # Resample.c (python-pillow/Pillow#9549)
+    if version >= (12, 2):
+        return h > 100 * w  # Image.resize (python-pillow/Pillow#9524)
+    return False
+
+
+def pass_order_case(im, res, vflag):
+    """The transform of im at res in both pass orders, each as two single-direction resizes
+    (whose arithmetic no Pillow version changed), checked against this Pillow's own
+    Image.resize; returns [(flags, image)] for '-' (horizontal first) and vflag."""
+    w, h = im.size
+    short, long_ = (w, h) if w <= h else (h, w)
+    nl = int(res * long_ / short)
+    nw, nh = (res, nl) if w <= h else (nl, res)
+    top, left = int(round((nh - res) / 2.0)), int(round((nw - res) / 2.0))
+    box = (left, top, left + res, top + res)
+    vfirst = im.resize((w, nh), Image.BILINEAR, box=(0, 0, w, h)).resize(
+        (nw, nh), Image.BILINEAR, box=(0, 0, w, nh)).crop(box)
+    hfirst = im.resize((nw, h), Image.BILINEAR, box=(0, 0, w, h)).resize(
+        (nw, nh), Image.BILINEAR, box=(0, 0, nw, h)).crop(box)
+    real = emulated(im, res)
+    if real.tobytes() != (vfirst if running_pillow_vertical_first(w, h, nw, nh) else hfirst).tobytes():
+        raise AssertionError('the two-pass emulation of Pillow %s disagrees with it' % PIL.__version__)
+    if vfirst.tobytes() == hfirst.tobytes():
+        raise AssertionError('%dx%d at %d does not tell the two orders apart' % (w, h, res))
+    return [('-', hfirst), (vflag, vfirst)]
+
+
 def png_bytes(im):
     b = io.BytesIO()
     im.save(b, 'PNG', optimize=False, compress_level=9)
@@ -347,13 +388,15 @@ def main():
     ap.add_argument('--check', action='store_true', help='compare only; exit 1 on a difference')
     ap.add_argument('--pillow-only', action='store_true',
                     help='do not use torchvision (emulate its two formulas)')
+    ap.add_argument('--add', action='store_true',
+                    help='write only missing files (new cases); keep every committed one')
     ap.add_argument('--any-version', action='store_true',
                     help='do not insist on the pinned Pillow/torchvision versions')
     args = ap.parse_args()
     pillow_only = args.pillow_only or TF is None
     if TF is None and not args.pillow_only:
         sys.exit('torchvision is missing: install python3-torchvision or pass --pillow-only')
-    if not args.any_version and not args.check:
+    if not args.any_version and not args.check and not args.add:
         got = {'pillow': PIL.__version__,
                'torchvision': torchvision.__version__ if torchvision else None}
         for k, v in PINNED.items():
@@ -365,7 +408,7 @@ def main():
     inputs = build_inputs()
     for name, data, note in inputs:
         path = os.path.join(args.out, 'input', name)
-        if args.check and os.path.exists(path):
+        if (args.check or args.add) and os.path.exists(path):
             # another Pillow/libjpeg may encode differently: check the committed inputs
             data = open(path, 'rb').read()
         files['input/' + name] = data
@@ -386,7 +429,7 @@ def main():
     # 12.2 order is two single-direction resizes, checked against Image.resize on >= 12.2.
     tall = 'tall_66x6700.jpg'
     path = os.path.join(args.out, 'input', tall)
-    if args.check and os.path.exists(path):
+    if (args.check or args.add) and os.path.exists(path):
         data = open(path, 'rb').read()
     else:
         b = io.BytesIO()
@@ -394,23 +437,30 @@ def main():
         data = b.getvalue()
     files['input/' + tall] = data
     im = open_rgb(data, '-')
-    w, h = im.size
-    nw, nh = 64, int(64 * h / w)
-    top = int(round((nh - 64) / 2.0))
-    vfirst = im.resize((w, nh), Image.BILINEAR, box=(0, 0, w, h)).resize(
-        (nw, nh), Image.BILINEAR, box=(0, 0, w, nh)).crop((0, top, 64, top + 64))
-    new_pillow = tuple(int(p) for p in PIL.__version__.split('.')[:2]) >= (12, 2)
-    hfirst = im.resize((nw, h), Image.BILINEAR, box=(0, 0, w, h)).resize(
-        (nw, nh), Image.BILINEAR, box=(0, 0, nw, h)).crop((0, top, 64, top + 64))
-    real = reference(im, 64, pillow_only)
-    if real.tobytes() != (vfirst if new_pillow else hfirst).tobytes():
-        raise AssertionError('the two-pass emulation of Pillow %s disagrees with it' % PIL.__version__)
-    if vfirst.tobytes() == hfirst.tobytes():
-        raise AssertionError('%s does not tell the two orders apart' % tall)
-    for flags, out_im in (('-', hfirst), ('tall', vfirst)):
+    reference(im, 64, pillow_only)  # torchvision agrees with the emulated formulas
+    for flags, out_im in pass_order_case(im, 64, 'tall'):
         ref = ref_name(tall, flags, 64)
         files['ref/' + ref] = png_bytes(out_im)
         lines.append('transform\t%s\t%s\t%s\t64' % (tall, flags, ref))
+    # A portrait photo over 2:1 scaled down: Pillow >= 13.0 resizes it vertically first
+    # ('pillow13', 260 - 184 > 2 * (90 - 64)), older Pillow horizontally first ('-').
+    portrait = 'portrait_90x260_q85.jpg'
+    path = os.path.join(args.out, 'input', portrait)
+    if (args.check or args.add) and os.path.exists(path):
+        data = open(path, 'rb').read()
+    else:
+        b = io.BytesIO()
+        content(90, 260, 51).save(b, 'JPEG', quality=85)
+        data = b.getvalue()
+    files['input/' + portrait] = data
+    im = open_rgb(data, '-')
+    ref = ref_name(portrait, '-')
+    files['ref/' + ref] = png_bytes(im)
+    lines.append('decode\t%s\t-\t%s\t0\t# portrait 2.9:1, 4:2:0 q85' % (portrait, ref))
+    for flags, out_im in pass_order_case(im, 64, 'pillow13'):
+        ref = ref_name(portrait, flags, 64)
+        files['ref/' + ref] = png_bytes(out_im)
+        lines.append('transform\t%s\t%s\t%s\t64' % (portrait, flags, ref))
 
     if not pillow_only:
         # ToTensor + Normalize([0.5]*3, [0.5]*3) of every 8-bit value, as float32 bit patterns
@@ -431,6 +481,7 @@ def main():
     manifest = header + '\n'.join(lines) + '\n'
 
     stale = 0
+    added = []
     for rel, data in sorted(files.items()):
         path = os.path.join(args.out, rel)
         old = open(path, 'rb').read() if os.path.exists(path) else None
@@ -441,6 +492,11 @@ def main():
         if old == data:
             continue
         stale += 1
+        if args.add and old is not None:
+            sys.exit('%s: differs from what Pillow %s makes; --add changes no committed file' % (
+                path, PIL.__version__))
+        if args.add:
+            added.append(rel)
         if args.check:
             print('%s: %s' % (path, 'missing' if old is None else 'differs'))
         else:
@@ -448,6 +504,16 @@ def main():
             with open(path, 'wb') as fh:
                 fh.write(data)
     mpath = os.path.join(args.out, 'manifest.tsv')
+    if args.add:
+        # the committed header names the Pillow of the committed references; say who added what
+        with open(mpath, encoding='utf-8') as fh:
+            committed = [ln for ln in fh.read().split('\n') if ln.startswith('#')]
+        notes = [ln for ln in committed if ln.startswith('# added by')]
+        if added:
+            notes.append('# added by Pillow %s (libjpeg %s) with --add: %s' % (
+                PIL.__version__, _feature('jpg'), ' '.join(os.path.basename(a) for a in added)))
+        head = [ln for ln in committed if not ln.startswith('# added by')]
+        manifest = '\n'.join(head[:-1] + notes + head[-1:]) + '\n' + '\n'.join(lines) + '\n'
     if not args.check:
         with open(mpath, 'w', encoding='utf-8', newline='\n') as fh:
             fh.write(manifest)

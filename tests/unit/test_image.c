@@ -83,16 +83,18 @@ static int parity_ok(diffstat d)
 
 /* ---- golden set ---------------------------------------------------------------------- */
 
-static void opts_from_flags(const char *flags, sd_image_opts *o, int *vertical_first)
+static void opts_from_flags(const char *flags, sd_image_opts *o, sd_pass_order *order)
 {
     sd_image_opts_default(o);
-    *vertical_first = 0;
+    *order = SD_PASS_ORDER_PILLOW_9;
     if (strstr(flags, "exif"))
         o->exif_transpose = 1;
     if (strstr(flags, "alpha=white"))
         o->alpha = SD_ALPHA_WHITE;
     if (strstr(flags, "tall"))
-        *vertical_first = 1;
+        *order = SD_PASS_ORDER_PILLOW_12_2;
+    if (strstr(flags, "pillow13"))
+        *order = SD_PASS_ORDER_PILLOW_13;
 }
 
 static void golden_set(void)
@@ -116,7 +118,7 @@ static void golden_set(void)
         char kind[32], input[256], flags[64], refname[256];
         int res = 0;
         sd_image_opts o;
-        int vfirst;
+        sd_pass_order vfirst;
         sd_err e;
         char *ipath, *rpath;
         uint8_t *buf;
@@ -175,7 +177,7 @@ static void golden_set(void)
                 tr_exact_imgs += d.exact == d.n;
                 /* resize alone: start from Pillow's own decode, so decode differences cannot
                  * hide or excuse resize differences. Integer math: this must be bit-exact. */
-                if (!strcmp(flags, "-") || !strcmp(flags, "tall")) {
+                if (!strcmp(flags, "-") || !strcmp(flags, "tall") || !strcmp(flags, "pillow13")) {
                     char stem[256], dname[300];
                     char *dpath;
                     snprintf(stem, sizeof stem, "%s", input);
@@ -918,8 +920,10 @@ static void resize_oracle(void)
         {3000, 4, 9, 4, 0},    /* ~670 horizontal taps */
         {517, 5, 17, 5, 0},    /* 61 taps, no vertical pass */
         {5, 517, 5, 17, 0},    /* 61 vertical taps, width 15 bytes (< 16: scalar tail only) */
-        {40, 4100, 33, 1000, 1}, /* Pillow >= 12.2 order */
+        {40, 4100, 33, 1000, 1}, /* Pillow 12.2 order */
         {40, 4100, 33, 1000, 0},
+        {90, 260, 64, 184, 2},   /* Pillow 13 order: vertical first */
+        {18, 466, 8, 207, 2},
         {1, 1, 64, 64, 0},
         {16, 16, 512, 300, 0},
         {300, 2, 7, 1, 0},
@@ -927,30 +931,33 @@ static void resize_oracle(void)
     uint32_t seed = 12345;
     int bad = 0, cases = 0;
     sd_resize_ws ws = {0};
-    for (int it = 0; it < 9 + 60; it++) {
-        int w, h, ow, oh, vf, x0, y0, ww, wh;
+    for (int it = 0; it < 11 + 90; it++) {
+        int w, h, ow, oh, vf, x0, y0, ww, wh, ref_vf;
         uint8_t *src, *ref, *win;
         sd_err e;
 #define RND() (seed = seed * 1664525u + 1013904223u, seed >> 8)
-        if (it < 9) {
+        if (it < 11) {
             w = fixed[it][0], h = fixed[it][1], ow = fixed[it][2], oh = fixed[it][3], vf = fixed[it][4];
         } else {
             w = 1 + (int)(RND() % 300), h = 1 + (int)(RND() % 300);
             ow = 1 + (int)(RND() % 200), oh = 1 + (int)(RND() % 200);
-            vf = (int)(RND() % 2);
-            if (vf)
-                h = 101 * w + (int)(RND() % 50), oh = 1 + (int)(RND() % (h - 1 > 400 ? 400 : h - 1));
+            vf = (int)(RND() % 3);
+            if (vf == 1) /* w <= 30 keeps h, the most taps ref_coeffs takes, under 4096 */
+                w = 1 + (int)(RND() % 30), h = 101 * w + (int)(RND() % 50),
+                oh = 1 + (int)(RND() % (h - 1 > 400 ? 400 : h - 1));
         }
         src = malloc((size_t)w * h * 3);
         for (size_t i = 0; i < (size_t)w * h * 3; i++)
             src[i] = (uint8_t)(RND() & 0xff);
-        ref = ref_resize(src, w, h, ow, oh, vf && (long long)h > 100LL * w && oh < h);
+        /* the orders as Pillow 12.2's Image.resize and Pillow 13's Resample.c pick them */
+        ref_vf = oh < h && (vf == 1 ? (long long)h > 100LL * w : vf == 2 ? h - oh > 2 * (w - ow) : 0);
+        ref = ref_resize(src, w, h, ow, oh, ref_vf);
         ww = 1 + (int)(RND() % ow), wh = 1 + (int)(RND() % oh);
-        if (it < 9)
+        if (it < 11)
             ww = ow, wh = oh;
         x0 = (int)(RND() % (ow - ww + 1)), y0 = (int)(RND() % (oh - wh + 1));
         win = malloc((size_t)ww * wh * 3);
-        if (sd_resize_bilinear_rgb8(src, w, h, ow, oh, x0, y0, ww, wh, vf, win, &ws, &e) != 0) {
+        if (sd_resize_bilinear_rgb8(src, w, h, ow, oh, x0, y0, ww, wh, (sd_pass_order)vf, win, &ws, &e) != 0) {
             tap_diag("%dx%d -> %dx%d: %s", w, h, ow, oh, e.msg);
             bad++;
         } else {
@@ -971,6 +978,38 @@ static void resize_oracle(void)
     sd_resize_ws_free(&ws);
     tap_ok(bad == 0, "windowed resize equals a plain transcription of Pillow's algorithm (%d shapes, %d differ)",
            cases, bad);
+}
+
+/* The pass order each Pillow picks, on shapes measured with PyPI's Pillow 13.0.0 (Image.resize
+ * against the two single-direction resizes in a row). */
+static void pass_orders(void)
+{
+    static const int shapes[][6] = {
+        /* w, h, out_w, out_h, vertical first in Pillow 13, in Pillow 12.2 */
+        {18, 466, 8, 207, 1, 0},   /* torchvision Resize(8) of 18x466: 259 > 2 * 10 */
+        {90, 260, 64, 184, 1, 0},  /* Resize(64), 76 > 52 */
+        {120, 160, 64, 85, 0, 0},  /* Resize(64), 75 > 112 fails: horizontal first */
+        {100, 100, 50, 25, 0, 0},  /* the height shrinks more, but 75 > 100 fails */
+        {100, 100, 120, 50, 1, 0}, /* width grows, height shrinks */
+        {40, 40, 22, 2, 1, 0},     /* 38 > 36 */
+        {40, 40, 22, 4, 0, 0},     /* 36 > 36 fails: strict */
+        {40, 40, 80, 42, 0, 0},    /* the height grows: horizontal first */
+        {66, 6700, 64, 6496, 1, 1},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int *c = shapes[i];
+        int v13 = sd_resize_vertical_first(c[0], c[1], c[2], c[3], SD_PASS_ORDER_PILLOW_13);
+        int v122 = sd_resize_vertical_first(c[0], c[1], c[2], c[3], SD_PASS_ORDER_PILLOW_12_2);
+        int v9 = sd_resize_vertical_first(c[0], c[1], c[2], c[3], SD_PASS_ORDER_PILLOW_9);
+        if (v13 != c[4] || v122 != c[5] || v9 != 0) {
+            tap_diag("%dx%d -> %dx%d: vertical first %d/%d/%d (Pillow 13/12.2/9), expected %d/%d/0", c[0], c[1],
+                     c[2], c[3], v13, v122, v9, c[4], c[5]);
+            bad++;
+        }
+    }
+    tap_ok(bad == 0, "pass order: Pillow <= 12.1 always horizontal first, 12.2 for h > 100 w, 13 for "
+                     "h - h' > 2 (w - w') (%d shapes)", (int)(sizeof shapes / sizeof shapes[0]));
 }
 
 static void normalization(void)
@@ -1046,6 +1085,7 @@ int main(void)
     transform_limits();
     geometry();
     resize_oracle();
+    pass_orders();
     normalization();
     writer(tmpdir);
     rmdir(tmpdir);

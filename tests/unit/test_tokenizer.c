@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -262,6 +263,20 @@ static void test_framing(const sd_tokenizer *tok)
     sd_tokenize(tok, NULL, 0, ids, &n);
     tap_ok(n == 2 && ids[0] == 49406 && ids[1] == 49407 && ids[2] == 0 && ids[76] == 0,
            "empty caption: bos eos then 75 pads");
+    /* 512 kB of combining marks in alternating classes (U+0301 230, U+0316 220) after one
+     * letter: NFC's canonical ordering sorted the run by insertion, quadratic (about 20 s
+     * here); the golden "a" + 40 x U+0301 U+0316 checks the order itself */
+    big = 1 + 4 * 128 * 1024;
+    huge = malloc(big);
+    huge[0] = 'a';
+    for (size_t i = 1; i + 3 < big; i += 4)
+        memcpy(huge + i, "\xcc\x81\xcc\x96", 4);
+    clock_t t0 = clock();
+    sd_tokenize(tok, huge, big, ids, &n);
+    double sec = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    tap_ok(sec < 2.0 && ids[0] == 49406 && ids[76] == 49407 && n > 77,
+           "512 kB of combining marks: %d tokens in %.2f s of CPU (at most 2)", n, sec);
+    free(huge);
 }
 
 static void test_invalid_utf8(const sd_tokenizer *tok)
@@ -502,6 +517,66 @@ static void test_errors(void)
     unlink(path);
 }
 
+/* Which files say what the added and special tokens are, as transformers 4.47.0 decides
+ * (expected ids checked against it by hand): added_tokens.json and special_tokens_map.json
+ * count only when tokenizer_config.json has no "added_tokens_decoder" (they were read always,
+ * and an id added_tokens.json repeats kept its first token instead of its last); and an added
+ * token past vocab.json counts in the text-encoder check (it passed, and the embedding
+ * failed on the first caption naming the token). */
+static void test_added_files(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/added", tmpdir);
+    mkdir(dir, 0700);
+    write_text(dir, "vocab.json",
+               "{\"a\":0,\"b\":1,\"c\":2,\"a</w>\":3,\"b</w>\":4,\"c</w>\":5,\"ab\":6,\"abc</w>\":7,"
+               "\"<|startoftext|>\":8,\"<|endoftext|>\":9,\"!\":10,\"\\u0120\":11,\"bc</w>\":12,\"\\u00e9</w>\":13}");
+    write_text(dir, "merges.txt", "#version: 0.2\na b\nab c</w>\nb c</w>\n");
+    write_text(dir, "special_tokens_map.json", "{\"pad_token\": \"!\"}");
+    static const struct {
+        const char *config, *added, *what;
+        int32_t pad;
+        int32_t ids[2][10];
+        size_t n[2];
+        int64_t model_vocab_needed;
+    } v[] = {
+        {"{}", "{\"bb\": 14, \"ca\": 15, \"cc\": 15}", "no decoder: added_tokens.json, later token per id", 10,
+         {{8, 14, 2, 3, 15, 10, 9}, {8, 3, 10, 14, 9}}, {7, 5}, 16},
+        {"{\"pad_token\": \"<|endoftext|>\", \"added_tokens_decoder\": {}}", "{\"bb\": 14}",
+         "empty decoder: config alone", 9, {{8, 1, 4, 2, 3, 2, 5, 9, 9}, {8, 3, 9, 1, 4, 9}}, {9, 6}, 14},
+        {"{\"pad_token\": \"<|endoftext|>\", \"added_tokens_decoder\": {\"14\": {\"content\": \"bb\"}}}",
+         "{\"cc\": 15}", "decoder: config alone", 9, {{8, 14, 2, 3, 2, 5, 9, 9}, {8, 3, 9, 14, 9}}, {8, 5}, 15},
+    };
+    static const char *const text[2] = {"bb ca cc!", "a!bb"};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        write_text(dir, "tokenizer_config.json", v[i].config);
+        write_text(dir, "added_tokens.json", v[i].added);
+        sd_tokenizer *tok;
+        sd_err err;
+        int rc = sd_tokenizer_load_snapshot(dir, &tok, &err);
+        if (!tap_ok(rc == 0, "%s: loads%s%s", v[i].what, rc ? ": " : "", rc ? err.msg : ""))
+            continue;
+        sd_tokenizer_info info;
+        sd_tokenizer_get_info(tok, &info);
+        tap_ok(info.pad_id == v[i].pad, "%s: pad id %d (want %d)", v[i].what, (int)info.pad_id, (int)v[i].pad);
+        for (int k = 0; k < 2; k++) {
+            int32_t ids[SD_TOKENIZER_LENGTH];
+            int n;
+            sd_tokenize(tok, text[k], strlen(text[k]), ids, &n);
+            bool ok = n == (int)v[i].n[k] && ids_equal(ids, v[i].ids[k], v[i].n[k], v[i].pad);
+            if (!tap_ok(ok, "%s: '%s'", v[i].what, text[k]))
+                print_ids("got", ids, n);
+        }
+        rc = sd_tokenizer_check_model_vocab(tok, v[i].model_vocab_needed - 1, &err);
+        tap_ok(rc == -1 && sd_tokenizer_check_model_vocab(tok, v[i].model_vocab_needed, &err) == 0,
+               "%s: needs a text encoder of %lld ids", v[i].what, (long long)v[i].model_vocab_needed);
+        sd_tokenizer_free(tok);
+    }
+    const char *names[] = {"vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer_config.json",
+                           "added_tokens.json"};
+    remove_tree(dir, names, 5);
+}
+
 /* Unpacks the committed SD2 tokenizer folder into tmpdir/sd2/tokenizer. */
 static int make_sd2_snapshot(char *root, size_t cap)
 {
@@ -598,6 +673,7 @@ int main(void)
 
     test_clean();
     test_synthetic();
+    test_added_files();
     test_errors();
 
     sd_tokenizer_free(gz);
