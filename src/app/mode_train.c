@@ -1544,6 +1544,33 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     t->D = t->info.embed_dim;
 
     failed = build_model(t, err) != 0;
+    if (sd_agree(comm, failed, err))
+        return -1;
+    /* The replicas must start from the same weights. Each rank read the snapshot itself, and a
+     * file that changed between the reads (a job beside this one writing it), or a node's
+     * storage returning other bytes, would leave them apart for good without a word: the
+     * weights' checksum is compared (a fraction of a second for SD2). */
+    if (cfg->model.pretrained[0] && !strcmp(cfg->model.unet_init, "pretrained") && t->size > 1) {
+        int world_rank;
+        SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+        if (sd_fault_armed(SD_FAULT_FLIP, world_rank, -1, "unet-load") && t->w.table.total_floats)
+            t->w.data[0] = nextafterf(t->w.data[0], INFINITY);
+        const uint64_t sum = sd_ckpt_checksum(t->w.data, 0, t->w.table.total_floats);
+        uint64_t sum0 = sum;
+        SD_MPI_CHECK(MPI_Bcast(&sum0, 1, MPI_UINT64_T, 0, comm));
+        int mine = sum != sum0 ? t->rank : INT_MAX, first;
+        SD_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+        if (first != INT_MAX) {
+            sd_err_set(err, "the training ranks read different U-Net weights from %s (rank %d's "
+                       "differ from rank 0's): the files changed while the ranks read them, or "
+                       "the storage returned other bytes to some node; the replicas would start "
+                       "apart. Run again once the snapshot is stable",
+                       cfg->model.pretrained, first);
+            err->storage = 1; /* status 1: a retry reads the files again */
+            t->setup_exit = SD_EXIT_FAILURE;
+            return -1;
+        }
+    }
     if (!failed && t->rank == 0 && cfg->model.pretrained[0])
         snapshot_training_notes(cfg);
     if (!failed)

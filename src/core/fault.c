@@ -5,7 +5,7 @@
 #include <string.h>
 
 const char *const sd_fault_phases[] = {"step", "ckpt-write", "ckpt-commit", "shard-write",
-                                       "shard-commit", "encode", "ckpt-load", NULL};
+                                       "shard-commit", "encode", "ckpt-load", "unet-load", NULL};
 
 static sd_fault armed[SD_FAULT_MAX];
 static int n_armed = 0;
@@ -71,7 +71,7 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
                 ok |= strlen(sd_fault_phases[i]) == vlen && !strncmp(sd_fault_phases[i], eq + 1, vlen);
             if (!ok)
                 return sd_err_set(err, "SDTRAIN_FAULT: unknown phase '%.*s' (known: step, ckpt-write, "
-                                       "ckpt-commit, shard-write, shard-commit, encode, ckpt-load)", (int)vlen, eq + 1);
+                                       "ckpt-commit, shard-write, shard-commit, encode, ckpt-load, unet-load)", (int)vlen, eq + 1);
             memcpy(f->phase, eq + 1, vlen);
             f->phase[vlen] = '\0';
         } else {
@@ -85,9 +85,9 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
     if (f->step < 0 && !f->phase[0])
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s' needs step=N or phase=NAME", (int)len, s);
     if (f->action == SD_FAULT_FLIP) {
-        if (strcmp(f->phase, "ckpt-write") != 0)
-            return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': flip faults need phase=ckpt-write",
-                              (int)len, s);
+        if (strcmp(f->phase, "ckpt-write") != 0 && strcmp(f->phase, "unet-load") != 0)
+            return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': flip faults need phase=ckpt-write or "
+                              "unet-load", (int)len, s);
         return 0;
     }
     if (f->action == SD_FAULT_EIO) {

@@ -56,6 +56,14 @@ mpi sd2snap 1 "$SDTRAIN" "$TMP/base.nml" --set "model.pretrained='$TMP/zsnap'" \
 expect_rc sd2snap 0
 expect_not_in sd2snap err "whose scheduler has"
 
+# the replicas start from the same pretrained weights: a rank that read other bytes (a bit of
+# rank 1's copy flipped after the read) stops the job before training, status 1, named once
+SDTRAIN_FAULT=flip:rank=1:phase=unet-load mpi flipped 2 "$SDTRAIN" "$TMP/base.nml" \
+    --set "run.output_dir='$TMP/flipped'"
+expect_rc flipped 1
+expect_count flipped err "the training ranks read different U-Net weights from $snap (rank 1's differ" 1
+[ ! -e "$TMP/flipped/metrics.jsonl" ] || fail "flipped: trained with replicas apart"
+
 mpi withimg 2 "$SDTRAIN" "$TMP/base.nml" --set "run.output_dir='$TMP/img'" --set sample.every_n_steps=4
 expect_rc withimg 0
 expect_in withimg out "step 4: images of &sample prompts in $TMP/img/samples/step-00000004/samples"
