@@ -29,7 +29,7 @@
  *              (correctly rounded); torch's CPU sqrt (MKL) is one ulp off for ~15% of
  *              inputs, so results agree to ~1e-7 rather than bit for bit (doc/sampling.md).
  *   options    clip_sample (DDIM, DDPM: sd_sampler.clip_sample_range) and set_alpha_to_one
- *              (DDIM: sd_sampler.final_alpha_cumprod = 1) are off by default, as in SD2's
+ *              (DDIM, PNDM: sd_sampler.final_alpha_cumprod = 1) are off by default, as in SD2's
  *              scheduler config; DDIM's eta (sd_sampler.eta); Karras, exponential and beta
  *              sigmas (sd_sampler_use_karras / _exponential / _beta); DPM-Solver++ and UniPC of
  *              orders 1-3; PNDM's Runge-Kutta warm-up (sd_sampler_pndm_prk); thresholding is

@@ -26,6 +26,8 @@ typedef struct sd_sched_setup {
     int beta;              /* use_beta_sigmas (the same) */
     int pndm_prk;          /* PNDM's skip_prk_steps false: the Runge-Kutta warm-up */
     int sigma_min;         /* final_sigmas_type 'sigma_min' (sd_sampler_takes_final_sigma_min) */
+    int sigma_bounds;      /* the file sets sigma_min or sigma_max (a number): refused with a
+                            * Karras, exponential or beta schedule, whose ends they would be */
     int zero_snr;          /* rescale_betas_zero_snr */
     int dpm_order, dpm_heun, lower_order_final, euler_at_final; /* DPMSolverMultistep's */
     int unipc_bh1;         /* UniPC's solver_type 'bh1' */

@@ -60,7 +60,8 @@ int sd_sched_read(sd_sched_setup *ss, sd_sampler_kind kind, const char *path, sd
               unipc = kind == SD_SAMPLER_UNIPC, multi = dpm || unipc,
               sigmas = sd_sampler_takes_sigma_schedule(kind);
     /* the file's values, with the diffusers classes' defaults */
-    int offset = 0, alpha_to_one = 1, clip = 1, zero_snr = 0, karras = 0, expo = 0, beta = 0,
+    /* set_alpha_to_one: DDIMScheduler's default true, PNDMScheduler's false */
+    int offset = 0, alpha_to_one = kind == SD_SAMPLER_DDIM, clip = 1, zero_snr = 0, karras = 0, expo = 0, beta = 0,
         skip_prk = 0, predict_x0 = 1, thresholding = 0, flow = 0, dynamic_shift = 0,
         lu_lambdas = 0;
     double lambda_min_clipped = -INFINITY, sigma_bound = 0;
@@ -128,8 +129,13 @@ int sd_sched_read(sd_sched_setup *ss, sd_sampler_kind kind, const char *path, sd
 
     snprintf(ss->schedule, sizeof ss->schedule, "%s", schedule);
     snprintf(ss->prediction, sizeof ss->prediction, "%s", prediction);
-    /* set_alpha_to_one is DDIM's (default true there); clip_sample DDIM's and DDPM's */
-    ss->set_alpha_to_one = kind == SD_SAMPLER_DDIM && alpha_to_one;
+    /* set_alpha_to_one is DDIM's and PNDM's (their final_alpha_cumprod); clip_sample DDIM's and
+     * DDPM's (Heun's too, but the pipeline turns it off) */
+    ss->set_alpha_to_one = (kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_PNDM) && alpha_to_one;
+    /* from_config keeps the keys a class does not take in its config, and every class with a
+     * sigma schedule reads sigma_min / sigma_max from there as the ends of its Karras,
+     * exponential and beta sigmas: refused then (sd_sched_sampler), as not implemented */
+    ss->sigma_bounds = sd_jconf_value(&j, "sigma_min") || sd_jconf_value(&j, "sigma_max");
     clip = clip && (kind == SD_SAMPLER_DDIM || kind == SD_SAMPLER_DDPM);
     /* StableDiffusionPipeline.__init__: "steps_offset should be set to 1", "clip_sample
      * should be set to False" */
@@ -248,6 +254,13 @@ int sd_sched_diffusion(const sd_sched_setup *ss, sd_diffusion *d, sd_err *err)
 int sd_sched_sampler(sd_sampler *s, sd_sampler_kind kind, const sd_diffusion *d,
                      const sd_sched_setup *ss, int num_steps, int64_t n, sd_err *err)
 {
+    if (ss->sigma_bounds && (ss->karras || ss->expo || ss->beta))
+        return sd_err_set(err, "%s: sigma_min / sigma_max are not implemented (diffusers' %s "
+                               "makes them the ends of its %s sigmas): remove them from the "
+                               "file, or sample without %s sigmas", ss->source,
+                          sd_sampler_class_name(kind),
+                          ss->karras ? "Karras" : ss->expo ? "exponential" : "beta",
+                          ss->karras ? "Karras" : ss->expo ? "exponential" : "beta");
     if (sd_sampler_init(s, kind, d, num_steps, ss->spacing, ss->steps_offset, n, err) != 0)
         return -1;
     if ((ss->sigma_min && sd_sampler_final_sigma_min(s, err) != 0) ||

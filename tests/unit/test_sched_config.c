@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "sdtrain/json_file.h"
+#include "sdtrain/safetensors.h"
 #include "sdtrain/sched_config.h"
 #include "tap.h"
 
@@ -245,6 +246,139 @@ static void test_schedule_errors(void)
     tap_ok(rc == 0, "dpmpp_2m options read");
 }
 
+/* sigma_min / sigma_max: every class with a sigma schedule takes them from its config (from_config
+ * keeps the keys a class does not name) as the ends of its Karras, exponential and beta sigmas;
+ * refused there rather than ignored, with the file's and with the namelist's choice of sigmas. */
+static void test_sigma_bounds(void)
+{
+    static const sd_sampler_kind kinds[] = {SD_SAMPLER_HEUN,  SD_SAMPLER_LMS,        SD_SAMPLER_DPM2,
+                                            SD_SAMPLER_DPM2_A, SD_SAMPLER_DPMPP_SDE,
+                                            SD_SAMPLER_DPMPP_2M, SD_SAMPLER_UNIPC};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        for (int c = 0; c < 3; c++) {
+            static const char *const texts[3] = {
+                "{\"beta_schedule\": \"scaled_linear\", \"use_karras_sigmas\": true, "
+                "\"sigma_min\": 0.1, \"sigma_max\": 10.0}",
+                "{\"beta_schedule\": \"scaled_linear\", \"sigma_max\": 10.0}",
+                "{\"beta_schedule\": \"scaled_linear\", \"use_karras_sigmas\": true, "
+                "\"sigma_min\": null, \"sigma_max\": null}"};
+            sd_sched_setup ss;
+            sd_diffusion d;
+            sd_sampler s;
+            sd_err err;
+            int rc = read_config(texts[c], kinds[k], &ss, &err);
+            if (rc == 0 && c == 1)
+                ss.expo = 1; /* &sample use_exponential_sigmas */
+            rc = rc ? rc : sd_sched_diffusion(&ss, &d, &err);
+            if (rc == 0) {
+                rc = sd_sched_sampler(&s, kinds[k], &d, &ss, 10, 4, &err);
+                if (rc == 0)
+                    sd_sampler_free(&s);
+                sd_diffusion_free(&d);
+            }
+            if (c < 2)
+                tap_ok(rc == -1 && strstr(err.msg, "scheduler_config.json: sigma_min / sigma_max") &&
+                           strstr(err.msg, c ? "exponential" : "Karras"),
+                       "%s: sigma_min / sigma_max with %s sigmas refused: %s",
+                       sd_sampler_kind_name(kinds[k]), c ? "the namelist's exponential" : "Karras",
+                       rc ? err.msg : "accepted");
+            else
+                tap_ok(rc == 0, "%s: sigma_min / sigma_max null (diffusers' default) accepted (%s)",
+                       sd_sampler_kind_name(kinds[k]), rc ? err.msg : "ok");
+        }
+    }
+    sd_sched_setup ss;
+    sd_err err;
+    const int rc = read_config("{\"sigma_min\": 0.1}", SD_SAMPLER_HEUN, &ss, &err);
+    tap_ok(rc == 0 && ss.sigma_bounds, "heun: sigma_min without a Karras schedule: unused, read");
+}
+
+/* tests/data/sample/sched_config.safetensors (make_sched_config_goldens.py): schedulers built
+ * from a scheduler_config.json, stepped on its random inputs. The JSON texts are the script's. */
+#define SD2_KEYS "\"beta_start\": 0.00085, \"beta_end\": 0.012, \"beta_schedule\": " \
+                 "\"scaled_linear\", \"num_train_timesteps\": 1000, \"steps_offset\": 1"
+#define CFG_N (2 * 3 * 5 * 4)
+static void test_config_steps(void)
+{
+    static const struct {
+        const char *name, *text;
+        sd_sampler_kind kind;
+        int steps, calls;
+    } cases[] = {
+        {"pndm_alpha1_eps", "{" SD2_KEYS ", \"skip_prk_steps\": true, \"set_alpha_to_one\": true}",
+         SD_SAMPLER_PNDM, 5, 6},
+        {"pndm_alpha1_v",
+         "{" SD2_KEYS ", \"skip_prk_steps\": true, \"set_alpha_to_one\": true, "
+         "\"prediction_type\": \"v_prediction\"}",
+         SD_SAMPLER_PNDM, 5, 6},
+        {"pndm_prk_alpha1_eps",
+         "{" SD2_KEYS ", \"skip_prk_steps\": false, \"set_alpha_to_one\": true}", SD_SAMPLER_PNDM,
+         5, 14},
+        {"pndm_from_ddim_eps",
+         "{\"_class_name\": \"DDIMScheduler\", " SD2_KEYS ", \"clip_sample\": true, "
+         "\"set_alpha_to_one\": true, \"skip_prk_steps\": true}",
+         SD_SAMPLER_PNDM, 5, 6},
+    };
+    const char *srcdir = getenv("srcdir");
+    char path[4200];
+    sd_st_file f;
+    sd_err err;
+    snprintf(path, sizeof path, "%s/tests/data/sample/sched_config.safetensors",
+             srcdir ? srcdir : ".");
+    if (!tap_ok(sd_st_open(path, &f, &err) == 0, "open %s", path)) {
+        tap_diag("%s", err.msg);
+        return;
+    }
+    float *x0 = malloc(CFG_N * sizeof *x0), *mo = malloc(20 * CFG_N * sizeof *mo);
+    const int have = sd_st_read_f32(&f, "in_sample", x0, CFG_N, &err) == 0 &&
+                     sd_st_read_f32(&f, "in_model_out", mo, 20 * CFG_N, &err) == 0;
+    tap_ok(have, "step inputs read");
+    for (size_t c = 0; have && c < sizeof cases / sizeof cases[0]; c++) {
+        sd_sched_setup ss;
+        sd_diffusion d;
+        sd_sampler s;
+        char name[64];
+        float x[CFG_N];
+        double worst = 0.0;
+        int rc = read_config(cases[c].text, cases[c].kind, &ss, &err);
+        rc = rc ? rc : sd_sched_diffusion(&ss, &d, &err);
+        if (rc == 0 && (rc = sd_sched_sampler(&s, cases[c].kind, &d, &ss, cases[c].steps, CFG_N,
+                                              &err)) != 0)
+            sd_diffusion_free(&d);
+        if (rc != 0) {
+            tap_ok(0, "%s: %s", cases[c].name, err.msg);
+            continue;
+        }
+        snprintf(name, sizeof name, "step_%s", cases[c].name);
+        float *ref = malloc((size_t)s.n_timesteps * CFG_N * sizeof *ref);
+        const int ok = s.n_timesteps == cases[c].calls &&
+                       sd_st_read_f32(&f, name, ref, (size_t)s.n_timesteps * CFG_N, &err) == 0;
+        for (int64_t j = 0; j < CFG_N; j++)
+            x[j] = x0[j] * s.init_noise_sigma;
+        sd_sampler_reset(&s);
+        for (int i = 0; ok && i < s.n_timesteps; i++) {
+            sd_sampler_step(&s, i, mo + (size_t)i * CFG_N, x, NULL);
+            double num = 0.0, den = 0.0;
+            for (int64_t j = 0; j < CFG_N; j++) {
+                const double e = (double)x[j] - ref[(size_t)i * CFG_N + (size_t)j];
+                num += e * e;
+                den += (double)ref[(size_t)i * CFG_N + (size_t)j] * ref[(size_t)i * CFG_N + (size_t)j];
+            }
+            const double r = sqrt(num / den);
+            worst = r > worst || isnan(r) ? r : worst;
+        }
+        tap_ok(ok && worst <= 1e-6, "%s: %d calls from the file's config within %.3g of diffusers' "
+                                    "(set_alpha_to_one %d)",
+               cases[c].name, s.n_timesteps, worst, ss.set_alpha_to_one);
+        free(ref);
+        sd_sampler_free(&s); /* it points into d's arrays */
+        sd_diffusion_free(&d);
+    }
+    free(x0);
+    free(mo);
+    sd_st_close(&f);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/sdtrain-sched-XXXXXX");
@@ -254,6 +388,8 @@ int main(void)
     test_defaults();
     test_refusals();
     test_schedule_errors();
+    test_sigma_bounds();
+    test_config_steps();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0)
