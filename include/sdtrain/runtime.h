@@ -63,6 +63,11 @@ int sd_any_failed(int failed);
  * and none waits in a later collective. */
 int sd_agree(MPI_Comm comm, int failed, sd_err *err);
 
+/* Collective over comm: when some ranks compute on a GPU (on_gpu) and others on the CPU, the
+ * lowest CPU rank, with its `notice` (why its device resolved to the CPU; may be "") copied into
+ * why on every rank; -1, why untouched, when every rank has the same kind of device. */
+int sd_device_mix(MPI_Comm comm, int on_gpu, const char *notice, char *why, size_t why_size);
+
 /* Completes `req` without spinning: MPI_Test with sleeps of 1 ms growing to 50 ms in between.
  * For ranks that may wait long (the trainers of a pipeline waiting for shards, one half of a
  * pipeline job waiting for the other): a rank spinning in a blocking call takes a core from the

@@ -1481,19 +1481,13 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     /* every training rank on the same kind of device: a rank that device = 'auto' left on the
      * CPU (no usable GPU there) would skip the GPU path's collectives and hang the others */
     {
-        int mine[2] = {t->gpu != 0, t->gpu == 0}, all[2];
-        SD_MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, comm));
-        if (all[0] && all[1]) {
-            int cand = t->gpu ? INT_MAX : t->rank, first;
-            char why[sizeof dev->notice];
-            SD_MPI_CHECK(MPI_Allreduce(&cand, &first, 1, MPI_INT, MPI_MIN, comm));
-            snprintf(why, sizeof why, "%s", dev->notice);
-            SD_MPI_CHECK(MPI_Bcast(why, (int)sizeof why, MPI_CHAR, first, comm));
+        char why[sizeof dev->notice];
+        const int first = sd_device_mix(comm, t->gpu, dev->notice, why, sizeof why);
+        if (first >= 0)
             return sd_err_set(err, "training rank %d computes on the CPU (%s) while other "
                                    "training ranks use GPUs: give every training rank a GPU, "
                                    "or set &run device = 'cpu'", first,
                               why[0] ? why : "its device resolved to the CPU");
-        }
     }
     failed = sd_diffusion_init_config(&t->diff, cfg, err) != 0;
     if (!failed)
@@ -1551,9 +1545,8 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
      * storage returning other bytes, would leave them apart for good without a word: the
      * weights' checksum is compared (a fraction of a second for SD2). */
     if (cfg->model.pretrained[0] && !strcmp(cfg->model.unet_init, "pretrained") && t->size > 1) {
-        int world_rank;
-        SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
-        if (sd_fault_armed(SD_FAULT_FLIP, world_rank, -1, "unet-load") && t->w.table.total_floats)
+        if (sd_fault_armed(SD_FAULT_FLIP, t->world_rank, -1, "unet-load") &&
+            t->w.table.total_floats)
             t->w.data[0] = nextafterf(t->w.data[0], INFINITY);
         const uint64_t sum = sd_ckpt_checksum(t->w.data, 0, t->w.table.total_floats);
         uint64_t sum0 = sum;

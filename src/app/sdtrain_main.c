@@ -236,20 +236,14 @@ static int resolve_devices(const sd_run_config *rc, const sd_runtime *rt, sd_dev
     /* 'auto' on nodes that differ: some ranks on a GPU, the others on the CPU. Training refuses
      * the mix (mode_train.c); shards and images would depend on which rank made them */
     {
-        int kinds[2] = {dev->use_cuda != 0, dev->use_cuda == 0}, all[2];
-        SD_MPI_CHECK(MPI_Allreduce(kinds, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-        if (all[0] && all[1]) {
-            int cand = dev->use_cuda ? INT_MAX : rt->world_rank, cpu_rank;
-            char why[sizeof dev->notice];
-            SD_MPI_CHECK(MPI_Allreduce(&cand, &cpu_rank, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-            snprintf(why, sizeof why, "%s", dev->notice);
-            SD_MPI_CHECK(MPI_Bcast(why, (int)sizeof why, MPI_CHAR, cpu_rank, MPI_COMM_WORLD));
-            if (rt->world_rank == 0)
-                sd_warn("device = '%s': rank %d computes on the CPU (%s) while other ranks use "
-                        "GPUs: what each rank makes depends on its device (set device = 'cpu', "
-                        "or give every rank a GPU)", rc->cfg.run.device, cpu_rank,
-                        why[0] ? why : "its device resolved to the CPU");
-        }
+        char why[sizeof dev->notice];
+        const int cpu_rank = sd_device_mix(MPI_COMM_WORLD, dev->use_cuda, dev->notice, why,
+                                           sizeof why);
+        if (cpu_rank >= 0 && rt->world_rank == 0)
+            sd_warn("device = '%s': rank %d computes on the CPU (%s) while other ranks use GPUs: "
+                    "what each rank makes depends on its device (set device = 'cpu', or give "
+                    "every rank a GPU)", rc->cfg.run.device, cpu_rank,
+                    why[0] ? why : "its device resolved to the CPU");
     }
     return 0;
 }

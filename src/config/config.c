@@ -888,21 +888,23 @@ static void sb_quoted(strbuf *b, const char *s)
     sb_printf(b, "'");
 }
 
-/* s in a '!' comment: a line break would end the comment and make the rest namelist text. */
+/* A byte of a '!' comment's text: a line break (any control character) would end the comment
+ * and make the rest namelist text. */
+static char comment_byte(char c)
+{
+    return (unsigned char)c < 0x20 || c == 0x7f ? '?' : c;
+}
+
 static void sb_comment(strbuf *b, const char *s)
 {
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        sb_printf(b, "%c", c < 0x20 || c == 0x7f ? '?' : (char)c);
-    }
+    for (; *s; s++)
+        sb_printf(b, "%c", comment_byte(*s));
 }
 
 void sd_config_put_comment(FILE *f, const char *s)
 {
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        fputc(c < 0x20 || c == 0x7f ? '?' : c, f);
-    }
+    for (; *s; s++)
+        fputc(comment_byte(*s), f);
 }
 
 /* The value of option `o` as namelist text. */

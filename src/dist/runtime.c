@@ -1,6 +1,7 @@
 /* MPI start-up, communicator split by role and node, and MPI error handling. */
 #include "sdtrain/runtime.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,22 @@ int sd_any_failed(int failed)
     int any = 0, mine = failed != 0;
     SD_MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD));
     return any;
+}
+
+int sd_device_mix(MPI_Comm comm, int on_gpu, const char *notice, char *why, size_t why_size)
+{
+    int rank, kinds[2] = {on_gpu != 0, on_gpu == 0}, all[2], cand, first;
+    char buf[512];
+    SD_MPI_CHECK(MPI_Allreduce(kinds, all, 2, MPI_INT, MPI_MAX, comm));
+    if (!all[0] || !all[1])
+        return -1;
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    cand = on_gpu ? INT_MAX : rank;
+    SD_MPI_CHECK(MPI_Allreduce(&cand, &first, 1, MPI_INT, MPI_MIN, comm));
+    snprintf(buf, sizeof buf, "%s", notice);
+    SD_MPI_CHECK(MPI_Bcast(buf, (int)sizeof buf, MPI_CHAR, first, comm));
+    snprintf(why, why_size, "%s", buf);
+    return first;
 }
 
 int sd_agree(MPI_Comm comm, int failed, sd_err *err)

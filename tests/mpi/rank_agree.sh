@@ -14,6 +14,15 @@ need_mpi
 need_eio_shim
 
 snap="$top_srcdir/tests/data/models/tiny-sd2"
+# same_pngs A B WHAT: the six images of runs A and B (3 prompts x 2) are the same bytes
+same_pngs() {
+    for p in 0 1 2; do
+        for j in 0 1; do
+            cmp -s "$TMP/$1/samples/$p-$j.png" "$TMP/$2/samples/$p-$j.png" ||
+                fail "sample: $p-$j.png $3"
+        done
+    done
+}
 
 # a snapshot of links to tiny-sd2 whose scheduler config changes the images (v-prediction)
 mkdir -p "$TMP/snap-v/scheduler"
@@ -29,12 +38,7 @@ tiny_sample_nml v2 ddim ", checkpoint = '$TMP/snap-v'"
 SD_EIO_RANK=1 SD_EIO_OPS=stat SD_EIO_PATH=/scheduler_config.json SD_EIO_ERRNO=5 \
     LD_PRELOAD="$PRELOAD" mpi v2 2 "$SDTRAIN" "$TMP/v2.nml"
 if [ "$RC" = 0 ]; then
-    for p in 0 1 2; do
-        for j in 0 1; do
-            cmp -s "$TMP/v1/samples/$p-$j.png" "$TMP/v2/samples/$p-$j.png" ||
-                fail "sample: rank 1 could not stat the scheduler config and made $p-$j.png with another schedule"
-        done
-    done
+    same_pngs v1 v2 "made with another schedule when rank 1 could not stat the scheduler config"
 else
     expect_count v2 err "sdtrain: mode 'sample':" 1
 fi
@@ -53,10 +57,5 @@ tiny_sample_nml t2 ddim ", checkpoint = '$TMP/trainout'"
 SD_EIO_RANK=1 SD_EIO_OPS=stat SD_EIO_PATH=/unet_final.safetensors SD_EIO_ERRNO=5 \
     LD_PRELOAD="$PRELOAD" mpi t2 2 "$SDTRAIN" "$TMP/t2.nml"
 expect_rc t2 0
-for p in 0 1 2; do
-    for j in 0 1; do
-        cmp -s "$TMP/t1/samples/$p-$j.png" "$TMP/t2/samples/$p-$j.png" ||
-            fail "sample: $p-$j.png differs when rank 1 cannot stat unet_final.safetensors"
-    done
-done
+same_pngs t1 t2 "differs when rank 1 cannot stat unet_final.safetensors"
 pass "sample: the U-Net's source is rank 0's decision"

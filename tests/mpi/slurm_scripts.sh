@@ -40,6 +40,20 @@ export SDTRAIN
 LAUNCH="$MPIEXEC $MPIEXEC_NP 2"
 export LAUNCH
 
+# usr1_when_exists FILE PID WHAT: once FILE exists, SIGUSR1 to PID (a job script in the
+# background, as Slurm's --signal=B:USR1 sends it); PID's exit status in RC
+usr1_when_exists() {
+    waited=0
+    while [ ! -e "$1" ]; do
+        waited=$((waited + 1))
+        [ $waited -lt 600 ] || { kill -KILL "$2"; fail "$3 within 60 s"; }
+        sleep 0.1
+    done
+    kill -USR1 "$2"
+    RC=0
+    wait "$2" || RC=$?
+}
+
 # job NAME SCRIPT ARGS...: the script as the batch step of job 4242 with 2 tasks
 job() {
     name=$1
@@ -184,16 +198,7 @@ for i in 1 2 3 4 5 6; do
     env PATH="$TMP/bin:$PATH" LAUNCH="$TMP/bin/quick-launcher" SLURM_NTASKS=2 SLURM_JOB_ID=4242 \
         SLURM_CPUS_PER_TASK=1 bash "$top_srcdir/slurm/train.sh" "$TMP/train.nml" \
         >"$TMP/quick.out" 2>"$TMP/quick.err" &
-    jobpid=$!
-    n=0
-    while [ ! -f "$TMP/quick.started" ]; do
-        n=$((n + 1))
-        [ $n -lt 600 ] || { kill -KILL $jobpid; fail "quick-launcher did not start"; }
-        sleep 0.1
-    done
-    kill -USR1 $jobpid
-    RC=0
-    wait $jobpid || RC=$?
+    usr1_when_exists "$TMP/quick.started" $! "quick-launcher did not start"
     expect_rc quick 0
     expect_in quick out "sdtrain stopped for the time limit with a checkpoint; requeueing job 4242"
     expect_not_in quick out "sdtrain failed"
@@ -218,16 +223,7 @@ env PATH="$TMP/bin:$PATH" SLURM_NTASKS=2 SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1
     SDTRAIN_TEST_SHARD_DELAY_MS=400 bash "$top_srcdir/slurm/process.sh" "$TMP/proc.nml" \
     --set data.shard_dir="'$TMP/shards-sig'" --set data.samples_per_shard=4 \
     >"$TMP/psig.out" 2>"$TMP/psig.err" &
-jobpid=$!
-i=0
-while [ ! -f "$TMP/shards-sig/manifest.json" ]; do
-    i=$((i + 1))
-    [ $i -lt 600 ] || { kill -KILL $jobpid; fail "process.sh: no shard committed within 60 s"; }
-    sleep 0.1
-done
-kill -USR1 $jobpid
-RC=0
-wait $jobpid || RC=$?
+usr1_when_exists "$TMP/shards-sig/manifest.json" $! "process.sh: no shard committed"
 expect_rc psig 0
 expect_in psig out "stopped for SIGUSR1 after committing shard"
 expect_in psig out "sdtrain stopped for the time limit after committing a shard; requeueing job 4242"
