@@ -3,6 +3,7 @@
 #define SDTRAIN_UTF8_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -10,6 +11,12 @@ extern "C" {
 
 /* UTF-8 encoding of U+FFFD REPLACEMENT CHARACTER. */
 #define SD_UTF8_REPLACEMENT "\xEF\xBF\xBD"
+
+/* The UTF-8 sequence at s[i] (i < n): its length, with *cp (when not NULL) set to its code
+ * point; or minus the length of its maximal ill-formed subpart (Unicode Table 3-7 decides where
+ * one ends: overlong forms, surrogates and code points past U+10FFFF are ill-formed), as
+ * CPython's decoder does. */
+long sd_utf8_sequence(const unsigned char *s, size_t n, size_t i, uint32_t *cp);
 
 /* Length of the longest prefix of s[0..n) that is well-formed UTF-8 (RFC 3629: no overlong
  * forms, no surrogates, nothing above U+10FFFF); n when all of it is. NUL bytes are valid

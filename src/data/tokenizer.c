@@ -1,5 +1,6 @@
 /* The CLIP BPE tokenizer of SD2, reproducing transformers' slow CLIPTokenizer without ftfy. */
 #include "sdtrain/tokenizer.h"
+#include "sdtrain/utf8.h"
 
 #include <errno.h>
 #include <json.h>
@@ -101,48 +102,6 @@ static size_t utf8_put(uint32_t cp, char *out)
     return 4;
 }
 
-/* The UTF-8 sequence at s[i] (i < n): its length with *cp set, or minus the length of its
- * maximal ill-formed subpart (Unicode Table 3-7 decides where one ends: overlong forms,
- * surrogates and code points past U+10FFFF are ill-formed), as CPython's decoder does. */
-static long utf8_seq(const unsigned char *s, size_t n, size_t i, uint32_t *cp)
-{
-    unsigned c = s[i];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    int need;
-    unsigned lo = 0x80, hi = 0xBF;
-    uint32_t v;
-    if (c >= 0xC2 && c <= 0xDF)
-        need = 1, v = c & 0x1F;
-    else if (c == 0xE0)
-        need = 2, lo = 0xA0, v = c & 0x0F;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
-        need = 2, v = c & 0x0F;
-    else if (c == 0xED)
-        need = 2, hi = 0x9F, v = c & 0x0F;
-    else if (c == 0xF0)
-        need = 3, lo = 0x90, v = c & 0x07;
-    else if (c >= 0xF1 && c <= 0xF3)
-        need = 3, v = c & 0x07;
-    else if (c == 0xF4)
-        need = 3, hi = 0x8F, v = c & 0x07;
-    else
-        return -1; /* 0x80..0xC1, 0xF5..0xFF never start a sequence */
-    size_t j = i + 1;
-    for (int k = 0; k < need; k++, j++) {
-        if (j >= n)
-            return -(long)(j - i);
-        unsigned b = s[j];
-        if (b < (k == 0 ? lo : 0x80u) || b > (k == 0 ? hi : 0xBFu))
-            return -(long)(j - i);
-        v = (v << 6) | (b & 0x3F);
-    }
-    *cp = v;
-    return (long)(j - i);
-}
-
 /* Decodes s[0..n) into code points like Python's bytes.decode('utf-8', 'replace'): one U+FFFD
  * per maximal ill-formed subpart. out must hold n code points. Returns the count; *n_bad gets
  * the replacements. */
@@ -155,7 +114,7 @@ static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *out, size_
             continue;
         }
         uint32_t cp;
-        long len = utf8_seq(s, n, i, &cp);
+        long len = sd_utf8_sequence(s, n, i, &cp);
         if (len > 0) {
             out[o++] = cp;
             i += (size_t)len;
@@ -396,7 +355,7 @@ static int check_utf8(const char *path, const char *buf, size_t len, sd_err *err
             i++;
             continue;
         }
-        long n = utf8_seq(s, len, i, &cp);
+        long n = sd_utf8_sequence(s, len, i, &cp);
         if (n < 0)
             return sd_err_at(err, path, (int)line, (int)(i - line_start + 1), "invalid UTF-8 (byte 0x%02X)", s[i]);
         i += (size_t)n;
@@ -408,7 +367,7 @@ static int check_utf8(const char *path, const char *buf, size_t len, sd_err *err
 static uint32_t cp_at(const char *s, size_t len, size_t i, size_t *n)
 {
     uint32_t cp = 0xFFFD;
-    long k = utf8_seq((const unsigned char *)s, len, i, &cp);
+    long k = sd_utf8_sequence((const unsigned char *)s, len, i, &cp);
     *n = k > 0 ? (size_t)k : (size_t)(-k);
     return cp;
 }

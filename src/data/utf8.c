@@ -3,31 +3,34 @@
 
 #include <string.h>
 
-/* Length of the well-formed sequence starting at s[i], or -(bytes of the maximal ill-formed
- * subpart) when there is none. The second byte's range depends on the lead byte (Unicode
- * Table 3-7): that is what rules out overlong forms, surrogates and code points past U+10FFFF,
- * and it decides where a subpart ends, so the replacement count matches CPython exactly. */
-static long sequence_length(const unsigned char *s, size_t n, size_t i)
+long sd_utf8_sequence(const unsigned char *s, size_t n, size_t i, uint32_t *cp)
 {
     unsigned c = s[i];
     int need;
     unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80)
+    uint32_t v;
+    if (c < 0x80) {
+        if (cp)
+            *cp = c;
         return 1;
+    }
+    /* the second byte's range depends on the lead byte (Unicode Table 3-7): that rules out
+     * overlong forms, surrogates and code points past U+10FFFF, and it decides where an
+     * ill-formed subpart ends, so the replacement count matches CPython exactly */
     if (c >= 0xC2 && c <= 0xDF)
-        need = 1;
+        need = 1, v = c & 0x1F;
     else if (c == 0xE0)
-        need = 2, lo = 0xA0;
+        need = 2, lo = 0xA0, v = c & 0x0F;
     else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
-        need = 2;
+        need = 2, v = c & 0x0F;
     else if (c == 0xED)
-        need = 2, hi = 0x9F;
+        need = 2, hi = 0x9F, v = c & 0x0F;
     else if (c == 0xF0)
-        need = 3, lo = 0x90;
+        need = 3, lo = 0x90, v = c & 0x07;
     else if (c >= 0xF1 && c <= 0xF3)
-        need = 3;
+        need = 3, v = c & 0x07;
     else if (c == 0xF4)
-        need = 3, hi = 0x8F;
+        need = 3, hi = 0x8F, v = c & 0x07;
     else
         return -1; /* 0x80..0xC1, 0xF5..0xFF never start a sequence */
     size_t j = i + 1;
@@ -35,10 +38,12 @@ static long sequence_length(const unsigned char *s, size_t n, size_t i)
         if (j >= n)
             return -(long)(j - i);
         unsigned b = s[j];
-        unsigned blo = k == 0 ? lo : 0x80, bhi = k == 0 ? hi : 0xBF;
-        if (b < blo || b > bhi)
+        if (b < (k == 0 ? lo : 0x80u) || b > (k == 0 ? hi : 0xBFu))
             return -(long)(j - i);
+        v = (v << 6) | (b & 0x3F);
     }
+    if (cp)
+        *cp = v;
     return (long)(j - i);
 }
 
@@ -51,7 +56,7 @@ size_t sd_utf8_valid_prefix(const char *s, size_t n)
             i++;
             continue;
         }
-        long len = sequence_length(u, n, i);
+        long len = sd_utf8_sequence(u, n, i, NULL);
         if (len < 0)
             return i;
         i += (size_t)len;
@@ -75,7 +80,7 @@ size_t sd_utf8_repair(const char *s, size_t n, char *out, size_t *n_replaced)
         i += good;
         if (i >= n)
             break;
-        long len = sequence_length(u, n, i);
+        long len = sd_utf8_sequence(u, n, i, NULL);
         memcpy(out + o, SD_UTF8_REPLACEMENT, 3);
         o += 3;
         replaced++;
