@@ -69,7 +69,9 @@ typedef enum sd_alpha_policy {
 #define SD_IMAGE_DEFAULT_MAX_PIXELS 178956970LL
 
 typedef struct sd_image_opts {
-    /* Apply the EXIF orientation tag (JPEG APP1, PNG eXIf) like ImageOps.exif_transpose.
+    /* Apply the orientation like Pillow 9.4's ImageOps.exif_transpose: the EXIF tag of the
+     * first JPEG APP1 "Exif" segment; for PNG the eXIf chunk, else a "Raw profile type exif"
+     * text chunk, and an XMP tiff:Orientation when that EXIF has none (doc/image-pipeline.md).
      * Default 0: the seed pipeline (Image.open(...).convert('RGB')) ignores it. */
     int exif_transpose;
     sd_alpha_policy alpha;
@@ -98,8 +100,8 @@ typedef struct sd_image {
     char mode[8];        /* the source as Pillow names it: "RGB", "L", "CMYK", "P", "RGBA", "LA",
                             "I", "I;16", "1" (informational) */
     int bit_depth;       /* bits per source sample (8 for JPEG) */
-    int orientation;     /* EXIF orientation found (1..8), 0 when none; applied only with
-                            exif_transpose */
+    int orientation;     /* orientation found (1..8; EXIF, or for PNG also XMP), 0 when none;
+                            applied only with exif_transpose */
 } sd_image;
 #define SD_IMAGE_INIT {0}
 

@@ -116,7 +116,8 @@ static const sd_option options[] = {
            "Compute type of the VAE and text encoders in preprocessing: 'auto' = bf16 on a GPU, "
            "fp32 on the CPU; 'bf16' needs &run device = 'cuda' (or 'auto' with a GPU)."),
     LOGICAL(data, exif_transpose, ".false.",
-            "Apply the JPEG EXIF orientation before resizing (the reference Pillow pipeline does not)."),
+            "Apply the image's orientation before resizing, as Pillow 9.4's ImageOps.exif_transpose "
+            "(JPEG EXIF; PNG eXIf, raw EXIF profile or XMP); the reference pipeline does not."),
     LOGICAL(data, overlap_writes, ".true.",
             "Preprocessing: write each shard on a thread of its own while the next shard is read "
             "and encoded (each rank then holds two shards' worth of encodings); the shards are "

@@ -5,14 +5,17 @@
 #include <limits.h>
 #include <png.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <turbojpeg.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "sdtrain/transform.h"
+#include "sdtrain/utf8.h"
 
 /* ---- names ---------------------------------------------------------------------------- */
 
@@ -119,7 +122,10 @@ sd_image_format sd_image_sniff(const void *buf, size_t size)
 
 /* ---- EXIF orientation ----------------------------------------------------------------- */
 
-/* Orientation (tag 0x0112) from IFD0 of a TIFF structure ("II*\0" or "MM\0*"); 0 if absent. */
+/* Orientation (tag 0x0112) from IFD0 of a TIFF structure ("II*\0" or "MM\0*", after an
+ * optional "Exif\0\0" as Pillow's Exif.load strips it): the value as stored, 0 when the tag has
+ * a type other than SHORT or LONG, -1 when there is no such tag (or no readable IFD0). Pillow
+ * falls back to XMP only when the tag is absent; a value outside 2..8 transposes nothing. */
 static int exif_orientation(const uint8_t *t, size_t n)
 {
     int le;
@@ -129,25 +135,27 @@ static int exif_orientation(const uint8_t *t, size_t n)
 #define RD32(p)                                                                                \
     (le ? ((uint32_t)(p)[0] | (uint32_t)(p)[1] << 8 | (uint32_t)(p)[2] << 16 | (uint32_t)(p)[3] << 24) \
         : ((uint32_t)(p)[0] << 24 | (uint32_t)(p)[1] << 16 | (uint32_t)(p)[2] << 8 | (uint32_t)(p)[3]))
+    if (n >= 6 && memcmp(t, "Exif\0\0", 6) == 0)
+        t += 6, n -= 6;
     if (n < 8)
-        return 0;
+        return -1;
     if (t[0] == 'I' && t[1] == 'I')
         le = 1;
     else if (t[0] == 'M' && t[1] == 'M')
         le = 0;
     else
-        return 0;
+        return -1;
     if (RD16(t + 2) != 42)
-        return 0;
+        return -1;
     ifd = RD32(t + 4);
     if (ifd > n - 2 || ifd < 8)
-        return 0;
+        return -1;
     count = RD16(t + ifd);
     for (unsigned i = 0; i < count; i++) {
         size_t e = (size_t)ifd + 2 + (size_t)i * 12;
         unsigned tag, type, v;
         if (e + 12 > n)
-            return 0;
+            return -1;
         tag = RD16(t + e);
         if (tag != 0x0112)
             continue;
@@ -158,12 +166,15 @@ static int exif_orientation(const uint8_t *t, size_t n)
             v = (unsigned)RD32(t + e + 8);
         else
             return 0;
-        return (v >= 1 && v <= 8) ? (int)v : 0;
+        return v > 0xFFFF ? 0 : (int)v;
     }
-    return 0;
+    return -1;
 #undef RD16
 #undef RD32
 }
+
+/* An orientation as sd_image reports it: 1..8, else 0 (none, or nothing to apply). */
+static int orientation_usable(int v) { return v >= 1 && v <= 8 ? v : 0; }
 
 /* Applies the transposition ImageOps.exif_transpose picks for an orientation. src is w x h RGB8;
  * dst gets the result (w and h swapped for 5..8). */
@@ -393,7 +404,7 @@ static sd_image_status decode_jpeg(sd_image_decoder *d, const uint8_t *b, size_t
     if (w != hdr.width || h != hdr.height)
         return fail(err, SD_IMG_CORRUPT, name, "corrupt JPEG: frame header disagrees with libjpeg (%dx%d vs %dx%d)",
                     hdr.width, hdr.height, w, h);
-    *orientation = hdr.exif ? exif_orientation(hdr.exif, hdr.exif_len) : 0;
+    *orientation = hdr.exif ? orientation_usable(exif_orientation(hdr.exif, hdr.exif_len)) : 0;
     npix = (size_t)w * (size_t)h;
     if (grow(&out->data, &out->capacity, npix * 3) != 0)
         return fail(err, SD_IMG_NOMEM, name, "cannot allocate %zu bytes for a %dx%d image", npix * 3, w, h);
@@ -449,7 +460,7 @@ typedef struct png_ctx {
     png_infop info;
     /* results */
     png_uint_32 w, h;
-    int color_type, bit_depth, channels, depth_out, orientation;
+    int color_type, bit_depth, channels, depth_out;
     int gray16; /* 16-bit gray: converted by hand (Pillow clips it, it does not scale it) */
     uint8_t *pixels; /* rows, rowbytes each */
     size_t rowbytes;
@@ -481,6 +492,9 @@ static void png_on_warning(png_structp png, png_const_charp msg)
     (void)msg;
 }
 
+/* The most a compressed text chunk or ICC profile may inflate to inside libpng. */
+#define PNG_INFLATE_MAX ((png_alloc_size_t)64 << 20)
+
 static int png_guarded(png_ctx *c, sd_image_decoder *d, const sd_image_opts *o, sd_image *out)
 {
     png_structp png = c->png;
@@ -490,6 +504,10 @@ static int png_guarded(png_ctx *c, sd_image_decoder *d, const sd_image_opts *o, 
     png_set_read_fn(png, c, png_read_mem);
     /* sdtrain's max_pixels decides, not libpng's default 1e6 width/height limit */
     png_set_user_limits(png, 0x7fffffffU, 0x7fffffffU);
+    /* A compressed text chunk or ICC profile that inflates past this is dropped with a warning
+     * instead of taking the memory (the pixels do not depend on them; the orientation scan
+     * reads the text chunks itself): bounds what a decompression bomb costs */
+    png_set_chunk_malloc_max(png, PNG_INFLATE_MAX);
     /* Palette indices past the palette read as black (libpng's zeroed 256-entry palette, as in
      * Pillow >= 10; Pillow 9 gives a gray ramp there): no error about them. */
     png_set_check_for_invalid_index(png, -1);
@@ -498,14 +516,6 @@ static int png_guarded(png_ctx *c, sd_image_decoder *d, const sd_image_opts *o, 
     c->h = png_get_image_height(png, info);
     c->color_type = png_get_color_type(png, info);
     c->bit_depth = png_get_bit_depth(png, info);
-#ifdef PNG_eXIf_SUPPORTED
-    {
-        png_uint_32 exif_len = 0;
-        png_bytep exif = NULL;
-        if (png_get_eXIf_1(png, info, &exif_len, &exif) && exif)
-            c->orientation = exif_orientation(exif, exif_len);
-    }
-#endif
     if (c->color_type == PNG_COLOR_TYPE_PALETTE)
         png_set_palette_to_rgb(png); /* adds alpha from tRNS; dropped below unless composited */
     if (c->color_type == PNG_COLOR_TYPE_GRAY && c->bit_depth < 8)
@@ -627,6 +637,215 @@ static uint32_t be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* ---- PNG orientation ----------------------------------------------------------------- */
+
+/* Pillow 9.4's ImageOps.exif_transpose on a loaded PNG takes the orientation from
+ * Image.getexif(): the eXIf chunk (info["exif"]), else a text chunk "Raw profile type exif"
+ * (ImageMagick's hex dump), and, when that EXIF has no Orientation tag, the first match of
+ * tiff:Orientation(="|>)([0-9]) in the text chunk "XML:com.adobe.xmp" (XMP). Chunks on either
+ * side of the image data count (the load reads those after it), the last of a kind wins as in
+ * Pillow's info dictionary, and a chunk stream that ends early is read up to there. */
+
+/* Pillow's limit on a decompressed text chunk (PngImagePlugin.MAX_TEXT_CHUNK, 1 MiB); a larger
+ * one is not read here (Pillow refuses the image). */
+#define PNG_TEXT_MAX ((size_t)1 << 20)
+
+/* zlib-inflates src into a new buffer (*out, *out_len); -1 on an error or past PNG_TEXT_MAX. */
+static int inflate_text(const uint8_t *src, size_t n, uint8_t **out, size_t *out_len)
+{
+    z_stream z;
+    size_t cap = 4096, len = 0;
+    uint8_t *buf = malloc(cap);
+    int rc;
+    if (!buf)
+        return -1;
+    memset(&z, 0, sizeof z);
+    if (inflateInit(&z) != Z_OK) {
+        free(buf);
+        return -1;
+    }
+    z.next_in = (Bytef *)(uintptr_t)src;
+    z.avail_in = (uInt)(n > UINT_MAX ? UINT_MAX : n);
+    do {
+        if (len == cap) {
+            uint8_t *b2;
+            if (cap >= PNG_TEXT_MAX + 1 || !(b2 = realloc(buf, cap * 2))) {
+                rc = Z_MEM_ERROR;
+                break;
+            }
+            buf = b2;
+            cap *= 2;
+        }
+        z.next_out = buf + len;
+        z.avail_out = (uInt)(cap - len);
+        rc = inflate(&z, Z_NO_FLUSH);
+        len = cap - z.avail_out;
+    } while (rc == Z_OK);
+    inflateEnd(&z);
+    /* Python's zlib.decompressobj().decompress takes what a stream holds, also one that ends
+     * early (Z_BUF_ERROR with no input left) */
+    if ((rc != Z_STREAM_END && !(rc == Z_BUF_ERROR && z.avail_in == 0)) || len > PNG_TEXT_MAX) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *out_len = len;
+    return 0;
+}
+
+/* The XMP orientation: the digit of the first "tiff:Orientation=\"D" or "tiff:Orientation>D",
+ * -1 when there is none. */
+static int xmp_orientation(const uint8_t *t, size_t n)
+{
+    static const char key[] = "tiff:Orientation";
+    const size_t k = sizeof key - 1;
+    for (size_t i = 0; i + k < n; i++) {
+        if (t[i] != 't' || memcmp(t + i, key, k) != 0)
+            continue;
+        const uint8_t *p = t + i + k;
+        const size_t left = n - i - k;
+        if (left >= 3 && p[0] == '=' && p[1] == '"' && p[2] >= '0' && p[2] <= '9')
+            return p[2] - '0';
+        if (left >= 2 && p[0] == '>' && p[1] >= '0' && p[1] <= '9')
+            return p[1] - '0';
+    }
+    return -1;
+}
+
+static int hex_value(uint8_t c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* "Raw profile type exif" as Pillow reads it: the lines after the first three ("", "exif",
+ * the length) joined and read as hex (whitespace between the pairs allowed, as bytes.fromhex
+ * does), then the EXIF. -2 when the hex is not hex (Pillow raises; nothing is applied here),
+ * else what exif_orientation says. */
+static int raw_profile_orientation(const uint8_t *t, size_t n)
+{
+    size_t i = 0, m = 0;
+    uint8_t *bin;
+    int lines = 0, hi = -1, v;
+    while (i < n && lines < 3)
+        if (t[i++] == '\n')
+            lines++;
+    if (lines < 3)
+        return -1; /* no data lines: b"" loads as an empty EXIF */
+    if (!(bin = malloc((n - i) / 2 + 1)))
+        return -2;
+    for (; i < n; i++) {
+        int h;
+        if (t[i] == '\n') /* the split lines are joined without it */
+            continue;
+        if (t[i] == ' ' || t[i] == '\t' || t[i] == '\r' || t[i] == '\v' || t[i] == '\f') {
+            if (hi >= 0)
+                break; /* whitespace inside a pair */
+            continue;
+        }
+        if ((h = hex_value(t[i])) < 0)
+            break;
+        if (hi < 0)
+            hi = h;
+        else {
+            bin[m++] = (uint8_t)(hi << 4 | h);
+            hi = -1;
+        }
+    }
+    v = i < n || hi >= 0 ? -2 : exif_orientation(bin, m);
+    free(bin);
+    return v;
+}
+
+static int png_chunk_type_ok(const uint8_t *t)
+{
+    for (int i = 0; i < 4; i++)
+        if (!((t[i] >= 'A' && t[i] <= 'Z') || (t[i] >= 'a' && t[i] <= 'z') ||
+              (t[i] >= '0' && t[i] <= '9') || t[i] == '_'))
+            return 0;
+    return 1;
+}
+
+/* The orientation of a PNG held in b[0..n) (the file is known to decode): 1..8 or 0. */
+static int png_orientation(const uint8_t *b, size_t n)
+{
+    int exif = -1, raw = -1, xmp = -1; /* orientation from each source; -1: none */
+    int have_exif = 0, have_raw = 0;
+    size_t pos = 8;
+    while (pos + 12 <= n) {
+        const uint32_t len = be32(b + pos);
+        const uint8_t *type = b + pos + 4, *data = b + pos + 8;
+        if (len > n - pos - 12)
+            break; /* ends early: what was read stays */
+        if (!png_chunk_type_ok(type))
+            break; /* Pillow stops at a type that is not 4 word characters */
+        pos += 12 + (size_t)len;
+        if (!memcmp(type, "IEND", 4))
+            break;
+        if (!memcmp(type, "eXIf", 4)) {
+            exif = exif_orientation(data, len);
+            have_exif = 1;
+            continue;
+        }
+        const int text = !memcmp(type, "tEXt", 4), ztxt = !memcmp(type, "zTXt", 4),
+                  itxt = !memcmp(type, "iTXt", 4);
+        if (!text && !ztxt && !itxt)
+            continue;
+        const uint8_t *nul = memchr(data, 0, len);
+        const size_t klen = nul ? (size_t)(nul - data) : len;
+        const int is_xmp = klen == 17 && !memcmp(data, "XML:com.adobe.xmp", 17),
+                  is_raw = klen == 21 && !memcmp(data, "Raw profile type exif", 21);
+        if (!is_xmp && !is_raw)
+            continue;
+        const uint8_t *v = nul ? nul + 1 : data + len;
+        size_t vlen = nul ? len - klen - 1 : 0;
+        uint8_t *inflated = NULL;
+        if (ztxt) {
+            /* a method other than 0 makes Pillow refuse the file; a zlib error gives "" */
+            if (vlen > 0 && v[0] != 0)
+                continue;
+            if (vlen == 0 || inflate_text(v + 1, vlen - 1, &inflated, &vlen) != 0)
+                vlen = 0;
+            v = inflated;
+        } else if (itxt) {
+            /* compression flag, method, language tag \0, translated keyword \0, text; a
+             * malformed or undecodable one is not stored (Pillow returns early) */
+            const uint8_t *lang, *tk;
+            if (vlen < 2)
+                continue;
+            const int cf = v[0], cm = v[1];
+            lang = v + 2;
+            if (!(tk = memchr(lang, 0, vlen - 2)) || !(nul = memchr(tk + 1, 0, (size_t)(v + vlen - tk - 1))))
+                continue;
+            if (!sd_utf8_is_valid((const char *)lang, (size_t)(tk - lang)) ||
+                !sd_utf8_is_valid((const char *)tk + 1, (size_t)(nul - tk - 1)))
+                continue;
+            tk = nul + 1;
+            vlen = (size_t)(v + vlen - tk);
+            v = tk;
+            if (cf != 0) {
+                if (cm != 0 || inflate_text(v, vlen, &inflated, &vlen) != 0)
+                    continue;
+                v = inflated;
+            }
+            if (!sd_utf8_is_valid((const char *)v, vlen)) {
+                free(inflated);
+                continue;
+            }
+        }
+        if (is_xmp) {
+            xmp = v ? xmp_orientation(v, vlen) : -1;
+        } else {
+            raw = v ? raw_profile_orientation(v, vlen) : -1;
+            have_raw = 1;
+        }
+        free(inflated);
+    }
+    if (!have_exif && have_raw)
+        exif = raw < -1 ? 0 : raw; /* hex that is not hex: Pillow raises, nothing applied */
+    return orientation_usable(exif == -1 ? xmp : exif);
+}
+
 static sd_image_status decode_png(sd_image_decoder *d, const uint8_t *b, size_t n, const char *name,
                                   const sd_image_opts *o, sd_image *out, int *orientation, sd_err *err)
 {
@@ -640,6 +859,18 @@ static sd_image_status decode_png(sd_image_decoder *d, const uint8_t *b, size_t 
         return fail(err, SD_IMG_CORRUPT, name, "corrupt PNG: the first chunk is not a 13-byte IHDR");
     if ((st = check_dims(name, "PNG", be32(b + 16), be32(b + 20), o, err)) != SD_IMG_OK)
         return st;
+    /* libpng allocates each chunk before the image data at its declared length and only then
+     * reads it: a 9 KB file declaring a 1.9 GB text chunk took 1.9 GB (found by fuzzing). Such a
+     * chunk runs past the end of the file, which is what libpng would report after the
+     * allocation; say it first. (The image data is read in pieces, and nothing after it.) */
+    for (size_t pos = 8; pos + 8 <= n && memcmp(b + pos + 4, "IDAT", 4) != 0;) {
+        const uint32_t len = be32(b + pos);
+        if (len > 0x7fffffffU)
+            break; /* libpng refuses the length before allocating */
+        if ((size_t)len + 12 > n - pos)
+            return fail(err, SD_IMG_TRUNCATED, name, "truncated PNG: data ends before the image does");
+        pos += (size_t)len + 12;
+    }
     memset(&c, 0, sizeof c);
     c.buf = b;
     c.size = n;
@@ -665,7 +896,7 @@ static sd_image_status decode_png(sd_image_decoder *d, const uint8_t *b, size_t 
     out->width = (int)c.w;
     out->height = (int)c.h;
     out->bit_depth = c.bit_depth;
-    *orientation = c.orientation;
+    *orientation = png_orientation(b, n);
     return SD_IMG_OK;
 }
 

@@ -45,8 +45,8 @@ safetensors)
     sources="$src/io/safetensors.c $src/core/tensor.c"
     pkgs=json-c opts="-max_len=4096" seeds="$top/tests/data/safetensors" ;;
 image)
-    sources="$src/data/image.c $src/data/transform.c"
-    pkgs="libturbojpeg libpng" opts="-max_len=131072 -rss_limit_mb=2048" seeds="$top/tests/image/input" ;;
+    sources="$src/data/image.c $src/data/transform.c $src/data/utf8.c"
+    pkgs="libturbojpeg libpng zlib" opts="-max_len=131072 -rss_limit_mb=2048" seeds="$top/tests/image/input" ;;
 namelist)
     sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c $src/core/fault.c"
     pkgs="" opts="-max_len=8192" seeds="$top/tests/config/invalid $top/inputs" ;;

@@ -132,8 +132,9 @@ def png_chunk(tag, data):
 ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
 
 
-def raw_png(arr, bitdepth, colortype, interlace=False, extra=b''):
-    """Writes a PNG from a (h, w, c) uint8/uint16 array, filter type 0 (none)."""
+def raw_png(arr, bitdepth, colortype, interlace=False, extra=b'', tail=b''):
+    """Writes a PNG from a (h, w, c) uint8/uint16 array, filter type 0 (none); extra chunks go
+    before the image data, tail chunks after it."""
     h, w = arr.shape[:2]
     if arr.ndim == 2:
         arr = arr[..., None]
@@ -152,7 +153,7 @@ def raw_png(arr, bitdepth, colortype, interlace=False, extra=b''):
         raw = rows(data)
     ihdr = struct.pack('>IIBBBBB', w, h, bitdepth, colortype, 0, 0, 1 if interlace else 0)
     return (b'\x89PNG\r\n\x1a\n' + png_chunk(b'IHDR', ihdr) + extra +
-            png_chunk(b'IDAT', zlib.compress(raw, 9)) + png_chunk(b'IEND', b''))
+            png_chunk(b'IDAT', zlib.compress(raw, 9)) + tail + png_chunk(b'IEND', b''))
 
 
 def ycck_jpeg(im, quality=90):
@@ -185,6 +186,37 @@ def exif_bytes(orientation):
     ex = Image.Exif()
     ex[0x0112] = orientation
     return ex.tobytes()
+
+
+def exif_tiff(orientation):
+    """The TIFF structure of an EXIF with this orientation (a PNG eXIf chunk's body)."""
+    return exif_bytes(orientation)[6:]
+
+
+def xmp_packet(orientation, element=False):
+    """An XMP packet with tiff:Orientation as an attribute or (element=True) as an element."""
+    attr = '' if element else ' tiff:Orientation="%d"' % orientation
+    elem = '<tiff:Orientation>%d</tiff:Orientation>' % orientation if element else ''
+    return ('<?xpacket begin="\ufeff" id="W5M0MpCehiHzreSzNTczkc9d"?>'
+            '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
+            'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
+            'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:ImageWidth="96"%s>%s'
+            '<tiff:Make>Orient\u00e9</tiff:Make></rdf:Description></rdf:RDF></x:xmpmeta>'
+            '<?xpacket end="w"?>' % (attr, elem)).encode('utf-8')
+
+
+def itxt(key, text, compressed=False):
+    body = zlib.compress(text, 9) if compressed else text
+    return png_chunk(b'iTXt', key + b'\0' + bytes([1 if compressed else 0, 0]) + b'\0\0' + body)
+
+
+def raw_profile_exif(orientation):
+    """ImageMagick's "Raw profile type exif" text: a blank line, the type, the length, then the
+    EXIF (with its Exif\\0\\0 header) in lines of 72 hex digits."""
+    data = exif_bytes(orientation)
+    h = data.hex()
+    return ('\nexif\n%8d\n' % len(data) + '\n'.join(h[i:i + 72] for i in range(0, len(h), 72)) +
+            '\n').encode('ascii')
 
 
 # ---- the corpus -------------------------------------------------------------------------
@@ -232,6 +264,34 @@ def build_inputs():
     for o in (3, 5, 6, 8):
         save('exif%d_96x64_q90.jpg' % o, content(96, 64, 20 + o), 'JPEG',
              'EXIF orientation %d' % o, quality=90, exif=exif_bytes(o))
+
+    # EXIF orientation in PNG as Pillow 9.4's getexif() finds it: the eXIf chunk (also after
+    # the image data), else a "Raw profile type exif" text chunk, and when that EXIF has no
+    # Orientation an XMP tiff:Orientation (attribute or element; iTXt, zTXt or tEXt)
+    def png_o(name, seed, note, extra=b'', tail=b''):
+        out.append((name, raw_png(np.array(content(96, 64, seed)), 8, 2, extra=extra, tail=tail),
+                    note))
+    png_o('exifpng_end6_96x64.png', 60, 'PNG, eXIf orientation 6 after the image data',
+          tail=png_chunk(b'eXIf', exif_tiff(6)))
+    png_o('exifpng_xmp5_96x64.png', 61, 'PNG, XMP orientation 5 (iTXt, attribute), no EXIF',
+          extra=itxt(b'XML:com.adobe.xmp', xmp_packet(5)))
+    png_o('exifpng_xmpz8_96x64.png', 62, 'PNG, XMP orientation 8 (compressed iTXt, element) '
+          'after the image data', tail=itxt(b'XML:com.adobe.xmp', xmp_packet(8, True), True))
+    png_o('exifpng_xmpt3_96x64.png', 63, 'PNG, XMP orientation 3 in a tEXt chunk',
+          extra=png_chunk(b'tEXt', b'XML:com.adobe.xmp\0' + xmp_packet(3)))
+    png_o('exifpng_raw6_96x64.png', 64, 'PNG, zTXt "Raw profile type exif" orientation 6',
+          extra=png_chunk(b'zTXt', b'Raw profile type exif\0\0' + zlib.compress(raw_profile_exif(6))))
+    png_o('exifpng_exif1xmp6_96x64.png', 65, 'PNG, eXIf orientation 1 and XMP 6: the EXIF tag wins',
+          extra=png_chunk(b'eXIf', exif_tiff(1)) + itxt(b'XML:com.adobe.xmp', xmp_packet(6)))
+    png_o('exifpng_last7_96x64.png', 66, 'PNG, XMP 2 before the image data, XMP 7 after it: '
+          'the last one counts', extra=itxt(b'XML:com.adobe.xmp', xmp_packet(2)),
+          tail=itxt(b'XML:com.adobe.xmp', xmp_packet(7)))
+    jx = io.BytesIO()
+    content(96, 64, 67).save(jx, 'JPEG', quality=90)
+    jx = jx.getvalue()
+    app1 = b'http://ns.adobe.com/xap/1.0/\0' + xmp_packet(6)
+    out.append(('exifjpg_xmp6_96x64.jpg', jx[:2] + b'\xff\xe1' + struct.pack('>H', len(app1) + 2) +
+                app1 + jx[2:], 'JPEG with only an XMP orientation 6: Pillow 9.4 ignores it'))
 
     # PNG: every colour type and bit depth the decoder converts
     save('rgb_110x90.png', content(110, 90, 30), 'PNG', 'RGB 8-bit')

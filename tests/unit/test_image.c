@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -554,6 +556,35 @@ static void bad_inputs(const char *tmpdir)
         }
         /* only IEND missing: the pixels are complete, Pillow reads it, so do we */
         expect(pngb, pn - 12, &o, SD_IMG_OK, "PNG without IEND");
+    }
+    {
+        /* A text chunk before the image data that declares 1.9 GB in a 5 KB file: truncated,
+         * found without allocating the declared length (libpng allocates and zeroes it before
+         * reading; found by fuzzing). Decoded in a child, whose peak memory is its own. */
+        const size_t at = 33, n = pn + 12;
+        uint8_t *big = malloc(n);
+        pid_t pid;
+        int status = -1;
+        memcpy(big, pngb, at);
+        put_be32(big + at, 0x74530000u);
+        memcpy(big + at + 4, "iTXtXML:com.adobe.xmp", 21);
+        memcpy(big + at + 25, pngb + at, pn - at - 13);
+        fflush(NULL);
+        if ((pid = fork()) == 0) {
+            sd_image img = SD_IMAGE_INIT;
+            sd_err e;
+            struct rusage ru;
+            sd_image_status st = sd_image_decode(big, n, "big.png", &o, &img, &e);
+            getrusage(RUSAGE_SELF, &ru);
+            _exit(st != SD_IMG_TRUNCATED ? 2 : ru.ru_maxrss > 512L * 1024 ? 3 : 0);
+        }
+        if (pid > 0)
+            waitpid(pid, &status, 0);
+        tap_ok(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+               "PNG with a chunk declaring 1.9 GB before the image data -> truncated, peak memory "
+               "under 512 MB (child status %d: 2 another status, 3 the memory)",
+               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        free(big);
     }
 
     /* corrupted bytes */
