@@ -10,6 +10,10 @@
 # the status of bad input, which a retry would not mend) the script requeues the job too, at
 # most SDTRAIN_MAX_RESTARTS (default 3) times in a row; the count lives in the job's Comment
 # (sdtrain-failures=N) and a time-limit requeue, which means progress, resets it.
+# A pipeline job (online preprocessing, doc/training.md) runs the same way with
+# --set run.mode=pipeline --set run.n_process_ranks=P after the input (a later --set wins): both
+# halves stop cleanly on SIGUSR1 (doc/checkpoints.md "Signals and Slurm"), and the requeued job
+# resumes from the committed shards and the newest checkpoint.
 #SBATCH --job-name=sdtrain-train
 #SBATCH --nodes=16
 #SBATCH --ntasks-per-node=8

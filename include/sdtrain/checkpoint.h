@@ -178,6 +178,8 @@ int sd_ckpt_check_config(const char *stored_text, const char *current_text, sd_e
 void sd_ckpt_signals_install(void);
 /* The signal caught so far on this rank (SIGUSR1, SIGTERM), or 0. */
 int sd_ckpt_signal_pending(void);
+/* "SIGUSR1", "SIGTERM", or "a signal": for the stop messages. */
+const char *sd_ckpt_signal_name(int sig);
 
 /* ---- metrics on resume (one process) ---------------------------------------------------------
  * Keeps the lines of path whose "step" is at most `step` (the ones after the checkpoint are

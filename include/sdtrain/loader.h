@@ -16,6 +16,9 @@ extern "C" {
 /*
  * Samples. Every sample of the committed shards (manifest order, then row) has an ordinal
  * 0..N-1; its stable name is (shard index as in the manifest, row). At most 2^32 - 1 samples.
+ * An empty shard (every sample of its range skipped in preprocessing) adds none: everything
+ * below is as without it. Committed shards that are all empty are an error ("no training
+ * samples").
  *
  * Validation split (key hash "sd-keyhash-v1", never to change: it decides which samples a model
  * was trained on): h = fmix64(FNV-1a-64(key bytes)), FNV-1a with offset basis
@@ -44,8 +47,9 @@ extern "C" {
  * order as they are committed (shard k only after 0..k-1), scans each (shapes, keys) and
  * broadcasts what it found, so every rank knows the same shards at the same call. Ordinals
  * count in index order as above. The validation split is the same key hash; the validation set
- * is the held-out samples of shard 0 only (fixed from the first step, so every evaluation uses
- * the same samples, whatever the timing); held-out samples of later shards are never trained on.
+ * is the held-out samples of shard 0 only, or of the first shard holding samples when shard 0 is
+ * empty (fixed at open, which waits for that shard, so every evaluation uses the same samples,
+ * whatever the timing); held-out samples of later shards are never trained on.
  * Order: the first pass over the data (epoch 0) is the "stream": shard 0's training samples,
  * then shard 1's, ..., each shard's shuffled by Fisher-Yates with
  *     j = sd_rng_below(seed, SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 1), k, i >> 24, i & 0xFFFFFF, i + 1)
@@ -56,7 +60,8 @@ extern "C" {
  * is committed. sd_loader_next is then collective over comm: when the step it returns (or, for
  * prefetch, the one after) is not covered yet, every rank polls together; for the returned step
  * they block (rank 0 prints "waiting for shard K ..." when the wait starts and every minute),
- * until it is covered or opt->wait_timeout_s passes (then every rank returns the same error).
+ * until it is covered or opt->wait_timeout_s passes (then every rank returns the same error),
+ * or opt->stop_poll asks rank 0 to stop (then every rank returns SD_LOADER_STOPPED).
  *
  * Threads and HDF5. HDF5 is not built thread-safe here. With prefetch on, a background thread
  * reads shards while the caller computes; every HDF5 call of the loaders (all of them, in this
@@ -82,7 +87,17 @@ typedef struct sd_loader_options {
     double wait_timeout_s;  /* longest wait for the plan or for one shard (&data shard_wait_timeout);
                              * 0 = 3600 s */
     double poll_interval_s; /* manifest reads while waiting, 0 = 0.2 s */
+    /* Follow mode: asked on rank 0 before each manifest read while the ranks wait for a shard
+     * (never when the step is covered already): non-zero ends the wait on every rank, and
+     * sd_loader_open / sd_loader_next return SD_LOADER_STOPPED (a signal stop: the caller saves
+     * what it has and ends cleanly instead of waiting out wait_timeout_s). NULL: never. */
+    int (*stop_poll)(void *ctx);
+    void *stop_ctx;
 } sd_loader_options;
+
+/* What sd_loader_open and sd_loader_next return when opt->stop_poll ended a wait (follow mode),
+ * on every rank alike; err says where it waited. After it only sd_loader_close is valid. */
+#define SD_LOADER_STOPPED 1
 
 /* val_fraction 0.01, batch_per_rank 8, seed 1234, prefetch on; shard_dir NULL (required);
  * follow off, plan_comm MPI_COMM_WORLD from rank 0, wait_timeout_s 3600, poll 0.2 s. */

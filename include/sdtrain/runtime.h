@@ -101,11 +101,46 @@ void sd_pipeline_send_trained(const sd_runtime *rt);
  * request, MPI_REQUEST_NULL on every other rank and in every other case). */
 void sd_pipeline_trained_listen(const sd_runtime *rt, MPI_Request *req);
 /* Collective over the preprocessing communicator: 1 on every rank once the message has come
- * (preprocessing rank 0 tests *req), else 0. 0 outside a pipeline job's preprocessing half. */
+ * (preprocessing rank 0 tests *req), else 0. 0 outside a pipeline job's preprocessing half.
+ * Preprocessing waits for the message before it ends (sd_pipeline_wait_watching), so that none
+ * is left unreceived at the end of the job. */
 int sd_pipeline_trained(const sd_runtime *rt, MPI_Request *req);
-/* Waits (sleeping) for the message when it has not come yet, so that none is left unreceived
- * at the end of the job; a no-op for MPI_REQUEST_NULL. */
-void sd_pipeline_wait_trained(MPI_Request *req);
+
+/* A signal stop (SIGUSR1 / SIGTERM) of a pipeline job: each half stops at its own next boundary
+ * (the trainers with a checkpoint, preprocessing after committing the shard it has encoded), and
+ * the half that caught the signal tells the other, which then stops as if signalled itself.
+ * The word is one int (the signal) from one half's rank 0 to the other's, over MPI_COMM_WORLD
+ * (preprocessing rank 0 = world rank 0, training rank 0 = world rank layout.n_process), sent at
+ * most once a half and not after the other half's word came; it is apart from the trainers'
+ * "trained" word (SD_PIPELINE_TRAINED_TAG), which only ends preprocessing with
+ * pipeline_end = 'training'. The receive is posted before either half starts and completed, or
+ * cancelled when no word was sent, by sd_pipeline_stop_close once both halves are done. The
+ * state is the calling process's own (one pipeline job a process). */
+#define SD_PIPELINE_STOP_TAG 0x5D03
+
+/* Rank 0 of either half of a pipeline job posts the receive of the other half's word; a no-op
+ * on every other rank and outside mode 'pipeline'. Before the half's mode starts. */
+void sd_pipeline_stop_listen(const sd_runtime *rt);
+/* Rank 0 of a half: the signal the other half stopped for, once its word has come (a test of
+ * the receive, no wait), else 0. 0 on every other rank and outside a pipeline job. Local: the
+ * caller agrees on it over its half with the reduction it makes for its own signals. */
+int sd_pipeline_stop_heard(const sd_runtime *rt);
+/* Rank 0 of a half that stops for its own signal `sig`: sends the word to the other half's
+ * rank 0, unless it was sent already or the other half's word came first; 1 when it sent it. A
+ * no-op (0) elsewhere. */
+int sd_pipeline_stop_tell(const sd_runtime *rt, int sig);
+/* Collective over the half (rt->role_comm) of a pipeline job: waits, sleeping, until *req is
+ * complete on every rank of the half that holds one (MPI_REQUEST_NULL: nothing to wait for),
+ * watching for SIGUSR1 / SIGTERM meanwhile: every 0.2 s the half's ranks agree (one small
+ * reduction) on whether all are complete and whether any caught a signal, and a signal makes
+ * rank 0 pass the stop word on (sd_pipeline_stop_tell), so that a half waiting for the other
+ * does not leave it running on. Returns the signal when rank 0 sent the word in this wait, else
+ * 0 (on rank 0; 0 on the others). */
+int sd_pipeline_wait_watching(const sd_runtime *rt, MPI_Request *req);
+/* Collective over MPI_COMM_WORLD once both halves are done (after the job's last barrier): the
+ * ranks 0 learn whether the other sent its word, wait for it if so and cancel the receive if
+ * not, so that no message and no receive is left at MPI_Finalize. */
+void sd_pipeline_stop_close(const sd_runtime *rt);
 
 /* Prints a table of every rank's role, communicator rank, node and node-local rank (rank 0). */
 void sd_runtime_report(const sd_runtime *rt);

@@ -68,7 +68,7 @@ typedef struct sd_shard_batch {
 /* One committed shard as the manifest lists it. */
 typedef struct sd_shard_entry {
     int64_t index;
-    int64_t samples;
+    int64_t samples;    /* 0 for an empty shard (every sample of its range was skipped) */
     int64_t bytes;      /* file size at commit */
     uint64_t checksum;  /* content hash of the data arrays (sd_shard_checksum) */
     int resolution;
@@ -90,8 +90,10 @@ void sd_shard_file_name(int64_t index, char *buf, size_t size);
  * fsynced by every rank, renamed to "shard-NNNNNN.h5" once every rank has succeeded, then
  * entered into dir/manifest.json by rank 0 (temporary file, fsync, rename, directory fsync).
  * Only then is the shard committed. `empty_embedding` ([L, D], the encoding of the empty caption) is read on
- * rank 0 only. Refuses a shard that is already committed (committed files are immutable: readers
- * hold them open without locks). On success every rank gets the manifest entry in `committed`
+ * rank 0 only. Every rank may contribute 0 samples: the shard is then committed empty
+ * (num_samples 0, every per-sample dataset of zero rows), so that a range whose every sample
+ * was skipped keeps the shards numbered without gaps. Refuses a shard that is already
+ * committed (committed files are immutable: readers hold them open without locks). On success every rank gets the manifest entry in `committed`
  * (may be NULL). On failure every rank returns -1 with the same message. Failures of HDF5 calls
  * that no input can cause end the job (SD_H5_CHECK). A shard that does not fit in the free space
  * of dir's file system is not started (an error as above; SDTRAIN_TEST_NO_ROOM_CHECK=1 skips the
@@ -134,7 +136,7 @@ typedef struct sd_shard_info {
     char path[4096];
     int format_version;
     int64_t shard_index;
-    int64_t n_samples;
+    int64_t n_samples;       /* 0 for an empty shard: datasets of zero rows */
     int resolution;
     int latent_channels;     /* C: moments have 2C channels */
     int latent_size;         /* h = w = resolution / 8 */

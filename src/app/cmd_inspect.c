@@ -419,6 +419,9 @@ static int inspect_file(const char *path, const inspect_opts *o)
                    in->resolution, (int)in->n_samples, 2 * in->latent_channels, in->latent_size,
                    in->latent_size, in->float_dtype == SD_F16 ? "float16" : "float32", in->text_len,
                    in->embed_dim, in->scaling_factor);
+            if (in->n_samples == 0)
+                printf("empty shard: each sample of its range was skipped when it was preprocessed "
+                       "(training skips it)\n");
             if (o->verify) {
                 uint64_t sum;
                 if (sd_shard_checksum(s, &sum, &err)) {
@@ -515,6 +518,7 @@ static int inspect_dir(const char *dir, const inspect_opts *o)
     sd_shard_manifest m;
     sd_err err;
     int problems = 0, has_manifest = file_in(dir, SD_SHARD_MANIFEST);
+    int64_t empty = 0;
     if (sd_shard_manifest_read(dir, &m, &err)) {
         fprintf(stderr, "sdtool inspect: %s\n", err.msg);
         return SD_EXIT_FAILURE;
@@ -551,12 +555,20 @@ static int inspect_dir(const char *dir, const inspect_opts *o)
                     snprintf(status, sizeof status, "ok, checksum verified");
                 }
             }
+            if (e->samples == 0 && !strncmp(status, "ok", 2)) {
+                const size_t len = strlen(status);
+                snprintf(status + len, sizeof status - len, ", empty");
+                empty++;
+            }
             sd_shard_close(s);
         }
         printf("  %-8lld %-18s %10lld %14lld %6d  %016llx  %s\n", (long long)e->index, e->file,
                (long long)e->samples, (long long)e->bytes, e->resolution, (unsigned long long)e->checksum,
                status);
     }
+    if (empty)
+        printf("empty shards: %lld (each sample of their ranges was skipped when they were "
+               "preprocessed; training skips them)\n", (long long)empty);
     list_uncommitted(dir, &m);
     sd_shard_manifest_free(&m);
     if (problems)

@@ -667,8 +667,9 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
 /* Rank 0: whether the shards an earlier run committed in the shard directory belong to this
  * run's plan, which skips them and writes the others (shard k holds good samples of
  * [k S, min((k+1) S, n))). Every committed shard must be one of the plan's, hold at most the
- * samples the plan gives it and be of this resolution; the first one is opened, and its encoder
- * weights and keys (in order, among the samples the plan gives it) must be this run's. Another
+ * samples the plan gives it and be of this resolution; the first one holding samples (else the
+ * first, an empty one) is opened, and its encoder weights and keys (in order, among the samples
+ * the plan gives it) must be this run's. Another
  * &data input, max_samples or samples_per_shard, or other encoders, would otherwise top the
  * directory up with samples twice over, or with latents of another space, without a word. */
 static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n, int64_t n_shards,
@@ -676,6 +677,7 @@ static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n
 {
     const int64_t S = cfg->data.samples_per_shard;
     static const char *const advice = "use another &data shard_dir, or empty this one";
+    const sd_shard_entry *m0;
     sd_shard *sh = NULL;
     char *keys = NULL;
     int rc = 0;
@@ -694,11 +696,16 @@ static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n
             return sd_err_set(err, "%s: the committed %s is of resolution %d, this run's is %d; %s",
                               cfg->data.shard_dir, m->file, m->resolution, e->res, advice);
     }
-    if (sd_shard_open_entry(cfg->data.shard_dir, &man->entries[0], &sh, err))
+    /* an empty shard has no keys to compare: the first one with samples, where there is one */
+    m0 = &man->entries[0];
+    for (int64_t i = 1; i < man->n && m0->samples == 0; i++)
+        if (man->entries[i].samples > 0)
+            m0 = &man->entries[i];
+    if (sd_shard_open_entry(cfg->data.shard_dir, m0, &sh, err))
         return -1;
     {
         const sd_shard_info *in = sd_shard_get_info(sh);
-        const sd_shard_entry *m = &man->entries[0];
+        const sd_shard_entry *m = m0;
         const size_t kw = in->key_width + 1;
         if (strcmp(in->weights_hash, e->weights_hash) != 0) {
             rc = sd_err_set(err, "%s: the committed %s was encoded by other weights (%s, %s) than "
@@ -1011,23 +1018,22 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     int64_t n, n_shards, n_new = 0;
     double t_start = sd_time_now(), t_loop = 0, t_waited = 0, t[T_N] = {0};
     long delay_ms = 0;
-    /* mode 'process' stops at a shard boundary on SIGUSR1 / SIGTERM (Slurm's notice ahead of
-     * the time limit, scancel): the shard encoded is committed, and a rerun goes on from there.
-     * A pipeline job's preprocessing half keeps the signals' default (its trainers checkpoint). */
-    const int catch_signals = !strcmp(cfg->run.mode, "process");
-    int stop_signal = 0;
+    /* SIGUSR1 / SIGTERM (Slurm's notice ahead of the time limit, scancel) stop the run at a
+     * shard boundary: the shard encoded is committed, and a rerun goes on from there. In a
+     * pipeline job the training half's stop word counts as a signal, and a signal caught here is
+     * passed on to the trainers, which checkpoint (runtime.h, sd_pipeline_stop_tell). */
+    const int pipeline = !strcmp(cfg->run.mode, "pipeline");
+    int stop[2] = {0, 0}; /* agreed at the last boundary: a signal caught here, the trainers' */
     int64_t stopped_after = -1;
     /* a pipeline job ending with its training: stop at a shard boundary once told */
-    const int stop_when_trained =
-        !strcmp(cfg->run.mode, "pipeline") && !strcmp(cfg->run.pipeline_end, "training");
+    const int stop_when_trained = pipeline && !strcmp(cfg->run.pipeline_end, "training");
     MPI_Request trained_req = MPI_REQUEST_NULL; /* completed once the trainers' word came */
 
     memset(&ds, 0, sizeof ds);
     memset(sl, 0, sizeof sl);
     memset(&writer, 0, sizeof writer);
     sd_err_clear(&err);
-    if (catch_signals)
-        sd_ckpt_signals_install();
+    sd_ckpt_signals_install();
     {
         /* Test hook: slow preprocessing down by this much per shard, so that tests can show a
          * pipeline's training does not depend on how fast its shards come. */
@@ -1198,32 +1204,33 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             break;
         }
         {
-            /* a shard of nothing but skipped samples cannot be written (a shard holds at least
-             * one, and the shards are numbered without gaps): bad input no rerun mends */
+            /* a shard of nothing but skipped samples is committed empty (the shards are
+             * numbered without gaps; readers skip it): bad input never stops the run, and the
+             * summary counts why each was skipped */
             int64_t mine = sl[cur].n, all = 0;
             SD_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT64_T, MPI_SUM, comm));
-            if (all == 0) {
+            if (all == 0 && rank == 0) {
                 const int64_t first = k * cfg->data.samples_per_shard;
                 const int64_t last = first + cfg->data.samples_per_shard < n
                                          ? first + cfg->data.samples_per_shard : n;
-                if (rank == 0)
-                    sd_error("shard %lld: none of its %lld samples (%lld to %lld of %s, from '%s' "
-                             "on) is usable, each was skipped (bad image, caption or encoding; "
-                             "&run log_level = 'debug' names each), and a shard holds at least "
-                             "one; the shards committed before it are kept. Mend or remove those "
-                             "inputs, or write another samples_per_shard into a new shard_dir",
-                             (long long)k, (long long)(last - first), (long long)first,
-                             (long long)last - 1, cfg->data.input, sd_dataset_key(&ds, first));
-                code = SD_EXIT_USAGE;
-                break;
+                sd_warn("shard %lld is empty: each of its %lld samples (%lld to %lld of %s, from "
+                        "'%s' on) was skipped (bad image, caption or encoding: the summary counts "
+                        "why, &run log_level = 'debug' names each); it is committed with 0 "
+                        "samples, and training skips it", (long long)k, (long long)(last - first),
+                        (long long)first, (long long)last - 1, cfg->data.input,
+                        sd_dataset_key(&ds, first));
             }
         }
-        if (catch_signals) {
-            /* SDTRAIN_FAULT usr1:rank=R:step=K: rank R is signalled once shard K is encoded */
+        {
+            /* SDTRAIN_FAULT usr1:rank=R:step=K: world rank R is signalled once shard K is encoded.
+             * (No write runs here: the last one was taken above.) A signal stop is passed on to
+             * the trainers at once: they stop at their next step while this shard is written. */
             if (sd_fault_armed(SD_FAULT_USR1, world_rank, k, NULL))
                 raise(SIGUSR1);
-            int sig = sd_ckpt_signal_pending();
-            SD_MPI_CHECK(MPI_Allreduce(&sig, &stop_signal, 1, MPI_INT, MPI_MAX, comm));
+            int why[2] = {sd_ckpt_signal_pending(), sd_pipeline_stop_heard(rt)};
+            SD_MPI_CHECK(MPI_Allreduce(why, stop, 2, MPI_INT, MPI_MAX, comm));
+            if (stop[0])
+                sd_pipeline_stop_tell(rt, stop[0]);
         }
         writer_start(&writer, k, &sl[cur], t0);
         if (!writer.threaded && writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
@@ -1231,18 +1238,25 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             break;
         }
         cur ^= 1;
-        if (stop_signal) { /* this shard's write is taken below, with the loop's last one */
+        if (stop[0] || stop[1]) { /* this shard's write is taken below, with the loop's last one */
             stopped_after = k;
             break;
         }
     }
     if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0)
         code = SD_EXIT_FAILURE;
-    if (code == SD_EXIT_OK && stopped_after >= 0 && rank == 0)
-        sd_info("stopped for %s after committing shard %lld: %lld of the %lld shards are "
-                "committed, and a rerun goes on from them",
-                stop_signal == SIGUSR1 ? "SIGUSR1" : stop_signal == SIGTERM ? "SIGTERM" : "a signal",
-                (long long)stopped_after, (long long)(man.n + n_new), (long long)n_shards);
+    if (code == SD_EXIT_OK && stopped_after >= 0 && rank == 0) {
+        if (stop[0])
+            sd_info("stopped for %s after committing shard %lld: %lld of the %lld shards are "
+                    "committed, and a rerun goes on from them%s", sd_ckpt_signal_name(stop[0]),
+                    (long long)stopped_after, (long long)(man.n + n_new), (long long)n_shards,
+                    pipeline ? "; the training half is told to stop too" : "");
+        else
+            sd_info("stopped for %s (caught by the training half) after committing shard %lld: "
+                    "%lld of the %lld shards are committed, and a rerun goes on from them",
+                    sd_ckpt_signal_name(stop[1]), (long long)stopped_after,
+                    (long long)(man.n + n_new), (long long)n_shards);
+    }
 
     SD_MPI_CHECK(MPI_Reduce(counts, total, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, comm));
     {
@@ -1295,7 +1309,12 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     sd_shard_manifest_free(&man);
     free_encoders(&enc);
     sd_dataset_close(&ds);
-    if (code == SD_EXIT_OK) /* every shard first: take the trainers' word (else a no-op) */
-        sd_pipeline_wait_trained(&trained_req);
+    if (code == SD_EXIT_OK && stop_when_trained) {
+        /* every shard first: take the trainers' word, passing a signal on meanwhile */
+        const int sig = sd_pipeline_wait_watching(rt, &trained_req);
+        if (sig && rank == 0)
+            sd_info("%s while preprocessing waits for the end of training: the training half "
+                    "stops at its next step, with a checkpoint", sd_ckpt_signal_name(sig));
+    }
     return code;
 }

@@ -62,6 +62,7 @@ typedef struct step_inputs {
     int64_t epoch;          /* the loader's epoch of the step */
     int ready;              /* fetched for the step the loop runs next */
     int failed;             /* sd_loader_next failed (err says why) */
+    int stopped;            /* follow mode: its wait for a shard ended for a signal stop */
     sd_err err;
     int32_t *tsteps;        /* [cap] timesteps, for the loss weights */
     float *tfloat;          /* [cap] the same as floats (validation's U-Net calls) */
@@ -154,6 +155,12 @@ typedef struct trainer {
     char last_ckpt_path[4200]; /* the checkpoint this run wrote last, or "" */
     const sd_device_info *dev_info; /* this rank's device (&sample every_n_steps' images) */
     int resumed, stopped; /* stopped: by a signal, after checkpointing */
+    /* mode 'pipeline': the runtime (the stop word to and from the preprocessing half), and on
+     * rank 0 why the loader's wait for a shard ended (wait_stop): a signal caught here, the
+     * preprocessing half's; wait_step: the step whose inputs the loader is fetching (-1 at open) */
+    const sd_runtime *rt;
+    int stop_own, stop_peer;
+    int64_t wait_step;
     float *hm, *hv, *hema; /* GPU device path: host copies of the moments / EMA around a
                               checkpoint read or write, else NULL */
     int setup_exit;        /* the exit status of a failed setup when not SD_EXIT_USAGE */
@@ -418,9 +425,13 @@ static void send_inputs(trainer *t, step_inputs *in)
 static void fetch_inputs(trainer *t, step_inputs *in, int64_t step)
 {
     const sd_loader_batch *b;
+    int rc;
     in->ready = 1;
-    in->failed = sd_loader_next(t->loader, &b, NULL, &in->err) != 0;
-    if (in->failed)
+    t->wait_step = step;
+    rc = sd_loader_next(t->loader, &b, NULL, &in->err);
+    in->stopped = rc == SD_LOADER_STOPPED;
+    in->failed = rc != 0 && !in->stopped;
+    if (rc)
         return;
     SD_CHECK(b->count == t->bs * t->acc, "step %lld: %d samples, expected %d x %d",
              (long long)step, b->count, t->bs, t->acc);
@@ -1375,34 +1386,73 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
     return 0;
 }
 
+/* The stop for a signal after `done` steps (collective): `sig` caught by this half, else `peer`
+ * by a pipeline's preprocessing half (their values on rank 0 are what counts). The other half is
+ * told first (rank 0, sig only), then the checkpoint of step `done` is written unless it exists
+ * (none before the first step: nothing is trained, and a rerun starts afresh). Returns 1. */
+static int stop_for_signal(trainer *t, int64_t done, int64_t k, int64_t skipped, int sig, int peer,
+                           int *code)
+{
+    sd_err err;
+    sd_err_clear(&err);
+    if (sig)
+        sd_pipeline_stop_tell(t->rt, sig);
+    t->stopped = 1;
+    if (done == 0) {
+        if (t->rank == 0) {
+            printf("stopped for %s%s before the first step: nothing to checkpoint; resubmit to "
+                   "continue\n", sd_ckpt_signal_name(sig ? sig : peer),
+                   sig ? "" : " (caught by the preprocessing half)");
+            fflush(stdout);
+        }
+        return 1;
+    }
+    if (t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err)) {
+        if (t->rank == 0)
+            sd_error("%s", err.msg);
+        *code = SD_EXIT_FAILURE;
+        return 1;
+    }
+    if (t->rank == 0) {
+        printf("checkpointed at step %lld after %s%s; resubmit to continue\n", (long long)done,
+               sd_ckpt_signal_name(sig ? sig : peer),
+               sig ? "" : " (caught by the preprocessing half)");
+        fflush(stdout);
+    }
+    return 1;
+}
+
+/* The loader's question while training rank 0 waits for a shard (follow mode): stop? For a
+ * signal caught on this rank or the preprocessing half's stop word, noted for stop_for_signal.
+ * SDTRAIN_FAULT usr1:rank=R:phase=shard-wait[:step=S] signals world rank R here. */
+static int wait_stop(void *ctx)
+{
+    trainer *t = ctx;
+    if (sd_fault_armed(SD_FAULT_USR1, t->world_rank, t->wait_step, "shard-wait"))
+        raise(SIGUSR1);
+    t->stop_own = sd_ckpt_signal_pending();
+    t->stop_peer = sd_pipeline_stop_heard(t->rt);
+    return t->stop_own || t->stop_peer;
+}
+
 /* The boundary after `done` steps: a signal on any rank (SIGUSR1/SIGTERM, agreed by a
- * reduction) checkpoints and stops; every_n_steps checkpoints and goes on. Returns 1 to stop. */
+ * reduction), or in a pipeline job the preprocessing half's stop word (rank 0), checkpoints and
+ * stops; every_n_steps checkpoints and goes on. Returns 1 to stop. */
 static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skipped, int *code)
 {
     const int64_t every = t->cfg->checkpoint.every_n_steps;
-    int64_t sig;
+    int64_t why[2];
     sd_err err;
     sd_err_clear(&err);
     if (sd_fault_armed(SD_FAULT_USR1, t->world_rank, done - 1, NULL))
         raise(SIGUSR1);
-    sig = sd_ckpt_signal_pending();
-    sd_allreduce_i64(t->comm, &sig, 1, SD_RED_MAX);
-    /* after the last step the run ends normally anyway: final checkpoint and weights */
-    if (sig && done < t->cfg->train.max_steps) {
-        if (t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err)) {
-            if (t->rank == 0)
-                sd_error("%s", err.msg);
-            *code = SD_EXIT_FAILURE;
-            return 1;
-        }
-        if (t->rank == 0) {
-            printf("checkpointed at step %lld after %s; resubmit to continue\n", (long long)done,
-                   sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "a signal");
-            fflush(stdout);
-        }
-        t->stopped = 1;
-        return 1;
-    }
+    why[0] = sd_ckpt_signal_pending();
+    why[1] = sd_pipeline_stop_heard(t->rt);
+    sd_allreduce_i64(t->comm, why, 2, SD_RED_MAX);
+    /* after the last step the run ends normally anyway: final checkpoint and weights (a
+     * pipeline's preprocessing half learns of a signal while the trainers wait for it) */
+    if ((why[0] || why[1]) && done < t->cfg->train.max_steps)
+        return stop_for_signal(t, done, k, skipped, (int)why[0], (int)why[1], code);
     if (every > 0 && done % every == 0 && done < t->cfg->train.max_steps &&
         t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err) && t->rank == 0)
         sd_error("%s; training goes on", err.msg);
@@ -1469,7 +1519,8 @@ static void free_trainer(trainer *t)
     sd_comm_destroy(t->comm);
 }
 
-/* Set-up that may fail on bad input: every rank agrees on the verdict. */
+/* Set-up that may fail on bad input: every rank agrees on the verdict (0, -1 with err). 1 in a
+ * pipeline job stopped for a signal while the loader waited for the first shard. */
 static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd_err *err)
 {
     const sd_config *cfg = t->cfg;
@@ -1526,8 +1577,14 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         lo.plan_comm = MPI_COMM_WORLD;
         lo.plan_source = 0; /* preprocessing rank 0 */
         lo.wait_timeout_s = cfg->data.shard_wait_timeout;
+        lo.stop_poll = wait_stop; /* a signal stop ends a wait for a shard */
+        lo.stop_ctx = t;
     }
-    if (sd_loader_open(comm, &lo, &t->loader, err))
+    t->wait_step = -1;
+    failed = sd_loader_open(comm, &lo, &t->loader, err);
+    if (failed == SD_LOADER_STOPPED)
+        return 1; /* before any step: the caller ends cleanly */
+    if (failed)
         return -1; /* collective: every rank has the same message */
     t->info = *sd_loader_get_info(t->loader);
     t->bs = (int)cfg->train.batch_size_per_rank;
@@ -1658,7 +1715,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     int64_t k = 0, skipped = 0, step;
     double t_start, t_acc[T_N] = {0}, interval_loss = 0, last_loss = NAN, last_val = NAN;
     double t_loop = 0;
-    int interval_n = 0, code = SD_EXIT_OK;
+    int interval_n = 0, code = SD_EXIT_OK, set_up;
     size_t peak;
 
     memset(&t, 0, sizeof t);
@@ -1679,9 +1736,26 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.rc = rc;
     t.mpi_comm = rt->role_comm;
     t.dev_info = dev;
+    t.rt = rt;
     sd_ckpt_signals_install();
 
-    if (setup(&t, rt, dev, &err)) {
+    set_up = setup(&t, rt, dev, &err);
+    if (set_up > 0) {
+        /* mode 'pipeline': a signal stop while waiting for the first shard, before anything is
+         * trained (no model yet): nothing to checkpoint; the other half stops as well */
+        if (t.stop_own)
+            sd_pipeline_stop_tell(rt, t.stop_own);
+        if (t.rank == 0) {
+            printf("stopped for %s%s while waiting for the first shard, before any step of this "
+                   "run; resubmit to continue\n",
+                   sd_ckpt_signal_name(t.stop_own ? t.stop_own : t.stop_peer),
+                   t.stop_own ? "" : " (caught by the preprocessing half)");
+            fflush(stdout);
+        }
+        free_trainer(&t);
+        return SD_EXIT_OK;
+    }
+    if (set_up) {
         /* a failing storage (a shard the file system could not read) is not bad input: status
          * 1, so that a requeued job tries again */
         const int status = t.setup_exit ? t.setup_exit : err.storage ? SD_EXIT_FAILURE
@@ -1758,6 +1832,14 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             tt[T_DATA] += sd_time_now() - t1;
         }
         in->ready = 0;
+        if (in->stopped) {
+            /* follow mode: the wait for a shard ended for a signal stop, on every rank alike;
+             * the boundary after the last step passed without one: its checkpoint now */
+            if (t.rank == 0)
+                sd_info("%s", in->err.msg);
+            stop_for_signal(&t, step, k, skipped, t.stop_own, t.stop_peer, &code);
+            break;
+        }
         if (any_failed(t.comm, in->failed)) {
             if (in->failed)
                 sd_error("%s", in->err.msg);
@@ -2035,7 +2117,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                    (double)(t.dev_bytes + sd_arena_capacity(&t.arena)) * 1e-6,
                    (double)t.dev_bytes * 1e-6, (double)sd_arena_capacity(&t.arena) * 1e-6);
         }
-        if (t.stopped)
+        if (t.stopped && t.last_ckpt < 0)
+            printf("  %-28s %s/metrics.jsonl (no checkpoint: stopped before the first step)\n",
+                   "outputs", cfg->run.output_dir);
+        else if (t.stopped)
             printf("  %-28s %s/metrics.jsonl, checkpoint %s/step-%08lld\n", "outputs",
                    cfg->run.output_dir, t.ckpt_dir, (long long)t.last_ckpt);
         else

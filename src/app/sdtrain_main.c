@@ -15,6 +15,7 @@
 #endif
 
 #include "sdtrain/check.h"
+#include "sdtrain/checkpoint.h"
 #include "sdtrain/config.h"
 #include "sdtrain/device.h"
 #include "sdtrain/diffusion.h"
@@ -304,13 +305,17 @@ static void share_cores(const sd_runtime *rt)
  * spinning (the trainers usually finish first and must leave the cores to preprocessing); the
  * job ends when both are done, so every planned shard is committed: the shard directory is the
  * one mode 'process' writes, reusable by later 'train' runs. With &run pipeline_end = 'training'
- * the trainers tell preprocessing when they are done, and it stops at its next shard boundary. */
+ * the trainers tell preprocessing when they are done, and it stops at its next shard boundary.
+ * SIGUSR1 / SIGTERM reaching either half stop both, with status 0: the half that caught it stops
+ * at its next boundary and tells the other (runtime.h, SD_PIPELINE_STOP_TAG), which does too. */
 static int run_pipeline(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const int process = rt->role == SD_ROLE_PROCESS;
-    MPI_Request req;
+    const char *half = process ? "preprocessing" : "training";
+    const char *other = process ? "training" : "preprocessing";
     int code;
     sd_log_set_info_leader(rt->role_rank == 0);
+    sd_pipeline_stop_listen(rt); /* before either half may stop for a signal */
     code = process ? sd_mode_process(rc, rt, dev) : sd_mode_train(rc, rt, dev);
     if (code != SD_EXIT_OK) {
         /* The ranks of a half agree on its status; one MPI_Abort is enough (Open MPI 4.1 can
@@ -328,16 +333,26 @@ static int run_pipeline(const sd_run_config *rc, const sd_runtime *rt, const sd_
         MPI_Abort(MPI_COMM_WORLD, code);
     }
     if (!process && !strcmp(rc->cfg.run.pipeline_end, "training")) {
-        if (rt->role_rank == 0)
+        /* (after a signal stop too: preprocessing waits for this word before it ends) */
+        if (rt->role_rank == 0 && !sd_ckpt_signal_pending() && !sd_pipeline_stop_heard(rt))
             sd_info("mode 'pipeline': training is done; preprocessing stops at its next shard "
                     "(&run pipeline_end = 'training')");
         sd_pipeline_send_trained(rt);
     }
     if (rt->role_rank == 0)
-        sd_info("mode 'pipeline': the %s half is done; waiting for the %s half", process ?
-                "preprocessing" : "training", process ? "training" : "preprocessing");
-    SD_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
-    sd_mpi_wait_idle(&req);
+        sd_info("mode 'pipeline': the %s half is done; waiting for the %s half", half, other);
+    {
+        /* a signal meanwhile is passed on: the other half stops instead of going on alone */
+        MPI_Request barrier;
+        int sig;
+        SD_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &barrier));
+        sig = sd_pipeline_wait_watching(rt, &barrier);
+        if (sig)
+            sd_info("mode 'pipeline': %s while the %s half waits: the %s half stops at its next "
+                    "%s", sd_ckpt_signal_name(sig), half, other,
+                    process ? "step, with a checkpoint" : "shard boundary");
+    }
+    sd_pipeline_stop_close(rt);
     sd_log_set_info_leader(rt->world_rank == 0);
     if (rt->world_rank == 0)
         sd_info("mode 'pipeline': both halves are done");

@@ -5,7 +5,8 @@
 #include <string.h>
 
 const char *const sd_fault_phases[] = {"step", "ckpt-write", "ckpt-commit", "shard-write",
-                                       "shard-commit", "encode", "ckpt-load", "unet-load", NULL};
+                                       "shard-commit", "encode", "ckpt-load", "unet-load",
+                                       "shard-wait", NULL};
 
 static sd_fault armed[SD_FAULT_MAX];
 static int n_armed = 0;
@@ -71,7 +72,8 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
                 ok |= strlen(sd_fault_phases[i]) == vlen && !strncmp(sd_fault_phases[i], eq + 1, vlen);
             if (!ok)
                 return sd_err_set(err, "SDTRAIN_FAULT: unknown phase '%.*s' (known: step, ckpt-write, "
-                                       "ckpt-commit, shard-write, shard-commit, encode, ckpt-load, unet-load)", (int)vlen, eq + 1);
+                                       "ckpt-commit, shard-write, shard-commit, encode, ckpt-load, "
+                                       "unet-load, shard-wait)", (int)vlen, eq + 1);
             memcpy(f->phase, eq + 1, vlen);
             f->phase[vlen] = '\0';
         } else {
@@ -96,6 +98,8 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
                               (int)len, s);
         return 0;
     }
+    if (f->action == SD_FAULT_USR1 && !strcmp(f->phase, "shard-wait"))
+        return 0; /* a pipeline's trainers waiting for a shard: at step S's wait, or at any */
     if (f->action != SD_FAULT_KILL && f->step < 0)
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': %s faults need step=N", (int)len, s,
                           f->action == SD_FAULT_NAN ? "nan" : "usr1");
@@ -103,7 +107,8 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': nan faults take no phase but 'encode'",
                           (int)len, s);
     if (f->action != SD_FAULT_KILL && f->action != SD_FAULT_NAN && f->phase[0])
-        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': only kill and nan faults take a phase", (int)len, s);
+        return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': only kill and nan faults take a phase "
+                          "(and usr1 the phase shard-wait)", (int)len, s);
     return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sdtrain/checkpoint.h"
 #include "sdtrain/log.h"
 
 const char *sd_role_name(sd_role r)
@@ -204,10 +205,97 @@ int sd_pipeline_trained(const sd_runtime *rt, MPI_Request *req)
     return flag;
 }
 
-void sd_pipeline_wait_trained(MPI_Request *req)
+/* The stop word's receive on rank 0 of a half (runtime.h); one pipeline job a process. */
+static struct {
+    int listening;     /* the receive was posted (req is valid until closed) */
+    MPI_Request req;
+    int word;          /* its buffer: the other half's signal */
+    int heard;         /* the word came: word holds it */
+    int told;          /* this half's word was sent */
+} stop_word;
+
+/* World rank of the other half's rank 0, for a rank 0 of a pipeline job's half; else -1. */
+static int stop_peer(const sd_runtime *rt)
 {
-    if (*req != MPI_REQUEST_NULL)
-        sd_mpi_wait_idle(req);
+    if (rt->role_rank != 0 || rt->layout.n_process == 0 || rt->layout.n_train == 0)
+        return -1;
+    if (rt->role == SD_ROLE_PROCESS)
+        return rt->layout.n_process;
+    return rt->role == SD_ROLE_TRAIN ? 0 : -1;
+}
+
+void sd_pipeline_stop_listen(const sd_runtime *rt)
+{
+    const int peer = stop_peer(rt);
+    if (peer < 0 || stop_word.listening)
+        return;
+    memset(&stop_word, 0, sizeof stop_word);
+    SD_MPI_CHECK(MPI_Irecv(&stop_word.word, 1, MPI_INT, peer, SD_PIPELINE_STOP_TAG, MPI_COMM_WORLD,
+                           &stop_word.req));
+    stop_word.listening = 1;
+}
+
+int sd_pipeline_stop_heard(const sd_runtime *rt)
+{
+    int flag = 0;
+    if (stop_peer(rt) < 0 || !stop_word.listening)
+        return 0;
+    if (!stop_word.heard) {
+        SD_MPI_CHECK(MPI_Test(&stop_word.req, &flag, MPI_STATUS_IGNORE));
+        stop_word.heard = flag;
+    }
+    return stop_word.heard ? stop_word.word : 0;
+}
+
+int sd_pipeline_stop_tell(const sd_runtime *rt, int sig)
+{
+    const int peer = stop_peer(rt);
+    if (peer < 0 || !stop_word.listening || stop_word.told || sd_pipeline_stop_heard(rt))
+        return 0;
+    /* the other half's rank 0 posted its receive before its half started: no wait here */
+    SD_MPI_CHECK(MPI_Send(&sig, 1, MPI_INT, peer, SD_PIPELINE_STOP_TAG, MPI_COMM_WORLD));
+    stop_word.told = 1;
+    return 1;
+}
+
+int sd_pipeline_wait_watching(const sd_runtime *rt, MPI_Request *req)
+{
+    int told = 0;
+    for (;;) {
+        int mine[2] = {0, sd_ckpt_signal_pending()}, all[2];
+        MPI_Request round;
+        const struct timespec pause = {0, 200000000};
+        SD_MPI_CHECK(MPI_Test(req, &mine[0], MPI_STATUS_IGNORE)); /* MPI_REQUEST_NULL: 1 */
+        mine[0] = !mine[0];
+        SD_MPI_CHECK(MPI_Iallreduce(mine, all, 2, MPI_INT, MPI_MAX, rt->role_comm, &round));
+        sd_mpi_wait_idle(&round);
+        if (all[1] && sd_pipeline_stop_tell(rt, all[1]))
+            told = all[1];
+        if (!all[0])
+            return told;
+        nanosleep(&pause, NULL);
+    }
+}
+
+void sd_pipeline_stop_close(const sd_runtime *rt)
+{
+    /* [0]: preprocessing rank 0 sent its word; [1]: training rank 0 did */
+    int told[2] = {0, 0}, all[2];
+    const int me = rt->role == SD_ROLE_PROCESS ? 0 : 1;
+    if (rt->layout.n_process == 0 || rt->layout.n_train == 0)
+        return;
+    if (stop_peer(rt) >= 0)
+        told[me] = stop_word.told;
+    SD_MPI_CHECK(MPI_Allreduce(told, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (stop_peer(rt) < 0 || !stop_word.listening)
+        return;
+    if (!stop_word.heard) {
+        /* a word sent was sent before the reduction: it comes; none will come otherwise */
+        if (!all[1 - me])
+            SD_MPI_CHECK(MPI_Cancel(&stop_word.req));
+        SD_MPI_CHECK(MPI_Wait(&stop_word.req, MPI_STATUS_IGNORE));
+    }
+    stop_word.listening = 0;
 }
 
 void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *rt)

@@ -1620,6 +1620,11 @@ void sd_ckpt_signals_install(void)
 
 int sd_ckpt_signal_pending(void) { return caught_signal; }
 
+const char *sd_ckpt_signal_name(int sig)
+{
+    return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "a signal";
+}
+
 /* ---- metrics -------------------------------------------------------------------------------- */
 
 int sd_ckpt_metrics_rollback(const char *path, int64_t step, sd_err *err)

@@ -342,7 +342,7 @@ static int manifest_parse(const char *path, const char *text, size_t len, sd_sha
         /* Bounds no real shard comes near, so that sums and int conversions cannot overflow:
          * 2^40 samples would be a shard of petabytes; resolutions are the namelist's. */
         if (json_int_field(o, "index", 0, INT64_C(1) << 40, &e->index, path, k, err) ||
-            json_int_field(o, "samples", 1, INT64_C(1) << 40, &e->samples, path, k, err) ||
+            json_int_field(o, "samples", 0, INT64_C(1) << 40, &e->samples, path, k, err) ||
             json_int_field(o, "bytes", 0, INT64_MAX, &e->bytes, path, k, err) ||
             json_int_field(o, "resolution", 8, 4096, &res, path, k, err))
             goto out;
@@ -731,6 +731,8 @@ static hid_t create_dataset(writer *w, const char *name, hid_t type, int nd, con
     return d;
 }
 
+/* Rows per chunk of a small per-sample dataset of n rows; 0 for an empty shard, whose datasets
+ * are contiguous (HDF5 refuses a chunk larger than a fixed dimension of 0). */
 static hsize_t small_chunk_rows(size_t row_bytes, int64_t n)
 {
     hsize_t rows = (hsize_t)(SMALL_CHUNK_BYTES / (row_bytes ? row_bytes : 1));
@@ -745,6 +747,7 @@ static void write_header(writer *w)
 {
     const sd_shard_meta *m = w->meta;
     char created[64], latents[32], creator[160];
+    const int empty = w->n_total == 0;
     time_t t = (time_t)w->created;
     struct tm tm;
     hsize_t dims[4], chunk[4];
@@ -777,16 +780,17 @@ static void write_header(writer *w)
     snprintf(latents, sizeof latents, "image_latents_%d", m->resolution);
     dims[0] = (hsize_t)w->n_total, dims[1] = (hsize_t)w->C2, dims[2] = dims[3] = (hsize_t)w->hs;
     chunk[0] = 1, chunk[1] = dims[1], chunk[2] = dims[2], chunk[3] = dims[3];
-    w->d_mom = create_dataset(w, latents, w->t_float, 4, dims, chunk);
+    /* an empty shard (every sample of its range skipped): zero rows, contiguous */
+    w->d_mom = create_dataset(w, latents, w->t_float, 4, dims, empty ? NULL : chunk);
     dims[1] = (hsize_t)w->L, dims[2] = (hsize_t)w->D;
     chunk[1] = dims[1], chunk[2] = dims[2];
-    w->d_emb = create_dataset(w, "caption_embeddings", w->t_float, 3, dims, chunk);
+    w->d_emb = create_dataset(w, "caption_embeddings", w->t_float, 3, dims, empty ? NULL : chunk);
     chunk[0] = small_chunk_rows((size_t)w->L * 4, w->n_total);
-    w->d_ids = create_dataset(w, "caption_ids", H5T_STD_I32LE, 2, dims, chunk);
+    w->d_ids = create_dataset(w, "caption_ids", H5T_STD_I32LE, 2, dims, empty ? NULL : chunk);
     chunk[0] = small_chunk_rows(w->cap_w, w->n_total);
-    w->d_cap = create_dataset(w, "caption", w->t_cap, 1, dims, chunk);
+    w->d_cap = create_dataset(w, "caption", w->t_cap, 1, dims, empty ? NULL : chunk);
     chunk[0] = small_chunk_rows(w->key_w, w->n_total);
-    w->d_key = create_dataset(w, "key", w->t_key, 1, dims, chunk);
+    w->d_key = create_dataset(w, "key", w->t_key, 1, dims, empty ? NULL : chunk);
     dims[0] = (hsize_t)w->L, dims[1] = (hsize_t)w->D;
     w->d_empty = create_dataset(w, "empty_caption_embedding", w->t_float, 2, dims, NULL);
 }
@@ -1071,8 +1075,8 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         w->rounds = (max_n + w->round_samples - 1) / w->round_samples;
     }
     free(counts);
-    if (w->n_total == 0)
-        return sd_err_set(e, "%s: no rank contributes a sample; a shard needs at least one", w->final_path);
+    /* n_total may be 0: an empty shard (every sample of its range was skipped) keeps the shards
+     * numbered without gaps; its datasets have zero rows and no rank writes a round */
     if (sd_agree(w->comm, w->rank == 0 && check_room(w, e) != 0, e))
         return -1;
 
@@ -1448,7 +1452,7 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
             read_attr_i64(s->file, "text_len", &len, s, err) ||
             read_attr_i64(s->file, "embed_dim", &dim, s, err))
             return -1;
-        if (in->shard_index < 0 || in->n_samples < 1 || in->n_samples > SD_SHARD_MAX_SAMPLES ||
+        if (in->shard_index < 0 || in->n_samples < 0 || in->n_samples > SD_SHARD_MAX_SAMPLES ||
             res < 8 || res % 8 || res > SD_SHARD_MAX_RESOLUTION || ch < 1 ||
             ch > SD_SHARD_MAX_CHANNELS || len < 1 || len > SD_SHARD_MAX_TEXT_LEN || dim < 1 ||
             dim > SD_SHARD_MAX_EMBED_DIM || sample_floats(res, ch, len, dim) > SD_SHARD_MAX_SAMPLE_FLOATS)
@@ -1733,10 +1737,10 @@ int sd_shard_checksum(sd_shard *s, uint64_t *out, sd_err *err)
     hid_t tc, tk;
     uint64_t sum = 0;
     int rc = 0;
-    if (B < 1)
-        B = 1;
     if (B > in->n_samples)
         B = in->n_samples;
+    if (B < 1)
+        B = 1; /* (an empty shard: no rows, the loop below does not run) */
     mom = sd_xmalloc((size_t)B * m_el * fsz);
     emb = sd_xmalloc((size_t)B * e_el * fsz);
     ids = sd_xmalloc((size_t)B * L * 4);

@@ -129,9 +129,14 @@ struct sd_loader {
     int follow;
     MPI_Comm comm;
     double timeout, poll;
+    int (*stop_poll)(void *ctx); /* rank 0: asked while it waits (loader.h) */
+    void *stop_ctx;
+    int stopped;             /* a wait ended for stop_poll: only close is left */
     struct stat man_seen;    /* rank 0: the manifest as last read (unchanged: no new shards) */
     int man_seen_valid;
     uint32_t **seg;          /* [n_planned]: shard k's training ordinals, shuffled (epoch 0) */
+    int64_t val_shard;       /* position of the validation shard: the first holding samples
+                              * (shard 0 unless it is empty); -1 until one is known */
     int64_t *tfirst;         /* stream position of seg[k][0]; tfirst[n_shards] = n_train */
     size_t heldout_cap;
 
@@ -407,6 +412,15 @@ static int read_step(sd_loader *l, const step_plan *p, sd_loader_batch *b, sd_er
     return read_items(l, p->n_shards, l->items, in->batch_per_rank, b, l->stage_m, l->stage_e, err);
 }
 
+/* The error of a data set whose every shard is empty (each sample of their ranges was skipped
+ * when they were preprocessed): nothing to train on. -1. */
+static int no_samples(sd_err *err, const char *dir, int64_t n_shards)
+{
+    return sd_err_set(err, "%s: no training samples: the %lld committed shard(s) are all empty "
+                      "(each sample of their ranges was skipped when they were preprocessed; "
+                      "preprocess_summary.json there counts why)", dir, (long long)n_shards);
+}
+
 /* Where `step` comes from, on the caller's thread: 0 with *p set; 1 in follow mode when the
  * shards known so far do not reach it yet (poll, then ask again); -1 with err (may be NULL)
  * when it cannot be read. */
@@ -426,6 +440,8 @@ static int locate(const sd_loader *l, int64_t step, step_plan *p, sd_err *err)
         }
         return 1;
     }
+    if (in->steps_per_epoch < 1 && in->n_samples == 0)
+        return no_samples(err, l->dir, in->n_shards);
     if (in->steps_per_epoch < 1)
         return sd_err_set(err, "%s: the %lld shards hold %lld training samples (of %lld; %lld held "
                                "out for validation), fewer than one global batch of %lld (%d ranks x %d)",
@@ -510,7 +526,7 @@ static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fract
 /* What rank 0 found since the last poll, as broadcast: the shards that follow the loader's
  * known ones in index order. With shard 0 come the shapes and the empty-caption embedding. */
 typedef struct follow_head {
-    int32_t status;
+    int32_t status;           /* 0, -1 failed (msg), 1 stopped by stop_poll (msg: where) */
     int32_t storage;          /* the failure was the storage's (sd_err.storage) */
     char msg[sizeof(((sd_err *)0)->msg)];
     int64_t n, n_rows;
@@ -618,14 +634,16 @@ static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
 }
 
 /* Rank 0: polls until the known shards and those in d reach need_shards shards and need_train
- * training samples, or every planned shard is known, or the timeout passes (d->h.status -1).
- * Zero needs poll once. */
+ * training samples, or every planned shard is known, or the timeout passes (d->h.status -1), or
+ * stop_poll asks to stop (d->h.status 1; asked after each poll that found too few, so a signal
+ * stop ends the wait within one poll interval). Zero needs poll once. */
 static void follow_wait(sd_loader *l, follow_delta *d, int64_t need_shards, int64_t need_train)
 {
     const sd_loader_info *in = &l->info;
     const double t0 = sd_time_now();
     double next_info = 0;
     sd_err e = {.storage = 0};
+    int stopping = 0;
     for (;;) {
         int64_t known, train;
         double waited;
@@ -639,6 +657,12 @@ static void follow_wait(sd_loader *l, follow_delta *d, int64_t need_shards, int6
         train = in->n_train + d->train;
         if (known == in->n_planned || (known >= need_shards && train >= need_train))
             return;
+        if (stopping) {
+            d->h.status = 1;
+            snprintf(d->h.msg, sizeof d->h.msg, "stopped while waiting for shard %lld of %lld in "
+                     "%.512s", (long long)known, (long long)in->n_planned, l->dir);
+            return;
+        }
         waited = sd_time_now() - t0;
         if (waited >= l->timeout) {
             d->h.status = -1;
@@ -659,6 +683,12 @@ static void follow_wait(sd_loader *l, follow_delta *d, int64_t need_shards, int6
                 sd_info("still waiting for shard %lld (%s): %.0f s so far, the limit is %.0f s "
                         "(&data shard_wait_timeout)", (long long)known, name, waited, l->timeout);
             next_info = waited + WAIT_INFO_EVERY_S;
+        }
+        /* a stop is taken after one more poll at once: what was committed before the stop
+         * was asked for (before the preprocessing half sent its stop word) counts */
+        if (l->stop_poll && l->stop_poll(l->stop_ctx)) {
+            stopping = 1;
+            continue;
         }
         sleep_s(l->poll);
     }
@@ -694,8 +724,12 @@ static void follow_apply(sd_loader *l, follow_delta *d)
         }
         l->seg[k] = seg;
         l->tfirst[k + 1] = l->tfirst[k] + t;
-        if (k == 0)
-            in->n_val = nh; /* the validation set: shard 0's held-out samples */
+        if (l->val_shard < 0 && n > 0) {
+            /* the validation set: the held-out samples of the first shard holding samples
+             * (shard 0, unless every sample of its range was skipped in preprocessing) */
+            l->val_shard = k;
+            in->n_val = nh;
+        }
         rows += nh;
         in->n_shards = k + 1;
     }
@@ -706,16 +740,22 @@ static void follow_apply(sd_loader *l, follow_delta *d)
     in->complete = in->n_shards == in->n_planned;
     if (in->complete && !l->order) {
         l->order = sd_xmalloc((size_t)(in->n_train + 1) * sizeof *l->order);
-        sd_info("all %lld planned shards are committed: %lld samples, %lld for training, %lld "
-                "held out (%lld of them in shard 0, the validation set); %lld steps per epoch",
-                (long long)in->n_shards, (long long)in->n_samples, (long long)in->n_train,
-                (long long)l->n_heldout, (long long)in->n_val, (long long)in->steps_per_epoch);
+        if (l->val_shard >= 0)
+            sd_info("all %lld planned shards are committed: %lld samples, %lld for training, "
+                    "%lld held out (%lld of them in shard %lld, the validation set); %lld steps "
+                    "per epoch",
+                    (long long)in->n_shards, (long long)in->n_samples, (long long)in->n_train,
+                    (long long)l->n_heldout, (long long)in->n_val,
+                    (long long)l->entries[l->val_shard].index, (long long)in->steps_per_epoch);
+        else
+            sd_info("all %lld planned shards are committed, and every one is empty: no samples",
+                    (long long)in->n_shards);
     }
 }
 
 /* Collective over the training ranks: rank 0 polls (waiting as follow_wait says), the others
  * wait for its broadcast without spinning, and every rank adds the same shards. 0, or -1 with
- * the same message on every rank. */
+ * the same message on every rank (l->stopped set on every rank when stop_poll ended the wait). */
 static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd_err *err)
 {
     follow_delta d;
@@ -730,6 +770,7 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
     if (d.h.status) {
         sd_err_set(err, "%s", d.h.msg);
         err->storage = d.h.storage;
+        l->stopped = d.h.status > 0;
         delta_free(&d);
         return -1;
     }
@@ -905,7 +946,7 @@ int sd_loader_next(sd_loader *l, const sd_loader_batch **batch, double *wait_sec
      * local can fail. */
     if (!l->prefetch || !requested(l, step))
         if (plan_step(l, step, 1, &cur, err))
-            return -1;
+            return l->stopped ? SD_LOADER_STOPPED : -1;
     if (l->prefetch) {
         rc = plan_step(l, step + 1, 0, &nxt, &scratch);
         if (rc == -2) {
@@ -1079,6 +1120,10 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     }
     n_train = m->total_samples - h->n_val;
     global = (int64_t)n_ranks * o->batch_per_rank;
+    if (m->total_samples == 0) {
+        no_samples(err, dir, m->n);
+        goto out;
+    }
     if (n_train < global) {
         sd_err_set(err, "%s: %lld training samples (of %lld; %lld held out for validation) are fewer "
                         "than one global batch of %lld (%d ranks x %d)", dir, (long long)n_train,
@@ -1202,9 +1247,12 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     l->seed = h.seed;
     l->val_fraction = h.val_fraction;
     l->follow = h.follow;
+    l->val_shard = -1;
     l->comm = comm;
     l->timeout = opt->wait_timeout_s > 0 ? opt->wait_timeout_s : 3600;
     l->poll = opt->poll_interval_s > 0 ? opt->poll_interval_s : 0.2;
+    l->stop_poll = opt->stop_poll;
+    l->stop_ctx = opt->stop_ctx;
     snprintf(l->dir, sizeof l->dir, "%s", opt->shard_dir ? opt->shard_dir : "");
     l->m_el = (size_t)(2 * h.latent_channels) * (size_t)h.latent_size * (size_t)h.latent_size;
     l->e_el = (size_t)h.text_len * (size_t)h.embed_dim;
@@ -1250,12 +1298,26 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
                         "(%lld planned; the first pass takes them in index order)", l->dir,
                         (long long)h.n_planned);
             failed = follow_sync(l, 1, 0, err) != 0 ? -1 : 0;
+            /* the validation set is fixed at open: wait past empty shards for the first one
+             * holding samples (every rank decides alike: the state is the broadcast one) */
+            while (!failed && l->val_shard < 0 && !l->info.complete)
+                failed = follow_sync(l, l->info.n_shards + 1, 0, err) != 0 ? -1 : 0;
+            if (!failed && l->val_shard > 0 && rank == 0) {
+                char empties[64] = "shard 0 is";
+                if (l->val_shard > 1)
+                    snprintf(empties, sizeof empties, "shards 0 to %lld are",
+                             (long long)l->val_shard - 1);
+                sd_info("validation: %s empty (each sample was skipped in preprocessing); the "
+                        "validation set is the held-out samples of shard %lld, the first holding "
+                        "samples", empties, (long long)l->entries[l->val_shard].index);
+            }
         } else {
             failed = -1;
         }
         if (failed) {
+            const int stopped = l->stopped;
             sd_loader_close(l);
-            return -1; /* the same message on every rank */
+            return stopped ? SD_LOADER_STOPPED : -1; /* the same on every rank */
         }
     }
     if (!failed && !l->follow) {

@@ -177,10 +177,12 @@ static void check_reads(sd_shard *s)
     const int64_t n = i->n_samples, hw = (int64_t)i->latent_size * i->latent_size;
     const int64_t mom = 2 * (int64_t)i->latent_channels * hw, emb = (int64_t)i->text_len * i->embed_dim;
     const size_t cw = i->caption_width + 1, kw = i->key_width + 1;
-    float *a = malloc((size_t)(n * mom) * sizeof(float)), *b = malloc((size_t)(n * mom) * sizeof(float));
-    float *e = malloc((size_t)(n * emb) * sizeof(float));
-    int32_t *ids = malloc((size_t)(n * i->text_len) * sizeof(int32_t));
-    char *caps = malloc((size_t)n * cw), *keys = malloc((size_t)n * kw);
+    /* (one sample more: an empty shard's buffers are not NULL, and the empty embedding fits) */
+    float *a = malloc((size_t)((n + 1) * mom) * sizeof(float));
+    float *b = malloc((size_t)((n + 1) * mom) * sizeof(float));
+    float *e = malloc((size_t)((n + 1) * emb) * sizeof(float));
+    int32_t *ids = malloc((size_t)((n + 1) * i->text_len) * sizeof(int32_t));
+    char *caps = malloc((size_t)(n + 1) * cw), *keys = malloc((size_t)(n + 1) * kw);
     uint64_t sum;
     sd_err err;
     fuzz_require(a && b && e && ids && caps && keys, "buffers of an accepted shard fit in memory", i->path);
@@ -234,7 +236,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     {
         const sd_shard_info *i = sd_shard_get_info(s);
-        fuzz_require(i->n_samples >= 1 && i->n_samples <= SD_SHARD_MAX_SAMPLES, "num_samples in range", path);
+        /* 0: an empty shard (every sample of its range was skipped), datasets of zero rows */
+        fuzz_require(i->n_samples >= 0 && i->n_samples <= SD_SHARD_MAX_SAMPLES, "num_samples in range", path);
         fuzz_require(i->resolution >= 8 && i->resolution % 8 == 0 && i->resolution <= SD_SHARD_MAX_RESOLUTION &&
                          i->latent_size == i->resolution / 8,
                      "resolution in range", path);

@@ -4,8 +4,9 @@
  * Invariants (include/sdtrain/shards.h):
  *   - a refusal names the manifest and leaves nothing allocated;
  *   - an accepted manifest has its entries sorted by index without repeats, each with the
- *     canonical file name of its index (a manifest cannot point outside its directory), at least
- *     one sample, a resolution of at least 8, and total_samples their sum.
+ *     canonical file name of its index (a manifest cannot point outside its directory), a
+ *     sample count of at least 0 (0: an empty shard, every sample of its range skipped), a
+ *     resolution of at least 8, and total_samples their sum.
  * Any broken invariant calls abort(), which libFuzzer reports as a crash.
  * Build and run: tests/fuzz/run_fuzz.sh shardmanifest [SECONDS]. */
 #ifndef _GNU_SOURCE
@@ -60,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sd_shard_file_name(e->index, want, sizeof want);
             fuzz_require(strcmp(e->file, want) == 0, "the canonical file name of the index", e->file);
             fuzz_require(k == 0 || e->index > m.entries[k - 1].index, "sorted by index, no repeats", e->file);
-            fuzz_require(e->samples >= 1 && e->resolution >= 8 && e->bytes >= 0, "entry fields", e->file);
+            fuzz_require(e->samples >= 0 && e->resolution >= 8 && e->bytes >= 0, "entry fields", e->file);
             fuzz_require(!__builtin_add_overflow(total, e->samples, &total), "sum without overflow", e->file);
         }
         fuzz_require(total == m.total_samples, "total_samples is the sum", NULL);

@@ -32,6 +32,28 @@ for d in f16-2 f16-3 f32-1 f32-2 f32-3; do
 done
 pass "the same global batches at 1, 2, 3 ranks, fp16 and fp32"
 
+# Empty shards (mode 'process' commits one when every sample of its range was skipped), written
+# by 2 ranks with no sample at all: the loader passes over them, so the same data plus empty
+# shards 3 and 5 gives the global batches of the data without them, bit for bit; an empty
+# shard 0 (the empty-caption embedding read from it) and shards that are all empty
+ESPEC=0:13,1:5,2:19,3:0,4:11,5:0
+mpi w-empty 2 "$prog" write "$TMP/eshards" f16 "$ESPEC"
+expect_rc w-empty 0
+expect_count w-empty out "committed shard-000003.h5: 0 samples" 1
+mpi c-empty 3 "$prog" check "$TMP/eshards" f16 "$ESPEC" 2 0.2 77 "$K" "$TMP/digest-empty"
+expect_rc c-empty 0
+expect_not_in c-empty out "not ok"
+cmp -s "$TMP/digest-f16-1" "$TMP/digest-empty" || fail "empty shards changed the global batches"
+ESPEC0=0:0,1:13,2:0,3:24
+mpi w-empty0 2 "$prog" write "$TMP/eshards0" f32 "$ESPEC0"
+expect_rc w-empty0 0
+mpi c-empty0 2 "$prog" check "$TMP/eshards0" f32 "$ESPEC0" 3 0.2 77 "$K" "$TMP/digest-empty0"
+expect_rc c-empty0 0
+expect_not_in c-empty0 out "not ok"
+mpi w-allempty 2 "$prog" write "$TMP/allempty" f16 0:0,1:0
+expect_rc w-allempty 0
+pass "empty shards: passed over, the same global batches"
+
 # Another seed, another order; no validation set at all.
 mpi seed 2 "$prog" check "$TMP/f16" f16 "$SPEC" 3 0.2 78 "$K" "$TMP/digest-seed"
 expect_rc seed 0
@@ -54,6 +76,7 @@ mkdir -p "$TMP/empty"
 errcase empty 3 "$TMP/empty" 2 0.2 "no committed shards in '$TMP/empty'"
 errcase notdir 2 "$TMP/digest-seed" 2 0.2 "is not a directory"
 errcase nodir 2 "" 2 0.2 "needs a shard directory"
+errcase allempty 2 "$TMP/allempty" 1 0.2 "$TMP/allempty: no training samples: the 2 committed shard(s) are all empty (each sample of their ranges was skipped"
 errcase toofew 3 "$TMP/f16" 13 0.2 "37 training samples (of 48; 11 held out for validation) are fewer than one global batch of 39 (3 ranks x 13)"
 errcase toofew1 1 "$TMP/f16" 38 0.2 "are fewer than one global batch of 38"
 mpi enough 1 "$prog" open "$TMP/f16" 37 0.2
@@ -117,3 +140,16 @@ done
 cmp -s "$TMP/fdigest-1" "$TMP/fdigest-2" && cmp -s "$TMP/fdigest-1" "$TMP/fdigest-3" ||
     fail "follow mode: the global batches depend on the reader split or the writer's speed"
 pass "follow mode: the same global batches for any split and any writer speed"
+# Empty shards as they come: an empty shard 0 (the validation set is then the first shard with
+# samples, fixed at open; open waits for it), one in the middle, one at the end; and a dataset of
+# nothing but empty shards, where the first step fails with a clear message on every rank
+mpi fol-empty 3 "$prog" follow "$TMP/fol-empty" f16 0:0,1:13,2:5,3:0,4:19,5:0 3 0.2 77 "$K" 100 1 "$TMP/fdigest-e"
+expect_rc fol-empty 0
+expect_not_in fol-empty out "not ok"
+expect_in fol-empty out "validation: shard 0 is empty (each sample was skipped in preprocessing); the validation set is the held-out samples of shard 1, the first holding samples"
+expect_in fol-empty out "in shard 1, the validation set"
+mpi fol-allempty 3 "$prog" follow "$TMP/fol-allempty" f16 0:0,1:0 2 0.2 77 2 50 1 "$TMP/fdigest-ae"
+expect_rc fol-allempty 0
+expect_not_in fol-allempty out "not ok"
+expect_in fol-allempty out "every shard empty: $TMP/fol-allempty: no training samples"
+pass "follow mode: empty shards"

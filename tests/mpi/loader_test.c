@@ -746,7 +746,7 @@ static int cmd_follow(int argc, char **argv)
         const sd_loader_batch *b;
         sd_loader_batch vb;
         sd_err err;
-        int64_t *stream, *rec, *global = NULL, n_val0 = 0, G = (int64_t)B * size, spe;
+        int64_t *stream, *rec, *global = NULL, n_val0 = 0, G = (int64_t)B * size, spe, vshard = -1;
         FILE *dig = NULL;
         sd_log_set_info_leader(rank == 0);
         model_build(&m, &sp, frac);
@@ -754,8 +754,13 @@ static int cmd_follow(int argc, char **argv)
         stream = sd_xmalloc((size_t)m.n * sizeof *stream);
         model_stream(&m, &sp, seed, stream);
         spe = m.n_train / G;
+        /* the validation set: the held-out samples of the first shard holding samples (shard 0
+         * unless it is empty: every sample of its range skipped in preprocessing) */
+        for (int k = 0; k < sp.n && vshard < 0; k++)
+            if (sp.samples[k] > 0)
+                vshard = sp.index[k];
         for (int64_t v = 0; v < m.n_val; v++)
-            n_val0 += m.shard[m.val[v]] == 0;
+            n_val0 += m.shard[m.val[v]] == vshard;
         sd_loader_options_defaults(&o);
         o.shard_dir = dir;
         o.val_fraction = frac;
@@ -775,14 +780,27 @@ static int cmd_follow(int argc, char **argv)
                   (in->complete == (in->n_shards == sp.n)),
               "info at open: planned %lld shards %lld val %lld (want %lld) complete %d", (long long)in->n_planned,
               (long long)in->n_shards, (long long)in->n_val, (long long)n_val0, in->complete);
-        /* the validation set: shard 0's held-out samples */
+        /* the validation set: that shard's held-out samples, known at open */
+        check(vshard < 0 || in->n_shards > vshard, "open returned before shard %lld (the validation "
+              "set's) was known: %lld shards", (long long)vshard, (long long)in->n_shards);
         sd_loader_batch_alloc(l, (int)(n_val0 + 1), &vb);
         if (check(sd_loader_read_val(l, 0, (int)n_val0, &vb, &err) == 0, "validation read: %s", err.msg))
             for (int i = 0; i < vb.count; i++)
-                check(ordinal_of(&m, vb.ids[i]) == m.val[i] && m.shard[m.val[i]] == 0 &&
+                check(ordinal_of(&m, vb.ids[i]) == m.val[i] && m.shard[m.val[i]] == vshard &&
                           content_ok(&vb, i, vb.ids[i], 8, dt),
                       "validation sample %d", i);
         sd_loader_batch_free(&vb);
+        if (spe == 0) {
+            /* no training sample in any shard (all empty): the first step fails on every rank
+             * with a clear message, once every planned shard is known */
+            check(sd_loader_next(l, &b, NULL, &err) != 0 && strstr(err.msg, "no training samples") &&
+                      strstr(err.msg, "all empty") && sd_loader_get_info(l)->complete,
+                  "every shard empty: next fails: %s", err.msg);
+            if (rank == 0)
+                tap_diag("every shard empty: %s", err.msg);
+            sd_loader_close(l);
+            goto done;
+        }
         rec = sd_xmalloc((size_t)B * sizeof *rec);
         if (rank == 0) {
             global = sd_xmalloc((size_t)G * sizeof *global);
@@ -818,8 +836,9 @@ static int cmd_follow(int argc, char **argv)
               "info after epoch 0: complete %d shards %lld train %lld spe %lld", in->complete,
               (long long)in->n_shards, (long long)in->n_train, (long long)in->steps_per_epoch);
         if (rank == 0)
-            tap_diag("%lld samples: %lld train (%lld steps per epoch of %lld), %lld validation in shard 0",
-                     (long long)m.n, (long long)m.n_train, (long long)spe, (long long)G, (long long)n_val0);
+            tap_diag("%lld samples: %lld train (%lld steps per epoch of %lld), %lld validation in shard %lld",
+                     (long long)m.n, (long long)m.n_train, (long long)spe, (long long)G, (long long)n_val0,
+                     (long long)vshard);
         if (dig)
             fclose(dig);
         free(rec);
@@ -830,7 +849,8 @@ static int cmd_follow(int argc, char **argv)
         model_free(&m);
         model_free(&scratch);
     }
-    section("follow mode: the first pass shard by shard, then the epoch permutations; shard 0's validation set");
+    section("follow mode: the first pass shard by shard, then the epoch permutations; the validation set of "
+            "the first shard with samples");
     MPI_Comm_free(&sub);
     return g_rank == 0 ? tap_done() : 0;
 }

@@ -7,7 +7,9 @@
 # losses); a step that needs the next shard waits for it; a preprocessing half that dies or
 # stalls ends the whole job with a non-zero status, without a hang; the training half on the
 # emulated GPU device path trains the same; with &run pipeline_end = 'training' preprocessing stops
-# at a shard boundary once training is done.
+# at a shard boundary once training is done; SIGUSR1 to a rank of either half (or to training
+# rank 0 waiting for a shard) stops both halves with status 0, and a rerun resumes to the same
+# weights.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 # 4 ranks: the default launcher passes --oversubscribe for machines with fewer cores
@@ -153,3 +155,74 @@ SDTRAIN_TEST_SHARD_DELAY_MS=500 mpi small2 4 "$SDTRAIN" "$TMP/small.nml" --set d
 expect_rc small2 2
 expect_in small2 err "fewer than one global batch of 32 (2 ranks x 16)"
 pass "a failing half ends the whole job"
+
+# (f) SIGUSR1 (Slurm's notice before the time limit) reaching either half stops the whole job
+# with status 0: the half that caught it stops at its next boundary and tells the other, which
+# stops as well (preprocessing after committing the shard it has encoded, the trainers with a
+# checkpoint); run again, the job resumes from both and trains what the uninterrupted run
+# (pipe) trained, bit for bit.
+# same_as_pipe NAME: NAME was stopped with a checkpoint; a rerun completes it and equals pipe
+same_as_pipe() {
+    k=$(sed -n 's/^checkpointed at step \([0-9]*\) after SIGUSR1.*/\1/p' "$TMP/$1.out")
+    [ -n "$k" ] || fail "$1: no checkpoint step in the log"
+    [ -d "$TMP/$1/checkpoints/step-$(printf %08d "$k")" ] || fail "$1: no checkpoint of step $k"
+    [ ! -e "$TMP/$1/unet_final.safetensors" ] || fail "$1: final weights written by a stopped run"
+    mpi "$1-rerun" 4 "$SDTRAIN" "$TMP/$1.nml"
+    expect_rc "$1-rerun" 0
+    expect_in "$1-rerun" out "resuming from $TMP/$1/checkpoints/step-$(printf %08d "$k"): step $k"
+    expect_in "$1-rerun" out "all 3 planned shards are committed"
+    cmp -s "$TMP/pipe/unet_final.safetensors" "$TMP/$1/unet_final.safetensors" ||
+        fail "$1: stopped at step $k and resumed, other weights than the uninterrupted run"
+    losses "$TMP/$1" >"$TMP/l-$1"
+    cmp -s "$TMP/l-pipe" "$TMP/l-$1" || fail "$1: stopped and resumed, other losses"
+}
+# SIGUSR1 to the launcher, which passes it to every rank (as srun does with Slurm's notice),
+# after the first step, preprocessing slowed: every rank stops, none dies of the signal (the
+# preprocessing ranks did before 2026-11-27, and the job ended non-zero)
+pipe_nml all "$TMP/shards-all" 8
+# shellcheck disable=SC2086 # MPIEXEC holds a command and its flags
+SDTRAIN_TEST_SHARD_DELAY_MS=2000 $MPIEXEC $MPIEXEC_NP 4 "$SDTRAIN" "$TMP/all.nml" >"$TMP/all.out" 2>"$TMP/all.err" &
+usr1_after_first_step all $! "$TMP/all/metrics.jsonl"
+expect_rc all 0
+expect_in all out "stopped for SIGUSR1 after committing shard"
+expect_in all out "after SIGUSR1; resubmit to continue"
+same_as_pipe all
+# a preprocessing rank (world rank 1) once shard 1 is encoded: preprocessing commits it and
+# stops, the trainers checkpoint at their next step (or while they wait for shard 1)
+pipe_nml pusr1 "$TMP/shards-pusr1" 8
+SDTRAIN_FAULT=usr1:rank=1:step=1 mpi pusr1 4 "$SDTRAIN" "$TMP/pusr1.nml"
+expect_rc pusr1 0
+expect_in pusr1 out "stopped for SIGUSR1 after committing shard 1: 2 of the 3 shards are committed, and a rerun goes on from them; the training half is told to stop too"
+expect_in pusr1 out "after SIGUSR1 (caught by the preprocessing half); resubmit to continue"
+[ "$(checksums "$TMP/shards-pusr1" | wc -l)" = 2 ] || fail "pusr1: expected shards 0 and 1 committed"
+same_as_pipe pusr1
+# a training rank (world rank 3) at the end of step 0, preprocessing slowed: the trainers
+# checkpoint step 1, preprocessing stops at its next shard instead of going on to the end
+pipe_nml tusr1 "$TMP/shards-tusr1" 8
+SDTRAIN_FAULT=usr1:rank=3:step=0 SDTRAIN_TEST_SHARD_DELAY_MS=2500 mpi tusr1 4 "$SDTRAIN" "$TMP/tusr1.nml"
+expect_rc tusr1 0
+expect_in tusr1 out "checkpointed at step 1 after SIGUSR1; resubmit to continue"
+expect_in tusr1 out "stopped for SIGUSR1 (caught by the training half) after committing shard"
+[ "$(checksums "$TMP/shards-tusr1" | wc -l)" -lt 3 ] || fail "tusr1: the preprocessing half went on to the end"
+same_as_pipe tusr1
+# training rank 0 signalled while it waits for shard 1 (preprocessing slowed by 3 s a shard, the
+# wait limit 120 s): the trainers stop at once with a checkpoint of step 1, not when shard 1
+# comes nor after the limit; preprocessing commits shard 1 and stops
+pipe_nml wusr1 "$TMP/shards-wusr1" 8
+t0=$(date +%s)
+SDTRAIN_FAULT=usr1:rank=2:phase=shard-wait:step=1 SDTRAIN_TEST_SHARD_DELAY_MS=3000 \
+    mpi wusr1 4 "$SDTRAIN" "$TMP/wusr1.nml" --set data.shard_wait_timeout=120
+expect_rc wusr1 0
+[ $(($(date +%s) - t0)) -lt 60 ] || fail "wusr1: the stop took $(($(date +%s) - t0)) s"
+expect_in wusr1 out "stopped while waiting for shard 1 of 3 in $TMP/shards-wusr1"
+expect_in wusr1 out "checkpointed at step 1 after SIGUSR1; resubmit to continue"
+expect_in wusr1 out "stopped for SIGUSR1 (caught by the training half) after committing shard 1: 2 of the 3 shards"
+same_as_pipe wusr1
+# ... and while it waits for shard 0, before any step: no checkpoint, status 0, no hang
+pipe_nml ousr1 "$TMP/shards-ousr1" 8
+SDTRAIN_FAULT=usr1:rank=2:phase=shard-wait SDTRAIN_TEST_SHARD_DELAY_MS=1500 mpi ousr1 4 "$SDTRAIN" "$TMP/ousr1.nml"
+expect_rc ousr1 0
+expect_in ousr1 out "stopped for SIGUSR1 while waiting for the first shard, before any step of this run; resubmit to continue"
+expect_in ousr1 out "stopped for SIGUSR1 (caught by the training half) after committing shard 0: 1 of the 3 shards"
+[ ! -e "$TMP/ousr1/checkpoints/latest" ] || fail "ousr1: a checkpoint without a step"
+pass "SIGUSR1 to either half: both stop cleanly with status 0, and a rerun trains the same"

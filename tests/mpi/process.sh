@@ -179,18 +179,92 @@ mpi rerun-cut 2 "$SDTRAIN" "$TMP/kill.nml" --set data.shard_dir="$TMP/shards-cut
 expect_rc rerun-cut 2
 expect_in rerun-cut err "but the file has 1000 bytes"
 
-# a shard all of whose samples are bad cannot be written (a shard holds one at least): status 2
-# (bad input, which slurm/process.sh does not retry; it was 1), the shard before it committed
-run data-allbad "$SDTOOL" make-demo-data "$TMP/data-allbad" --count 8
+# a shard all of whose samples are bad (a run of samples_per_shard corrupt images, here those of
+# shards 0 and 1): committed empty (0 samples, datasets of zero rows), a warning naming each, and
+# the run goes on with status 0 (it stopped at the first with status 2: a shard held one sample
+# at least); the other shards are those of the same data undamaged, a rerun skips the empty
+# ones, inspect verifies them
+run data-allbad "$SDTOOL" make-demo-data "$TMP/data-allbad" --count 16
 expect_rc data-allbad 0
-for f in "$TMP"/data-allbad/00000/00000000[4-7].*; do
+cp -r "$TMP/data-allbad" "$TMP/data-allgood"
+for f in "$TMP"/data-allbad/00000/00000000[0-7].*; do
     case $f in *.txt) ;; *) echo garbage >"$f" ;; esac
 done
 write_nml allbad files "$TMP/data-allbad" "$TMP/shards-allbad"
 mpi allbad 2 "$SDTRAIN" "$TMP/allbad.nml" --set data.samples_per_shard=4
-expect_rc allbad 2
-expect_count allbad err "shard 1: none of its 4 samples (4 to 7 of $TMP/data-allbad, from '00000/000000004' on) is usable" 1
-[ "$(checksums "$TMP/shards-allbad" | wc -l)" = 1 ] || fail "allbad: shard 0 not committed"
+expect_rc allbad 0
+expect_count allbad err "warning: shard 0 is empty: each of its 4 samples (0 to 3 of $TMP/data-allbad, from '00000/000000000' on) was skipped" 1
+expect_count allbad err "warning: shard 1 is empty: each of its 4 samples (4 to 7 of $TMP/data-allbad, from '00000/000000004' on) was skipped" 1
+expect_in allbad out "shard 1/4 committed: 0 samples"
+grep -q '"read": 16, "kept": 8, "skipped": 8' "$TMP/shards-allbad/preprocess_summary.json" ||
+    fail "allbad: counts: $(cat "$TMP/shards-allbad/preprocess_summary.json")"
+[ "$(grep '"samples"' "$TMP/shards-allbad/manifest.json" | tr -dc '0-9\n' | tr '\n' ' ')" = "0 0 4 4 " ] ||
+    fail "allbad: not shards of 0, 0, 4 and 4 samples: $(cat "$TMP/shards-allbad/manifest.json")"
+write_nml allgood files "$TMP/data-allgood" "$TMP/shards-allgood"
+mpi allgood 2 "$SDTRAIN" "$TMP/allgood.nml" --set data.samples_per_shard=4
+expect_rc allgood 0
+[ "$(checksums "$TMP/shards-allbad" | tail -n 2)" = "$(checksums "$TMP/shards-allgood" | tail -n 2)" ] ||
+    fail "allbad: shards 2 and 3 differ from those of the undamaged data"
+mpi allbad-again 2 "$SDTRAIN" "$TMP/allbad.nml" --set data.samples_per_shard=4
+expect_rc allbad-again 0
+expect_in allbad-again out "4 already committed"
+expect_in allbad-again out "0 new shard(s)"
+expect_not_in allbad-again err "is empty"
+run allbad-insp "$SDTOOL" inspect --verify "$TMP/shards-allbad"
+expect_rc allbad-insp 0
+expect_count allbad-insp out "ok, checksum verified" 4
+expect_count allbad-insp out "ok, checksum verified, empty" 2
+run allbad-inspf "$SDTOOL" inspect "$TMP/shards-allbad/shard-000000.h5"
+expect_rc allbad-inspf 0
+expect_in allbad-inspf out "shard 0, 0 samples"
+expect_in allbad-inspf out "empty shard: each sample of its range was skipped"
+# training on them passes over the empty shards (val_fraction 0.45 holds out keys 10 to 13)
+TRAIN_SET="--set data.samples_per_shard=4 --set data.val_fraction=0.45 --set train.max_steps=2
+ --set train.batch_size_per_rank=2 --set train.val_every=2"
+sed "s/mode = 'process'/mode = 'train', device = 'cpu'/; s/run-allbad/run-allbad-train/" "$TMP/allbad.nml" \
+    >"$TMP/allbad-train.nml"
+# shellcheck disable=SC2086 # TRAIN_SET holds several options
+mpi allbad-train 1 "$SDTRAIN" "$TMP/allbad-train.nml" $TRAIN_SET
+expect_rc allbad-train 0
+expect_in allbad-train out "4 training / 4 validation samples"
+expect_in allbad-train out "step 2/2"
+# ... and so does a pipeline's training half, as the shards come: the validation set (fixed at
+# open) is the held-out samples of the first shard with samples, shard 2 (keys 10 and 11)
+sed "s/mode = 'process'/mode = 'pipeline', n_process_ranks = 2, device = 'cpu'/; s/run-allbad/run-allbad-pipe/" \
+    "$TMP/allbad.nml" >"$TMP/allbad-pipe.nml"
+# shellcheck disable=SC2086
+SDTRAIN_TEST_SHARD_DELAY_MS=200 mpi allbad-pipe 3 "$SDTRAIN" "$TMP/allbad-pipe.nml" $TRAIN_SET \
+    --set data.shard_dir="'$TMP/shards-allbadpipe'"
+expect_rc allbad-pipe 0
+expect_in allbad-pipe out "validation: shards 0 to 1 are empty (each sample was skipped in preprocessing); the validation set is the held-out samples of shard 2"
+expect_in allbad-pipe out "step 0: validation loss"
+expect_in allbad-pipe out "over 2 samples"
+expect_in allbad-pipe out "step 2/2"
+[ "$(checksums "$TMP/shards-allbad")" = "$(checksums "$TMP/shards-allbadpipe")" ] ||
+    fail "allbad: the pipeline wrote other shards than mode 'process'"
+# nothing but empty shards: preprocessing goes through, training stops with a clear error,
+# status 2, in mode 'train' and in a pipeline
+run data-nogood "$SDTOOL" make-demo-data "$TMP/data-nogood" --count 4
+expect_rc data-nogood 0
+for f in "$TMP"/data-nogood/00000/*; do
+    case $f in *.txt) ;; *) echo garbage >"$f" ;; esac
+done
+write_nml nogood files "$TMP/data-nogood" "$TMP/shards-nogood"
+mpi nogood 2 "$SDTRAIN" "$TMP/nogood.nml" --set data.samples_per_shard=4
+expect_rc nogood 0
+expect_count nogood err "warning: shard 0 is empty" 1
+sed "s/mode = 'process'/mode = 'train', device = 'cpu'/; s/run-nogood/run-nogood-train/" "$TMP/nogood.nml" \
+    >"$TMP/nogood-train.nml"
+# shellcheck disable=SC2086
+mpi nogood-train 2 "$SDTRAIN" "$TMP/nogood-train.nml" $TRAIN_SET
+expect_rc nogood-train 2
+expect_count nogood-train err "$TMP/shards-nogood: no training samples: the 1 committed shard(s) are all empty" 1
+sed "s/mode = 'process'/mode = 'pipeline', n_process_ranks = 2, device = 'cpu'/; s/run-nogood/run-nogood-pipe/" \
+    "$TMP/nogood.nml" >"$TMP/nogood-pipe.nml"
+# shellcheck disable=SC2086
+mpi nogood-pipe 3 "$SDTRAIN" "$TMP/nogood-pipe.nml" $TRAIN_SET --set data.shard_dir="'$TMP/shards-nogoodpipe'"
+expect_rc nogood-pipe 2
+expect_in nogood-pipe err "$TMP/shards-nogoodpipe: no training samples: the 1 committed shard(s) are all empty"
 
 # a file name that is not UTF-8 (a Latin-1 byte): its sample is read and stored under the key
 # with U+FFFD in its place (the shard's keys are UTF-8 text); it stopped the run with status 1

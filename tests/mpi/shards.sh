@@ -175,13 +175,27 @@ printf '{"format": "sdtrain-shard-manifest", "version": 1, "shards": [%s]}' \
     "$(echo "$entry" | sed 's/SAMPLES/9223372036854775807/')" >"$d/manifest.json"
 run huge "$prog" committed "$d"
 expect_rc huge 1
-expect_in huge err "shard entry 0: 'samples' must be an integer from 1 to 1099511627776"
+expect_in huge err "shard entry 0: 'samples' must be an integer from 0 to 1099511627776"
 
 # Bad inputs and failures on one rank reach every rank (no hang), one message, no temp files.
 for np in 1 3; do
     mpi "errors-$np" "$np" "$prog" errors "$TMP/errors-$np"
     expect_rc "errors-$np" 0
     expect_not_in "errors-$np" out "not ok"
+    expect_in "errors-$np" out "empty shard: checksum"
+done
+# the empty shard written there (no rank had a sample: committed with 0 samples, zero rows):
+# inspect shows it, verifies its checksum and says why it is empty
+run insp-empty "$prog" inspect --verify "$TMP/errors-3/ok"
+expect_rc insp-empty 0
+expect_in insp-empty out "committed shards: 2, samples: 6"
+expect_in insp-empty out "ok, checksum verified, empty"
+expect_in insp-empty out "empty shards: 1 (each sample of their ranges was skipped"
+run insp-empty-f "$prog" inspect --verify "$TMP/errors-3/ok/shard-000001.h5"
+expect_rc insp-empty-f 0
+for s in "num_samples = 0" "image_latents_16             [0, 8, 2, 2]" "caption                      [0]" \
+    "shard 1, 0 samples" "empty shard: each sample of its range was skipped"; do
+    expect_in insp-empty-f out "$s"
 done
 # An HDF5 failure no input explains ends the whole job with the HDF5 error stack (no hang).
 mpi h5fatal 3 "$prog" h5fatal

@@ -560,9 +560,50 @@ static int cmd_errors(int argc, char **argv)
             s.caps[0] = saved;
     }
     {
+        /* no rank has a sample (every sample of the shard's range was skipped): the shard is
+         * committed empty, zero rows in every per-sample dataset, and reads back as such */
         slice none;
+        sd_shard_entry e;
+        int rc;
         make_slice(&none, 1, 0, 0, SD_LATENT_NCHW);
-        expect_write_error("no samples at all", d1, 1, &meta, &none, "no rank contributes a sample", 1);
+        rc = sd_shard_write(MPI_COMM_WORLD, d1, 1, &meta, none.empty, &none.b, &e, &err);
+        rc = all_same(rc ? err.msg : "") && rc == 0;
+        if (rank == 0) {
+            sd_shard_manifest m;
+            sd_shard *sh = NULL;
+            float *got = sd_xmalloc(E_EL * sizeof(float)), want[E_EL];
+            char keys[16];
+            uint64_t sum = 0;
+            const sd_shard_entry *me;
+            tap_ok(rc && e.samples == 0 && e.index == 1, "no samples at all: every rank commits an "
+                   "empty shard (%s)", rc ? "ok" : err.msg);
+            tap_ok(no_temp_files(d1), "empty shard: no temporary file left in %s", d1);
+            tap_ok(sd_shards_committed(d1, &m, &err) == 0 && (me = sd_shard_manifest_find(&m, 1)) &&
+                       me->samples == 0 && me->checksum == e.checksum && m.total_samples == 6,
+                   "empty shard: in the manifest with 0 samples (total 6)");
+            rc = sd_shard_open_entry(d1, &e, &sh, &err);
+            tap_ok(rc == 0, "empty shard opens: %s", rc ? err.msg : "ok");
+            if (sh) {
+                const sd_shard_info *in = sd_shard_get_info(sh);
+                tap_ok(in->n_samples == 0 && in->shard_index == 1 && in->resolution == RES && in->embed_dim == D &&
+                           in->caption_width >= 1 && in->key_width >= 1,
+                       "empty shard: 0 samples, the shapes of the others");
+                tap_ok(sd_shard_read_moments(sh, 0, 0, 1, SD_LATENT_NHWC, got, &err) == 0 &&
+                           sd_shard_read_keys(sh, 0, 0, 1, keys, sizeof keys, &err) == 0 &&
+                           sd_shard_read_moments(sh, 0, 1, 1, SD_LATENT_NCHW, got, &err) != 0 &&
+                           strstr(err.msg, "the shard has 0"),
+                       "empty shard: reads of nothing succeed, of a sample fail: %s", err.msg);
+                for (int64_t j = 0; j < E_EL; j++)
+                    want[j] = stored(none.empty[j], SD_F16);
+                tap_ok(sd_shard_read_empty_embedding(sh, got, &err) == 0 && same_bits(got, want, E_EL),
+                       "empty shard: empty-caption embedding exact");
+                tap_ok(sd_shard_checksum(sh, &sum, &err) == 0 && sum == e.checksum,
+                       "empty shard: checksum %016llx matches the manifest's", (unsigned long long)sum);
+                sd_shard_close(sh);
+            }
+            sd_shard_manifest_free(&m);
+            free(got);
+        }
         free_slice(&none);
     }
     /* the temporary file cannot be created (a directory holds its name): H5Fcreate fails on every

@@ -50,6 +50,8 @@ int main(void)
     tap_ok(refused_with("usr1:rank=0:phase=ckpt-write", "usr1 faults need step=N"), "usr1 needs a step");
     tap_ok(refused_with("usr1:rank=0:step=2:phase=ckpt-write", "only kill and nan faults take a phase"),
            "usr1 takes no phase");
+    tap_ok(parses("usr1:rank=2:phase=shard-wait") && parses("usr1:rank=2:phase=shard-wait:step=1"),
+           "usr1 while waiting for a shard (pipeline trainers), at any wait or at one step's");
     tap_ok(sd_fault_parse("flip:rank=1:phase=ckpt-write:step=4", f, &n, &err) == 0 && n == 1 &&
                f[0].action == SD_FAULT_FLIP && f[0].step == 4,
            "flip at the checkpoint write of one step");
