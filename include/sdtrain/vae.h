@@ -71,6 +71,17 @@ size_t sd_vae_encode_scratch_bytes(const sd_vae_config *c, const sd_backend *be,
 size_t sd_vae_decode_scratch_bytes(const sd_vae_config *c, const sd_backend *be, int batch,
                                    int h, int w);
 
+/* The largest convolution tensor (input as padded, or output) of one sample of an encode
+ * (decode = 0, images [h, w]) or decode (decode = 1, latents [h, w]), in elements. */
+int64_t sd_vae_conv_elems(const sd_vae_config *c, int decode, int h, int w);
+/* How many samples of a batch one pass of the model takes on `be`: the whole batch, unless a
+ * convolution tensor of it would exceed what the backend's convolutions take (cuDNN's
+ * descriptors: 2^31 - 1 elements; the CPU has no limit), then the most that fit.
+ * sd_vae_encode / sd_vae_decode split such a batch into passes themselves (the samples are
+ * independent: the outputs are those of one pass) and the scratch queries size one pass. */
+int sd_vae_pass_batch(const sd_vae_config *c, const sd_backend *be, int decode, int batch, int h,
+                      int w);
+
 /* Floating-point operations of one encode / decode, counted by the same dry run: 2 x the
  * multiply-adds of convolutions, linear layers and the two attention matmuls. */
 double sd_vae_encode_flops(const sd_vae_config *c, int batch, int h, int w);
@@ -89,8 +100,8 @@ typedef struct sd_vae_tap {
 
 /* moments = quant_conv(encoder(images)). Takes its memory from `arena` above the current
  * position and gives it back (needs sd_vae_encode_scratch_bytes() free bytes; less ends the
- * job with the numbers). `tap` may be NULL. CPU: the result does not depend on the thread
- * count. */
+ * job with the numbers). `tap` may be NULL (and must be when the batch is split into passes,
+ * sd_vae_pass_batch). CPU: the result does not depend on the thread count. */
 void sd_vae_encode(const sd_vae *m, int batch, int h, int w, const void *images, void *moments,
                    sd_arena *arena, const sd_vae_tap *tap);
 /* images = decoder(post_quant_conv(latents)). Same memory rules. */

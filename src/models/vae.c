@@ -317,6 +317,7 @@ typedef struct run {
     void *pp[2];             /* ping-pong activation buffers (real run) */
     size_t pp_cap;           /* bytes each */
     size_t pp_need;          /* largest activation asked for, bytes */
+    int64_t conv_elems;      /* largest convolution input (as padded) or output, per sample */
     double flops;
     const sd_vae_tap *tap;
     const char *what;        /* "VAE encoder" / "VAE decoder", for messages */
@@ -382,6 +383,12 @@ static void conv(run *r, const conv_p *p, const act *x, int cout, int k, int str
     SD_CHECK(y->h == d.h_out && y->w == d.w_out && y->c == cout, "conv output %dx%dx%d vs %dx%dx%d",
              y->h, y->w, y->c, d.h_out, d.w_out, cout);
     r->flops += 2.0 * r->n * d.h_out * d.w_out * (double)cout * k * k * x->c;
+    {
+        const int64_t in = (int64_t)(x->h + pt + pb) * (x->w + pl + pr) * x->c,
+                      out = (int64_t)d.h_out * d.w_out * cout, most = in > out ? in : out;
+        if (most > r->conv_elems)
+            r->conv_elems = most;
+    }
     sb = r->be ? sd_conv2d_forward_scratch_bytes(r->be, &d) : 0;
     s = tmp(r, sb);
     if (!r->dry && z)
@@ -604,6 +611,7 @@ static void decode_run(run *r, const act *latents, void *images)
 typedef struct plan {
     size_t pp;    /* bytes of each ping-pong buffer, aligned */
     size_t temps; /* high-water mark of the temporaries above them */
+    int64_t conv_elems; /* largest convolution tensor, per sample */
     double flops;
 } plan;
 
@@ -630,14 +638,10 @@ static plan make_plan(const sd_vae_config *c, const sd_backend *be, int decode, 
         encode_run(&r, &in, NULL);
     p.pp = (r.pp_need + al - 1) / al * al;
     p.temps = sd_arena_high_water(&meas);
+    p.conv_elems = r.conv_elems;
     p.flops = r.flops;
     sd_arena_free(&meas);
     return p;
-}
-
-static size_t plan_bytes(const plan *p)
-{
-    return 2 * p->pp + p->temps + SD_ARENA_DEFAULT_ALIGNMENT;
 }
 
 static void check_shape_or_die(const sd_vae_config *c, int decode, int batch, int h, int w)
@@ -648,12 +652,65 @@ static void check_shape_or_die(const sd_vae_config *c, int decode, int batch, in
     SD_CHECK(rc == 0, "%s", err.msg);
 }
 
+/* The most elements one convolution tensor may hold on `be`, 0 for no limit. cuDNN's tensor
+ * descriptors take at most 2^31 - 1 elements (NOT_SUPPORTED above), which SD2's VAE passes at
+ * 768 px with an encode batch of 29 ([29, 768, 768, 128]) or a decode batch of 15 ([15, 768,
+ * 768, 256]); the CPU backend has no such limit. SDTRAIN_TEST_VAE_MAX_ELEMS sets one on any
+ * backend, so that the CPU tests can show what the split does. */
+static int64_t conv_elem_limit(const sd_backend *be)
+{
+    const char *env = getenv("SDTRAIN_TEST_VAE_MAX_ELEMS");
+    if (env && *env) {
+        char *end;
+        long long v = strtoll(env, &end, 10);
+        if (!*end && v > 0)
+            return (int64_t)v;
+    }
+    return be && be->device != SD_DEV_CPU ? (int64_t)INT32_MAX : 0;
+}
+
+/* How many images (or latents) of the batch go through the model at once: all of them unless
+ * a convolution tensor of the whole batch would pass the backend's limit; then the most that
+ * stay under it (the samples are independent, so the outputs are those of one pass). */
+int64_t sd_vae_conv_elems(const sd_vae_config *c, int decode, int h, int w)
+{
+    check_shape_or_die(c, decode, 1, h, w);
+    return make_plan(c, NULL, decode, 1, h, w).conv_elems;
+}
+
+static int sub_batch(const sd_vae_config *c, const sd_backend *be, int decode, int batch, int h,
+                     int w)
+{
+    const int64_t limit = conv_elem_limit(be);
+    int64_t per;
+    if (limit == 0)
+        return batch;
+    per = make_plan(c, NULL, decode, 1, h, w).conv_elems;
+    SD_CHECK(per <= limit, "%s: one %s of %dx%d needs a convolution tensor of %lld elements; "
+             "the %s backend takes at most %lld", decode ? "VAE decoder" : "VAE encoder",
+             decode ? "latent" : "image", h, w, (long long)per, be ? be->name : "?",
+             (long long)limit);
+    return (int64_t)batch * per <= limit ? batch : (int)(limit / per);
+}
+
+static size_t plan_bytes(const plan *p)
+{
+    return 2 * p->pp + p->temps + SD_ARENA_DEFAULT_ALIGNMENT;
+}
+
+int sd_vae_pass_batch(const sd_vae_config *c, const sd_backend *be, int decode, int batch, int h,
+                      int w)
+{
+    check_shape_or_die(c, decode, batch, h, w);
+    return sub_batch(c, be, decode, batch, h, w);
+}
+
 size_t sd_vae_encode_scratch_bytes(const sd_vae_config *c, const sd_backend *be, int batch,
                                    int h, int w)
 {
     plan p;
     check_shape_or_die(c, 0, batch, h, w);
-    p = make_plan(c, be, 0, batch, h, w);
+    p = make_plan(c, be, 0, sub_batch(c, be, 0, batch, h, w), h, w);
     return plan_bytes(&p);
 }
 
@@ -662,7 +719,7 @@ size_t sd_vae_decode_scratch_bytes(const sd_vae_config *c, const sd_backend *be,
 {
     plan p;
     check_shape_or_die(c, 1, batch, h, w);
-    p = make_plan(c, be, 1, batch, h, w);
+    p = make_plan(c, be, 1, sub_batch(c, be, 1, batch, h, w), h, w);
     return plan_bytes(&p);
 }
 
@@ -678,8 +735,9 @@ double sd_vae_decode_flops(const sd_vae_config *c, int batch, int h, int w)
     return make_plan(c, NULL, 1, batch, h, w).flops;
 }
 
-static void forward(const sd_vae *m, int decode, int batch, int h, int w, const void *in,
-                    void *out, sd_arena *arena, const sd_vae_tap *tap_)
+/* One pass of `batch` samples (at most sub_batch's). */
+static void forward_pass(const sd_vae *m, int decode, int batch, int h, int w, const void *in,
+                         void *out, sd_arena *arena, const sd_vae_tap *tap_)
 {
     const sd_vae_config *c = &m->cfg;
     const char *what = decode ? "VAE decoder" : "VAE encoder";
@@ -688,7 +746,6 @@ static void forward(const sd_vae *m, int decode, int batch, int h, int w, const 
     size_t mark, free_bytes;
     act x = {(void *)in, -1, h, w, decode ? c->latent_channels : c->in_channels};
 
-    check_shape_or_die(c, decode, batch, h, w);
     p = make_plan(c, m->be, decode, batch, h, w);
     free_bytes = sd_arena_capacity(arena) - sd_arena_used(arena);
     SD_CHECK(!sd_arena_is_measuring(arena) && free_bytes >= plan_bytes(&p),
@@ -714,6 +771,33 @@ static void forward(const sd_vae *m, int decode, int batch, int h, int w, const 
     else
         encode_run(&r, &x, out);
     sd_arena_reset_to(arena, mark);
+}
+
+static void forward(const sd_vae *m, int decode, int batch, int h, int w, const void *in,
+                    void *out, sd_arena *arena, const sd_vae_tap *tap_)
+{
+    const sd_vae_config *c = &m->cfg;
+    const size_t es = sd_dtype_size(m->be->dtype);
+    int oh, ow, sub;
+    size_t in_bytes, out_bytes; /* per sample */
+    sd_err err;
+    int rc = decode ? sd_vae_check_latent_shape(c, batch, h, w, &oh, &ow, &err)
+                    : sd_vae_check_image_shape(c, batch, h, w, &oh, &ow, &err);
+    SD_CHECK(rc == 0, "%s", err.msg);
+    sub = sub_batch(c, m->be, decode, batch, h, w);
+    if (sub >= batch) {
+        forward_pass(m, decode, batch, h, w, in, out, arena, tap_);
+        return;
+    }
+    SD_CHECK(!tap_ || !tap_->fn, "%s: taps see one pass; a batch of %d is split into passes of %d",
+             decode ? "VAE decoder" : "VAE encoder", batch, sub);
+    in_bytes = (size_t)h * (size_t)w * (size_t)(decode ? c->latent_channels : c->in_channels) * es;
+    out_bytes = (size_t)oh * (size_t)ow * (size_t)(decode ? c->out_channels : 2 * c->latent_channels) * es;
+    for (int i = 0; i < batch; i += sub) {
+        const int nb = batch - i < sub ? batch - i : sub;
+        forward_pass(m, decode, nb, h, w, (const char *)in + (size_t)i * in_bytes,
+                     (char *)out + (size_t)i * out_bytes, arena, tap_);
+    }
 }
 
 void sd_vae_encode(const sd_vae *m, int batch, int h, int w, const void *images, void *moments,

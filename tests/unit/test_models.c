@@ -811,6 +811,53 @@ static void test_threads_and_plan(void)
         free(d1);
         free(d2);
     }
+    {
+        /* A batch whose convolution tensors pass the backend's limit (cuDNN: 2^31 - 1 elements;
+         * set here on the CPU by SDTRAIN_TEST_VAE_MAX_ELEMS) runs in passes of the most that
+         * fit: 5 samples with room for 2 give the bits of three calls of 2, 2 and 1 (one call
+         * of 5 differs from them in the last bits: the CPU's GEMMs block by batch size). */
+        const int B5 = 5, cut[4] = {0, 2, 4, 5};
+        float *img = uniform((int64_t)B5 * H * W * 3, 4), *lat = uniform((int64_t)B5 * lh * lw * 4, 5);
+        const size_t sm = (size_t)lh * lw * 8, si = (size_t)H * W * 3, sl = (size_t)lh * lw * 4;
+        size_t one[2], split[2];
+        float *m1 = sd_xmalloc(B5 * sm * 4), *m2 = sd_xmalloc(B5 * sm * 4);
+        float *d1 = sd_xmalloc(B5 * si * 4), *d2 = sd_xmalloc(B5 * si * 4);
+        const int64_t pe = sd_vae_conv_elems(&vc, 0, H, W), pd = sd_vae_conv_elems(&vc, 1, lh, lw);
+        char lim[32];
+        set_threads(2);
+        tap_ok(pe == (int64_t)(H + 2) * (W + 2) * 32 && pd == (int64_t)(H + 2) * (W + 2) * 64,
+               "largest convolution tensor of one sample: encode %lld (the first level's padded "
+               "input, 42 x 38 x 32), decode %lld (42 x 38 x 64)", (long long)pe, (long long)pd);
+        for (int k = 0; k < 3; k++) {
+            const int n = cut[k + 1] - cut[k];
+            vae_run(vae, 0, n, H, W, img + cut[k] * si, m1 + cut[k] * sm, &one[0], &used);
+            vae_run(vae, 1, n, lh, lw, lat + cut[k] * sl, d1 + cut[k] * si, &one[1], &used);
+        }
+        vae_run(vae, 0, B5, H, W, img, m2, &one[0], &used);
+        vae_run(vae, 1, B5, lh, lw, lat, d2, &one[1], &used);
+        tap_ok(sd_vae_pass_batch(&vc, be, 0, B5, H, W) == B5, "no limit on the CPU: one pass");
+        snprintf(lim, sizeof lim, "%lld", (long long)(2 * pe + 1));
+        setenv("SDTRAIN_TEST_VAE_MAX_ELEMS", lim, 1);
+        tap_ok(sd_vae_pass_batch(&vc, be, 0, B5, H, W) == 2, "encode: a limit of %s elements "
+               "takes 2 images a pass", lim);
+        vae_run(vae, 0, B5, H, W, img, m2, &split[0], &used);
+        tap_ok(!memcmp(m1, m2, B5 * sm * 4) && split[0] < one[0], "VAE encode of 5 in passes of "
+               "2 + 2 + 1: the bits of three calls, in %zu of %zu scratch bytes", split[0], one[0]);
+        snprintf(lim, sizeof lim, "%lld", (long long)(2 * pd + 1));
+        setenv("SDTRAIN_TEST_VAE_MAX_ELEMS", lim, 1);
+        tap_ok(sd_vae_pass_batch(&vc, be, 1, B5, lh, lw) == 2, "decode: a limit of %s elements "
+               "takes 2 latents a pass", lim);
+        vae_run(vae, 1, B5, lh, lw, lat, d2, &split[1], &used);
+        tap_ok(!memcmp(d1, d2, B5 * si * 4) && split[1] < one[1], "VAE decode of 5 in passes of "
+               "2 + 2 + 1: the bits of three calls, in %zu of %zu scratch bytes", split[1], one[1]);
+        unsetenv("SDTRAIN_TEST_VAE_MAX_ELEMS");
+        free(img);
+        free(lat);
+        free(m1);
+        free(m2);
+        free(d1);
+        free(d2);
+    }
     sd_vae_free(vae);
     sd_weights_free(&vw);
 
