@@ -193,11 +193,15 @@ static void cuda_synchronize(const sd_backend *be)
 static void cuda_zero(const sd_backend *be, void *dst, size_t bytes)
 {
     SD_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, sd_cuda_stream(be)));
+    if (sd_cuda(be)->sync_each_op) /* SDTRAIN_CUDA_SYNC=1: its errors reported here */
+        sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
 }
 
 static void cuda_copy(const sd_backend *be, void *dst, const void *src, size_t bytes)
 {
     SD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, sd_cuda_stream(be)));
+    if (sd_cuda(be)->sync_each_op) /* SDTRAIN_CUDA_SYNC=1: its errors reported here */
+        sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
 }
 
 /* Device memory, or page-locked host memory with `pinned`; NULL when it cannot be had (out of

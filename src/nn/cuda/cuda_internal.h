@@ -105,6 +105,17 @@ void sd_cuda_profile_mark(const sd_backend *be, const char *label);
             sd_cuda_profile_mark((be), (label));                                               \
     } while (0)
 
+/* After a library call that queues work (cuDNN, a memset or copy): with SDTRAIN_CUDA_SYNC=1 the
+ * stream is synchronized, so that an error inside the library's kernels is reported at this op
+ * (cudaGetLastError is not asked: libraries may leave a benign error there); then the profile
+ * mark. */
+#define SD_CUDA_LIB_DONE(be, label)                                                            \
+    do {                                                                                       \
+        if (sd_cuda(be)->sync_each_op)                                                         \
+            sd_cuda_stream_wait(sd_cuda(be), sd_cuda(be)->stream);                             \
+        SD_CUDA_SUBMARK(be, label);                                                            \
+    } while (0)
+
 /* After every kernel launch: a launch error (bad configuration) is reported at once; with
  * SDTRAIN_CUDA_SYNC=1 the stream is also synchronized (the watched wait: NCCL's errors and
  * timeout are seen there too) so an error inside the kernel is reported at the op that caused

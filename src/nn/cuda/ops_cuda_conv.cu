@@ -617,7 +617,7 @@ static void conv_forward_legacy(const sd_backend *be, conv_entry *e, const void 
             z ? z : y, e->b_desc, b, e->act, e->y_desc, y);
         if (r == CUDNN_STATUS_SUCCESS) {
             e->fused_bias = 1;
-            SD_CUDA_SUBMARK(be, e->prof_fwd[0]);
+            SD_CUDA_LIB_DONE(be, e->prof_fwd[0]);
             return;
         }
         /* refused on first use: this shape takes the separate bias pass from now on */
@@ -629,7 +629,7 @@ static void conv_forward_legacy(const sd_backend *be, conv_entry *e, const void 
                                            e->conv_desc, e->fwd_algo,
                                            e->fwd_ws ? base + L.ws : nullptr, e->fwd_ws, &zero,
                                            e->y_desc, y));
-    SD_CUDA_SUBMARK(be, e->prof_fwd[0]);
+    SD_CUDA_LIB_DONE(be, e->prof_fwd[0]);
     if (b) {
         sd_cuda_bias_rows(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, b, y);
     }
@@ -758,7 +758,7 @@ static void conv_forward(const sd_backend *be, const sd_conv2d_desc *d, const vo
         const int g = sd_cuda_conv_graph_run(st, e->graph[z != nullptr], x, w, b, z, y,
                                              base + L.ws, why, sizeof why);
         if (g > 0) {
-            SD_CUDA_SUBMARK(be, e->prof_fwd[1]);
+            SD_CUDA_LIB_DONE(be, e->prof_fwd[1]);
             return;
         }
         if (g < 0) { /* refused at run time: this shape takes the legacy calls from now on */
@@ -837,7 +837,7 @@ static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, 
         }
     }
 
-    SD_CUDA_SUBMARK(be, "conv2d_backward:dx");
+    SD_CUDA_LIB_DONE(be, "conv2d_backward:dx");
     if (dw) {
         const void *xin = x;
         if (e->explicit_pad) {
@@ -861,7 +861,7 @@ static void cuda_conv2d_backward(const sd_backend *be, const sd_conv2d_desc *d, 
         }
     }
 
-    SD_CUDA_SUBMARK(be, "conv2d_backward:dw");
+    SD_CUDA_LIB_DONE(be, "conv2d_backward:dw");
     if (db)
         sd_cuda_colsum(be, (int64_t)d->n * d->h_out * d->w_out, d->c_out, dy, db, 1,
                        base + L.colsum);
