@@ -55,6 +55,17 @@ typedef struct sd_shard_meta {
 void sd_shard_meta_defaults(sd_shard_meta *m);
 
 /* One rank's contiguous slice of a shard's samples (n may be 0: the pointers are then unused). */
+/* What a shard was planned to hold: the samples [first, first + samples) of the dataset, whose
+ * first has a key of FNV-1a 64 hash key_hash. Recorded in the manifest entry, so that a rerun can
+ * tell whether a committed shard belongs to its own plan, also a shard left empty. */
+typedef struct sd_shard_range {
+    int64_t first, samples;
+    uint64_t key_hash;
+} sd_shard_range;
+
+/* FNV-1a 64 of a key's bytes (sd_shard_range.key_hash). */
+uint64_t sd_shard_key_hash(const char *key);
+
 typedef struct sd_shard_batch {
     int64_t n;
     sd_latent_layout layout;     /* of `moments` */
@@ -63,6 +74,8 @@ typedef struct sd_shard_batch {
     const int32_t *ids;          /* [n, L] CLIP token ids */
     const char *const *captions; /* n NUL-terminated UTF-8 strings */
     const char *const *keys;     /* n NUL-terminated UTF-8 strings (sample names) */
+    const sd_shard_range *range; /* the shard's planned range, the same on every rank; NULL:
+                                    not recorded */
 } sd_shard_batch;
 
 /* One committed shard as the manifest lists it. */
@@ -73,6 +86,8 @@ typedef struct sd_shard_entry {
     uint64_t checksum;  /* content hash of the data arrays (sd_shard_checksum) */
     int resolution;
     char file[64];      /* "shard-000012.h5", always the canonical name of `index` */
+    int has_range;      /* the manifest records `range` (writers since 2026-11-27) */
+    sd_shard_range range;
 } sd_shard_entry;
 
 typedef struct sd_shard_manifest {

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -26,6 +27,7 @@
 #include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
+#include "sdtrain/json_file.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
 #include "sdtrain/ops.h"
@@ -692,6 +694,28 @@ static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n
                               "with another &data input, max_samples or samples_per_shard; %s",
                               cfg->data.shard_dir, m->file, (long long)m->samples, (long long)planned,
                               (long long)n, cfg->data.input, (long long)S, advice);
+        if (m->index >= n_shards)
+            return sd_err_set(err, "%s: the committed %s is beyond this run's plan of %lld shard(s) "
+                              "(%lld samples of %s in shards of %lld): the shards were written "
+                              "with another &data input, max_samples or samples_per_shard; %s",
+                              cfg->data.shard_dir, m->file, (long long)n_shards, (long long)n,
+                              cfg->data.input, (long long)S, advice);
+        /* the range the writer planned for it (manifests since 2026-11-27): the same samples,
+         * starting at the same key, also for a shard left empty, whose keys say nothing */
+        if (m->has_range &&
+            (m->range.first != m->index * S || m->range.samples != planned ||
+             m->range.key_hash != sd_shard_key_hash(sd_dataset_key(ds, m->index * S))))
+            return sd_err_set(err, "%s: the committed %s was planned for samples %lld to %lld of "
+                              "its run's input, starting at a key with FNV-1a %016llx; this run "
+                              "plans samples %lld to %lld for it, starting at '%s' (%lld samples of "
+                              "%s in shards of %lld): the shards were written with another &data "
+                              "input, max_samples or samples_per_shard; %s", cfg->data.shard_dir,
+                              m->file, (long long)m->range.first,
+                              (long long)(m->range.first + m->range.samples - 1),
+                              (unsigned long long)m->range.key_hash, (long long)(m->index * S),
+                              (long long)(m->index * S + planned - 1),
+                              sd_dataset_key(ds, m->index * S), (long long)n, cfg->data.input,
+                              (long long)S, advice);
         if (m->resolution != e->res)
             return sd_err_set(err, "%s: the committed %s is of resolution %d, this run's is %d; %s",
                               cfg->data.shard_dir, m->file, m->resolution, e->res, advice);
@@ -751,70 +775,321 @@ static void index_counts(const sd_dataset_stats *st, index_count *c)
     memcpy(c, all, sizeof all);
 }
 
-/* The per-reason summary: a table on stdout and <shard_dir>/preprocess_summary.json
- * (temporary file + rename). Rank 0 only. */
-static void write_summary(const sd_config *cfg, const uint64_t *counts, const sd_dataset_stats *ist,
-                          int64_t n_samples, int64_t n_new_shards, double seconds)
+/* One run's part of <shard_dir>/preprocess_summary.json: the shards it committed, as ranges
+ * [first, last] in increasing order, and why their samples were kept or skipped (summed over
+ * ranks). */
+typedef struct summary_run {
+    int64_t (*ranges)[2];
+    int64_t n_ranges, cap;
+    double seconds;
+    uint64_t counts[N_COUNTS];
+} summary_run;
+
+static void summary_run_add(summary_run *r, int64_t first, int64_t last)
 {
-    char path[SD_PATH_MAX + 64], tmp[SD_PATH_MAX + 96], name[64];
-    uint64_t kept = 0, skipped = 0;
+    if (r->n_ranges > 0 && r->ranges[r->n_ranges - 1][1] == first - 1) {
+        r->ranges[r->n_ranges - 1][1] = last;
+        return;
+    }
+    if (r->n_ranges == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 8;
+        r->ranges = sd_xrealloc(r->ranges, (size_t)r->cap * sizeof *r->ranges);
+    }
+    r->ranges[r->n_ranges][0] = first;
+    r->ranges[r->n_ranges][1] = last;
+    r->n_ranges++;
+}
+
+static int64_t summary_run_shards(const summary_run *r)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < r->n_ranges; i++)
+        n += r->ranges[i][1] - r->ranges[i][0] + 1;
+    return n;
+}
+
+static void summary_runs_free(summary_run *runs, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        free(runs[i].ranges);
+    free(runs);
+}
+
+static uint64_t kept_count(const uint64_t *counts)
+{
+    uint64_t kept = 0;
+    for (int i = 0; i < SD_SAMPLE_N_REASONS; i++)
+        if (sd_sample_reason_keeps((sd_sample_reason)i))
+            kept += counts[i];
+    return kept;
+}
+
+/* The counts[] entry a summary names `name`, or -1. */
+static int count_index(const char *name)
+{
+    char buf[64];
+    for (int i = 0; i < N_COUNTS; i++)
+        if (!strcmp(count_name(i, buf, sizeof buf), name))
+            return i;
+    return -1;
+}
+
+/* A JSON integer >= 0, else -1. */
+static int64_t json_count(json_object *v)
+{
+    if (!v || !json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
+        return -1;
+    return json_object_get_int64(v);
+}
+
+/* The runs of the summary at `path` (written by earlier runs) that still describe the shard
+ * directory: each of their shards is committed (in `man`, read when this run started) and the
+ * manifest lists as many samples for them as the run kept. A run that does not (its shards were
+ * removed, or rewritten since) is dropped and counted in *dropped. Returns 0 (no file: no runs),
+ * or -1 with why the file is no summary this run can add to: unreadable, another format or
+ * version, another plan (n samples in shards of S), a shard counted twice. */
+static int read_summary(const char *path, int64_t n, int64_t S, int64_t n_shards,
+                        const sd_shard_manifest *man, summary_run **out, int64_t *n_out,
+                        int64_t *dropped, sd_err *err)
+{
+    json_object *root, *v = NULL, *runs = NULL;
+    summary_run *r = NULL;
+    unsigned char *seen = NULL;
+    int64_t nr = 0;
+    size_t len = 0;
+    int rc = 0;
+    *out = NULL;
+    *n_out = *dropped = 0;
+    if (access(path, F_OK) != 0 && errno == ENOENT)
+        return 0;
+    if (sd_json_read_object(path, &root, err) != 0)
+        return -1;
+    if (!json_object_object_get_ex(root, "format", &v) || !json_object_is_type(v, json_type_string) ||
+        strcmp(json_object_get_string(v), "sdtrain-preprocess-summary") != 0)
+        rc = sd_err_set(err, "%s: not an sdtrain preprocessing summary", path);
+    else if (!json_object_object_get_ex(root, "version", &v) || json_count(v) != 2)
+        rc = sd_err_set(err, "%s: a summary of version %lld, not 2 (version 1 counted the shards "
+                             "of the run that wrote it only)", path, (long long)json_count(v));
+    else if (!json_object_object_get_ex(root, "dataset_samples", &v) || json_count(v) != n ||
+             !json_object_object_get_ex(root, "samples_per_shard", &v) || json_count(v) != S)
+        rc = sd_err_set(err, "%s: the summary of another plan (this run's: %lld samples in shards "
+                             "of %lld)", path, (long long)n, (long long)S);
+    else if (!json_object_object_get_ex(root, "runs", &runs) ||
+             !json_object_is_type(runs, json_type_array))
+        rc = sd_err_set(err, "%s: a summary without \"runs\"", path);
+    if (rc == 0) {
+        len = json_object_array_length(runs);
+        r = sd_xcalloc(len + 1, sizeof *r);
+        seen = sd_xcalloc((size_t)n_shards + 1, 1);
+    }
+    for (size_t i = 0; rc == 0 && i < len; i++) {
+        json_object *run = json_object_array_get_idx(runs, i), *shards, *reasons;
+        summary_run *x = &r[nr];
+        int64_t listed = 0;
+        int committed = 1, ok = json_object_is_type(run, json_type_object) &&
+                                json_object_object_get_ex(run, "shards", &shards) &&
+                                json_object_is_type(shards, json_type_array) &&
+                                json_object_object_get_ex(run, "reasons", &reasons) &&
+                                json_object_is_type(reasons, json_type_object);
+        for (size_t j = 0; ok && j < json_object_array_length(shards); j++) {
+            json_object *range = json_object_array_get_idx(shards, j);
+            int64_t a = -1, b = -1;
+            if (json_object_is_type(range, json_type_array) && json_object_array_length(range) == 2) {
+                a = json_count(json_object_array_get_idx(range, 0));
+                b = json_count(json_object_array_get_idx(range, 1));
+            }
+            ok = a >= 0 && a <= b && b < n_shards;
+            if (ok)
+                summary_run_add(x, a, b);
+        }
+        if (ok) {
+            json_object_object_foreach(reasons, name, count)
+            {
+                const int c = count_index(name);
+                const int64_t m = json_count(count);
+                if (c < 0 || m < 0) {
+                    ok = 0;
+                    break;
+                }
+                x->counts[c] += (uint64_t)m;
+            }
+        }
+        if (!ok) {
+            rc = sd_err_set(err, "%s: run %zu of \"runs\" is not {\"shards\": [[first, last], ...], "
+                                 "\"reasons\": {...}} of this plan's shards and known reasons",
+                            path, i + 1);
+            free(x->ranges);
+            break;
+        }
+        if (json_object_object_get_ex(run, "seconds", &v) &&
+            (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
+            x->seconds = json_object_get_double(v);
+        for (int64_t j = 0; committed && j < x->n_ranges; j++)
+            for (int64_t k = x->ranges[j][0]; committed && k <= x->ranges[j][1]; k++) {
+                const sd_shard_entry *e = sd_shard_manifest_find(man, k);
+                committed = e != NULL;
+                listed += e ? e->samples : 0;
+            }
+        if (!committed || (uint64_t)listed != kept_count(x->counts)) {
+            free(x->ranges);
+            memset(x, 0, sizeof *x);
+            (*dropped)++;
+            continue;
+        }
+        for (int64_t j = 0; rc == 0 && j < x->n_ranges; j++)
+            for (int64_t k = x->ranges[j][0]; rc == 0 && k <= x->ranges[j][1]; k++) {
+                if (seen[k])
+                    rc = sd_err_set(err, "%s: two runs count shard %lld", path, (long long)k);
+                seen[k] = 1;
+            }
+        nr++;
+    }
+    json_object_put(root);
+    free(seen);
+    if (rc != 0) {
+        summary_runs_free(r, nr);
+        return -1;
+    }
+    *out = r;
+    *n_out = nr;
+    return 0;
+}
+
+/* The per-reason summary (rank 0). With print_table, this run's table on stdout: `counts` are
+ * its samples by reason. Then <shard_dir>/preprocess_summary.json (doc/datasets.md, "The
+ * summary file"): the runs of the earlier summary that still describe the directory, and this
+ * one's (`mine`: the shards it committed and their counts, a part of `counts` only when a shard
+ * was read and not committed), with their sums: the counts of every committed shard some run
+ * counted, not just this run's. Nothing is lost: a rerun that commits nothing leaves an earlier
+ * summary it cannot add to as it is, and one that commits shards moves it to ".old". */
+static void write_summary(const sd_config *cfg, const uint64_t *counts, const summary_run *mine,
+                          const sd_dataset_stats *ist, const sd_shard_manifest *man,
+                          int64_t n_samples, int64_t n_shards, int64_t n_new_shards, int print_table)
+{
+    const int64_t S = cfg->data.samples_per_shard;
+    char path[SD_PATH_MAX + 64], old[SD_PATH_MAX + 96], name[64];
+    uint64_t kept = kept_count(counts), read = 0, all[N_COUNTS] = {0}, all_kept;
+    int64_t n_runs = 0, dropped = 0, counted = 0;
+    summary_run *runs = NULL;
     index_count ic[N_INDEX_COUNTS];
     int any_index = 0;
+    sd_err err;
+    char *text = NULL;
+    size_t text_len = 0;
     FILE *f;
+    sd_err_clear(&err);
     index_counts(ist, ic);
     for (int i = 0; i < N_INDEX_COUNTS; i++)
         any_index |= ic[i].n != 0;
-    for (int i = 0; i < N_COUNTS; i++) {
-        int keeps = i < SD_SAMPLE_N_REASONS && sd_sample_reason_keeps((sd_sample_reason)i);
-        if (keeps)
-            kept += counts[i];
-        else
-            skipped += counts[i];
+    for (int i = 0; i < N_COUNTS; i++)
+        read += counts[i];
+    if (print_table) {
+        printf("preprocessing summary: %" PRIu64 " samples read, %" PRIu64 " kept, %" PRIu64
+               " skipped, %lld new shard(s), %.1f s\n", read, kept, read - kept,
+               (long long)n_new_shards, mine->seconds);
+        printf("  %-28s %12s  %s\n", "reason", "samples", "outcome");
+        for (int i = 0; i < N_COUNTS; i++) {
+            if (!counts[i])
+                continue;
+            int keeps = i < SD_SAMPLE_N_REASONS && sd_sample_reason_keeps((sd_sample_reason)i);
+            printf("  %-28s %12" PRIu64 "  %s\n", count_name(i, name, sizeof name), counts[i],
+                   keeps ? "kept" : "skipped");
+        }
+        if (any_index) {
+            /* found while indexing, before any sample: not among the samples read */
+            printf("  dataset index (not samples):");
+            for (int i = 0, first = 1; i < N_INDEX_COUNTS; i++)
+                if (ic[i].n) {
+                    printf("%s %s %lld", first ? "" : ",", ic[i].name, (long long)ic[i].n);
+                    first = 0;
+                }
+            printf("\n");
+        }
+        fflush(stdout);
     }
-    printf("preprocessing summary: %" PRIu64 " samples read, %" PRIu64 " kept, %" PRIu64
-           " skipped, %lld new shard(s), %.1f s\n", kept + skipped, kept, skipped, (long long)n_new_shards, seconds);
-    printf("  %-28s %12s  %s\n", "reason", "samples", "outcome");
-    for (int i = 0; i < N_COUNTS; i++) {
-        if (!counts[i])
-            continue;
-        int keeps = i < SD_SAMPLE_N_REASONS && sd_sample_reason_keeps((sd_sample_reason)i);
-        printf("  %-28s %12" PRIu64 "  %s\n", count_name(i, name, sizeof name), counts[i], keeps ? "kept" : "skipped");
-    }
-    if (any_index) {
-        /* found while indexing, before any sample: not among the samples read */
-        printf("  dataset index (not samples):");
-        for (int i = 0, first = 1; i < N_INDEX_COUNTS; i++)
-            if (ic[i].n) {
-                printf("%s %s %lld", first ? "" : ",", ic[i].name, (long long)ic[i].n);
-                first = 0;
-            }
-        printf("\n");
-    }
-    fflush(stdout);
+
     snprintf(path, sizeof path, "%s/preprocess_summary.json", cfg->data.shard_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    f = fopen(tmp, "w");
-    if (!f) {
-        sd_warn("cannot write %s: %s", tmp, strerror(errno));
-        return;
+    if (read_summary(path, n_samples, S, n_shards, man, &runs, &n_runs, &dropped, &err) != 0) {
+        if (mine->n_ranges == 0) {
+            sd_info("%s; it is left as it is (this run committed no shard)", err.msg);
+            return;
+        }
+        snprintf(old, sizeof old, "%s.old", path);
+        if (rename(path, old) != 0) {
+            sd_warn("%s, and it cannot be moved to %s (%s): the summary is not updated", err.msg,
+                    old, strerror(errno));
+            return;
+        }
+        sd_warn("%s; it is kept as %s, and the new summary counts this run's shards only", err.msg,
+                old);
     }
-    fprintf(f, "{\"format\": \"sdtrain-preprocess-summary\", \"version\": 1, \"dataset_samples\": %lld, "
-               "\"read\": %" PRIu64 ", \"kept\": %" PRIu64 ", \"skipped\": %" PRIu64 ", \"new_shards\": %lld, "
-               "\"reasons\": {", (long long)n_samples, kept + skipped, kept, skipped, (long long)n_new_shards);
+    if (dropped > 0)
+        sd_warn("%s: %lld earlier run(s) counted shards that are not committed as they were then "
+                "(removed or rewritten since): their counts are dropped", path, (long long)dropped);
+    if (mine->n_ranges > 0) {
+        runs = sd_xrealloc(runs, (size_t)(n_runs + 1) * sizeof *runs);
+        runs[n_runs] = *mine;
+        runs[n_runs].ranges = sd_xmalloc((size_t)mine->n_ranges * sizeof *mine->ranges);
+        memcpy(runs[n_runs].ranges, mine->ranges, (size_t)mine->n_ranges * sizeof *mine->ranges);
+        runs[n_runs].cap = mine->n_ranges;
+        n_runs++;
+    }
+    read = 0;
+    for (int64_t r = 0; r < n_runs; r++) {
+        counted += summary_run_shards(&runs[r]);
+        for (int i = 0; i < N_COUNTS; i++)
+            all[i] += runs[r].counts[i];
+    }
+    for (int i = 0; i < N_COUNTS; i++)
+        read += all[i];
+    all_kept = kept_count(all);
+    if (print_table && (n_runs > (mine->n_ranges > 0) || counted < man->n + n_new_shards))
+        printf("  all runs (%s): %" PRIu64 " samples read, %" PRIu64 " kept, %" PRIu64 " skipped "
+               "in %lld of the %lld committed shard(s)%s\n", path, read, all_kept, read - all_kept,
+               (long long)counted, (long long)(man->n + n_new_shards),
+               counted < man->n + n_new_shards ? " (the others were committed by runs whose "
+                                                 "counts it lacks: killed, say)" : "");
+    fflush(stdout);
+
+    f = open_memstream(&text, &text_len);
+    SD_CHECK(f != NULL, "open_memstream: %s", strerror(errno));
+    fprintf(f, "{\"format\": \"sdtrain-preprocess-summary\", \"version\": 2, \"dataset_samples\": %lld, "
+               "\"samples_per_shard\": %lld, \"shards_planned\": %lld, \"shards_committed\": %lld, "
+               "\"shards_counted\": %lld, \"read\": %" PRIu64 ", \"kept\": %" PRIu64 ", \"skipped\": %"
+               PRIu64 ", \"new_shards\": %lld, \"reasons\": {", (long long)n_samples, (long long)S,
+            (long long)n_shards, (long long)(man->n + n_new_shards), (long long)counted, read,
+            all_kept, read - all_kept, (long long)n_new_shards);
     for (int i = 0, first = 1; i < N_COUNTS; i++) {
-        if (!counts[i])
+        if (!all[i])
             continue;
-        fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name), counts[i]);
+        fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name), all[i]);
         first = 0;
     }
     fprintf(f, "}, \"index\": {");
     for (int i = 0; i < N_INDEX_COUNTS; i++)
         fprintf(f, "%s\"%s\": %lld", i ? ", " : "", ic[i].name, (long long)ic[i].n);
-    fprintf(f, "}}\n");
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
-        sd_warn("cannot write %s: %s", path, strerror(errno));
-        unlink(tmp);
+    fprintf(f, "},\n \"runs\": [");
+    for (int64_t r = 0; r < n_runs; r++) {
+        fprintf(f, "%s\n  {\"shards\": [", r ? "," : "");
+        for (int64_t j = 0; j < runs[r].n_ranges; j++)
+            fprintf(f, "%s[%lld, %lld]", j ? ", " : "", (long long)runs[r].ranges[j][0],
+                    (long long)runs[r].ranges[j][1]);
+        fprintf(f, "], \"seconds\": %.2f, \"reasons\": {", runs[r].seconds);
+        for (int i = 0, first = 1; i < N_COUNTS; i++) {
+            if (!runs[r].counts[i])
+                continue;
+            fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name),
+                    runs[r].counts[i]);
+            first = 0;
+        }
+        fprintf(f, "}}");
     }
+    fprintf(f, "\n ]}\n");
+    SD_CHECK(fclose(f) == 0, "open_memstream: %s", strerror(errno));
+    if (sd_write_file_atomic(path, text, text_len, &err) != 0)
+        sd_warn("cannot write %s: %s", path, err.msg);
+    free(text);
+    summary_runs_free(runs, n_runs);
 }
 
 /* A sample whose encoding is not finite as the shard stores it (NaN or infinity from the
@@ -877,9 +1152,11 @@ typedef struct shard_writer {
     const float *empty;
     int64_t index;
     sd_shard_batch batch;
+    uint64_t counts[N_COUNTS]; /* its samples by reason, over all ranks (set before the start) */
     /* its outcome */
     int rc;
     sd_shard_entry entry;
+    sd_shard_range range; /* the planned range of the shard written, recorded in the manifest */
     sd_err err;
     double seconds; /* the write's own time */
     double done;    /* when it ended */
@@ -889,6 +1166,8 @@ typedef struct shard_writer {
     int pending;    /* a write started whose outcome writer_finish has not taken */
     double started; /* when the shard's reading began (for its log line) */
     pthread_t thread;
+    /* every write's outcome: the shards committed and their counts, for the summary */
+    summary_run committed;
 } shard_writer;
 
 static void writer_write(shard_writer *w)
@@ -907,10 +1186,13 @@ static void *writer_main(void *arg)
 
 /* Writes slice s as shard `index`: on the writer thread (returns at once; writer_finish waits),
  * or on this one. */
-static void writer_start(shard_writer *w, int64_t index, const slice *s, double started)
+static void writer_start(shard_writer *w, int64_t index, const sd_shard_range *range,
+                         const slice *s, double started)
 {
     SD_CHECK(!w->pending, "a shard write is still running");
     w->index = index;
+    w->range = *range;
+    w->batch.range = &w->range;
     w->started = started;
     w->pending = 1;
     w->batch.n = s->n;
@@ -926,7 +1208,14 @@ static void writer_start(shard_writer *w, int64_t index, const slice *s, double 
         writer_write(w);
         return;
     }
+    /* created with every signal blocked (as the loader's prefetch thread is): the SIGUSR1 /
+     * SIGTERM caught for a stop at the next boundary is never handled on this thread, where it
+     * would interrupt a system call inside MPI-IO or HDF5 */
+    sigset_t all, old;
+    sigfillset(&all);
+    SD_CHECK(pthread_sigmask(SIG_SETMASK, &all, &old) == 0, "block signals");
     int e = pthread_create(&w->thread, NULL, writer_main, w);
+    SD_CHECK(pthread_sigmask(SIG_SETMASK, &old, NULL) == 0, "restore signals");
     if (e != 0) {
         /* (every rank writes this shard, on its thread or here: the collective calls still
          * pair up; later shards are written here) */
@@ -965,6 +1254,9 @@ static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t,
         return -1;
     }
     (*n_new)++;
+    summary_run_add(&w->committed, w->index, w->index);
+    for (int i = 0; i < N_COUNTS; i++)
+        w->committed.counts[i] += w->counts[i];
     if (rank == 0)
         sd_info("shard %lld/%lld committed: %lld samples (%.2f s from its first read, of it %.2f s "
                 "writing%s)", (long long)w->index + 1, (long long)n_shards,
@@ -1011,6 +1303,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     sd_shard_manifest man;
     sd_shard_meta meta;
     uint64_t counts[N_COUNTS] = {0}, total[N_COUNTS] = {0};
+    uint64_t shard_start[N_COUNTS]; /* counts[] before the shard being read */
     float *empty = NULL;
     slice sl[2];
     int cur = 0;
@@ -1024,7 +1317,9 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
      * passed on to the trainers, which checkpoint (runtime.h, sd_pipeline_stop_tell). */
     const int pipeline = !strcmp(cfg->run.mode, "pipeline");
     int stop[2] = {0, 0}; /* agreed at the last boundary: a signal caught here, the trainers' */
-    int64_t stopped_after = -1;
+    int64_t stopped_at = -1; /* a signal stop's shard: after committing it, or before it */
+    int stopped_before = 0;
+    int told = 0; /* rank 0 sent the trainers the stop word (sd_pipeline_stop_tell) */
     /* a pipeline job ending with its training: stop at a shard boundary once told */
     const int stop_when_trained = pipeline && !strcmp(cfg->run.pipeline_end, "training");
     MPI_Request trained_req = MPI_REQUEST_NULL; /* completed once the trainers' word came */
@@ -1174,15 +1469,26 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             usleep((useconds_t)delay_ms * 1000);
         /* (no shard write runs here: with stop_when_trained the writes are not threaded) */
         if (stop_when_trained && sd_pipeline_trained(rt, &trained_req)) {
-            if (rank == 0)
+            /* the trainers send their word after a signal stop too (their own, or this half's
+             * passed on): then preprocessing stops for the signal, and says so */
+            int why[2] = {sd_ckpt_signal_pending(), sd_pipeline_stop_heard(rt)};
+            SD_MPI_CHECK(MPI_Allreduce(why, stop, 2, MPI_INT, MPI_MAX, comm));
+            if (stop[0]) /* (training is over: only so that the wait below does not tell again) */
+                sd_pipeline_stop_tell(rt, stop[0]);
+            if (stop[0] || stop[1]) {
+                stopped_at = k;
+                stopped_before = 1;
+            } else if (rank == 0) {
                 sd_info("training is done (&run pipeline_end = 'training'): preprocessing stops "
                         "before shard %lld of %lld; a later 'process' or 'pipeline' run commits "
                         "the rest", (long long)k + 1, (long long)n_shards);
+            }
             break;
         }
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl[cur]);
         sd_err_clear(&read_err);
+        memcpy(shard_start, counts, sizeof shard_start);
         const int read_failed = process_range(cfg, &ds, &enc, begin, end, &sl[cur], counts, t,
                                               &read_err);
         if (!read_failed)
@@ -1204,12 +1510,17 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             break;
         }
         {
-            /* a shard of nothing but skipped samples is committed empty (the shards are
-             * numbered without gaps; readers skip it): bad input never stops the run, and the
-             * summary counts why each was skipped */
-            int64_t mine = sl[cur].n, all = 0;
-            SD_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT64_T, MPI_SUM, comm));
-            if (all == 0 && rank == 0) {
+            /* the shard's samples by reason over all ranks, which the summary adds up once it
+             * is committed (no write is pending: the last one was taken above), and how many
+             * are kept: a shard of nothing but skipped samples is committed empty (the shards
+             * are numbered without gaps; readers skip it), bad input never stops the run */
+            uint64_t mine[N_COUNTS + 1];
+            for (int i = 0; i < N_COUNTS; i++)
+                mine[i] = counts[i] - shard_start[i];
+            mine[N_COUNTS] = (uint64_t)sl[cur].n;
+            SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mine, N_COUNTS + 1, MPI_UINT64_T, MPI_SUM, comm));
+            memcpy(writer.counts, mine, sizeof writer.counts);
+            if (mine[N_COUNTS] == 0 && rank == 0) {
                 const int64_t first = k * cfg->data.samples_per_shard;
                 const int64_t last = first + cfg->data.samples_per_shard < n
                                          ? first + cfg->data.samples_per_shard : n;
@@ -1230,33 +1541,35 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             int why[2] = {sd_ckpt_signal_pending(), sd_pipeline_stop_heard(rt)};
             SD_MPI_CHECK(MPI_Allreduce(why, stop, 2, MPI_INT, MPI_MAX, comm));
             if (stop[0])
-                sd_pipeline_stop_tell(rt, stop[0]);
+                told = sd_pipeline_stop_tell(rt, stop[0]);
         }
-        writer_start(&writer, k, &sl[cur], t0);
+        {
+            /* the range the plan gives shard k, recorded in its manifest entry (check_committed) */
+            const int64_t first = k * cfg->data.samples_per_shard;
+            const sd_shard_range range = {
+                first, n - first < cfg->data.samples_per_shard ? n - first : cfg->data.samples_per_shard,
+                sd_shard_key_hash(sd_dataset_key(&ds, first))};
+            writer_start(&writer, k, &range, &sl[cur], t0);
+        }
         if (!writer.threaded && writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
             code = SD_EXIT_FAILURE;
             break;
         }
         cur ^= 1;
         if (stop[0] || stop[1]) { /* this shard's write is taken below, with the loop's last one */
-            stopped_after = k;
+            stopped_at = k;
             break;
         }
     }
     if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0)
         code = SD_EXIT_FAILURE;
-    if (code == SD_EXIT_OK && stopped_after >= 0 && rank == 0) {
-        if (stop[0])
-            sd_info("stopped for %s after committing shard %lld: %lld of the %lld shards are "
-                    "committed, and a rerun goes on from them%s", sd_ckpt_signal_name(stop[0]),
-                    (long long)stopped_after, (long long)(man.n + n_new), (long long)n_shards,
-                    pipeline ? "; the training half is told to stop too" : "");
-        else
-            sd_info("stopped for %s (caught by the training half) after committing shard %lld: "
-                    "%lld of the %lld shards are committed, and a rerun goes on from them",
-                    sd_ckpt_signal_name(stop[1]), (long long)stopped_after,
-                    (long long)(man.n + n_new), (long long)n_shards);
-    }
+    if (code == SD_EXIT_OK && stopped_at >= 0 && rank == 0)
+        sd_info("stopped for %s%s %s shard %lld: %lld of the %lld shards are committed, and a "
+                "rerun goes on from them%s", sd_ckpt_signal_name(stop[0] ? stop[0] : stop[1]),
+                stop[0] ? "" : " (caught by the training half)",
+                stopped_before ? "before" : "after committing", (long long)stopped_at,
+                (long long)(man.n + n_new), (long long)n_shards,
+                told ? "; the training half is told to stop too" : "");
 
     SD_MPI_CHECK(MPI_Reduce(counts, total, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, comm));
     {
@@ -1266,13 +1579,14 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         SD_MPI_CHECK(MPI_Reduce(t, sum, T_N, MPI_DOUBLE, MPI_SUM, 0, comm));
         SD_MPI_CHECK(MPI_Reduce(&t_waited, &waited, 1, MPI_DOUBLE, MPI_SUM, 0, comm));
         SD_MPI_CHECK(MPI_Reduce(&writer.threaded, &n_threaded, 1, MPI_INT, MPI_SUM, 0, comm));
+        const double now = sd_time_now(), secs = now - t_start, loop = now - t_loop;
+        writer.committed.seconds = secs;
+        /* (after a failure too: the shards committed before it are counted) */
+        if (rank == 0 && (code == SD_EXIT_OK || writer.committed.n_ranges > 0))
+            write_summary(cfg, total, &writer.committed, &ds.stats, &man, n, n_shards, n_new,
+                          code == SD_EXIT_OK);
         if (code == SD_EXIT_OK && rank == 0) {
-            const double now = sd_time_now(), secs = now - t_start, loop = now - t_loop;
-            uint64_t kept = 0;
-            write_summary(cfg, total, &ds.stats, n, n_new, secs);
-            for (int i = 0; i < SD_SAMPLE_N_REASONS; i++)
-                if (sd_sample_reason_keeps((sd_sample_reason)i))
-                    kept += total[i];
+            const uint64_t kept = kept_count(total);
             for (int i = 0; i < T_N; i++)
                 all += sum[i];
             printf("throughput: %.1f images/s (%" PRIu64 " encoded in %.2f s on %d rank(s)); time by stage:",
@@ -1304,6 +1618,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         }
     }
     free(empty);
+    free(writer.committed.ranges);
     slice_free(&sl[0]);
     slice_free(&sl[1]);
     sd_shard_manifest_free(&man);

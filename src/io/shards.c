@@ -259,6 +259,14 @@ const sd_shard_entry *sd_shard_manifest_find(const sd_shard_manifest *m, int64_t
     return bsearch(&key, m->entries, (size_t)m->n, sizeof key, entry_cmp);
 }
 
+uint64_t sd_shard_key_hash(const char *key)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ULL;
+    return h;
+}
+
 static int json_int_field(json_object *o, const char *name, int64_t lo, int64_t hi, int64_t *out,
                           const char *path, int64_t k, sd_err *err)
 {
@@ -363,6 +371,29 @@ static int manifest_parse(const char *path, const char *text, size_t len, sd_sha
             goto out;
         }
         e->checksum = strtoull(hex, &hend, 16);
+        if (json_object_object_get_ex(o, "range", &f)) {
+            /* the planned range (optional: writers before 2026-11-27 leave it out) */
+            json_object *kh;
+            if (!json_object_is_type(f, json_type_object)) {
+                sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld: 'range' must be "
+                                "an object", path, (long long)k);
+                goto out;
+            }
+            if (json_int_field(f, "first", 0, INT64_C(1) << 40, &e->range.first, path, k, err) ||
+                json_int_field(f, "samples", 0, INT64_C(1) << 40, &e->range.samples, path, k, err))
+                goto out;
+            if (!json_object_object_get_ex(f, "first_key_fnv1a", &kh) ||
+                !json_object_is_type(kh, json_type_string) ||
+                strlen(hex = json_object_get_string(kh)) != 16 ||
+                strspn(hex, "0123456789abcdef") != 16) {
+                sd_err_set(err, "%s: not a valid shard manifest: shard entry %lld: "
+                                "'range.first_key_fnv1a' must be 16 lower-case hex digits", path,
+                           (long long)k);
+                goto out;
+            }
+            e->range.key_hash = strtoull(hex, &hend, 16);
+            e->has_range = 1;
+        }
         if (m->total_samples > INT64_MAX - e->samples) {
             sd_err_set(err, "%s: not a valid shard manifest: more than 2^63 samples in all", path);
             goto out;
@@ -479,6 +510,14 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, int *repl
         json_object_object_add(o, "bytes", json_object_new_int64(e->bytes));
         json_object_object_add(o, "resolution", json_object_new_int64(e->resolution));
         json_object_object_add(o, "checksum", json_object_new_string(hex));
+        if (e->has_range) {
+            json_object *r = json_object_new_object();
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)e->range.key_hash);
+            json_object_object_add(r, "first", json_object_new_int64(e->range.first));
+            json_object_object_add(r, "samples", json_object_new_int64(e->range.samples));
+            json_object_object_add(r, "first_key_fnv1a", json_object_new_string(hex));
+            json_object_object_add(o, "range", r);
+        }
         json_object_array_add(arr, o);
         total += e->samples;
     }
@@ -1125,6 +1164,10 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     entry.resolution = m->resolution;
     entry.checksum = checksum;
     snprintf(entry.file, sizeof entry.file, "%s", w->file_name);
+    if (w->mine->range) { /* rank 0's is the one committed */
+        entry.has_range = 1;
+        entry.range = *w->mine->range;
+    }
     if (w->rank != 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-commit"))
         fault_kill("shard-commit");
     if (sd_agree(w->comm, w->rank == 0 && commit(w, &entry, e) != 0, e))

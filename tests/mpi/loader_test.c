@@ -116,6 +116,7 @@ static int write_shard(MPI_Comm comm, const char *dir, const sd_shard_meta *meta
         keys[i] = sd_xstrdup(buf);
         caps[i] = sd_xstrdup("a caption");
     }
+    memset(&b, 0, sizeof b); /* (no planned range recorded) */
     b.n = cnt;
     b.layout = SD_LATENT_NCHW;
     b.moments = mom;

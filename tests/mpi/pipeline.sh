@@ -225,4 +225,22 @@ expect_rc ousr1 0
 expect_in ousr1 out "stopped for SIGUSR1 while waiting for the first shard, before any step of this run; resubmit to continue"
 expect_in ousr1 out "stopped for SIGUSR1 (caught by the training half) after committing shard 0: 1 of the 3 shards"
 [ ! -e "$TMP/ousr1/checkpoints/latest" ] || fail "ousr1: a checkpoint without a step"
+# ... and preprocessing signalled too, once shard 0 is encoded (the trainers' word came before):
+# it stops for its own signal, and says it told the trainers nothing (it said so before)
+pipe_nml busr1 "$TMP/shards-busr1" 8
+SDTRAIN_FAULT=usr1:rank=2:phase=shard-wait,usr1:rank=1:step=0 SDTRAIN_TEST_SHARD_DELAY_MS=1500 \
+    mpi busr1 4 "$SDTRAIN" "$TMP/busr1.nml"
+expect_rc busr1 0
+expect_in busr1 out "stopped for SIGUSR1 after committing shard 0: 1 of the 3 shards are committed, and a rerun goes on from them"
+expect_not_in busr1 out "the training half is told to stop too"
+# ... with &run pipeline_end = 'training': the trainers' "trained" word follows their stop word,
+# and preprocessing (slowed by 1.5 s before shard 0) finds both there: it stops for the signal
+# and says so, not that training is done (it did before)
+pipe_nml eusr1 "$TMP/shards-eusr1" 8
+SDTRAIN_FAULT=usr1:rank=2:phase=shard-wait SDTRAIN_TEST_SHARD_DELAY_MS=1500 \
+    mpi eusr1 4 "$SDTRAIN" "$TMP/eusr1.nml" --set run.pipeline_end=training
+expect_rc eusr1 0
+expect_in eusr1 out "stopped for SIGUSR1 while waiting for the first shard"
+expect_in eusr1 out "stopped for SIGUSR1 (caught by the training half)"
+expect_not_in eusr1 out "preprocessing stops before shard"
 pass "SIGUSR1 to either half: both stop cleanly with status 0, and a rerun trains the same"

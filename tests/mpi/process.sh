@@ -20,6 +20,12 @@ EOF2
 }
 # "index checksum" pairs of a manifest, one per line
 checksums() { grep -E '"(index|checksum)"' "$1/manifest.json" | tr -d ' ",' | paste - -; }
+# the summary's counts over every run (its first line: the sums; the per-run lines follow)
+dir_counts() {
+    head -n 1 "$1/preprocess_summary.json" |
+        grep -o -e '"shards_counted": [0-9]*' -e '"read": [0-9]*, "kept": [0-9]*, "skipped": [0-9]*' \
+            -e '"reasons": {[^}]*}'
+}
 
 for fmt in files webdataset tsv; do
     run "data-$fmt" "$SDTOOL" make-demo-data "$TMP/data-$fmt" --count 40 --bad --format "$fmt"
@@ -198,7 +204,8 @@ expect_count allbad err "warning: shard 1 is empty: each of its 4 samples (4 to 
 expect_in allbad out "shard 1/4 committed: 0 samples"
 grep -q '"read": 16, "kept": 8, "skipped": 8' "$TMP/shards-allbad/preprocess_summary.json" ||
     fail "allbad: counts: $(cat "$TMP/shards-allbad/preprocess_summary.json")"
-[ "$(grep '"samples"' "$TMP/shards-allbad/manifest.json" | tr -dc '0-9\n' | tr '\n' ' ')" = "0 0 4 4 " ] ||
+# (the entries' own "samples", not those of their planned "range", indented deeper)
+[ "$(grep -E '^ {6}"samples"' "$TMP/shards-allbad/manifest.json" | tr -dc '0-9\n' | tr '\n' ' ')" = "0 0 4 4 " ] ||
     fail "allbad: not shards of 0, 0, 4 and 4 samples: $(cat "$TMP/shards-allbad/manifest.json")"
 write_nml allgood files "$TMP/data-allgood" "$TMP/shards-allgood"
 mpi allgood 2 "$SDTRAIN" "$TMP/allgood.nml" --set data.samples_per_shard=4
@@ -210,6 +217,9 @@ expect_rc allbad-again 0
 expect_in allbad-again out "4 already committed"
 expect_in allbad-again out "0 new shard(s)"
 expect_not_in allbad-again err "is empty"
+# ... and keeps the counts of why shards 0 and 1 are empty (the rerun's were all it kept)
+grep -q '"read": 16, "kept": 8, "skipped": 8' "$TMP/shards-allbad/preprocess_summary.json" ||
+    fail "allbad-again: the rerun lost the counts: $(cat "$TMP/shards-allbad/preprocess_summary.json")"
 run allbad-insp "$SDTOOL" inspect --verify "$TMP/shards-allbad"
 expect_rc allbad-insp 0
 expect_count allbad-insp out "ok, checksum verified" 4
@@ -265,6 +275,26 @@ sed "s/mode = 'process'/mode = 'pipeline', n_process_ranks = 2, device = 'cpu'/;
 mpi nogood-pipe 3 "$SDTRAIN" "$TMP/nogood-pipe.nml" $TRAIN_SET --set data.shard_dir="'$TMP/shards-nogoodpipe'"
 expect_rc nogood-pipe 2
 expect_in nogood-pipe err "$TMP/shards-nogoodpipe: no training samples: the 1 committed shard(s) are all empty"
+# a rerun into a directory of empty shards whose plan is another: the manifest records each
+# shard's planned range (first sample, count, a hash of the first key), so another input (here
+# keys from 000000001 on) or other shard sizes are refused, where the empty shards, holding no
+# keys to compare, let it skip their samples without a word
+[ "$(grep -c '"first_key_fnv1a"' "$TMP/shards-nogood/manifest.json")" = 1 ] ||
+    fail "nogood: no planned range in the manifest: $(cat "$TMP/shards-nogood/manifest.json")"
+run data-other "$SDTOOL" make-demo-data "$TMP/data-other" --count 5
+expect_rc data-other 0
+rm "$TMP"/data-other/00000/000000000.*
+mpi nogood-other 2 "$SDTRAIN" "$TMP/nogood.nml" --set data.samples_per_shard=4 \
+    --set data.input="'$TMP/data-other'"
+expect_rc nogood-other 2
+expect_in nogood-other err "the committed shard-000000.h5 was planned for samples 0 to 3 of its run's input"
+expect_in nogood-other err "this run plans samples 0 to 3 for it, starting at '00000/000000001'"
+mpi nogood-size 2 "$SDTRAIN" "$TMP/nogood.nml" --set data.samples_per_shard=2
+expect_rc nogood-size 2
+expect_in nogood-size err "this run plans samples 0 to 1 for it, starting at '00000/000000000'"
+mpi nogood-same 2 "$SDTRAIN" "$TMP/nogood.nml" --set data.samples_per_shard=4
+expect_rc nogood-same 0
+expect_in nogood-same out "0 new shard(s)"
 
 # a file name that is not UTF-8 (a Latin-1 byte): its sample is read and stored under the key
 # with U+FFFD in its place (the shard's keys are UTF-8 text); it stopped the run with status 1
@@ -296,6 +326,11 @@ mpi nosig 2 "$SDTRAIN" "$TMP/nosig.nml" --set data.samples_per_shard=8
 expect_rc nosig 0
 [ "$(checksums "$TMP/shards-sig")" = "$(checksums "$TMP/shards-nosig")" ] ||
     fail "sig: stopped and rerun, the shards differ from an uninterrupted run's"
+# ... and the summary counts the samples of all 5 shards, those of both runs, as the
+# uninterrupted run's does (it held the rerun's 3 shards only)
+[ "$(dir_counts "$TMP/shards-sig")" = "$(dir_counts "$TMP/shards-nosig")" ] ||
+    fail "sig: summary $(dir_counts "$TMP/shards-sig") after the rerun, $(dir_counts "$TMP/shards-nosig") uninterrupted"
+expect_in sig2 out "all runs ($TMP/shards-sig/preprocess_summary.json): 40 samples read, 35 kept, 5 skipped in 5 of the 5 committed shard(s)"
 
 # one job per output directory and per shard directory (a lock each, held as long as the job
 # runs): a second job started while the first runs is refused (status 2) naming the holder,

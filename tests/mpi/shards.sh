@@ -176,6 +176,16 @@ printf '{"format": "sdtrain-shard-manifest", "version": 1, "shards": [%s]}' \
 run huge "$prog" committed "$d"
 expect_rc huge 1
 expect_in huge err "shard entry 0: 'samples' must be an integer from 0 to 1099511627776"
+# the planned range (optional, since 2026-11-27) is checked like the rest of an entry
+for r in '"range": 3|'"'range' must be an object" \
+    '"range": {"first": 0, "samples": 4}|'"'range.first_key_fnv1a' must be 16 lower-case hex digits" \
+    '"range": {"first": -1, "samples": 4, "first_key_fnv1a": "0123456789abcdef"}|'"'first' must be an integer from 0"; do
+    printf '{"format": "sdtrain-shard-manifest", "version": 1, "shards": [%s]}' \
+        "$(echo "$entry" | sed "s/SAMPLES/7/; s/}\$/, ${r%%|*}}/")" >"$d/manifest.json"
+    run range "$prog" committed "$d"
+    expect_rc range 1
+    expect_in range err "shard entry 0: ${r#*|}"
+done
 
 # Bad inputs and failures on one rank reach every rank (no hang), one message, no temp files.
 for np in 1 3; do

@@ -89,6 +89,10 @@ expect_in proc-eio err "Input/output error (a storage error: a retry may succeed
     fail "proc-eio: expected shard 0 committed and shard 1 not written"
 mpi proc-back 2 "$SDTRAIN" "$TMP/proc2.nml"
 expect_rc proc-back 0
+# the summary counts the samples of all three: the failed run wrote it for the shard it had
+# committed, the rerun added its two (it counted 2 of the 3 before)
+grep -q '"shards_committed": 3, "shards_counted": 3, ' "$TMP/shards2/preprocess_summary.json" ||
+    fail "preprocessing rerun: summary $(head -n 1 "$TMP/shards2/preprocess_summary.json")"
 COMPARE="${top_builddir:-.}/tests/mpi/shard_compare"
 for k in 0 1 2; do
     f=shard-00000$k.h5
