@@ -48,7 +48,7 @@ image)
     sources="$src/data/image.c $src/data/transform.c $src/data/utf8.c"
     pkgs="libturbojpeg libpng zlib" opts="-max_len=131072 -rss_limit_mb=2048" seeds="$top/tests/image/input" ;;
 namelist)
-    sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c $src/core/fault.c"
+    sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c $src/core/fault.c $src/data/utf8.c"
     pkgs="" opts="-max_len=8192" seeds="$top/tests/config/invalid $top/inputs" ;;
 tar)
     sources="$src/data/tar.c"
@@ -83,10 +83,13 @@ shardmanifest | checkpoint | shardfile | ckptstate)
     sources="$src/io/h5util.c $src/core/fsutil.c $src/core/fault.c $src/core/tensor.c
         $src/dist/runtime.c $dir/version_stub.c"
     if [ "$target" = shardmanifest ] || [ "$target" = shardfile ]; then
-        sources="$sources $src/io/shards.c"
+        # runtime.c's pipeline stop asks checkpoint.c for a caught signal, never in these harnesses
+        printf '%s\n' 'int sd_ckpt_signal_pending(void); int sd_ckpt_signal_pending(void) { return 0; }' \
+            >"$dir/signal_stub.c"
+        sources="$sources $src/io/shards.c $dir/signal_stub.c"
     else
         sources="$sources $src/io/checkpoint.c $src/dist/collectives.c $src/config/config.c
-            $src/config/schema.c $src/config/namelist.c"
+            $src/config/schema.c $src/config/namelist.c $src/data/utf8.c"
     fi
     pkgs="json-c hdf5-openmpi ompi-c" opts="-max_len=8192" seeds="" ;;
 dataset)

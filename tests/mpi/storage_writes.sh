@@ -185,7 +185,8 @@ proc_nml ssync
 failing ssync "$TMP/ssync.nml" 1 .shard-000001.h5.tmp sync
 expect_rc ssync 1
 expect_in ssync err "cannot sync '$TMP/ssync-shards/.shard-000001.h5.tmp': Input/output error (a storage error: a retry may succeed); the shard is not written, the shards committed before are intact and a rerun goes on from them"
-committed_only ssync manifest.json shard-000000.h5
+# (the summary counts the committed shard: a failed run writes it too, since 2026-11-27)
+committed_only ssync manifest.json preprocess_summary.json shard-000000.h5
 rerun_equal ssync
 # the folder's second sync (rank 0): after the manifest listing shard 0 replaced the old one.
 # The shard stays (removing it left a manifest naming a missing file)
@@ -193,6 +194,7 @@ proc_nml msync
 failing msync "$TMP/msync.nml" 0 "/msync-shards\$" sync 1
 expect_rc msync 1
 expect_in msync err "cannot sync '$TMP/msync-shards': Input/output error (a storage error: a retry may succeed); the manifest listing shard-000000.h5 had replaced the old one: the shard stays committed, though the storage may not hold it durably, and a rerun goes on from it"
+# (not in the summary: the run took its commit for failed; shards_counted says so on the rerun)
 committed_only msync manifest.json shard-000000.h5
 rerun_equal msync
 # the folder's first sync (after the rename, before the manifest): the shard is removed again
@@ -250,7 +252,7 @@ SD_EIO_RANK=0 SD_EIO_PATH=.shard-000001.h5.tmp SD_EIO_OPS=sync LD_PRELOAD="$PREL
 expect_rc psync 1
 expect_in psync err "cannot sync '$TMP/psync-shards/.shard-000001.h5.tmp': Input/output error (a storage error: a retry may succeed); the shard is not written"
 expect_in psync err "mode 'pipeline': the preprocessing half failed (exit status 1); ending the whole job"
-committed_only psync manifest.json shard-000000.h5
+committed_only psync manifest.json preprocess_summary.json shard-000000.h5
 pipe_nml pread
 SD_EIO_RANK=3 SD_EIO_PATH=/pread-shards/shard-000000 SD_EIO_OFFSET=4096 LD_PRELOAD="$PRELOAD" \
     mpi pread 4 "$SDTRAIN" "$TMP/pread.nml"
