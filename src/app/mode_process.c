@@ -936,13 +936,13 @@ static int read_summary(const char *path, int64_t n, int64_t S, int64_t n_shards
             (*dropped)++;
             continue;
         }
+        nr++; /* (kept: freed with the others when a shard turns out counted twice) */
         for (int64_t j = 0; rc == 0 && j < x->n_ranges; j++)
             for (int64_t k = x->ranges[j][0]; rc == 0 && k <= x->ranges[j][1]; k++) {
                 if (seen[k])
                     rc = sd_err_set(err, "%s: two runs count shard %lld", path, (long long)k);
                 seen[k] = 1;
             }
-        nr++;
     }
     json_object_put(root);
     free(seen);
