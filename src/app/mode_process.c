@@ -955,6 +955,19 @@ static int read_summary(const char *path, int64_t n, int64_t S, int64_t n_shards
     return 0;
 }
 
+/* The members of a summary's "reasons" object: the counts that are not 0, by name. */
+static void put_reasons(FILE *f, const uint64_t *counts)
+{
+    char name[64];
+    for (int i = 0, first = 1; i < N_COUNTS; i++) {
+        if (!counts[i])
+            continue;
+        fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name),
+                counts[i]);
+        first = 0;
+    }
+}
+
 /* The per-reason summary (rank 0). With print_table, this run's table on stdout: `counts` are
  * its samples by reason. Then <shard_dir>/preprocess_summary.json (doc/datasets.md, "The
  * summary file"): the runs of the earlier summary that still describe the directory, and this
@@ -1059,12 +1072,7 @@ static void write_summary(const sd_config *cfg, const uint64_t *counts, const su
                PRIu64 ", \"new_shards\": %lld, \"reasons\": {", (long long)n_samples, (long long)S,
             (long long)n_shards, (long long)(man->n + n_new_shards), (long long)counted, read,
             all_kept, read - all_kept, (long long)n_new_shards);
-    for (int i = 0, first = 1; i < N_COUNTS; i++) {
-        if (!all[i])
-            continue;
-        fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name), all[i]);
-        first = 0;
-    }
+    put_reasons(f, all);
     fprintf(f, "}, \"index\": {");
     for (int i = 0; i < N_INDEX_COUNTS; i++)
         fprintf(f, "%s\"%s\": %lld", i ? ", " : "", ic[i].name, (long long)ic[i].n);
@@ -1075,13 +1083,7 @@ static void write_summary(const sd_config *cfg, const uint64_t *counts, const su
             fprintf(f, "%s[%lld, %lld]", j ? ", " : "", (long long)runs[r].ranges[j][0],
                     (long long)runs[r].ranges[j][1]);
         fprintf(f, "], \"seconds\": %.2f, \"reasons\": {", runs[r].seconds);
-        for (int i = 0, first = 1; i < N_COUNTS; i++) {
-            if (!runs[r].counts[i])
-                continue;
-            fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ", count_name(i, name, sizeof name),
-                    runs[r].counts[i]);
-            first = 0;
-        }
+        put_reasons(f, runs[r].counts);
         fprintf(f, "}}");
     }
     fprintf(f, "\n ]}\n");
@@ -1291,6 +1293,17 @@ static void warn_if_no_room(const sd_config *cfg, const sd_shard_meta *meta,
                 (long long)todo, need / 1048576.0, cfg->data.shard_dir, avail / 1048576.0);
 }
 
+/* Collective over the preprocessing ranks, at a shard boundary (no write running): stop[0] = a
+ * signal caught on any of them, stop[1] = a pipeline's training half's stop word (rank 0 hears
+ * it). A signal caught here is passed on to the trainers; returns 1 on rank 0 when it sent the
+ * word (sd_pipeline_stop_tell). */
+static int agree_stop(const sd_runtime *rt, MPI_Comm comm, int stop[2])
+{
+    int why[2] = {sd_ckpt_signal_pending(), sd_pipeline_stop_heard(rt)};
+    SD_MPI_CHECK(MPI_Allreduce(why, stop, 2, MPI_INT, MPI_MAX, comm));
+    return stop[0] ? sd_pipeline_stop_tell(rt, stop[0]) : 0;
+}
+
 int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const sd_config *cfg = &rc->cfg;
@@ -1471,10 +1484,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (stop_when_trained && sd_pipeline_trained(rt, &trained_req)) {
             /* the trainers send their word after a signal stop too (their own, or this half's
              * passed on): then preprocessing stops for the signal, and says so */
-            int why[2] = {sd_ckpt_signal_pending(), sd_pipeline_stop_heard(rt)};
-            SD_MPI_CHECK(MPI_Allreduce(why, stop, 2, MPI_INT, MPI_MAX, comm));
-            if (stop[0]) /* (training is over: only so that the wait below does not tell again) */
-                sd_pipeline_stop_tell(rt, stop[0]);
+            agree_stop(rt, comm, stop); /* (training is over: telling it only marks the word
+                                           sent, so that the wait below does not send it) */
             if (stop[0] || stop[1]) {
                 stopped_at = k;
                 stopped_before = 1;
@@ -1485,6 +1496,9 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             }
             break;
         }
+        /* the shard's samples [span_first, span_end) (the plan's), and this rank's part of them */
+        int64_t span_first, span_end;
+        sd_dataset_partition(n, cfg->data.samples_per_shard, 1, 0, k, &span_first, &span_end);
         sd_dataset_partition(n, cfg->data.samples_per_shard, size, rank, k, &begin, &end);
         slice_reset(&sl[cur]);
         sd_err_clear(&read_err);
@@ -1520,17 +1534,13 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             mine[N_COUNTS] = (uint64_t)sl[cur].n;
             SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mine, N_COUNTS + 1, MPI_UINT64_T, MPI_SUM, comm));
             memcpy(writer.counts, mine, sizeof writer.counts);
-            if (mine[N_COUNTS] == 0 && rank == 0) {
-                const int64_t first = k * cfg->data.samples_per_shard;
-                const int64_t last = first + cfg->data.samples_per_shard < n
-                                         ? first + cfg->data.samples_per_shard : n;
+            if (mine[N_COUNTS] == 0 && rank == 0)
                 sd_warn("shard %lld is empty: each of its %lld samples (%lld to %lld of %s, from "
                         "'%s' on) was skipped (bad image, caption or encoding: the summary counts "
                         "why, &run log_level = 'debug' names each); it is committed with 0 "
-                        "samples, and training skips it", (long long)k, (long long)(last - first),
-                        (long long)first, (long long)last - 1, cfg->data.input,
-                        sd_dataset_key(&ds, first));
-            }
+                        "samples, and training skips it", (long long)k,
+                        (long long)(span_end - span_first), (long long)span_first,
+                        (long long)span_end - 1, cfg->data.input, sd_dataset_key(&ds, span_first));
         }
         {
             /* SDTRAIN_FAULT usr1:rank=R:step=K: world rank R is signalled once shard K is encoded.
@@ -1538,17 +1548,12 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
              * the trainers at once: they stop at their next step while this shard is written. */
             if (sd_fault_armed(SD_FAULT_USR1, world_rank, k, NULL))
                 raise(SIGUSR1);
-            int why[2] = {sd_ckpt_signal_pending(), sd_pipeline_stop_heard(rt)};
-            SD_MPI_CHECK(MPI_Allreduce(why, stop, 2, MPI_INT, MPI_MAX, comm));
-            if (stop[0])
-                told = sd_pipeline_stop_tell(rt, stop[0]);
+            told = agree_stop(rt, comm, stop);
         }
         {
             /* the range the plan gives shard k, recorded in its manifest entry (check_committed) */
-            const int64_t first = k * cfg->data.samples_per_shard;
-            const sd_shard_range range = {
-                first, n - first < cfg->data.samples_per_shard ? n - first : cfg->data.samples_per_shard,
-                sd_shard_key_hash(sd_dataset_key(&ds, first))};
+            const sd_shard_range range = {span_first, span_end - span_first,
+                                          sd_shard_key_hash(sd_dataset_key(&ds, span_first))};
             writer_start(&writer, k, &range, &sl[cur], t0);
         }
         if (!writer.threaded && writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
