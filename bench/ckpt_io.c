@@ -2,12 +2,13 @@
  * and without the read-back of &checkpoint verify, on the file system of --dir.
  *
  * Usage: mpirun -np N bench/ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema]
- *                                   [--ddp]
+ *                                   [--ddp] [--alignment BYTES] [--hints 'k=v, ...']
  * Defaults: the SD2-base U-Net's table (865.9 M parameters: 3.46 GB a dataset), DIR . (the
  * checkpoints go to DIR/ckpt_io.run, which must not exist and is removed at the end; nothing
  * else in DIR is touched), 3 repetitions of each variant, an EMA, ZeRO-2 ranges (each
  * rank holds the whole parameter buffer and its shard of the moments and the EMA, as training
  * does). --ddp: every rank holds everything (more memory: four full buffers a rank).
+ * --alignment and --hints: &run io_alignment (default 1048576; 0 = packed) and io_hints.
  *
  * Each repetition writes one checkpoint without the read-back and one with it, alternating (so
  * a slow period of the disk falls on both), keep_last = 1. The buffers hold deterministic
@@ -29,6 +30,7 @@
 #include "sdtrain/checkpoint.h"
 #include "sdtrain/collectives.h"
 #include "sdtrain/fsutil.h"
+#include "sdtrain/h5util.h"
 #include "sdtrain/models.h"
 #include "sdtrain/timer.h"
 
@@ -50,12 +52,14 @@ static void fill(float *x, size_t first, size_t n)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema] [--ddp]\n");
+    fprintf(stderr, "usage: ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema] [--ddp] "
+                    "[--alignment BYTES] [--hints 'k=v, ...']\n");
 }
 
 int main(int argc, char **argv)
 {
-    const char *config = "sd2", *dir = ".";
+    const char *config = "sd2", *dir = ".", *hints = "";
+    long long alignment = 1048576;
     char work[4200];
     int reps = 3, ema = 1, ddp = 0, rank, size;
     sd_unet_config uc;
@@ -79,6 +83,10 @@ int main(int argc, char **argv)
             ema = 0;
         else if (!strcmp(argv[i], "--ddp"))
             ddp = 1;
+        else if (!strcmp(argv[i], "--alignment") && i + 1 < argc)
+            alignment = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--hints") && i + 1 < argc)
+            hints = argv[++i];
         else {
             if (rank == 0)
                 usage();
@@ -86,9 +94,16 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (reps < 1 || reps > MAX_REPS || (strcmp(config, "sd2") && strcmp(config, "tiny"))) {
+    if (reps < 1 || reps > MAX_REPS || (strcmp(config, "sd2") && strcmp(config, "tiny")) ||
+        alignment < 0) {
         if (rank == 0)
             usage();
+        MPI_Finalize();
+        return 2;
+    }
+    if (sd_h5_set_file_options(hints, alignment, &err) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "ckpt_io: --hints: %s\n", err.msg);
         MPI_Finalize();
         return 2;
     }

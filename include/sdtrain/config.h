@@ -30,6 +30,8 @@ typedef struct sd_config {
         int64_t seed;
         char output_dir[SD_PATH_MAX];
         char log_level[SD_NAME_MAX];
+        char io_hints[SD_PATH_MAX];    /* MPI-IO hints, "key=value, key=value" */
+        int64_t io_alignment;          /* bytes; 0 = HDF5's packing */
     } run;
     struct {
         char pretrained[SD_PATH_MAX];  /* diffusers snapshot directory, '' = none */
@@ -215,6 +217,20 @@ int sd_config_error_at(const sd_run_config *rc, const char *group, const char *k
  * for all but 'sample', &sample prompts for 'sample'). sdtrain refuses to start a job without
  * them; `sdtrain --check` reports them as a note, so a layout can be checked without data. */
 int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err);
+
+/* &run io_hints: "key=value" pairs separated by commas, spaces around either allowed. Each key
+ * and value must fit MPI's limits (MPI_MAX_INFO_KEY 255, MPI_MAX_INFO_VAL 1024 bytes, checked
+ * here with those numbers, as this layer knows nothing of MPI), hold no comma, '=', space or
+ * control character, and a key may appear once. Fills out[0 .. *n) (at most `max`); -1 with
+ * err saying which pair and why. An empty or all-blank text gives *n = 0. */
+#define SD_IO_HINT_KEY_MAX 255
+#define SD_IO_HINT_VALUE_MAX 1024
+#define SD_IO_HINTS_MAX 64
+typedef struct sd_io_hint {
+    char key[SD_IO_HINT_KEY_MAX + 1];
+    char value[SD_IO_HINT_VALUE_MAX + 1];
+} sd_io_hint;
+int sd_io_hints_parse(const char *text, sd_io_hint *out, int max, int *n, sd_err *err);
 
 /* Reads `path`, applies it and the overrides, validates (not the mode inputs). */
 int sd_config_load(sd_run_config *rc, const char *path, int n_set, char *const *sets, sd_err *err);

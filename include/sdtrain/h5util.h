@@ -5,14 +5,30 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <stdint.h>
+
 #include "sdtrain/error.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* The options of every parallel HDF5 file this process creates (&run io_hints, io_alignment):
+ * MPI-IO hints given to MPI_File_open, and the alignment of datasets at least `alignment` bytes
+ * long (H5Pset_alignment; 0 or 1 = none). sdtrain sets them once, after its configuration is
+ * read and before any file is made; until then: no hints and 1 MiB, the namelist's defaults.
+ * -1 with e when the hints do not parse (sd_io_hints_parse), the options unchanged. */
+int sd_h5_set_file_options(const char *hints, int64_t alignment, sd_err *e);
+
+/* Bytes the alignment can add for n_objects datasets or chunks of object_bytes each: each
+ * starts up to one alignment unit later than packed when it is at least one unit long, else
+ * nothing. For the free-space checks before a write. */
+double sd_h5_alignment_slack(double object_bytes, double n_objects);
+
 /* Creates (truncates) `path` on every rank of `comm` through the MPI-IO driver, with collective
- * metadata reads and writes. Collective. Returns the file on every rank, or -1 on every rank with
+ * metadata reads and writes and the options above. The first file made with hints has rank 0
+ * of comm say, once per process, what MPI-IO reports for each hint (an implementation ignores
+ * hints it does not know, and a file system ones it cannot use). Collective. Returns the file on every rank, or -1 on every rank with
  * `e` naming the file and HDF5's reason. A file created on some ranks only cannot be cleaned up
  * without a hang: that ends the job (MPI_Abort) with a message. */
 hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e);

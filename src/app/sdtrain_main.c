@@ -21,6 +21,7 @@
 #include "sdtrain/diffusion.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/fault.h"
+#include "sdtrain/h5util.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
 #include "sdtrain/runtime.h"
@@ -445,6 +446,9 @@ int main(int argc, char **argv)
     if (code)
         return finish(NULL, code);
     sd_log_set_level((sd_log_level)sd_log_level_from_name(rc.cfg.run.log_level));
+    /* validated with the configuration, so the same on every rank and cannot fail here */
+    SD_CHECK(sd_h5_set_file_options(rc.cfg.run.io_hints, rc.cfg.run.io_alignment, &err) == 0,
+             "%s", err.msg);
 
     if (sd_layout_compute(&rc.cfg, size, &layout, &err) != 0) {
         if (rank == 0)

@@ -702,6 +702,77 @@ int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err)
     return 0;
 }
 
+/* Copies [b, e) without the blanks at either end into out (size bytes, the text at most
+ * size - 1); 0, or -1 when it is longer. */
+static int trimmed(const char *b, const char *e, char *out, size_t size)
+{
+    while (b < e && (*b == ' ' || *b == '\t'))
+        b++;
+    while (e > b && (e[-1] == ' ' || e[-1] == '\t'))
+        e--;
+    if ((size_t)(e - b) >= size)
+        return -1;
+    memcpy(out, b, (size_t)(e - b));
+    out[e - b] = '\0';
+    return 0;
+}
+
+int sd_io_hints_parse(const char *text, sd_io_hint *out, int max, int *n, sd_err *err)
+{
+    const char *p = text;
+    *n = 0;
+    for (const char *c = text; *c; c++)
+        if (((unsigned char)*c < 0x20 && *c != '\t') || *c == 0x7f)
+            return sd_err_set(err, "io_hints holds a control character (byte 0x%02x at %d)",
+                              (unsigned)(unsigned char)*c, (int)(c - text) + 1);
+    if (!text[strspn(text, " \t")])
+        return 0; /* none */
+    for (;;) {
+        const char *end = strchr(p, ','), *eq;
+        char piece[SD_IO_HINT_KEY_MAX + SD_IO_HINT_VALUE_MAX + 8];
+        if (!end)
+            end = p + strlen(p);
+        if (trimmed(p, end, piece, sizeof piece) != 0)
+            return sd_err_set(err, "io_hints: '%.40s...' is longer than a hint can be", p);
+        eq = memchr(p, '=', (size_t)(end - p));
+        if (!piece[0]) {
+            return sd_err_set(err, "io_hints: an empty entry (two commas, or one at an end)");
+        } else if (!eq) {
+            /* a value that holds commas, as cb_config_list's "host1:1,host2:1" */
+            sd_io_hint *h = *n > 0 ? &out[*n - 1] : NULL;
+            if (!h)
+                return sd_err_set(err, "io_hints: '%s' is not key=value", piece);
+            if (strlen(h->value) + 1 + strlen(piece) > SD_IO_HINT_VALUE_MAX)
+                return sd_err_set(err, "io_hints: the value of '%s' is longer than MPI's %d "
+                                  "bytes", h->key, SD_IO_HINT_VALUE_MAX);
+            strcat(h->value, ",");
+            strcat(h->value, piece);
+        } else {
+            sd_io_hint h;
+            if (*n == max)
+                return sd_err_set(err, "io_hints: more than %d hints", max);
+            if (trimmed(p, eq, h.key, sizeof h.key) != 0)
+                return sd_err_set(err, "io_hints: the key '%.*s...' is longer than MPI's %d bytes",
+                                  40, p, SD_IO_HINT_KEY_MAX);
+            if (trimmed(eq + 1, end, h.value, sizeof h.value) != 0)
+                return sd_err_set(err, "io_hints: the value of '%s' is longer than MPI's %d bytes",
+                                  h.key, SD_IO_HINT_VALUE_MAX);
+            if (!h.key[0] || !h.value[0])
+                return sd_err_set(err, "io_hints: '%s' has an empty %s", piece,
+                                  h.key[0] ? "value" : "key");
+            if (strpbrk(h.key, " \t"))
+                return sd_err_set(err, "io_hints: the key '%s' holds a blank", h.key);
+            for (int i = 0; i < *n; i++)
+                if (!strcmp(out[i].key, h.key))
+                    return sd_err_set(err, "io_hints: '%s' is given twice", h.key);
+            out[(*n)++] = h;
+        }
+        if (!*end)
+            return 0;
+        p = end + 1;
+    }
+}
+
 int sd_config_validate(const sd_run_config *rc, sd_err *err)
 {
     const sd_config *c = &rc->cfg;
@@ -715,6 +786,15 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
         return sd_config_error_at(rc, "run", "output_dir", err,
                                   "&run output_dir = '' names no directory (used.nml, metrics.jsonl "
                                   "and the run's other files go there)");
+    {
+        sd_io_hint *hints = sd_xmalloc(SD_IO_HINTS_MAX * sizeof *hints);
+        sd_err why;
+        int n_hints, bad;
+        bad = sd_io_hints_parse(c->run.io_hints, hints, SD_IO_HINTS_MAX, &n_hints, &why);
+        free(hints);
+        if (bad)
+            return sd_config_error_at(rc, "run", "io_hints", err, "&run %s", why.msg);
+    }
     if (!strcmp(mode, "pipeline") && c->run.n_process_ranks < 1)
         return sd_config_error_at(rc, "run", "n_process_ranks", err,
                                   "mode = 'pipeline' needs n_process_ranks >= 1 (ranks that preprocess "

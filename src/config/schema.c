@@ -53,6 +53,17 @@ static const sd_option options[] = {
     STRING(run, output_dir, "'runs/sdtrain'",
            "Directory for used.nml, metrics.jsonl and logs (created if missing)."),
     CHOICE(run, log_level, "'info'", "debug|info|warn|error", "Least severe message printed."),
+    STRING(run, io_hints, "''",
+           "MPI-IO hints for every parallel HDF5 file the job writes (latent shards, checkpoints): "
+           "'key=value' pairs separated by commas, given to MPI_File_open as they are; on Lustre "
+           "e.g. 'striping_factor=16, striping_unit=4194304' (stripes of a new file) or "
+           "'romio_cb_write=enable'. MPI-IO ignores hints it does not know: the log says which it "
+           "took. '' = none."),
+    INT(run, io_alignment, "1048576", 0, 1073741824, "bytes",
+        "Datasets of at least this size in the parallel HDF5 files start at a multiple of it "
+        "(H5Pset_alignment), so that the ranks' collective writes meet whole file-system blocks "
+        "or stripes; set it to the stripe size of a striped file system. 0 or 1 = no alignment "
+        "(HDF5 packs the file)."),
 
     /* &model */
     STRING(model, pretrained, "''",

@@ -595,12 +595,14 @@ static int read_back(writer *w, sd_err *e)
 /* A checkpoint that would fill the file system is not started: a collective write that fails
  * half-way cannot be cleaned up and ends the job (sd_h5_end_job_if_write_failed), while this
  * refusal leaves a periodic checkpoint to be skipped. The file holds (3 + EMA) fp32 copies of
- * the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed). */
+ * the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed) and what &run io_alignment
+ * adds before each copy. */
 static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
                       sd_err *e)
 {
-    return sd_fs_check_room(dir, (3.0 + (s->has_ema ? 1.0 : 0.0)) * (double)t->n * 4.0 + 4194304.0,
-                            e);
+    const double copies = 3.0 + (s->has_ema ? 1.0 : 0.0);
+    return sd_fs_check_room(dir, copies * (double)t->n * 4.0 + 4194304.0 +
+                                     sd_h5_alignment_slack((double)t->n * 4.0, copies), e);
 }
 
 /* Collective, after a failed write or commit: err := what happened and what stays, which rank 0

@@ -2,24 +2,97 @@
 #include "sdtrain/h5util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/config.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/h5check.h"
+#include "sdtrain/log.h"
 #include "sdtrain/runtime.h"
+
+static struct {
+    sd_io_hint *hints; /* room for SD_IO_HINTS_MAX, from sd_h5_set_file_options */
+    int n_hints;
+    int64_t alignment;
+    int reported;
+} file_options = {NULL, 0, 1048576, 0};
+
+int sd_h5_set_file_options(const char *hints, int64_t alignment, sd_err *e)
+{
+    sd_io_hint *parsed = sd_xmalloc(SD_IO_HINTS_MAX * sizeof *parsed);
+    int n;
+    SD_CHECK(alignment >= 0, "alignment %lld", (long long)alignment);
+    if (sd_io_hints_parse(hints ? hints : "", parsed, SD_IO_HINTS_MAX, &n, e) != 0) {
+        free(parsed);
+        return -1;
+    }
+    free(file_options.hints);
+    file_options.hints = parsed;
+    file_options.n_hints = n;
+    file_options.alignment = alignment;
+    file_options.reported = 0;
+    return 0;
+}
+
+double sd_h5_alignment_slack(double object_bytes, double n_objects)
+{
+    const double unit = (double)file_options.alignment;
+    return unit > 1 && object_bytes >= unit ? n_objects * unit : 0.0;
+}
+
+/* Rank 0 of the first file's communicator: each hint with what the opened file reports for it
+ * (MPI_File_get_info). What a hint does is up to the MPI-IO layer and the file system: an
+ * implementation may report a hint it does not act on, or drop one it does not know. */
+static void report_hints(hid_t file)
+{
+    void *handle = NULL;
+    MPI_Info info = MPI_INFO_NULL;
+    char line[4096] = "", *value = sd_xmalloc(MPI_MAX_INFO_VAL + 1);
+    size_t len = 0;
+    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || !handle ||
+        MPI_File_get_info(*(MPI_File *)handle, &info) != MPI_SUCCESS)
+        info = MPI_INFO_NULL;
+    for (int i = 0; i < file_options.n_hints && len < sizeof line - 1; i++) {
+        const sd_io_hint *h = &file_options.hints[i];
+        int flag = 0;
+        if (info != MPI_INFO_NULL)
+            MPI_Info_get(info, h->key, MPI_MAX_INFO_VAL, value, &flag);
+        if (!flag)
+            snprintf(value, MPI_MAX_INFO_VAL + 1, "not reported");
+        len += (size_t)snprintf(line + len, sizeof line - len, "%s%s=%s (reported: %s)",
+                                i ? ", " : "", h->key, h->value, value);
+    }
+    if (info != MPI_INFO_NULL)
+        MPI_Info_free(&info);
+    free(value);
+    sd_info("parallel HDF5 files: io_hints %s", line);
+}
 
 hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e)
 {
     hid_t fapl, file;
-    int created, n_created, size;
+    MPI_Info info = MPI_INFO_NULL;
+    int created, n_created, size, rank;
 
     SD_MPI_CHECK(MPI_Comm_size(comm, &size));
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
-    SD_H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+    if (file_options.n_hints > 0) {
+        SD_MPI_CHECK(MPI_Info_create(&info));
+        for (int i = 0; i < file_options.n_hints; i++)
+            SD_MPI_CHECK(MPI_Info_set(info, file_options.hints[i].key, file_options.hints[i].value));
+    }
+    SD_H5_CHECK(H5Pset_fapl_mpio(fapl, comm, info)); /* HDF5 keeps its own copy of info */
+    if (info != MPI_INFO_NULL)
+        SD_MPI_CHECK(MPI_Info_free(&info));
     SD_H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1));
     SD_H5_CHECK(H5Pset_coll_metadata_write(fapl, 1));
+    if (file_options.alignment > 1) /* datasets below one unit are packed as before */
+        SD_H5_CHECK(H5Pset_alignment(fapl, (hsize_t)file_options.alignment,
+                                     (hsize_t)file_options.alignment));
     file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     created = file >= 0;
     if (!created) {
@@ -33,6 +106,11 @@ hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e)
         sd_fatalf(__FILE__, __LINE__, __func__, "H5Fcreate",
                   "'%s' was created on %d of %d ranks; cannot continue without a hang", path,
                   n_created, size);
+    if (created && file_options.n_hints > 0 && !file_options.reported) {
+        file_options.reported = 1;
+        if (rank == 0)
+            report_hints(file);
+    }
     return created ? file : -1;
 }
 

@@ -730,11 +730,23 @@ double sd_shard_data_bytes(const sd_shard_meta *m, int64_t n, size_t cap_w, size
  * cleaned up and ends the job (sd_h5_end_job_if_write_failed); this refusal ends the run with
  * the committed shards intact and nothing half-written. The need is the data (the string widths
  * agreed over the ranks), 1 % and 1 MiB for HDF5's chunk index and headers (about 25 KiB for a
- * shard of 16 samples). */
+ * shard of 16 samples), and what &run io_alignment can add (nothing with the default 1 MiB
+ * unless a sample's embedding or latents reach it). */
 static int check_room(const writer *w, sd_err *e)
 {
-    const double need = 1.01 * sd_shard_data_bytes(w->meta, w->n_total, w->cap_w, w->key_w) +
-                        1048576.0;
+    const sd_shard_meta *m = w->meta;
+    const double fsz = m->float_dtype == SD_F16 ? 2.0 : 4.0, n = (double)w->n_total;
+    const double emb = (double)m->text_len * (double)m->embed_dim * fsz;
+    const double small = n * ((double)m->text_len * 4.0 + (double)w->cap_w + (double)w->key_w);
+    /* &run io_alignment: chunks of one sample's latents or embeddings, the rows of the small
+     * datasets in chunks of at most SMALL_CHUNK_BYTES, the empty caption's embedding */
+    const double slack =
+        sd_h5_alignment_slack(2.0 * m->latent_channels * (double)(m->resolution / 8) *
+                              (double)(m->resolution / 8) * fsz, n) +
+        sd_h5_alignment_slack(emb, n + 1.0) +
+        sd_h5_alignment_slack(SMALL_CHUNK_BYTES, small / SMALL_CHUNK_BYTES + 3.0);
+    const double need = 1.01 * sd_shard_data_bytes(m, w->n_total, w->cap_w, w->key_w) +
+                        1048576.0 + slack;
     sd_err room;
     if (sd_fs_check_room(w->dir, need, &room) == 0)
         return 0;

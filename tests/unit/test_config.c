@@ -295,6 +295,79 @@ static void test_beta_ends(void)
     }
 }
 
+/* &run io_hints: pairs, blanks, values with commas, and each refusal */
+static void test_io_hints(void)
+{
+    static const struct {
+        const char *text;
+        int n;            /* pairs, or -1 when refused */
+        const char *last; /* the last pair as "key=value", or the reason */
+    } cases[] = {
+        {"", 0, ""},
+        {"  ", 0, ""},
+        {"a=1", 1, "a=1"},
+        {" striping_factor = 16 ,striping_unit=4194304 ", 2, "striping_unit=4194304"},
+        {"cb_config_list=node1:1, node2:1,cb_nodes=2", 2, "cb_nodes=2"},
+        {"cb_config_list=node1:1, node2:1", 1, "cb_config_list=node1:1,node2:1"},
+        {"a=b=c", 1, "a=b=c"},
+        {"a=1,", -1, "an empty entry"},
+        {",a=1", -1, "an empty entry"},
+        {"a=1,,b=2", -1, "an empty entry"},
+        {"=1", -1, "empty key"},
+        {"a= ", -1, "empty value"},
+        {"a=1,a=2", -1, "given twice"},
+        {"a b=1", -1, "holds a blank"},
+        {"novalue", -1, "is not key=value"},
+        {"a=1\tb", 1, "a=1\tb"},
+        {"a=1\nb=2", -1, "control character"},
+    };
+    sd_io_hint *h = malloc(SD_IO_HINTS_MAX * sizeof *h);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sd_err err = {0};
+        int n = -2, ok;
+        const int rc_ = sd_io_hints_parse(cases[i].text, h, SD_IO_HINTS_MAX, &n, &err);
+        if (cases[i].n < 0) {
+            ok = rc_ != 0 && strstr(err.msg, cases[i].last) != NULL;
+        } else {
+            char last[2100] = "";
+            if (rc_ == 0 && n > 0)
+                snprintf(last, sizeof last, "%s=%s", h[n - 1].key, h[n - 1].value);
+            ok = rc_ == 0 && n == cases[i].n && !strcmp(last, cases[i].last);
+        }
+        tap_ok(ok, "io_hints '%s': %s", cases[i].text, rc_ ? err.msg : "parsed");
+    }
+    /* MPI's limits: a key of 255 bytes and a value of 1024 pass, one more byte does not; at most
+     * SD_IO_HINTS_MAX pairs */
+    {
+        char text[4096];
+        sd_err err = {0};
+        int n;
+        memset(text, 'k', 255);
+        text[255] = '=';
+        memset(text + 256, 'v', 1024);
+        text[1280] = '\0';
+        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) == 0 && n == 1 &&
+                   strlen(h[0].key) == 255 && strlen(h[0].value) == 1024,
+               "io_hints: a key of 255 and a value of 1024 bytes pass");
+        memmove(text + 1, text, 1281);
+        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 &&
+                   strstr(err.msg, "longer than MPI's 255") != NULL,
+               "io_hints: a key of 256 bytes is refused: %s", err.msg);
+        memmove(text, text + 1, 1281);
+        strcat(text, "v");
+        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 &&
+                   strstr(err.msg, "longer than MPI's 1024") != NULL,
+               "io_hints: a value of 1025 bytes is refused: %s", err.msg);
+        text[0] = '\0';
+        for (int i = 0; i <= SD_IO_HINTS_MAX; i++)
+            snprintf(text + strlen(text), sizeof text - strlen(text), "%sk%d=1", i ? "," : "", i);
+        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 &&
+                   strstr(err.msg, "more than") != NULL,
+               "io_hints: %d pairs are refused: %s", SD_IO_HINTS_MAX + 1, err.msg);
+    }
+    free(h);
+}
+
 static void test_reference_doc(void)
 {
     char *md = sd_config_reference_markdown();
@@ -325,6 +398,7 @@ int main(int argc, char **argv)
     test_unset_choice_round_trip();
     test_annotation_with_line_break();
     test_beta_ends();
+    test_io_hints();
     test_reference_doc();
     test_invalid_corpus(dir);
     return tap_done();
