@@ -487,12 +487,13 @@ static void list_uncommitted(const char *dir, const sd_shard_manifest *m)
         return;
     while ((de = readdir(d)) != NULL) {
         const char *nm = de->d_name;
-        int listed = 0;
+        const sd_shard_entry *e;
         if (!is_shard_name(nm))
             continue;
-        for (int64_t k = 0; k < m->n && !listed; k++)
-            listed = !strcmp(m->entries[k].file, nm);
-        if (listed)
+        /* a committed shard's name is that of its index: looked up, not searched for (a linear
+         * search per file took 84 s at 200,000 shards) */
+        e = strncmp(nm, "shard-", 6) ? NULL : sd_shard_manifest_find(m, strtoll(nm + 6, NULL, 10));
+        if (e && !strcmp(e->file, nm))
             continue;
         if (!header)
             printf("not committed (readers ignore these; a rerun rewrites them):\n");

@@ -101,6 +101,9 @@ expect_rc insp-dir 0
 expect_in insp-dir out "committed shards: 1, samples: 7"
 expect_in insp-dir out "not committed (readers ignore these; a rerun rewrites them):"
 expect_in insp-dir out "  shard-000001.h5"
+# the committed shard is looked up by its index among the leftovers, and is none of them
+! sed -n '/^not committed/,$p' "$TMP/insp-dir.out" | grep -q 'shard-000000' ||
+    fail "insp-dir: the committed shard-000000.h5 is listed as not committed"
 
 # The rerun (another rank count) skips shard 0 and writes 1 and 2 with the same data as before.
 mpi rerun 3 "$prog" write "$d" "$SHARDS" "$N" f16 --empty-rank 2

@@ -501,7 +501,7 @@ static void expect_write_error(const char *what, const char *dir, int64_t index,
 static int cmd_errors(int argc, char **argv)
 {
     const char *dir = argv[2];
-    char d1[4096], d2[4096], path[8192];
+    char d1[4096], d2[4096], d3[4096], path[8192];
     int rank, size;
     sd_shard_meta meta, other;
     slice s;
@@ -618,6 +618,41 @@ static int cmd_errors(int argc, char **argv)
         rmdir(path);
     expect_write_error("directory that cannot be created", "/proc/sdtrain-no-such/x", 0, &meta, &s,
                        "cannot create shard directory '/proc/sdtrain-no-such'", 1);
+
+    /* the writer remembers the manifest it wrote rather than parse it again at each commit
+     * (slow past tens of thousands of shards); one changed on disk since is read again, else its
+     * new shard would be dropped by the next commit and committed twice */
+    snprintf(d3, sizeof d3, "%s/replaced", dir);
+    {
+        int rc = sd_shard_write(MPI_COMM_WORLD, d3, 0, &meta, s.empty, &s.b, NULL, &err);
+        if (rank == 0 && tap_ok(rc == 0, "replaced manifest: shard 0 commits (%s)", rc ? err.msg : "ok")) {
+            sd_shard_manifest m;
+            FILE *f;
+            tap_ok(sd_shard_manifest_read(d3, &m, &err) == 0 && m.n == 1, "replaced manifest: shard 0 listed");
+            snprintf(path, sizeof path, "%s/manifest.json", d3);
+            f = fopen(path, "w"); /* in place: the same file, another size */
+            fprintf(f, "{\"format\": \"sdtrain-shard-manifest\", \"version\": 1, \"shards\": [{\"index\": "
+                       "0, \"file\": \"%s\", \"samples\": %lld, \"bytes\": %lld, \"resolution\": %d, "
+                       "\"checksum\": \"%016llx\"}, {\"index\": 7, \"file\": \"shard-000007.h5\", "
+                       "\"samples\": 1, \"bytes\": 1, \"resolution\": 16, \"checksum\": "
+                       "\"0000000000000000\"}]}", m.entries[0].file, (long long)m.entries[0].samples,
+                    (long long)m.entries[0].bytes, m.entries[0].resolution,
+                    (unsigned long long)m.entries[0].checksum);
+            fclose(f);
+            sd_shard_manifest_free(&m);
+        }
+        SD_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        rc = sd_shard_write(MPI_COMM_WORLD, d3, 1, &meta, s.empty, &s.b, NULL, &err);
+        if (rank == 0) {
+            sd_shard_manifest m;
+            tap_ok(rc == 0 && sd_shard_manifest_read(d3, &m, &err) == 0 && m.n == 3 &&
+                       sd_shard_manifest_find(&m, 7) && sd_shard_manifest_find(&m, 1) &&
+                       m.total_samples == 13,
+                   "replaced manifest: read again, the next commit keeps the other writer's shard 7");
+            sd_shard_manifest_free(&m);
+        }
+        expect_write_error("replaced manifest", d3, 7, &meta, &s, "shard-000007.h5 is already committed", 1);
+    }
 
     /* a corrupt manifest stops the writer (it would otherwise drop committed shards) */
     if (rank == 0) {
