@@ -17,7 +17,8 @@
  * division of work. Strings live in one pool and each sample is one 56-byte record.
  *
  * Threads: a dataset is read-only after sd_dataset_open/truncate; reads from several threads
- * are safe when each thread uses its own sd_sample.
+ * are safe when each thread uses its own sd_sample. Nothing writes into the records or the pool
+ * after indexing, so processes can share one packed image of them (sd_dataset_view).
  */
 
 #include <stdbool.h>
@@ -117,6 +118,8 @@ typedef struct sd_dataset {
     int n_suffixes;
     uint64_t id;                      /* unique per open/unpack: tells a reader's cached shard
                                          descriptor apart from one of an earlier dataset */
+    bool viewed;                      /* entries, pool, shards and suffixes lie in the image of
+                                         sd_dataset_view (not freed by sd_dataset_close) */
     /* Policies applied by sd_dataset_read; set them after sd_dataset_open. */
     sd_utf8_policy utf8_policy;
     sd_missing_caption_policy missing_caption;
@@ -255,8 +258,22 @@ int sd_dataset_partition(int64_t n_samples, int64_t samples_per_shard, int n_ran
  * walking the file system. An in-memory image for processes of one build on one kind of
  * machine, not a file format. */
 int sd_dataset_pack(const sd_dataset *ds, void **blob, size_t *size);
+/* The same image written into a buffer the caller has (an MPI shared-memory window), so that
+ * the index is never held twice over while the image is made: sd_dataset_pack_size bytes
+ * (a different size is a programming error and ends the job). */
+size_t sd_dataset_pack_size(const sd_dataset *ds);
+void sd_dataset_pack_into(const sd_dataset *ds, void *buf, size_t size);
+/* sd_dataset_pack_into, then sd_dataset_close, freeing the records as soon as they are copied:
+ * the index and its image together peak at the index plus its larger part (records or pool)
+ * instead of twice the index. */
+void sd_dataset_pack_close(sd_dataset *ds, void *buf, size_t size);
 /* Rebuilds a dataset from sd_dataset_pack's bytes (checked: magic, version, lengths). */
 int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err);
+/* The same checks, but the records, pool, shard and suffix tables stay where they lie in
+ * `image` instead of being copied (only root and input are): the ranks of a node share one
+ * image in MPI shared memory (mode 'process'). `image` must be 8-byte aligned, must not change
+ * and must outlive the dataset; sd_dataset_close leaves it alone. */
+int sd_dataset_view(const void *image, size_t size, sd_dataset *ds, sd_err *err);
 
 #ifdef __cplusplus
 }

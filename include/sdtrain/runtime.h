@@ -142,6 +142,35 @@ int sd_pipeline_wait_watching(const sd_runtime *rt, MPI_Request *req);
  * not, so that no message and no receive is left at MPI_Finalize. */
 void sd_pipeline_stop_close(const sd_runtime *rt);
 
+/* ---- read-only bytes held once per node ------------------------------------------------------
+ * What every rank of a communicator reads and none writes (mode 'process''s dataset index: tens
+ * of GB for 10^8 samples) kept once per node in an MPI shared-memory window
+ * (MPI_Win_allocate_shared on the node's first rank of comm) instead of once per rank. Comm's
+ * rank 0 fills it, the node leaders (node rank 0) pass it on among themselves, in pieces of at
+ * most 1 GiB, and the other ranks of a node read their leader's. A node whose window cannot be
+ * had (a shared-memory file system too small for it, an MPI without such windows, or try_shared
+ * 0) falls back to one malloc'd copy on each of its ranks; one rank alone on its node has one. */
+typedef struct sd_node_buffer {
+    void *data;       /* size bytes: comm's rank 0 writes them between sd_node_buffer_alloc and
+                         sd_node_buffer_publish; read-only everywhere afterwards */
+    size_t size;
+    int shared;       /* 1: this node's ranks read one copy in a shared window */
+    int node_rank, node_size; /* among comm's ranks on this node */
+    MPI_Win win;      /* MPI_WIN_NULL when not shared */
+    MPI_Comm node_comm, leader_comm; /* comm's ranks on this node; the node leaders (or
+                                        MPI_COMM_NULL on the others) */
+} sd_node_buffer;
+
+/* Collective over comm, with the same size on every rank. Returns 0 when this node holds one
+ * copy (shared, or the node has one rank of comm), -1 on every rank of a node of several ranks
+ * that fell back to per-rank copies, with why saying why (the same on the node's ranks). */
+int sd_node_buffer_alloc(MPI_Comm comm, size_t size, int try_shared, sd_node_buffer *b,
+                         sd_err *why);
+/* Collective over comm: rank 0's bytes reach every rank; then they must not change. */
+void sd_node_buffer_publish(sd_node_buffer *b);
+/* Collective over comm (nothing may read the bytes after it); safe on a zeroed buffer. */
+void sd_node_buffer_free(sd_node_buffer *b);
+
 /* Prints a table of every rank's role, communicator rank, node and node-local rank (rank 0). */
 void sd_runtime_report(const sd_runtime *rt);
 

@@ -615,55 +615,87 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
     return storage_failed;
 }
 
-static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_dataset *ds, sd_err *err)
+/* Rank 0 builds the index; every rank gets a view (sd_dataset_view) of one packed image of it
+ * per node, in MPI shared memory (`image`, which must outlive the dataset: close_dataset): 400
+ * million TSV samples make an image of ~58 GB, which a node cannot hold once per rank. */
+static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_dataset *ds,
+                        sd_node_buffer *image, sd_err *err)
 {
     long long size = 0;
-    void *blob = NULL;
-    size_t bsize = 0;
+    sd_dataset built;
     int status = 0;
+    memset(&built, 0, sizeof built);
     if (rank == 0) {
-        if (sd_dataset_open(cfg->data.input, cfg->data.input_format, ds, err) != 0)
+        if (sd_dataset_open(cfg->data.input, cfg->data.input_format, &built, err) != 0)
             status = 1;
-        else if (sd_dataset_pack(ds, &blob, &bsize) != 0) {
-            sd_err_set(err, "cannot pack the dataset index of '%s'", cfg->data.input);
-            status = 1;
-        }
-        size = (long long)bsize;
+        size = (long long)(status ? 0 : sd_dataset_pack_size(&built));
     }
     if (rank == 0 && status && err->storage)
         status = 2; /* the storage failed the index: a retry may succeed */
     if (rank == 0 && status == 0) {
         /* what indexing met that is no sample (damaged shards, unreadable folders, bad lines):
          * named here, counted in the summary */
-        for (int i = 0; i < ds->n_notes; i++)
-            sd_warn("%s", ds->notes[i]);
-        if (ds->n_notes_total > ds->n_notes)
+        for (int i = 0; i < built.n_notes; i++)
+            sd_warn("%s", built.notes[i]);
+        if (built.n_notes_total > built.n_notes)
             sd_warn("%lld more problem(s) of the dataset '%s' are only counted (summary: \"index\")",
-                    (long long)(ds->n_notes_total - ds->n_notes), cfg->data.input);
+                    (long long)(built.n_notes_total - built.n_notes), cfg->data.input);
     }
     SD_MPI_CHECK(MPI_Bcast(&status, 1, MPI_INT, 0, comm));
     if (status) {
+        sd_dataset_close(&built);
         SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, 0, comm));
         err->storage = status == 2;
         return -1;
     }
     SD_MPI_CHECK(MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm));
-    if (rank != 0)
-        blob = sd_xmalloc((size_t)size);
-    /* MPI counts are int: send the index in pieces */
-    for (long long off = 0; off < size; off += 1 << 30) {
-        long long n = size - off < (1 << 30) ? size - off : (1 << 30);
-        SD_MPI_CHECK(MPI_Bcast((char *)blob + off, (int)n, MPI_BYTE, 0, comm));
+    {
+        /* Test hook: SDTRAIN_TEST_NO_SHARED_INDEX=1 takes the fallback of a node whose shared
+         * window cannot be had (one copy per rank), as if MPI_Win_allocate_shared had failed. */
+        const char *off = getenv("SDTRAIN_TEST_NO_SHARED_INDEX");
+        const int try_shared = !(off && *off && strcmp(off, "0") != 0);
+        const double mib = (double)size / (1024.0 * 1024.0);
+        sd_err why;
+        int n[4]; /* copies of the image, ranks, nodes that fell back, nodes that share one */
+        const int one_copy = sd_node_buffer_alloc(comm, (size_t)size, try_shared, image, &why) == 0;
+        if (!one_copy && image->node_rank == 0)
+            sd_warn("dataset index: %.1f MiB (%lld bytes) not in node-shared memory (%s): one copy on "
+                    "each of this node's %d ranks", mib, size, why.msg, image->node_size);
+        n[0] = image->shared ? image->node_rank == 0 : 1;
+        n[1] = 1;
+        n[2] = !one_copy && image->node_rank == 0;
+        n[3] = image->shared && image->node_rank == 0;
+        SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, n, 4, MPI_INT, MPI_SUM, comm));
+        if (rank == 0 && n[3] == 0 && n[2] == 0) /* each rank alone on its node */
+            sd_info("dataset index: %.1f MiB (%lld bytes), one copy for each of the %d rank(s), "
+                    "each alone on its node", mib, size, n[1]);
+        else if (rank == 0 && n[2] == 0)
+            sd_info("dataset index: %.1f MiB (%lld bytes) in node-shared memory, %d cop%s for %d "
+                    "rank(s) (one per node)", mib, size, n[0], n[0] == 1 ? "y" : "ies", n[1]);
+        else if (rank == 0)
+            sd_info("dataset index: %.1f MiB (%lld bytes), %d copies for %d rank(s): one per rank "
+                    "on the %d node(s) without node-shared memory", mib, size, n[0], n[1], n[2]);
     }
-    if (rank != 0 && sd_dataset_unpack(blob, (size_t)size, ds, err) != 0)
+    /* packed straight into the node's copy, the build going as it is copied: rank 0 holds
+     * the index twice over only in part, only while it packs */
+    if (rank == 0)
+        sd_dataset_pack_close(&built, image->data, (size_t)size);
+    sd_node_buffer_publish(image);
+    if (sd_dataset_view(image->data, (size_t)size, ds, err) != 0)
         SD_CHECK(0, "the broadcast dataset index does not unpack: %s", err->msg);
-    free(blob);
     ds->utf8_policy = strcmp(cfg->data.caption_utf8, "reject") == 0 ? SD_UTF8_REJECT : SD_UTF8_REPLACE;
     ds->missing_caption = strcmp(cfg->data.missing_caption, "empty") == 0 ? SD_MISSING_CAPTION_EMPTY
                                                                           : SD_MISSING_CAPTION_SKIP;
     if (cfg->data.max_samples > 0)
         sd_dataset_truncate(ds, cfg->data.max_samples);
     return 0;
+}
+
+/* Collective over the preprocessing communicator: the dataset, then the image it views. */
+static void close_dataset(sd_dataset *ds, sd_node_buffer *image)
+{
+    sd_dataset_close(ds);
+    sd_node_buffer_free(image);
 }
 
 /* Rank 0: whether the shards an earlier run committed in the shard directory belong to this
@@ -1311,6 +1343,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     int rank = rt->role_rank, size = rt->role_size, code = SD_EXIT_OK, world_rank;
     int non_finite_warned = 0;
     sd_dataset ds;
+    sd_node_buffer index_image; /* what ds views: one copy of the index per node */
     encoders enc;
     sd_err err, read_err;
     sd_shard_manifest man;
@@ -1338,6 +1371,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     MPI_Request trained_req = MPI_REQUEST_NULL; /* completed once the trainers' word came */
 
     memset(&ds, 0, sizeof ds);
+    memset(&index_image, 0, sizeof index_image);
     memset(sl, 0, sizeof sl);
     memset(&writer, 0, sizeof writer);
     sd_err_clear(&err);
@@ -1357,7 +1391,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         }
     }
 
-    if (open_dataset(cfg, comm, rank, &ds, &err) != 0) {
+    if (open_dataset(cfg, comm, rank, &ds, &index_image, &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE; /* storage: status 1, a retry */
@@ -1374,7 +1408,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_encoders(&enc);
-        sd_dataset_close(&ds);
+        close_dataset(&ds, &index_image);
         return SD_EXIT_USAGE;
     }
     /* Which shards a previous run committed: rank 0 reads the manifest and tells the others,
@@ -1386,7 +1420,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (rank == 0)
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         free_encoders(&enc);
-        sd_dataset_close(&ds);
+        close_dataset(&ds, &index_image);
         /* a shard changed after its commit is not mended by a retry; the storage may be */
         return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE;
     }
@@ -1414,7 +1448,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         sd_shard_manifest_free(&man);
         free_encoders(&enc);
-        sd_dataset_close(&ds);
+        close_dataset(&ds, &index_image);
         return err.storage ? SD_EXIT_FAILURE : SD_EXIT_USAGE;
     }
     /* a shard directory that cannot take shards: an error now, before any encoding */
@@ -1426,7 +1460,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
             fprintf(stderr, "sdtrain: %s\n", err.msg);
         sd_shard_manifest_free(&man);
         free_encoders(&enc);
-        sd_dataset_close(&ds);
+        close_dataset(&ds, &index_image);
         return SD_EXIT_USAGE;
     }
     if (rank == 0)
@@ -1628,7 +1662,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     slice_free(&sl[1]);
     sd_shard_manifest_free(&man);
     free_encoders(&enc);
-    sd_dataset_close(&ds);
+    close_dataset(&ds, &index_image);
     if (code == SD_EXIT_OK && stop_when_trained) {
         /* every shard first: take the trainers' word, passing a signal on meanwhile */
         const int sig = sd_pipeline_wait_watching(rt, &trained_req);

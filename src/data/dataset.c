@@ -28,10 +28,12 @@ void sd_dataset_close(sd_dataset *ds)
         return;
     free(ds->root);
     free(ds->input);
-    free(ds->entries);
-    free(ds->pool);
-    free(ds->shards);
-    free(ds->suffixes);
+    if (!ds->viewed) { /* else they lie in the caller's image (sd_dataset_view) */
+        free(ds->entries);
+        free(ds->pool);
+        free(ds->shards);
+        free(ds->suffixes);
+    }
     memset(ds, 0, sizeof *ds);
 }
 
@@ -568,57 +570,114 @@ static unsigned char *put_bytes(unsigned char *p, const void *src, size_t bytes)
     return p + bytes;
 }
 
-int sd_dataset_pack(const sd_dataset *ds, void **blob, size_t *size)
+static void pack_header_of(const sd_dataset *ds, pack_header *h)
+{
+    memset(h, 0, sizeof *h);
+    memcpy(h->magic, PACK_MAGIC, sizeof PACK_MAGIC);
+    h->version = PACK_VERSION;
+    h->entry_size = sizeof(struct sd_dataset_entry);
+    h->stats_size = sizeof(sd_dataset_stats);
+    h->format = (uint32_t)ds->format;
+    h->utf8_policy = (uint32_t)ds->utf8_policy;
+    h->missing_caption = (uint32_t)ds->missing_caption;
+    h->count = ds->count;
+    h->n_shards = ds->n_shards;
+    h->n_suffixes = ds->n_suffixes;
+    h->pool_size = ds->pool_size;
+    h->root_len = strlen(ds->root);
+    h->input_len = strlen(ds->input);
+    h->stats = ds->stats;
+}
+
+/* The header is a multiple of 8 bytes and so is each record: in an 8-byte aligned image the
+ * records and the shard and suffix offsets are aligned, so sd_dataset_view can use them where
+ * they lie. */
+_Static_assert(sizeof(pack_header) % 8 == 0 && sizeof(struct sd_dataset_entry) % 8 == 0,
+               "the packed arrays must stay 8-byte aligned");
+
+size_t sd_dataset_pack_size(const sd_dataset *ds)
 {
     pack_header h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.magic, PACK_MAGIC, sizeof PACK_MAGIC);
-    h.version = PACK_VERSION;
-    h.entry_size = sizeof(struct sd_dataset_entry);
-    h.stats_size = sizeof(sd_dataset_stats);
-    h.format = (uint32_t)ds->format;
-    h.utf8_policy = (uint32_t)ds->utf8_policy;
-    h.missing_caption = (uint32_t)ds->missing_caption;
-    h.count = ds->count;
-    h.n_shards = ds->n_shards;
-    h.n_suffixes = ds->n_suffixes;
-    h.pool_size = ds->pool_size;
-    h.root_len = strlen(ds->root);
-    h.input_len = strlen(ds->input);
-    h.stats = ds->stats;
-    size_t n = sizeof h + (size_t)h.count * sizeof(struct sd_dataset_entry) +
-               (size_t)(h.n_shards + h.n_suffixes) * sizeof(uint64_t) + h.pool_size + h.root_len + h.input_len;
-    unsigned char *b = sd_xmalloc(n), *p = b;
+    pack_header_of(ds, &h);
+    return sizeof h + (size_t)h.count * sizeof(struct sd_dataset_entry) +
+           (size_t)(h.n_shards + h.n_suffixes) * sizeof(uint64_t) + h.pool_size + h.root_len + h.input_len;
+}
+
+/* Writes the image; with `release`, frees each array of ds once copied and closes ds. */
+static void pack(sd_dataset *ds, void *buf, size_t size, int release)
+{
+    pack_header h;
+    unsigned char *p = buf;
+    SD_CHECK(size == sd_dataset_pack_size(ds), "a dataset index image of %zu bytes, not %zu", size,
+             sd_dataset_pack_size(ds));
+    pack_header_of(ds, &h);
 #define PUT(src, bytes) (p = put_bytes(p, (src), (bytes)))
+#define GONE(array)                                                                                \
+    do {                                                                                           \
+        if (release && !ds->viewed) {                                                              \
+            free(array);                                                                           \
+            (array) = NULL;                                                                        \
+        }                                                                                          \
+    } while (0)
     PUT(&h, sizeof h);
     PUT(ds->entries, (size_t)h.count * sizeof(struct sd_dataset_entry));
+    GONE(ds->entries);
     PUT(ds->shards, (size_t)h.n_shards * sizeof(uint64_t));
     PUT(ds->suffixes, (size_t)h.n_suffixes * sizeof(uint64_t));
     PUT(ds->pool, h.pool_size);
+    GONE(ds->pool);
     PUT(ds->root, h.root_len);
     PUT(ds->input, h.input_len);
+#undef GONE
 #undef PUT
+    if (release)
+        sd_dataset_close(ds);
+}
+
+void sd_dataset_pack_into(const sd_dataset *ds, void *buf, size_t size)
+{
+    pack((sd_dataset *)ds, buf, size, 0); /* not written: release is 0 */
+}
+
+void sd_dataset_pack_close(sd_dataset *ds, void *buf, size_t size)
+{
+    pack(ds, buf, size, 1);
+}
+
+int sd_dataset_pack(const sd_dataset *ds, void **blob, size_t *size)
+{
+    const size_t n = sd_dataset_pack_size(ds);
+    void *b = sd_xmalloc(n);
+    sd_dataset_pack_into(ds, b, n);
     *blob = b;
     *size = n;
     return 0;
 }
 
-/* A malloc'd copy of the next `bytes` bytes at *p (never NULL), advancing *p. */
-static void *take(const unsigned char **p, size_t bytes)
+/* The next `bytes` bytes at *p, advancing *p: a malloc'd copy (never NULL), or with `view` the
+ * bytes where they lie. */
+static void *take(const unsigned char **p, size_t bytes, int view)
 {
-    void *d = sd_xmalloc(bytes ? bytes : 1);
-    memcpy(d, *p, bytes);
+    void *d;
+    if (view)
+        d = (void *)*p; /* the dataset never writes through it (sd_dataset_view) */
+    else {
+        d = sd_xmalloc(bytes ? bytes : 1);
+        memcpy(d, *p, bytes);
+    }
     *p += bytes;
     return d;
 }
 
-int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err)
+static int unpack(const void *blob, size_t size, int view, sd_dataset *ds, sd_err *err)
 {
     pack_header h;
     const unsigned char *p = blob;
     memset(ds, 0, sizeof *ds);
     if (size < sizeof h)
         return sd_err_set(err, "dataset index image: %zu bytes, too short", size);
+    if (view && (uintptr_t)blob % 8 != 0)
+        return sd_err_set(err, "dataset index image: not 8-byte aligned, cannot be viewed in place");
     memcpy(&h, p, sizeof h);
     if (memcmp(h.magic, PACK_MAGIC, sizeof PACK_MAGIC) != 0 || h.version != PACK_VERSION ||
         h.entry_size != sizeof(struct sd_dataset_entry) || h.stats_size != sizeof(sd_dataset_stats))
@@ -646,10 +705,11 @@ int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err
     ds->n_shards = h.n_shards;
     ds->n_suffixes = (int)h.n_suffixes;
     ds->pool_size = ds->pool_cap = h.pool_size;
-    ds->entries = take(&p, (size_t)h.count * sizeof(struct sd_dataset_entry));
-    ds->shards = take(&p, (size_t)h.n_shards * sizeof(uint64_t));
-    ds->suffixes = take(&p, (size_t)h.n_suffixes * sizeof(uint64_t));
-    ds->pool = take(&p, h.pool_size);
+    ds->viewed = view != 0;
+    ds->entries = take(&p, (size_t)h.count * sizeof(struct sd_dataset_entry), view);
+    ds->shards = take(&p, (size_t)h.n_shards * sizeof(uint64_t), view);
+    ds->suffixes = take(&p, (size_t)h.n_suffixes * sizeof(uint64_t), view);
+    ds->pool = take(&p, h.pool_size, view);
     ds->root = sd_xmalloc(h.root_len + 1);
     memcpy(ds->root, p, h.root_len);
     ds->root[h.root_len] = '\0';
@@ -687,4 +747,14 @@ int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err
     }
     ds->id = sd_dataset_new_id_();
     return 0;
+}
+
+int sd_dataset_unpack(const void *blob, size_t size, sd_dataset *ds, sd_err *err)
+{
+    return unpack(blob, size, 0, ds, err);
+}
+
+int sd_dataset_view(const void *image, size_t size, sd_dataset *ds, sd_err *err)
+{
+    return unpack(image, size, 1, ds, err);
 }

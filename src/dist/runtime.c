@@ -1,10 +1,12 @@
 /* MPI start-up, communicator split by role and node, and MPI error handling. */
 #include "sdtrain/runtime.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -323,6 +325,141 @@ void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *r
     rt->n_nodes = n_nodes;
     if (gethostname(rt->hostname, sizeof rt->hostname - 1) != 0)
         snprintf(rt->hostname, sizeof rt->hostname, "unknown");
+}
+
+/* MPI counts are int: large buffers go in pieces of 1 GiB. */
+static void bcast_bytes(void *buf, size_t size, MPI_Comm comm)
+{
+    for (size_t off = 0; off < size; off += (size_t)1 << 30) {
+        const size_t n = size - off < ((size_t)1 << 30) ? size - off : ((size_t)1 << 30);
+        SD_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, 0, comm));
+    }
+}
+
+/* Whether the file system that will hold a shared window of `size` bytes (Open MPI's
+ * osc_sm_backing_directory, else /dev/shm, where MPICH's and Open MPI's windows live on Linux)
+ * lacks the room, with why: the window plus a sixteenth and 1 MiB to spare (the MPI's own
+ * segments were made at start-up). A /dev/shm that is not there says nothing: the MPI then puts
+ * the window elsewhere. */
+static int shm_lacks_room(size_t size, sd_err *why)
+{
+    const char *dir = getenv("OMPI_MCA_osc_sm_backing_directory");
+    const int named = dir && *dir;
+    const unsigned long long need = (unsigned long long)size + size / 16 + (1ull << 20);
+    struct statvfs st;
+    unsigned long long avail;
+    if (!named)
+        dir = "/dev/shm";
+    if (statvfs(dir, &st) != 0) {
+        if (named)
+            sd_err_set(why, "%s: %s", dir, strerror(errno));
+        return named;
+    }
+    avail = (unsigned long long)st.f_bavail * st.f_frsize;
+    if (avail >= need)
+        return 0;
+    sd_err_set(why, "%s has %.1f MiB free, the window needs %.1f MiB with some to spare", dir,
+               (double)avail / (1 << 20), (double)need / (1 << 20));
+    return 1;
+}
+
+int sd_node_buffer_alloc(MPI_Comm comm, size_t size, int try_shared, sd_node_buffer *b,
+                         sd_err *why)
+{
+    int rank, want;
+    memset(b, 0, sizeof *b);
+    b->size = size;
+    b->win = MPI_WIN_NULL;
+    sd_err_clear(why);
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    /* keyed by rank: comm's rank 0 is its node's leader and rank 0 among the leaders */
+    SD_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &b->node_comm));
+    SD_MPI_CHECK(MPI_Comm_rank(b->node_comm, &b->node_rank));
+    SD_MPI_CHECK(MPI_Comm_size(b->node_comm, &b->node_size));
+    SD_MPI_CHECK(MPI_Comm_split(comm, b->node_rank == 0 ? 0 : MPI_UNDEFINED, rank, &b->leader_comm));
+    /* the node's ranks try together or not at all: the allocation is collective */
+    want = try_shared && b->node_size > 1 && size > 0;
+    SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MIN, b->node_comm));
+    if (!want && b->node_size > 1)
+        sd_err_set(why, size > 0 ? "shared memory switched off" : "nothing to share");
+    /* Open MPI 4.1 leaves the node's other ranks waiting forever in MPI_Win_allocate_shared when
+     * its leader cannot make the window's file (osc/sm broadcasts the segment only on success),
+     * so what makes it fail most often, a shared-memory file system without room for it (a
+     * container's 64 MiB /dev/shm), is checked before the call (a check of a moment: what fills
+     * the file system afterwards still fails the call) */
+    if (want)
+        want = sd_agree(b->node_comm, b->node_rank == 0 && shm_lacks_room(size, why), why) == 0;
+    if (want) {
+        MPI_Win win = MPI_WIN_NULL;
+        void *base = NULL;
+        /* comm inherits MPI_ERRORS_RETURN from MPI_COMM_WORLD (sd_mpi_start): a failed
+         * allocation comes back as a code */
+        int rc = MPI_Win_allocate_shared(b->node_rank == 0 ? (MPI_Aint)size : 0, 1, MPI_INFO_NULL,
+                                         b->node_comm, &base, &win);
+        int got[2] = {rc == MPI_SUCCESS, 0}; /* a window; its leader's bytes in reach */
+        if (got[0] && b->node_rank != 0) {
+            MPI_Aint sz = 0;
+            int unit = 0;
+            rc = MPI_Win_shared_query(win, 0, &sz, &unit, &base);
+            got[1] = rc == MPI_SUCCESS && (size_t)sz == size && base != NULL;
+        } else
+            got[1] = got[0] && base != NULL;
+        if (!got[1]) {
+            char msg[MPI_MAX_ERROR_STRING] = "a window of another size";
+            int len = 0;
+            if (rc != MPI_SUCCESS && MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+                snprintf(msg, sizeof msg, "MPI error %d", rc);
+            sd_err_set(why, "MPI_Win_allocate_shared of %zu bytes: %s", size, msg);
+        }
+        SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, got, 2, MPI_INT, MPI_MIN, b->node_comm));
+        if (got[1]) {
+            b->win = win;
+            b->data = base;
+            b->shared = 1;
+            SD_MPI_CHECK(MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN));
+            /* one passive epoch for the window's life: what MPI_Win_sync needs */
+            SD_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win));
+        } else {
+            /* every rank of the node holds a window it cannot use: give it back; a window on
+             * some ranks only is left (freeing it would wait for the others forever) */
+            if (got[0])
+                SD_MPI_CHECK(MPI_Win_free(&win));
+            if (sd_agree(b->node_comm, why->msg[0] != 0, why) == 0)
+                sd_err_set(why, "MPI_Win_allocate_shared of %zu bytes failed", size);
+        }
+    }
+    if (!b->shared)
+        b->data = sd_xmalloc(size ? size : 1);
+    return b->shared || b->node_size == 1 ? 0 : -1;
+}
+
+void sd_node_buffer_publish(sd_node_buffer *b)
+{
+    if (b->leader_comm != MPI_COMM_NULL)
+        bcast_bytes(b->data, b->size, b->leader_comm);
+    if (b->shared) {
+        /* the leader's stores before the barrier, the others' loads after it */
+        SD_MPI_CHECK(MPI_Win_sync(b->win));
+        SD_MPI_CHECK(MPI_Barrier(b->node_comm));
+        SD_MPI_CHECK(MPI_Win_sync(b->win));
+    } else if (b->node_size > 1)
+        bcast_bytes(b->data, b->size, b->node_comm);
+}
+
+void sd_node_buffer_free(sd_node_buffer *b)
+{
+    if (!b->data)
+        return;
+    if (b->shared) {
+        SD_MPI_CHECK(MPI_Win_unlock_all(b->win));
+        SD_MPI_CHECK(MPI_Win_free(&b->win));
+    } else
+        free(b->data);
+    if (b->leader_comm != MPI_COMM_NULL)
+        SD_MPI_CHECK(MPI_Comm_free(&b->leader_comm));
+    SD_MPI_CHECK(MPI_Comm_free(&b->node_comm));
+    memset(b, 0, sizeof *b);
+    b->win = MPI_WIN_NULL;
 }
 
 void sd_runtime_report(const sd_runtime *rt)

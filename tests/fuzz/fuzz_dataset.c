@@ -3,6 +3,8 @@
  * Each input is tried three ways:
  *   1. as the bytes of sd_dataset_pack (what rank 0 broadcasts): sd_dataset_unpack must refuse it
  *      with a message, or give a dataset whose every sample can be described and looked up;
+ *      sd_dataset_view (the ranks' view of the node's one copy, no copy) of the same bytes in
+ *      an aligned buffer must decide the same and give the same keys;
  *   2. as a TSV manifest (path<TAB>caption lines) in a scratch folder: the samples it indexes are
  *      read (their images mostly do not exist: skipped with a reason and a message), and the
  *      index survives sd_dataset_pack / sd_dataset_unpack with the same keys and captions;
@@ -90,6 +92,13 @@ static void pack_round_trip(const sd_dataset *ds)
                 "same sample records", a.key);
     }
     sd_dataset_close(&back);
+    fuzz_require(sd_dataset_view(blob, n, &back, &err) == 0 && back.viewed &&
+                     sd_dataset_count(&back) == sd_dataset_count(ds),
+                 "a packed index is viewed in place", err.msg);
+    for (int64_t i = 0; i < sd_dataset_count(ds); i++)
+        fuzz_require(strcmp(sd_dataset_key(ds, i), sd_dataset_key(&back, i)) == 0, "same keys in the view",
+                     sd_dataset_key(ds, i));
+    sd_dataset_close(&back);
     free(blob);
 }
 
@@ -129,14 +138,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!work[0])
         setup();
 
-    /* 1. as packed index bytes */
+    /* 1. as packed index bytes, unpacked and viewed */
     memset(&ds, 0, sizeof ds);
     memset(&err, 0, sizeof err);
-    if (sd_dataset_unpack(data, size, &ds, &err) == 0) {
-        describe_all(&ds);
-        sd_dataset_close(&ds);
-    } else {
-        fuzz_require(err.msg[0] != 0, "a refused index says why", NULL);
+    {
+        uint64_t *aligned = malloc((size / 8 + 1) * 8);
+        sd_dataset view;
+        sd_err verr;
+        int unpacked = sd_dataset_unpack(data, size, &ds, &err) == 0, viewed;
+        fuzz_require(aligned != NULL, "malloc", NULL);
+        if (size)
+            memcpy(aligned, data, size);
+        memset(&verr, 0, sizeof verr);
+        viewed = sd_dataset_view(aligned, size, &view, &verr) == 0;
+        fuzz_require(viewed == unpacked, "a view takes what unpack takes", verr.msg);
+        if (unpacked) {
+            describe_all(&ds);
+            describe_all(&view);
+            for (int64_t i = 0; i < sd_dataset_count(&ds); i++)
+                fuzz_require(strcmp(sd_dataset_key(&ds, i), sd_dataset_key(&view, i)) == 0,
+                             "the view has the copy's keys", sd_dataset_key(&ds, i));
+            sd_dataset_close(&view);
+            fuzz_require(size == 0 || memcmp(aligned, data, size) == 0, "a view leaves its image alone", NULL);
+            sd_dataset_close(&ds);
+        } else {
+            fuzz_require(err.msg[0] != 0 && verr.msg[0] != 0, "a refused index says why", NULL);
+        }
+        free(aligned);
     }
 
     /* 2. as a TSV manifest */

@@ -43,6 +43,9 @@ expect_in pipe out "step 8/8"
 expect_in pipe out "training summary"
 expect_in pipe out "following the shards of $TMP/shards-pipe"
 expect_in pipe out "all 3 planned shards are committed"
+# the preprocessing half's 2 ranks share one copy of the dataset index (the trainers hold none)
+grep -q "not in node-shared memory" "$TMP/pipe.err" ||
+    expect_in pipe out "in node-shared memory, 1 copy for 2 rank(s) (one per node)"
 m="$TMP/pipe/metrics.jsonl"
 [ "$(grep -c '"loss"' "$m")" = 8 ] || fail "pipe: expected 8 step lines in $m"
 [ "$(grep -c '"val_loss"' "$m")" = 3 ] || fail "pipe: expected 3 validation lines (steps 0, 4, 8) in $m"

@@ -86,6 +86,29 @@ expect_in again out "shard writes between encodings"
 checksums "$TMP/shards-files" >"$TMP/sum-np3"
 checksums "$TMP/shards-again" >"$TMP/sum-again"
 diff "$TMP/sum-np3" "$TMP/sum-again" || fail "two runs with 3 ranks wrote different data (writes beside / between the encodings)"
+# the dataset index is one packed image per node in MPI shared memory, which every rank views
+# (doc/datasets.md, "One index per node"); a node without it (SDTRAIN_TEST_NO_SHARED_INDEX=1, the
+# test hook, or a shared-memory folder that cannot hold it) keeps a copy on each rank, says so
+# with the size, and writes the same shards
+if grep -q "not in node-shared memory" "$TMP/proc-files.err"; then
+    echo "# this machine gave no node-shared memory: $(grep -m1 'not in node-shared memory' "$TMP/proc-files.err")" >&2
+else
+    expect_in proc-files out "in node-shared memory, 1 copy for 3 rank(s) (one per node)"
+fi
+write_nml noshm files "$TMP/data-files" "$TMP/shards-noshm"
+SDTRAIN_TEST_NO_SHARED_INDEX=1 mpi noshm 3 "$SDTRAIN" "$TMP/noshm.nml"
+expect_rc noshm 0
+expect_in noshm err "bytes) not in node-shared memory (shared memory switched off): one copy on each of this node's 3 ranks"
+expect_in noshm out "3 copies for 3 rank(s): one per rank on the 1 node(s) without node-shared memory"
+checksums "$TMP/shards-noshm" >"$TMP/sum-noshm"
+diff "$TMP/sum-np3" "$TMP/sum-noshm" || fail "3 ranks wrote other data with a copy of the index each"
+# a shared-memory folder that is not there (Open MPI's osc_sm_backing_directory): the fallback,
+# not a hang (Open MPI 4.1 leaves the other ranks waiting when the window's file cannot be made)
+OMPI_MCA_osc_sm_backing_directory="$TMP/no-such-shm" mpi noshmdir 3 "$SDTRAIN" "$TMP/noshm.nml" \
+    --set data.shard_dir="$TMP/shards-noshmdir"
+expect_rc noshmdir 0
+expect_in noshmdir err "not in node-shared memory ($TMP/no-such-shm: No such file or directory)"
+checksums "$TMP/shards-noshmdir" | diff "$TMP/sum-np3" - || fail "3 ranks without a shared-memory folder wrote other data"
 # decode threads per rank (OpenMP; the runs above have one thread per rank on 2 cores): 3 and
 # 5 threads read and decode windows of 12 and 20 samples in parallel, bad samples among them,
 # and must write the same data with the same counts

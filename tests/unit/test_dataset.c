@@ -274,6 +274,57 @@ static void make_files_fixture(const char *root)
         tap_diag("symlink: %s", strerror(errno));
 }
 
+/* The index as ranks of a node see it (mode 'process'): a view of one packed image, no copy.
+ * The image made in place (pack_into) and by pack_close (the build freed as it is copied) is
+ * sd_dataset_pack's, byte for byte; the view reads what the index reads, points into the image,
+ * is refused when unaligned, and closing it leaves the image alone. Closes *ds. */
+static void check_view(sd_dataset *ds, const char *what)
+{
+    void *blob;
+    size_t size, want;
+    unsigned char *copy, *odd;
+    sd_dataset v;
+    sd_err err;
+    sd_sample a = {0}, b = {0};
+    int same = 1;
+    const int64_t n = sd_dataset_count(ds);
+    sd_err_clear(&err);
+    sd_dataset_pack(ds, &blob, &size);
+    want = sd_dataset_pack_size(ds);
+    copy = malloc(size);
+    sd_dataset_pack_into(ds, copy, size);
+    tap_ok(want == size && !memcmp(copy, blob, size), "%s: pack_into writes sd_dataset_pack's image", what);
+    tap_ok(sd_dataset_view(copy, size, &v, &err) == 0 && v.viewed && sd_dataset_count(&v) == n &&
+               (unsigned char *)v.entries > copy && (unsigned char *)v.pool < copy + size,
+           "%s: viewed in place (%s)", what, err.msg);
+    for (int64_t i = 0; i < n && v.viewed; i++) {
+        sd_err e1, e2;
+        int r1 = sd_dataset_read(ds, i, &a, &e1), r2 = sd_dataset_read(&v, i, &b, &e2);
+        same &= r1 == r2 && a.reason == b.reason && !strcmp(a.key, b.key) && a.image_size == b.image_size &&
+                !strcmp(e1.msg, e2.msg) &&
+                (r1 != 0 || (!memcmp(a.image, b.image, a.image_size) && a.caption_len == b.caption_len &&
+                             !memcmp(a.caption, b.caption, a.caption_len)));
+    }
+    tap_ok(same, "%s: the view reads the same samples", what);
+    sd_dataset_close(&v);
+    tap_ok(!memcmp(copy, blob, size), "%s: closing a view leaves its image alone", what);
+    odd = malloc(size + 1);
+    memcpy(odd + 1, blob, size);
+    tap_ok(sd_dataset_view(odd + 1, size, &v, &err) == -1 && strstr(err.msg, "aligned"),
+           "%s: an unaligned image is not viewed (%s)", what, err.msg);
+    tap_ok(sd_dataset_unpack(odd + 1, size, &v, &err) == 0 && !v.viewed, "%s: ... but unpacks (a copy)", what);
+    sd_dataset_close(&v);
+    memset(copy, 0, size);
+    sd_dataset_pack_close(ds, copy, size);
+    tap_ok(!memcmp(copy, blob, size) && ds->entries == NULL && ds->pool == NULL && ds->count == 0,
+           "%s: pack_close writes the same image and closes the index", what);
+    sd_sample_free(&a);
+    sd_sample_free(&b);
+    free(odd);
+    free(copy);
+    free(blob);
+}
+
 static void test_files(void)
 {
     char root[512];
@@ -405,7 +456,7 @@ static void test_files(void)
     tap_ok(sd_dataset_count(&ds) == n, "files: max_samples 0 = all");
 
     sd_sample_free(&s);
-    sd_dataset_close(&ds);
+    check_view(&ds, "files");
 
     /* Trailing slashes and auto. */
     char slashed[600];
@@ -510,7 +561,7 @@ static void test_tsv(void)
     tap_ok(strstr(err.msg, "img/nocap.jpg: no caption (its manifest line has no tab)") != NULL,
            "tsv: missing caption message: %s", err.msg);
     sd_sample_free(&s);
-    sd_dataset_close(&ds);
+    check_view(&ds, "tsv");
 
     /* A manifest without header whose first path is literally a header word is still data
      * only when it has no tab; and a .txt manifest is tsv under auto. */
@@ -985,6 +1036,7 @@ static void test_webdataset(void)
                 (r1 != 0 || (!memcmp(s.image, s2.image, s.image_size) && !strcmp(s.caption, s2.caption)));
     }
     tap_ok(same, "webdataset: the unpacked index reads the same samples");
+    tap_ok(!ds2.viewed, "webdataset: an unpacked index is a copy");
     sd_dataset_close(&ds2);
     ((unsigned char *)blob)[blob_size - 1] ^= 1;
     ((char *)blob)[0] = 'X';
@@ -1006,7 +1058,7 @@ static void test_webdataset(void)
     free(blob);
     sd_sample_free(&s);
     sd_sample_free(&s2);
-    sd_dataset_close(&ds);
+    check_view(&ds, "webdataset");
 
     /* Single shard, glob and brace patterns. */
     snprintf(path, sizeof path, "%s/shard-00000.tar", dir);
