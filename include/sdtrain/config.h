@@ -72,6 +72,7 @@ typedef struct sd_config {
         char encode_precision[SD_NAME_MAX]; /* auto | fp32 | bf16 */
         double shard_wait_timeout;          /* s: mode 'pipeline', the trainers' longest wait */
         bool overlap_writes;                /* write shard k while shard k+1 is encoded */
+        int64_t open_shards;                /* training: shards each rank keeps open */
     } data;
     struct {
         int64_t max_steps;

@@ -70,8 +70,8 @@ extern "C" {
  * reads go through sd_loader_read_val, which takes the lock. The thread never calls MPI.
  */
 
-/* Open shards kept per loader (least recently used is closed first). */
-#define SD_LOADER_MAX_OPEN_SHARDS 8
+/* Open shards kept per loader (least recently used is closed first; &data open_shards). */
+#define SD_LOADER_MAX_OPEN_SHARDS 64
 
 typedef struct sd_loader_options {
     const char *shard_dir;  /* &data shard_dir */
@@ -79,7 +79,8 @@ typedef struct sd_loader_options {
     int batch_per_rank;     /* &train batch_size_per_rank, >= 1 */
     uint64_t seed;          /* &run seed */
     int prefetch;           /* 1 (default): read step s+1 in a thread while step s is used */
-    int max_open_shards;    /* 0 means SD_LOADER_MAX_OPEN_SHARDS */
+    int max_open_shards;    /* 0 means SD_LOADER_MAX_OPEN_SHARDS; fewer when the limit of open
+                             * files cannot be raised to fit them (a warning on rank 0) */
     /* Follow mode (above): 0 = read the committed shards once at open (the default). */
     int follow;
     MPI_Comm plan_comm;     /* where the preprocessing half's plan arrives (MPI_COMM_WORLD) */

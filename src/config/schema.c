@@ -137,6 +137,12 @@ static const sd_option options[] = {
     REAL(data, shard_wait_timeout, "3600", 0.001, U, "s",
          "mode = 'pipeline': the longest the training ranks wait for the next shard they need (or "
          "for the preprocessing half's plan) before the job ends with an error."),
+    INT(data, open_shards, "64", 1, 65536, "files",
+        "Training: the latent shards each rank keeps open (least recently used closed first). "
+        "Batches are drawn from the whole data set, so with more shards than this nearly every "
+        "sample costs an open (an HDF5 open: several reads, and a metadata operation on a "
+        "parallel file system); each open shard holds about 1 MiB of HDF5 memory and a file "
+        "descriptor (the soft limit is raised to fit when the hard one allows)."),
 
     /* &train */
     INT(train, max_steps, "1000", 1, U, "steps", "Optimizer steps to run in total (counting resumed ones)."),

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -1169,6 +1170,26 @@ static int start_thread(sd_loader *l, sd_err *err)
     return 0;
 }
 
+/* How many of `n` shards the loader may keep open: each takes a file descriptor, so the soft
+ * limit is raised (towards the hard one) to n plus a reserve for everything else the process
+ * opens (MPI, checkpoints, logs, the other loader); n when that fits, else what does. */
+static int fit_open_shards(int n)
+{
+    const rlim_t reserve = 256, want = (rlim_t)n + reserve;
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= want)
+        return n;
+    {
+        struct rlimit raised = lim;
+        raised.rlim_cur = lim.rlim_max == RLIM_INFINITY || lim.rlim_max >= want ? want : lim.rlim_max;
+        if (raised.rlim_cur > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &raised) == 0)
+            lim.rlim_cur = raised.rlim_cur;
+    }
+    if (lim.rlim_cur >= want)
+        return n;
+    return lim.rlim_cur > reserve + 1 ? (int)(lim.rlim_cur - reserve) : 1;
+}
+
 int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out, sd_err *err)
 {
     open_header h;
@@ -1334,7 +1355,11 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         l->items = sd_xmalloc((size_t)h.batch_per_rank * sizeof *l->items);
         l->stage_m = sd_xmalloc((size_t)h.batch_per_rank * l->m_el * sizeof(float));
         l->stage_e = sd_xmalloc((size_t)h.batch_per_rank * l->e_el * sizeof(float));
-        l->n_cache = opt->max_open_shards ? opt->max_open_shards : SD_LOADER_MAX_OPEN_SHARDS;
+        const int want = opt->max_open_shards ? opt->max_open_shards : SD_LOADER_MAX_OPEN_SHARDS;
+        l->n_cache = fit_open_shards(want);
+        if (l->n_cache < want && rank == 0)
+            sd_warn("the loader keeps %d shards open instead of %d (&data open_shards): the "
+                    "limit of open files (ulimit -n) leaves no room for more", l->n_cache, want);
         l->cache = sd_xcalloc((size_t)l->n_cache, sizeof *l->cache);
         for (int c = 0; c < l->n_cache; c++)
             l->cache[c].pos = -1;

@@ -32,6 +32,20 @@ for d in f16-2 f16-3 f32-1 f32-2 f32-3; do
 done
 pass "the same global batches at 1, 2, 3 ranks, fp16 and fp32"
 
+# The open shards need file descriptors: a soft limit too low for the default 64 (plus the
+# loader's reserve of 256) is raised to fit; a hard limit too low keeps fewer shards open, with
+# a warning, and the same batches
+mpi fd-soft 1 sh -c "ulimit -S -n 290 && exec \"$prog\" check \"$TMP/f16\" f16 $SPEC $G 0.2 77 $K \"$TMP/digest-fd-soft\""
+expect_rc fd-soft 0
+expect_not_in fd-soft err "shards open instead of"
+mpi fd-hard 1 sh -c "ulimit -n 290 && exec \"$prog\" check \"$TMP/f16\" f16 $SPEC $G 0.2 77 $K \"$TMP/digest-fd-hard\""
+expect_rc fd-hard 0
+expect_in fd-hard err "the loader keeps 34 shards open instead of 64 (&data open_shards)"
+for d in fd-soft fd-hard; do
+    cmp -s "$TMP/digest-f16-1" "$TMP/digest-$d" || fail "$d: other global batches"
+done
+pass "open shards fit the limit of open files: raised, or fewer with a warning"
+
 # Empty shards (mode 'process' commits one when every sample of its range was skipped), written
 # by 2 ranks with no sample at all: the loader passes over them, so the same data plus empty
 # shards 3 and 5 gives the global batches of the data without them, bit for bit; an empty
