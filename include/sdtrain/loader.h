@@ -121,6 +121,8 @@ typedef struct sd_loader_info {
      * (sd_loader_get_info returns the current values; steps_per_epoch may be 0), n_val is final. */
     int complete;
     int64_t n_planned;       /* follow mode: the shards the preprocessing half writes; else n_shards */
+    int64_t n_direct;        /* of n_shards, those read without HDF5 (sd_shard_direct): all but
+                              * shards written before 2026-11-27 */
 } sd_loader_info;
 
 /* A sample's stable name: shard index (as in the manifest and file name) and row in it. */

@@ -187,6 +187,28 @@ int sd_shard_read_keys(sd_shard *s, int64_t start, int64_t count, int64_t stride
                        size_t width, sd_err *err);
 int sd_shard_read_empty_embedding(sd_shard *s, float *dst, sd_err *err);
 
+/* Reading around HDF5 (the training loader's hot path: no HDF5 open per shard). A shard whose
+ * moments and caption embeddings are contiguous datasets of raw little-endian floats (every shard
+ * written since 2026-11-27; older ones are chunked) has each row at a fixed file offset:
+ * row r of a dataset of `row_floats` floats a row lies at offset + r * row_floats * (2 or 4). */
+typedef struct sd_shard_direct {
+    int32_t ok;                   /* 0: read this shard through HDF5 */
+    int32_t f16;                  /* stored as fp16 (else fp32) */
+    uint64_t moments, embeddings; /* file offsets of row 0 */
+} sd_shard_direct;
+
+/* The direct layout of an open shard; d->ok = 0 when it has none (chunked datasets, another
+ * byte order, a big-endian host). */
+void sd_shard_get_direct(const sd_shard *s, sd_shard_direct *d);
+
+/* Rows [row, row + count) of `row_floats` floats each, stored from `offset` in the file open as
+ * fd (path names it in errors), into dst as fp32: the floats sd_shard_read_moments (NCHW) or
+ * sd_shard_read_embeddings give. `scratch` holds count * row_floats fp16 values when f16 (NULL:
+ * allocated here). A failed or short read is an error naming the file (a storage error when the
+ * errno is one: sd_err.storage). */
+int sd_shard_direct_read(int fd, const char *path, uint64_t offset, int f16, size_t row_floats,
+                         int64_t row, int64_t count, float *dst, uint16_t *scratch, sd_err *err);
+
 /* Recomputes the content hash the manifest records (reads the whole shard). */
 int sd_shard_checksum(sd_shard *s, uint64_t *out, sd_err *err);
 

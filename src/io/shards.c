@@ -792,20 +792,20 @@ double sd_shard_data_bytes(const sd_shard_meta *m, int64_t n, size_t cap_w, size
  * cleaned up and ends the job (sd_h5_end_job_if_write_failed); this refusal ends the run with
  * the committed shards intact and nothing half-written. The need is the data (the string widths
  * agreed over the ranks), 1 % and 1 MiB for HDF5's chunk index and headers (about 25 KiB for a
- * shard of 16 samples), and what &run io_alignment can add (nothing with the default 1 MiB
- * unless a sample's embedding or latents reach it). */
+ * shard of 16 samples), and what &run io_alignment can add (a unit before each dataset that
+ * reaches one). */
 static int check_room(const writer *w, sd_err *e)
 {
     const sd_shard_meta *m = w->meta;
     const double fsz = m->float_dtype == SD_F16 ? 2.0 : 4.0, n = (double)w->n_total;
     const double emb = (double)m->text_len * (double)m->embed_dim * fsz;
     const double small = n * ((double)m->text_len * 4.0 + (double)w->cap_w + (double)w->key_w);
-    /* &run io_alignment: chunks of one sample's latents or embeddings, the rows of the small
-     * datasets in chunks of at most SMALL_CHUNK_BYTES, the empty caption's embedding */
+    /* &run io_alignment: the contiguous latents and embeddings, the rows of the small datasets
+     * in chunks of at most SMALL_CHUNK_BYTES, the empty caption's embedding */
     const double slack =
-        sd_h5_alignment_slack(2.0 * m->latent_channels * (double)(m->resolution / 8) *
-                              (double)(m->resolution / 8) * fsz, n) +
-        sd_h5_alignment_slack(emb, n + 1.0) +
+        sd_h5_alignment_slack(n * 2.0 * m->latent_channels * (double)(m->resolution / 8) *
+                              (double)(m->resolution / 8) * fsz, 1.0) +
+        sd_h5_alignment_slack(n * emb, 1.0) + sd_h5_alignment_slack(emb, 1.0) +
         sd_h5_alignment_slack(SMALL_CHUNK_BYTES, small / SMALL_CHUNK_BYTES + 3.0);
     const double need = 1.01 * sd_shard_data_bytes(m, w->n_total, w->cap_w, w->key_w) +
                         1048576.0 + slack;
@@ -892,12 +892,22 @@ static void write_header(writer *w)
 
     snprintf(latents, sizeof latents, "image_latents_%d", m->resolution);
     dims[0] = (hsize_t)w->n_total, dims[1] = (hsize_t)w->C2, dims[2] = dims[3] = (hsize_t)w->hs;
-    chunk[0] = 1, chunk[1] = dims[1], chunk[2] = dims[2], chunk[3] = dims[3];
-    /* an empty shard (every sample of its range skipped): zero rows, contiguous */
-    w->d_mom = create_dataset(w, latents, w->t_float, 4, dims, empty ? NULL : chunk);
-    dims[1] = (hsize_t)w->L, dims[2] = (hsize_t)w->D;
-    chunk[1] = dims[1], chunk[2] = dims[2];
-    w->d_emb = create_dataset(w, "caption_embeddings", w->t_float, 3, dims, empty ? NULL : chunk);
+    /* contiguous: each sample's row at a fixed offset, which the training loader reads without
+     * HDF5 (sd_shard_direct; until 2026-11-27 one chunk a sample, which gave readers nothing
+     * more). An empty shard (every sample of its range skipped) has zero rows, and its small
+     * datasets are contiguous too. */
+    {
+        /* Test hook: SDTRAIN_TEST_SHARD_CHUNKED=1 writes the layout of the shards before, for
+         * the tests of readers that meet them */
+        const char *hook = getenv("SDTRAIN_TEST_SHARD_CHUNKED");
+        const int old = hook && *hook && strcmp(hook, "0") != 0 && !empty;
+        chunk[0] = 1, chunk[1] = dims[1], chunk[2] = dims[2], chunk[3] = dims[3];
+        w->d_mom = create_dataset(w, latents, w->t_float, 4, dims, old ? chunk : NULL);
+        dims[1] = (hsize_t)w->L, dims[2] = (hsize_t)w->D;
+        chunk[1] = dims[1], chunk[2] = dims[2];
+        w->d_emb = create_dataset(w, "caption_embeddings", w->t_float, 3, dims, old ? chunk : NULL);
+    }
+    chunk[1] = dims[1];
     chunk[0] = small_chunk_rows((size_t)w->L * 4, w->n_total);
     w->d_ids = create_dataset(w, "caption_ids", H5T_STD_I32LE, 2, dims, empty ? NULL : chunk);
     chunk[0] = small_chunk_rows(w->cap_w, w->n_total);
@@ -1757,6 +1767,81 @@ static int read_floats(sd_shard *s, hid_t d, const char *name, int64_t start, in
         sd_f16_to_f32_array(raw, dst, (size_t)count * per_sample);
     free(raw);
     return rc;
+}
+
+/* The file offset of dataset d's raw data when it is contiguous and stored as raw little-endian
+ * IEEE floats of the shard's float type, else 0 (no dataset's data starts at offset 0: the
+ * superblock does). */
+static uint64_t direct_offset(const sd_shard *s, hid_t d)
+{
+    hid_t dcpl, t;
+    H5D_layout_t layout;
+    haddr_t at;
+    int fits;
+    SD_H5_CHECK(dcpl = H5Dget_create_plist(d));
+    layout = H5Pget_layout(dcpl);
+    SD_H5_CHECK(H5Pclose(dcpl));
+    if (layout != H5D_CONTIGUOUS)
+        return 0;
+    SD_H5_CHECK(t = H5Dget_type(d));
+    fits = H5Tget_class(t) == H5T_FLOAT && H5Tget_order(t) == H5T_ORDER_LE &&
+           H5Tget_size(t) == (s->info.float_dtype == SD_F16 ? 2u : 4u);
+    SD_H5_CHECK(H5Tclose(t));
+    at = H5Dget_offset(d); /* HADDR_UNDEF without storage (zero rows) */
+    return fits && at != HADDR_UNDEF ? (uint64_t)at : 0;
+}
+
+void sd_shard_get_direct(const sd_shard *s, sd_shard_direct *d)
+{
+    memset(d, 0, sizeof *d);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (s->info.n_samples > 0) {
+        d->moments = direct_offset(s, s->d_mom);
+        d->embeddings = direct_offset(s, s->d_emb);
+        d->f16 = s->info.float_dtype == SD_F16;
+        d->ok = d->moments != 0 && d->embeddings != 0;
+    }
+#else
+    (void)s;
+#endif
+    if (!d->ok)
+        memset(d, 0, sizeof *d);
+}
+
+int sd_shard_direct_read(int fd, const char *path, uint64_t offset, int f16, size_t row_floats,
+                         int64_t row, int64_t count, float *dst, uint16_t *scratch, sd_err *err)
+{
+    const size_t fsz = f16 ? 2 : 4, bytes = (size_t)count * row_floats * fsz;
+    uint16_t *own = NULL;
+    char *buf;
+    size_t done = 0;
+    if (count <= 0)
+        return 0;
+    if (f16 && !scratch)
+        scratch = own = sd_xmalloc(bytes);
+    buf = f16 ? (char *)scratch : (char *)dst;
+    while (done < bytes) {
+        const ssize_t got = pread(fd, buf + done, bytes - done,
+                                  (off_t)(offset + (uint64_t)row * row_floats * fsz + done));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            const int e = got < 0 ? errno : 0;
+            free(own);
+            if (e && sd_storage_errno(e))
+                return sd_err_set_storage(err, "%s: reading rows %lld to %lld failed: %s (a storage "
+                                          "error, not damage: the shard may be intact)", path,
+                                          (long long)row, (long long)(row + count - 1), strerror(e));
+            return sd_err_set(err, "%s: reading rows %lld to %lld failed: %s", path, (long long)row,
+                              (long long)(row + count - 1),
+                              e ? strerror(e) : "the file ends before them (truncated?)");
+        }
+        done += (size_t)got;
+    }
+    if (f16)
+        sd_f16_to_f32_array(scratch, dst, (size_t)count * row_floats);
+    free(own);
+    return 0;
 }
 
 int sd_shard_read_moments(sd_shard *s, int64_t start, int64_t count, int64_t stride,

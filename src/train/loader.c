@@ -4,6 +4,7 @@
 #include "sdtrain/loader.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sdtrain/check.h"
 #include "sdtrain/fsutil.h"
@@ -95,7 +97,8 @@ typedef struct slot {
 
 typedef struct open_shard {
     int64_t pos;    /* manifest position, -1 when free */
-    sd_shard *shard;
+    sd_shard *shard; /* read through HDF5; or NULL and: */
+    int fd;         /* read directly (sd_shard_direct), -1 when not */
     uint64_t used;  /* LRU tick of the last read */
 } open_shard;
 
@@ -111,6 +114,8 @@ struct sd_loader {
     double val_fraction;
     char dir[SD_PATH_MAX];
     sd_shard_entry *entries; /* the manifest, n_shards (follow mode: room for n_planned) */
+    sd_shard_direct *direct; /* per shard: where its rows lie, for reads without HDF5 */
+    int hdf5_only;           /* SDTRAIN_TEST_LOADER_HDF5: every read through HDF5 */
     int64_t *first;          /* ordinal of each shard's row 0; first[n_shards] = n_samples */
     uint32_t *val;           /* validation ordinals, ascending (n_val) */
     uint32_t *heldout;       /* every held-out ordinal, ascending: the train list is the rest
@@ -145,6 +150,7 @@ struct sd_loader {
     open_shard *cache;
     int n_cache;
     uint64_t tick;
+    uint16_t *scratch;       /* [batch_per_rank x max(m_el, e_el)] fp16 of a direct read */
 
     /* Under mu. */
     slot slots[2];
@@ -240,38 +246,83 @@ static int check_shape(const sd_loader_info *want, const sd_shard_info *in, sd_e
     return 0;
 }
 
-/* The open shard at manifest position `pos`, opening it (and closing the least recently used
- * one) when needed. Caller holds h5_lock. */
-static int shard_get(sd_loader *l, int64_t pos, sd_shard **out, sd_err *err)
+static int direct_ok(const sd_loader *l, int64_t pos)
+{
+    return !l->hdf5_only && l->direct && l->direct[pos].ok;
+}
+
+/* Opens shard `pos` for direct reads: a plain descriptor, the file's size checked against the
+ * manifest (as sd_shard_open_entry does). */
+static int open_direct(const sd_loader *l, int64_t pos, const char *path, int *fd, sd_err *err)
+{
+    struct stat st;
+    const int f = open(path, O_RDONLY | O_CLOEXEC);
+    if (f < 0 || fstat(f, &st) != 0) {
+        const int e = errno;
+        if (f >= 0)
+            close(f);
+        if (sd_storage_errno(e))
+            return sd_err_set_storage(err, "cannot open shard '%s': %s (a storage error, not "
+                                      "damage: the shard may be intact)", path, strerror(e));
+        return sd_err_set(err, "cannot open shard '%s': %s", path, strerror(e));
+    }
+    if ((int64_t)st.st_size != l->entries[pos].bytes) {
+        close(f);
+        return sd_err_set(err, "%s: %lld bytes, the manifest says %lld (changed after its commit?)",
+                          path, (long long)st.st_size, (long long)l->entries[pos].bytes);
+    }
+    *fd = f;
+    return 0;
+}
+
+/* The open shard at manifest position `pos` (an HDF5 shard in *out, or a descriptor in *fd for
+ * direct reads), opening it (and closing the least recently used one) when needed. Caller holds
+ * h5_lock. */
+static int shard_get(sd_loader *l, int64_t pos, sd_shard **out, int *fd, sd_err *err)
 {
     open_shard *victim = &l->cache[0];
-    sd_shard *s;
+    sd_shard *s = NULL;
+    int f = -1;
     for (int c = 0; c < l->n_cache; c++) {
         open_shard *o = &l->cache[c];
         if (o->pos == pos) {
             o->used = ++l->tick;
             *out = o->shard;
+            *fd = o->fd;
             return 0;
         }
         if (o->used < victim->used)
             victim = o;
     }
     if (victim->pos >= 0) {
-        sd_shard_close(victim->shard);
+        if (victim->shard)
+            sd_shard_close(victim->shard);
+        if (victim->fd >= 0)
+            close(victim->fd);
         victim->pos = -1;
         victim->shard = NULL;
+        victim->fd = -1;
         victim->used = 0;
     }
-    if (sd_shard_open_entry(l->dir, &l->entries[pos], &s, err))
-        return -1;
-    if (check_shape(&l->info, sd_shard_get_info(s), err)) {
-        sd_shard_close(s);
-        return -1;
+    if (direct_ok(l, pos)) {
+        char path[SD_PATH_MAX + 80];
+        snprintf(path, sizeof path, "%s/%s", l->dir, l->entries[pos].file);
+        if (open_direct(l, pos, path, &f, err))
+            return -1;
+    } else {
+        if (sd_shard_open_entry(l->dir, &l->entries[pos], &s, err))
+            return -1;
+        if (check_shape(&l->info, sd_shard_get_info(s), err)) {
+            sd_shard_close(s);
+            return -1;
+        }
     }
     victim->pos = pos;
     victim->shard = s;
+    victim->fd = f;
     victim->used = ++l->tick;
     *out = s;
+    *fd = f;
     return 0;
 }
 
@@ -279,13 +330,27 @@ static int shard_get(sd_loader *l, int64_t pos, sd_shard **out, sd_err *err)
 static int read_rows(sd_loader *l, int64_t pos, int64_t row, int64_t n, float *m, float *e, sd_err *err)
 {
     sd_shard *s;
-    int rc;
+    int rc, fd;
     sd_loader_h5_lock();
-    rc = shard_get(l, pos, &s, err);
-    if (rc == 0)
+    rc = shard_get(l, pos, &s, &fd, err);
+    if (rc == 0 && !s) {
+        /* direct: the same floats as the HDF5 reads below, without HDF5 (sd_shard_direct) */
+        const sd_shard_direct *d = &l->direct[pos];
+        uint16_t *scratch = n <= l->info.batch_per_rank ? l->scratch : NULL;
+        char path[SD_PATH_MAX + 80];
+        snprintf(path, sizeof path, "%s/%s", l->dir, l->entries[pos].file);
+        if (row < 0 || n < 0 || row + n > l->entries[pos].samples)
+            rc = sd_err_set(err, "%s: rows %lld to %lld of a shard of %lld", path, (long long)row,
+                            (long long)(row + n - 1), (long long)l->entries[pos].samples);
+        if (rc == 0)
+            rc = sd_shard_direct_read(fd, path, d->moments, d->f16, l->m_el, row, n, m, scratch, err);
+        if (rc == 0)
+            rc = sd_shard_direct_read(fd, path, d->embeddings, d->f16, l->e_el, row, n, e, scratch, err);
+    } else if (rc == 0) {
         rc = sd_shard_read_moments(s, row, n, 1, SD_LATENT_NCHW, m, err);
-    if (rc == 0)
-        rc = sd_shard_read_embeddings(s, row, n, 1, e, err);
+        if (rc == 0)
+            rc = sd_shard_read_embeddings(s, row, n, 1, e, err);
+    }
     sd_loader_h5_unlock();
     return rc ? -1 : 0;
 }
@@ -478,10 +543,11 @@ static void push_u32(uint32_t **a, int64_t *n, size_t *cap, uint32_t v)
 
 /* Rank 0: opens shard `e` of dir and checks it against *want; with *have_want == 0 the shard's
  * shapes become *want instead and its empty-caption embedding is read into *empty. Appends
- * base + row to (*rows, *n_rows, *cap) for every row whose key is held out for validation. */
+ * base + row to (*rows, *n_rows, *cap) for every row whose key is held out for validation;
+ * *direct is where its rows lie for reads without HDF5. */
 static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fraction, sd_loader_info *want,
                       int *have_want, float **empty, uint32_t base, uint32_t **rows, int64_t *n_rows,
-                      size_t *cap, sd_err *err)
+                      size_t *cap, sd_shard_direct *direct, sd_err *err)
 {
     const sd_shard_info *in;
     sd_shard *s;
@@ -514,6 +580,7 @@ static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fract
         keys = sd_xmalloc((size_t)in->n_samples * kw);
         r = sd_shard_read_keys(s, 0, in->n_samples, 1, keys, kw, err);
     }
+    sd_shard_get_direct(s, direct);
     sd_shard_close(s);
     sd_loader_h5_unlock();
     if (r == 0)
@@ -539,6 +606,7 @@ typedef struct follow_head {
 typedef struct follow_delta {
     follow_head h;
     sd_shard_entry *entries;  /* [n] */
+    sd_shard_direct *direct;  /* [n] */
     int64_t *n_held;          /* [n] held-out rows of each shard */
     uint32_t *rows;           /* [n_rows] those rows, shard by shard, ascending */
     size_t cap_shards, cap_rows;
@@ -549,6 +617,7 @@ typedef struct follow_delta {
 static void delta_free(follow_delta *d)
 {
     free(d->entries);
+    free(d->direct);
     free(d->n_held);
     free(d->rows);
     free(d->empty);
@@ -605,10 +674,11 @@ static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
         if ((size_t)d->h.n == d->cap_shards) {
             d->cap_shards = d->cap_shards ? 2 * d->cap_shards : 16;
             d->entries = sd_xrealloc(d->entries, d->cap_shards * sizeof *d->entries);
+            d->direct = sd_xrealloc(d->direct, d->cap_shards * sizeof *d->direct);
             d->n_held = sd_xrealloc(d->n_held, d->cap_shards * sizeof *d->n_held);
         }
         if (scan_shard(l->dir, e, l->val_fraction, &want, &have, &d->empty, 0, &d->rows, &d->h.n_rows,
-                       &d->cap_rows, err)) {
+                       &d->cap_rows, &d->direct[d->h.n], err)) {
             rc = -1;
             break;
         }
@@ -705,6 +775,8 @@ static void follow_apply(sd_loader *l, follow_delta *d)
         int64_t t = 0, h = 0;
         uint32_t *seg = sd_xmalloc((size_t)(n - nh + 1) * sizeof *seg);
         l->entries[k] = d->entries[j];
+        l->direct[k] = d->direct[j];
+        in->n_direct += direct_ok(l, k);
         l->first[k + 1] = l->first[k] + n;
         for (int64_t r = 0; r < n; r++) {
             uint32_t ord = (uint32_t)(l->first[k] + r);
@@ -778,10 +850,12 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
     if (d.h.n > 0) {
         if (rank != 0) {
             d.entries = sd_xmalloc((size_t)d.h.n * sizeof *d.entries);
+            d.direct = sd_xmalloc((size_t)d.h.n * sizeof *d.direct);
             d.n_held = sd_xmalloc((size_t)d.h.n * sizeof *d.n_held);
             d.rows = sd_xmalloc(((size_t)d.h.n_rows + 1) * sizeof *d.rows);
         }
         bcast_bytes(d.entries, (size_t)d.h.n * sizeof *d.entries, l->comm);
+        bcast_bytes(d.direct, (size_t)d.h.n * sizeof *d.direct, l->comm);
         bcast_bytes(d.n_held, (size_t)d.h.n * sizeof *d.n_held, l->comm);
         bcast_bytes(d.rows, (size_t)d.h.n_rows * sizeof *d.rows, l->comm);
         if (l->info.n_shards == 0) {
@@ -1089,7 +1163,8 @@ static int check_options(const sd_loader_options *o, sd_err *err)
 /* Rank 0: the manifest, the shapes every shard must share, the validation ordinals and the
  * empty-caption embedding. */
 static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, sd_shard_manifest *m,
-                       uint32_t **val_out, float **empty_out, sd_err *err)
+                       uint32_t **val_out, float **empty_out, sd_shard_direct **direct_out,
+                       sd_err *err)
 {
     const char *dir = o->shard_dir;
     sd_loader_info want;
@@ -1112,10 +1187,11 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     if (m->total_samples >= (int64_t)UINT32_MAX)
         return sd_err_set(err, "%s: %lld samples; the loader takes at most %llu", dir,
                           (long long)m->total_samples, (unsigned long long)UINT32_MAX - 1);
+    *direct_out = sd_xcalloc((size_t)m->n, sizeof **direct_out);
     for (int64_t k = 0; k < m->n; k++) {
         int have = k > 0;
         if (scan_shard(dir, &m->entries[k], o->val_fraction, &want, &have, &empty, (uint32_t)ord, &val,
-                       &h->n_val, &val_cap, err))
+                       &h->n_val, &val_cap, &(*direct_out)[k], err))
             goto out;
         ord += m->entries[k].samples;
     }
@@ -1146,6 +1222,8 @@ out:
     if (rc) {
         free(val);
         free(empty);
+        free(*direct_out);
+        *direct_out = NULL;
         val = NULL;
         empty = NULL;
     }
@@ -1196,6 +1274,7 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     sd_shard_manifest m = {0, NULL, 0};
     uint32_t *val = NULL;
     float *empty = NULL;
+    sd_shard_direct *direct = NULL;
     sd_loader *l;
     int rank, size, failed;
     size_t n_empty;
@@ -1220,7 +1299,7 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
             h.follow = 1;
             h.n_planned = plan[0];
         } else if (rc == 0) {
-            rc = scan_shards(opt, size, &h, &m, &val, &empty, err);
+            rc = scan_shards(opt, size, &h, &m, &val, &empty, &direct, err);
         }
         if (rc == 0) {
             h.batch_per_rank = opt->batch_per_rank;
@@ -1241,12 +1320,18 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     if (h.status) {
         if (rank == 0)
             sd_shard_manifest_free(&m);
+        free(direct);
         sd_err_set(err, "%s", h.msg);
         err->storage = h.storage;
         return -1;
     }
 
     l = sd_xcalloc(1, sizeof *l);
+    {
+        /* Test hook: every read through HDF5, as for shards without the direct layout */
+        const char *hook = getenv("SDTRAIN_TEST_LOADER_HDF5");
+        l->hdf5_only = hook && *hook && strcmp(hook, "0") != 0;
+    }
     l->info.resolution = h.resolution;
     l->info.latent_channels = h.latent_channels;
     l->info.latent_size = h.latent_size;
@@ -1283,21 +1368,25 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         /* room for every planned shard: the reader thread looks at these arrays while the
          * caller's thread appends shards, so they never move */
         l->entries = sd_xcalloc((size_t)h.n_planned, sizeof *l->entries);
+        l->direct = sd_xcalloc((size_t)h.n_planned, sizeof *l->direct);
         l->first = sd_xcalloc((size_t)h.n_planned + 1, sizeof *l->first);
         l->seg = sd_xcalloc((size_t)h.n_planned, sizeof *l->seg);
         l->tfirst = sd_xcalloc((size_t)h.n_planned + 1, sizeof *l->tfirst);
     } else if (rank == 0) {
         l->entries = m.entries;
+        l->direct = direct;
         l->val = val;
         l->empty = empty;
         m.entries = NULL;
     } else {
         l->entries = sd_xmalloc((size_t)h.n_shards * sizeof *l->entries);
+        l->direct = sd_xmalloc((size_t)h.n_shards * sizeof *l->direct);
         l->val = sd_xmalloc(((size_t)h.n_val + 1) * sizeof *l->val);
         l->empty = sd_xmalloc(n_empty * sizeof *l->empty);
     }
     if (!l->follow) {
         bcast_bytes(l->entries, (size_t)h.n_shards * sizeof *l->entries, comm);
+        bcast_bytes(l->direct, (size_t)h.n_shards * sizeof *l->direct, comm);
         bcast_bytes(l->val, (size_t)h.n_val * sizeof *l->val, comm);
         bcast_bytes(l->empty, n_empty * sizeof *l->empty, comm);
         l->heldout = l->val;
@@ -1361,8 +1450,15 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
             sd_warn("the loader keeps %d shards open instead of %d (&data open_shards): the "
                     "limit of open files (ulimit -n) leaves no room for more", l->n_cache, want);
         l->cache = sd_xcalloc((size_t)l->n_cache, sizeof *l->cache);
-        for (int c = 0; c < l->n_cache; c++)
+        for (int c = 0; c < l->n_cache; c++) {
             l->cache[c].pos = -1;
+            l->cache[c].fd = -1;
+        }
+        l->scratch = sd_xmalloc((size_t)h.batch_per_rank * (l->m_el > l->e_el ? l->m_el : l->e_el) *
+                                sizeof *l->scratch);
+        if (!l->follow)
+            for (int64_t k = 0; k < h.n_shards; k++)
+                l->info.n_direct += direct_ok(l, k);
         l->prefetch = opt->prefetch != 0;
         l->n_slots = l->prefetch ? 2 : 1;
         for (int s = 0; s < l->n_slots; s++)
@@ -1394,9 +1490,12 @@ void sd_loader_close(sd_loader *l)
     }
     if (l->cache) {
         sd_loader_h5_lock();
-        for (int c = 0; c < l->n_cache; c++)
-            if (l->cache[c].pos >= 0)
+        for (int c = 0; c < l->n_cache; c++) {
+            if (l->cache[c].pos >= 0 && l->cache[c].shard)
                 sd_shard_close(l->cache[c].shard);
+            if (l->cache[c].pos >= 0 && l->cache[c].fd >= 0)
+                close(l->cache[c].fd);
+        }
         sd_loader_h5_unlock();
     }
     if (l->n_slots) {
@@ -1406,6 +1505,7 @@ void sd_loader_close(sd_loader *l)
     for (int s = 0; s < l->n_slots; s++)
         sd_loader_batch_free(&l->slots[s].batch);
     free(l->cache);
+    free(l->scratch);
     free(l->stage_m);
     free(l->stage_e);
     free(l->items);
@@ -1416,6 +1516,7 @@ void sd_loader_close(sd_loader *l)
         free(l->heldout);
     free(l->val);
     free(l->entries);
+    free(l->direct);
     if (l->seg)
         for (int64_t k = 0; k < l->info.n_shards; k++)
             free(l->seg[k]);

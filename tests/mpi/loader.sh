@@ -27,6 +27,23 @@ for dt in f16 f32; do
     done
 done
 expect_in c-f16-1 out "48 samples: 37 train, 11 validation; global batch 6, 6 steps per epoch"
+expect_in c-f16-1 out "direct reads: 4 of 4 shards"
+# The same data through HDF5 (the test hook), and from shards in the chunked layout written
+# before 2026-11-27 (which have no direct layout): the same batches, the exact data
+mpi c-hdf5 2 env SDTRAIN_TEST_LOADER_HDF5=1 "$prog" check "$TMP/f16" f16 "$SPEC" $((G / 2)) 0.2 77 "$K" "$TMP/digest-hdf5"
+expect_rc c-hdf5 0
+expect_not_in c-hdf5 out "not ok"
+expect_in c-hdf5 out "direct reads: 0 of 4 shards"
+mpi w-chunked 2 env SDTRAIN_TEST_SHARD_CHUNKED=1 "$prog" write "$TMP/chunked" f16 "$SPEC"
+expect_rc w-chunked 0
+mpi c-chunked 3 "$prog" check "$TMP/chunked" f16 "$SPEC" $((G / 3)) 0.2 77 "$K" "$TMP/digest-chunked"
+expect_rc c-chunked 0
+expect_not_in c-chunked out "not ok"
+expect_in c-chunked out "direct reads: 0 of 4 shards"
+for d in hdf5 chunked; do
+    cmp -s "$TMP/digest-f16-1" "$TMP/digest-$d" || fail "global batches of f16 and $d differ"
+done
+pass "reads without HDF5 (contiguous shards), through HDF5, and of chunked shards: the same"
 for d in f16-2 f16-3 f32-1 f32-2 f32-3; do
     cmp -s "$TMP/digest-f16-1" "$TMP/digest-$d" || fail "global batches of f16 at 1 rank and $d differ"
 done

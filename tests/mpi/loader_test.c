@@ -446,10 +446,12 @@ static int cmd_check(int argc, char **argv)
         }
         check(ok, "empty-caption embedding exact");
     }
-    if (g_rank == 0)
+    if (g_rank == 0) {
         tap_diag("%lld samples: %lld train, %lld validation; global batch %lld, %lld steps per epoch",
                  (long long)m.n, (long long)m.n_train, (long long)m.n_val, (long long)in->global_batch,
                  (long long)in->steps_per_epoch);
+        tap_diag("direct reads: %lld of %lld shards", (long long)in->n_direct, (long long)in->n_shards);
+    }
     section("open: shapes, counts, empty-caption embedding");
 
     /* Validation: exactly the keys that hash below the fraction, disjoint from training. */
