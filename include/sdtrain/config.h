@@ -220,12 +220,15 @@ int sd_config_error_at(const sd_run_config *rc, const char *group, const char *k
 int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err);
 
 /* &run io_hints: "key=value" pairs separated by commas, spaces around either allowed. Each key
- * and value must fit MPI's limits (MPI_MAX_INFO_KEY 255, MPI_MAX_INFO_VAL 1024 bytes, checked
- * here with those numbers, as this layer knows nothing of MPI), hold no comma, '=', space or
- * control character, and a key may appear once. Fills out[0 .. *n) (at most `max`); -1 with
- * err saying which pair and why. An empty or all-blank text gives *n = 0. */
-#define SD_IO_HINT_KEY_MAX 255
-#define SD_IO_HINT_VALUE_MAX 1024
+ * and value must fit MPI's limits (checked here with Open MPI's numbers, the smallest of the
+ * MPIs: MPI_MAX_INFO_KEY 36 and MPI_MAX_INFO_VAL 256 bytes with the NUL, MPICH's are 255 and
+ * 1024; this layer knows nothing of MPI, h5util.c asserts them against the MPI it is built with),
+ * hold no control character but a tab; a key holds no blank and appears once; a value may
+ * hold '=' and commas (a piece without '=' after a comma continues the value before). Fills
+ * out[0 .. *n) (at most `max`); -1 with err saying which pair and why. An empty or all-blank
+ * text gives *n = 0. */
+#define SD_IO_HINT_KEY_MAX 35
+#define SD_IO_HINT_VALUE_MAX 255
 #define SD_IO_HINTS_MAX 64
 typedef struct sd_io_hint {
     char key[SD_IO_HINT_KEY_MAX + 1];

@@ -13,6 +13,11 @@
 #include "sdtrain/log.h"
 #include "sdtrain/runtime.h"
 
+/* A hint that passes sd_io_hints_parse must pass MPI_Info_set too, or the job would end at its
+ * first file instead of at --check. */
+_Static_assert(SD_IO_HINT_KEY_MAX < MPI_MAX_INFO_KEY && SD_IO_HINT_VALUE_MAX < MPI_MAX_INFO_VAL,
+               "&run io_hints accepts keys or values longer than this MPI's MPI_Info_set");
+
 static struct {
     sd_io_hint *hints; /* room for SD_IO_HINTS_MAX, from sd_h5_set_file_options */
     int n_hints;

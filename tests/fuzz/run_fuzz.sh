@@ -80,16 +80,17 @@ shardmanifest | checkpoint | shardfile | ckptstate)
     printf '%s\n' 'const char *sd_version(void); const char *sd_git_revision(void);' \
         'const char *sd_version(void) { return "fuzz"; }' \
         'const char *sd_git_revision(void) { return "fuzz"; }' >"$dir/version_stub.c"
+    # h5util.c takes &run io_hints through config.c's parser
     sources="$src/io/h5util.c $src/core/fsutil.c $src/core/fault.c $src/core/tensor.c
-        $src/dist/runtime.c $dir/version_stub.c"
+        $src/dist/runtime.c $dir/version_stub.c $src/config/config.c $src/config/schema.c
+        $src/config/namelist.c $src/data/utf8.c"
     if [ "$target" = shardmanifest ] || [ "$target" = shardfile ]; then
         # runtime.c's pipeline stop asks checkpoint.c for a caught signal, never in these harnesses
         printf '%s\n' 'int sd_ckpt_signal_pending(void); int sd_ckpt_signal_pending(void) { return 0; }' \
             >"$dir/signal_stub.c"
         sources="$sources $src/io/shards.c $dir/signal_stub.c"
     else
-        sources="$sources $src/io/checkpoint.c $src/dist/collectives.c $src/config/config.c
-            $src/config/schema.c $src/config/namelist.c $src/data/utf8.c"
+        sources="$sources $src/io/checkpoint.c $src/dist/collectives.c"
     fi
     pkgs="json-c hdf5-openmpi ompi-c" opts="-max_len=8192" seeds="" ;;
 dataset)

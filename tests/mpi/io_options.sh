@@ -112,9 +112,11 @@ for f in unet_final unet_ema; do
 done
 pass "checkpoints: datasets on 64 KiB boundaries, the same bits, resumable"
 
-# (c) bad hints: a configuration error naming the key and its line, exit 2, no rank hangs
+# (c) bad hints: a configuration error naming the key and its line, exit 2, no rank hangs (a
+# value longer than Open MPI takes once passed and ended the job at the first shard it wrote)
 for bad in "a=1,,b=2|an empty entry" "=1|has an empty key" "a=|has an empty value" \
-    "a=1, a=2|'a' is given twice" "novalue|is not key=value" "a b=1|holds a blank"; do
+    "a=1, a=2|'a' is given twice" "novalue|is not key=value" "a b=1|holds a blank" \
+    "cb_config_list=$(printf 'h%03d:1,' $(seq 1 45))x:1|longer than MPI's 255 bytes"; do
     hints=${bad%%|*}
     why=${bad#*|}
     nml bad.nml <<EOF2

@@ -336,28 +336,36 @@ static void test_io_hints(void)
         }
         tap_ok(ok, "io_hints '%s': %s", cases[i].text, rc_ ? err.msg : "parsed");
     }
-    /* MPI's limits: a key of 255 bytes and a value of 1024 pass, one more byte does not; at most
-     * SD_IO_HINTS_MAX pairs */
+    /* MPI's limits (Open MPI's, the smallest: MPI_Info_set refuses a key of 36 bytes or a value
+     * of 256, which once passed here and ended the job at its first file): a key of 35 bytes and
+     * a value of 255 pass, one more byte does not; at most SD_IO_HINTS_MAX pairs */
     {
-        char text[4096];
+        enum { K = SD_IO_HINT_KEY_MAX, V = SD_IO_HINT_VALUE_MAX };
+        char text[4096], want[64];
         sd_err err = {0};
         int n;
-        memset(text, 'k', 255);
-        text[255] = '=';
-        memset(text + 256, 'v', 1024);
-        text[1280] = '\0';
-        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) == 0 && n == 1 &&
-                   strlen(h[0].key) == 255 && strlen(h[0].value) == 1024,
-               "io_hints: a key of 255 and a value of 1024 bytes pass");
-        memmove(text + 1, text, 1281);
-        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 &&
-                   strstr(err.msg, "longer than MPI's 255") != NULL,
-               "io_hints: a key of 256 bytes is refused: %s", err.msg);
-        memmove(text, text + 1, 1281);
+        memset(text, 'k', K);
+        text[K] = '=';
+        memset(text + K + 1, 'v', V);
+        text[K + 1 + V] = '\0';
+        tap_ok(K == 35 && V == 255 && sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) == 0 &&
+                   n == 1 && strlen(h[0].key) == K && strlen(h[0].value) == V,
+               "io_hints: a key of %d and a value of %d bytes pass", K, V);
+        memmove(text + 1, text, K + V + 2);
+        snprintf(want, sizeof want, "longer than MPI's %d", K);
+        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 && strstr(err.msg, want) != NULL,
+               "io_hints: a key of %d bytes is refused: %s", K + 1, err.msg);
+        memmove(text, text + 1, K + V + 2);
         strcat(text, "v");
-        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 &&
-                   strstr(err.msg, "longer than MPI's 1024") != NULL,
-               "io_hints: a value of 1025 bytes is refused: %s", err.msg);
+        snprintf(want, sizeof want, "longer than MPI's %d", V);
+        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 && strstr(err.msg, want) != NULL,
+               "io_hints: a value of %d bytes is refused: %s", V + 1, err.msg);
+        /* a value with commas (cb_config_list of many hosts) counts whole */
+        strcpy(text, "cb_config_list=h00:1");
+        for (int i = 1; i < 45; i++)
+            snprintf(text + strlen(text), sizeof text - strlen(text), ", h%02d:1", i);
+        tap_ok(sd_io_hints_parse(text, h, SD_IO_HINTS_MAX, &n, &err) != 0 && strstr(err.msg, want) != NULL,
+               "io_hints: a cb_config_list of 44 hosts is refused: %s", err.msg);
         text[0] = '\0';
         for (int i = 0; i <= SD_IO_HINTS_MAX; i++)
             snprintf(text + strlen(text), sizeof text - strlen(text), "%sk%d=1", i ? "," : "", i);
