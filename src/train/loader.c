@@ -1160,43 +1160,168 @@ static int check_options(const sd_loader_options *o, sd_err *err)
     return 0;
 }
 
-/* Rank 0: the manifest, the shapes every shard must share, the validation ordinals and the
- * empty-caption embedding. */
-static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, sd_shard_manifest *m,
-                       uint32_t **val_out, float **empty_out, sd_shard_direct **direct_out,
-                       sd_err *err)
+static int cmp_u32(const void *a, const void *b)
+{
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Collective over comm (every rank, not in follow mode): the committed shards of o->shard_dir,
+ * checked and scanned (scan_shard), into the header's shape and counts, *m, the held-out
+ * ordinals (ascending), shard 0's empty-caption embedding and each shard's direct layout, on
+ * every rank. Rank 0 reads the manifest and shard 0 (whose shapes the others must match); the
+ * other shards are scanned by rank k mod size, so a job of many ranks opens each shard once at
+ * start-up, not every shard on one rank while the rest wait (at tens of thousands of shards on a
+ * parallel file system that took minutes). A failure is everyone's: the one of the lowest shard,
+ * else rank 0's; -1 on every rank with the same message. */
+static int scan_shards(MPI_Comm comm, const sd_loader_options *o, open_header *h,
+                       sd_shard_manifest *m, uint32_t **val_out, float **empty_out,
+                       sd_shard_direct **direct_out, sd_err *err)
 {
     const char *dir = o->shard_dir;
     sd_loader_info want;
     uint32_t *val = NULL;
     size_t val_cap = 0;
     float *empty = NULL;
-    int64_t ord = 0, n_train, global;
-    struct stat st;
-    int rc = -1;
+    sd_shard_direct *direct = NULL;
+    int64_t n_val = 0, n_train, global, *first = NULL, bad_shard, mine_bad = INT64_MAX;
+    int rank, size, rc = 0;
+    struct {
+        char msg[sizeof(((sd_err *)0)->msg)];
+        int32_t storage;
+        int32_t want[5];
+        double scaling_factor;
+        char weights_hash[128];
+        int64_t n;
+    } head;
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    SD_MPI_CHECK(MPI_Comm_size(comm, &size));
     memset(&want, 0, sizeof want);
-    if (stat(dir, &st) != 0)
-        return sd_err_errno(err, errno, "cannot read shard directory '%s'", dir);
-    if (!S_ISDIR(st.st_mode))
-        return sd_err_set(err, "shard directory '%s' is not a directory", dir);
-    if (sd_shards_committed(dir, m, err))
-        return -1;
-    if (m->n == 0)
-        return sd_err_set(err, "no committed shards in '%s' (no %s listing any; preprocess first: "
-                               "mode 'process')", dir, SD_SHARD_MANIFEST);
-    if (m->total_samples >= (int64_t)UINT32_MAX)
-        return sd_err_set(err, "%s: %lld samples; the loader takes at most %llu", dir,
-                          (long long)m->total_samples, (unsigned long long)UINT32_MAX - 1);
-    *direct_out = sd_xcalloc((size_t)m->n, sizeof **direct_out);
-    for (int64_t k = 0; k < m->n; k++) {
-        int have = k > 0;
-        if (scan_shard(dir, &m->entries[k], o->val_fraction, &want, &have, &empty, (uint32_t)ord, &val,
-                       &h->n_val, &val_cap, &(*direct_out)[k], err))
-            goto out;
-        ord += m->entries[k].samples;
+    memset(&head, 0, sizeof head);
+    memset(m, 0, sizeof *m);
+    *val_out = NULL;
+    *empty_out = NULL;
+    *direct_out = NULL;
+
+    /* rank 0: the manifest and shard 0 */
+    if (rank == 0) {
+        struct stat st;
+        if (stat(dir, &st) != 0)
+            rc = sd_err_errno(err, errno, "cannot read shard directory '%s'", dir);
+        else if (!S_ISDIR(st.st_mode))
+            rc = sd_err_set(err, "shard directory '%s' is not a directory", dir);
+        else if (sd_shards_committed(dir, m, err))
+            rc = -1;
+        else if (m->n == 0)
+            rc = sd_err_set(err, "no committed shards in '%s' (no %s listing any; preprocess "
+                                 "first: mode 'process')", dir, SD_SHARD_MANIFEST);
+        else if (m->total_samples >= (int64_t)UINT32_MAX)
+            rc = sd_err_set(err, "%s: %lld samples; the loader takes at most %llu", dir,
+                            (long long)m->total_samples, (unsigned long long)UINT32_MAX - 1);
+        if (rc == 0) {
+            int have = 0;
+            direct = sd_xcalloc((size_t)m->n, sizeof *direct);
+            rc = scan_shard(dir, &m->entries[0], o->val_fraction, &want, &have, &empty, 0, &val,
+                            &n_val, &val_cap, &direct[0], err);
+        }
+        if (rc) {
+            snprintf(head.msg, sizeof head.msg, "%s", err->msg);
+            head.storage = err->storage;
+            head.n = -1;
+        } else {
+            head.n = m->n;
+            head.want[0] = want.resolution;
+            head.want[1] = want.latent_channels;
+            head.want[2] = want.latent_size;
+            head.want[3] = want.text_len;
+            head.want[4] = want.embed_dim;
+            head.scaling_factor = want.scaling_factor;
+            memcpy(head.weights_hash, want.weights_hash, sizeof head.weights_hash);
+        }
     }
+    SD_MPI_CHECK(MPI_Bcast(&head, (int)sizeof head, MPI_BYTE, 0, comm));
+    if (head.n < 0) {
+        if (rank != 0) {
+            sd_err_set(err, "%s", head.msg);
+            err->storage = head.storage;
+        }
+        goto out;
+    }
+    want.resolution = head.want[0];
+    want.latent_channels = head.want[1];
+    want.latent_size = head.want[2];
+    want.text_len = head.want[3];
+    want.embed_dim = head.want[4];
+    want.scaling_factor = head.scaling_factor;
+    memcpy(want.weights_hash, head.weights_hash, sizeof want.weights_hash);
+    if (rank != 0) {
+        m->n = head.n;
+        m->entries = sd_xmalloc((size_t)m->n * sizeof *m->entries);
+        direct = sd_xcalloc((size_t)m->n, sizeof *direct);
+        empty = sd_xmalloc((size_t)want.text_len * (size_t)want.embed_dim * sizeof *empty);
+    }
+    bcast_bytes(m->entries, (size_t)m->n * sizeof *m->entries, comm);
+    bcast_bytes(empty, (size_t)want.text_len * (size_t)want.embed_dim * sizeof *empty, comm);
+    first = sd_xmalloc((size_t)(m->n + 1) * sizeof *first);
+    first[0] = 0;
+    for (int64_t k = 0; k < m->n; k++)
+        first[k + 1] = first[k] + m->entries[k].samples;
+    m->total_samples = first[m->n];
+
+    /* the other shards, shard k on rank k mod size; the first failure of each rank */
+    for (int64_t k = rank == 0 ? size : rank; k < m->n; k += size) {
+        int have = 1;
+        if (scan_shard(dir, &m->entries[k], o->val_fraction, &want, &have, &empty,
+                       (uint32_t)first[k], &val, &n_val, &val_cap, &direct[k], err)) {
+            mine_bad = k;
+            break;
+        }
+    }
+    SD_MPI_CHECK(MPI_Allreduce(&mine_bad, &bad_shard, 1, MPI_INT64_T, MPI_MIN, comm));
+    if (bad_shard != INT64_MAX) {
+        const int owner = (int)(bad_shard % size);
+        if (rank == owner) {
+            snprintf(head.msg, sizeof head.msg, "%s", err->msg);
+            head.storage = err->storage;
+        }
+        SD_MPI_CHECK(MPI_Bcast(&head, (int)sizeof head, MPI_BYTE, owner, comm));
+        sd_err_set(err, "%s", head.msg);
+        err->storage = head.storage;
+        goto out;
+    }
+    {
+        /* every rank's held-out ordinals and layouts, to every rank */
+        int n_mine = (int)n_val, *counts = sd_xmalloc((size_t)size * sizeof *counts);
+        int *displs = sd_xmalloc((size_t)size * sizeof *displs);
+        int64_t total = 0;
+        uint32_t *all;
+        SD_CHECK(n_val <= INT32_MAX, "%lld held-out samples on one rank", (long long)n_val);
+        SD_MPI_CHECK(MPI_Allgather(&n_mine, 1, MPI_INT, counts, 1, MPI_INT, comm));
+        for (int r = 0; r < size; r++) {
+            SD_CHECK(total <= INT32_MAX, "held-out samples past an MPI count");
+            displs[r] = (int)total;
+            total += counts[r];
+        }
+        all = sd_xmalloc(((size_t)total + 1) * sizeof *all);
+        SD_MPI_CHECK(MPI_Allgatherv(val, n_mine, MPI_UINT32_T, all, counts, displs, MPI_UINT32_T,
+                                    comm));
+        qsort(all, (size_t)total, sizeof *all, cmp_u32);
+        free(val);
+        val = all;
+        n_val = total;
+        free(counts);
+        free(displs);
+        /* each shard's layout comes from one rank, zeros from the others */
+        SD_CHECK(sizeof *direct == 3 * sizeof(uint64_t), "sd_shard_direct of %zu bytes", sizeof *direct);
+        for (int64_t k0 = 0; k0 < m->n; k0 += (int64_t)1 << 24) {
+            const int64_t cnt = m->n - k0 < ((int64_t)1 << 24) ? m->n - k0 : ((int64_t)1 << 24);
+            SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, direct + k0, (int)(3 * cnt), MPI_UINT64_T,
+                                       MPI_BOR, comm));
+        }
+    }
+    h->n_val = n_val;
     n_train = m->total_samples - h->n_val;
-    global = (int64_t)n_ranks * o->batch_per_rank;
+    global = (int64_t)size * o->batch_per_rank;
     if (m->total_samples == 0) {
         no_samples(err, dir, m->n);
         goto out;
@@ -1204,7 +1329,7 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     if (n_train < global) {
         sd_err_set(err, "%s: %lld training samples (of %lld; %lld held out for validation) are fewer "
                         "than one global batch of %lld (%d ranks x %d)", dir, (long long)n_train,
-                   (long long)m->total_samples, (long long)h->n_val, (long long)global, n_ranks,
+                   (long long)m->total_samples, (long long)h->n_val, (long long)global, size,
                    o->batch_per_rank);
         goto out;
     }
@@ -1217,19 +1342,18 @@ static int scan_shards(const sd_loader_options *o, int n_ranks, open_header *h, 
     memcpy(h->weights_hash, want.weights_hash, sizeof h->weights_hash);
     h->n_shards = m->n;
     h->n_samples = m->total_samples;
-    rc = 0;
-out:
-    if (rc) {
-        free(val);
-        free(empty);
-        free(*direct_out);
-        *direct_out = NULL;
-        val = NULL;
-        empty = NULL;
-    }
+    free(first);
     *val_out = val;
     *empty_out = empty;
-    return rc;
+    *direct_out = direct;
+    return 0;
+out:
+    free(first);
+    free(val);
+    free(empty);
+    free(direct);
+    sd_shard_manifest_free(m);
+    return -1;
 }
 
 /* Starts the prefetch thread with every signal blocked in it, so that signals (a stop request,
@@ -1277,7 +1401,6 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     sd_shard_direct *direct = NULL;
     sd_loader *l;
     int rank, size, failed;
-    size_t n_empty;
     *out = NULL;
     err->msg[0] = '\0';
     SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
@@ -1298,8 +1421,6 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
                                      "most %llu", (long long)plan[1], (unsigned long long)UINT32_MAX - 1);
             h.follow = 1;
             h.n_planned = plan[0];
-        } else if (rc == 0) {
-            rc = scan_shards(opt, size, &h, &m, &val, &empty, &direct, err);
         }
         if (rc == 0) {
             h.batch_per_rank = opt->batch_per_rank;
@@ -1318,13 +1439,13 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         sd_mpi_wait_idle(&req);
     }
     if (h.status) {
-        if (rank == 0)
-            sd_shard_manifest_free(&m);
-        free(direct);
         sd_err_set(err, "%s", h.msg);
         err->storage = h.storage;
         return -1;
     }
+    /* the committed shards, scanned by all ranks together (every rank gets the results) */
+    if (!h.follow && scan_shards(comm, opt, &h, &m, &val, &empty, &direct, err) != 0)
+        return -1;
 
     l = sd_xcalloc(1, sizeof *l);
     {
@@ -1362,7 +1483,6 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     snprintf(l->dir, sizeof l->dir, "%s", opt->shard_dir ? opt->shard_dir : "");
     l->m_el = (size_t)(2 * h.latent_channels) * (size_t)h.latent_size * (size_t)h.latent_size;
     l->e_el = (size_t)h.text_len * (size_t)h.embed_dim;
-    n_empty = l->e_el;
 
     if (l->follow) {
         /* room for every planned shard: the reader thread looks at these arrays while the
@@ -1372,23 +1492,12 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         l->first = sd_xcalloc((size_t)h.n_planned + 1, sizeof *l->first);
         l->seg = sd_xcalloc((size_t)h.n_planned, sizeof *l->seg);
         l->tfirst = sd_xcalloc((size_t)h.n_planned + 1, sizeof *l->tfirst);
-    } else if (rank == 0) {
+    } else {
         l->entries = m.entries;
         l->direct = direct;
         l->val = val;
         l->empty = empty;
         m.entries = NULL;
-    } else {
-        l->entries = sd_xmalloc((size_t)h.n_shards * sizeof *l->entries);
-        l->direct = sd_xmalloc((size_t)h.n_shards * sizeof *l->direct);
-        l->val = sd_xmalloc(((size_t)h.n_val + 1) * sizeof *l->val);
-        l->empty = sd_xmalloc(n_empty * sizeof *l->empty);
-    }
-    if (!l->follow) {
-        bcast_bytes(l->entries, (size_t)h.n_shards * sizeof *l->entries, comm);
-        bcast_bytes(l->direct, (size_t)h.n_shards * sizeof *l->direct, comm);
-        bcast_bytes(l->val, (size_t)h.n_val * sizeof *l->val, comm);
-        bcast_bytes(l->empty, n_empty * sizeof *l->empty, comm);
         l->heldout = l->val;
         l->n_heldout = h.n_val;
     }

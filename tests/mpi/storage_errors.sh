@@ -50,9 +50,9 @@ storage_case header 1 /state.h5 5 "$m_header" $((m_header + 1)) "cannot open dat
 # the manifest on rank 0 (json-c reads it)
 storage_case manifest 0 /manifest.json 5 0 "" "cannot read checkpoint manifest '$ck/manifest.json': Input/output error"
 
-# the shards, which the loader reads: every read of them on rank 0, which opens each one at
-# set-up; then, on rank 1, their bytes from 4096 on, which it reads only while training (the
-# first steps after the resume)
+# the shards, which the loader reads: every read of them on rank 0, which opens shards 0 and 2
+# at set-up; then, on rank 1, their bytes from 4096 on, which it meets at set-up too (the ranks
+# scan the shards together: rank 1 takes shard 1)
 shard_case() {
     SD_EIO_RANK=$2 SD_EIO_PATH=/shards/shard- SD_EIO_ERRNO=5 SD_EIO_OFFSET=$3 \
         LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$TMP/run.nml"
@@ -65,12 +65,18 @@ shard_case shard-open 0 0 "cannot open shard '$TMP/shards/shard-000000.h5'"
 shard_case shard-read 1 4096 "$TMP/shards/shard-00000"
 
 # a fresh run reads the held-out samples first (the step-0 validation): rank 1's shard reads
-# failing there end the run with status 1 as well, every rank together, no step taken
-sed "s|output_dir = '$TMP/run'|output_dir = '$TMP/fresh'|" "$TMP/run.nml" >"$TMP/fresh.nml"
-SD_EIO_RANK=1 SD_EIO_PATH=/shards/shard- SD_EIO_ERRNO=5 SD_EIO_OFFSET=4096 \
+# failing there end the run with status 1 as well, every rank together, no step taken. One shard
+# of 48, so that rank 1 scans none at set-up and meets the failure in the validation read.
+sed "s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/shards1'|; s|samples_per_shard = 16|samples_per_shard = 48|; s|output_dir = '$TMP/proc'|output_dir = '$TMP/proc1'|" \
+    "$TMP/proc.nml" >"$TMP/proc1.nml"
+mpi proc1 2 "$SDTRAIN" "$TMP/proc1.nml"
+expect_rc proc1 0
+sed "s|output_dir = '$TMP/run'|output_dir = '$TMP/fresh'|; s|shard_dir = '$TMP/shards'|shard_dir = '$TMP/shards1'|" \
+    "$TMP/run.nml" >"$TMP/fresh.nml"
+SD_EIO_RANK=1 SD_EIO_PATH=/shards1/shard- SD_EIO_ERRNO=5 SD_EIO_OFFSET=4096 \
     LD_PRELOAD="$PRELOAD" mpi fresh 2 "$SDTRAIN" "$TMP/fresh.nml"
 expect_rc fresh 1
-expect_in fresh err "validation read: $TMP/shards/shard-00000"
+expect_in fresh err "validation read: $TMP/shards1/shard-000000"
 expect_in fresh err "(a storage error, not damage: the shard may be intact)"
 [ ! -d "$TMP/fresh/checkpoints" ] || [ -z "$(ls "$TMP/fresh/checkpoints")" ] ||
     fail "fresh: a checkpoint was written although no step was taken"
