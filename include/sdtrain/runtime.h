@@ -63,6 +63,10 @@ int sd_any_failed(int failed);
  * and none waits in a later collective. */
 int sd_agree(MPI_Comm comm, int failed, sd_err *err);
 
+/* Collective over comm: MPI_Bcast of `bytes` bytes from rank 0, in pieces of 1 GiB (MPI counts
+ * are int). */
+void sd_bcast_bytes(void *buf, size_t bytes, MPI_Comm comm);
+
 /* Collective over comm: when some ranks compute on a GPU (on_gpu) and others on the CPU, the
  * lowest CPU rank, with its `notice` (why its device resolved to the CPU; may be "") copied into
  * why on every rank; -1, why untouched, when every rank has the same kind of device. */

@@ -278,10 +278,7 @@ static int prompts_load(const sd_config *cfg, MPI_Comm comm, int rank, prompt_se
     SD_MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, 0, comm));
     if (rank != 0)
         ps->buf = sd_xmalloc((size_t)len + 1);
-    for (uint64_t off = 0; off < len; off += 1u << 30) {
-        const int chunk = (int)(len - off < (1u << 30) ? len - off : (1u << 30));
-        SD_MPI_CHECK(MPI_Bcast(ps->buf + off, chunk, MPI_CHAR, 0, comm));
-    }
+    sd_bcast_bytes(ps->buf, (size_t)len, comm);
     ps->buf[len] = '\0';
     if (prompts_parse(ps, path, ps->buf, (size_t)len, err) != 0) {
         prompts_free(ps);

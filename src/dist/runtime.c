@@ -6,11 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "sdtrain/checkpoint.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/log.h"
 
 const char *sd_role_name(sd_role r)
@@ -327,11 +327,10 @@ void sd_runtime_split(const sd_config *c, const sd_layout *layout, sd_runtime *r
         snprintf(rt->hostname, sizeof rt->hostname, "unknown");
 }
 
-/* MPI counts are int: large buffers go in pieces of 1 GiB. */
-static void bcast_bytes(void *buf, size_t size, MPI_Comm comm)
+void sd_bcast_bytes(void *buf, size_t bytes, MPI_Comm comm)
 {
-    for (size_t off = 0; off < size; off += (size_t)1 << 30) {
-        const size_t n = size - off < ((size_t)1 << 30) ? size - off : ((size_t)1 << 30);
+    for (size_t off = 0; off < bytes; off += (size_t)1 << 30) {
+        const size_t n = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
         SD_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, 0, comm));
     }
 }
@@ -345,21 +344,19 @@ static int shm_lacks_room(size_t size, sd_err *why)
 {
     const char *dir = getenv("OMPI_MCA_osc_sm_backing_directory");
     const int named = dir && *dir;
-    const unsigned long long need = (unsigned long long)size + size / 16 + (1ull << 20);
-    struct statvfs st;
-    unsigned long long avail;
+    const double need = (double)size + (double)(size / 16) + 1048576.0;
+    double avail;
     if (!named)
         dir = "/dev/shm";
-    if (statvfs(dir, &st) != 0) {
+    if ((avail = sd_fs_free_bytes(dir)) < 0) {
         if (named)
             sd_err_set(why, "%s: %s", dir, strerror(errno));
         return named;
     }
-    avail = (unsigned long long)st.f_bavail * st.f_frsize;
     if (avail >= need)
         return 0;
     sd_err_set(why, "%s has %.1f MiB free, the window needs %.1f MiB with some to spare", dir,
-               (double)avail / (1 << 20), (double)need / (1 << 20));
+               avail / (1 << 20), need / (1 << 20));
     return 1;
 }
 
@@ -436,14 +433,14 @@ int sd_node_buffer_alloc(MPI_Comm comm, size_t size, int try_shared, sd_node_buf
 void sd_node_buffer_publish(sd_node_buffer *b)
 {
     if (b->leader_comm != MPI_COMM_NULL)
-        bcast_bytes(b->data, b->size, b->leader_comm);
+        sd_bcast_bytes(b->data, b->size, b->leader_comm);
     if (b->shared) {
         /* the leader's stores before the barrier, the others' loads after it */
         SD_MPI_CHECK(MPI_Win_sync(b->win));
         SD_MPI_CHECK(MPI_Barrier(b->node_comm));
         SD_MPI_CHECK(MPI_Win_sync(b->win));
     } else if (b->node_size > 1)
-        bcast_bytes(b->data, b->size, b->node_comm);
+        sd_bcast_bytes(b->data, b->size, b->node_comm);
 }
 
 void sd_node_buffer_free(sd_node_buffer *b)

@@ -32,14 +32,11 @@
 #define WAIT_INFO_EVERY_S 60.0
 /* Validation samples read per round: the run-finding scratch lives on the stack. */
 #define VAL_CHUNK 64
-/* Largest broadcast message; MPI counts are int. */
-#define BCAST_CHUNK ((size_t)1 << 30)
 
 /* Every HDF5 call of every loader in the process runs under this lock (HDF5 is not built
  * thread-safe), and so does the shard cache, which only those calls touch. */
 static pthread_mutex_t h5_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void bcast_bytes(void *buf, size_t bytes, MPI_Comm comm);
 
 void sd_loader_h5_lock(void) { SD_CHECK(pthread_mutex_lock(&h5_lock) == 0, "HDF5 lock"); }
 
@@ -854,10 +851,10 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
             d.n_held = sd_xmalloc((size_t)d.h.n * sizeof *d.n_held);
             d.rows = sd_xmalloc(((size_t)d.h.n_rows + 1) * sizeof *d.rows);
         }
-        bcast_bytes(d.entries, (size_t)d.h.n * sizeof *d.entries, l->comm);
-        bcast_bytes(d.direct, (size_t)d.h.n * sizeof *d.direct, l->comm);
-        bcast_bytes(d.n_held, (size_t)d.h.n * sizeof *d.n_held, l->comm);
-        bcast_bytes(d.rows, (size_t)d.h.n_rows * sizeof *d.rows, l->comm);
+        sd_bcast_bytes(d.entries, (size_t)d.h.n * sizeof *d.entries, l->comm);
+        sd_bcast_bytes(d.direct, (size_t)d.h.n * sizeof *d.direct, l->comm);
+        sd_bcast_bytes(d.n_held, (size_t)d.h.n * sizeof *d.n_held, l->comm);
+        sd_bcast_bytes(d.rows, (size_t)d.h.n_rows * sizeof *d.rows, l->comm);
         if (l->info.n_shards == 0) {
             sd_loader_info *in = &l->info;
             in->resolution = d.h.resolution;
@@ -871,7 +868,7 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
             l->e_el = (size_t)in->text_len * (size_t)in->embed_dim;
             if (rank != 0)
                 d.empty = sd_xmalloc(l->e_el * sizeof *d.empty);
-            bcast_bytes(d.empty, l->e_el * sizeof *d.empty, l->comm);
+            sd_bcast_bytes(d.empty, l->e_el * sizeof *d.empty, l->comm);
             l->empty = d.empty;
             d.empty = NULL;
         }
@@ -1137,14 +1134,6 @@ typedef struct open_header {
     int64_t n_planned;      /* follow mode: the preprocessing half's shards */
 } open_header;
 
-static void bcast_bytes(void *buf, size_t bytes, MPI_Comm comm)
-{
-    for (size_t off = 0; off < bytes; off += BCAST_CHUNK) {
-        size_t n = bytes - off < BCAST_CHUNK ? bytes - off : BCAST_CHUNK;
-        SD_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, 0, comm));
-    }
-}
-
 static int check_options(const sd_loader_options *o, sd_err *err)
 {
     if (!o->shard_dir || !o->shard_dir[0])
@@ -1260,8 +1249,8 @@ static int scan_shards(MPI_Comm comm, const sd_loader_options *o, open_header *h
         direct = sd_xcalloc((size_t)m->n, sizeof *direct);
         empty = sd_xmalloc((size_t)want.text_len * (size_t)want.embed_dim * sizeof *empty);
     }
-    bcast_bytes(m->entries, (size_t)m->n * sizeof *m->entries, comm);
-    bcast_bytes(empty, (size_t)want.text_len * (size_t)want.embed_dim * sizeof *empty, comm);
+    sd_bcast_bytes(m->entries, (size_t)m->n * sizeof *m->entries, comm);
+    sd_bcast_bytes(empty, (size_t)want.text_len * (size_t)want.embed_dim * sizeof *empty, comm);
     first = sd_xmalloc((size_t)(m->n + 1) * sizeof *first);
     first[0] = 0;
     for (int64_t k = 0; k < m->n; k++)

@@ -208,6 +208,13 @@ mpi rerun-cut 2 "$SDTRAIN" "$TMP/kill.nml" --set data.shard_dir="$TMP/shards-cut
 expect_rc rerun-cut 2
 expect_in rerun-cut err "but the file has 1000 bytes"
 
+# spoil_images FILE...: every file given but the captions overwritten with bytes no decoder takes
+spoil_images() {
+    for f in "$@"; do
+        case $f in *.txt) ;; *) echo garbage >"$f" ;; esac
+    done
+}
+
 # a shard all of whose samples are bad (a run of samples_per_shard corrupt images, here those of
 # shards 0 and 1): committed empty (0 samples, datasets of zero rows), a warning naming each, and
 # the run goes on with status 0 (it stopped at the first with status 2: a shard held one sample
@@ -216,9 +223,7 @@ expect_in rerun-cut err "but the file has 1000 bytes"
 run data-allbad "$SDTOOL" make-demo-data "$TMP/data-allbad" --count 16
 expect_rc data-allbad 0
 cp -r "$TMP/data-allbad" "$TMP/data-allgood"
-for f in "$TMP"/data-allbad/00000/00000000[0-7].*; do
-    case $f in *.txt) ;; *) echo garbage >"$f" ;; esac
-done
+spoil_images "$TMP"/data-allbad/00000/00000000[0-7].*
 write_nml allbad files "$TMP/data-allbad" "$TMP/shards-allbad"
 mpi allbad 2 "$SDTRAIN" "$TMP/allbad.nml" --set data.samples_per_shard=4
 expect_rc allbad 0
@@ -279,9 +284,7 @@ expect_in allbad-pipe out "step 2/2"
 # status 2, in mode 'train' and in a pipeline
 run data-nogood "$SDTOOL" make-demo-data "$TMP/data-nogood" --count 4
 expect_rc data-nogood 0
-for f in "$TMP"/data-nogood/00000/*; do
-    case $f in *.txt) ;; *) echo garbage >"$f" ;; esac
-done
+spoil_images "$TMP"/data-nogood/00000/*
 write_nml nogood files "$TMP/data-nogood" "$TMP/shards-nogood"
 mpi nogood 2 "$SDTRAIN" "$TMP/nogood.nml" --set data.samples_per_shard=4
 expect_rc nogood 0
