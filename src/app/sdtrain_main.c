@@ -289,10 +289,20 @@ static void share_cores(const sd_runtime *rt)
             n = 1;
         omp_set_num_threads(n);
     }
-    if (rt->world_rank == 0)
-        printf("OpenMP threads per rank: %d (%s)\n", n,
-               env && env[0] ? "OMP_NUM_THREADS" : "cores visible / ranks on the node; "
-                                                  "OMP_NUM_THREADS overrides");
+    {
+        /* nodes with different rank counts give different shares: the range, not rank 0's */
+        int range[2] = {-n, n};
+        SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        if (rt->world_rank == 0 && -range[0] == range[1])
+            printf("OpenMP threads per rank: %d (%s)\n", n,
+                   env && env[0] ? "OMP_NUM_THREADS" : "cores visible / ranks on the node; "
+                                                      "OMP_NUM_THREADS overrides");
+        else if (rt->world_rank == 0)
+            printf("OpenMP threads per rank: %d to %d (%s)\n", -range[0], range[1],
+                   env && env[0] ? "OMP_NUM_THREADS" : "cores visible / ranks on the node, "
+                                                      "which differ between nodes; "
+                                                      "OMP_NUM_THREADS overrides");
+    }
 #else
     (void)rt;
 #endif
