@@ -1,14 +1,21 @@
 /* Checkpoint write benchmark (MPI): the time of sd_ckpt_write for a real parameter table, with
  * and without the read-back of &checkpoint verify, on the file system of --dir.
  *
- * Usage: mpirun -np N bench/ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema]
+ * Usage: mpirun -np N bench/ckpt_io [--config sd2|sd2-narrow|tiny] [--dir DIR] [--reps R] [--no-ema]
  *                                   [--ddp] [--alignment BYTES] [--hints 'k=v, ...']
- * Defaults: the SD2-base U-Net's table (865.9 M parameters: 3.46 GB a dataset), DIR . (the
+ * Defaults: the SD2-base U-Net's table (865.9 M parameters: 3.46 GB a dataset; sd2-narrow: its
+ * shape at 0.8x the width, 0.64x the parameters), DIR . (the
  * checkpoints go to DIR/ckpt_io.run, which must not exist and is removed at the end; nothing
  * else in DIR is touched), 3 repetitions of each variant, an EMA, ZeRO-2 ranges (each
  * rank holds the whole parameter buffer and its shard of the moments and the EMA, as training
  * does). --ddp: every rank holds everything (more memory: four full buffers a rank).
  * --alignment and --hints: &run io_alignment (default 1048576; 0 = packed) and io_hints.
+ * --async: instead, each repetition writes one checkpoint at once and one in the background
+ * (&checkpoint async), both with the read-back, and the table gives what training waits for
+ * (the whole write at once; the start of the background write: the copy of each rank's part and
+ * the file's creation) beside the time until the background checkpoint is committed (polled
+ * every 10 ms, as training polls at its step boundaries); the copy is reserved first, as
+ * training reserves it at its start, and that time is printed apart.
  *
  * Each repetition writes one checkpoint without the read-back and one with it, alternating (so
  * a slow period of the disk falls on both), keep_last = 1. The buffers hold deterministic
@@ -24,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "bench_stats.h"
 #include "sdtrain/check.h"
@@ -52,8 +60,77 @@ static void fill(float *x, size_t first, size_t n)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: ckpt_io [--config sd2|tiny] [--dir DIR] [--reps R] [--no-ema] [--ddp] "
-                    "[--alignment BYTES] [--hints 'k=v, ...']\n");
+    fprintf(stderr, "usage: ckpt_io [--config sd2|sd2-narrow|tiny] [--dir DIR] [--reps R] [--no-ema] [--ddp] "
+                    "[--alignment BYTES] [--hints 'k=v, ...'] [--async]\n");
+}
+
+/* --async: per repetition a checkpoint at once and one in the background, both verified. */
+static void bench_async(sd_ckpt_scalars *s, const sd_ckpt_tensors *t, const char *work, int reps,
+                        double bytes, int rank)
+{
+    double at_once[MAX_REPS], held[MAX_REPS], done[MAX_REPS];
+    sd_ckpt_async *a = NULL;
+    sd_err err;
+    size_t copy_bytes = 0;
+    /* the copy, allocated and touched as training does at its start */
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t_res = sd_time_now();
+    if (sd_ckpt_async_reserve(&a, MPI_COMM_WORLD, t, s->has_ema != 0, &copy_bytes, &err)) {
+        if (rank == 0)
+            fprintf(stderr, "ckpt_io: %s\n", err.msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (rank == 0)
+        printf("  the copy of rank 0's part: %.1f MiB, allocated and touched in %.3f s (once, at "
+               "the start)\n", (double)copy_bytes / 1048576.0, sd_time_now() - t_res);
+    for (int r = 0; r < reps; r++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = sd_time_now();
+        s->step = s->opt_step = 2 * r + 1;
+        if (sd_ckpt_write(MPI_COMM_WORLD, work, s, t, "", 1, 1, NULL, 0, &err)) {
+            if (rank == 0)
+                fprintf(stderr, "ckpt_io: %s\n", err.msg);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        at_once[r] = sd_time_now() - t0;
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = sd_time_now();
+        s->step = s->opt_step = 2 * r + 2;
+        if (sd_ckpt_async_start(&a, MPI_COMM_WORLD, work, s, t, "", 1, 1, &err)) {
+            if (rank == 0)
+                fprintf(stderr, "ckpt_io: %s\n", err.msg);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        held[r] = sd_time_now() - t0;
+        while (!sd_ckpt_async_ready(a, MPI_COMM_WORLD)) {
+            struct timespec ts = {0, 10000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (sd_ckpt_async_finish(a, NULL, 0, NULL, &err)) {
+            if (rank == 0)
+                fprintf(stderr, "ckpt_io: %s\n", err.msg);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        done[r] = sd_time_now() - t0;
+        if (rank == 0)
+            printf("  rep %d  at once %8.3f s   background: held %8.3f s, committed after %8.3f s\n",
+                   r + 1, at_once[r], held[r], done[r]);
+    }
+    sd_ckpt_async_free(a);
+    if (rank == 0) {
+        double *v[3] = {at_once, held, done}, med[3];
+        const char *name[3] = {"at once: training waits for all of it",
+                               "background: training waits for the start",
+                               "background: committed after"};
+        printf("\n| with the read-back (verify) | median s | min s | max s |\n|---|---|---|---|\n");
+        for (int i = 0; i < 3; i++) {
+            qsort(v[i], (size_t)reps, sizeof(double), cmp_double);
+            med[i] = bench_sorted_median(v[i], reps);
+            printf("| %s | %.3f | %.3f | %.3f |\n", name[i], med[i], v[i][0], v[i][reps - 1]);
+        }
+        printf("\ntraining held %.1fx shorter (medians); the checkpoint file is %.2f GB\n",
+               med[0] / med[1], bytes / 1e9);
+    }
 }
 
 int main(int argc, char **argv)
@@ -61,7 +138,7 @@ int main(int argc, char **argv)
     const char *config = "sd2", *dir = ".", *hints = "";
     long long alignment = 1048576;
     char work[4200];
-    int reps = 3, ema = 1, ddp = 0, rank, size;
+    int reps = 3, ema = 1, ddp = 0, async = 0, rank, size;
     sd_unet_config uc;
     sd_param_table tab;
     sd_ckpt_scalars s;
@@ -87,6 +164,8 @@ int main(int argc, char **argv)
             alignment = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--hints") && i + 1 < argc)
             hints = argv[++i];
+        else if (!strcmp(argv[i], "--async"))
+            async = 1;
         else {
             if (rank == 0)
                 usage();
@@ -94,7 +173,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (reps < 1 || reps > MAX_REPS || (strcmp(config, "sd2") && strcmp(config, "tiny")) ||
+    if (reps < 1 || reps > MAX_REPS ||
+        (strcmp(config, "sd2") && strcmp(config, "sd2-narrow") && strcmp(config, "tiny")) ||
         alignment < 0) {
         if (rank == 0)
             usage();
@@ -123,6 +203,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(config, "sd2"))
         sd_unet_config_sd2_base(&uc);
+    else if (!strcmp(config, "sd2-narrow"))
+        bench_sd2_narrow_unet_config(&uc);
     else
         bench_tiny_unet_config(&uc);
     memset(&tab, 0, sizeof tab);
@@ -161,6 +243,10 @@ int main(int argc, char **argv)
         printf("checkpoint of %s (%zu floats a dataset, %d datasets, %.2f GB) by %d rank(s), %s, "
                "into %s\n", config, t.n, 3 + ema, bytes / 1e9, size, ddp ? "DDP" : "ZeRO-2",
                work);
+    if (async) {
+        bench_async(&s, &t, work, reps, bytes, rank);
+        reps = 0;
+    }
     for (int r = 0; r < reps; r++) {
         for (int verify = 0; verify < 2; verify++) {
             MPI_Barrier(MPI_COMM_WORLD);
@@ -177,7 +263,7 @@ int main(int argc, char **argv)
                        times[verify][r]);
         }
     }
-    if (rank == 0) {
+    if (rank == 0 && reps > 0) {
         double med[2];
         printf("\n| variant | median s | min s | max s | GB/s (file / median) |\n|---|---|---|---|---|\n");
         for (int v = 0; v < 2; v++) {
@@ -188,8 +274,9 @@ int main(int argc, char **argv)
         }
         printf("\nread-back: +%.3f s a checkpoint (%.0f %% of the write)\n", med[1] - med[0],
                100.0 * (med[1] - med[0]) / med[0]);
-        sd_remove_tree(work, &err);
     }
+    if (rank == 0)
+        sd_remove_tree(work, &err);
     free(t.params);
     free(t.m);
     free(t.v);

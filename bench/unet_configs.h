@@ -23,4 +23,17 @@ static inline void bench_tiny_unet_config(sd_unet_config *c)
     c->sample_size = 8;
 }
 
+/* SD2-base's shape at 0.8x the width (256, 512, 1024, 1024 channels, heads of 64 as SD2's):
+ * 0.64x the parameters, for the benchmarks whose copies of the SD2 state do not fit the
+ * development VM's memory beside each other (bench/ckpt_io --async). */
+static inline void bench_sd2_narrow_unet_config(sd_unet_config *c)
+{
+    static const int boc[4] = {256, 512, 1024, 1024}, heads[4] = {4, 8, 16, 16};
+    sd_unet_config_sd2_base(c);
+    for (int i = 0; i < 4; i++) {
+        c->block_out_channels[i] = boc[i];
+        c->heads[i] = heads[i];
+    }
+}
+
 #endif

@@ -1,6 +1,7 @@
 #!/bin/bash
 # ThreadSanitizer over the threads sdtrain runs beside its main thread: mode 'process' (the shard
-# writer thread, &data overlap_writes), mode 'train' (the loader's prefetch thread, checkpoints)
+# writer thread, &data overlap_writes), mode 'train' (the loader's prefetch thread, checkpoints,
+# also written in the background: &checkpoint async)
 # and mode 'pipeline' (both at once, the trainers following the shards as they come), each with
 # two ranks per half on the demo model.
 #
@@ -63,6 +64,11 @@ run process 2 --set run.mode=process --set run.output_dir="$work/proc" \
     --set data.shard_dir="$work/shards" "${common[@]}"
 run train 2 --set run.mode=train --set run.output_dir="$work/train" \
     --set data.shard_dir="$work/shards" --set train.max_steps=6 --set checkpoint.every_n_steps=3
+# checkpoints written in the background (&checkpoint async): the writer thread beside the
+# steps and the loader's prefetch thread
+run train-async 2 --set run.mode=train --set run.output_dir="$work/train-async" \
+    --set data.shard_dir="$work/shards" --set train.max_steps=8 --set checkpoint.every_n_steps=2 \
+    --set checkpoint.async=.true.
 run pipeline 4 --set run.mode=pipeline --set run.n_process_ranks=2 \
     --set run.output_dir="$work/pipe" --set data.shard_dir="$work/shards-pipe" \
     --set train.max_steps=6 "${common[@]}"

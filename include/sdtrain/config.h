@@ -119,6 +119,7 @@ typedef struct sd_config {
         int64_t keep_last;
         char resume[SD_PATH_MAX];       /* auto | never | path of a checkpoint directory */
         bool verify;                    /* read each checkpoint back before committing it */
+        bool async;                     /* periodic checkpoints written in the background */
     } checkpoint;
     struct {
         char prompts[SD_MAX_PROMPTS][SD_PROMPT_MAX];

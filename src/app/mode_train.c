@@ -164,6 +164,8 @@ typedef struct trainer {
     float *hm, *hv, *hema; /* GPU device path: host copies of the moments / EMA around a
                               checkpoint read or write, else NULL */
     int setup_exit;        /* the exit status of a failed setup when not SD_EXIT_USAGE */
+    sd_ckpt_async *ack;    /* &checkpoint async: the background writer (NULL before its first) */
+    int async_off;         /* &checkpoint async given up for the run (no memory for the copy) */
 } trainer;
 
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
@@ -1187,29 +1189,106 @@ static void dev_stage_in(trainer *t, int has_ema)
     sd_synchronize(t->be);
 }
 
-/* Collective: the state after `done` steps (k optimizer steps) into the checkpoint directory. */
+static void ckpt_scalars(const trainer *t, int64_t done, int64_t k, int64_t skipped,
+                         sd_ckpt_scalars *s)
+{
+    memset(s, 0, sizeof *s);
+    s->step = done;
+    s->opt_step = k;
+    s->skipped = skipped;
+    s->steps_per_epoch = t->info.steps_per_epoch;
+    s->epoch = done / t->info.steps_per_epoch;
+    s->global_batch = t->info.global_batch;
+    s->batch_per_rank = t->bs;
+    s->seed = t->cfg->run.seed;
+    s->n_ranks = t->size;
+    s->has_ema = t->ema != NULL || t->d_ema != NULL;
+    snprintf(s->sharding, sizeof s->sharding, "%s", t->cfg->train.sharding);
+}
+
+/* &checkpoint async, collective at a step boundary (`done` steps): the checkpoint in flight, if
+ * any, is committed once every rank's writer is done, or at once after waiting for them
+ * (wait != 0: the next checkpoint is due, a signal, the end). A failure is reported and training
+ * goes on, as for a periodic checkpoint written at once. */
+static void settle_checkpoint(trainer *t, int64_t done, int wait)
+{
+    const int64_t step = sd_ckpt_async_step(t->ack);
+    char committed[4200];
+    double secs = 0, t0;
+    sd_err err;
+    if (step < 0 || (!wait && !sd_ckpt_async_ready(t->ack, t->mpi_comm)))
+        return;
+    sd_err_clear(&err);
+    t0 = sd_time_now();
+    sd_loader_h5_lock();
+    const int rc = sd_ckpt_async_finish(t->ack, committed, sizeof committed, &secs, &err);
+    sd_loader_h5_unlock();
+    if (rc == 0) {
+        t->last_ckpt = step;
+        snprintf(t->last_ckpt_path, sizeof t->last_ckpt_path, "%s", committed);
+        sd_info("step %lld: checkpoint of step %lld written to %s in the background (%.2f s%s), "
+                "committed in %.2f s", (long long)done, (long long)step, committed, secs,
+                t->cfg->checkpoint.verify ? ", read back and verified" : "", sd_time_now() - t0);
+    } else if (t->rank == 0) {
+        sd_error("%s; training goes on", err.msg);
+    }
+}
+
+static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err);
+
+/* &checkpoint async (collective): the checkpoint of step `done` started in the background
+ * (sd_ckpt_async_start), after the one in flight is committed. A rank without the memory for
+ * its copy turns &checkpoint async off for the run, with a warning, and this checkpoint is
+ * written at once. */
+static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err)
+{
+    const sd_config *cfg = t->cfg;
+    sd_ckpt_scalars s;
+    sd_ckpt_tensors ts;
+    char *text;
+    double t0 = sd_time_now();
+    int rc;
+    settle_checkpoint(t, done, 1);
+    ckpt_scalars(t, done, k, skipped, &s);
+    if (t->dev_opt)
+        dev_stage_out(t);
+    ckpt_tensors(t, &ts);
+    text = sd_config_to_namelist(t->rc, false);
+    sd_loader_h5_lock();
+    rc = sd_ckpt_async_start(&t->ack, t->mpi_comm, t->ckpt_dir, &s, &ts, text,
+                             cfg->checkpoint.keep_last, cfg->checkpoint.verify, err);
+    sd_loader_h5_unlock();
+    free(text);
+    dev_stage_free(t);
+    if (rc == SD_CKPT_NO_MEMORY) {
+        if (t->rank == 0)
+            sd_warn("%s: &checkpoint async is off for the rest of this run; this checkpoint and "
+                    "the next are written at once", err->msg);
+        t->async_off = 1;
+        sd_err_clear(err);
+        return save_checkpoint(t, done, k, skipped, err);
+    }
+    if (rc == 0)
+        sd_info("step %lld: checkpoint started in the background (training held %.2f s)",
+                (long long)done, sd_time_now() - t0);
+    return rc;
+}
+
+/* Collective: the state after `done` steps (k optimizer steps) into the checkpoint directory,
+ * written at once (after the one in flight in the background, if any, is committed). */
 static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err)
 {
     const sd_config *cfg = t->cfg;
     sd_ckpt_scalars s;
     sd_ckpt_tensors ts;
     char committed[4200], *text;
-    double t0 = sd_time_now();
+    double t0;
     int rc;
-    memset(&s, 0, sizeof s);
-    s.step = done;
-    s.opt_step = k;
-    s.skipped = skipped;
-    s.steps_per_epoch = t->info.steps_per_epoch;
-    s.epoch = done / t->info.steps_per_epoch;
-    s.global_batch = t->info.global_batch;
-    s.batch_per_rank = t->bs;
-    s.seed = cfg->run.seed;
-    s.n_ranks = t->size;
-    s.has_ema = t->ema != NULL || t->d_ema != NULL;
+    settle_checkpoint(t, done, 1);
+    t0 = sd_time_now();
+    ckpt_scalars(t, done, k, skipped, &s);
     if (t->dev_opt)
         dev_stage_out(t);
-    snprintf(s.sharding, sizeof s.sharding, "%s", cfg->train.sharding);
     ckpt_tensors(t, &ts);
     text = sd_config_to_namelist(t->rc, false);
     sd_loader_h5_lock(); /* the prefetch thread reads shards meanwhile */
@@ -1446,6 +1525,7 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
     sd_err_clear(&err);
     if (sd_fault_armed(SD_FAULT_USR1, t->world_rank, done - 1, NULL))
         raise(SIGUSR1);
+    settle_checkpoint(t, done, 0); /* a background checkpoint whose writers are all done */
     why[0] = sd_ckpt_signal_pending();
     why[1] = sd_pipeline_stop_heard(t->rt);
     sd_allreduce_i64(t->comm, why, 2, SD_RED_MAX);
@@ -1453,11 +1533,16 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
      * pipeline's preprocessing half learns of a signal while the trainers wait for it) */
     if ((why[0] || why[1]) && done < t->cfg->train.max_steps)
         return stop_for_signal(t, done, k, skipped, (int)why[0], (int)why[1], code);
-    if (every > 0 && done % every == 0 && done < t->cfg->train.max_steps &&
-        t->last_ckpt != done && save_checkpoint(t, done, k, skipped, &err) && t->rank == 0)
+    /* the steps whose checkpoint &sample every_n_steps turns into images write it at once */
+    const int sampled = t->cfg->sample.every_n_steps > 0 &&
+                        done % t->cfg->sample.every_n_steps == 0 && done < t->cfg->train.max_steps;
+    if (every > 0 && done % every == 0 && done < t->cfg->train.max_steps && t->last_ckpt != done &&
+        (t->cfg->checkpoint.async && !t->async_off && !sampled
+             ? start_checkpoint(t, done, k, skipped, &err)
+             : save_checkpoint(t, done, k, skipped, &err)) &&
+        t->rank == 0)
         sd_error("%s; training goes on", err.msg);
-    if (t->cfg->sample.every_n_steps > 0 && done % t->cfg->sample.every_n_steps == 0 &&
-        done < t->cfg->train.max_steps)
+    if (sampled)
         sample_checkpoint(t, done);
     return 0;
 }
@@ -1474,6 +1559,8 @@ static void free_trainer(trainer *t)
         sd_synchronize(t->be);
         sd_download_wait(t->be);
     }
+    sd_ckpt_async_free(t->ack); /* after a failure: waits for its thread, commits nothing */
+    t->ack = NULL;
     sd_loader_close(t->loader);
     sd_grad_buckets_free(&t->gb);
     /* the backend's buffers of the inputs and of one micro-batch (CPU: host memory) */
@@ -1681,6 +1768,29 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         return -1;
     if (resume_from_checkpoint(t, err))
         return -1; /* collective: every rank has the same message */
+    if (cfg->checkpoint.async && cfg->checkpoint.every_n_steps > 0) {
+        /* the background checkpoints' copy, had now (or found missing) rather than at the
+         * first checkpoint */
+        sd_ckpt_tensors ts;
+        size_t bytes = 0;
+        const double t0 = sd_time_now();
+        ckpt_tensors(t, &ts);
+        const int rc = sd_ckpt_async_reserve(&t->ack, t->mpi_comm, &ts,
+                                             t->ema != NULL || t->d_ema != NULL, &bytes, err);
+        if (rc == SD_CKPT_NO_MEMORY) {
+            if (t->rank == 0)
+                sd_warn("%s: &checkpoint async is off for this run; checkpoints are written at "
+                        "once", err->msg);
+            t->async_off = 1;
+            sd_err_clear(err);
+        } else if (rc) {
+            return -1;
+        } else {
+            sd_info("&checkpoint async: the copy of the state that background checkpoints "
+                    "write takes %.1f MiB of host memory on rank 0 (allocated in %.2f s)",
+                    (double)bytes / 1048576.0, sd_time_now() - t0);
+        }
+    }
 
     if (t->rank == 0) {
         char path[4200];

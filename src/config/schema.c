@@ -238,6 +238,16 @@ static const sd_option options[] = {
             "wrote (past the page cache where the kernel allows) and compares their checksums "
             "with those of the data written; a mismatch leaves it uncommitted, as a failed write "
             "(the previous checkpoint stays the latest and is not pruned)."),
+    LOGICAL(checkpoint, async, ".false.",
+            "Write the periodic checkpoints in the background: training stops only while each "
+            "rank copies its part of the state into host memory (a second copy of that part, "
+            "allocated when the run starts) and the state file is created; a thread per rank "
+            "then writes, syncs and "
+            "(verify) reads back its part while the steps go on, and the checkpoint is committed "
+            "at the first step boundary after every rank is done (a checkpoint still in flight "
+            "is finished first when the next one is due, at a signal and at the end; the final "
+            "checkpoint and those that &sample every_n_steps turns into images are written at "
+            "once)."),
 
     /* &sample */
     STRING_LIST(sample, prompts, "", "Prompts to generate images for (mode = 'sample')."),

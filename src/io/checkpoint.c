@@ -8,7 +8,9 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <json-c/json.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,7 @@
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
 #include "sdtrain/runtime.h"
+#include "sdtrain/timer.h"
 #include "sdtrain/version.h"
 
 #if !defined(H5_HAVE_PARALLEL)
@@ -169,16 +172,11 @@ typedef struct writer {
 
 /* Writes one full-length dataset: this rank's part [wb, we) of buf, which holds the flat range
  * starting at have_b. Every rank runs the same number of collective rounds. */
-static int write_dataset(writer *w, int ds, const float *buf, size_t have_b, size_t wb,
-                         size_t we, sd_err *e)
+/* Creates dataset ds (n floats, contiguous, allocated at creation and never filled) of which
+ * this rank writes [wb, we); its file offset goes to w->addr[ds]. Collective. */
+static hid_t create_dataset(writer *w, int ds, hid_t space, size_t wb, size_t we)
 {
-    const size_t n = w->t->n;
-    hsize_t dims[1] = {n}, start[1], count[1];
-    hid_t space, dcpl, d;
-    uint64_t len = we - wb, max_len, part;
-    int failed = 0;
-    char hex[32];
-    SD_H5_CHECK(space = H5Screate_simple(1, dims, NULL));
+    hid_t dcpl, d;
     SD_H5_CHECK(dcpl = H5Pcreate(H5P_DATASET_CREATE));
     SD_H5_CHECK(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
     SD_H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
@@ -188,6 +186,38 @@ static int write_dataset(writer *w, int ds, const float *buf, size_t have_b, siz
     w->wb[ds] = wb;
     w->we[ds] = we;
     w->addr[ds] = H5Dget_offset(d); /* allocated at creation (H5D_ALLOC_TIME_EARLY) */
+    return d;
+}
+
+static void checksum_attrs(hid_t d, uint64_t sum)
+{
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
+    attr_str(d, "checksum", hex);
+    attr_str(d, "checksum_algorithm", SD_CKPT_CHECKSUM_ALGORITHM);
+}
+
+static void file_attrs(writer *w)
+{
+    char creator[160];
+    snprintf(creator, sizeof creator, "sdtrain %s (git %s)", sd_version(), sd_git_revision());
+    attr_str(w->h5, "format", SD_CKPT_FORMAT);
+    attr_i64(w->h5, "format_version", SD_CKPT_FORMAT_VERSION);
+    attr_i64(w->h5, "step", w->s->step);
+    attr_i64(w->h5, "opt_step", w->s->opt_step);
+    attr_str(w->h5, "creator", creator);
+}
+
+static int write_dataset(writer *w, int ds, const float *buf, size_t have_b, size_t wb,
+                         size_t we, sd_err *e)
+{
+    const size_t n = w->t->n;
+    hsize_t dims[1] = {n}, start[1], count[1];
+    hid_t space, d;
+    uint64_t len = we - wb, max_len, part;
+    int failed = 0;
+    SD_H5_CHECK(space = H5Screate_simple(1, dims, NULL));
+    d = create_dataset(w, ds, space, wb, we);
     SD_MPI_CHECK(MPI_Allreduce(&len, &max_len, 1, MPI_UINT64_T, MPI_MAX, w->comm));
     for (uint64_t r = 0; r * ROUND_FLOATS < max_len; r++) {
         size_t lo = wb + (size_t)r * ROUND_FLOATS;
@@ -223,9 +253,7 @@ static int write_dataset(writer *w, int ds, const float *buf, size_t have_b, siz
     }
     part = sd_ckpt_checksum(buf + (wb - have_b), wb, we - wb);
     SD_MPI_CHECK(MPI_Allreduce(&part, &w->sums[ds], 1, MPI_UINT64_T, MPI_SUM, w->comm));
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)w->sums[ds]);
-    attr_str(d, "checksum", hex);
-    attr_str(d, "checksum_algorithm", SD_CKPT_CHECKSUM_ALGORITHM);
+    checksum_attrs(d, w->sums[ds]);
     SD_H5_CHECK(H5Dclose(d));
     SD_H5_CHECK(H5Sclose(space));
     return failed ? -1 : 0;
@@ -237,7 +265,6 @@ static int write_state_file(writer *w, sd_err *e)
     const float *bufs[DS_N] = {t->params, t->m, t->v, t->ema};
     size_t pb, pe, ob, oe;
     int failed = 0;
-    char creator[160];
 
     if (own_range(w->comm, t->n, 0, t->n, &pb, &pe, e) ||
         own_range(w->comm, t->n, t->begin, t->end, &ob, &oe, e))
@@ -247,12 +274,7 @@ static int write_state_file(writer *w, sd_err *e)
     if (w->h5 < 0)
         return sd_agree(w->comm, 1, e);
 
-    snprintf(creator, sizeof creator, "sdtrain %s (git %s)", sd_version(), sd_git_revision());
-    attr_str(w->h5, "format", SD_CKPT_FORMAT);
-    attr_i64(w->h5, "format_version", SD_CKPT_FORMAT_VERSION);
-    attr_i64(w->h5, "step", w->s->step);
-    attr_i64(w->h5, "opt_step", w->s->opt_step);
-    attr_str(w->h5, "creator", creator);
+    file_attrs(w);
     SD_H5_CHECK(w->dxpl = H5Pcreate(H5P_DATASET_XFER));
     SD_H5_CHECK(H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_COLLECTIVE));
     for (int ds = 0; ds < DS_N; ds++) {
@@ -645,6 +667,65 @@ static void commit_failed(writer *w, const sd_err *e, sd_err *err)
     err->storage = e->storage;
 }
 
+/* Collective, once the state file is written (rc 0) or not (rc -1, message in e): rank 0
+ * commits; a failure removes the temporary directory and says what stays (commit_failed). */
+static int writer_end(writer *w, int rc, sd_err *e, const char *config_text, int64_t keep_last,
+                      char *committed, size_t committed_size, sd_err *err)
+{
+    if (!rc) {
+        if (w->rank != 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, w->s->step, "ckpt-commit"))
+            fault_kill("ckpt-commit", w->s->step);
+        rc = sd_agree(w->comm, w->rank == 0 && commit(w, config_text, keep_last, e) != 0, e);
+    }
+    if (rc) {
+        if (w->rank == 0) {
+            sd_err dummy;
+            sd_remove_tree(w->tmp_dir, &dummy);
+        }
+        commit_failed(w, e, err);
+        return -1;
+    }
+    if (committed)
+        snprintf(committed, committed_size, "%s", w->final_dir);
+    return 0;
+}
+
+/* Collective: w set up for the checkpoint of s->step into dir, and rank 0's empty temporary
+ * directory there, where there is room for the file. -1 (every rank) with err set when not. */
+static int writer_begin(writer *w, MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
+                        const sd_ckpt_tensors *t, sd_err *err)
+{
+    sd_err e;
+    int failed = 0;
+    memset(w, 0, sizeof *w);
+    sd_err_clear(&e);
+    w->comm = comm;
+    w->s = s;
+    w->t = t;
+    w->h5 = w->dxpl = -1;
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &w->rank));
+    SD_MPI_CHECK(MPI_Comm_size(comm, &w->size));
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w->world_rank));
+    snprintf(w->dir, sizeof w->dir, "%s", dir);
+    sd_ckpt_dir_name(s->step, w->name, sizeof w->name);
+    if (snprintf(w->tmp_dir, sizeof w->tmp_dir, "%s/.%s.tmp", dir, w->name) >=
+            (int)sizeof w->tmp_dir ||
+        join(w->final_dir, sizeof w->final_dir, dir, w->name, &e) ||
+        join(w->file, sizeof w->file, w->tmp_dir, SD_CKPT_STATE_FILE, &e))
+        failed = sd_err_set(&e, "checkpoint directory path too long: '%s'", dir) != 0;
+    if (!failed && t->n == 0)
+        failed = sd_err_set(&e, "checkpoint: no parameters to write") != 0;
+    if (!failed && w->rank == 0)
+        failed = sd_mkdir_p(dir, "checkpoint directory", &e) || sd_remove_tree(w->tmp_dir, &e) ||
+                 check_room(dir, s, t, &e) || sd_mkdir_p(w->tmp_dir, "checkpoint directory", &e);
+    if (sd_agree(comm, failed, &e)) {
+        sd_err_set(err, "checkpoint of step %lld into '%s' not written (the previous checkpoint "
+                   "stays the latest): %s", (long long)s->step, dir, e.msg);
+        return -1;
+    }
+    return 0;
+}
+
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
                   const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
                   int verify, char *committed, size_t committed_size, sd_err *err)
@@ -652,34 +733,12 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
     writer w;
     sd_err e;
     sd_h5_quiet q;
-    int failed = 0, rc;
-    memset(&w, 0, sizeof w);
+    int rc;
     sd_err_clear(&e);
-    w.comm = comm;
-    w.s = s;
-    w.t = t;
-    w.h5 = w.dxpl = -1;
-    SD_MPI_CHECK(MPI_Comm_rank(comm, &w.rank));
-    SD_MPI_CHECK(MPI_Comm_size(comm, &w.size));
-    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.world_rank));
-    snprintf(w.dir, sizeof w.dir, "%s", dir);
-    sd_ckpt_dir_name(s->step, w.name, sizeof w.name);
-    if (snprintf(w.tmp_dir, sizeof w.tmp_dir, "%s/.%s.tmp", dir, w.name) >= (int)sizeof w.tmp_dir ||
-        join(w.final_dir, sizeof w.final_dir, dir, w.name, &e) ||
-        join(w.file, sizeof w.file, w.tmp_dir, SD_CKPT_STATE_FILE, &e))
-        failed = sd_err_set(&e, "checkpoint directory path too long: '%s'", dir) != 0;
-    if (!failed && t->n == 0)
-        failed = sd_err_set(&e, "checkpoint: no parameters to write") != 0;
 
     /* 1. Rank 0 prepares an empty temporary directory, where there is room for the file. */
-    if (!failed && w.rank == 0)
-        failed = sd_mkdir_p(dir, "checkpoint directory", &e) || sd_remove_tree(w.tmp_dir, &e) ||
-                 check_room(dir, s, t, &e) || sd_mkdir_p(w.tmp_dir, "checkpoint directory", &e);
-    if (sd_agree(comm, failed, &e)) {
-        sd_err_set(err, "checkpoint of step %lld into '%s' not written (the previous checkpoint "
-                   "stays the latest): %s", (long long)s->step, dir, e.msg);
+    if (writer_begin(&w, comm, dir, s, t, err))
         return -1;
-    }
 
     /* 2. Every rank writes its parts; 3. rank 0 commits. */
     sd_h5_quiet_begin(&q);
@@ -696,22 +755,412 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
         w.verified = rc == 0;
     }
     sd_h5_quiet_end(&q);
+    return writer_end(&w, rc, &e, config_text, keep_last, committed, committed_size, err);
+}
+
+/* ---- writing in the background (&checkpoint async) ----------------------------------------- */
+
+struct sd_ckpt_async {
+    writer w;              /* as sd_ckpt_write's; w.s and w.t point at s and t below */
+    sd_ckpt_scalars s;
+    sd_ckpt_tensors t;     /* the table, n and ranges: the buffers are copied at the start */
+    char *config_text;
+    int64_t keep_last;
+    int verify;
+    int in_flight;         /* started, not yet finished (the same on every rank) */
+    int thread_running;    /* a thread to join */
+    pthread_t thread;
+    float *snap;           /* this rank's parts of the datasets, kept from one checkpoint to the next */
+    size_t snap_cap;       /* floats */
+    size_t at[DS_N];       /* where the part of dataset ds begins in snap */
+    /* the thread's results, read after it is joined (done: while it runs) */
+    atomic_int done;
+    int failed;
+    sd_err e;
+    uint64_t part[DS_N];   /* checksums of this rank's parts, as written */
+    double seconds;
+};
+
+/* Collective: the state file with its attributes and its datasets (allocated at creation,
+ * contiguous, never filled), no data; each dataset's offset in w->addr, this rank's parts in
+ * w->wb / w->we. Rank 0 alone creates it, through MPI-IO on MPI_COMM_SELF (so that &run io_hints
+ * such as Lustre striping apply at its creation): a storage error then fails one rank's HDF5
+ * calls, which no other rank waits in. */
+static int create_state_file(writer *w, sd_err *e)
+{
+    const sd_ckpt_tensors *t = w->t;
+    const hsize_t dims[1] = {t->n};
+    size_t pb, pe, ob, oe;
+    uint64_t addr[DS_N];
+    int failed = 0;
+    if (own_range(w->comm, t->n, 0, t->n, &pb, &pe, e) ||
+        own_range(w->comm, t->n, t->begin, t->end, &ob, &oe, e))
+        return -1; /* the same on every rank */
+    for (int ds = 0; ds < DS_N; ds++) {
+        w->wb[ds] = ds == DS_PARAMS ? pb : ob;
+        w->we[ds] = ds == DS_PARAMS ? pe : oe;
+        w->addr[ds] = HADDR_UNDEF;
+    }
+    if (w->rank == 0) {
+        hid_t space;
+        w->h5 = sd_h5_create_parallel(w->file, MPI_COMM_SELF, e);
+        failed = w->h5 < 0;
+        if (!failed) {
+            file_attrs(w);
+            SD_H5_CHECK(space = H5Screate_simple(1, dims, NULL));
+            for (int ds = 0; ds < DS_N; ds++) {
+                if (ds == DS_EMA && !w->s->has_ema)
+                    continue;
+                hid_t d = create_dataset(w, ds, space, w->wb[ds], w->we[ds]);
+                SD_H5_CHECK(H5Dclose(d));
+                if (w->addr[ds] == HADDR_UNDEF && !failed)
+                    failed = sd_err_set(e, "dataset '%s' of %s has no place in the file",
+                                        ds_names[ds], w->file) != 0;
+            }
+            SD_H5_CHECK(H5Sclose(space));
+            if (H5Fclose(w->h5) < 0 && !failed) {
+                char h5msg[512];
+                failed = sd_err_set(e, "creating '%s' failed: %s", w->file,
+                                    sd_h5_error_string(h5msg, sizeof h5msg)) != 0;
+            }
+            w->h5 = -1;
+        }
+    }
+    if (sd_agree(w->comm, failed, e))
+        return -1;
+    for (int ds = 0; ds < DS_N; ds++)
+        addr[ds] = (uint64_t)w->addr[ds];
+    SD_MPI_CHECK(MPI_Bcast(addr, DS_N, MPI_UINT64_T, 0, w->comm));
+    for (int ds = 0; ds < DS_N; ds++)
+        w->addr[ds] = (haddr_t)addr[ds];
+    return 0;
+}
+
+/* Bytes to or from fd at `at`, all of them: 0, or -1 with errno (0 for a short read at the end
+ * of the file). */
+static int io_all(int fd, void *buf, size_t bytes, off_t at, int writing)
+{
+    char *p = buf;
+    while (bytes > 0) {
+        const size_t n = bytes < ((size_t)1 << 30) ? bytes : ((size_t)1 << 30);
+        const ssize_t got = writing ? pwrite(fd, p, n, at) : pread(fd, p, n, at);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = 0;
+            return -1;
+        }
+        p += got;
+        at += got;
+        bytes -= (size_t)got;
+    }
+    return 0;
+}
+
+/* The thread: this rank's parts from the snapshot into the state file at their offsets (plain
+ * pwrite: no MPI, no HDF5 here), synced; with verify read back past the page cache and their
+ * checksums compared with those of the data written. */
+static void *async_main(void *arg)
+{
+    sd_ckpt_async *a = arg;
+    writer *w = &a->w;
+    const double t0 = sd_time_now();
+    const size_t block = (size_t)16 << 20; /* floats a write or read: 64 MiB */
+    /* Test hook: SDTRAIN_TEST_CKPT_DELAY_MS=N: the writer starts N ms late (a slow file system),
+     * so that steps, signals and the next checkpoint meet it in flight. */
+    const char *delay = getenv("SDTRAIN_TEST_CKPT_DELAY_MS");
+    if (delay && atol(delay) > 0) {
+        const long ms = atol(delay);
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    int fd = open(w->file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        a->failed = sd_err_set_storage(&a->e, "cannot open %s to write rank %d's part: %s",
+                                       w->file, w->rank, strerror(errno)) != 0;
+    for (int ds = 0; ds < DS_N && !a->failed; ds++) {
+        if (ds == DS_EMA && !a->s.has_ema)
+            continue;
+        const float *src = a->snap + a->at[ds];
+        const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
+        a->part[ds] = sd_ckpt_checksum(src, wb, len);
+        for (size_t off = 0; off < len && !a->failed; off += block) {
+            const size_t cnt = len - off < block ? len - off : block;
+            if (io_all(fd, (void *)(src + off), cnt * sizeof(float),
+                       (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 1))
+                a->failed = sd_err_set_storage(&a->e, "writing dataset '%s' of %s failed on rank "
+                                               "%d: %s", ds_names[ds], w->file, w->rank,
+                                               strerror(errno)) != 0;
+            /* a node failure in the middle of a checkpoint: the temporary file holds part of it */
+            if (ds == DS_PARAMS && off == 0 &&
+                sd_fault_armed(SD_FAULT_KILL, w->world_rank, a->s.step, "ckpt-write"))
+                fault_kill("ckpt-write", a->s.step);
+        }
+    }
+    if (fd >= 0) {
+        if (!a->failed && fsync(fd) != 0)
+            a->failed = sd_err_set_storage(&a->e, "fsync of %s failed on rank %d: %s", w->file,
+                                           w->rank, strerror(errno)) != 0;
+        if (close(fd) != 0 && !a->failed)
+            a->failed = sd_err_set_storage(&a->e, "closing %s failed on rank %d: %s", w->file,
+                                           w->rank, strerror(errno)) != 0;
+    }
+    if (!a->failed && sd_fault_armed(SD_FAULT_FLIP, w->world_rank, a->s.step, "ckpt-write"))
+        fault_flip(w);
+    if (!a->failed && a->verify) {
+        float *buf = sd_xmalloc(block * sizeof *buf);
+        fd = open(w->file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            a->failed = sd_err_set_storage(&a->e, "cannot open %s to read it back on rank %d: %s",
+                                           w->file, w->rank, strerror(errno)) != 0;
+        else
+            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        for (int ds = 0; ds < DS_N && !a->failed; ds++) {
+            if (ds == DS_EMA && !a->s.has_ema)
+                continue;
+            const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
+            uint64_t sum = 0;
+            for (size_t off = 0; off < len && !a->failed; off += block) {
+                const size_t cnt = len - off < block ? len - off : block;
+                if (io_all(fd, buf, cnt * sizeof(float),
+                           (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 0))
+                    a->failed = sd_err_set_storage(&a->e, "reading back dataset '%s' of %s failed "
+                                                   "on rank %d: %s", ds_names[ds], w->file,
+                                                   w->rank, errno ? strerror(errno)
+                                                                  : "the file ends early") != 0;
+                else
+                    sum += sd_ckpt_checksum(buf, wb + off, cnt);
+            }
+            if (!a->failed && sum != a->part[ds])
+                a->failed = sd_err_set(&a->e, "read back, rank %d's part of dataset '%s' of %s "
+                                       "has checksum %016llx, the data written %016llx: the file "
+                                       "system returned other data than was written", w->rank,
+                                       ds_names[ds], w->file, (unsigned long long)sum,
+                                       (unsigned long long)a->part[ds]) != 0;
+        }
+        if (fd >= 0)
+            close(fd);
+        free(buf);
+    }
+    a->seconds = sd_time_now() - t0;
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
+                        const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
+                        const char *config_text, int64_t keep_last, int verify, sd_err *err)
+{
+    sd_ckpt_async *a = *ap;
+    sd_h5_quiet q;
+    sd_err e;
+    size_t need = 0;
+    int rc, no_memory = 0;
+    if (!a)
+        a = *ap = sd_xcalloc(1, sizeof *a);
+    SD_CHECK(!a->in_flight, "checkpoint of step %lld started while that of step %lld is in flight",
+             (long long)s->step, (long long)a->s.step);
+    sd_err_clear(&e);
+    a->s = *s;
+    a->t = *t;
+    if (writer_begin(&a->w, comm, dir, &a->s, &a->t, err))
+        return -1;
+    sd_h5_quiet_begin(&q);
+    rc = create_state_file(&a->w, &e);
+    sd_h5_quiet_end(&q);
+    /* the copy: this rank's parts, in one buffer kept for the next checkpoint */
+    for (int ds = 0; ds < DS_N && !rc; ds++) {
+        a->at[ds] = need;
+        if (ds != DS_EMA || s->has_ema)
+            need += a->w.we[ds] - a->w.wb[ds];
+    }
     if (!rc) {
-        if (w.rank != 0 && sd_fault_armed(SD_FAULT_KILL, w.world_rank, s->step, "ckpt-commit"))
-            fault_kill("ckpt-commit", s->step);
-        rc = sd_agree(comm, w.rank == 0 && commit(&w, config_text, keep_last, &e) != 0, &e);
+        /* Test hook: SDTRAIN_TEST_CKPT_NO_MEMORY=R: rank R of comm cannot hold its copy. */
+        const char *nomem = getenv("SDTRAIN_TEST_CKPT_NO_MEMORY");
+        no_memory = nomem && *nomem && atoi(nomem) == a->w.rank;
+        if (!no_memory && need > a->snap_cap) {
+            free(a->snap);
+            a->snap_cap = 0;
+            a->snap = malloc((need ? need : 1) * sizeof(float));
+            if (a->snap)
+                a->snap_cap = need;
+            else
+                no_memory = 1;
+        }
+        if (no_memory)
+            sd_err_set(&e, "rank %d has no room in host memory for its copy of the state "
+                       "(%.1f MiB)", a->w.rank, (double)need * 4.0 / 1048576.0);
+        if (sd_agree(comm, no_memory, &e))
+            rc = SD_CKPT_NO_MEMORY;
     }
     if (rc) {
-        if (w.rank == 0) {
+        if (a->w.rank == 0) {
             sd_err dummy;
-            sd_remove_tree(w.tmp_dir, &dummy);
+            sd_remove_tree(a->w.tmp_dir, &dummy);
         }
-        commit_failed(&w, &e, err);
+        if (rc == SD_CKPT_NO_MEMORY) {
+            sd_err_set(err, "checkpoint of step %lld: %s", (long long)s->step, e.msg);
+            return SD_CKPT_NO_MEMORY;
+        }
+        sd_err_set(err, "checkpoint of step %lld into '%s' not written (the previous checkpoint "
+                   "stays the latest): %s", (long long)s->step, dir, e.msg);
         return -1;
     }
-    if (committed)
-        snprintf(committed, committed_size, "%s", w.final_dir);
+    {
+        const float *from[DS_N] = {t->params, t->m, t->v, t->ema};
+        for (int ds = 0; ds < DS_N; ds++) {
+            if (ds == DS_EMA && !s->has_ema)
+                continue;
+            const size_t held_b = ds == DS_PARAMS ? 0 : t->begin;
+            memcpy(a->snap + a->at[ds], from[ds] + (a->w.wb[ds] - held_b),
+                   (a->w.we[ds] - a->w.wb[ds]) * sizeof(float));
+        }
+    }
+    a->t.params = a->t.m = a->t.v = a->t.ema = NULL; /* theirs, changing from now on */
+    free(a->config_text);
+    a->config_text = sd_xstrdup(config_text ? config_text : "");
+    a->keep_last = keep_last;
+    a->verify = verify;
+    a->failed = 0;
+    sd_err_clear(&a->e);
+    memset(a->part, 0, sizeof a->part);
+    atomic_store(&a->done, 0);
+    {
+        sigset_t all, old;
+        sigfillset(&all);
+        SD_CHECK(pthread_sigmask(SIG_SETMASK, &all, &old) == 0, "block signals");
+        const int erc = pthread_create(&a->thread, NULL, async_main, a);
+        SD_CHECK(pthread_sigmask(SIG_SETMASK, &old, NULL) == 0, "restore signals");
+        SD_CHECK(erc == 0, "cannot start the checkpoint writer thread: %s", strerror(erc));
+    }
+    a->thread_running = 1;
+    a->in_flight = 1;
     return 0;
+}
+
+int sd_ckpt_async_reserve(sd_ckpt_async **ap, MPI_Comm comm, const sd_ckpt_tensors *t,
+                          int has_ema, size_t *bytes, sd_err *err)
+{
+    sd_ckpt_async *a = *ap;
+    size_t pb, pe, ob, oe, need;
+    int rank, no_memory;
+    if (!a)
+        a = *ap = sd_xcalloc(1, sizeof *a);
+    SD_CHECK(!a->in_flight, "the background checkpoint's copy reserved while one is in flight");
+    SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    if (own_range(comm, t->n, 0, t->n, &pb, &pe, err) ||
+        own_range(comm, t->n, t->begin, t->end, &ob, &oe, err))
+        return -1;
+    need = (pe - pb) + (2 + (has_ema != 0)) * (oe - ob);
+    *bytes = need * sizeof(float);
+    {
+        /* Test hook: SDTRAIN_TEST_CKPT_NO_MEMORY=R: rank R of comm cannot hold its copy. */
+        const char *nomem = getenv("SDTRAIN_TEST_CKPT_NO_MEMORY");
+        no_memory = nomem && *nomem && atoi(nomem) == rank;
+    }
+    if (!no_memory && need > a->snap_cap) {
+        free(a->snap);
+        a->snap_cap = 0;
+        a->snap = malloc((need ? need : 1) * sizeof(float));
+        if (a->snap) {
+            /* every page touched now, not in the first checkpoint's pause */
+            memset(a->snap, 0, need * sizeof(float));
+            a->snap_cap = need;
+        } else {
+            no_memory = 1;
+        }
+    }
+    sd_err_clear(err);
+    if (no_memory)
+        sd_err_set(err, "rank %d has no room in host memory for its copy of the state (%.1f MiB)",
+                   rank, (double)need * 4.0 / 1048576.0);
+    return sd_agree(comm, no_memory, err) ? SD_CKPT_NO_MEMORY : 0;
+}
+
+int64_t sd_ckpt_async_step(const sd_ckpt_async *a)
+{
+    return a && a->in_flight ? a->s.step : -1;
+}
+
+int sd_ckpt_async_ready(sd_ckpt_async *a, MPI_Comm comm)
+{
+    int ready = !a || !a->in_flight || atomic_load(&a->done);
+    SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ready, 1, MPI_INT, MPI_MIN, comm));
+    return ready;
+}
+
+static void async_join(sd_ckpt_async *a)
+{
+    if (a->thread_running) {
+        SD_CHECK(pthread_join(a->thread, NULL) == 0, "join the checkpoint writer thread");
+        a->thread_running = 0;
+    }
+}
+
+/* Rank 0, before the commit: the datasets' checksum attributes, as sd_ckpt_write leaves them. */
+static int add_checksum_attrs(writer *w, sd_err *e)
+{
+    char h5msg[512];
+    int failed = 0;
+    hid_t f = H5Fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
+    if (f < 0)
+        return sd_err_set(e, "cannot open %s to add its checksums: %s", w->file,
+                          sd_h5_error_string(h5msg, sizeof h5msg));
+    for (int ds = 0; ds < DS_N; ds++) {
+        if (ds == DS_EMA && !w->s->has_ema)
+            continue;
+        hid_t d = H5Dopen2(f, ds_names[ds], H5P_DEFAULT);
+        if (d < 0) {
+            failed = 1;
+            break;
+        }
+        checksum_attrs(d, w->sums[ds]);
+        SD_H5_CHECK(H5Dclose(d));
+    }
+    if (H5Fclose(f) < 0)
+        failed = 1;
+    if (failed)
+        return sd_err_set(e, "cannot add the checksums to %s: %s", w->file,
+                          sd_h5_error_string(h5msg, sizeof h5msg));
+    return sd_fsync_path(w->file, e);
+}
+
+int sd_ckpt_async_finish(sd_ckpt_async *a, char *committed, size_t committed_size,
+                         double *seconds, sd_err *err)
+{
+    writer *w = &a->w;
+    sd_err e;
+    sd_h5_quiet q;
+    int rc;
+    SD_CHECK(a->in_flight, "no checkpoint in flight to finish");
+    async_join(a);
+    a->in_flight = 0;
+    e = a->e;
+    rc = sd_agree(w->comm, a->failed, &e);
+    if (!rc) {
+        SD_MPI_CHECK(MPI_Allreduce(a->part, w->sums, DS_N, MPI_UINT64_T, MPI_SUM, w->comm));
+        w->verified = a->verify != 0;
+        sd_h5_quiet_begin(&q);
+        rc = sd_agree(w->comm, w->rank == 0 && add_checksum_attrs(w, &e) != 0, &e);
+        sd_h5_quiet_end(&q);
+    }
+    if (seconds) {
+        *seconds = a->seconds;
+        SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, w->comm));
+    }
+    return writer_end(w, rc, &e, a->config_text, a->keep_last, committed, committed_size, err);
+}
+
+void sd_ckpt_async_free(sd_ckpt_async *a)
+{
+    if (!a)
+        return;
+    async_join(a);
+    free(a->snap);
+    free(a->config_text);
+    free(a);
 }
 
 /* ---- resolving what to resume --------------------------------------------------------------- */
