@@ -72,21 +72,26 @@ void sd_ckpt_dir_name(int64_t step, char *buf, size_t size);
 uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count);
 
 /* ---- writing (collective over comm) ----------------------------------------------------------
- * Writes the checkpoint of s->step into dir (created if missing): every rank writes its part of
- * <dir>/.step-K.tmp/state.h5 (parallel HDF5, collective), closes and fsyncs it; rank 0 then
- * writes manifest.json (scalars, parameter table, checksums, config_text) into the temporary
- * directory, renames it to <dir>/step-K (an older step-K that `latest` does not name, left by a
- * crash between rename and pointer update, is replaced), writes <dir>/latest (temporary file +
- * rename + directory fsync) and, with keep_last > 0, deletes the oldest complete checkpoints
- * beyond keep_last (never the one `latest` names). On success every rank gets the committed
- * directory in `committed` (may be NULL). Failures: every rank returns -1 with one message and
- * the previous checkpoint stays `latest`. verify != 0: before the commit every rank reads back
- * the parts it wrote (past the page cache where the kernel allows) and the checksums of the data
- * read must equal those written; otherwise the checkpoint is not committed (a failure as above).
- * Fault points (SDTRAIN_FAULT, world rank, step = K): "ckpt-write" kills a rank after its first
- * data is written (kill) or changes a bit of its data on disk after the sync (flip),
- * "ckpt-commit" kills after the rename and before `latest` is updated. The caller holds the
- * loader's HDF5 lock when a loader is open. */
+ * Writes the checkpoint of s->step into dir (created if missing): rank 0 creates
+ * <dir>/.step-K.tmp/state.h5 alone (HDF5, the datasets allocated at known offsets, no data;
+ * sd_h5_create_local: &run io_hints apply), every rank writes its parts there with pwrite and
+ * fsyncs; rank 0 then adds the summed checksums as attributes, writes manifest.json (scalars,
+ * parameter table, checksums, config_text) into the temporary directory, renames it to
+ * <dir>/step-K (an older step-K that `latest` does not name, left by a crash between rename and
+ * pointer update, is replaced), writes <dir>/latest (temporary file + rename + directory fsync)
+ * and, with keep_last > 0, deletes the oldest complete checkpoints beyond keep_last (never the
+ * one `latest` names). On success every rank gets the committed directory in `committed` (may
+ * be NULL). Failures (a storage error under any rank's writes included: no rank waits in
+ * another's HDF5 call): every rank returns -1 with one message, the temporary directory is
+ * removed and the previous checkpoint stays `latest`; only a failure of the metadata rank 0's
+ * HDF5 writes when it closes the new file ends the job (HDF5 cannot let go of that file).
+ * verify != 0: before the commit every rank reads back the parts it wrote (past the page cache
+ * where the kernel allows) and the checksums of the data read must equal those written;
+ * otherwise the checkpoint is not committed (a failure as above). Fault points (SDTRAIN_FAULT,
+ * world rank, step = K): "ckpt-write" kills a rank after its first data is written (kill) or
+ * changes a bit of its data on disk after the sync (flip), "ckpt-commit" kills after the rename
+ * and before `latest` is updated. The caller holds the loader's HDF5 lock when a loader is
+ * open. */
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
                   const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
                   int verify, char *committed, size_t committed_size, sd_err *err);

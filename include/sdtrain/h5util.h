@@ -33,6 +33,13 @@ double sd_h5_alignment_slack(double object_bytes, double n_objects);
  * without a hang: that ends the job (MPI_Abort) with a message. */
 hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e);
 
+/* Creates (truncates) `path` on this rank alone with HDF5's POSIX driver and &run io_alignment;
+ * with &run io_hints the file is first made through MPI-IO on MPI_COMM_SELF with them (Lustre
+ * and GPFS set a file's layout when it is made; HDF5's truncation keeps it), the first such file
+ * of the process reporting the hints as sd_h5_create_parallel does. A storage error then fails
+ * this rank's calls alone, which no other rank waits in. Returns the file, or -1 with `e`. */
+hid_t sd_h5_create_local(const char *path, sd_err *e);
+
 /* Collective over comm, after a round of collective writes to a parallel HDF5 file: returns when
  * no rank's `failed` is set. When one is (its message in e), parallel HDF5's internal collectives
  * may be out of step between the ranks: after a full disk (ENOSPC), H5Fclose waits forever, each

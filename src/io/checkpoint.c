@@ -1,5 +1,6 @@
-/* Training checkpoints: the collective parallel-HDF5 writer with its commit protocol (temporary
- * directory, rename, `latest` pointer, keep_last), resume resolution, the verified loader, the
+/* Training checkpoints: the writer (rank 0 makes the HDF5 file's structure, every rank pwrites
+ * its parts, at once or on a thread of its own) with its commit protocol (temporary directory,
+ * rename, `latest` pointer, keep_last), resume resolution, the verified loader, the
  * configuration comparison and the signal flag (format: doc/checkpoints.md). */
 #include "sdtrain/checkpoint.h"
 
@@ -35,9 +36,6 @@
 #error "checkpoints need a parallel HDF5 build (H5_HAVE_PARALLEL)"
 #endif
 
-/* Floats a rank writes per collective H5Dwrite (128 MiB): keeps every MPI-IO request far below
- * the 2 GiB count limits whatever the model size. */
-#define ROUND_FLOATS ((size_t)32 << 20)
 #define PATH_SIZE 4200
 
 enum { DS_PARAMS = 0, DS_M, DS_V, DS_EMA, DS_N };
@@ -161,7 +159,7 @@ typedef struct writer {
     const sd_ckpt_scalars *s;
     const sd_ckpt_tensors *t;
     char dir[PATH_SIZE], name[64], tmp_dir[PATH_SIZE], final_dir[PATH_SIZE], file[PATH_SIZE];
-    hid_t h5, dxpl;
+    hid_t h5;
     uint64_t sums[DS_N];
     size_t wb[DS_N], we[DS_N]; /* the part of each dataset this rank wrote */
     int verified;              /* read back and checked before the commit (&checkpoint verify) */
@@ -206,99 +204,6 @@ static void file_attrs(writer *w)
     attr_i64(w->h5, "step", w->s->step);
     attr_i64(w->h5, "opt_step", w->s->opt_step);
     attr_str(w->h5, "creator", creator);
-}
-
-static int write_dataset(writer *w, int ds, const float *buf, size_t have_b, size_t wb,
-                         size_t we, sd_err *e)
-{
-    const size_t n = w->t->n;
-    hsize_t dims[1] = {n}, start[1], count[1];
-    hid_t space, d;
-    uint64_t len = we - wb, max_len, part;
-    int failed = 0;
-    SD_H5_CHECK(space = H5Screate_simple(1, dims, NULL));
-    d = create_dataset(w, ds, space, wb, we);
-    SD_MPI_CHECK(MPI_Allreduce(&len, &max_len, 1, MPI_UINT64_T, MPI_MAX, w->comm));
-    for (uint64_t r = 0; r * ROUND_FLOATS < max_len; r++) {
-        size_t lo = wb + (size_t)r * ROUND_FLOATS;
-        size_t cnt = lo < we ? (we - lo < ROUND_FLOATS ? we - lo : ROUND_FLOATS) : 0;
-        static const float dummy[1];
-        hid_t fspace, mspace;
-        herr_t rc;
-        count[0] = cnt ? cnt : 1;
-        SD_H5_CHECK(fspace = H5Scopy(space));
-        SD_H5_CHECK(mspace = H5Screate_simple(1, count, NULL));
-        if (cnt) {
-            start[0] = lo;
-            SD_H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL));
-        } else {
-            SD_H5_CHECK(H5Sselect_none(fspace));
-            SD_H5_CHECK(H5Sselect_none(mspace));
-        }
-        rc = H5Dwrite(d, H5T_NATIVE_FLOAT, mspace, fspace, w->dxpl,
-                      cnt ? (const void *)(buf + (lo - have_b)) : (const void *)dummy);
-        if (rc < 0 && !failed) {
-            char h5msg[512];
-            sd_h5_error_string(h5msg, sizeof h5msg);
-            sd_err_set(e, "writing dataset '%s' of %s failed on rank %d: %s", ds_names[ds],
-                       w->file, w->rank, h5msg);
-            failed = 1;
-        }
-        SD_H5_CHECK(H5Sclose(mspace));
-        SD_H5_CHECK(H5Sclose(fspace));
-        /* a node failure in the middle of a checkpoint: the temporary file holds part of it */
-        if (ds == DS_PARAMS && r == 0 &&
-            sd_fault_armed(SD_FAULT_KILL, w->world_rank, w->s->step, "ckpt-write"))
-            fault_kill("ckpt-write", w->s->step);
-    }
-    part = sd_ckpt_checksum(buf + (wb - have_b), wb, we - wb);
-    SD_MPI_CHECK(MPI_Allreduce(&part, &w->sums[ds], 1, MPI_UINT64_T, MPI_SUM, w->comm));
-    checksum_attrs(d, w->sums[ds]);
-    SD_H5_CHECK(H5Dclose(d));
-    SD_H5_CHECK(H5Sclose(space));
-    return failed ? -1 : 0;
-}
-
-static int write_state_file(writer *w, sd_err *e)
-{
-    const sd_ckpt_tensors *t = w->t;
-    const float *bufs[DS_N] = {t->params, t->m, t->v, t->ema};
-    size_t pb, pe, ob, oe;
-    int failed = 0;
-
-    if (own_range(w->comm, t->n, 0, t->n, &pb, &pe, e) ||
-        own_range(w->comm, t->n, t->begin, t->end, &ob, &oe, e))
-        return -1; /* the same on every rank */
-
-    w->h5 = sd_h5_create_parallel(w->file, w->comm, e);
-    if (w->h5 < 0)
-        return sd_agree(w->comm, 1, e);
-
-    file_attrs(w);
-    SD_H5_CHECK(w->dxpl = H5Pcreate(H5P_DATASET_XFER));
-    SD_H5_CHECK(H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_COLLECTIVE));
-    for (int ds = 0; ds < DS_N; ds++) {
-        if (ds == DS_EMA && !w->s->has_ema)
-            continue;
-        if (ds == DS_PARAMS)
-            failed |= write_dataset(w, ds, bufs[ds], 0, pb, pe, e) != 0;
-        else
-            failed |= write_dataset(w, ds, bufs[ds], t->begin, ob, oe, e) != 0;
-        /* a failed write (a full disk) cannot be followed by more collective HDF5 calls */
-        sd_h5_end_job_if_write_failed(w->comm, failed, e, w->file,
-                                      "the checkpoints committed before are intact");
-    }
-    SD_H5_CHECK(H5Pclose(w->dxpl));
-    if (H5Fclose(w->h5) < 0 && !failed) {
-        char h5msg[512];
-        sd_err_set(e, "closing '%s' failed on rank %d: %s", w->file, w->rank,
-                   sd_h5_error_string(h5msg, sizeof h5msg));
-        failed = 1;
-    }
-    /* every rank flushes the pages it wrote before rank 0 commits */
-    if (!failed && sd_fsync_path(w->file, e))
-        failed = 1;
-    return sd_agree(w->comm, failed, e);
 }
 
 static json_object *manifest_json(const writer *w)
@@ -571,49 +476,6 @@ static void fault_flip(const writer *w)
     }
 }
 
-/* &checkpoint verify: every rank reads back the parts it wrote and the checksums of what the
- * file system returns must equal those of the data written. The read goes past the page cache
- * where the kernel allows it (POSIX_FADV_DONTNEED on the synced file), so it sees what the
- * storage holds. Collective; a read error or a mismatch is the same verdict on every rank, and
- * the checkpoint is then not committed. */
-static int read_back(writer *w, sd_err *e)
-{
-    uint64_t part[DS_N] = {0}, sum[DS_N];
-    int failed = 0, fd;
-    char h5msg[512];
-    hid_t f;
-    fd = open(w->file, O_RDONLY);
-    if (fd >= 0) {
-        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
-    }
-    f = H5Fopen(w->file, H5F_ACC_RDONLY, H5P_DEFAULT); /* on this rank alone (sec2) */
-    if (f < 0) {
-        failed = sd_err_set(e, "cannot open %s to read it back on rank %d: %s", w->file, w->rank,
-                            sd_h5_error_string(h5msg, sizeof h5msg)) != 0;
-    } else {
-        for (int ds = 0; ds < DS_N && !failed; ds++)
-            if (ds != DS_EMA || w->s->has_ema)
-                failed = checksum_range(f, w->file, ds, w->t->n, w->wb[ds], w->we[ds], &part[ds],
-                                        e) != 0;
-        if (H5Fclose(f) < 0 && !failed)
-            failed = sd_err_set(e, "cannot close %s after reading it back", w->file) != 0;
-    }
-    if (sd_agree(w->comm, failed, e))
-        return -1;
-    SD_MPI_CHECK(MPI_Allreduce(part, sum, DS_N, MPI_UINT64_T, MPI_SUM, w->comm));
-    for (int ds = 0; ds < DS_N; ds++) {
-        if (ds == DS_EMA && !w->s->has_ema)
-            continue;
-        if (sum[ds] != w->sums[ds])
-            return sd_err_set(e, "read back, dataset '%s' of %s has checksum %016llx, the data "
-                              "written %016llx: the file system returned other data than was "
-                              "written", ds_names[ds], w->file, (unsigned long long)sum[ds],
-                              (unsigned long long)w->sums[ds]);
-    }
-    return 0;
-}
-
 /* A checkpoint that would fill the file system is not started: a collective write that fails
  * half-way cannot be cleaned up and ends the job (sd_h5_end_job_if_write_failed), while this
  * refusal leaves a periodic checkpoint to be skipped. The file holds (3 + EMA) fp32 copies of
@@ -702,7 +564,7 @@ static int writer_begin(writer *w, MPI_Comm comm, const char *dir, const sd_ckpt
     w->comm = comm;
     w->s = s;
     w->t = t;
-    w->h5 = w->dxpl = -1;
+    w->h5 = -1;
     SD_MPI_CHECK(MPI_Comm_rank(comm, &w->rank));
     SD_MPI_CHECK(MPI_Comm_size(comm, &w->size));
     SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w->world_rank));
@@ -724,38 +586,6 @@ static int writer_begin(writer *w, MPI_Comm comm, const char *dir, const sd_ckpt
         return -1;
     }
     return 0;
-}
-
-int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
-                  const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
-                  int verify, char *committed, size_t committed_size, sd_err *err)
-{
-    writer w;
-    sd_err e;
-    sd_h5_quiet q;
-    int rc;
-    sd_err_clear(&e);
-
-    /* 1. Rank 0 prepares an empty temporary directory, where there is room for the file. */
-    if (writer_begin(&w, comm, dir, s, t, err))
-        return -1;
-
-    /* 2. Every rank writes its parts; 3. rank 0 commits. */
-    sd_h5_quiet_begin(&q);
-    rc = write_state_file(&w, &e);
-    if (!rc && sd_fault_armed(SD_FAULT_FLIP, w.world_rank, s->step, "ckpt-write"))
-        fault_flip(&w);
-    /* Without the read-back nothing orders the flip before rank 0's commit, which renames the
-     * directory (a CI run once had the flip find no file). Every rank reads the same
-     * SDTRAIN_FAULT, so they all take this barrier or none does. */
-    if (!rc && !verify && sd_fault_armed_any_rank(SD_FAULT_FLIP, s->step, "ckpt-write"))
-        SD_MPI_CHECK(MPI_Barrier(comm));
-    if (!rc && verify) {
-        rc = read_back(&w, &e);
-        w.verified = rc == 0;
-    }
-    sd_h5_quiet_end(&q);
-    return writer_end(&w, rc, &e, config_text, keep_last, committed, committed_size, err);
 }
 
 /* ---- writing in the background (&checkpoint async) ----------------------------------------- */
@@ -803,7 +633,7 @@ static int create_state_file(writer *w, sd_err *e)
     }
     if (w->rank == 0) {
         hid_t space;
-        w->h5 = sd_h5_create_parallel(w->file, MPI_COMM_SELF, e);
+        w->h5 = sd_h5_create_local(w->file, e);
         failed = w->h5 < 0;
         if (!failed) {
             file_attrs(w);
@@ -818,10 +648,18 @@ static int create_state_file(writer *w, sd_err *e)
                                         ds_names[ds], w->file) != 0;
             }
             SD_H5_CHECK(H5Sclose(space));
-            if (H5Fclose(w->h5) < 0 && !failed) {
+            if (H5Fclose(w->h5) < 0) {
+                /* the metadata's writes failed (a storage error): HDF5 keeps a file it cannot
+                 * close, tries again at exit and crashes there; the job ends here instead, with
+                 * the reason (a failed H5Fcreate, above, is a plain failure) */
                 char h5msg[512];
-                failed = sd_err_set(e, "creating '%s' failed: %s", w->file,
-                                    sd_h5_error_string(h5msg, sizeof h5msg)) != 0;
+                fprintf(stderr, "sdtrain: creating '%s' failed: %s; ending the job (HDF5 cannot "
+                        "let go of a file whose metadata it could not write); the checkpoints "
+                        "committed before are intact\n", w->file,
+                        sd_h5_error_string(h5msg, sizeof h5msg));
+                fflush(stdout);
+                fflush(stderr);
+                sd_abort(SD_EXIT_FAILURE);
             }
             w->h5 = -1;
         }
@@ -858,15 +696,142 @@ static int io_all(int fd, void *buf, size_t bytes, off_t at, int writing)
     return 0;
 }
 
-/* The thread: this rank's parts from the snapshot into the state file at their offsets (plain
- * pwrite: no MPI, no HDF5 here), synced; with verify read back past the page cache and their
- * checksums compared with those of the data written. */
+/* This rank's parts (src[ds]: the floats [w->wb[ds], w->we[ds]) of dataset ds) into the state
+ * file at their offsets, with plain pwrite in 64 MiB pieces (no MPI, no HDF5: safe on a thread
+ * of its own, and a storage error fails this rank alone, never a collective call half-way),
+ * fsync'ed on the descriptor that wrote them; part[ds] := their checksums. With verify they are
+ * read back past the page cache (POSIX_FADV_DONTNEED on the synced file) and the checksum of
+ * what comes back must be the same. Local; 0, or -1 with e set. */
+static int write_parts(writer *w, const float *const src[DS_N], int verify, uint64_t part[DS_N],
+                       sd_err *e)
+{
+    const size_t block = (size_t)16 << 20; /* floats */
+    const int64_t step = w->s->step;
+    int failed = 0;
+    int fd = open(w->file, O_WRONLY | O_CLOEXEC);
+    memset(part, 0, DS_N * sizeof *part);
+    if (fd < 0)
+        return sd_err_errno(e, errno, "cannot open '%s' to write rank %d's part", w->file, w->rank);
+    for (int ds = 0; ds < DS_N && !failed; ds++) {
+        if (ds == DS_EMA && !w->s->has_ema)
+            continue;
+        const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
+        part[ds] = sd_ckpt_checksum(src[ds], wb, len);
+        for (size_t off = 0; off < len && !failed; off += block) {
+            const size_t cnt = len - off < block ? len - off : block;
+            if (io_all(fd, (void *)(src[ds] + off), cnt * sizeof(float),
+                       (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 1))
+                failed = sd_err_errno(e, errno ? errno : EIO, "writing dataset '%s' of %s failed "
+                                      "on rank %d", ds_names[ds], w->file, w->rank) != 0;
+            /* a node failure in the middle of a checkpoint: the temporary file holds part of it */
+            if (ds == DS_PARAMS && off == 0 &&
+                sd_fault_armed(SD_FAULT_KILL, w->world_rank, step, "ckpt-write"))
+                fault_kill("ckpt-write", step);
+        }
+    }
+    if (!failed && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+        failed = sd_err_errno(e, errno, "cannot sync '%s'", w->file) != 0;
+    if (close(fd) != 0 && !failed)
+        failed = sd_err_errno(e, errno, "cannot close '%s'", w->file) != 0;
+    if (failed)
+        return -1;
+    /* a storage fault the writer cannot see: a bit changed on disk after the sync */
+    if (sd_fault_armed(SD_FAULT_FLIP, w->world_rank, step, "ckpt-write"))
+        fault_flip(w);
+    if (!verify)
+        return 0;
+    float *buf = sd_xmalloc(block * sizeof *buf);
+    fd = open(w->file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        failed = sd_err_errno(e, errno, "cannot open %s to read it back on rank %d", w->file,
+                              w->rank) != 0;
+    else
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    for (int ds = 0; ds < DS_N && !failed; ds++) {
+        if (ds == DS_EMA && !w->s->has_ema)
+            continue;
+        const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
+        uint64_t sum = 0;
+        for (size_t off = 0; off < len && !failed; off += block) {
+            const size_t cnt = len - off < block ? len - off : block;
+            if (io_all(fd, buf, cnt * sizeof(float),
+                       (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 0)) {
+                if (errno)
+                    failed = sd_err_errno(e, errno, "reading back dataset '%s' of %s failed on "
+                                          "rank %d", ds_names[ds], w->file, w->rank) != 0;
+                else
+                    failed = sd_err_set(e, "reading back dataset '%s' of %s failed on rank %d: "
+                                        "the file ends early", ds_names[ds], w->file,
+                                        w->rank) != 0;
+            } else {
+                sum += sd_ckpt_checksum(buf, wb + off, cnt);
+            }
+        }
+        if (!failed && sum != part[ds])
+            failed = sd_err_set(e, "read back, rank %d's part of dataset '%s' of %s has checksum "
+                                "%016llx, the data written %016llx: the file system returned "
+                                "other data than was written", w->rank, ds_names[ds], w->file,
+                                (unsigned long long)sum, (unsigned long long)part[ds]) != 0;
+    }
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return failed ? -1 : 0;
+}
+
+/* Rank 0, before the commit: the datasets' checksum attributes. */
+static int add_checksum_attrs(writer *w, sd_err *e)
+{
+    char h5msg[512];
+    int failed = 0;
+    hid_t f = H5Fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
+    if (f < 0)
+        return sd_err_set(e, "cannot open %s to add its checksums: %s", w->file,
+                          sd_h5_error_string(h5msg, sizeof h5msg));
+    for (int ds = 0; ds < DS_N; ds++) {
+        if (ds == DS_EMA && !w->s->has_ema)
+            continue;
+        hid_t d = H5Dopen2(f, ds_names[ds], H5P_DEFAULT);
+        if (d < 0) {
+            failed = 1;
+            break;
+        }
+        checksum_attrs(d, w->sums[ds]);
+        SD_H5_CHECK(H5Dclose(d));
+    }
+    if (H5Fclose(f) < 0)
+        failed = 1;
+    if (failed)
+        return sd_err_set(e, "cannot add the checksums to %s: %s", w->file,
+                          sd_h5_error_string(h5msg, sizeof h5msg));
+    return sd_fsync_path(w->file, e);
+}
+
+/* Collective, after every rank's write_parts (failed, e: this rank's verdict; part: its
+ * checksums): the ranks agree, the checksums are summed, rank 0 adds them to the file and
+ * commits (writer_end). */
+static int finish_write(writer *w, int failed, sd_err *e, const uint64_t part[DS_N], int verify,
+                        const char *config_text, int64_t keep_last, char *committed,
+                        size_t committed_size, sd_err *err)
+{
+    sd_h5_quiet q;
+    int rc = sd_agree(w->comm, failed, e);
+    if (!rc) {
+        SD_MPI_CHECK(MPI_Allreduce(part, w->sums, DS_N, MPI_UINT64_T, MPI_SUM, w->comm));
+        w->verified = verify != 0;
+        sd_h5_quiet_begin(&q);
+        rc = sd_agree(w->comm, w->rank == 0 && add_checksum_attrs(w, e) != 0, e);
+        sd_h5_quiet_end(&q);
+    }
+    return writer_end(w, rc, e, config_text, keep_last, committed, committed_size, err);
+}
+
+/* The background writer's thread. */
 static void *async_main(void *arg)
 {
     sd_ckpt_async *a = arg;
-    writer *w = &a->w;
     const double t0 = sd_time_now();
-    const size_t block = (size_t)16 << 20; /* floats a write or read: 64 MiB */
+    const float *src[DS_N];
     /* Test hook: SDTRAIN_TEST_CKPT_DELAY_MS=N: the writer starts N ms late (a slow file system),
      * so that steps, signals and the next checkpoint meet it in flight. */
     const char *delay = getenv("SDTRAIN_TEST_CKPT_DELAY_MS");
@@ -876,74 +841,9 @@ static void *async_main(void *arg)
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
     }
-    int fd = open(w->file, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        a->failed = sd_err_set_storage(&a->e, "cannot open %s to write rank %d's part: %s",
-                                       w->file, w->rank, strerror(errno)) != 0;
-    for (int ds = 0; ds < DS_N && !a->failed; ds++) {
-        if (ds == DS_EMA && !a->s.has_ema)
-            continue;
-        const float *src = a->snap + a->at[ds];
-        const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
-        a->part[ds] = sd_ckpt_checksum(src, wb, len);
-        for (size_t off = 0; off < len && !a->failed; off += block) {
-            const size_t cnt = len - off < block ? len - off : block;
-            if (io_all(fd, (void *)(src + off), cnt * sizeof(float),
-                       (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 1))
-                a->failed = sd_err_set_storage(&a->e, "writing dataset '%s' of %s failed on rank "
-                                               "%d: %s", ds_names[ds], w->file, w->rank,
-                                               strerror(errno)) != 0;
-            /* a node failure in the middle of a checkpoint: the temporary file holds part of it */
-            if (ds == DS_PARAMS && off == 0 &&
-                sd_fault_armed(SD_FAULT_KILL, w->world_rank, a->s.step, "ckpt-write"))
-                fault_kill("ckpt-write", a->s.step);
-        }
-    }
-    if (fd >= 0) {
-        if (!a->failed && fsync(fd) != 0)
-            a->failed = sd_err_set_storage(&a->e, "fsync of %s failed on rank %d: %s", w->file,
-                                           w->rank, strerror(errno)) != 0;
-        if (close(fd) != 0 && !a->failed)
-            a->failed = sd_err_set_storage(&a->e, "closing %s failed on rank %d: %s", w->file,
-                                           w->rank, strerror(errno)) != 0;
-    }
-    if (!a->failed && sd_fault_armed(SD_FAULT_FLIP, w->world_rank, a->s.step, "ckpt-write"))
-        fault_flip(w);
-    if (!a->failed && a->verify) {
-        float *buf = sd_xmalloc(block * sizeof *buf);
-        fd = open(w->file, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            a->failed = sd_err_set_storage(&a->e, "cannot open %s to read it back on rank %d: %s",
-                                           w->file, w->rank, strerror(errno)) != 0;
-        else
-            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        for (int ds = 0; ds < DS_N && !a->failed; ds++) {
-            if (ds == DS_EMA && !a->s.has_ema)
-                continue;
-            const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
-            uint64_t sum = 0;
-            for (size_t off = 0; off < len && !a->failed; off += block) {
-                const size_t cnt = len - off < block ? len - off : block;
-                if (io_all(fd, buf, cnt * sizeof(float),
-                           (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 0))
-                    a->failed = sd_err_set_storage(&a->e, "reading back dataset '%s' of %s failed "
-                                                   "on rank %d: %s", ds_names[ds], w->file,
-                                                   w->rank, errno ? strerror(errno)
-                                                                  : "the file ends early") != 0;
-                else
-                    sum += sd_ckpt_checksum(buf, wb + off, cnt);
-            }
-            if (!a->failed && sum != a->part[ds])
-                a->failed = sd_err_set(&a->e, "read back, rank %d's part of dataset '%s' of %s "
-                                       "has checksum %016llx, the data written %016llx: the file "
-                                       "system returned other data than was written", w->rank,
-                                       ds_names[ds], w->file, (unsigned long long)sum,
-                                       (unsigned long long)a->part[ds]) != 0;
-        }
-        if (fd >= 0)
-            close(fd);
-        free(buf);
-    }
+    for (int ds = 0; ds < DS_N; ds++)
+        src[ds] = a->snap + a->at[ds];
+    a->failed = write_parts(&a->w, src, a->verify, a->part, &a->e) != 0;
     a->seconds = sd_time_now() - t0;
     atomic_store(&a->done, 1);
     return NULL;
@@ -1099,58 +999,51 @@ static void async_join(sd_ckpt_async *a)
     }
 }
 
-/* Rank 0, before the commit: the datasets' checksum attributes, as sd_ckpt_write leaves them. */
-static int add_checksum_attrs(writer *w, sd_err *e)
-{
-    char h5msg[512];
-    int failed = 0;
-    hid_t f = H5Fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
-    if (f < 0)
-        return sd_err_set(e, "cannot open %s to add its checksums: %s", w->file,
-                          sd_h5_error_string(h5msg, sizeof h5msg));
-    for (int ds = 0; ds < DS_N; ds++) {
-        if (ds == DS_EMA && !w->s->has_ema)
-            continue;
-        hid_t d = H5Dopen2(f, ds_names[ds], H5P_DEFAULT);
-        if (d < 0) {
-            failed = 1;
-            break;
-        }
-        checksum_attrs(d, w->sums[ds]);
-        SD_H5_CHECK(H5Dclose(d));
-    }
-    if (H5Fclose(f) < 0)
-        failed = 1;
-    if (failed)
-        return sd_err_set(e, "cannot add the checksums to %s: %s", w->file,
-                          sd_h5_error_string(h5msg, sizeof h5msg));
-    return sd_fsync_path(w->file, e);
-}
-
 int sd_ckpt_async_finish(sd_ckpt_async *a, char *committed, size_t committed_size,
                          double *seconds, sd_err *err)
 {
-    writer *w = &a->w;
     sd_err e;
-    sd_h5_quiet q;
-    int rc;
     SD_CHECK(a->in_flight, "no checkpoint in flight to finish");
     async_join(a);
     a->in_flight = 0;
     e = a->e;
-    rc = sd_agree(w->comm, a->failed, &e);
-    if (!rc) {
-        SD_MPI_CHECK(MPI_Allreduce(a->part, w->sums, DS_N, MPI_UINT64_T, MPI_SUM, w->comm));
-        w->verified = a->verify != 0;
-        sd_h5_quiet_begin(&q);
-        rc = sd_agree(w->comm, w->rank == 0 && add_checksum_attrs(w, &e) != 0, &e);
-        sd_h5_quiet_end(&q);
-    }
     if (seconds) {
         *seconds = a->seconds;
-        SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, w->comm));
+        SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, a->w.comm));
     }
-    return writer_end(w, rc, &e, a->config_text, a->keep_last, committed, committed_size, err);
+    return finish_write(&a->w, a->failed, &e, a->part, a->verify, a->config_text, a->keep_last,
+                        committed, committed_size, err);
+}
+
+/* ---- writing at once ---------------------------------------------------------------------- */
+
+int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
+                  const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
+                  int verify, char *committed, size_t committed_size, sd_err *err)
+{
+    writer w;
+    sd_err e;
+    sd_h5_quiet q;
+    uint64_t part[DS_N] = {0};
+    int failed;
+    sd_err_clear(&e);
+    /* 1. rank 0 prepares an empty temporary directory, where there is room for the file, and
+     * creates the file's structure there */
+    if (writer_begin(&w, comm, dir, s, t, err))
+        return -1;
+    sd_h5_quiet_begin(&q);
+    failed = create_state_file(&w, &e);
+    sd_h5_quiet_end(&q);
+    if (failed)
+        return writer_end(&w, -1, &e, config_text, keep_last, committed, committed_size, err);
+    /* 2. every rank writes its parts from the caller's buffers, syncs, reads them back */
+    const float *src[DS_N] = {t->params + w.wb[DS_PARAMS], t->m + (w.wb[DS_M] - t->begin),
+                              t->v + (w.wb[DS_V] - t->begin),
+                              t->ema ? t->ema + (w.wb[DS_EMA] - t->begin) : NULL};
+    failed = write_parts(&w, src, verify, part, &e) != 0;
+    /* 3. rank 0 commits */
+    return finish_write(&w, failed, &e, part, verify, config_text, keep_last, committed,
+                        committed_size, err);
 }
 
 void sd_ckpt_async_free(sd_ckpt_async *a)

@@ -51,15 +51,10 @@ double sd_h5_alignment_slack(double object_bytes, double n_objects)
 /* Rank 0 of the first file's communicator: each hint with what the opened file reports for it
  * (MPI_File_get_info). What a hint does is up to the MPI-IO layer and the file system: an
  * implementation may report a hint it does not act on, or drop one it does not know. */
-static void report_hints(hid_t file)
+static void report_hints_info(MPI_Info info) /* frees info */
 {
-    void *handle = NULL;
-    MPI_Info info = MPI_INFO_NULL;
     char line[4096] = "", *value = sd_xmalloc(MPI_MAX_INFO_VAL + 1);
     size_t len = 0;
-    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || !handle ||
-        MPI_File_get_info(*(MPI_File *)handle, &info) != MPI_SUCCESS)
-        info = MPI_INFO_NULL;
     for (int i = 0; i < file_options.n_hints && len < sizeof line - 1; i++) {
         const sd_io_hint *h = &file_options.hints[i];
         int flag = 0;
@@ -74,6 +69,16 @@ static void report_hints(hid_t file)
         MPI_Info_free(&info);
     free(value);
     sd_info("parallel HDF5 files: io_hints %s", line);
+}
+
+static void report_hints(hid_t file)
+{
+    void *handle = NULL;
+    MPI_Info info = MPI_INFO_NULL;
+    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || !handle ||
+        MPI_File_get_info(*(MPI_File *)handle, &info) != MPI_SUCCESS)
+        info = MPI_INFO_NULL;
+    report_hints_info(info);
 }
 
 hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e)
@@ -117,6 +122,48 @@ hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e)
             report_hints(file);
     }
     return created ? file : -1;
+}
+
+hid_t sd_h5_create_local(const char *path, sd_err *e)
+{
+    hid_t fapl, file;
+    if (file_options.n_hints > 0) {
+        /* the hints act where the file is made (Lustre sets a file's stripes at its creation):
+         * made through MPI-IO with them; HDF5 then truncates it, which keeps its layout */
+        MPI_Info info;
+        MPI_File fh;
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0, rc;
+        SD_MPI_CHECK(MPI_Info_create(&info));
+        for (int i = 0; i < file_options.n_hints; i++)
+            SD_MPI_CHECK(MPI_Info_set(info, file_options.hints[i].key, file_options.hints[i].value));
+        rc = MPI_File_open(MPI_COMM_SELF, path, MPI_MODE_CREATE | MPI_MODE_WRONLY, info, &fh);
+        SD_MPI_CHECK(MPI_Info_free(&info));
+        if (rc != MPI_SUCCESS) {
+            if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+                snprintf(msg, sizeof msg, "MPI error %d", rc);
+            return sd_err_set(e, "cannot create '%s' (MPI-IO, with &run io_hints): %s", path, msg);
+        }
+        if (!file_options.reported) {
+            MPI_Info got = MPI_INFO_NULL;
+            file_options.reported = 1;
+            if (MPI_File_get_info(fh, &got) == MPI_SUCCESS)
+                report_hints_info(got);
+        }
+        MPI_File_close(&fh);
+    }
+    SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
+    SD_H5_CHECK(H5Pset_fapl_sec2(fapl));
+    if (file_options.alignment > 1)
+        SD_H5_CHECK(H5Pset_alignment(fapl, (hsize_t)file_options.alignment,
+                                     (hsize_t)file_options.alignment));
+    file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (file < 0) {
+        char h5msg[512];
+        sd_err_set(e, "cannot create '%s': %s", path, sd_h5_error_string(h5msg, sizeof h5msg));
+    }
+    SD_H5_CHECK(H5Pclose(fapl));
+    return file < 0 ? -1 : file;
 }
 
 void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const char *path,

@@ -336,7 +336,7 @@ train_nml vflip 4 none ", keep_last = 1"
 SDTRAIN_FAULT=flip:rank=1:phase=ckpt-write:step=8 mpi vflip 2 "$SDTRAIN" "$TMP/vflip.nml"
 expect_rc vflip 0
 expect_in vflip err "SDTRAIN_FAULT: flipped a bit of dataset 'params'"
-expect_in vflip err "checkpoint of step 8 into '$TMP/vflip/checkpoints' failed (the previous checkpoint stays the latest): read back, dataset 'params' of $TMP/vflip/checkpoints/.step-00000008.tmp/state.h5 has checksum"
+expect_in vflip err "checkpoint of step 8 into '$TMP/vflip/checkpoints' failed (the previous checkpoint stays the latest): read back, rank 1's part of dataset 'params' of $TMP/vflip/checkpoints/.step-00000008.tmp/state.h5 has checksum"
 expect_in vflip out "step 4: checkpoint written to $TMP/vflip/checkpoints/step-00000004"
 expect_in vflip out "read back and verified"
 [ ! -e "$TMP/vflip/checkpoints/step-00000008" ] && [ ! -e "$TMP/vflip/checkpoints/.step-00000008.tmp" ] ||

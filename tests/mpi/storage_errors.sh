@@ -25,10 +25,13 @@ ck="$TMP/run/checkpoints/step-00000008"
 # resume the finished run of 8 steps to 12: the checkpoint of step 8 is read
 sed -i 's/max_steps = 8/max_steps = 12/' "$TMP/run.nml"
 
-# where HDF5 keeps things in the state file: the data of 'params', the object header of 'adam_m'
+# where HDF5 keeps things in the state file: the data of 'params' (its bytes only: the datasets'
+# attributes, added at the commit, lie after the data), the object header of 'adam_m'
 data_at=$(h5ls -va "$ck/state.h5/params" | sed -n 's/.*Address: *\([0-9][0-9]*\).*/\1/p' | head -1)
+data_bytes=$(h5ls -va "$ck/state.h5/params" | sed -n 's/.*Storage: *\([0-9][0-9]*\) logical bytes.*/\1/p' | head -1)
 m_header=$(h5ls -v "$ck/state.h5/adam_m" | sed -n 's/.*Location: *[0-9]*:\([0-9][0-9]*\).*/\1/p' | head -1)
-[ -n "$data_at" ] && [ -n "$m_header" ] || fail "h5ls gave no addresses (data '$data_at', header '$m_header')"
+[ -n "$data_at" ] && [ -n "$data_bytes" ] && [ -n "$m_header" ] ||
+    fail "h5ls gave no addresses (data '$data_at' + '$data_bytes', header '$m_header')"
 
 # storage_case NAME RANK FILE ERRNO FROM END MESSAGE: one resume with the failing disk
 storage_case() {
@@ -44,7 +47,7 @@ storage_case() {
 # every read of the state file on rank 1: HDF5 cannot open it
 storage_case open 1 /state.h5 5 0 "" "cannot open checkpoint file $ck/state.h5: Input/output error"
 # the data of 'params' on rank 0, a stale NFS handle: the file opens, the read fails
-storage_case data 0 /state.h5 116 "$data_at" "" "reading dataset 'params' failed: Stale file handle"
+storage_case data 0 /state.h5 116 "$data_at" $((data_at + data_bytes)) "reading dataset 'params' failed: Stale file handle"
 # only the object header of dataset 'adam_m' on rank 1: opening the dataset fails
 storage_case header 1 /state.h5 5 "$m_header" $((m_header + 1)) "cannot open dataset 'adam_m'"
 # the manifest on rank 0 (json-c reads it)

@@ -24,9 +24,9 @@ need_eio_shim
 COMPARE="${top_builddir:-.}/tests/mpi/shard_compare"
 
 tiny_shards 48 2
-failing() { # failing NAME NML RANK PATH OPS [AFTER]: one run with the failing storage
+failing() { # failing NAME NML RANK PATH OPS [AFTER [FROM END]]: one run with the failing storage
     SD_EIO_RANK=$3 SD_EIO_PATH=$4 SD_EIO_OPS=$5 SD_EIO_AFTER=${6:-0} SD_EIO_ERRNO=5 \
-        LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$2"
+        SD_EIO_OFFSET=${7:-0} SD_EIO_END=${8:-} LD_PRELOAD="$PRELOAD" mpi "$1" 2 "$SDTRAIN" "$2"
 }
 latest_is() {
     [ "$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)" = "$2" ] ||
@@ -43,22 +43,50 @@ mpi ref 2 "$SDTRAIN" "$TMP/ref.nml"
 expect_rc ref 0
 ck=checkpoints
 
-# the data of the final checkpoint's state file, on rank 1: the job ends (status 1) with rank
-# 0's message; step 4 stays the latest, and the rerun removes the leftover and resumes it
+# the data of the final checkpoint's state file, on rank 1: that checkpoint fails on every rank
+# with rank 1's message (each rank writes its part with pwrite: no collective call is left
+# half-way), the final weights are written all the same, status 1; step 4 stays the latest, the
+# temporary folder is removed, and the rerun resumes step 4
 storage_train_nml cdata
 failing cdata "$TMP/cdata.nml" 1 .step-00000008.tmp/state.h5 write
 expect_rc cdata 1
-expect_in cdata err "writing dataset 'params' of $TMP/cdata/$ck/.step-00000008.tmp/state.h5 failed on rank 1"
-expect_in cdata err "the checkpoints committed before are intact"
+expect_in cdata err "checkpoint of step 8 into '$TMP/cdata/$ck' failed (the previous checkpoint stays the latest): writing dataset 'params' of $TMP/cdata/$ck/.step-00000008.tmp/state.h5 failed on rank 1: Input/output error (a storage error: a retry may succeed); the final weights are written all the same"
 latest_is cdata step-00000004
-[ ! -e "$TMP/cdata/$ck/step-00000008" ] || fail "cdata: the failed checkpoint was committed"
+[ ! -e "$TMP/cdata/$ck/step-00000008" ] && [ ! -e "$TMP/cdata/$ck/.step-00000008.tmp" ] ||
+    fail "cdata: the failed checkpoint was committed, or its temporary folder left"
+same_weights cdata
 mpi cdata 2 "$SDTRAIN" "$TMP/cdata.nml"
 expect_rc cdata 0
-expect_in cdata out "left by an interrupted checkpoint write"
 expect_in cdata out "resuming from $TMP/cdata/$ck/step-00000004"
 latest_is cdata step-00000008
 same_weights cdata
-pass "a failed write of checkpoint data ends the job; the rerun resumes the one before"
+pass "a failed write of checkpoint data is not committed; the rerun resumes the one before"
+
+# the same under the file's metadata (its first 2 KiB), on rank 1 and on rank 0: before
+# 2026-11-27 the ranks then waited for each other in parallel HDF5's close forever. The state
+# file's structure is now made by rank 0 alone: rank 1 writes only data, which the failure does
+# not reach; on rank 0 the creation fails (its superblock), the checkpoint is not written and
+# training goes on; a failure of the metadata written when rank 0 closes the file ends the job
+# with the reason (HDF5 cannot let go of such a file), step 4 latest
+storage_train_nml metaclose
+failing metaclose "$TMP/metaclose.nml" 0 .step-00000008.tmp/state.h5 write 1 0 2048
+[ "$RC" != 0 ] && [ "$RC" != 124 ] || fail "metaclose: exit status $RC"
+expect_in metaclose err "sdtrain: creating '$TMP/metaclose/$ck/.step-00000008.tmp/state.h5' failed: "
+expect_in metaclose err "ending the job (HDF5 cannot let go of a file whose metadata it could not write); the checkpoints committed before are intact"
+latest_is metaclose step-00000004
+for r in 1 0; do
+    storage_train_nml "meta$r"
+    failing "meta$r" "$TMP/meta$r.nml" "$r" .step-00000004.tmp/state.h5 write 0 0 2048
+    if [ "$r" = 0 ]; then
+        expect_in "meta$r" err "checkpoint of step 4 into '$TMP/meta$r/$ck' failed (the previous checkpoint stays the latest): cannot create '$TMP/meta$r/$ck/.step-00000004.tmp/state.h5'"
+        expect_in "meta$r" err "training goes on"
+        [ ! -e "$TMP/meta$r/$ck/step-00000004" ] || fail "meta$r: the failed checkpoint was committed"
+    fi
+    expect_rc "meta$r" 0
+    latest_is "meta$r" step-00000008
+    same_weights "meta$r"
+done
+pass "a storage error under a checkpoint's metadata: no hang"
 
 # the fsync of step 4's state file on rank 1: that checkpoint fails, on every rank together,
 # training goes on and the final checkpoint commits (status 0)
