@@ -54,15 +54,16 @@ static const sd_option options[] = {
            "Directory for used.nml, metrics.jsonl and logs (created if missing)."),
     CHOICE(run, log_level, "'info'", "debug|info|warn|error", "Least severe message printed."),
     STRING(run, io_hints, "''",
-           "MPI-IO hints for every parallel HDF5 file the job writes (latent shards, checkpoints): "
-           "'key=value' pairs separated by commas, given to MPI_File_open as they are; on Lustre "
-           "e.g. 'striping_factor=16, striping_unit=4194304' (stripes of a new file) or "
-           "'romio_cb_write=enable'. MPI-IO ignores hints it does not know: the log says which it "
-           "took. '' = none."),
+           "MPI-IO hints for every HDF5 file the job writes (latent shards, checkpoints): "
+           "'key=value' pairs separated by commas, given as they are to MPI_File_open, which "
+           "creates each file (its ranks then write their parts with pwrite, so collective-I/O "
+           "hints such as romio_cb_write have no effect); on Lustre e.g. 'striping_factor=16, "
+           "striping_unit=4194304' (the stripes of each new file). MPI-IO ignores hints it does "
+           "not know: the log says which it took. '' = none."),
     INT(run, io_alignment, "1048576", 0, 1073741824, "bytes",
-        "Datasets of at least this size in the parallel HDF5 files start at a multiple of it "
-        "(H5Pset_alignment), so that the ranks' collective writes meet whole file-system blocks "
-        "or stripes; set it to the stripe size of a striped file system. 0 or 1 = no alignment "
+        "Datasets of at least this size in the HDF5 files the job writes start at a multiple of "
+        "it (H5Pset_alignment), so that the ranks' writes meet whole file-system blocks or "
+        "stripes; set it to the stripe size of a striped file system. 0 or 1 = no alignment "
         "(HDF5 packs the file)."),
 
     /* &model */

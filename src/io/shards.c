@@ -647,6 +647,10 @@ typedef struct writer {
     uint64_t checksum_part;
     hid_t file, t_float, t_cap, t_key, dxpl;
     hid_t d_mom, d_emb, d_ids, d_cap, d_key, d_empty;
+    /* direct: rank 0 made the file's structure alone, every rank pwrites its rows at the
+     * datasets' offsets (addr, in the order of d_mom .. d_empty) through fd */
+    int direct, fd;
+    uint64_t addr[6];
 } writer;
 
 /* Floats of one sample: moments (2C x h x w) and caption embedding (L x D); no overflow for
@@ -899,8 +903,7 @@ static void write_header(writer *w)
     {
         /* Test hook: SDTRAIN_TEST_SHARD_CHUNKED=1 writes the layout of the shards before, for
          * the tests of readers that meet them */
-        const char *hook = getenv("SDTRAIN_TEST_SHARD_CHUNKED");
-        const int old = hook && *hook && strcmp(hook, "0") != 0 && !empty;
+        const int old = !w->direct && !empty;
         chunk[0] = 1, chunk[1] = dims[1], chunk[2] = dims[2], chunk[3] = dims[3];
         w->d_mom = create_dataset(w, latents, w->t_float, 4, dims, old ? chunk : NULL);
         dims[1] = (hsize_t)w->L, dims[2] = (hsize_t)w->D;
@@ -909,19 +912,62 @@ static void write_header(writer *w)
     }
     chunk[1] = dims[1];
     chunk[0] = small_chunk_rows((size_t)w->L * 4, w->n_total);
-    w->d_ids = create_dataset(w, "caption_ids", H5T_STD_I32LE, 2, dims, empty ? NULL : chunk);
+    w->d_ids = create_dataset(w, "caption_ids", H5T_STD_I32LE, 2, dims,
+                              empty || w->direct ? NULL : chunk);
     chunk[0] = small_chunk_rows(w->cap_w, w->n_total);
-    w->d_cap = create_dataset(w, "caption", w->t_cap, 1, dims, empty ? NULL : chunk);
+    w->d_cap = create_dataset(w, "caption", w->t_cap, 1, dims, empty || w->direct ? NULL : chunk);
     chunk[0] = small_chunk_rows(w->key_w, w->n_total);
-    w->d_key = create_dataset(w, "key", w->t_key, 1, dims, empty ? NULL : chunk);
+    w->d_key = create_dataset(w, "key", w->t_key, 1, dims, empty || w->direct ? NULL : chunk);
     dims[0] = (hsize_t)w->L, dims[1] = (hsize_t)w->D;
     w->d_empty = create_dataset(w, "empty_caption_embedding", w->t_float, 2, dims, NULL);
 }
 
 /* Writes rows [row, row + cnt) of a dataset collectively; cnt may be 0 (an empty selection still
  * takes part in the collective). Returns -1 on failure and keeps the HDF5 message in e. */
-static int write_rows(writer *w, hid_t d, hid_t memtype, int64_t row, int64_t cnt, const void *buf,
-                      sd_err *e)
+static int write_rows_hdf5(writer *w, hid_t d, hid_t memtype, int64_t row, int64_t cnt,
+                           const void *buf, sd_err *e);
+
+/* Dataset k (0..5: latents, embeddings, ids, caption, key, empty caption's embedding): rows
+ * [row, row + cnt) of row_bytes each, from buf. Direct: pwrite at the dataset's offset (the
+ * stored bytes are the memory's: little-endian floats and ids, fixed-width strings); else a
+ * collective HDF5 write (cnt may be 0: an empty selection still takes part). */
+static int put_rows(writer *w, int k, hid_t d, hid_t memtype, int64_t row, int64_t cnt,
+                    size_t row_bytes, const void *buf, sd_err *e)
+{
+    if (!w->direct)
+        return write_rows_hdf5(w, d, memtype, row, cnt, buf, e);
+    if (cnt <= 0)
+        return 0;
+    const char *p = buf;
+    size_t left = (size_t)cnt * row_bytes;
+    off_t at = (off_t)w->addr[k] + (off_t)((size_t)row * row_bytes);
+    while (left > 0) {
+        const size_t n = left < ((size_t)1 << 30) ? left : ((size_t)1 << 30);
+        const ssize_t got = pwrite(w->fd, p, n, at);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            static const char *const names[6] = {"image_latents_", "caption_embeddings",
+                                                 "caption_ids", "caption", "key",
+                                                 "empty_caption_embedding"};
+            char name[64];
+            snprintf(name, sizeof name, "%s", names[k]);
+            if (k == 0) /* the dataset's name, as HDF5's message gives it */
+                snprintf(name, sizeof name, "image_latents_%d", w->meta->resolution);
+            if (!e->msg[0])
+                sd_err_errno(e, got < 0 ? errno : EIO, "writing /%s of %s failed on rank %d",
+                             name, w->tmp_path, w->rank);
+            return -1;
+        }
+        p += got;
+        at += got;
+        left -= (size_t)got;
+    }
+    return 0;
+}
+
+static int write_rows_hdf5(writer *w, hid_t d, hid_t memtype, int64_t row, int64_t cnt,
+                           const void *buf, sd_err *e)
 {
     hsize_t dims[4], start[4] = {0}, count[4];
     hid_t fspace, mspace;
@@ -1023,14 +1069,15 @@ static int write_data(writer *w, sd_err *e)
                 w->checksum_part += sample_term(w->offset + lo + i, h);
             }
         }
-        failed |= write_rows(w, w->d_mom, mt_float, w->offset + lo, cnt, mom, e);
+        failed |= put_rows(w, 0, w->d_mom, mt_float, w->offset + lo, cnt, mbytes, mom, e);
         /* A node failure in the middle of a shard: the temporary file holds part of the data. */
         if (r == 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-write"))
             fault_kill("shard-write");
-        failed |= write_rows(w, w->d_emb, mt_float, w->offset + lo, cnt, emb, e);
-        failed |= write_rows(w, w->d_ids, H5T_NATIVE_INT32, w->offset + lo, cnt, ids, e);
-        failed |= write_rows(w, w->d_cap, w->t_cap, w->offset + lo, cnt, caps, e);
-        failed |= write_rows(w, w->d_key, w->t_key, w->offset + lo, cnt, keys, e);
+        failed |= put_rows(w, 1, w->d_emb, mt_float, w->offset + lo, cnt, ebytes, emb, e);
+        failed |= put_rows(w, 2, w->d_ids, H5T_NATIVE_INT32, w->offset + lo, cnt,
+                           (size_t)w->L * 4, ids, e);
+        failed |= put_rows(w, 3, w->d_cap, w->t_cap, w->offset + lo, cnt, w->cap_w, caps, e);
+        failed |= put_rows(w, 4, w->d_key, w->t_key, w->offset + lo, cnt, w->key_w, keys, e);
     }
 
     {
@@ -1048,7 +1095,7 @@ static int write_data(writer *w, sd_err *e)
             }
             w->checksum_part += shard_terms(w->n_total, hash_bytes(0, buf, w->e_elems * w->fsz));
         }
-        failed |= write_rows(w, w->d_empty, mt_float, 0, cnt, buf, e);
+        failed |= put_rows(w, 5, w->d_empty, mt_float, 0, cnt, ebytes / (size_t)w->L, buf, e);
         free(e16);
     }
     free(mom_f32);
@@ -1203,19 +1250,96 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
     if (sd_agree(w->comm, w->rank == 0 && check_room(w, e) != 0, e))
         return -1;
 
-    /* 4. Create the temporary file together. MPI_File_open is collective, so it fails everywhere
-     * or nowhere; a split outcome cannot be cleaned up without a hang and ends the job. */
-    w->file = sd_h5_create_parallel(w->tmp_path, w->comm, e);
-    if (w->file < 0) {
-        sd_agree(w->comm, w->rank == 0, e);
-        return -1;
-    }
-
-    /* 5. Attributes and datasets (collective metadata), then the data in collective rounds. */
-    write_header(w);
-    SD_H5_CHECK(w->dxpl = H5Pcreate(H5P_DATASET_XFER));
-    SD_H5_CHECK(H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_COLLECTIVE));
     {
+        /* Test hook: SDTRAIN_TEST_SHARD_CHUNKED=1 writes the layout of the shards before
+         * 2026-11-27 (latents and embeddings in a chunk a sample), collectively through parallel
+         * HDF5 as they were written, for the tests of readers that meet such shards */
+        const char *hook = getenv("SDTRAIN_TEST_SHARD_CHUNKED");
+        w->direct = !(hook && *hook && strcmp(hook, "0") != 0 && w->n_total > 0);
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+        w->direct = 0; /* the direct writes store the memory's bytes: little-endian only */
+#endif
+    }
+    w->fd = -1;
+    if (w->direct) {
+        int failed = 0;
+        /* 4. Rank 0 alone makes the file's structure (the datasets contiguous, allocated at
+         * their offsets, no data), which every rank then fills with pwrite: a storage error
+         * fails one rank's call, agreed below, never a collective half-way (a failure of the
+         * metadata written at the close excepted: HDF5 cannot let go of that file) */
+        if (w->rank == 0) {
+            w->file = sd_h5_create_local(w->tmp_path, e);
+            failed = w->file < 0;
+            if (!failed) {
+                const hid_t *ds[6] = {&w->d_mom, &w->d_emb, &w->d_ids, &w->d_cap, &w->d_key,
+                                      &w->d_empty};
+                write_header(w);
+                for (int k = 0; k < 6; k++) {
+                    const haddr_t a = H5Dget_offset(*ds[k]);
+                    w->addr[k] = a == HADDR_UNDEF ? UINT64_MAX : (uint64_t)a;
+                }
+                close_objects(w);
+                if (H5Fclose(w->file) < 0) {
+                    char h5msg[512];
+                    fprintf(stderr, "sdtrain: creating '%s' failed: %s; ending the job (HDF5 "
+                            "cannot let go of a file whose metadata it could not write); the "
+                            "shards committed before are intact and a rerun goes on from them\n",
+                            w->tmp_path, sd_h5_error_string(h5msg, sizeof h5msg));
+                    fflush(stdout);
+                    fflush(stderr);
+                    sd_abort(SD_EXIT_FAILURE);
+                }
+                w->file = -1;
+                for (int k = 0; k < 6 && !failed; k++)
+                    if (w->addr[k] == UINT64_MAX && (k == 5 || w->n_total > 0))
+                        failed = sd_err_set(e, "'%s': a dataset has no place in the file",
+                                            w->tmp_path) != 0;
+            }
+        }
+        if (sd_agree(w->comm, failed, e)) {
+            if (w->rank == 0)
+                unlink(w->tmp_path);
+            return nothing_of_it(e);
+        }
+        SD_MPI_CHECK(MPI_Bcast(w->addr, 6, MPI_UINT64_T, 0, w->comm));
+        /* 5. Every rank writes its rows and syncs them on the descriptor that wrote them. */
+        w->fd = open(w->tmp_path, O_WRONLY | O_CLOEXEC);
+        if (w->fd < 0)
+            failed = sd_err_errno(e, errno, "cannot open '%s' to write rank %d's rows",
+                                  w->tmp_path, w->rank) != 0;
+        /* the HDF5 types the rows are converted with */
+        w->t_float = w->meta->float_dtype == SD_F16 ? make_f16_type() : H5Tcopy(H5T_IEEE_F32LE);
+        SD_H5_CHECK(w->t_float);
+        if (!failed)
+            failed = write_data(w, e) != 0;
+        SD_H5_CHECK(H5Tclose(w->t_float));
+        w->t_float = -1;
+        if (w->fd >= 0) {
+            if (!failed && fsync(w->fd) != 0 && errno != EINVAL && errno != EROFS)
+                failed = sd_err_errno(e, errno, "cannot sync '%s'", w->tmp_path) != 0;
+            if (close(w->fd) != 0 && !failed)
+                failed = sd_err_errno(e, errno, "cannot close '%s'", w->tmp_path) != 0;
+            w->fd = -1;
+        }
+        if (sd_agree(w->comm, failed, e)) {
+            if (w->rank == 0)
+                unlink(w->tmp_path);
+            return nothing_of_it(e);
+        }
+    } else {
+        /* 4. Create the temporary file together. MPI_File_open is collective, so it fails
+         * everywhere or nowhere; a split outcome cannot be cleaned up without a hang and ends
+         * the job. */
+        w->file = sd_h5_create_parallel(w->tmp_path, w->comm, e);
+        if (w->file < 0) {
+            sd_agree(w->comm, w->rank == 0, e);
+            return -1;
+        }
+        /* 5. Attributes and datasets (collective metadata), then the data in collective
+         * rounds. */
+        write_header(w);
+        SD_H5_CHECK(w->dxpl = H5Pcreate(H5P_DATASET_XFER));
+        SD_H5_CHECK(H5Pset_dxpl_mpio(w->dxpl, H5FD_MPIO_COLLECTIVE));
         int failed = write_data(w, e) != 0;
         /* a failed write (a full disk) cannot be followed by more collective HDF5 calls */
         sd_h5_end_job_if_write_failed(w->comm, failed, e, w->tmp_path,

@@ -1,9 +1,8 @@
 #!/bin/sh
-# A full disk under the writers: a checkpoint whose data write fails (ENOSPC; each rank writes its
-# part with pwrite) is not committed and training goes on; a shard write that fails (collective
-# parallel HDF5) ends the whole job with a message naming the file and the free space, never a
-# hang (parallel HDF5 cannot close a file after a failed collective write: the ranks would wait
-# in different barriers); what was committed before stays usable. A read-only
+# A full disk under the writers (each rank writes its part of a checkpoint or shard with pwrite, a
+# failure is that rank's, agreed by all; never a hang): a checkpoint whose data write fails
+# (ENOSPC) is not committed and training goes on; a shard that fails is not committed and the
+# run ends with status 1; what was committed before stays usable and a rerun goes on from it. A read-only
 # checkpoint or shard directory is refused when the job starts. Needs a small file system: a
 # tmpfs mounted for the test (root); skipped where mounting is refused.
 . "$top_srcdir/tests/lib.sh"
@@ -74,12 +73,13 @@ expect_not_in shroom err "ending the job"
 pass "a shard that does not fit is not started; a warning says so before the first"
 
 # the same with the room check off (the disk filled by something else during the write): the
-# first shard is committed, the second fails and ends the job; with room again the rerun goes
-# on from the first
+# first shard is committed, the second fails (not committed, status 1); with room again the
+# rerun goes on from the first
 SDTRAIN_TEST_NO_ROOM_CHECK=1 mpi sh 2 "$SDTRAIN" "$TMP/proc.nml"
-[ "$RC" != 0 ] || fail "sh: the job exited 0 with its shards on a full disk"
-expect_in sh err "ending the job (a parallel HDF5 file cannot be closed"
-expect_in sh err "the shards committed before are intact and a rerun goes on from them"
+expect_rc sh 1
+expect_in sh err "of $full/shards/.shard-000001.h5.tmp failed on rank "
+expect_in sh err ": No space left on device; the shard is not written, the shards committed before are intact and a rerun goes on from them"
+expect_not_in sh err "ending the job"
 grep -q '"index": 0' "$full/shards/manifest.json" || fail "sh: shard 0 is not committed"
 grep -q '"index": 1' "$full/shards/manifest.json" && fail "sh: shard 1 committed from a failed write"
 mount -o remount,size=16M "$full" || fail "cannot grow the tmpfs"
@@ -90,7 +90,7 @@ checksums() { grep -E '"(index|checksum)"' "$1/manifest.json" | tr -d ' ",' | pa
 checksums "$TMP/shards" >"$TMP/sum-ref"
 checksums "$full/shards" >"$TMP/sum-full"
 diff "$TMP/sum-ref" "$TMP/sum-full" || fail "the shards finished after the full disk differ"
-pass "a shard write on a full disk ends the job with a message, no hang; the rerun completes it"
+pass "a shard write on a full disk fails with a message, no hang; the rerun completes it"
 
 # a read-only file system under the checkpoints or the shards: refused when the job starts,
 # before any training or encoding (exit 2)

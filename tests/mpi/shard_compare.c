@@ -2,11 +2,7 @@
  * the CPU and the GPU encoders). Keys, captions and token ids must be equal; the moments, the
  * caption embeddings and the empty-caption embedding are compared as ||a - b|| / ||b|| (each
  * array on its own), which must be <= TOL. Prints one line per array. Exit 0 when everything
- * holds, 1 when something differs, 2 on bad input (a shard that does not open, other shapes).
- *
- * shard_compare --chunks-aligned FILE DATASET N: whether every chunk of DATASET in FILE starts at
- * a multiple of N bytes in the file (&run io_alignment). Prints the count; exit 0 when all do, 1
- * when one does not, 2 on bad input. */
+ * holds, 1 when something differs, 2 on bad input (a shard that does not open, other shapes). */
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,40 +37,11 @@ static int check_floats(const char *what, const float *a, const float *b, size_t
     return ok;
 }
 
-static int chunks_aligned(const char *path, const char *name, const char *unit_text)
-{
-    const long long unit = atoll(unit_text);
-    hsize_t n = 0, aligned = 0;
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT), d, space;
-    if (f < 0 || unit < 1 || (d = H5Dopen2(f, name, H5P_DEFAULT)) < 0) {
-        fprintf(stderr, "shard_compare: cannot open %s in %s (or unit '%s' < 1)\n", name, path,
-                unit_text);
-        return 2;
-    }
-    SD_CHECK((space = H5Dget_space(d)) >= 0, "%s", name);
-    SD_CHECK(H5Dget_num_chunks(d, space, &n) >= 0, "%s is not chunked", name);
-    for (hsize_t i = 0; i < n; i++) {
-        haddr_t addr;
-        hsize_t size;
-        SD_CHECK(H5Dget_chunk_info(d, space, i, NULL, NULL, &addr, &size) >= 0, "chunk %llu",
-                 (unsigned long long)i);
-        aligned += addr % (haddr_t)unit == 0;
-    }
-    printf("%s: %llu of %llu chunks start on a multiple of %lld\n", name,
-           (unsigned long long)aligned, (unsigned long long)n, unit);
-    H5Sclose(space);
-    H5Dclose(d);
-    H5Fclose(f);
-    return n > 0 && aligned == n ? 0 : 1;
-}
-
 int main(int argc, char **argv)
 {
     sd_shard *sa = NULL, *sb = NULL;
     sd_err err;
     char *end;
-    if (argc == 5 && !strcmp(argv[1], "--chunks-aligned"))
-        return chunks_aligned(argv[2], argv[3], argv[4]);
     if (argc != 4) {
         fprintf(stderr, "usage: shard_compare A.h5 B.h5 TOL\n");
         return 2;

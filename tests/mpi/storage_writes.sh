@@ -5,16 +5,17 @@
 # naming the file and the errno, never a hang; what was committed before stays usable; what the
 # message says stays is what stays; and once the storage is back the rerun finishes with the
 # bits of an undisturbed run.
-# - Checkpoints: the state file's data (rank 1) ends the job (a parallel HDF5 file cannot be
-#   closed after a failed collective write); its fsync or the manifest's write fails only that
-#   checkpoint; the checkpoint folder's sync after `latest` moved says the checkpoint is
+# - Checkpoints: the state file's data (rank 1), its metadata (rank 1, rank 0), its fsync or the
+#   manifest's write fail only that checkpoint (a failed close of rank 0's new file ends the job,
+#   with the reason); the checkpoint folder's sync after `latest` moved says the checkpoint is
 #   committed (it is), not that the previous one stays the latest; every folder sync failing
 #   leaves complete checkpoints and no `latest`, which the rerun resumes (it started over before
 #   2026-11-27); the final weights' write.
 # - Resuming: a look (stat) at the checkpoint `latest` names, and the listing of a checkpoint
 #   folder without `latest`, fail with status 1 rather than taking an older checkpoint or a
 #   fresh start.
-# - Shards: the data (rank 1), the file's fsync, the folder's sync after the manifest named the
+# - Shards: the data (rank 1), the metadata (rank 1, rank 0; these hung before 2026-11-27), the
+#   file's fsync, the folder's sync after the manifest named the
 #   shard (the shard was removed then, leaving a manifest that listed a missing file: no rerun
 #   got past it before 2026-11-27), a dataset folder's listing.
 # - metrics.jsonl that cannot be written; mode 'pipeline' with either half's storage failing.
@@ -208,6 +209,21 @@ failing sdata "$TMP/sdata.nml" 1 shard-000001 write
 expect_in sdata err "writing /image_latents_32 of $TMP/sdata-shards/.shard-000001.h5.tmp failed on rank 1"
 expect_in sdata err "the shards committed before are intact and a rerun goes on from them"
 rerun_equal sdata
+# the metadata of shard 1 (its first 2 KiB; the pattern ends with the file's name: Open MPI names
+# a semaphore after it): on rank 1 nothing (rank 1 writes rows only), on rank 0 the creation
+# fails, the shard is not written; before 2026-11-27 both hung in parallel HDF5's close
+for r in 1 0; do
+    proc_nml "smeta$r"
+    failing "smeta$r" "$TMP/smeta$r.nml" "$r" "smeta$r-shards/.shard-000001.h5.tmp\$" write 0 0 2048
+    if [ "$r" = 0 ]; then
+        expect_rc "smeta$r" 1
+        expect_in "smeta$r" err "cannot create '$TMP/smeta$r-shards/.shard-000001.h5.tmp'"
+        expect_in "smeta$r" err "the shard is not written, the shards committed before are intact and a rerun goes on from them"
+        rerun_equal "smeta$r"
+    else
+        expect_rc "smeta$r" 0
+    fi
+done
 # shard 1's fsync on rank 1: that shard is not written, every rank stops
 proc_nml ssync
 failing ssync "$TMP/ssync.nml" 1 .shard-000001.h5.tmp sync
