@@ -90,6 +90,12 @@ void sd_mpi_start(int *argc, char ***argv)
      * mode 'process''s shard writer (src/app/mode_process.c), which writes a shard while the
      * main thread, making no MPI call meanwhile, encodes the next; helper threads (decode,
      * prefetch) hand their results to the main thread. */
+    /* Open MPI's OMPIO names a POSIX semaphore after every file it opens (its sharedfp/sm
+     * component: /dev/shm/sem.OMPIO_<base name>, e.g. OMPIO_state.h5); one left at 0 by a
+     * process killed during an open makes every later open of a file of that name on that node
+     * wait forever. sdtrain never uses shared file pointers, so that component is left out,
+     * unless the user chose the components (OMPI_MCA_sharedfp set). */
+    setenv("OMPI_MCA_sharedfp", "^sm", 0);
     SD_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     /* Errors come back as codes to SD_MPI_CHECK, which reports them and aborts the job. */
     SD_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

@@ -112,6 +112,21 @@ for f in unet_final unet_ema; do
 done
 pass "checkpoints: datasets on 64 KiB boundaries, the same bits, resumable"
 
+# a semaphore that Open MPI's OMPIO left at 0 for files named state.h5 (a process killed while it
+# opened one: /dev/shm/sem.OMPIO_state.h5, glibc's 32-byte sem_t, all zero): before 2026-11-27
+# the next checkpoint with io_hints waited on it forever; sdtrain leaves that component out
+sem=/dev/shm/sem.OMPIO_state.h5
+if [ -d /dev/shm ] && [ -w /dev/shm ] && [ ! -e "$sem" ]; then
+    trap 'rm -f "$sem"' EXIT
+    head -c 32 /dev/zero >"$sem"
+    train tsem ", io_hints = 'romio_no_indep_rw=true'"
+    mpi tsem 2 "$SDTRAIN" "$TMP/tsem.nml"
+    rm -f "$sem"
+    expect_rc tsem 0
+    [ -f "$TMP/tsem/checkpoints/step-00000006/state.h5" ] || fail "tsem: no checkpoint"
+    pass "a stale OMPIO semaphore of the checkpoints' file name: no hang"
+fi
+
 # (c) bad hints: a configuration error naming the key and its line, exit 2, no rank hangs (a
 # value longer than Open MPI takes once passed and ended the job at the first shard it wrote)
 for bad in "a=1,,b=2|an empty entry" "=1|has an empty key" "a=|has an empty value" \
