@@ -14,7 +14,7 @@
 # - Resuming: a look (stat) at the checkpoint `latest` names, and the listing of a checkpoint
 #   folder without `latest`, fail with status 1 rather than taking an older checkpoint or a
 #   fresh start.
-# - Shards: the data (rank 1), the metadata (rank 1, rank 0; these hung before 2026-11-27), the
+# - Shards: the data (rank 1), the metadata (rank 1, and rank 0, which hung before 2026-11-27), the
 #   file's fsync, the folder's sync after the manifest named the
 #   shard (the shard was removed then, leaving a manifest that listed a missing file: no rerun
 #   got past it before 2026-11-27), a dataset folder's listing.
@@ -211,7 +211,8 @@ expect_in sdata err "the shards committed before are intact and a rerun goes on 
 rerun_equal sdata
 # the metadata of shard 1 (its first 2 KiB; the pattern ends with the file's name: Open MPI names
 # a semaphore after it): on rank 1 nothing (rank 1 writes rows only), on rank 0 the creation
-# fails, the shard is not written; before 2026-11-27 both hung in parallel HDF5's close
+# fails, the shard is not written; before 2026-11-27 rank 0's failure hung the job in parallel
+# HDF5's close (rank 0 in a metadata write of the cache's sync point, rank 1 in its barrier)
 for r in 1 0; do
     proc_nml "smeta$r"
     failing "smeta$r" "$TMP/smeta$r.nml" "$r" "smeta$r-shards/.shard-000001.h5.tmp\$" write 0 0 2048
