@@ -100,13 +100,12 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
  * The same checkpoint as sd_ckpt_write's, with the training going on while it is written.
  * sd_ckpt_async_start (collective) sets up the temporary directory as sd_ckpt_write does, creates
  * the state file collectively (attributes, the datasets allocated at their offsets, no data),
- * copies this rank's parts of t into a host buffer of its own (kept for the next checkpoint: a
- * second copy of the rank's part of the state) and starts a thread that writes them with pwrite
+ * copies this rank's parts of t into its host buffer (made by sd_ckpt_async_reserve, which must
+ * come first: a second copy of the rank's part of the state) and starts a thread that writes them with pwrite
  * at their offsets, fsyncs, and with verify reads them back and compares checksums; it uses
- * neither MPI nor HDF5. From its return t may change. *a is allocated on the first call. Returns
- * 0 when the thread runs; -1 when not started (the same on every rank, the message in err, the
- * previous checkpoint stays the latest), SD_CKPT_NO_MEMORY when some rank cannot hold the copy
- * (the caller may write the checkpoint with sd_ckpt_write instead).
+ * neither MPI nor HDF5. From its return t may change. Returns 0 when the thread runs, -1 when
+ * not started (the same on every rank, the message in err, the previous checkpoint stays the
+ * latest).
  * sd_ckpt_async_ready (collective) is 1 when every rank's thread is done (or nothing is in
  * flight); sd_ckpt_async_finish (collective) waits for the threads and commits as sd_ckpt_write
  * does (rank 0 adds the checksum attributes first), with the same failures and messages, and

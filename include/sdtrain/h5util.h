@@ -40,6 +40,12 @@ hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e);
  * this rank's calls alone, which no other rank waits in. Returns the file, or -1 with `e`. */
 hid_t sd_h5_create_local(const char *path, sd_err *e);
 
+/* Closes a file of sd_h5_create_local. When that fails (the metadata HDF5 writes at the close
+ * met a storage error), HDF5 keeps the file, tries again at exit and crashes there: the job ends
+ * here instead (MPI_Abort), rank-local, after "sdtrain: creating '<path>' failed: <HDF5's
+ * reason>; ending the job (...); <what_stays>". */
+void sd_h5_close_local(hid_t file, const char *path, const char *what_stays);
+
 /* Collective over comm, after a round of collective writes to a parallel HDF5 file: returns when
  * no rank's `failed` is set. When one is (its message in e), parallel HDF5's internal collectives
  * may be out of step between the ranks: after a full disk (ENOSPC), H5Fclose waits forever, each

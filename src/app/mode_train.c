@@ -1234,12 +1234,8 @@ static void settle_checkpoint(trainer *t, int64_t done, int wait)
     }
 }
 
-static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err);
-
 /* &checkpoint async (collective): the checkpoint of step `done` started in the background
- * (sd_ckpt_async_start), after the one in flight is committed. A rank without the memory for
- * its copy turns &checkpoint async off for the run, with a warning, and this checkpoint is
- * written at once. */
+ * (sd_ckpt_async_start, into the copy setup reserved), after the one in flight is committed. */
 static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err)
 {
     const sd_config *cfg = t->cfg;
@@ -1260,14 +1256,6 @@ static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped
     sd_loader_h5_unlock();
     free(text);
     dev_stage_free(t);
-    if (rc == SD_CKPT_NO_MEMORY) {
-        if (t->rank == 0)
-            sd_warn("%s: &checkpoint async is off for the rest of this run; this checkpoint and "
-                    "the next are written at once", err->msg);
-        t->async_off = 1;
-        sd_err_clear(err);
-        return save_checkpoint(t, done, k, skipped, err);
-    }
     if (rc == 0)
         sd_info("step %lld: checkpoint started in the background (training held %.2f s)",
                 (long long)done, sd_time_now() - t0);

@@ -168,10 +168,9 @@ typedef struct writer {
     int renamed;      /* rank 0: step-K is in place (the commit may have failed after) */
 } writer;
 
-/* Writes one full-length dataset: this rank's part [wb, we) of buf, which holds the flat range
- * starting at have_b. Every rank runs the same number of collective rounds. */
 /* Creates dataset ds (n floats, contiguous, allocated at creation and never filled) of which
- * this rank writes [wb, we); its file offset goes to w->addr[ds]. Collective. */
+ * this rank writes [wb, we); its file offset goes to w->addr[ds]. Rank 0, which alone creates
+ * the file. */
 static hid_t create_dataset(writer *w, int ds, hid_t space, size_t wb, size_t we)
 {
     hid_t dcpl, d;
@@ -476,9 +475,8 @@ static void fault_flip(const writer *w)
     }
 }
 
-/* A checkpoint that would fill the file system is not started: a collective write that fails
- * half-way cannot be cleaned up and ends the job (sd_h5_end_job_if_write_failed), while this
- * refusal leaves a periodic checkpoint to be skipped. The file holds (3 + EMA) fp32 copies of
+/* A checkpoint that would fill the file system is not started (a write that fails all the same
+ * is a failed checkpoint too, found later, after the time spent writing). The file holds (3 + EMA) fp32 copies of
  * the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed) and what &run io_alignment
  * adds before each copy. */
 static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
@@ -613,8 +611,9 @@ struct sd_ckpt_async {
 
 /* Collective: the state file with its attributes and its datasets (allocated at creation,
  * contiguous, never filled), no data; each dataset's offset in w->addr, this rank's parts in
- * w->wb / w->we. Rank 0 alone creates it, through MPI-IO on MPI_COMM_SELF (so that &run io_hints
- * such as Lustre striping apply at its creation): a storage error then fails one rank's HDF5
+ * w->wb / w->we. Rank 0 alone creates it (sd_h5_create_local: HDF5's POSIX driver, the file
+ * first made through MPI-IO on MPI_COMM_SELF when &run io_hints are given, so that Lustre
+ * striping and the like apply at its creation): a storage error then fails one rank's HDF5
  * calls, which no other rank waits in. */
 static int create_state_file(writer *w, sd_err *e)
 {
@@ -648,19 +647,8 @@ static int create_state_file(writer *w, sd_err *e)
                                         ds_names[ds], w->file) != 0;
             }
             SD_H5_CHECK(H5Sclose(space));
-            if (H5Fclose(w->h5) < 0) {
-                /* the metadata's writes failed (a storage error): HDF5 keeps a file it cannot
-                 * close, tries again at exit and crashes there; the job ends here instead, with
-                 * the reason (a failed H5Fcreate, above, is a plain failure) */
-                char h5msg[512];
-                fprintf(stderr, "sdtrain: creating '%s' failed: %s; ending the job (HDF5 cannot "
-                        "let go of a file whose metadata it could not write); the checkpoints "
-                        "committed before are intact\n", w->file,
-                        sd_h5_error_string(h5msg, sizeof h5msg));
-                fflush(stdout);
-                fflush(stderr);
-                sd_abort(SD_EXIT_FAILURE);
-            }
+            /* a failed close ends the job (a failed H5Fcreate, above, is a plain failure) */
+            sd_h5_close_local(w->h5, w->file, "the checkpoints committed before are intact");
             w->h5 = -1;
         }
     }
@@ -857,7 +845,7 @@ int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
     sd_h5_quiet q;
     sd_err e;
     size_t need = 0;
-    int rc, no_memory = 0;
+    int rc;
     if (!a)
         a = *ap = sd_xcalloc(1, sizeof *a);
     SD_CHECK(!a->in_flight, "checkpoint of step %lld started while that of step %lld is in flight",
@@ -876,33 +864,13 @@ int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
         if (ds != DS_EMA || s->has_ema)
             need += a->w.we[ds] - a->w.wb[ds];
     }
-    if (!rc) {
-        /* Test hook: SDTRAIN_TEST_CKPT_NO_MEMORY=R: rank R of comm cannot hold its copy. */
-        const char *nomem = getenv("SDTRAIN_TEST_CKPT_NO_MEMORY");
-        no_memory = nomem && *nomem && atoi(nomem) == a->w.rank;
-        if (!no_memory && need > a->snap_cap) {
-            free(a->snap);
-            a->snap_cap = 0;
-            a->snap = malloc((need ? need : 1) * sizeof(float));
-            if (a->snap)
-                a->snap_cap = need;
-            else
-                no_memory = 1;
-        }
-        if (no_memory)
-            sd_err_set(&e, "rank %d has no room in host memory for its copy of the state "
-                       "(%.1f MiB)", a->w.rank, (double)need * 4.0 / 1048576.0);
-        if (sd_agree(comm, no_memory, &e))
-            rc = SD_CKPT_NO_MEMORY;
-    }
+    /* the ranges are the run's: sd_ckpt_async_reserve made the room */
+    SD_CHECK(rc || need <= a->snap_cap, "the background checkpoint's copy needs %zu floats, %zu "
+             "reserved (sd_ckpt_async_reserve first)", need, a->snap_cap);
     if (rc) {
         if (a->w.rank == 0) {
             sd_err dummy;
             sd_remove_tree(a->w.tmp_dir, &dummy);
-        }
-        if (rc == SD_CKPT_NO_MEMORY) {
-            sd_err_set(err, "checkpoint of step %lld: %s", (long long)s->step, e.msg);
-            return SD_CKPT_NO_MEMORY;
         }
         sd_err_set(err, "checkpoint of step %lld into '%s' not written (the previous checkpoint "
                    "stays the latest): %s", (long long)s->step, dir, e.msg);

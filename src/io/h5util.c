@@ -166,6 +166,19 @@ hid_t sd_h5_create_local(const char *path, sd_err *e)
     return file < 0 ? -1 : file;
 }
 
+void sd_h5_close_local(hid_t file, const char *path, const char *what_stays)
+{
+    char h5msg[512];
+    if (H5Fclose(file) >= 0)
+        return;
+    fprintf(stderr, "sdtrain: creating '%s' failed: %s; ending the job (HDF5 cannot let go of a "
+            "file whose metadata it could not write); %s\n", path,
+            sd_h5_error_string(h5msg, sizeof h5msg), what_stays);
+    fflush(stdout);
+    fflush(stderr);
+    sd_abort(SD_EXIT_FAILURE);
+}
+
 void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const char *path,
                                    const char *what_stays)
 {

@@ -1279,16 +1279,8 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
                     w->addr[k] = a == HADDR_UNDEF ? UINT64_MAX : (uint64_t)a;
                 }
                 close_objects(w);
-                if (H5Fclose(w->file) < 0) {
-                    char h5msg[512];
-                    fprintf(stderr, "sdtrain: creating '%s' failed: %s; ending the job (HDF5 "
-                            "cannot let go of a file whose metadata it could not write); the "
-                            "shards committed before are intact and a rerun goes on from them\n",
-                            w->tmp_path, sd_h5_error_string(h5msg, sizeof h5msg));
-                    fflush(stdout);
-                    fflush(stderr);
-                    sd_abort(SD_EXIT_FAILURE);
-                }
+                sd_h5_close_local(w->file, w->tmp_path, "the shards committed before are intact "
+                                  "and a rerun goes on from them");
                 w->file = -1;
                 for (int k = 0; k < 6 && !failed; k++)
                     if (w->addr[k] == UINT64_MAX && (k == 5 || w->n_total > 0))
@@ -1307,13 +1299,8 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         if (w->fd < 0)
             failed = sd_err_errno(e, errno, "cannot open '%s' to write rank %d's rows",
                                   w->tmp_path, w->rank) != 0;
-        /* the HDF5 types the rows are converted with */
-        w->t_float = w->meta->float_dtype == SD_F16 ? make_f16_type() : H5Tcopy(H5T_IEEE_F32LE);
-        SD_H5_CHECK(w->t_float);
-        if (!failed)
+        if (!failed) /* direct: write_data's HDF5 types go unused */
             failed = write_data(w, e) != 0;
-        SD_H5_CHECK(H5Tclose(w->t_float));
-        w->t_float = -1;
         if (w->fd >= 0) {
             if (!failed && fsync(w->fd) != 0 && errno != EINVAL && errno != EROFS)
                 failed = sd_err_errno(e, errno, "cannot sync '%s'", w->tmp_path) != 0;
