@@ -128,6 +128,34 @@ ${5:-}
 EOF2
 }
 
+# The training tests' comparisons of two runs under $TMP (NAME and REF).
+# losses NAME [FROM]: the step and validation loss lines of a run's metrics after step FROM,
+# timings left out
+losses() {
+    grep -o '"step": [0-9]*, \("epoch": [0-9]*, "loss"\|"val_loss"\): [^,}]*' "$TMP/$1/metrics.jsonl" |
+        awk -v from="${2:--1}" '{ s = $2; sub(",", "", s); if (s + 0 > from) print }'
+}
+# same_weights NAME REF: the final weights and EMA, bit for bit
+same_weights() {
+    for f in unet_final unet_ema; do
+        cmp -s "$TMP/$2/$f.safetensors" "$TMP/$1/$f.safetensors" ||
+            fail "$1: $f.safetensors differs from $2's"
+    done
+}
+# same_run NAME REF [FROM]: same_weights, and the same loss lines (those after step FROM)
+same_run() {
+    same_weights "$1" "$2"
+    losses "$2" "${3:--1}" >"$TMP/l-$2"
+    losses "$1" "${3:--1}" >"$TMP/l-$1"
+    [ -s "$TMP/l-$1" ] || fail "$1: no loss lines in $TMP/$1/metrics.jsonl"
+    cmp -s "$TMP/l-$2" "$TMP/l-$1" || { diff "$TMP/l-$2" "$TMP/l-$1" >&2; fail "$1: losses differ from $2's"; }
+}
+# latest_is NAME DIR: $TMP/NAME/checkpoints/latest names DIR (step-NNNNNNNN)
+latest_is() {
+    [ "$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)" = "$2" ] ||
+        fail "$1: latest is '$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)', expected '$2'"
+}
+
 # storage_train_nml NAME: $TMP/NAME.nml, the storage tests' training run of the tiny model on
 # $TMP/shards into $TMP/NAME: 8 steps of 2 ranks x 4 with ZeRO-2, validation and a checkpoint
 # every 4 steps, EMA.

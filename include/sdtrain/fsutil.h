@@ -3,6 +3,7 @@
 #define SDTRAIN_FSUTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "sdtrain/error.h"
 
@@ -54,6 +55,12 @@ double sd_fs_free_bytes(const char *path);
  * "it needs N MiB, and the file system of 'dir' has M MiB free". The environment variable
  * SDTRAIN_TEST_NO_ROOM_CHECK=1 (a test hook) makes it always 0, to reach the failed write. */
 int sd_fs_check_room(const char *dir, double need, sd_err *err);
+
+/* `bytes` bytes of buf written to (writing = 1) or read from (0) the descriptor fd at offset
+ * `at` with pwrite/pread, all of them: interrupted and short transfers are resumed, in pieces of
+ * at most 1 GiB. 0, or -1 with errno set (0 when a read met the end of the file first, EIO for
+ * a write that moved nothing); *done (may be NULL) := the bytes that did move. */
+int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t *done);
 
 /* fsync of a path: a file's data, or a directory's entries (which a rename changed). File
  * systems that cannot sync directories (EINVAL, EROFS) are not an error. A failure of the

@@ -101,6 +101,30 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err)
 }
 
 /* Opening read-only is enough for fsync on Linux and works for directories. */
+int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t *done)
+{
+    char *p = buf;
+    size_t moved = 0;
+    int rc = 0;
+    while (moved < bytes) {
+        const size_t left = bytes - moved, n = left < ((size_t)1 << 30) ? left : ((size_t)1 << 30);
+        const off_t where = (off_t)(at + moved);
+        const ssize_t got = writing ? pwrite(fd, p + moved, n, where) : pread(fd, p + moved, n, where);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = writing ? EIO : 0;
+            rc = -1;
+            break;
+        }
+        moved += (size_t)got;
+    }
+    if (done)
+        *done = moved;
+    return rc;
+}
+
 int sd_fsync_path(const char *path, sd_err *err)
 {
     int fd = open(path, O_RDONLY), rc, e;
@@ -117,25 +141,17 @@ int sd_fsync_path(const char *path, sd_err *err)
 int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err *err)
 {
     char tmp[4200], dir[4200];
-    const char *p = (const char *)data;
-    size_t off = 0;
     int fd, e, n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return sd_err_set(err, "path too long: '%s'", path);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (fd < 0)
         return sd_err_errno(err, errno, "cannot write '%s'", tmp);
-    while (off < len) {
-        ssize_t w = write(fd, p + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            e = w < 0 ? errno : EIO; /* 0 bytes written: no errno to tell */
-            close(fd);
-            unlink(tmp);
-            return sd_err_errno(err, e, "cannot write '%s'", tmp);
-        }
-        off += (size_t)w;
+    if (sd_pio_all(fd, (void *)data, len, 0, 1, NULL)) {
+        e = errno;
+        close(fd);
+        unlink(tmp);
+        return sd_err_errno(err, e, "cannot write '%s'", tmp);
     }
     if (fsync(fd) != 0) {
         e = errno;
@@ -175,7 +191,9 @@ static int copy_file(const char *from, const char *to, sd_err *err)
 {
     char buf[1 << 16];
     int in = open(from, O_RDONLY), out;
-    ssize_t n;
+    uint64_t at = 0;
+    size_t n;
+    int end = 0;
     if (in < 0)
         return sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
     out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -183,23 +201,23 @@ static int copy_file(const char *from, const char *to, sd_err *err)
         close(in);
         return sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
     }
-    while ((n = read(in, buf, sizeof buf)) > 0) {
-        for (ssize_t done = 0; done < n;) {
-            ssize_t w = write(out, buf + done, (size_t)(n - done));
-            if (w < 0) {
-                sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
+    while (!end) {
+        if (sd_pio_all(in, buf, sizeof buf, at, 0, &n)) {
+            if (errno) {
+                sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
                 close(in);
                 close(out);
                 return -1;
             }
-            done += w;
+            end = 1; /* the end of the file: n < sizeof buf */
         }
-    }
-    if (n < 0) {
-        sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
-        close(in);
-        close(out);
-        return -1;
+        if (sd_pio_all(out, buf, n, at, 1, NULL)) {
+            sd_err_set(err, "cannot write '%s': %s", to, strerror(errno));
+            close(in);
+            close(out);
+            return -1;
+        }
+        at += n;
     }
     close(in);
     if (fsync(out) != 0 || close(out) != 0)

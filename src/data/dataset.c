@@ -223,25 +223,17 @@ static int read_member(const sd_dataset *ds, sd_sample *s, const struct sd_datas
     }
     ensure_cap((void **)buf, cap, (size_t)size + 1);
     size_t n = 0;
-    while (n < size) {
-        ssize_t k = pread(s->fd_, *buf + n, size - n, (off_t)(off + n));
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            const int en = errno;
-            char name[SD_PATH_BUF];
-            describe_part(ds, e, sfx, name, sizeof name);
+    if (sd_pio_all(s->fd_, *buf, size, off, 0, &n)) {
+        const int en = errno;
+        char name[SD_PATH_BUF];
+        describe_part(ds, e, sfx, name, sizeof name);
+        if (en) {
             input_read_failed(err, name, en);
             return MEMBER_UNREADABLE;
         }
-        if (k == 0) {
-            char name[SD_PATH_BUF];
-            describe_part(ds, e, sfx, name, sizeof name);
-            sd_err_set(err, "%s: truncated: %zu of %" PRIu32 " bytes (the tar is shorter than when it "
-                       "was indexed)", name, n, size);
-            return MEMBER_TRUNCATED;
-        }
-        n += (size_t)k;
+        sd_err_set(err, "%s: truncated: %zu of %" PRIu32 " bytes (the tar is shorter than when it "
+                   "was indexed)", name, n, size);
+        return MEMBER_TRUNCATED;
     }
     (*buf)[n] = 0;
     return MEMBER_OK;

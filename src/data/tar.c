@@ -33,18 +33,8 @@ static const unsigned char *reader_get(reader *r, uint64_t off, size_t len, size
 {
     if (!(off >= r->buf_off && off + len <= r->buf_off + r->buf_len)) {
         size_t filled = 0;
-        while (filled < READ_CHUNK) {
-            ssize_t k = pread(r->fd, r->buf + filled, READ_CHUNK - filled, (off_t)(off + filled));
-            if (k < 0) {
-                if (errno == EINTR)
-                    continue;
-                r->err = errno;
-                break;
-            }
-            if (k == 0)
-                break;
-            filled += (size_t)k;
-        }
+        if (sd_pio_all(r->fd, r->buf, READ_CHUNK, off, 0, &filled) && errno)
+            r->err = errno; /* else the end of the file: filled < READ_CHUNK */
         r->buf_off = off;
         r->buf_len = filled;
     }

@@ -662,28 +662,6 @@ static int create_state_file(writer *w, sd_err *e)
     return 0;
 }
 
-/* Bytes to or from fd at `at`, all of them: 0, or -1 with errno (0 for a short read at the end
- * of the file). */
-static int io_all(int fd, void *buf, size_t bytes, off_t at, int writing)
-{
-    char *p = buf;
-    while (bytes > 0) {
-        const size_t n = bytes < ((size_t)1 << 30) ? bytes : ((size_t)1 << 30);
-        const ssize_t got = writing ? pwrite(fd, p, n, at) : pread(fd, p, n, at);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            if (got == 0)
-                errno = 0;
-            return -1;
-        }
-        p += got;
-        at += got;
-        bytes -= (size_t)got;
-    }
-    return 0;
-}
-
 /* This rank's parts (src[ds]: the floats [w->wb[ds], w->we[ds]) of dataset ds) into the state
  * file at their offsets, with plain pwrite in 64 MiB pieces (no MPI, no HDF5: safe on a thread
  * of its own, and a storage error fails this rank alone, never a collective call half-way),
@@ -707,9 +685,9 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
         part[ds] = sd_ckpt_checksum(src[ds], wb, len);
         for (size_t off = 0; off < len && !failed; off += block) {
             const size_t cnt = len - off < block ? len - off : block;
-            if (io_all(fd, (void *)(src[ds] + off), cnt * sizeof(float),
-                       (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 1))
-                failed = sd_err_errno(e, errno ? errno : EIO, "writing dataset '%s' of %s failed "
+            if (sd_pio_all(fd, (void *)(src[ds] + off), cnt * sizeof(float),
+                           (uint64_t)w->addr[ds] + (wb + off) * sizeof(float), 1, NULL))
+                failed = sd_err_errno(e, errno, "writing dataset '%s' of %s failed "
                                       "on rank %d", ds_names[ds], w->file, w->rank) != 0;
             /* a node failure in the middle of a checkpoint: the temporary file holds part of it */
             if (ds == DS_PARAMS && off == 0 &&
@@ -742,8 +720,8 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
         uint64_t sum = 0;
         for (size_t off = 0; off < len && !failed; off += block) {
             const size_t cnt = len - off < block ? len - off : block;
-            if (io_all(fd, buf, cnt * sizeof(float),
-                       (off_t)w->addr[ds] + (off_t)((wb + off) * sizeof(float)), 0)) {
+            if (sd_pio_all(fd, buf, cnt * sizeof(float),
+                           (uint64_t)w->addr[ds] + (wb + off) * sizeof(float), 0, NULL)) {
                 if (errno)
                     failed = sd_err_errno(e, errno, "reading back dataset '%s' of %s failed on "
                                           "rank %d", ds_names[ds], w->file, w->rank) != 0;

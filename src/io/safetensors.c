@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/fsutil.h"
 
 /* Tensor bytes are copied or reinterpreted as they lie in the file. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -1472,22 +1473,6 @@ static int wr_order_cmp(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static int write_all(int fd, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    while (n > 0) {
-        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
-        ssize_t r = write(fd, p, chunk);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 int sd_st_writer_write(const sd_st_writer *w, const char *path, sd_err *err)
 {
     if (!w || !path)
@@ -1556,11 +1541,13 @@ int sd_st_writer_write(const sd_st_writer *w, const char *path, sd_err *err)
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
-    int ok = fchmod(fd, 0644) == 0 && write_all(fd, len8, 8) == 0 &&
-             write_all(fd, h.buf, h.len) == 0;
+    int ok = fchmod(fd, 0644) == 0 && sd_pio_all(fd, len8, 8, 0, 1, NULL) == 0 &&
+             sd_pio_all(fd, h.buf, h.len, 8, 1, NULL) == 0;
+    uint64_t at = 8 + (uint64_t)h.len;
     for (size_t k = 0; ok && k < w->n; k++) {
         const wr_tensor *t = order[k];
-        ok = t->nbytes == 0 || write_all(fd, t->data, t->nbytes) == 0;
+        ok = sd_pio_all(fd, (void *)t->data, t->nbytes, at, 1, NULL) == 0;
+        at += t->nbytes;
     }
     ok = ok && fsync(fd) == 0;
     int saved = errno;

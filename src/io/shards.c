@@ -555,7 +555,7 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, int *repl
 {
     char path[SD_PATH_MAX + 32], tmp[SD_PATH_MAX + 48];
     char *text = NULL;
-    size_t len = 0, off = 0;
+    size_t len = 0;
     struct stat st;
     int fd, rc = -1;
     int64_t total = 0;
@@ -593,17 +593,11 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, int *repl
         sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
         goto out;
     }
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
-            close(fd);
-            unlink(tmp);
-            goto out;
-        }
-        off += (size_t)w;
+    if (sd_pio_all(fd, text, len, 0, 1, NULL)) {
+        sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        goto out;
     }
     if (fsync(fd) != 0) {
         sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
@@ -938,30 +932,20 @@ static int put_rows(writer *w, int k, hid_t d, hid_t memtype, int64_t row, int64
         return write_rows_hdf5(w, d, memtype, row, cnt, buf, e);
     if (cnt <= 0)
         return 0;
-    const char *p = buf;
-    size_t left = (size_t)cnt * row_bytes;
-    off_t at = (off_t)w->addr[k] + (off_t)((size_t)row * row_bytes);
-    while (left > 0) {
-        const size_t n = left < ((size_t)1 << 30) ? left : ((size_t)1 << 30);
-        const ssize_t got = pwrite(w->fd, p, n, at);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            static const char *const names[6] = {"image_latents_", "caption_embeddings",
-                                                 "caption_ids", "caption", "key",
-                                                 "empty_caption_embedding"};
-            char name[64];
-            snprintf(name, sizeof name, "%s", names[k]);
-            if (k == 0) /* the dataset's name, as HDF5's message gives it */
-                snprintf(name, sizeof name, "image_latents_%d", w->meta->resolution);
-            if (!e->msg[0])
-                sd_err_errno(e, got < 0 ? errno : EIO, "writing /%s of %s failed on rank %d",
-                             name, w->tmp_path, w->rank);
-            return -1;
-        }
-        p += got;
-        at += got;
-        left -= (size_t)got;
+    if (sd_pio_all(w->fd, (void *)buf, (size_t)cnt * row_bytes,
+                   w->addr[k] + (uint64_t)row * row_bytes, 1, NULL)) {
+        static const char *const names[6] = {"image_latents_", "caption_embeddings",
+                                             "caption_ids", "caption", "key",
+                                             "empty_caption_embedding"};
+        char name[64];
+        const int en = errno;
+        snprintf(name, sizeof name, "%s", names[k]);
+        if (k == 0) /* the dataset's name, as HDF5's message gives it */
+            snprintf(name, sizeof name, "image_latents_%d", w->meta->resolution);
+        if (!e->msg[0])
+            sd_err_errno(e, en, "writing /%s of %s failed on rank %d", name, w->tmp_path,
+                         w->rank);
+        return -1;
     }
     return 0;
 }
@@ -1925,29 +1909,21 @@ int sd_shard_direct_read(int fd, const char *path, uint64_t offset, int f16, siz
     const size_t fsz = f16 ? 2 : 4, bytes = (size_t)count * row_floats * fsz;
     uint16_t *own = NULL;
     char *buf;
-    size_t done = 0;
     if (count <= 0)
         return 0;
     if (f16 && !scratch)
         scratch = own = sd_xmalloc(bytes);
     buf = f16 ? (char *)scratch : (char *)dst;
-    while (done < bytes) {
-        const ssize_t got = pread(fd, buf + done, bytes - done,
-                                  (off_t)(offset + (uint64_t)row * row_floats * fsz + done));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            const int e = got < 0 ? errno : 0;
-            free(own);
-            if (e && sd_storage_errno(e))
-                return sd_err_set_storage(err, "%s: reading rows %lld to %lld failed: %s (a storage "
-                                          "error, not damage: the shard may be intact)", path,
-                                          (long long)row, (long long)(row + count - 1), strerror(e));
-            return sd_err_set(err, "%s: reading rows %lld to %lld failed: %s", path, (long long)row,
-                              (long long)(row + count - 1),
-                              e ? strerror(e) : "the file ends before them (truncated?)");
-        }
-        done += (size_t)got;
+    if (sd_pio_all(fd, buf, bytes, offset + (uint64_t)row * row_floats * fsz, 0, NULL)) {
+        const int e = errno;
+        free(own);
+        if (e && sd_storage_errno(e))
+            return sd_err_set_storage(err, "%s: reading rows %lld to %lld failed: %s (a storage "
+                                      "error, not damage: the shard may be intact)", path,
+                                      (long long)row, (long long)(row + count - 1), strerror(e));
+        return sd_err_set(err, "%s: reading rows %lld to %lld failed: %s", path, (long long)row,
+                          (long long)(row + count - 1),
+                          e ? strerror(e) : "the file ends before them (truncated?)");
     }
     if (f16)
         sd_f16_to_f32_array(scratch, dst, (size_t)count * row_floats);

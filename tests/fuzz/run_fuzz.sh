@@ -42,7 +42,7 @@ core="$src/core/error.c $src/core/check.c $src/core/log.c $src/core/timer.c"
 # and extra seed folders.
 case $target in
 safetensors)
-    sources="$src/io/safetensors.c $src/core/tensor.c"
+    sources="$src/io/safetensors.c $src/core/tensor.c $src/core/fsutil.c"
     pkgs=json-c opts="-max_len=4096" seeds="$top/tests/data/safetensors" ;;
 image)
     sources="$src/data/image.c $src/data/transform.c $src/data/utf8.c"
@@ -51,7 +51,7 @@ namelist)
     sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c $src/core/fault.c $src/data/utf8.c"
     pkgs="" opts="-max_len=8192" seeds="$top/tests/config/invalid $top/inputs" ;;
 tar)
-    sources="$src/data/tar.c"
+    sources="$src/data/tar.c $src/core/fsutil.c"
     pkgs="" opts="-max_len=16384" seeds="" ;;
 tokenizer | tokenizerfiles)
     sources="$src/data/tokenizer.c $src/data/unicode_tables.c $src/data/utf8.c $src/io/json_file.c $src/core/fsutil.c"

@@ -28,27 +28,6 @@ train_nml() {
 &checkpoint every_n_steps = 4 ${4:-} /
 EOF2
 }
-# losses NAME [FROM]: the step and validation loss lines of a run's metrics after step FROM,
-# timings left out
-losses() {
-    grep -o '"step": [0-9]*, \("epoch": [0-9]*, "loss"\|"val_loss"\): [^,}]*' "$TMP/$1/metrics.jsonl" |
-        awk -v from="${2:--1}" '{ s = $2; sub(",", "", s); if (s + 0 > from) print }'
-}
-# same_as_ref NAME [FROM]: bit-identical weights, EMA and losses (those after step FROM)
-same_as_ref() {
-    for f in unet_final unet_ema; do
-        cmp -s "$TMP/ref/$f.safetensors" "$TMP/$1/$f.safetensors" ||
-            fail "$1: $f.safetensors differs from the uninterrupted run"
-    done
-    losses ref "${2:--1}" >"$TMP/l-ref"
-    losses "$1" "${2:--1}" >"$TMP/l-$1"
-    [ -s "$TMP/l-$1" ] || fail "$1: no loss lines"
-    cmp -s "$TMP/l-ref" "$TMP/l-$1" || { diff "$TMP/l-ref" "$TMP/l-$1" >&2; fail "$1: losses differ"; }
-}
-latest_is() {
-    [ "$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)" = "$2" ] ||
-        fail "$1: latest is '$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)', expected '$2'"
-}
 
 # the uninterrupted reference: 2 ranks x 4, DDP
 train_nml ref 4 none
@@ -100,7 +79,7 @@ latest_is kill step-00000004
 mpi kill 2 "$SDTRAIN" "$TMP/kill.nml"
 expect_rc kill 0
 expect_in kill out "resuming from $TMP/kill/checkpoints/step-00000004: step 4"
-same_as_ref kill
+same_run kill ref
 [ "$(grep -c '"loss"' "$TMP/kill/metrics.jsonl")" = 12 ] || fail "kill: metrics.jsonl should hold 12 loss lines"
 latest_is kill step-00000012
 kept=$(cd "$TMP/kill/checkpoints" && echo step-*)
@@ -114,7 +93,7 @@ SDTRAIN_FAULT=kill:rank=0:step=5 mpi zkill 2 "$SDTRAIN" "$TMP/zkill.nml"
 latest_is zkill step-00000004
 mpi zkill 2 "$SDTRAIN" "$TMP/zkill.nml"
 expect_rc zkill 0
-same_as_ref zkill
+same_run zkill ref
 
 # (b) killed while writing the checkpoint of step 8: step 4 stays latest, the leftover is
 # removed on restart, the resumed run matches
@@ -130,7 +109,7 @@ expect_rc wkill 0
 expect_in wkill out "left by an interrupted checkpoint write"
 expect_in wkill out "resuming from $TMP/wkill/checkpoints/step-00000004"
 [ ! -e "$TMP/wkill/checkpoints/.step-00000008.tmp" ] || fail "wkill: leftover not removed"
-same_as_ref wkill
+same_run wkill ref
 
 # killed between the rename and the update of `latest`: step 8 is complete but not latest;
 # the resume starts at step 4 and replaces step 8
@@ -141,7 +120,7 @@ latest_is ckill step-00000004
 mpi ckill 2 "$SDTRAIN" "$TMP/ckill.nml"
 expect_rc ckill 0
 expect_in ckill out "resuming from $TMP/ckill/checkpoints/step-00000004"
-same_as_ref ckill
+same_run ckill ref
 
 # (c) SIGUSR1 (fault injection on rank 1 at the end of step 6): every rank agrees, checkpoints
 # step 6, exits 0 with the message; the resumed run matches
@@ -154,7 +133,7 @@ latest_is usr1 step-00000006
 mpi usr1 2 "$SDTRAIN" "$TMP/usr1.nml"
 expect_rc usr1 0
 expect_in usr1 out "resuming from $TMP/usr1/checkpoints/step-00000006: step 6"
-same_as_ref usr1
+same_run usr1 ref
 
 # a signal during the last step: the run just ends normally (final checkpoint and weights)
 train_nml usr1last 4 none
@@ -162,7 +141,7 @@ SDTRAIN_FAULT=usr1:rank=0:step=11 mpi usr1last 2 "$SDTRAIN" "$TMP/usr1last.nml"
 expect_rc usr1last 0
 expect_not_in usr1last out "resubmit to continue"
 latest_is usr1last step-00000012
-same_as_ref usr1last
+same_run usr1last ref
 
 # SIGUSR1 from outside, to the launcher (as Slurm's --signal does): a long run stops at the next
 # step boundary with a checkpoint of that step
@@ -183,7 +162,7 @@ train_nml zero2 4 shard_grad_op ", resume = '$TMP/ref/checkpoints/step-00000004'
 mpi zero2 2 "$SDTRAIN" "$TMP/zero2.nml"
 expect_rc zero2 0
 expect_in zero2 out "written by 2 rank(s) with sharding 'none'"
-same_as_ref zero2 4
+same_run zero2 ref 4
 train_nml np1 8 none ", resume = '$TMP/ref/checkpoints'"
 mpi np1 1 "$SDTRAIN" "$TMP/np1.nml"
 expect_rc np1 0
@@ -259,7 +238,7 @@ for v in flip missing; do
     expect_rc "fb-$v" 0
     expect_in "fb-$v" out "resuming from $TMP/fb-$v/checkpoints/step-00000008: step 8"
     expect_in "fb-$v" err "continuing from the newest complete checkpoint before it"
-    same_as_ref "fb-$v" 8
+    same_run "fb-$v" ref 8
     latest_is "fb-$v" step-00000012
 done
 expect_in fb-flip err "fails its checksum"
@@ -325,7 +304,7 @@ latest_is eio step-00000008
 mpi eio 2 "$SDTRAIN" "$TMP/eio.nml"
 expect_rc eio 0
 expect_in eio out "resuming from $TMP/eio/checkpoints/step-00000008: step 8"
-same_as_ref eio 8
+same_run eio ref 8
 
 # (h) &checkpoint verify (the default): a bit of rank 1's data changed on disk after the write
 # of step 8 was synced (a silent storage fault) is found by the read-back; the checkpoint is not
@@ -342,7 +321,7 @@ expect_in vflip out "read back and verified"
 [ ! -e "$TMP/vflip/checkpoints/step-00000008" ] && [ ! -e "$TMP/vflip/checkpoints/.step-00000008.tmp" ] ||
     fail "vflip: the checkpoint that failed its read-back is visible or left over"
 latest_is vflip step-00000012
-same_as_ref vflip
+same_run vflip ref
 train_nml noverify 4 none ", verify = .false."
 SDTRAIN_FAULT=flip:rank=1:phase=ckpt-write:step=8 mpi noverify 2 "$SDTRAIN" "$TMP/noverify.nml"
 expect_rc noverify 0
@@ -374,7 +353,7 @@ mpi never 2 "$SDTRAIN" "$TMP/kill.nml" --set checkpoint.resume=never
 expect_rc never 0
 expect_in never err "starting fresh although"
 expect_not_in never out "resuming from"
-same_as_ref kill
+same_run kill ref
 [ "$(grep -c '"val_loss"' "$TMP/kill/metrics.jsonl")" = 4 ] || fail "never: metrics.jsonl not started over"
 # (g2) a run started over (resume = 'never', 6 steps, a checkpoint every 2, keep_last = 2) in a
 # directory holding the reference's checkpoints 4, 8 and 12: keep_last prunes only its own

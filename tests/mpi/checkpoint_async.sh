@@ -9,38 +9,11 @@
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 
-model=$TINY_MODEL
 tiny_shards 48 2
 
 # train_nml NAME BATCH SHARDING ASYNC [CHECKPOINT-KEYS]: 12 steps, a checkpoint every 4
 train_nml() {
-    nml "$1.nml" <<EOF2
-&run mode = 'train', output_dir = '$TMP/$1', seed = 11 /
-&model $model /
-&data shard_dir = '$TMP/shards', val_fraction = 0.2 /
-&train max_steps = 12, batch_size_per_rank = $2, learning_rate = 1e-3, warmup_steps = 3,
-       sharding = '$3', grad_clip = 0.5, log_every = 5, val_every = 5, ema_decay = 0.9 /
-&diffusion caption_dropout = 0.2, min_snr_gamma = 5.0 /
-&checkpoint every_n_steps = 4, async = $4 ${5:-} /
-EOF2
-}
-losses() {
-    grep -o '"step": [0-9]*, \("epoch": [0-9]*, "loss"\|"val_loss"\): [^,}]*' "$TMP/$1/metrics.jsonl"
-}
-# same_as NAME REF: bit-identical weights, EMA and losses
-same_as() {
-    for f in unet_final unet_ema; do
-        cmp -s "$TMP/$2/$f.safetensors" "$TMP/$1/$f.safetensors" ||
-            fail "$1: $f.safetensors differs from $2's"
-    done
-    losses "$2" >"$TMP/l-$2"
-    losses "$1" >"$TMP/l-$1"
-    [ -s "$TMP/l-$1" ] || fail "$1: no loss lines"
-    cmp -s "$TMP/l-$2" "$TMP/l-$1" || { diff "$TMP/l-$2" "$TMP/l-$1" >&2; fail "$1: losses differ from $2's"; }
-}
-latest_is() {
-    [ "$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)" = "$2" ] ||
-        fail "$1: latest is '$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)', expected '$2'"
+    STEPS=12 tiny_train_nml "$1" "$2" "$3" "" "&checkpoint every_n_steps = 4, async = $4 ${5:-} /"
 }
 # sums NAME STEP: the checksums of a checkpoint's manifest (what its data is)
 sums() {
@@ -81,14 +54,14 @@ expect_in bg out "checkpoint of step 8 written to $TMP/bg/checkpoints/step-00000
 # the final checkpoint is written at once
 expect_in bg out "step 12: checkpoint written to $TMP/bg/checkpoints/step-00000012 ("
 expect_count bg out "checkpoint started in the background" 2
-same_as bg ref
+same_run bg ref
 same_checkpoints bg ref
 latest_is bg step-00000012
 expect_in verify-bg-4 out "read back and checked when written: yes"
 train_nml zbg 4 shard_grad_op .true.
 mpi zbg 2 "$SDTRAIN" "$TMP/zbg.nml"
 expect_rc zbg 0
-same_as zbg zref
+same_run zbg zref
 same_checkpoints zbg zref
 pass "background checkpoints: the same training and checkpoint data (DDP and ZeRO-2)"
 
@@ -98,7 +71,7 @@ expect_rc ezref 0
 SDTRAIN_EMULATE_DEVICE_PATH=1 mpi ezbg 2 "$SDTRAIN" "$TMP/zbg.nml" --set "run.output_dir='$TMP/ezbg'"
 expect_rc ezbg 0
 expect_in ezbg out "checkpoint of step 8 written to $TMP/ezbg/checkpoints/step-00000008 in the background"
-same_as ezbg ezref
+same_run ezbg ezref
 same_checkpoints ezbg ezref
 pass "background checkpoints on the emulated device path"
 
@@ -109,7 +82,7 @@ SDTRAIN_TEST_CKPT_DELAY_MS=1500 mpi slow 2 "$SDTRAIN" "$TMP/slow.nml" --set chec
 expect_rc slow 0
 expect_in slow out "step 4: checkpoint of step 2 written to $TMP/slow/checkpoints/step-00000002 in the background"
 expect_in slow out "step 12: checkpoint of step 10 written to $TMP/slow/checkpoints/step-00000010 in the background"
-same_as slow ref
+same_run slow ref
 kept=$(cd "$TMP/slow/checkpoints" && echo step-*)
 [ "$kept" = "step-00000008 step-00000010 step-00000012" ] || fail "slow: keep_last = 3 left $kept"
 pass "a writer slower than the interval is waited for"
@@ -126,7 +99,7 @@ mpi wkill 2 "$SDTRAIN" "$TMP/wkill.nml"
 expect_rc wkill 0
 expect_in wkill out "left by an interrupted checkpoint write"
 expect_in wkill out "resuming from $TMP/wkill/checkpoints/step-00000004"
-same_as wkill ref
+same_run wkill ref
 # ... and killed at the commit of step 8 (rank 0, after the rename, before `latest`)
 train_nml ckill 4 none .true.
 SDTRAIN_FAULT=kill:rank=0:phase=ckpt-commit:step=8 mpi ckill 2 "$SDTRAIN" "$TMP/ckill.nml"
@@ -135,7 +108,7 @@ latest_is ckill step-00000004
 mpi ckill 2 "$SDTRAIN" "$TMP/ckill.nml"
 expect_rc ckill 0
 expect_in ckill out "resuming from $TMP/ckill/checkpoints/step-00000004"
-same_as ckill ref
+same_run ckill ref
 pass "a rank killed during a background write or its commit"
 
 # 4. SIGUSR1 (rank 1, end of step 6) while step 4's writer is still at work: it is committed,
@@ -149,7 +122,7 @@ latest_is usr1 step-00000006
 mpi usr1 2 "$SDTRAIN" "$TMP/usr1.nml"
 expect_rc usr1 0
 expect_in usr1 out "resuming from $TMP/usr1/checkpoints/step-00000006: step 6"
-same_as usr1 ref
+same_run usr1 ref
 pass "a signal while a background write is in flight"
 
 # 5. the read-back finds other data (a bit flipped on disk after rank 1's write): step 4 is not
@@ -163,7 +136,7 @@ expect_in flip err "the file system returned other data than was written; traini
 [ ! -e "$TMP/flip/checkpoints/step-00000004" ] && [ ! -e "$TMP/flip/checkpoints/.step-00000004.tmp" ] ||
     fail "flip: step 4 committed, or its temporary folder left"
 latest_is flip step-00000012
-same_as flip ref
+same_run flip ref
 pass "a background write whose read-back differs is not committed"
 
 # 6. the storage fails rank 1's writes of step 4's state file (the failing disk of
@@ -179,7 +152,7 @@ if [ -f "$top_builddir/tests/mpi/eio_preload.so" ]; then
     expect_in eio err "training goes on"
     [ ! -e "$TMP/eio/checkpoints/step-00000004" ] || fail "eio: step 4 committed"
     latest_is eio step-00000012
-    same_as eio ref
+    same_run eio ref
     pass "a background write the storage fails is not committed; training goes on"
 fi
 
@@ -191,6 +164,6 @@ expect_rc nomem 0
 expect_count nomem err "rank 1 has no room in host memory for its copy of the state" 1
 expect_count nomem err "&checkpoint async is off for this run; checkpoints are written at once" 1
 expect_not_in nomem out "in the background"
-same_as nomem ref
+same_run nomem ref
 same_checkpoints nomem ref
 pass "no memory for the copy: checkpoints written at once"

@@ -1380,7 +1380,7 @@ static void test_tsv_utf16(void)
     sd_dataset ds;
     sd_err err;
     snprintf(path, sizeof path, "%s/utf16.tsv", tmpdir);
-    write_bytes(path, "\xff\xfe" "a\0.\0j\0p\0g\0\t\0c\0\n\0", 20);
+    write_bytes(path, "\xff\xfe" "a\0.\0j\0p\0g\0\t\0c\0\n\0", 18);
     tap_ok(sd_dataset_open(path, "tsv", &ds, &err) == -1 && strstr(err.msg, "utf16.tsv: UTF-16LE text") &&
                strstr(err.msg, "save the manifest as UTF-8"),
            "tsv: a UTF-16 manifest is refused by name: %s", err.msg);
