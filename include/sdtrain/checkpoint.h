@@ -49,6 +49,17 @@ typedef struct sd_ckpt_tensors {
     float *params;
     size_t begin, end;
     float *m, *v, *ema;
+    /* Optional, read by sd_ckpt_async_start alone: params, m, v and ema lie in another memory (a
+     * GPU's), and copy(copy_ctx, dst, src, count) brings `count` floats from src there into the
+     * host buffer dst (the device path's download). NULL: they are host buffers (memcpy). */
+    void (*copy)(void *ctx, float *dst, const float *src, size_t count);
+    void *copy_ctx;
+    /* Optional, read by sd_ckpt_async_reserve alone: the copy's memory from
+     * host_alloc(copy_ctx, bytes) (the device path: page-locked, so that `copy` runs at the
+     * link's speed), given back with host_free(copy_ctx, p); malloc when NULL or when it returns
+     * NULL. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 } sd_ckpt_tensors;
 
 /* What sd_ckpt_load found besides the tensors. config_text: the namelist the writer ran with
@@ -101,7 +112,8 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
  * sd_ckpt_async_start (collective) sets up the temporary directory as sd_ckpt_write does, creates
  * the state file collectively (attributes, the datasets allocated at their offsets, no data),
  * copies this rank's parts of t into its host buffer (made by sd_ckpt_async_reserve, which must
- * come first: a second copy of the rank's part of the state) and starts a thread that writes them with pwrite
+ * come first: a second copy of the rank's part of the state; with t->copy straight from the
+ * device, no host copy of the state needed) and starts a thread that writes them with pwrite
  * at their offsets, fsyncs, and with verify reads them back and compares checksums; it uses
  * neither MPI nor HDF5. From its return t may change. Returns 0 when the thread runs, -1 when
  * not started (the same on every rank, the message in err, the previous checkpoint stays the
@@ -130,6 +142,8 @@ int sd_ckpt_async_finish(sd_ckpt_async *a, char *committed, size_t committed_siz
  * ranges that do not fit together. */
 int sd_ckpt_async_reserve(sd_ckpt_async **a, MPI_Comm comm, const sd_ckpt_tensors *t,
                           int has_ema, size_t *bytes, sd_err *err);
+/* 1 when the copy came from the tensors' host_alloc (page-locked on the device path). */
+int sd_ckpt_async_pinned(const sd_ckpt_async *a);
 /* The step of the checkpoint in flight, or -1. */
 int64_t sd_ckpt_async_step(const sd_ckpt_async *a);
 void sd_ckpt_async_free(sd_ckpt_async *a);

@@ -1206,6 +1206,26 @@ static void ckpt_scalars(const trainer *t, int64_t done, int64_t k, int64_t skip
     snprintf(s->sharding, sizeof s->sharding, "%s", t->cfg->train.sharding);
 }
 
+/* sd_ckpt_tensors.copy of the device path: floats from device memory into a host buffer. */
+static void dev_copy(void *ctx, float *dst, const float *src, size_t count)
+{
+    const trainer *t = ctx;
+    sd_download(t->be, dst, src, count * sizeof(float));
+}
+
+/* sd_ckpt_tensors.host_alloc / host_free of the device path: the backend's page-locked memory. */
+static void *dev_host_alloc(void *ctx, size_t bytes)
+{
+    const trainer *t = ctx;
+    return sd_host_alloc(t->be, bytes);
+}
+
+static void dev_host_free(void *ctx, void *p)
+{
+    const trainer *t = ctx;
+    sd_host_free(t->be, p);
+}
+
 /* &checkpoint async, collective at a step boundary (`done` steps): the checkpoint in flight, if
  * any, is committed once every rank's writer is done, or at once after waiting for them
  * (wait != 0: the next checkpoint is due, a signal, the end). A failure is reported and training
@@ -1246,16 +1266,23 @@ static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped
     int rc;
     settle_checkpoint(t, done, 1);
     ckpt_scalars(t, done, k, skipped, &s);
-    if (t->dev_opt)
-        dev_stage_out(t);
     ckpt_tensors(t, &ts);
+    if (t->dev_opt) {
+        /* this rank's parts straight from the device into the writer's copy: no host staging
+         * of the whole state (dev_stage_out) */
+        ts.params = (float *)dp_master_full(t);
+        ts.m = t->d_m;
+        ts.v = t->d_v;
+        ts.ema = t->d_ema;
+        ts.copy = dev_copy;
+        ts.copy_ctx = t;
+    }
     text = sd_config_to_namelist(t->rc, false);
     sd_loader_h5_lock();
     rc = sd_ckpt_async_start(&t->ack, t->mpi_comm, t->ckpt_dir, &s, &ts, text,
                              cfg->checkpoint.keep_last, cfg->checkpoint.verify, err);
     sd_loader_h5_unlock();
     free(text);
-    dev_stage_free(t);
     if (rc == 0)
         sd_info("step %lld: checkpoint started in the background (training held %.2f s)",
                 (long long)done, sd_time_now() - t0);
@@ -1763,6 +1790,11 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         size_t bytes = 0;
         const double t0 = sd_time_now();
         ckpt_tensors(t, &ts);
+        if (t->dev_opt) {
+            ts.host_alloc = dev_host_alloc;
+            ts.host_free = dev_host_free;
+            ts.copy_ctx = t;
+        }
         const int rc = sd_ckpt_async_reserve(&t->ack, t->mpi_comm, &ts,
                                              t->ema != NULL || t->d_ema != NULL, &bytes, err);
         if (rc == SD_CKPT_NO_MEMORY) {
@@ -1775,8 +1807,10 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
             return -1;
         } else {
             sd_info("&checkpoint async: the copy of the state that background checkpoints "
-                    "write takes %.1f MiB of host memory on rank 0 (allocated in %.2f s)",
-                    (double)bytes / 1048576.0, sd_time_now() - t0);
+                    "write takes %.1f MiB of %shost memory on rank 0 (allocated in %.2f s)",
+                    (double)bytes / 1048576.0,
+                    t->gpu && sd_ckpt_async_pinned(t->ack) ? "page-locked " : "",
+                    sd_time_now() - t0);
         }
     }
 

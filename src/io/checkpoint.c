@@ -600,6 +600,8 @@ struct sd_ckpt_async {
     pthread_t thread;
     float *snap;           /* this rank's parts of the datasets, kept from one checkpoint to the next */
     size_t snap_cap;       /* floats */
+    void (*snap_free)(void *ctx, void *p); /* snap from the tensors' host_alloc: its release */
+    void *snap_ctx;
     size_t at[DS_N];       /* where the part of dataset ds begins in snap */
     /* the thread's results, read after it is joined (done: while it runs) */
     atomic_int done;
@@ -859,12 +861,17 @@ int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
         for (int ds = 0; ds < DS_N; ds++) {
             if (ds == DS_EMA && !s->has_ema)
                 continue;
-            const size_t held_b = ds == DS_PARAMS ? 0 : t->begin;
-            memcpy(a->snap + a->at[ds], from[ds] + (a->w.wb[ds] - held_b),
-                   (a->w.we[ds] - a->w.wb[ds]) * sizeof(float));
+            const size_t held_b = ds == DS_PARAMS ? 0 : t->begin, cnt = a->w.we[ds] - a->w.wb[ds];
+            if (t->copy)
+                t->copy(t->copy_ctx, a->snap + a->at[ds], from[ds] + (a->w.wb[ds] - held_b), cnt);
+            else
+                memcpy(a->snap + a->at[ds], from[ds] + (a->w.wb[ds] - held_b),
+                       cnt * sizeof(float));
         }
     }
     a->t.params = a->t.m = a->t.v = a->t.ema = NULL; /* theirs, changing from now on */
+    a->t.copy = NULL;
+    a->t.copy_ctx = NULL;
     free(a->config_text);
     a->config_text = sd_xstrdup(config_text ? config_text : "");
     a->keep_last = keep_last;
@@ -884,6 +891,24 @@ int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
     a->thread_running = 1;
     a->in_flight = 1;
     return 0;
+}
+
+/* The copy given back (local). */
+static void snap_release(sd_ckpt_async *a)
+{
+    if (a->snap_free)
+        a->snap_free(a->snap_ctx, a->snap);
+    else
+        free(a->snap);
+    a->snap = NULL;
+    a->snap_cap = 0;
+    a->snap_free = NULL;
+    a->snap_ctx = NULL;
+}
+
+int sd_ckpt_async_pinned(const sd_ckpt_async *a)
+{
+    return a && a->snap && a->snap_free != NULL;
 }
 
 int sd_ckpt_async_reserve(sd_ckpt_async **ap, MPI_Comm comm, const sd_ckpt_tensors *t,
@@ -907,9 +932,14 @@ int sd_ckpt_async_reserve(sd_ckpt_async **ap, MPI_Comm comm, const sd_ckpt_tenso
         no_memory = nomem && *nomem && atoi(nomem) == rank;
     }
     if (!no_memory && need > a->snap_cap) {
-        free(a->snap);
-        a->snap_cap = 0;
-        a->snap = malloc((need ? need : 1) * sizeof(float));
+        snap_release(a);
+        const size_t bytes_had = (need ? need : 1) * sizeof(float);
+        if (t->host_alloc && (a->snap = t->host_alloc(t->copy_ctx, bytes_had)) != NULL) {
+            a->snap_free = t->host_free;
+            a->snap_ctx = t->copy_ctx;
+        } else {
+            a->snap = malloc(bytes_had);
+        }
         if (a->snap) {
             /* every page touched now, not in the first checkpoint's pause */
             memset(a->snap, 0, need * sizeof(float));
@@ -997,7 +1027,7 @@ void sd_ckpt_async_free(sd_ckpt_async *a)
     if (!a)
         return;
     async_join(a);
-    free(a->snap);
+    snap_release(a);
     free(a->config_text);
     free(a);
 }
