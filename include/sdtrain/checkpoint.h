@@ -49,15 +49,15 @@ typedef struct sd_ckpt_tensors {
     float *params;
     size_t begin, end;
     float *m, *v, *ema;
-    /* Optional, read by sd_ckpt_async_start alone: params, m, v and ema lie in another memory (a
-     * GPU's), and copy(copy_ctx, dst, src, count) brings `count` floats from src there into the
-     * host buffer dst (the device path's download). NULL: they are host buffers (memcpy). */
+    /* Optional, for the writers (sd_ckpt_write, sd_ckpt_async_start; never sd_ckpt_load): params,
+     * m, v and ema lie in another memory (a GPU's), and copy(copy_ctx, dst, src, count) brings
+     * `count` floats from src there into the host buffer dst (the device path's download).
+     * sd_ckpt_write then writes through one 64 MiB host block. NULL: they are host buffers. */
     void (*copy)(void *ctx, float *dst, const float *src, size_t count);
     void *copy_ctx;
-    /* Optional, read by sd_ckpt_async_reserve alone: the copy's memory from
-     * host_alloc(copy_ctx, bytes) (the device path: page-locked, so that `copy` runs at the
-     * link's speed), given back with host_free(copy_ctx, p); malloc when NULL or when it returns
-     * NULL. */
+    /* Optional: host memory from host_alloc(copy_ctx, bytes) (the device path: page-locked, so
+     * that `copy` runs at the link's speed) for sd_ckpt_async_reserve's copy and sd_ckpt_write's
+     * block, given back with host_free(copy_ctx, p); malloc when NULL or when it returns NULL. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
 } sd_ckpt_tensors;

@@ -1144,9 +1144,10 @@ static void ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
     }
 }
 
-/* GPU device path: host copies for the checkpoint code, which works on host buffers. The
+/* GPU device path, resuming: host copies for sd_ckpt_load, which reads into host buffers. The
  * parameters go through t->w.data (the device holds the truth between checkpoints); the
- * moments and the EMA of this rank's range through t->hm / t->hv / t->hema. */
+ * moments and the EMA of this rank's range through t->hm / t->hv / t->hema. (The writers take
+ * the device's buffers themselves: dev_ckpt_tensors.) */
 static void dev_stage_alloc(trainer *t)
 {
     size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
@@ -1161,17 +1162,6 @@ static void dev_stage_free(trainer *t)
     free(t->hv);
     free(t->hema);
     t->hm = t->hv = t->hema = NULL;
-}
-
-static void dev_stage_out(trainer *t)
-{
-    size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
-    dev_stage_alloc(t);
-    sd_download(t->be, t->w.data, dp_master_full(t), t->n * sizeof(float));
-    sd_download(t->be, t->hm, t->d_m, (e - b) * sizeof(float));
-    sd_download(t->be, t->hv, t->d_v, (e - b) * sizeof(float));
-    if (t->hema)
-        sd_download(t->be, t->hema, t->d_ema, (e - b) * sizeof(float));
 }
 
 /* After a resume into the host copies: the device state from them (the padding stays zero). */
@@ -1226,6 +1216,21 @@ static void dev_host_free(void *ctx, void *p)
     sd_host_free(t->be, p);
 }
 
+/* Device path (collective: ZeRO-2 gathers the master on the device): the writers' tensors are
+ * the device's buffers, each rank's parts downloaded by the writer itself (the copy hook) into
+ * its page-locked memory: no host copy of the whole state. */
+static void dev_ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
+{
+    ts->params = (float *)dp_master_full(t);
+    ts->m = t->d_m;
+    ts->v = t->d_v;
+    ts->ema = t->d_ema;
+    ts->copy = dev_copy;
+    ts->host_alloc = dev_host_alloc;
+    ts->host_free = dev_host_free;
+    ts->copy_ctx = t;
+}
+
 /* &checkpoint async, collective at a step boundary (`done` steps): the checkpoint in flight, if
  * any, is committed once every rank's writer is done, or at once after waiting for them
  * (wait != 0: the next checkpoint is due, a signal, the end). A failure is reported and training
@@ -1267,16 +1272,8 @@ static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped
     settle_checkpoint(t, done, 1);
     ckpt_scalars(t, done, k, skipped, &s);
     ckpt_tensors(t, &ts);
-    if (t->dev_opt) {
-        /* this rank's parts straight from the device into the writer's copy: no host staging
-         * of the whole state (dev_stage_out) */
-        ts.params = (float *)dp_master_full(t);
-        ts.m = t->d_m;
-        ts.v = t->d_v;
-        ts.ema = t->d_ema;
-        ts.copy = dev_copy;
-        ts.copy_ctx = t;
-    }
+    if (t->dev_opt)
+        dev_ckpt_tensors(t, &ts);
     text = sd_config_to_namelist(t->rc, false);
     sd_loader_h5_lock();
     rc = sd_ckpt_async_start(&t->ack, t->mpi_comm, t->ckpt_dir, &s, &ts, text,
@@ -1302,16 +1299,15 @@ static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped,
     settle_checkpoint(t, done, 1);
     t0 = sd_time_now();
     ckpt_scalars(t, done, k, skipped, &s);
-    if (t->dev_opt)
-        dev_stage_out(t);
     ckpt_tensors(t, &ts);
+    if (t->dev_opt)
+        dev_ckpt_tensors(t, &ts);
     text = sd_config_to_namelist(t->rc, false);
     sd_loader_h5_lock(); /* the prefetch thread reads shards meanwhile */
     rc = sd_ckpt_write(t->mpi_comm, t->ckpt_dir, &s, &ts, text, cfg->checkpoint.keep_last,
                        cfg->checkpoint.verify, committed, sizeof committed, err);
     sd_loader_h5_unlock();
     free(text);
-    dev_stage_free(t);
     if (rc == 0) {
         t->last_ckpt = done;
         snprintf(t->last_ckpt_path, sizeof t->last_ckpt_path, "%s", committed);

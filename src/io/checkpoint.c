@@ -669,25 +669,38 @@ static int create_state_file(writer *w, sd_err *e)
  * of its own, and a storage error fails this rank alone, never a collective call half-way),
  * fsync'ed on the descriptor that wrote them; part[ds] := their checksums. With verify they are
  * read back past the page cache (POSIX_FADV_DONTNEED on the synced file) and the checksum of
- * what comes back must be the same. Local; 0, or -1 with e set. */
+ * what comes back must be the same. With w->t->copy (sd_ckpt_write on the device path) src is
+ * the device's memory, and each piece is first brought into one host block (from the tensors'
+ * host_alloc when it gives one). Local; 0, or -1 with e set. */
 static int write_parts(writer *w, const float *const src[DS_N], int verify, uint64_t part[DS_N],
                        sd_err *e)
 {
     const size_t block = (size_t)16 << 20; /* floats */
     const int64_t step = w->s->step;
+    const sd_ckpt_tensors *t = w->t;
     int failed = 0;
+    float *stage = NULL, *pinned = NULL; /* with t->copy: a block at a time from the device */
     int fd = open(w->file, O_WRONLY | O_CLOEXEC);
     memset(part, 0, DS_N * sizeof *part);
     if (fd < 0)
         return sd_err_errno(e, errno, "cannot open '%s' to write rank %d's part", w->file, w->rank);
+    if (t->copy) {
+        pinned = t->host_alloc ? t->host_alloc(t->copy_ctx, block * sizeof(float)) : NULL;
+        stage = pinned ? pinned : sd_xmalloc(block * sizeof(float));
+    }
     for (int ds = 0; ds < DS_N && !failed; ds++) {
         if (ds == DS_EMA && !w->s->has_ema)
             continue;
         const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
-        part[ds] = sd_ckpt_checksum(src[ds], wb, len);
         for (size_t off = 0; off < len && !failed; off += block) {
             const size_t cnt = len - off < block ? len - off : block;
-            if (sd_pio_all(fd, (void *)(src[ds] + off), cnt * sizeof(float),
+            const float *p = src[ds] + off;
+            if (t->copy) {
+                t->copy(t->copy_ctx, stage, p, cnt);
+                p = stage;
+            }
+            part[ds] += sd_ckpt_checksum(p, wb + off, cnt); /* the blocks' sums add up */
+            if (sd_pio_all(fd, (void *)p, cnt * sizeof(float),
                            (uint64_t)w->addr[ds] + (wb + off) * sizeof(float), 1, NULL))
                 failed = sd_err_errno(e, errno, "writing dataset '%s' of %s failed "
                                       "on rank %d", ds_names[ds], w->file, w->rank) != 0;
@@ -697,6 +710,10 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
                 fault_kill("ckpt-write", step);
         }
     }
+    if (pinned)
+        t->host_free(t->copy_ctx, pinned);
+    else
+        free(stage);
     if (!failed && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
         failed = sd_err_errno(e, errno, "cannot sync '%s'", w->file) != 0;
     if (close(fd) != 0 && !failed)

@@ -1,12 +1,12 @@
 #!/bin/sh
-# The GPU's device path (doc/training.md "On the GPU": NCCL, equal padded shards, the optimizer
-# on the GPU over this rank's range, ZeRO-2's all-gathers of the parameters and of the EMA at the
-# end, checkpoints staged through host copies) emulated on the CPU with several ranks
-# (SDTRAIN_EMULATE_DEVICE_PATH=1: the same code with MPI in place of NCCL and the CPU optimizer
-# in place of the CUDA kernels). CI has no GPU and the GPU sessions have one, so this is where the
-# multi-rank bookkeeping of that path is tested: against the CPU's host path, DDP == ZeRO-2,
-# gradient buckets during the backward == after it, accumulation, a NaN, kill + resume, and a
-# resume of its checkpoint on the host path with another rank count.
+# The GPU's device path (doc/training.md "On the GPU": NCCL, equal padded shards, the optimizer on
+# the GPU over this rank's range, ZeRO-2's all-gathers of the parameters and of the EMA at the end,
+# checkpoints written from its buffers, resumes staged through host copies) emulated on the CPU with
+# several ranks (SDTRAIN_EMULATE_DEVICE_PATH=1: the same code with MPI in place of NCCL and the CPU
+# optimizer in place of the CUDA kernels). CI has no GPU and the GPU sessions have one, so this is
+# where the multi-rank bookkeeping of that path is tested: against the CPU's host path, DDP ==
+# ZeRO-2, gradient buckets during the backward == after it, accumulation, a NaN, kill + resume, and
+# a resume of its checkpoint on the host path with another rank count.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
