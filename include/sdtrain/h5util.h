@@ -55,6 +55,15 @@ void sd_h5_close_local(hid_t file, const char *path, const char *what_stays);
 void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const char *path,
                                    const char *what_stays);
 
+/* Scalar attributes of `loc` (a file or a dataset) as the shard and checkpoint formats store
+ * them: a variable-length UTF-8 string (h5py reads it as str; variable-length types are barred
+ * from parallel HDF5's raw data only, and attributes are metadata), a little-endian int32 or
+ * int64, an IEEE float64. An HDF5 failure ends the job (SD_H5_CHECK). */
+void sd_h5_attr_str(hid_t loc, const char *name, const char *value);
+void sd_h5_attr_i32(hid_t loc, const char *name, int32_t v);
+void sd_h5_attr_i64(hid_t loc, const char *name, int64_t v);
+void sd_h5_attr_f64(hid_t loc, const char *name, double v);
+
 #ifdef __cplusplus
 }
 #endif

@@ -125,32 +125,6 @@ static int own_range(MPI_Comm comm, size_t n, size_t begin, size_t end, size_t *
     return 0;
 }
 
-/* ---- HDF5 attributes -------------------------------------------------------------------------- */
-
-static void attr_str(hid_t loc, const char *name, const char *value)
-{
-    hid_t t, space, a;
-    SD_H5_CHECK(t = H5Tcopy(H5T_C_S1));
-    SD_H5_CHECK(H5Tset_size(t, H5T_VARIABLE));
-    SD_H5_CHECK(H5Tset_cset(t, H5T_CSET_UTF8));
-    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
-    SD_H5_CHECK(a = H5Acreate2(loc, name, t, space, H5P_DEFAULT, H5P_DEFAULT));
-    SD_H5_CHECK(H5Awrite(a, t, &value));
-    SD_H5_CHECK(H5Aclose(a));
-    SD_H5_CHECK(H5Sclose(space));
-    SD_H5_CHECK(H5Tclose(t));
-}
-
-static void attr_i64(hid_t loc, const char *name, int64_t v)
-{
-    hid_t space, a;
-    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
-    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT));
-    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_INT64, &v));
-    SD_H5_CHECK(H5Aclose(a));
-    SD_H5_CHECK(H5Sclose(space));
-}
-
 /* ---- the collective writer ------------------------------------------------------------------ */
 
 typedef struct writer {
@@ -190,19 +164,19 @@ static void checksum_attrs(hid_t d, uint64_t sum)
 {
     char hex[32];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
-    attr_str(d, "checksum", hex);
-    attr_str(d, "checksum_algorithm", SD_CKPT_CHECKSUM_ALGORITHM);
+    sd_h5_attr_str(d, "checksum", hex);
+    sd_h5_attr_str(d, "checksum_algorithm", SD_CKPT_CHECKSUM_ALGORITHM);
 }
 
 static void file_attrs(writer *w)
 {
     char creator[160];
     snprintf(creator, sizeof creator, "sdtrain %s (git %s)", sd_version(), sd_git_revision());
-    attr_str(w->h5, "format", SD_CKPT_FORMAT);
-    attr_i64(w->h5, "format_version", SD_CKPT_FORMAT_VERSION);
-    attr_i64(w->h5, "step", w->s->step);
-    attr_i64(w->h5, "opt_step", w->s->opt_step);
-    attr_str(w->h5, "creator", creator);
+    sd_h5_attr_str(w->h5, "format", SD_CKPT_FORMAT);
+    sd_h5_attr_i64(w->h5, "format_version", SD_CKPT_FORMAT_VERSION);
+    sd_h5_attr_i64(w->h5, "step", w->s->step);
+    sd_h5_attr_i64(w->h5, "opt_step", w->s->opt_step);
+    sd_h5_attr_str(w->h5, "creator", creator);
 }
 
 static json_object *manifest_json(const writer *w)

@@ -211,3 +211,39 @@ void sd_h5_end_job_if_write_failed(MPI_Comm comm, int failed, sd_err *e, const c
     nanosleep(&pause, NULL);
     sd_abort(SD_EXIT_FAILURE);
 }
+
+static void scalar_attr(hid_t loc, const char *name, hid_t file_type, hid_t mem_type,
+                        const void *value)
+{
+    hid_t space, a;
+    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
+    SD_H5_CHECK(a = H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT));
+    SD_H5_CHECK(H5Awrite(a, mem_type, value));
+    SD_H5_CHECK(H5Aclose(a));
+    SD_H5_CHECK(H5Sclose(space));
+}
+
+void sd_h5_attr_str(hid_t loc, const char *name, const char *value)
+{
+    hid_t t;
+    SD_H5_CHECK(t = H5Tcopy(H5T_C_S1));
+    SD_H5_CHECK(H5Tset_size(t, H5T_VARIABLE));
+    SD_H5_CHECK(H5Tset_cset(t, H5T_CSET_UTF8));
+    scalar_attr(loc, name, t, t, &value);
+    SD_H5_CHECK(H5Tclose(t));
+}
+
+void sd_h5_attr_i32(hid_t loc, const char *name, int32_t v)
+{
+    scalar_attr(loc, name, H5T_STD_I32LE, H5T_NATIVE_INT32, &v);
+}
+
+void sd_h5_attr_i64(hid_t loc, const char *name, int64_t v)
+{
+    scalar_attr(loc, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
+}
+
+void sd_h5_attr_f64(hid_t loc, const char *name, double v)
+{
+    scalar_attr(loc, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
+}

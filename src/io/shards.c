@@ -181,58 +181,6 @@ static hid_t make_str_type(size_t width)
     return t;
 }
 
-static void attr_write(hid_t loc, const char *name, hid_t type, const void *value)
-{
-    hid_t space, a;
-    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
-    SD_H5_CHECK(a = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT));
-    SD_H5_CHECK(H5Awrite(a, type, value));
-    SD_H5_CHECK(H5Aclose(a));
-    SD_H5_CHECK(H5Sclose(space));
-}
-
-/* Variable-length UTF-8 string attributes: h5py returns them as str. (Only dataset raw data is
- * barred from variable-length types under parallel HDF5; attributes are metadata.) */
-static void attr_str(hid_t loc, const char *name, const char *value)
-{
-    hid_t t;
-    SD_H5_CHECK(t = H5Tcopy(H5T_C_S1));
-    SD_H5_CHECK(H5Tset_size(t, H5T_VARIABLE));
-    SD_H5_CHECK(H5Tset_cset(t, H5T_CSET_UTF8));
-    attr_write(loc, name, t, &value);
-    SD_H5_CHECK(H5Tclose(t));
-}
-
-static void attr_i32(hid_t loc, const char *name, int32_t v)
-{
-    hid_t space, a;
-    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
-    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT));
-    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_INT32, &v));
-    SD_H5_CHECK(H5Aclose(a));
-    SD_H5_CHECK(H5Sclose(space));
-}
-
-static void attr_i64(hid_t loc, const char *name, int64_t v)
-{
-    hid_t space, a;
-    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
-    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT));
-    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_INT64, &v));
-    SD_H5_CHECK(H5Aclose(a));
-    SD_H5_CHECK(H5Sclose(space));
-}
-
-static void attr_f64(hid_t loc, const char *name, double v)
-{
-    hid_t space, a;
-    SD_H5_CHECK(space = H5Screate(H5S_SCALAR));
-    SD_H5_CHECK(a = H5Acreate2(loc, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT));
-    SD_H5_CHECK(H5Awrite(a, H5T_NATIVE_DOUBLE, &v));
-    SD_H5_CHECK(H5Aclose(a));
-    SD_H5_CHECK(H5Sclose(space));
-}
-
 /* ---- the manifest --------------------------------------------------------------------------- */
 
 static int entry_cmp(const void *a, const void *b)
@@ -865,23 +813,23 @@ static void write_header(writer *w)
     gmtime_r(&t, &tm);
     strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
     snprintf(creator, sizeof creator, "sdtrain %s (git %s)", sd_version(), sd_git_revision());
-    attr_str(w->file, "format", SD_SHARD_FORMAT);
-    attr_i32(w->file, "format_version", SD_SHARD_FORMAT_VERSION);
-    attr_i64(w->file, "shard_index", w->index);
-    attr_i64(w->file, "num_samples", w->n_total);
-    attr_i32(w->file, "resolution", m->resolution);
-    attr_i32(w->file, "latent_channels", m->latent_channels);
-    attr_i32(w->file, "latent_size", w->hs);
-    attr_str(w->file, "latent_layout", "NCHW");
-    attr_str(w->file, "latent_moments", "mean,logvar");
-    attr_f64(w->file, "latent_scaling_factor", m->scaling_factor);
-    attr_i32(w->file, "text_len", m->text_len);
-    attr_i32(w->file, "embed_dim", m->embed_dim);
-    attr_str(w->file, "float_dtype", m->float_dtype == SD_F16 ? "float16" : "float32");
-    attr_str(w->file, "weights_path", m->weights_path);
-    attr_str(w->file, "weights_hash", m->weights_hash);
-    attr_str(w->file, "created", created);
-    attr_str(w->file, "creator", creator);
+    sd_h5_attr_str(w->file, "format", SD_SHARD_FORMAT);
+    sd_h5_attr_i32(w->file, "format_version", SD_SHARD_FORMAT_VERSION);
+    sd_h5_attr_i64(w->file, "shard_index", w->index);
+    sd_h5_attr_i64(w->file, "num_samples", w->n_total);
+    sd_h5_attr_i32(w->file, "resolution", m->resolution);
+    sd_h5_attr_i32(w->file, "latent_channels", m->latent_channels);
+    sd_h5_attr_i32(w->file, "latent_size", w->hs);
+    sd_h5_attr_str(w->file, "latent_layout", "NCHW");
+    sd_h5_attr_str(w->file, "latent_moments", "mean,logvar");
+    sd_h5_attr_f64(w->file, "latent_scaling_factor", m->scaling_factor);
+    sd_h5_attr_i32(w->file, "text_len", m->text_len);
+    sd_h5_attr_i32(w->file, "embed_dim", m->embed_dim);
+    sd_h5_attr_str(w->file, "float_dtype", m->float_dtype == SD_F16 ? "float16" : "float32");
+    sd_h5_attr_str(w->file, "weights_path", m->weights_path);
+    sd_h5_attr_str(w->file, "weights_hash", m->weights_hash);
+    sd_h5_attr_str(w->file, "created", created);
+    sd_h5_attr_str(w->file, "creator", creator);
 
     w->t_float = m->float_dtype == SD_F16 ? make_f16_type() : H5Tcopy(H5T_IEEE_F32LE);
     SD_H5_CHECK(w->t_float);
