@@ -1805,7 +1805,7 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
             sd_info("&checkpoint async: the copy of the state that background checkpoints "
                     "write takes %.1f MiB of %shost memory on rank 0 (allocated in %.2f s)",
                     (double)bytes / 1048576.0,
-                    t->gpu && sd_ckpt_async_pinned(t->ack) ? "page-locked " : "",
+                    t->gpu && !t->emu && sd_ckpt_async_pinned(t->ack) ? "page-locked " : "",
                     sd_time_now() - t0);
         }
     }

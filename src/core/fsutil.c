@@ -190,12 +190,17 @@ int sd_remove_tree(const char *path, sd_err *err)
 static int copy_file(const char *from, const char *to, sd_err *err)
 {
     char buf[1 << 16];
-    int in = open(from, O_RDONLY), out;
+    int in = open(from, O_RDONLY | O_NONBLOCK), out;
     uint64_t at = 0;
     size_t n;
     int end = 0;
+    struct stat st;
     if (in < 0)
         return sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
+    if (fstat(in, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(in);
+        return sd_err_set(err, "cannot copy '%s': not a regular file or a folder", from);
+    }
     out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out < 0) {
         close(in);

@@ -199,6 +199,15 @@ run imp-wrong "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" \
 expect_rc imp-wrong 2
 expect_in imp-wrong err "does not fit the configuration of $top_srcdir/tests/data/models/tiny-sd1"
 [ ! -e "$TMP/simp2" ] && [ ! -e "$TMP/simp2.tmp" ] || fail "a failed import left a folder"
+# a configuration snapshot holding something that is neither a file nor a folder (a FIFO, which
+# the copy's plain read waited on forever): refused by name, nothing left
+cp -r "$TMP/sexp" "$TMP/fcfg"
+mkfifo "$TMP/fcfg/tokenizer/pipe"
+run imp-fifo timeout 60 "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" \
+    --config "$TMP/fcfg" --out "$TMP/simp3"
+expect_rc imp-fifo 1
+expect_in imp-fifo err "cannot copy '$TMP/fcfg/tokenizer/pipe': not a regular file or a folder"
+[ ! -e "$TMP/simp3" ] && [ ! -e "$TMP/simp3.tmp" ] || fail "a failed import (FIFO) left a folder"
 # --out that holds the file or the configuration snapshot read: refused before anything is
 # removed (with --force it replaced the folder, deleting the single file given)
 cp "$TMP/sexp32.safetensors" "$TMP/simp/in.safetensors"

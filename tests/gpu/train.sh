@@ -14,6 +14,8 @@
 #      past SDTRAIN_NCCL_TIMEOUT ends the job with a message; an injected NaN skips its step;
 #   6. checkpoints on the GPU (device and host paths): killed at the start of step 7 with a
 #      checkpoint of step 4, the resumed run gives the same weights as the uninterrupted one;
+#      background checkpoints (&checkpoint async) on the device path: the same training and
+#      checkpoint data;
 #   7. images during training (&sample every_n_steps) beside the training state on the GPU.
 # Skips without a CUDA build or a GPU.
 SD_TEST_NAME=gpu-train # not the scratch directory of tests/mpi/train.sh
@@ -198,8 +200,8 @@ else
     expect_in dev2 err "SDTRAIN_GPU_COMM=device with 2 training ranks needs NCCL"
     expect_count dev2 err "sdtrain:" 1
 fi
-# 6. checkpoint and resume on the GPU: the device path (moments and EMA on the GPU, staged
-#    through the host) and the host path
+# 6. checkpoint and resume on the GPU: the device path (moments and EMA on the GPU, written
+#    from there through the host) and the host path
 for p in device host; do
     SDTRAIN_GPU_COMM=$p SDTRAIN_FAULT=kill:rank=0:step=7 \
         train "ck$p" 1 8 none cuda fp32 "&checkpoint every_n_steps = 4 /"
@@ -209,6 +211,23 @@ for p in device host; do
     expect_in "ck$p" out "resuming from"
     identical gpu1 "ck$p" "GPU $p path: killed at step 7 and resumed == uninterrupted"
 done
+# background checkpoints on the device path (each rank's parts downloaded straight into the
+# writer's page-locked copy): the training unchanged, the same checkpoint data as written at once
+# (a block at a time)
+SDTRAIN_GPU_COMM=device train ckbg 1 8 none cuda fp32 \
+    "&checkpoint every_n_steps = 4, async = .true. /"
+expect_rc ckbg 0
+expect_in ckbg out "of page-locked host memory on rank 0"
+expect_in ckbg out "checkpoint of step 4 written to $TMP/ckbg/checkpoints/step-00000004 in the background"
+identical gpu1 ckbg "GPU background checkpoints: the training unchanged"
+for s in 4 8; do
+    d=$(printf 'step-%08d' "$s")
+    a=$(sed -n '/"checksums"/,/}/p' "$TMP/ckdevice/checkpoints/$d/manifest.json")
+    b=$(sed -n '/"checksums"/,/}/p' "$TMP/ckbg/checkpoints/$d/manifest.json")
+    [ -n "$a" ] && [ "$a" = "$b" ] ||
+        fail "GPU background checkpoint $d: other data than written at once"
+done
+echo "ok: GPU background checkpoints hold the data of checkpoints written at once"
 # 7. images during training (&sample every_n_steps) on the GPU, beside the training state: the
 #    weights those of the run without them, the images mode 'sample''s from the same checkpoint
 train gpuimg 1 8 none cuda fp32 "&checkpoint every_n_steps = 5 /
