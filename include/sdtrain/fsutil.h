@@ -62,6 +62,12 @@ int sd_fs_check_room(const char *dir, double need, sd_err *err);
  * a write that moved nothing); *done (may be NULL) := the bytes that did move. */
 int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t *done);
 
+/* After writes through fd to the file `path`: unless `failed`, fsyncs fd (file systems that
+ * cannot sync, EINVAL or EROFS, are not an error); then closes it, a failed close reported unless
+ * `failed`. Returns the verdict: `failed`, or 1 when the sync or the close failed (err says
+ * which; storage failures marked). For `failed = sd_fsync_close(fd, path, failed, e)`. */
+int sd_fsync_close(int fd, const char *path, int failed, sd_err *err);
+
 /* fsync of a path: a file's data, or a directory's entries (which a rename changed). File
  * systems that cannot sync directories (EINVAL, EROFS) are not an error. A failure of the
  * storage (sd_storage_errno) is marked in err (sd_err_storage_errno), here and below. */

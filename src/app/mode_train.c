@@ -1216,6 +1216,14 @@ static void dev_host_free(void *ctx, void *p)
     sd_host_free(t->be, p);
 }
 
+/* Device path: the checkpoint writers' host memory is the backend's page-locked memory. */
+static void dev_host_hooks(trainer *t, sd_ckpt_tensors *ts)
+{
+    ts->host_alloc = dev_host_alloc;
+    ts->host_free = dev_host_free;
+    ts->copy_ctx = t;
+}
+
 /* Device path (collective: ZeRO-2 gathers the master on the device): the writers' tensors are
  * the device's buffers, each rank's parts downloaded by the writer itself (the copy hook) into
  * its page-locked memory: no host copy of the whole state. */
@@ -1226,9 +1234,7 @@ static void dev_ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
     ts->v = t->d_v;
     ts->ema = t->d_ema;
     ts->copy = dev_copy;
-    ts->host_alloc = dev_host_alloc;
-    ts->host_free = dev_host_free;
-    ts->copy_ctx = t;
+    dev_host_hooks(t, ts);
 }
 
 /* &checkpoint async, collective at a step boundary (`done` steps): the checkpoint in flight, if
@@ -1786,11 +1792,8 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         size_t bytes = 0;
         const double t0 = sd_time_now();
         ckpt_tensors(t, &ts);
-        if (t->dev_opt) {
-            ts.host_alloc = dev_host_alloc;
-            ts.host_free = dev_host_free;
-            ts.copy_ctx = t;
-        }
+        if (t->dev_opt) /* the copy only: its ranges are the run's, nothing is read now */
+            dev_host_hooks(t, &ts);
         const int rc = sd_ckpt_async_reserve(&t->ack, t->mpi_comm, &ts,
                                              t->ema != NULL || t->d_ema != NULL, &bytes, err);
         if (rc == SD_CKPT_NO_MEMORY) {

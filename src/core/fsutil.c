@@ -107,9 +107,10 @@ int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t
     size_t moved = 0;
     int rc = 0;
     while (moved < bytes) {
-        const size_t left = bytes - moved, n = left < ((size_t)1 << 30) ? left : ((size_t)1 << 30);
+        const size_t left = bytes - moved, n = left < ((size_t)1 << 30) ? left : (size_t)1 << 30;
         const off_t where = (off_t)(at + moved);
-        const ssize_t got = writing ? pwrite(fd, p + moved, n, where) : pread(fd, p + moved, n, where);
+        const ssize_t got =
+            writing ? pwrite(fd, p + moved, n, where) : pread(fd, p + moved, n, where);
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0) {
@@ -123,6 +124,15 @@ int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t
     if (done)
         *done = moved;
     return rc;
+}
+
+int sd_fsync_close(int fd, const char *path, int failed, sd_err *err)
+{
+    if (!failed && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+        failed = sd_err_errno(err, errno, "cannot sync '%s'", path) != 0;
+    if (close(fd) != 0 && !failed)
+        failed = sd_err_errno(err, errno, "cannot close '%s'", path) != 0;
+    return failed;
 }
 
 int sd_fsync_path(const char *path, sd_err *err)
@@ -185,22 +195,35 @@ int sd_remove_tree(const char *path, sd_err *err)
     return 0;
 }
 
+/* `path` opened for reading when it is a regular file (*st its status): the descriptor; -1 when
+ * it cannot be opened (errno); -2 when it is something else (a folder, a device, a FIFO: opened
+ * without blocking, so that a FIFO with no writer cannot hold the open). */
+static int open_regular(const char *path, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        close(fd);
+        return -2;
+    }
+    return fd;
+}
+
 /* cp -rL: regular files and folders (symbolic links followed, as in Hugging Face caches whose
  * snapshot files link to blobs); each file is fsynced (the final rename is the commit). */
 static int copy_file(const char *from, const char *to, sd_err *err)
 {
     char buf[1 << 16];
-    int in = open(from, O_RDONLY | O_NONBLOCK), out;
+    struct stat st;
+    int in = open_regular(from, &st), out;
     uint64_t at = 0;
     size_t n;
     int end = 0;
-    struct stat st;
-    if (in < 0)
+    if (in == -1)
         return sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
-    if (fstat(in, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(in);
+    if (in < 0)
         return sd_err_set(err, "cannot copy '%s': not a regular file or a folder", from);
-    }
     out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out < 0) {
         close(in);
@@ -318,14 +341,11 @@ int sd_read_regular_file(const char *path, size_t limit, const char *what, char 
                          size_t *len, sd_err *err)
 {
     struct stat st;
-    /* O_NONBLOCK: a FIFO in the place of the file must not block the open */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
+    int fd = open_regular(path, &st);
+    if (fd == -1)
         return sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    if (fd < 0)
         return sd_err_set(err, "%s: not a regular file", path);
-    }
     if ((uint64_t)st.st_size > limit) {
         close(fd);
         return sd_err_set(err, "%s: %lld bytes, more than the %zu MiB %s may have", path,
@@ -333,19 +353,12 @@ int sd_read_regular_file(const char *path, size_t limit, const char *what, char 
     }
     size_t cap = (size_t)st.st_size, n = 0;
     char *buf = sd_xmalloc(cap + 1);
-    while (n < cap) { /* a file that shrinks while read ends early; one that grows is cut */
-        ssize_t got = read(fd, buf + n, cap - n);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            int e = errno;
-            close(fd);
-            free(buf);
-            return sd_err_set(err, "%s: read error: %s", path, strerror(e));
-        }
-        if (got == 0)
-            break;
-        n += (size_t)got;
+    /* a file that shrinks while read ends early (errno 0); one that grows is cut */
+    if (sd_pio_all(fd, buf, cap, 0, 0, &n) && errno) {
+        const int e = errno;
+        close(fd);
+        free(buf);
+        return sd_err_set(err, "%s: read error: %s", path, strerror(e));
     }
     close(fd);
     buf[n] = '\0';

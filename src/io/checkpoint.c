@@ -450,9 +450,9 @@ static void fault_flip(const writer *w)
 }
 
 /* A checkpoint that would fill the file system is not started (a write that fails all the same
- * is a failed checkpoint too, found later, after the time spent writing). The file holds (3 + EMA) fp32 copies of
- * the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed) and what &run io_alignment
- * adds before each copy. */
+ * is a failed checkpoint too, found later, after the time spent writing). The file holds
+ * (3 + EMA) fp32 copies of the parameters plus HDF5's metadata (a few KiB; 4 MiB allowed) and
+ * what &run io_alignment adds before each copy. */
 static int check_room(const char *dir, const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
                       sd_err *e)
 {
@@ -638,6 +638,25 @@ static int create_state_file(writer *w, sd_err *e)
     return 0;
 }
 
+/* Host memory for n floats from the tensors' host_alloc (page-locked on the device path), else
+ * from malloc; *release := the host_free that gives it back, NULL for free(). NULL when neither
+ * has the memory. */
+static float *host_floats(const sd_ckpt_tensors *t, size_t n, void (**release)(void *, void *))
+{
+    const size_t bytes = (n ? n : 1) * sizeof(float);
+    float *p = t->host_alloc ? t->host_alloc(t->copy_ctx, bytes) : NULL;
+    *release = p ? t->host_free : NULL;
+    return p ? p : malloc(bytes);
+}
+
+static void host_floats_free(float *p, void (*release)(void *, void *), void *ctx)
+{
+    if (release)
+        release(ctx, p);
+    else
+        free(p);
+}
+
 /* This rank's parts (src[ds]: the floats [w->wb[ds], w->we[ds]) of dataset ds) into the state
  * file at their offsets, with plain pwrite in 64 MiB pieces (no MPI, no HDF5: safe on a thread
  * of its own, and a storage error fails this rank alone, never a collective call half-way),
@@ -653,14 +672,15 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
     const int64_t step = w->s->step;
     const sd_ckpt_tensors *t = w->t;
     int failed = 0;
-    float *stage = NULL, *pinned = NULL; /* with t->copy: a block at a time from the device */
+    float *stage = NULL; /* with t->copy: a block at a time from the device */
+    void (*stage_release)(void *, void *) = NULL;
     int fd = open(w->file, O_WRONLY | O_CLOEXEC);
     memset(part, 0, DS_N * sizeof *part);
     if (fd < 0)
         return sd_err_errno(e, errno, "cannot open '%s' to write rank %d's part", w->file, w->rank);
     if (t->copy) {
-        pinned = t->host_alloc ? t->host_alloc(t->copy_ctx, block * sizeof(float)) : NULL;
-        stage = pinned ? pinned : sd_xmalloc(block * sizeof(float));
+        stage = host_floats(t, block, &stage_release);
+        SD_CHECK(stage != NULL, "out of memory for a %zu MiB block", block * sizeof(float) >> 20);
     }
     for (int ds = 0; ds < DS_N && !failed; ds++) {
         if (ds == DS_EMA && !w->s->has_ema)
@@ -684,15 +704,8 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
                 fault_kill("ckpt-write", step);
         }
     }
-    if (pinned)
-        t->host_free(t->copy_ctx, pinned);
-    else
-        free(stage);
-    if (!failed && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-        failed = sd_err_errno(e, errno, "cannot sync '%s'", w->file) != 0;
-    if (close(fd) != 0 && !failed)
-        failed = sd_err_errno(e, errno, "cannot close '%s'", w->file) != 0;
-    if (failed)
+    host_floats_free(stage, stage_release, t->copy_ctx);
+    if (sd_fsync_close(fd, w->file, failed, e))
         return -1;
     /* a storage fault the writer cannot see: a bit changed on disk after the sync */
     if (sd_fault_armed(SD_FAULT_FLIP, w->world_rank, step, "ckpt-write"))
@@ -887,10 +900,7 @@ int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
 /* The copy given back (local). */
 static void snap_release(sd_ckpt_async *a)
 {
-    if (a->snap_free)
-        a->snap_free(a->snap_ctx, a->snap);
-    else
-        free(a->snap);
+    host_floats_free(a->snap, a->snap_free, a->snap_ctx);
     a->snap = NULL;
     a->snap_cap = 0;
     a->snap_free = NULL;
@@ -924,13 +934,8 @@ int sd_ckpt_async_reserve(sd_ckpt_async **ap, MPI_Comm comm, const sd_ckpt_tenso
     }
     if (!no_memory && need > a->snap_cap) {
         snap_release(a);
-        const size_t bytes_had = (need ? need : 1) * sizeof(float);
-        if (t->host_alloc && (a->snap = t->host_alloc(t->copy_ctx, bytes_had)) != NULL) {
-            a->snap_free = t->host_free;
-            a->snap_ctx = t->copy_ctx;
-        } else {
-            a->snap = malloc(bytes_had);
-        }
+        a->snap = host_floats(t, need, &a->snap_free);
+        a->snap_ctx = t->copy_ctx;
         if (a->snap) {
             /* every page touched now, not in the first checkpoint's pause */
             memset(a->snap, 0, need * sizeof(float));

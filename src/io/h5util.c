@@ -81,6 +81,28 @@ static void report_hints(hid_t file)
     report_hints_info(info);
 }
 
+/* &run io_hints as an MPI_Info (the caller frees it), or MPI_INFO_NULL without hints. */
+static MPI_Info hints_info(void)
+{
+    MPI_Info info = MPI_INFO_NULL;
+    if (file_options.n_hints > 0) {
+        SD_MPI_CHECK(MPI_Info_create(&info));
+        for (int i = 0; i < file_options.n_hints; i++) {
+            const sd_io_hint *h = &file_options.hints[i];
+            SD_MPI_CHECK(MPI_Info_set(info, h->key, h->value));
+        }
+    }
+    return info;
+}
+
+/* &run io_alignment on a file-access property list: datasets below one unit are packed. */
+static void set_alignment(hid_t fapl)
+{
+    if (file_options.alignment > 1)
+        SD_H5_CHECK(H5Pset_alignment(fapl, (hsize_t)file_options.alignment,
+                                     (hsize_t)file_options.alignment));
+}
+
 hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e)
 {
     hid_t fapl, file;
@@ -90,19 +112,13 @@ hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e)
     SD_MPI_CHECK(MPI_Comm_size(comm, &size));
     SD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
-    if (file_options.n_hints > 0) {
-        SD_MPI_CHECK(MPI_Info_create(&info));
-        for (int i = 0; i < file_options.n_hints; i++)
-            SD_MPI_CHECK(MPI_Info_set(info, file_options.hints[i].key, file_options.hints[i].value));
-    }
+    info = hints_info();
     SD_H5_CHECK(H5Pset_fapl_mpio(fapl, comm, info)); /* HDF5 keeps its own copy of info */
     if (info != MPI_INFO_NULL)
         SD_MPI_CHECK(MPI_Info_free(&info));
     SD_H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1));
     SD_H5_CHECK(H5Pset_coll_metadata_write(fapl, 1));
-    if (file_options.alignment > 1) /* datasets below one unit are packed as before */
-        SD_H5_CHECK(H5Pset_alignment(fapl, (hsize_t)file_options.alignment,
-                                     (hsize_t)file_options.alignment));
+    set_alignment(fapl);
     file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     created = file >= 0;
     if (!created) {
@@ -130,13 +146,10 @@ hid_t sd_h5_create_local(const char *path, sd_err *e)
     if (file_options.n_hints > 0) {
         /* the hints act where the file is made (Lustre sets a file's stripes at its creation):
          * made through MPI-IO with them; HDF5 then truncates it, which keeps its layout */
-        MPI_Info info;
+        MPI_Info info = hints_info();
         MPI_File fh;
         char msg[MPI_MAX_ERROR_STRING];
         int len = 0, rc;
-        SD_MPI_CHECK(MPI_Info_create(&info));
-        for (int i = 0; i < file_options.n_hints; i++)
-            SD_MPI_CHECK(MPI_Info_set(info, file_options.hints[i].key, file_options.hints[i].value));
         rc = MPI_File_open(MPI_COMM_SELF, path, MPI_MODE_CREATE | MPI_MODE_WRONLY, info, &fh);
         SD_MPI_CHECK(MPI_Info_free(&info));
         if (rc != MPI_SUCCESS) {
@@ -154,9 +167,7 @@ hid_t sd_h5_create_local(const char *path, sd_err *e)
     }
     SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
     SD_H5_CHECK(H5Pset_fapl_sec2(fapl));
-    if (file_options.alignment > 1)
-        SD_H5_CHECK(H5Pset_alignment(fapl, (hsize_t)file_options.alignment,
-                                     (hsize_t)file_options.alignment));
+    set_alignment(fapl);
     file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     if (file < 0) {
         char h5msg[512];

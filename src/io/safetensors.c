@@ -1036,19 +1036,12 @@ static int read_small_file(const char *path, size_t limit, char **out, size_t *l
     }
     size_t cap = (size_t)st.st_size, n = 0;
     char *buf = sd_xmalloc(cap + 1);
-    while (n < cap) {
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            close(fd);
-            free(buf);
-            return st_fail(err, path, "read error: %s", strerror(e));
-        }
-        if (r == 0)
-            break; /* shrank meanwhile: parse what is there */
-        n += (size_t)r;
+    /* a file that shrank meanwhile ends early (errno 0): parse what is there */
+    if (sd_pio_all(fd, buf, cap, 0, 0, &n) && errno) {
+        const int e = errno;
+        close(fd);
+        free(buf);
+        return st_fail(err, path, "read error: %s", strerror(e));
     }
     close(fd);
     buf[n] = '\0';

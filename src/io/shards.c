@@ -1234,10 +1234,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         if (!failed) /* direct: write_data's HDF5 types go unused */
             failed = write_data(w, e) != 0;
         if (w->fd >= 0) {
-            if (!failed && fsync(w->fd) != 0 && errno != EINVAL && errno != EROFS)
-                failed = sd_err_errno(e, errno, "cannot sync '%s'", w->tmp_path) != 0;
-            if (close(w->fd) != 0 && !failed)
-                failed = sd_err_errno(e, errno, "cannot close '%s'", w->tmp_path) != 0;
+            failed = sd_fsync_close(w->fd, w->tmp_path, failed, e);
             w->fd = -1;
         }
         if (sd_agree(w->comm, failed, e)) {
