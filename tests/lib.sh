@@ -155,6 +155,21 @@ latest_is() {
     [ "$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)" = "$2" ] ||
         fail "$1: latest is '$(cat "$TMP/$1/checkpoints/latest" 2>/dev/null)', expected '$2'"
 }
+# flip_byte FILE [DATASET [BYTE]]: one byte of a checkpoint's state file changed: byte BYTE
+# (default 1001) of DATASET's data (default adam_m), found with h5dump; without h5dump a byte of
+# the middle of the file. $dataset says which dataset it hit, or is empty.
+flip_byte() {
+    if command -v h5dump >/dev/null 2>&1; then
+        off=$(h5dump -p -H -d "${2:-adam_m}" "$1" | sed -n 's/^ *OFFSET \([0-9]*\).*/\1/p')
+        off=$((off + ${3:-1001}))
+        dataset=${2:-adam_m}
+    else
+        off=$(($(wc -c <"$1") / 2))
+        dataset=
+    fi
+    byte=$(od -An -tu1 -j "$off" -N1 "$1" | tr -d ' ')
+    printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$1" bs=1 seek="$off" conv=notrunc 2>/dev/null
+}
 
 # storage_train_nml NAME: $TMP/NAME.nml, the storage tests' training run of the tiny model on
 # $TMP/shards into $TMP/NAME: 8 steps of 2 ranks x 4 with ZeRO-2, validation and a checkpoint

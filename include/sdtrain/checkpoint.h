@@ -38,8 +38,8 @@ typedef struct sd_ckpt_scalars {
     char sharding[32];       /* 'none' or 'shard_grad_op' when written (either may resume) */
 } sd_ckpt_scalars;
 
-/* The tensors, all in host memory. `params` is the whole flat buffer of n floats on every rank
- * (laid out by `table`). m, v and ema (NULL when there is no EMA) hold the range [begin, end) of
+/* The tensors, in host memory unless the hooks below say otherwise. `params` is the whole flat
+ * buffer of n floats on every rank (laid out by `table`). m, v and ema (NULL when there is no EMA) hold the range [begin, end) of
  * the same flat index space: either every rank holds [0, n) (DDP) or the ranks' ranges
  * partition [0, n) in rank order (ZeRO-2, any alignment). On disk each is one full-length
  * dataset, so a different rank count or sharding reads its own range back. */
@@ -55,9 +55,15 @@ typedef struct sd_ckpt_tensors {
      * sd_ckpt_write then writes through one 64 MiB host block. NULL: they are host buffers. */
     void (*copy)(void *ctx, float *dst, const float *src, size_t count);
     void *copy_ctx;
+    /* Optional, for sd_ckpt_load: m, v and ema lie in another memory, and upload(copy_ctx, dst,
+     * src, count) puts `count` floats from the host buffer src there (returning once it is
+     * done). They are then read through one 64 MiB host block. params stay a host buffer (the
+     * allgather completes them there). NULL: m, v and ema are host buffers. */
+    void (*upload)(void *ctx, float *dst, const float *src, size_t count);
     /* Optional: host memory from host_alloc(copy_ctx, bytes) (the device path: page-locked, so
-     * that `copy` runs at the link's speed) for sd_ckpt_async_reserve's copy and sd_ckpt_write's
-     * block, given back with host_free(copy_ctx, p); malloc when NULL or when it returns NULL. */
+     * that `copy` and `upload` run at the link's speed) for sd_ckpt_async_reserve's copy and the
+     * blocks of sd_ckpt_write and sd_ckpt_load, given back with host_free(copy_ctx, p); malloc
+     * when NULL or when it returns NULL. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
 } sd_ckpt_tensors;

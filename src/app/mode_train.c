@@ -161,8 +161,6 @@ typedef struct trainer {
     const sd_runtime *rt;
     int stop_own, stop_peer;
     int64_t wait_step;
-    float *hm, *hv, *hema; /* GPU device path: host copies of the moments / EMA around a
-                              checkpoint read or write, else NULL */
     int setup_exit;        /* the exit status of a failed setup when not SD_EXIT_USAGE */
     sd_ckpt_async *ack;    /* &checkpoint async: the background writer (NULL before its first) */
     int async_off;         /* &checkpoint async given up for the run (no memory for the copy) */
@@ -1121,86 +1119,21 @@ static void report_compute(const trainer *t, const sd_runtime *rt, const sd_devi
     free(ids);
 }
 
-/* ---- checkpoints: thin glue to src/io/checkpoint.c, which works on host buffers ---------- */
-
-static void ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
-{
-    memset(ts, 0, sizeof *ts);
-    ts->table = &t->w.table;
-    ts->n = t->n;
-    ts->params = t->w.data;
-    ts->begin = t->begin;
-    ts->end = t->end;
-    ts->m = t->m;
-    ts->v = t->v;
-    ts->ema = t->ema;
-    if (t->dev_opt) {
-        /* the GPU's equal NCCL shards run past n: the padding is not stored */
-        ts->begin = t->begin < t->n ? t->begin : t->n;
-        ts->end = t->end < t->n ? t->end : t->n;
-        ts->m = t->hm;
-        ts->v = t->hv;
-        ts->ema = t->hema;
-    }
-}
-
-/* GPU device path, resuming: host copies for sd_ckpt_load, which reads into host buffers. The
- * parameters go through t->w.data (the device holds the truth between checkpoints); the
- * moments and the EMA of this rank's range through t->hm / t->hv / t->hema. (The writers take
- * the device's buffers themselves: dev_ckpt_tensors.) */
-static void dev_stage_alloc(trainer *t)
-{
-    size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
-    t->hm = sd_xcalloc(e - b + 1, sizeof(float));
-    t->hv = sd_xcalloc(e - b + 1, sizeof(float));
-    t->hema = t->d_ema ? sd_xcalloc(e - b + 1, sizeof(float)) : NULL;
-}
-
-static void dev_stage_free(trainer *t)
-{
-    free(t->hm);
-    free(t->hv);
-    free(t->hema);
-    t->hm = t->hv = t->hema = NULL;
-}
-
-/* After a resume into the host copies: the device state from them (the padding stays zero). */
-static void dev_stage_in(trainer *t, int has_ema)
-{
-    size_t b = t->begin < t->n ? t->begin : t->n, e = t->end < t->n ? t->end : t->n;
-    sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)t->n);
-    upload_master(t);
-    sd_upload(t->be, t->d_m, t->hm, (e - b) * sizeof(float));
-    sd_upload(t->be, t->d_v, t->hv, (e - b) * sizeof(float));
-    if (t->d_ema && has_ema)
-        sd_upload(t->be, t->d_ema, t->hema, (e - b) * sizeof(float));
-    else if (t->d_ema) /* no EMA in the checkpoint: it starts from the parameters */
-        sd_copy(t->be, t->d_ema, master_at(t, t->begin), (t->end - t->begin) * sizeof(float));
-    sd_synchronize(t->be);
-}
-
-static void ckpt_scalars(const trainer *t, int64_t done, int64_t k, int64_t skipped,
-                         sd_ckpt_scalars *s)
-{
-    memset(s, 0, sizeof *s);
-    s->step = done;
-    s->opt_step = k;
-    s->skipped = skipped;
-    s->steps_per_epoch = t->info.steps_per_epoch;
-    s->epoch = done / t->info.steps_per_epoch;
-    s->global_batch = t->info.global_batch;
-    s->batch_per_rank = t->bs;
-    s->seed = t->cfg->run.seed;
-    s->n_ranks = t->size;
-    s->has_ema = t->ema != NULL || t->d_ema != NULL;
-    snprintf(s->sharding, sizeof s->sharding, "%s", t->cfg->train.sharding);
-}
+/* ---- checkpoints: thin glue to src/io/checkpoint.c ------------------------------------------ */
 
 /* sd_ckpt_tensors.copy of the device path: floats from device memory into a host buffer. */
 static void dev_copy(void *ctx, float *dst, const float *src, size_t count)
 {
     const trainer *t = ctx;
     sd_download(t->be, dst, src, count * sizeof(float));
+}
+
+/* sd_ckpt_tensors.upload of the device path (the resume): floats from a host buffer into device
+ * memory. */
+static void dev_upload(void *ctx, float *dst, const float *src, size_t count)
+{
+    const trainer *t = ctx;
+    sd_upload(t->be, dst, src, count * sizeof(float));
 }
 
 /* sd_ckpt_tensors.host_alloc / host_free of the device path: the backend's page-locked memory. */
@@ -1224,6 +1157,61 @@ static void dev_host_hooks(trainer *t, sd_ckpt_tensors *ts)
     ts->copy_ctx = t;
 }
 
+/* The state as the checkpoint code sees it. Device path: the moments and the EMA are the
+ * device's buffers, which the load fills through its upload hook (a page-locked block at a
+ * time: no host copy of them); the parameters are read into t->w.data (dev_resume_in uploads
+ * them), and the writers take the device's master (dev_ckpt_tensors). */
+static void ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
+{
+    memset(ts, 0, sizeof *ts);
+    ts->table = &t->w.table;
+    ts->n = t->n;
+    ts->params = t->w.data;
+    ts->begin = t->begin;
+    ts->end = t->end;
+    ts->m = t->m;
+    ts->v = t->v;
+    ts->ema = t->ema;
+    if (t->dev_opt) {
+        /* the GPU's equal NCCL shards run past n: the padding is not stored */
+        ts->begin = t->begin < t->n ? t->begin : t->n;
+        ts->end = t->end < t->n ? t->end : t->n;
+        ts->m = t->d_m;
+        ts->v = t->d_v;
+        ts->ema = t->d_ema;
+        ts->upload = dev_upload;
+        dev_host_hooks(t, ts);
+    }
+}
+
+/* After a resume (the moments and the EMA uploaded by the load): the parameters and the master
+ * from t->w.data; without an EMA in the checkpoint, the EMA starts from the parameters. */
+static void dev_resume_in(trainer *t, int has_ema)
+{
+    sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)t->n);
+    upload_master(t);
+    if (t->d_ema && !has_ema)
+        sd_copy(t->be, t->d_ema, master_at(t, t->begin), (t->end - t->begin) * sizeof(float));
+    sd_synchronize(t->be);
+}
+
+static void ckpt_scalars(const trainer *t, int64_t done, int64_t k, int64_t skipped,
+                         sd_ckpt_scalars *s)
+{
+    memset(s, 0, sizeof *s);
+    s->step = done;
+    s->opt_step = k;
+    s->skipped = skipped;
+    s->steps_per_epoch = t->info.steps_per_epoch;
+    s->epoch = done / t->info.steps_per_epoch;
+    s->global_batch = t->info.global_batch;
+    s->batch_per_rank = t->bs;
+    s->seed = t->cfg->run.seed;
+    s->n_ranks = t->size;
+    s->has_ema = t->ema != NULL || t->d_ema != NULL;
+    snprintf(s->sharding, sizeof s->sharding, "%s", t->cfg->train.sharding);
+}
+
 /* Device path (collective: ZeRO-2 gathers the master on the device): the writers' tensors are
  * the device's buffers, each rank's parts downloaded by the writer itself (the copy hook) into
  * its page-locked memory: no host copy of the whole state. */
@@ -1234,7 +1222,6 @@ static void dev_ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
     ts->v = t->d_v;
     ts->ema = t->d_ema;
     ts->copy = dev_copy;
-    dev_host_hooks(t, ts);
 }
 
 /* &checkpoint async, collective at a step boundary (`done` steps): the checkpoint in flight, if
@@ -1391,8 +1378,7 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
         return -1;
     if (!found)
         return 0;
-    if (t->dev_opt)
-        dev_stage_alloc(t);
+    const double t0 = sd_time_now();
     ckpt_tensors(t, &ts);
     sd_loader_h5_lock();
     rc = sd_ckpt_load(t->mpi_comm, path, &ts, &info, err);
@@ -1421,10 +1407,8 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
                  "the run ends with status 1 so that a retry reads it again");
         t->setup_exit = SD_EXIT_FAILURE;
     }
-    if (rc) {
-        dev_stage_free(t);
+    if (rc)
         return -1;
-    }
     if (t->rank == 0) {
         char *text = sd_config_to_namelist(t->rc, false);
         failed = sd_ckpt_check_config(info.config_text, text, err) != 0;
@@ -1453,12 +1437,10 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
     }
     if (sd_agree(t->mpi_comm, failed, err)) {
         sd_ckpt_info_free(&info);
-        dev_stage_free(t);
         return -1;
     }
     if (t->dev_opt) {
-        dev_stage_in(t, info.s.has_ema);
-        dev_stage_free(t);
+        dev_resume_in(t, info.s.has_ema);
     } else if (t->gpu) {
         /* host path: the parameters live on the host; the device copy follows them */
         sd_upload_f32(t->be, t->d_params, t->w.data, (int64_t)t->n);
@@ -1475,9 +1457,9 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
     t->last_ckpt = info.s.step;
     t->resumed = 1;
     sd_info("resuming from %s: step %lld (%lld optimizer steps, %lld skipped), written by %lld "
-            "rank(s) with sharding '%s'", path, (long long)info.s.step,
+            "rank(s) with sharding '%s' (loaded in %.2f s)", path, (long long)info.s.step,
             (long long)info.s.opt_step, (long long)info.s.skipped, (long long)info.s.n_ranks,
-            info.s.sharding);
+            info.s.sharding, sd_time_now() - t0);
     sd_ckpt_info_free(&info);
     return 0;
 }
@@ -1791,9 +1773,7 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         sd_ckpt_tensors ts;
         size_t bytes = 0;
         const double t0 = sd_time_now();
-        ckpt_tensors(t, &ts);
-        if (t->dev_opt) /* the copy only: its ranges are the run's, nothing is read now */
-            dev_host_hooks(t, &ts);
+        ckpt_tensors(t, &ts); /* the copy only: its ranges are the run's, nothing is read now */
         const int rc = sd_ckpt_async_reserve(&t->ack, t->mpi_comm, &ts,
                                              t->ema != NULL || t->d_ema != NULL, &bytes, err);
         if (rc == SD_CKPT_NO_MEMORY) {

@@ -657,6 +657,16 @@ static void host_floats_free(float *p, void (*release)(void *, void *), void *ct
         free(p);
 }
 
+/* Floats a block of the device path's checkpoint transfers moves (sd_ckpt_write's download and
+ * write, sd_ckpt_load's read and upload): 64 MiB. Test hook: SDTRAIN_TEST_CKPT_BLOCK_FLOATS=N
+ * makes it N, so that a small model's state crosses several blocks with a tail. */
+static size_t block_floats(void)
+{
+    const char *v = getenv("SDTRAIN_TEST_CKPT_BLOCK_FLOATS");
+    const long n = v ? atol(v) : 0;
+    return n > 0 ? (size_t)n : (size_t)16 << 20;
+}
+
 /* This rank's parts (src[ds]: the floats [w->wb[ds], w->we[ds]) of dataset ds) into the state
  * file at their offsets, with plain pwrite in 64 MiB pieces (no MPI, no HDF5: safe on a thread
  * of its own, and a storage error fails this rank alone, never a collective call half-way),
@@ -668,7 +678,7 @@ static void host_floats_free(float *p, void (*release)(void *, void *), void *ct
 static int write_parts(writer *w, const float *const src[DS_N], int verify, uint64_t part[DS_N],
                        sd_err *e)
 {
-    const size_t block = (size_t)16 << 20; /* floats */
+    const size_t block = block_floats();
     const int64_t step = w->s->step;
     const sd_ckpt_tensors *t = w->t;
     int failed = 0;
@@ -1587,17 +1597,48 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
     return rc < 0 ? -1 : 0;
 }
 
-/* This rank's part of the checkpoint: parameters [pb, pe) (the rest comes from the other ranks
- * by an allgather), optimizer moments and EMA over the rank's held range. Returns 0, 1 (the file
- * is damaged) or 2 (the storage failed the read: probe_storage). SDTRAIN_FAULT
- * eio:rank=R:phase=ckpt-load[:step=K] makes the read of the checkpoint of step K fail as EIO. */
-static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors *t, size_t pb,
-                        size_t pe, sd_err *err)
+/* The checksum of the floats [x, x + cnt) at p, counted over the part of them inside [ob, oe)
+ * (the rank's share of the checksum work: with DDP every rank holds a dataset's whole range, and
+ * each counts a disjoint part of it). */
+static uint64_t owned_checksum(const float *p, size_t x, size_t cnt, size_t ob, size_t oe)
 {
+    const size_t lo = x > ob ? x : ob, hi = x + cnt < oe ? x + cnt : oe;
+    return hi > lo ? sd_ckpt_checksum(p + (lo - x), lo, hi - lo) : 0;
+}
+
+/* Dataset ds (m, v or ema: the rank's range [t->begin, t->end)) through one host block into the
+ * other memory of t->upload, 64 MiB at a time; *part += the checksum of the owned [ob, oe). */
+static int read_range_up(hid_t f, const char *file, const loaded *L, const sd_ckpt_tensors *t,
+                         int ds, float *dst, float *stage, size_t block, size_t ob, size_t oe,
+                         uint64_t *part, int *io, sd_err *err)
+{
+    for (size_t x = t->begin; x < t->end; x += block) {
+        const size_t cnt = t->end - x < block ? t->end - x : block;
+        if (read_range(f, file, ds, L->n, x, x + cnt, stage, io, err))
+            return -1;
+        *part += owned_checksum(stage, x, cnt, ob, oe);
+        t->upload(t->copy_ctx, dst + (x - t->begin), stage, cnt);
+    }
+    return 0;
+}
+
+/* This rank's part of the checkpoint: parameters [pb, pe) (the rest comes from the other ranks
+ * by an allgather), optimizer moments and EMA over the rank's held range (with t->upload, through
+ * one host block into the other memory); part[ds] := the checksum of the parameters [pb, pe) and
+ * of the owned [ob, oe) of the others. Returns 0, 1 (the file is damaged) or 2 (the storage
+ * failed the read: probe_storage). SDTRAIN_FAULT eio:rank=R:phase=ckpt-load[:step=K] makes the
+ * read of the checkpoint of step K fail as EIO. */
+static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors *t, size_t pb,
+                        size_t pe, size_t ob, size_t oe, uint64_t part[DS_N], sd_err *err)
+{
+    const size_t block = block_floats();
     float *dst[DS_N] = {t->params, t->m, t->v, t->ema};
+    float *stage = NULL;
+    void (*stage_release)(void *, void *) = NULL;
     hid_t f;
     int rc = 0, io = 0, world_rank;
     char h5msg[512];
+    memset(part, 0, DS_N * sizeof *part);
     SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
     if (sd_fault_armed(SD_FAULT_EIO, world_rank, L->s.step, "ckpt-load")) {
         sd_err_set(err, "checkpoint %s: reading dataset 'params' failed: %s (a storage error, "
@@ -1619,14 +1660,28 @@ static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors
         sd_err_set(err, "cannot open checkpoint file %s: %s", file, h5msg);
         return 1;
     }
+    if (t->upload) {
+        stage = host_floats(t, block, &stage_release);
+        SD_CHECK(stage != NULL, "out of memory for a %zu MiB block", block * sizeof(float) >> 20);
+    }
     for (int ds = 0; ds < DS_N && !rc; ds++) {
         if (ds == DS_EMA && (!L->s.has_ema || !t->ema))
             continue;
-        if (ds == DS_PARAMS)
+        if (ds == DS_PARAMS) {
             rc = read_range(f, file, ds, L->n, pb, pe, dst[ds] + pb, &io, err);
-        else
+            if (!rc)
+                part[ds] = sd_ckpt_checksum(dst[ds] + pb, pb, pe - pb);
+        } else if (t->upload) {
+            rc = read_range_up(f, file, L, t, ds, dst[ds], stage, block, ob, oe, &part[ds], &io,
+                               err);
+        } else {
             rc = read_range(f, file, ds, L->n, t->begin, t->end, dst[ds], &io, err);
+            if (!rc)
+                part[ds] = owned_checksum(dst[ds], t->begin, t->end - t->begin, ob, oe);
+        }
     }
+    if (stage)
+        host_floats_free(stage, stage_release, t->copy_ctx);
     if (H5Fclose(f) < 0 && !rc)
         rc = sd_err_set(err, "cannot close checkpoint file %s", file);
     return rc ? 1 + io : 0;
@@ -1665,7 +1720,7 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
         return -1;
     }
     sd_h5_quiet_begin(&q);
-    failed = read_tensors(file, &L, t, pb, pe, err);
+    failed = read_tensors(file, &L, t, pb, pe, ob, oe, part, err);
     sd_h5_quiet_end(&q);
     {
         int worst;
@@ -1689,11 +1744,6 @@ int sd_ckpt_load(MPI_Comm comm, const char *path, const sd_ckpt_tensors *t, sd_c
     }
 
     /* checksums over the ranks' disjoint slices, summed: each dataset verified exactly once */
-    part[DS_PARAMS] = sd_ckpt_checksum(t->params + pb, pb, pe - pb);
-    part[DS_M] = sd_ckpt_checksum(t->m + (ob - t->begin), ob, oe - ob);
-    part[DS_V] = sd_ckpt_checksum(t->v + (ob - t->begin), ob, oe - ob);
-    if (L.s.has_ema && t->ema)
-        part[DS_EMA] = sd_ckpt_checksum(t->ema + (ob - t->begin), ob, oe - ob);
     SD_MPI_CHECK(MPI_Allreduce(part, sums, DS_N, MPI_UINT64_T, MPI_SUM, comm));
     for (int ds = 0; ds < DS_N; ds++) {
         if (ds == DS_EMA && !(L.s.has_ema && t->ema))

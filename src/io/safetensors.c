@@ -1017,39 +1017,6 @@ int sd_st_set_open_file(sd_st_set *s, const char *path, sd_err *err)
     return 0;
 }
 
-/* Reads a whole small file (an index) into a NUL-terminated buffer. */
-static int read_small_file(const char *path, size_t limit, char **out, size_t *len, sd_err *err)
-{
-    struct stat st;
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return st_fail(err, path, "cannot open: %s", strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return st_fail(err, path, "not a regular file");
-    }
-    if ((uint64_t)st.st_size > limit) {
-        close(fd);
-        return st_fail(err, path, "file is %" PRIu64 " bytes, more than the %zu accepted",
-                       (uint64_t)st.st_size, limit);
-    }
-    size_t cap = (size_t)st.st_size, n = 0;
-    char *buf = sd_xmalloc(cap + 1);
-    /* a file that shrank meanwhile ends early (errno 0): parse what is there */
-    if (sd_pio_all(fd, buf, cap, 0, 0, &n) && errno) {
-        const int e = errno;
-        close(fd);
-        free(buf);
-        return st_fail(err, path, "read error: %s", strerror(e));
-    }
-    close(fd);
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 /* Shard names come from the file: keep them inside the index's folder. */
 static int shard_name_ok(const char *name)
 {
@@ -1084,7 +1051,8 @@ int sd_st_set_open_index(sd_st_set *s, const char *index_path, sd_err *err)
     memset(s, 0, sizeof *s);
     if (!index_path)
         return sd_err_set(err, "safetensors: no index file name given");
-    if (read_small_file(index_path, SD_ST_MAX_HEADER, &text, &len, err))
+    if (sd_read_regular_file(index_path, SD_ST_MAX_HEADER, "a safetensors index", &text, &len,
+                             err))
         return -1;
     if (json_parse_object(text, len, index_path, "index", "key", &root, err))
         goto out;

@@ -186,21 +186,6 @@ mpi seed 2 "$SDTRAIN" "$TMP/gb.nml" --set run.seed=12 --set run.output_dir="$TMP
 expect_rc seed 2
 expect_in seed err "seed"
 
-# flip_byte FILE: one byte of the adam_m data changed (of the middle of the file without
-# h5dump); $dataset says which dataset, or is empty
-flip_byte() {
-    if command -v h5dump >/dev/null 2>&1; then
-        off=$(h5dump -p -H -d adam_m "$1" | sed -n 's/^ *OFFSET \([0-9]*\).*/\1/p')
-        off=$((off + 1001))
-        dataset=adam_m
-    else
-        off=$(($(wc -c <"$1") / 2))
-        dataset=
-    fi
-    byte=$(od -An -tu1 -j "$off" -N1 "$1" | tr -d ' ')
-    printf "\\$(printf %03o $(((byte + 1) % 256)))" | dd of="$1" bs=1 seek="$off" conv=notrunc 2>/dev/null
-}
-
 # (e) a flipped byte in the data of adam_m: an error naming the file and the dataset on every
 # rank, no hang
 mkdir -p "$TMP/bad"

@@ -1,12 +1,13 @@
 #!/bin/sh
 # The GPU's device path (doc/training.md "On the GPU": NCCL, equal padded shards, the optimizer on
 # the GPU over this rank's range, ZeRO-2's all-gathers of the parameters and of the EMA at the end,
-# checkpoints written from its buffers, resumes staged through host copies) emulated on the CPU with
-# several ranks (SDTRAIN_EMULATE_DEVICE_PATH=1: the same code with MPI in place of NCCL and the CPU
-# optimizer in place of the CUDA kernels). CI has no GPU and the GPU sessions have one, so this is
-# where the multi-rank bookkeeping of that path is tested: against the CPU's host path, DDP ==
-# ZeRO-2, gradient buckets during the backward == after it, accumulation, a NaN, kill + resume, and
-# a resume of its checkpoint on the host path with another rank count.
+# checkpoints written from its buffers, resumes uploaded into them a block at a time) emulated on
+# the CPU with several ranks (SDTRAIN_EMULATE_DEVICE_PATH=1: the same code with MPI in place of
+# NCCL and the CPU optimizer in place of the CUDA kernels). CI has no GPU and the GPU sessions
+# have one, so this is where the multi-rank bookkeeping of that path is tested: against the CPU's
+# host path, DDP == ZeRO-2, gradient buckets during the backward == after it, accumulation, a NaN,
+# kill + resume (blocks of a few thousand floats), and resumes of its checkpoint on the host path
+# with another rank count and on the device path with DDP, and a damaged one refused.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 COMPARE="${top_builddir:-.}/tests/mpi/st_compare"
@@ -114,7 +115,11 @@ SDTRAIN_FAULT=nan:rank=1:step=3 EMU=1 train enan 2 4 shard_grad_op
 expect_rc enan 0
 expect_in enan out "(1 skipped: non-finite)"
 
-# killed at step 7 with a checkpoint of step 4, resumed: the uninterrupted run's bits
+# killed at step 7 with a checkpoint of step 4, resumed: the uninterrupted run's bits. The
+# checkpoints move the device's buffers a block at a time (64 MiB; here 4099 floats, so that the
+# tiny model's state crosses many blocks and ends in a part of one): written a block downloaded
+# at a time, and read back a block uploaded at a time into the moments and the EMA
+export SDTRAIN_TEST_CKPT_BLOCK_FLOATS=4099
 SDTRAIN_FAULT=kill:rank=1:step=7 EMU=1 train ekill 2 4 shard_grad_op "" "&checkpoint every_n_steps = 4 /"
 [ "$RC" != 0 ] || fail "ekill: the killed run exited 0"
 [ "$(cat "$TMP/ekill/checkpoints/latest")" = step-00000004 ] || fail "ekill: no checkpoint of step 4"
@@ -132,6 +137,19 @@ close hres ed2 "a device-path checkpoint resumed on the host path, 1 rank"
 EMU=1 train eres4 4 2 shard_grad_op "" "&checkpoint resume = '$TMP/ckpt4/step-00000004' /"
 expect_rc eres4 0
 close eres4 ed2 "a device-path checkpoint resumed on the device path, 4 ranks"
+# DDP on the device path: every rank holds the whole moments and uploads them all, each rank's
+# checksum counting its own disjoint part of them
+EMU=1 train eresd 2 4 none "" "&checkpoint resume = '$TMP/ckpt4/step-00000004' /"
+expect_rc eresd 0
+close eresd ed2 "a ZeRO-2 device-path checkpoint resumed with DDP on the device path, 2 ranks"
+# a bit changed in the moments on disk: the blockwise checksum finds it, naming the dataset
+cp -r "$TMP/ckpt4/step-00000004" "$TMP/ckflip"
+flip_byte "$TMP/ckflip/state.h5" adam_v 20002
+EMU=1 train eflip 2 4 shard_grad_op "" "&checkpoint resume = '$TMP/ckflip' /"
+[ "$RC" != 0 ] || fail "eflip: a damaged checkpoint resumed"
+expect_in eflip err "fails its checksum"
+[ -z "$dataset" ] || expect_in eflip err "dataset '$dataset'"
+unset SDTRAIN_TEST_CKPT_BLOCK_FLOATS
 pass "the device path, emulated on the CPU with 1-4 ranks"
 
 # a tiny grad_bucket_mb on a wider model is raised so that a step cuts about 1024 buckets

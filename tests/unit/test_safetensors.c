@@ -1008,7 +1008,17 @@ static void test_sets(void)
         }
         check_set_bad(idx[i].label, p, idx[i].fragment);
     }
-    check_set_bad("missing index file", tmp_path("none.index.json"), "cannot open");
+    check_set_bad("missing index file", tmp_path("none.index.json"), "cannot read");
+    check_set_bad("a folder", tmp_path(""), "not a regular file");
+    /* a FIFO is refused at once, not waited on (the alarm turns a hang into a failure) */
+    const char *fifo = tmp_path("fifo.index.json");
+    unlink(fifo);
+    if (mkfifo(fifo, 0600) == 0) {
+        alarm(60);
+        check_set_bad("a FIFO", fifo, "not a regular file");
+        alarm(0);
+        unlink(fifo);
+    }
 }
 
 /* Real files from diffusers and transformers: the tiny snapshots another test commits under
