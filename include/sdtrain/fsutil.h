@@ -81,7 +81,8 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
 int sd_remove_tree(const char *path, sd_err *err);
 
 /* cp -rL of `from` (a file or a folder) to `to`: regular files and folders, symbolic links
- * followed (Hugging Face cache snapshots link their files to blobs); every file fsynced. */
+ * followed (Hugging Face cache snapshots link their files to blobs); every file fsynced. A fault
+ * of `from` (missing, not readable, not a regular file or a folder) sets err->input. */
 int sd_copy_tree(const char *from, const char *to, sd_err *err);
 
 /* Puts the finished folder `tmp` in place as `out`: a rename, after moving an existing `out`

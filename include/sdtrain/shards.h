@@ -134,6 +134,22 @@ int sd_shard_storable(const float *x, size_t n, sd_dtype dtype);
  * malformed one is an error naming the file and the problem. */
 int sd_shard_manifest_read(const char *dir, sd_shard_manifest *m, sd_err *err);
 
+/* The manifest in `text` (len bytes; `path` names it in messages). The writer's own layout
+ * (sd_shard_manifest_text) is read by a scanner of that layout; any other text, valid JSON of
+ * another layout or not, by json-c (sd_shard_manifest_parse_json), which says what is wrong with
+ * it. Both give the same result for any text the scanner accepts. */
+int sd_shard_manifest_parse(const char *path, const char *text, size_t len, sd_shard_manifest *m,
+                            sd_err *err);
+int sd_shard_manifest_parse_json(const char *path, const char *text, size_t len,
+                                 sd_shard_manifest *m, sd_err *err);
+/* The scanner alone: 1 with *m filled when `text` is the writer's layout of a valid manifest,
+ * else 0 with *m empty (nothing said: the json-c reader says why). */
+int sd_shard_manifest_scan(const char *text, size_t len, sd_shard_manifest *m);
+
+/* The manifest as the writers print it (malloc'ed, *len bytes, NUL-terminated; total_samples
+ * the entries' sum). */
+char *sd_shard_manifest_text(const sd_shard_manifest *m, size_t *len);
+
 /* The committed shards of dir: the manifest, with every listed file checked to exist with its
  * recorded size. Writers skip these indices when they resume; readers open only these. Temporary
  * files and shard files the manifest does not list are never committed. */

@@ -667,6 +667,8 @@ fail:
     if (code == SD_EXIT_FAILURE) {
         sd_err e2;
         sd_remove_tree(tmp, &e2);
+        if (err.input) /* a part copied from the snapshot is at fault, not DIR */
+            code = SD_EXIT_USAGE;
     }
 done:
     free(config_json);

@@ -246,6 +246,8 @@ int sd_cmd_import_single_file(int argc, char **argv)
     return SD_EXIT_OK;
 fail:
     fprintf(stderr, "sdtool import-single-file: %s\n", err.msg);
+    if (err.input) /* a part of the configuration snapshot is at fault, not DIR */
+        code = SD_EXIT_USAGE;
     {
         sd_err e2;
         sd_remove_tree(tmp, &e2);

@@ -11,7 +11,19 @@ int sd_err_vset(sd_err *e, const char *fmt, va_list ap)
         e->line = 0;
         e->col = 0;
         e->storage = 0;
+        e->input = 0;
     }
+    return -1;
+}
+
+int sd_err_set_input(sd_err *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sd_err_vset(e, fmt, ap);
+    va_end(ap);
+    if (e)
+        e->input = 1;
     return -1;
 }
 
@@ -50,6 +62,7 @@ int sd_err_at(sd_err *e, const char *source, int line, int col, const char *fmt,
     e->line = line;
     e->col = col;
     e->storage = 0;
+    e->input = 0;
     return -1;
 }
 

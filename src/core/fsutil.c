@@ -221,9 +221,9 @@ static int copy_file(const char *from, const char *to, sd_err *err)
     size_t n;
     int end = 0;
     if (in == -1)
-        return sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
+        return sd_err_set_input(err, "cannot read '%s': %s", from, strerror(errno));
     if (in < 0)
-        return sd_err_set(err, "cannot copy '%s': not a regular file or a folder", from);
+        return sd_err_set_input(err, "cannot copy '%s': not a regular file or a folder", from);
     out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out < 0) {
         close(in);
@@ -265,7 +265,7 @@ int sd_copy_tree(const char *from, const char *to, sd_err *err)
         return -1;
     d = opendir(from);
     if (!d)
-        return sd_err_set(err, "cannot read folder '%s': %s", from, strerror(errno));
+        return sd_err_set_input(err, "cannot read folder '%s': %s", from, strerror(errno));
     while (!rc && (e = readdir(d))) {
         char a[4352], b[4352];
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))

@@ -205,7 +205,7 @@ cp -r "$TMP/sexp" "$TMP/fcfg"
 mkfifo "$TMP/fcfg/tokenizer/pipe"
 run imp-fifo timeout 60 "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" \
     --config "$TMP/fcfg" --out "$TMP/simp3"
-expect_rc imp-fifo 1
+expect_rc imp-fifo 2 # the input is at fault, not --out
 expect_in imp-fifo err "cannot copy '$TMP/fcfg/tokenizer/pipe': not a regular file or a folder"
 [ ! -e "$TMP/simp3" ] && [ ! -e "$TMP/simp3.tmp" ] || fail "a failed import (FIFO) left a folder"
 # --out that holds the file or the configuration snapshot read: refused before anything is
@@ -420,6 +420,15 @@ expect_in moved err "give the snapshot with --pretrained"
 run moved2 "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/moved.nml" \
     --pretrained "$snap" --out "$TMP/x"
 expect_rc moved2 0
+# a part of the snapshot that cannot be copied (a FIFO): the input is at fault, not --out:
+# exit 2 naming it, nothing left
+cp -r "$snap" "$TMP/fsnap"
+mkfifo "$TMP/fsnap/vae/pipe"
+run fsnap timeout 60 "$SDTOOL" export --from "$TMP/srun/unet_final.safetensors" --nml "$TMP/moved.nml" \
+    --pretrained "$TMP/fsnap" --out "$TMP/fx"
+expect_rc fsnap 2
+expect_in fsnap err "cannot copy '$TMP/fsnap/vae/pipe': not a regular file or a folder"
+[ ! -e "$TMP/fx" ] && [ ! -e "$TMP/fx.tmp" ] || fail "a failed export (FIFO) left a folder"
 [ ! -e "$TMP/x.tmp" ] || fail "a failed export left x.tmp"
 chmod 555 "$TMP/empty"
 if ! touch "$TMP/empty/probe" 2>/dev/null; then

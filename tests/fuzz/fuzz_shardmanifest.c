@@ -6,7 +6,10 @@
  *   - an accepted manifest has its entries sorted by index without repeats, each with the
  *     canonical file name of its index (a manifest cannot point outside its directory), a
  *     sample count of at least 0 (0: an empty shard, every sample of its range skipped), a
- *     resolution of at least 8, and total_samples their sum.
+ *     resolution of at least 8, and total_samples their sum;
+ *   - the json-c reader alone gives the same verdict and entries, and when the scanner of the
+ *     writer's layout accepts the bytes it read the same entries (sd_shard_manifest_parse reads
+ *     with the scanner first).
  * Any broken invariant calls abort(), which libFuzzer reports as a crash.
  * Build and run: tests/fuzz/run_fuzz.sh shardmanifest [SECONDS]. */
 #ifndef _GNU_SOURCE
@@ -48,7 +51,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_put_file(manifest, data, size);
 
     memset(&err, 0, sizeof err);
-    if (sd_shard_manifest_read(work, &m, &err) != 0) {
+    const int rc = sd_shard_manifest_read(work, &m, &err);
+    {
+        /* the two readers agree (an empty file is refused before either reads it) */
+        sd_shard_manifest j, c;
+        sd_err ej;
+        char *text = malloc(size + 1);
+        memcpy(text, data, size);
+        text[size] = '\0';
+        memset(&ej, 0, sizeof ej);
+        const int rj = size ? sd_shard_manifest_parse_json(manifest, text, size, &j, &ej) : -1;
+        fuzz_require(rj == rc, "the json-c reader's verdict", ej.msg);
+        fuzz_require(rc == 0 || size == 0 || strcmp(ej.msg, err.msg) == 0, "the json-c reader's message",
+                     ej.msg);
+        if (rj == 0) {
+            fuzz_require(j.n == m.n && j.total_samples == m.total_samples &&
+                             (m.n == 0 || memcmp(j.entries, m.entries, (size_t)m.n * sizeof *m.entries) == 0),
+                         "the json-c reader's entries", NULL);
+            sd_shard_manifest_free(&j);
+        }
+        if (sd_shard_manifest_scan(text, size, &c)) {
+            fuzz_require(rc == 0 && c.n == m.n && c.total_samples == m.total_samples &&
+                             (m.n == 0 || memcmp(c.entries, m.entries, (size_t)m.n * sizeof *m.entries) == 0),
+                         "the scanner's entries are the json-c reader's", NULL);
+            sd_shard_manifest_free(&c);
+        }
+        free(text);
+    }
+    if (rc != 0) {
         fuzz_require(strstr(err.msg, manifest) != NULL, "a refusal names the manifest", err.msg);
         fuzz_require(m.n == 0 && m.entries == NULL, "a refusal leaves nothing allocated", NULL);
         return 0;
