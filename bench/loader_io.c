@@ -4,6 +4,7 @@
  * Usage:
  *   mpirun -np N bench/loader_io --make DIR [--shards S] [--per-shard P] [--res R] [--dim D]
  *   mpirun -np N bench/loader_io --read DIR [--batch B] [--steps K] [--reps R] [--open M ...]
+ *                                 [--window W ...]
  *
  * --make writes S shards of P samples (default 64 x 256) at R px (default 256: moments
  * 8 x 32 x 32) with D-wide caption embeddings (default 1024), fp16 as mode 'process' stores
@@ -12,7 +13,8 @@
  *
  * --read opens the loader on DIR and times K steps (default 200) of B samples a rank (default
  * 16), prefetch on (as training runs it) and off (the reads alone), for each value of --open
- * (the loader's max_open_shards; default "8 64"), R repetitions each (default 3), alternating.
+ * (the loader's max_open_shards; default "8 64") and of --window (&data shuffle_window; default
+ * 0, the global order), R repetitions each (default 3), alternating.
  * Rank 0 prints per variant the median / min / max of the samples a second a rank delivers
  * (prefetch off: the read rate; prefetch on: the rate a consumer that takes no time sees, i.e.
  * the same bound) and the shard opens a step (from the loader's order: the distinct shards of
@@ -36,11 +38,13 @@
 
 #define MAX_REPS 16
 #define MAX_OPEN_VARIANTS 8
+#define MAX_WINDOW_VARIANTS 4
 
 static void usage(void)
 {
     fprintf(stderr, "usage: loader_io --make DIR [--shards S] [--per-shard P] [--res R] [--dim D]\n"
-                    "       loader_io --read DIR [--batch B] [--steps K] [--reps R] [--open M ...]\n");
+                    "       loader_io --read DIR [--batch B] [--steps K] [--reps R] [--open M ...] "
+                    "[--window W ...]\n");
 }
 
 static int make_shards(const char *dir, int n_shards, int per_shard, int res, int dim)
@@ -130,69 +134,75 @@ static double opens_per_step(sd_loader *l, int steps, int cap)
     return (double)opens / steps;
 }
 
-static int read_shards(const char *dir, int batch, int steps, int reps, const int *open, int n_open)
+static int read_shards(const char *dir, int batch, int steps, int reps, const int *open, int n_open,
+                       const int *window, int n_window)
 {
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    double rate[MAX_OPEN_VARIANTS][2][MAX_REPS], per_step[MAX_OPEN_VARIANTS];
+    double rate[MAX_WINDOW_VARIANTS][MAX_OPEN_VARIANTS][2][MAX_REPS];
+    double per_step[MAX_WINDOW_VARIANTS][MAX_OPEN_VARIANTS];
     sd_loader_info info = {0};
     for (int r = 0; r < reps; r++)
-        for (int v = 0; v < n_open; v++)
-            for (int pf = 0; pf < 2; pf++) {
-                sd_loader_options o;
-                sd_loader *l;
-                sd_err err;
-                const sd_loader_batch *b;
-                double wait;
-                sd_loader_options_defaults(&o);
-                o.shard_dir = dir;
-                o.val_fraction = 0;
-                o.batch_per_rank = batch;
-                o.seed = 1234 + (uint64_t)r;
-                o.prefetch = pf;
-                o.max_open_shards = open[v];
-                if (sd_loader_open(MPI_COMM_WORLD, &o, &l, &err) != 0) {
-                    if (rank == 0)
-                        fprintf(stderr, "loader_io: %s\n", err.msg);
-                    return 1;
+        for (int w = 0; w < n_window; w++)
+            for (int v = 0; v < n_open; v++)
+                for (int pf = 0; pf < 2; pf++) {
+                    sd_loader_options o;
+                    sd_loader *l;
+                    sd_err err;
+                    const sd_loader_batch *b;
+                    double wait;
+                    sd_loader_options_defaults(&o);
+                    o.shard_dir = dir;
+                    o.val_fraction = 0;
+                    o.batch_per_rank = batch;
+                    o.seed = 1234 + (uint64_t)r;
+                    o.prefetch = pf;
+                    o.max_open_shards = open[v];
+                    o.shuffle_window = window[w];
+                    if (sd_loader_open(MPI_COMM_WORLD, &o, &l, &err) != 0) {
+                        if (rank == 0)
+                            fprintf(stderr, "loader_io: %s\n", err.msg);
+                        return 1;
+                    }
+                    info = *sd_loader_get_info(l);
+                    if (r == 0 && pf == 0) {
+                        double mine = opens_per_step(l, steps, open[v]), all;
+                        MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+                        per_step[w][v] = all / size;
+                        SD_CHECK(sd_loader_seek(l, 0, &err) == 0, "%s", err.msg);
+                    }
+                    MPI_Barrier(MPI_COMM_WORLD);
+                    const double t0 = sd_time_now();
+                    for (int s = 0; s < steps; s++)
+                        SD_CHECK(sd_loader_next(l, &b, &wait, &err) == 0, "%s", err.msg);
+                    double t = sd_time_now() - t0, slowest;
+                    MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                    rate[w][v][pf][r] = (double)steps * batch / slowest;
+                    sd_loader_close(l);
                 }
-                info = *sd_loader_get_info(l);
-                if (r == 0 && pf == 0) {
-                    double mine = opens_per_step(l, steps, open[v]), all;
-                    MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-                    per_step[v] = all / size;
-                    SD_CHECK(sd_loader_seek(l, 0, &err) == 0, "%s", err.msg);
-                }
-                MPI_Barrier(MPI_COMM_WORLD);
-                const double t0 = sd_time_now();
-                for (int s = 0; s < steps; s++)
-                    SD_CHECK(sd_loader_next(l, &b, &wait, &err) == 0, "%s", err.msg);
-                double t = sd_time_now() - t0, slowest;
-                MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-                rate[v][pf][r] = (double)steps * batch / slowest;
-                sd_loader_close(l);
-            }
     if (rank == 0) {
         printf("%lld samples in %lld shards (%d px, embeddings %d x %d); %d rank(s) x %d samples, "
                "%d steps, %d repetitions\n\n",
                (long long)info.n_samples, (long long)info.n_shards, info.resolution, info.text_len,
                info.embed_dim, size, batch, steps, reps);
-        printf("| open shards | prefetch | samples/s a rank: median | min | max | shard opens a step |\n"
-               "|---|---|---|---|---|---|\n");
-        for (int v = 0; v < n_open; v++)
-            for (int pf = 0; pf < 2; pf++) {
-                double sorted[MAX_REPS];
-                memcpy(sorted, rate[v][pf], (size_t)reps * sizeof *sorted);
-                for (int i = 1; i < reps; i++)
-                    for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
-                        const double x = sorted[j];
-                        sorted[j] = sorted[j - 1];
-                        sorted[j - 1] = x;
-                    }
-                printf("| %d | %s | %.0f | %.0f | %.0f | %.1f |\n", open[v], pf ? "on" : "off",
-                       bench_sorted_median(sorted, reps), sorted[0], sorted[reps - 1], per_step[v]);
-            }
+        printf("| shuffle window | open shards | prefetch | samples/s a rank: median | min | max | "
+               "shard opens a step |\n|---|---|---|---|---|---|---|\n");
+        for (int w = 0; w < n_window; w++)
+            for (int v = 0; v < n_open; v++)
+                for (int pf = 0; pf < 2; pf++) {
+                    double sorted[MAX_REPS];
+                    memcpy(sorted, rate[w][v][pf], (size_t)reps * sizeof *sorted);
+                    for (int i = 1; i < reps; i++)
+                        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+                            const double x = sorted[j];
+                            sorted[j] = sorted[j - 1];
+                            sorted[j - 1] = x;
+                        }
+                    printf("| %d | %d | %s | %.0f | %.0f | %.0f | %.2f |\n", window[w], open[v],
+                           pf ? "on" : "off", bench_sorted_median(sorted, reps), sorted[0],
+                           sorted[reps - 1], per_step[w][v]);
+                }
     }
     return 0;
 }
@@ -202,6 +212,7 @@ int main(int argc, char **argv)
     const char *make = NULL, *read = NULL;
     int n_shards = 64, per_shard = 256, res = 256, dim = 1024;
     int batch = 16, steps = 200, reps = 3, open[MAX_OPEN_VARIANTS] = {8, 64}, n_open = 0, rank, rc;
+    int window[MAX_WINDOW_VARIANTS] = {0}, n_window = 0;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     for (int i = 1; i < argc; i++) {
@@ -226,6 +237,8 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--open") && more && n_open < MAX_OPEN_VARIANTS)
             open[n_open++] = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--window") && more && n_window < MAX_WINDOW_VARIANTS)
+            window[n_window++] = atoi(argv[++i]);
         else {
             make = read = NULL;
             break;
@@ -233,10 +246,14 @@ int main(int argc, char **argv)
     }
     if (n_open == 0)
         n_open = 2;
+    if (n_window == 0)
+        n_window = 1;
     int bad = (!make) == (!read) || n_shards < 1 || per_shard < 1 || res < 8 || res % 8 ||
               dim < 1 || batch < 1 || steps < 1 || reps < 1 || reps > MAX_REPS;
     for (int v = 0; v < n_open; v++)
         bad |= open[v] < 1 || open[v] > 256;
+    for (int w = 0; w < n_window; w++)
+        bad |= window[w] < 0 || window[w] > SD_LOADER_MAX_SHUFFLE_WINDOW;
     if (bad) {
         if (rank == 0)
             usage();
@@ -244,7 +261,7 @@ int main(int argc, char **argv)
         return 2;
     }
     rc = make ? make_shards(make, n_shards, per_shard, res, dim)
-              : read_shards(read, batch, steps, reps, open, n_open);
+              : read_shards(read, batch, steps, reps, open, n_open, window, n_window);
     MPI_Finalize();
     return rc;
 }

@@ -73,6 +73,7 @@ typedef struct sd_config {
         double shard_wait_timeout;          /* s: mode 'pipeline', the trainers' longest wait */
         bool overlap_writes;                /* write shard k while shard k+1 is encoded */
         int64_t open_shards;                /* training: shards each rank keeps open */
+        int64_t shuffle_window;             /* training: 0 global order, W: windows of W shards */
     } data;
     struct {
         int64_t max_steps;

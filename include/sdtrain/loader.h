@@ -34,7 +34,17 @@ extern "C" {
  *     for i = n_train - 1 down to 1:
  *         j = sd_rng_below(seed, SD_RNG_SHUFFLE, e, i >> 24, i & 0xFFFFFF, i + 1)
  *         swap(order[i], order[j])
- * (purpose SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 0); unbiased draws). The global batch of step s is
+ * (purpose SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 0); unbiased draws). With a shuffle window W > 0
+ * (opt->shuffle_window) the order of epoch e is instead built from windows of shards:
+ *     pi = the shard positions 0 .. n_shards-1 (index order), shuffled by Fisher-Yates as above
+ *          with purpose SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 2), step e, sample i >> 24;
+ *     window w = the shards pi[w W .. min((w + 1) W, n_shards) - 1]: their training ordinals,
+ *          shard by shard in that order, each ascending, shuffled by Fisher-Yates with purpose
+ *          SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 3), step e, sample w * 2^8 + (i >> 24);
+ *     the order = window 0, then window 1, ...
+ * so a global batch draws from one window (two where it straddles a boundary): at most about
+ * 2 W shards, each read by a rank in one stretch of the epoch, instead of the whole data set.
+ * The global batch of step s is
  * order[(s mod steps_per_epoch) * G + p] for positions p in [0, G); rank r reads positions
  * r * batch_per_rank + j, j in [0, batch_per_rank). So the global batch of a step depends on
  * (shards, val_fraction, seed, G) only, never on how G is split over ranks, and any step can be
@@ -55,8 +65,8 @@ extern "C" {
  *     j = sd_rng_below(seed, SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 1), k, i >> 24, i & 0xFFFFFF, i + 1)
  * (k the shard index); step s of epoch 0 takes stream positions [s G, (s + 1) G), so it needs
  * the shards that hold them. With T the training samples of all P shards, steps_per_epoch =
- * floor(T / G) as above, and epochs e >= 1 are the full Fisher-Yates permutation of loader.h's
- * "Order" (the same as mode 'train' on the finished shards). None of it depends on when a shard
+ * floor(T / G) as above, and epochs e >= 1 are the order of "Order" above, global or by windows
+ * (the same as mode 'train' on the finished shards). None of it depends on when a shard
  * is committed. sd_loader_next is then collective over comm: when the step it returns (or, for
  * prefetch, the one after) is not covered yet, every rank polls together; for the returned step
  * they block (rank 0 prints "waiting for shard K ..." when the wait starts and every minute),
@@ -72,6 +82,8 @@ extern "C" {
 
 /* Open shards kept per loader (least recently used is closed first; &data open_shards). */
 #define SD_LOADER_MAX_OPEN_SHARDS 64
+/* The largest &data shuffle_window. */
+#define SD_LOADER_MAX_SHUFFLE_WINDOW 65536
 
 typedef struct sd_loader_options {
     const char *shard_dir;  /* &data shard_dir */
@@ -81,6 +93,8 @@ typedef struct sd_loader_options {
     int prefetch;           /* 1 (default): read step s+1 in a thread while step s is used */
     int max_open_shards;    /* 0 means SD_LOADER_MAX_OPEN_SHARDS; fewer when the limit of open
                              * files cannot be raised to fit them (a warning on rank 0) */
+    int64_t shuffle_window; /* &data shuffle_window: 0 (default) the global order of "Order";
+                             * W in [1, SD_LOADER_MAX_SHUFFLE_WINDOW]: windows of W shards */
     /* Follow mode (above): 0 = read the committed shards once at open (the default). */
     int follow;
     MPI_Comm plan_comm;     /* where the preprocessing half's plan arrives (MPI_COMM_WORLD) */

@@ -1657,6 +1657,7 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     lo.batch_per_rank = (int)(cfg->train.batch_size_per_rank * cfg->train.grad_accum_steps);
     lo.seed = cfg->run.seed;
     lo.max_open_shards = (int)cfg->data.open_shards; /* schema: 1 .. 65536 */
+    lo.shuffle_window = cfg->data.shuffle_window;    /* schema: 0 .. 65536 */
     if (strcmp(cfg->run.mode, "pipeline") == 0) {
         /* online preprocessing: the shards as they are committed (doc/loader.md "Follow mode") */
         lo.follow = 1;

@@ -140,10 +140,18 @@ static const sd_option options[] = {
          "for the preprocessing half's plan) before the job ends with an error."),
     INT(data, open_shards, "64", 1, 65536, "files",
         "Training: the latent shards each rank keeps open (least recently used closed first). "
-        "Batches are drawn from the whole data set, so with more shards than this nearly every "
-        "sample costs an open (an HDF5 open: several reads, and a metadata operation on a "
+        "Batches are drawn from the whole data set (unless shuffle_window), so with more shards "
+        "than this nearly every sample costs an open (an HDF5 open: several reads, and a metadata operation on a "
         "parallel file system); each open shard holds about 1 MiB of HDF5 memory and a file "
         "descriptor (the soft limit is raised to fit when the hard one allows)."),
+    INT(data, shuffle_window, "0", 0, 65536, "shards",
+        "Training: 0 shuffles each epoch's samples over the whole data set. W > 0 shuffles the "
+        "shards, cuts them into windows of W and shuffles the samples of each window among "
+        "themselves: a global batch then draws from at most about 2 W shards, so with W up to "
+        "open_shards each rank opens a shard about once an epoch instead of nearly once a "
+        "sample when the shards outnumber open_shards. Mixing is within a window only (a shard "
+        "holds consecutive samples of the dataset). Deterministic like the global order; "
+        "changing it changes the data order from there on."),
 
     /* &train */
     INT(train, max_steps, "1000", 1, U, "steps", "Optimizer steps to run in total (counting resumed ones)."),

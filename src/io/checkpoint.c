@@ -1951,7 +1951,7 @@ int sd_ckpt_check_config(const char *stored, const char *current, sd_err *err)
         snprintf(full, sizeof full, "%s.%s", opts[i].group, opts[i].key);
         for (int k = 0; free_keys[k]; k++)
             exempt |= !strcmp(full, free_keys[k]);
-        if (!strcmp(full, "data.val_fraction"))
+        if (!strcmp(full, "data.val_fraction") || !strcmp(full, "data.shuffle_window"))
             watched = 1;
         if (!watched || exempt)
             continue;

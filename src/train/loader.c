@@ -28,6 +28,9 @@
 #define SHUFFLE_PURPOSE SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 0)
 /* Follow mode: each shard's training samples in the first pass (loader.h). */
 #define STREAM_PURPOSE SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 1)
+/* shuffle_window > 0: the shards' order of an epoch, and each window's samples (loader.h) */
+#define WINDOW_SHARDS_PURPOSE SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 2)
+#define WINDOW_PURPOSE SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 3)
 /* Follow mode: how often rank 0 repeats the "waiting for shard K" line. */
 #define WAIT_INFO_EVERY_S 60.0
 /* Validation samples read per round: the run-finding scratch lives on the stack. */
@@ -108,6 +111,7 @@ typedef struct read_item {
 struct sd_loader {
     sd_loader_info info;
     uint64_t seed;
+    int64_t window;          /* &data shuffle_window: 0 global order, else shards a window */
     double val_fraction;
     char dir[SD_PATH_MAX];
     sd_shard_entry *entries; /* the manifest, n_shards (follow mode: room for n_planned) */
@@ -400,8 +404,68 @@ static void sort_items(read_item *it, int n)
 
 /* ---- the order ------------------------------------------------------------------------------ */
 
+/* Fisher-Yates over o[0, n) with the draws of loader.h: stream (purpose, step), sample
+ * hi * 2^8 + (i >> 24), draw i mod 2^24, bound i + 1. */
+static void shuffle_u32(uint32_t *o, int64_t n, uint64_t seed, uint32_t purpose, int64_t step,
+                        uint64_t hi)
+{
+    for (int64_t i = n - 1; i >= 1; i--) {
+        uint32_t j = sd_rng_below(seed, purpose, (uint64_t)step, hi << 8 | (uint64_t)i >> 24,
+                                  (uint32_t)(i & 0xFFFFFF), (uint32_t)(i + 1));
+        uint32_t t = o[i];
+        o[i] = o[j];
+        o[j] = t;
+    }
+}
+
+/* The first index of the ascending a[0, n) holding a value >= x (n when none). */
+static int64_t lower_bound_u32(const uint32_t *a, int64_t n, int64_t x)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((int64_t)a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* shuffle_window = W > 0 (loader.h "Order"): the shards in a seeded order of the epoch, cut into
+ * windows of W; each window's training samples (shard by shard, each ascending) shuffled among
+ * themselves; the windows one after the other. */
+static void window_order(sd_loader *l, int64_t epoch, uint32_t *o)
+{
+    const int64_t S = l->info.n_shards, W = l->window;
+    uint32_t *pi = sd_xmalloc((size_t)(S + 1) * sizeof *pi);
+    int64_t at = 0;
+    for (int64_t k = 0; k < S; k++)
+        pi[k] = (uint32_t)k;
+    shuffle_u32(pi, S, l->seed, WINDOW_SHARDS_PURPOSE, epoch, 0);
+    for (int64_t w0 = 0; w0 < S; w0 += W) {
+        const int64_t start = at;
+        for (int64_t q = w0; q < w0 + W && q < S; q++) {
+            const int64_t k = pi[q];
+            int64_t v = lower_bound_u32(l->heldout, l->n_heldout, l->first[k]);
+            for (int64_t g = l->first[k]; g < l->first[k + 1]; g++) {
+                if (v < l->n_heldout && (int64_t)l->heldout[v] == g) {
+                    v++;
+                    continue;
+                }
+                o[at++] = (uint32_t)g;
+            }
+        }
+        shuffle_u32(o + start, at - start, l->seed, WINDOW_PURPOSE, epoch, (uint64_t)(w0 / W));
+    }
+    SD_CHECK(at == l->info.n_train, "window order of %lld samples, expected %lld", (long long)at,
+             (long long)l->info.n_train);
+    free(pi);
+}
+
 /* order = the train list (all ordinals but the validation ones, ascending), shuffled by the
- * Fisher-Yates of loader.h for `epoch`: a pure function of (seed, epoch) and the split. */
+ * Fisher-Yates of loader.h for `epoch` (or, with a shuffle window, window by window): a pure
+ * function of (seed, epoch, window) and the split. */
 static int build_order(sd_loader *l, int64_t epoch, sd_err *err)
 {
     const int64_t n = l->info.n_train, n_val = l->n_heldout;
@@ -410,6 +474,11 @@ static int build_order(sd_loader *l, int64_t epoch, sd_err *err)
     if (epoch > (int64_t)SD_RNG_MAX_STEP)
         return sd_err_set(err, "epoch %lld is beyond the shuffle stream's limit %llu", (long long)epoch,
                           (unsigned long long)SD_RNG_MAX_STEP);
+    if (l->window > 0) {
+        window_order(l, epoch, o);
+        l->order_epoch = epoch;
+        return 0;
+    }
     for (int64_t g = 0; g < l->info.n_samples; g++) {
         if (v < n_val && (int64_t)l->heldout[v] == g) {
             v++;
@@ -418,13 +487,7 @@ static int build_order(sd_loader *l, int64_t epoch, sd_err *err)
         o[k++] = (uint32_t)g;
     }
     SD_CHECK(k == n, "train list of %lld samples, expected %lld", (long long)k, (long long)n);
-    for (int64_t i = n - 1; i >= 1; i--) {
-        uint32_t j = sd_rng_below(l->seed, SHUFFLE_PURPOSE, (uint64_t)epoch, (uint64_t)i >> 24,
-                                  (uint32_t)(i & 0xFFFFFF), (uint32_t)(i + 1));
-        uint32_t t = o[i];
-        o[i] = o[j];
-        o[j] = t;
-    }
+    shuffle_u32(o, n, l->seed, SHUFFLE_PURPOSE, epoch, 0);
     l->order_epoch = epoch;
     return 0;
 }
@@ -785,13 +848,7 @@ static void follow_apply(sd_loader *l, follow_delta *d)
             }
         }
         /* the shard's training samples in a seeded order of their own (loader.h) */
-        for (int64_t i = t - 1; i >= 1; i--) {
-            uint32_t x = sd_rng_below(l->seed, STREAM_PURPOSE, (uint64_t)k, (uint64_t)i >> 24,
-                                      (uint32_t)(i & 0xFFFFFF), (uint32_t)(i + 1));
-            uint32_t tmp = seg[i];
-            seg[i] = seg[x];
-            seg[x] = tmp;
-        }
+        shuffle_u32(seg, t, l->seed, STREAM_PURPOSE, k, 0);
         l->seg[k] = seg;
         l->tfirst[k + 1] = l->tfirst[k] + t;
         if (l->val_shard < 0 && n > 0) {
@@ -1129,6 +1186,7 @@ typedef struct open_header {
     int64_t n_shards, n_samples, n_val;
     int32_t batch_per_rank;
     uint64_t seed;
+    int64_t window;
     double val_fraction;
     int32_t follow;
     int64_t n_planned;      /* follow mode: the preprocessing half's shards */
@@ -1146,6 +1204,9 @@ static int check_options(const sd_loader_options *o, sd_err *err)
         return sd_err_set(err, "batch size per rank %d is not positive", o->batch_per_rank);
     if (o->max_open_shards < 0)
         return sd_err_set(err, "max_open_shards %d is negative", o->max_open_shards);
+    if (o->shuffle_window < 0 || o->shuffle_window > SD_LOADER_MAX_SHUFFLE_WINDOW)
+        return sd_err_set(err, "shuffle window %lld is not in [0, %d]",
+                          (long long)o->shuffle_window, SD_LOADER_MAX_SHUFFLE_WINDOW);
     return 0;
 }
 
@@ -1414,6 +1475,7 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         if (rc == 0) {
             h.batch_per_rank = opt->batch_per_rank;
             h.seed = opt->seed;
+            h.window = opt->shuffle_window;
             h.val_fraction = opt->val_fraction;
         } else {
             h.status = -1;
@@ -1461,6 +1523,7 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     l->info.complete = !h.follow;
     l->info.n_planned = h.follow ? h.n_planned : h.n_shards;
     l->seed = h.seed;
+    l->window = h.window;
     l->val_fraction = h.val_fraction;
     l->follow = h.follow;
     l->val_shard = -1;

@@ -384,4 +384,26 @@ mpi other 2 "$SDTRAIN" "$TMP/other.nml" --set data.shard_dir="$TMP/shards2"
 expect_rc other 0
 expect_in other err "the training samples changed"
 expect_not_in gb err "the training samples changed"
+
+# &data shuffle_window = 1 (batches from windows of one shard): another data order than the
+# global one; killed at step 7 and resumed, the uninterrupted run's bits; a resume with another
+# window says that it was written with 1
+train_nml win 4 none
+mpi win 2 "$SDTRAIN" "$TMP/win.nml" --set data.shuffle_window=1
+expect_rc win 0
+losses win >"$TMP/l-win"
+losses ref >"$TMP/l-ref"
+! cmp -s "$TMP/l-win" "$TMP/l-ref" || fail "shuffle_window = 1 trained on the global order"
+train_nml wink 4 none
+SDTRAIN_FAULT=kill:rank=1:step=7 mpi wink 2 "$SDTRAIN" "$TMP/wink.nml" --set data.shuffle_window=1
+[ "$RC" != 0 ] || fail "wink: the killed run exited 0"
+latest_is wink step-00000004
+mpi wink 2 "$SDTRAIN" "$TMP/wink.nml" --set data.shuffle_window=1
+expect_rc wink 0
+expect_in wink out "resuming from $TMP/wink/checkpoints/step-00000004: step 4"
+same_run wink win
+train_nml winw 4 none ", resume = '$TMP/win/checkpoints/step-00000008'"
+mpi winw 2 "$SDTRAIN" "$TMP/winw.nml"
+expect_rc winw 0
+expect_in winw err "resume: &data shuffle_window was 1 when the checkpoint was written, this run has 0"
 pass "checkpoints and resume of mode = 'train'"

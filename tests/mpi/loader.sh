@@ -85,6 +85,29 @@ mpi w-allempty 2 "$prog" write "$TMP/allempty" f16 0:0,1:0
 expect_rc w-allempty 0
 pass "empty shards: passed over, the same global batches"
 
+# A shuffle window (&data shuffle_window = W): loader.h's order built from windows of W shards.
+# Every step is the model's (written from loader.h apart from the loader), at 1, 2 and 3 ranks
+# the same global batches, each from at most 2 W shards, every sample once an epoch; not the
+# global order. With empty shards among them too.
+for w in 1 2; do
+    for np in 1 2 3; do
+        mpi "win$w-$np" "$np" "$prog" check "$TMP/f16" f16 "$SPEC" $((G / np)) 0.2 77 "$K" \
+            "$TMP/digest-win$w-$np" "$w"
+        expect_rc "win$w-$np" 0
+        expect_not_in "win$w-$np" out "not ok"
+        grep -q '^1\.\.[0-9]' "$TMP/win$w-$np.out" || fail "win$w-$np: no TAP plan (crashed?)"
+    done
+    for np in 2 3; do
+        cmp -s "$TMP/digest-win$w-1" "$TMP/digest-win$w-$np" ||
+            fail "window $w: the global batches at 1 and $np ranks differ"
+    done
+    ! cmp -s "$TMP/digest-f16-1" "$TMP/digest-win$w-1" || fail "window $w: the global order"
+done
+mpi win-empty 3 "$prog" check "$TMP/eshards" f16 "$ESPEC" 2 0.2 77 "$K" "$TMP/digest-win-empty" 2
+expect_rc win-empty 0
+expect_not_in win-empty out "not ok"
+pass "shuffle windows of 1 and 2 shards: the order of loader.h, the same at any rank count"
+
 # Another seed, another order; no validation set at all.
 mpi seed 2 "$prog" check "$TMP/f16" f16 "$SPEC" 3 0.2 78 "$K" "$TMP/digest-seed"
 expect_rc seed 0

@@ -24,6 +24,7 @@
 #define MAX_SHARDS 32
 
 static int g_rank, g_size;
+static int64_t g_window; /* check: &data shuffle_window (0: the global order) */
 
 static uint64_t splitmix(uint64_t x)
 {
@@ -223,6 +224,8 @@ typedef struct model {
     int64_t *train;  /* ascending ordinals */
     int64_t *val;
     int64_t *order;  /* an epoch's order */
+    int64_t n_pos;   /* shards, in index order */
+    int64_t *pos_first; /* ordinal of each one's row 0; [n_pos] = n */
 } model;
 
 /* The split as loader.h specifies it, written out again here. */
@@ -252,6 +255,11 @@ static void model_build(model *m, const spec *sp, double fraction)
     m->train = sd_xmalloc((size_t)m->n * sizeof(int64_t));
     m->val = sd_xmalloc((size_t)m->n * sizeof(int64_t));
     m->order = sd_xmalloc((size_t)m->n * sizeof(int64_t));
+    m->n_pos = sp->n;
+    m->pos_first = sd_xmalloc((size_t)(sp->n + 1) * sizeof(int64_t));
+    m->pos_first[0] = 0;
+    for (int k = 0; k < sp->n; k++)
+        m->pos_first[k + 1] = m->pos_first[k] + sp->samples[k];
     for (int k = 0; k < sp->n; k++)
         for (int64_t r = 0; r < sp->samples[k]; r++, o++) {
             char key[64];
@@ -267,8 +275,46 @@ static void model_build(model *m, const spec *sp, double fraction)
         }
 }
 
+/* loader.h "Order" with a shuffle window W: the shards shuffled, windows of W of them, each
+ * window's training samples (shard by shard, ascending) shuffled, the windows in turn. */
+static void model_window_epoch(model *m, uint64_t seed, int64_t epoch, int64_t W)
+{
+    const int64_t S = m->n_pos;
+    int64_t *pi = sd_xmalloc((size_t)S * sizeof(int64_t)), at = 0;
+    for (int64_t k = 0; k < S; k++)
+        pi[k] = k;
+    for (int64_t i = S - 1; i >= 1; i--) {
+        uint32_t j = sd_rng_below(seed, SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 2), (uint64_t)epoch,
+                                  (uint64_t)i >> 24, (uint32_t)(i & 0xFFFFFF), (uint32_t)(i + 1));
+        int64_t t = pi[i];
+        pi[i] = pi[j];
+        pi[j] = t;
+    }
+    for (int64_t w = 0; w * W < S; w++) {
+        int64_t *win = m->order + at, n = 0;
+        for (int64_t q = w * W; q < (w + 1) * W && q < S; q++)
+            for (int64_t o = m->pos_first[pi[q]]; o < m->pos_first[pi[q] + 1]; o++)
+                if (!m->is_val[o])
+                    win[n++] = o;
+        for (int64_t i = n - 1; i >= 1; i--) {
+            uint32_t j = sd_rng_below(seed, SD_RNG_PURPOSE(SD_RNG_SHUFFLE, 3), (uint64_t)epoch,
+                                      (uint64_t)w * 256 + ((uint64_t)i >> 24),
+                                      (uint32_t)(i & 0xFFFFFF), (uint32_t)(i + 1));
+            int64_t t = win[i];
+            win[i] = win[j];
+            win[j] = t;
+        }
+        at += n;
+    }
+    free(pi);
+}
+
 static void model_epoch(model *m, uint64_t seed, int64_t epoch)
 {
+    if (g_window > 0) {
+        model_window_epoch(m, seed, epoch, g_window);
+        return;
+    }
     memcpy(m->order, m->train, (size_t)m->n_train * sizeof(int64_t));
     for (int64_t i = m->n_train - 1; i >= 1; i--) {
         uint32_t j = sd_rng_below(seed, SD_RNG_SHUFFLE, (uint64_t)epoch, (uint64_t)i >> 24,
@@ -288,6 +334,7 @@ static void model_free(model *m)
     free(m->train);
     free(m->val);
     free(m->order);
+    free(m->pos_first);
 }
 
 /* The ordinal of a sample id, or -1. */
@@ -352,6 +399,7 @@ static int open_loader(const char *dir, double frac, int B, uint64_t seed, int p
     o.seed = seed;
     o.prefetch = prefetch;
     o.max_open_shards = max_open;
+    o.shuffle_window = g_window;
     if (sd_loader_open(MPI_COMM_WORLD, &o, l, &err)) {
         check(0, "open %s: %s", dir, err.msg);
         return -1;
@@ -405,8 +453,8 @@ static int cmd_check(int argc, char **argv)
     double wait;
     FILE *dig = NULL;
     int D;
-    (void)argc;
-    if (parse_dtype(argv[3], &dt) || parse_spec(argv[4], &sp) || B < 1 || K < 1)
+    g_window = argc > 10 ? atoll(argv[10]) : 0;
+    if (parse_dtype(argv[3], &dt) || parse_spec(argv[4], &sp) || B < 1 || K < 1 || g_window < 0)
         return 2;
     model_build(&m, &sp, frac);
     model_build(&scratch, &sp, frac);
@@ -493,6 +541,18 @@ static int cmd_check(int argc, char **argv)
                         check(seen[o]++ == 0, "step %lld: sample %lld twice in epoch %lld", (long long)s,
                               (long long)o, (long long)(s / spe));
                     }
+                }
+                if (g_window > 0) {
+                    /* a global batch lies in one window, or in two where it straddles them */
+                    int64_t distinct = 0;
+                    for (int64_t p = 0; p < G; p++) {
+                        int fresh = global[p] >= 0 && global[p] < m.n;
+                        for (int64_t q = 0; q < p && fresh; q++)
+                            fresh = m.shard[global[q]] != m.shard[global[p]];
+                        distinct += fresh;
+                    }
+                    check(distinct <= 2 * g_window, "step %lld: %lld shards in a global batch, "
+                          "window %lld", (long long)s, (long long)distinct, (long long)g_window);
                 }
                 if (dig) {
                     fprintf(dig, "step %lld epoch %lld:", (long long)s, (long long)(s / spe));
@@ -867,7 +927,7 @@ int main(int argc, char **argv)
     SD_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g_size));
     if (!strcmp(mode, "write") && argc >= 5 && argc <= 7)
         rc = cmd_write(argc, argv);
-    else if (!strcmp(mode, "check") && argc == 10)
+    else if (!strcmp(mode, "check") && (argc == 10 || argc == 11))
         rc = cmd_check(argc, argv);
     else if (!strcmp(mode, "open") && argc == 5)
         rc = cmd_open(argc, argv);

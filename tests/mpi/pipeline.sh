@@ -93,6 +93,19 @@ expect_rc emu 0
 expect_in emu out "emulating the GPU's device path"
 run cmp-emu "$top_builddir/tests/mpi/st_compare" "$TMP/pipe/unet_final.safetensors" "$TMP/emu/unet_final.safetensors" 1e-6
 expect_rc cmp-emu 0
+# &data shuffle_window = 1: the second epoch by windows of one shard (doc/loader.md), still
+# independent of timing (slowed preprocessing == every shard committed already); not the
+# global order
+pipe_nml wslow "$TMP/shards-wslow" 8
+SDTRAIN_TEST_SHARD_DELAY_MS=1500 mpi wslow 4 "$SDTRAIN" "$TMP/wslow.nml" --set data.shuffle_window=1
+expect_rc wslow 0
+pipe_nml wdone "$TMP/shards-proc" 8
+mpi wdone 4 "$SDTRAIN" "$TMP/wdone.nml" --set data.shuffle_window=1
+expect_rc wdone 0
+cmp -s "$TMP/wslow/unet_final.safetensors" "$TMP/wdone/unet_final.safetensors" ||
+    fail "shuffle_window = 1: slowed preprocessing changed the trained weights"
+! cmp -s "$TMP/pipe/unet_final.safetensors" "$TMP/wdone/unet_final.safetensors" ||
+    fail "shuffle_window = 1: the global order in the second epoch"
 # one training rank with the whole global batch of 8: the same samples per step, the same
 # training up to the order of the gradient sums
 pipe_nml one "$TMP/shards-one" 8
