@@ -90,6 +90,12 @@ int sd_copy_tree(const char *from, const char *to, sd_err *err);
  * it is), then an fsync of the parent folder. Readers see the old folder or the complete new one. */
 int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *err);
 
+/* The rest of the file open at `fd` (from its offset to its end, read with `read`, interrupted
+ * calls resumed) into *buf: malloc'ed or NULL, *cap bytes, grown (doubled) as needed; the bytes
+ * are NUL-terminated and *len says how many there are. A file that grows while it is read is read
+ * to its new end. 0, or -1 with errno (what was read stays in *buf). */
+int sd_read_to_end(int fd, void **buf, size_t *cap, size_t *len);
+
 /* The whole of the regular file `path` into *data (malloc'ed, NUL-terminated; *len bytes
  * without the NUL). Refused with a message naming the file: missing or unreadable, not a
  * regular file (a FIFO is not waited on), more than `limit` bytes ("... MiB <what> may have"). */

@@ -337,6 +337,37 @@ int sd_mkdir_writable(const char *path, const char *what, sd_err *err)
     return 0;
 }
 
+int sd_read_to_end(int fd, void **buf, size_t *cap, size_t *len)
+{
+    size_t n = 0;
+    for (;;) {
+        char probe[4096];
+        const int full = n + 1 >= *cap; /* no room left: is there more? (no growth at the end) */
+        const ssize_t k = full ? read(fd, probe, sizeof probe)
+                               : read(fd, (char *)*buf + n, *cap - 1 - n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k > 0 && full) {
+            while (*cap < n + (size_t)k + 1)
+                *cap = *cap ? 2 * *cap : 4096;
+            *buf = sd_xrealloc(*buf, *cap);
+            memcpy((char *)*buf + n, probe, (size_t)k);
+        }
+        if (k <= 0) {
+            const int e = errno;
+            if (*cap == 0) {
+                *cap = 1;
+                *buf = sd_xrealloc(*buf, 1);
+            }
+            ((char *)*buf)[n] = '\0';
+            *len = n;
+            errno = e;
+            return k < 0 ? -1 : 0;
+        }
+        n += (size_t)k;
+    }
+}
+
 int sd_read_regular_file(const char *path, size_t limit, const char *what, char **data,
                          size_t *len, sd_err *err)
 {

@@ -179,26 +179,13 @@ static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t 
         return 1;
     }
     ensure_cap((void **)buf, cap, (size_t)st.st_size + 1);
-    size_t n = 0;
-    for (;;) {
-        if (n + 1 >= *cap)
-            ensure_cap((void **)buf, cap, *cap * 2); /* the file grew since fstat */
-        ssize_t k = read(fd, *buf + n, *cap - 1 - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            int e = errno;
-            close(fd);
-            return input_read_failed(err, path, e);
-        }
-        if (k == 0)
-            break;
-        n += (size_t)k;
+    if (sd_read_to_end(fd, (void **)buf, cap, len)) {
+        const int e = errno;
+        close(fd);
+        return input_read_failed(err, path, e);
     }
     close(fd);
-    (*buf)[n] = 0;
-    *len = n;
-    return n > limit; /* it grew past the limit since fstat */
+    return *len > limit; /* it grew past the limit since fstat */
 }
 
 enum { MEMBER_OK = 0, MEMBER_UNREADABLE = -1, MEMBER_TRUNCATED = -2 };

@@ -474,29 +474,15 @@ static char *read_whole(const char *path, size_t *len, sd_err *err)
         sd_err_set(err, "%s: not a regular file", path);
         return NULL;
     }
-    size_t cap = (size_t)st.st_size + 1, n = 0;
-    char *b = sd_xmalloc(cap);
-    for (;;) {
-        if (n + 1 >= cap) {
-            cap *= 2;
-            b = sd_xrealloc(b, cap);
-        }
-        ssize_t k = read(fd, b + n, cap - 1 - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            sd_err_input_errno(err, errno, "%s", path);
-            free(b);
-            close(fd);
-            return NULL;
-        }
-        if (k == 0)
-            break;
-        n += (size_t)k;
+    size_t cap = (size_t)st.st_size + 1;
+    void *b = sd_xmalloc(cap);
+    if (sd_read_to_end(fd, &b, &cap, len)) {
+        sd_err_input_errno(err, errno, "%s", path);
+        free(b);
+        close(fd);
+        return NULL;
     }
     close(fd);
-    b[n] = '\0';
-    *len = n;
     return b;
 }
 

@@ -39,6 +39,13 @@
  * memory whatever the slice size. */
 #define ROUND_BYTES ((size_t)64 << 20)
 #define CHECKSUM_ALGORITHM "sd-hash64-v1"
+/* The datasets of a shard file (doc/shards.md); the latents' name carries the resolution. */
+#define DS_LATENTS_FMT "image_latents_%d"
+#define DS_EMB "caption_embeddings"
+#define DS_IDS "caption_ids"
+#define DS_CAP "caption"
+#define DS_KEY "key"
+#define DS_EMPTY "empty_caption_embedding"
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -981,7 +988,7 @@ static void write_header(writer *w)
     w->t_cap = make_str_type(w->cap_w);
     w->t_key = make_str_type(w->key_w);
 
-    snprintf(latents, sizeof latents, "image_latents_%d", m->resolution);
+    snprintf(latents, sizeof latents, DS_LATENTS_FMT, m->resolution);
     dims[0] = (hsize_t)w->n_total, dims[1] = (hsize_t)w->C2, dims[2] = dims[3] = (hsize_t)w->hs;
     /* contiguous: each sample's row at a fixed offset, which the training loader reads without
      * HDF5 (sd_shard_direct; until 2026-11-27 one chunk a sample, which gave readers nothing
@@ -995,18 +1002,18 @@ static void write_header(writer *w)
         w->d_mom = create_dataset(w, latents, w->t_float, 4, dims, old ? chunk : NULL);
         dims[1] = (hsize_t)w->L, dims[2] = (hsize_t)w->D;
         chunk[1] = dims[1], chunk[2] = dims[2];
-        w->d_emb = create_dataset(w, "caption_embeddings", w->t_float, 3, dims, old ? chunk : NULL);
+        w->d_emb = create_dataset(w, DS_EMB, w->t_float, 3, dims, old ? chunk : NULL);
     }
     chunk[1] = dims[1];
     chunk[0] = small_chunk_rows((size_t)w->L * 4, w->n_total);
-    w->d_ids = create_dataset(w, "caption_ids", H5T_STD_I32LE, 2, dims,
+    w->d_ids = create_dataset(w, DS_IDS, H5T_STD_I32LE, 2, dims,
                               empty || w->direct ? NULL : chunk);
     chunk[0] = small_chunk_rows(w->cap_w, w->n_total);
-    w->d_cap = create_dataset(w, "caption", w->t_cap, 1, dims, empty || w->direct ? NULL : chunk);
+    w->d_cap = create_dataset(w, DS_CAP, w->t_cap, 1, dims, empty || w->direct ? NULL : chunk);
     chunk[0] = small_chunk_rows(w->key_w, w->n_total);
-    w->d_key = create_dataset(w, "key", w->t_key, 1, dims, empty || w->direct ? NULL : chunk);
+    w->d_key = create_dataset(w, DS_KEY, w->t_key, 1, dims, empty || w->direct ? NULL : chunk);
     dims[0] = (hsize_t)w->L, dims[1] = (hsize_t)w->D;
-    w->d_empty = create_dataset(w, "empty_caption_embedding", w->t_float, 2, dims, NULL);
+    w->d_empty = create_dataset(w, DS_EMPTY, w->t_float, 2, dims, NULL);
 }
 
 /* Writes rows [row, row + cnt) of a dataset collectively; cnt may be 0 (an empty selection still
@@ -1027,14 +1034,14 @@ static int put_rows(writer *w, int k, hid_t d, hid_t memtype, int64_t row, int64
         return 0;
     if (sd_pio_all(w->fd, (void *)buf, (size_t)cnt * row_bytes,
                    w->addr[k] + (uint64_t)row * row_bytes, 1, NULL)) {
-        static const char *const names[6] = {"image_latents_", "caption_embeddings",
-                                             "caption_ids", "caption", "key",
-                                             "empty_caption_embedding"};
+        /* the dataset's name, as HDF5's message gives it (in the order of w->addr) */
+        static const char *const names[6] = {NULL, DS_EMB, DS_IDS, DS_CAP, DS_KEY, DS_EMPTY};
         char name[64];
         const int en = errno;
-        snprintf(name, sizeof name, "%s", names[k]);
-        if (k == 0) /* the dataset's name, as HDF5's message gives it */
-            snprintf(name, sizeof name, "image_latents_%d", w->meta->resolution);
+        if (k == 0)
+            snprintf(name, sizeof name, DS_LATENTS_FMT, w->meta->resolution);
+        else
+            snprintf(name, sizeof name, "%s", names[k]);
         if (!e->msg[0])
             sd_err_errno(e, en, "writing /%s of %s failed on rank %d", name, w->tmp_path,
                          w->rank);
@@ -1799,21 +1806,21 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
     else
         return sd_err_set(err, "%s: unknown float_dtype '%s' (expected float16 or float32)", path, dtype);
     in->latent_size = in->resolution / 8;
-    snprintf(in->latents_name, sizeof in->latents_name, "image_latents_%d", in->resolution);
+    snprintf(in->latents_name, sizeof in->latents_name, DS_LATENTS_FMT, in->resolution);
 
     dims[0] = (hsize_t)in->n_samples, dims[1] = (hsize_t)(2 * in->latent_channels);
     dims[2] = dims[3] = (hsize_t)in->latent_size;
     if (open_dataset(s, in->latents_name, H5T_FLOAT, fsz, 4, dims, &s->d_mom, err))
         return -1;
     dims[1] = (hsize_t)in->text_len, dims[2] = (hsize_t)in->embed_dim;
-    if (open_dataset(s, "caption_embeddings", H5T_FLOAT, fsz, 3, dims, &s->d_emb, err) ||
-        open_dataset(s, "caption_ids", H5T_INTEGER, 4, 2, dims, &s->d_ids, err))
+    if (open_dataset(s, DS_EMB, H5T_FLOAT, fsz, 3, dims, &s->d_emb, err) ||
+        open_dataset(s, DS_IDS, H5T_INTEGER, 4, 2, dims, &s->d_ids, err))
         return -1;
-    if (open_dataset(s, "caption", H5T_STRING, 0, 1, dims, &s->d_cap, err) ||
-        open_dataset(s, "key", H5T_STRING, 0, 1, dims, &s->d_key, err))
+    if (open_dataset(s, DS_CAP, H5T_STRING, 0, 1, dims, &s->d_cap, err) ||
+        open_dataset(s, DS_KEY, H5T_STRING, 0, 1, dims, &s->d_key, err))
         return -1;
     dims[0] = (hsize_t)in->text_len, dims[1] = (hsize_t)in->embed_dim;
-    if (open_dataset(s, "empty_caption_embedding", H5T_FLOAT, fsz, 2, dims, &s->d_empty, err))
+    if (open_dataset(s, DS_EMPTY, H5T_FLOAT, fsz, 2, dims, &s->d_empty, err))
         return -1;
     {
         hid_t t;
@@ -2044,14 +2051,14 @@ int sd_shard_read_moments(sd_shard *s, int64_t start, int64_t count, int64_t str
 int sd_shard_read_embeddings(sd_shard *s, int64_t start, int64_t count, int64_t stride, float *dst,
                              sd_err *err)
 {
-    return read_floats(s, s->d_emb, "caption_embeddings", start, count, stride,
+    return read_floats(s, s->d_emb, DS_EMB, start, count, stride,
                        (size_t)s->info.text_len * (size_t)s->info.embed_dim, dst, err);
 }
 
 int sd_shard_read_ids(sd_shard *s, int64_t start, int64_t count, int64_t stride, int32_t *dst,
                       sd_err *err)
 {
-    return read_rows(s, s->d_ids, "caption_ids", H5T_NATIVE_INT32, start, count, stride, dst, err);
+    return read_rows(s, s->d_ids, DS_IDS, H5T_NATIVE_INT32, start, count, stride, dst, err);
 }
 
 static int read_strings(sd_shard *s, hid_t d, const char *name, size_t stored, int64_t start,
@@ -2080,13 +2087,13 @@ static int read_strings(sd_shard *s, hid_t d, const char *name, size_t stored, i
 int sd_shard_read_captions(sd_shard *s, int64_t start, int64_t count, int64_t stride, char *dst,
                            size_t width, sd_err *err)
 {
-    return read_strings(s, s->d_cap, "caption", s->info.caption_width, start, count, stride, dst, width, err);
+    return read_strings(s, s->d_cap, DS_CAP, s->info.caption_width, start, count, stride, dst, width, err);
 }
 
 int sd_shard_read_keys(sd_shard *s, int64_t start, int64_t count, int64_t stride, char *dst,
                        size_t width, sd_err *err)
 {
-    return read_strings(s, s->d_key, "key", s->info.key_width, start, count, stride, dst, width, err);
+    return read_strings(s, s->d_key, DS_KEY, s->info.key_width, start, count, stride, dst, width, err);
 }
 
 int sd_shard_read_empty_embedding(sd_shard *s, float *dst, sd_err *err)
@@ -2134,10 +2141,10 @@ int sd_shard_checksum(sd_shard *s, uint64_t *out, sd_err *err)
     for (int64_t lo = 0; lo < in->n_samples && rc == 0; lo += B) {
         int64_t cnt = in->n_samples - lo < B ? in->n_samples - lo : B;
         rc = read_rows(s, s->d_mom, in->latents_name, s->t_float, lo, cnt, 1, mom, err) ||
-             read_rows(s, s->d_emb, "caption_embeddings", s->t_float, lo, cnt, 1, emb, err) ||
-             read_rows(s, s->d_ids, "caption_ids", H5T_NATIVE_INT32, lo, cnt, 1, ids, err) ||
-             read_rows(s, s->d_cap, "caption", tc, lo, cnt, 1, cap, err) ||
-             read_rows(s, s->d_key, "key", tk, lo, cnt, 1, key, err);
+             read_rows(s, s->d_emb, DS_EMB, s->t_float, lo, cnt, 1, emb, err) ||
+             read_rows(s, s->d_ids, DS_IDS, H5T_NATIVE_INT32, lo, cnt, 1, ids, err) ||
+             read_rows(s, s->d_cap, DS_CAP, tc, lo, cnt, 1, cap, err) ||
+             read_rows(s, s->d_key, DS_KEY, tk, lo, cnt, 1, key, err);
         for (int64_t i = 0; rc == 0 && i < cnt; i++) {
             const char *c = cap + (size_t)i * in->caption_width, *k = key + (size_t)i * in->key_width;
             uint64_t h = hash_bytes(0, mom + (size_t)i * m_el * fsz, m_el * fsz);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -149,6 +150,75 @@ static void test_copy_tree(void)
     sd_remove_tree(from, &err);
 }
 
+/* sd_read_to_end: a file read whole into a buffer of its size (no growth), into no buffer at all,
+ * an empty file, and a pipe whose data comes in pieces (the buffer grows); the input's faults. */
+static void test_read_to_end(void)
+{
+    char path[600];
+    const size_t n = 10000;
+    char *data = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        data[i] = (char)('a' + i % 26);
+    snprintf(path, sizeof path, "%s/rte", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    tap_ok(fd >= 0 && write(fd, data, n) == (ssize_t)n, "a 10000-byte file");
+    lseek(fd, 0, SEEK_SET);
+    size_t cap = n + 1, len = 0;
+    void *buf = malloc(cap);
+    int rc = sd_read_to_end(fd, &buf, &cap, &len);
+    tap_ok(rc == 0 && len == n && cap == n + 1 &&
+               memcmp(buf, data, n) == 0 && ((char *)buf)[n] == '\0',
+           "read whole into a buffer of its size plus one: not grown (cap %zu)", cap);
+    free(buf);
+    lseek(fd, 3, SEEK_SET);
+    buf = NULL;
+    cap = 0;
+    rc = sd_read_to_end(fd, &buf, &cap, &len);
+    tap_ok(rc == 0 && len == n - 3 &&
+               memcmp(buf, data + 3, n - 3) == 0 && ((char *)buf)[n - 3] == '\0',
+           "from offset 3 into no buffer: %zu bytes, cap %zu", len, cap);
+    free(buf);
+    tap_ok(ftruncate(fd, 0) == 0, "emptied");
+    buf = NULL;
+    cap = 0;
+    rc = sd_read_to_end(fd, &buf, &cap, &len);
+    tap_ok(rc == 0 && len == 0 && cap >= 1 &&
+               ((char *)buf)[0] == '\0', "an empty file: 0 bytes, NUL-terminated");
+    free(buf);
+    close(fd);
+    int p[2];
+    if (pipe(p) == 0) {
+        pid_t child = fork();
+        if (child == 0) {
+            close(p[0]);
+            for (size_t at = 0; at < n; at += 700) {
+                const size_t k = n - at < 700 ? n - at : 700;
+                if (write(p[1], data + at, k) != (ssize_t)k)
+                    _exit(1);
+                usleep(1000);
+            }
+            _exit(0);
+        }
+        close(p[1]);
+        cap = 16;
+        buf = malloc(cap);
+        rc = sd_read_to_end(p[0], &buf, &cap, &len);
+        int status = 0;
+        waitpid(child, &status, 0);
+        tap_ok(rc == 0 && len == n && memcmp(buf, data, n) == 0 && cap > n,
+               "a pipe written in pieces of 700: all %zu bytes, the buffer grown to %zu", len, cap);
+        free(buf);
+        close(p[0]);
+    }
+    buf = NULL;
+    cap = 0;
+    rc = sd_read_to_end(-1, &buf, &cap, &len);
+    tap_ok(rc == -1 && errno == EBADF && len == 0,
+           "a closed descriptor: -1, EBADF");
+    free(buf);
+    free(data);
+}
+
 int main(void)
 {
     const char *base = getenv("TMPDIR");
@@ -160,6 +230,7 @@ int main(void)
     test_pio();
     test_atomic();
     test_copy_tree();
+    test_read_to_end();
     sd_remove_tree(dir, &err);
     return tap_done();
 }
