@@ -1675,6 +1675,15 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     if (failed)
         return -1; /* collective: every rank has the same message */
     t->info = *sd_loader_get_info(t->loader);
+    if (t->rank == 0 && cfg->data.shuffle_window > 0) {
+        sd_info("data order: windows of %lld shard(s) (&data shuffle_window), the shards and "
+                "each window's samples shuffled every epoch", (long long)cfg->data.shuffle_window);
+        if (cfg->data.shuffle_window > cfg->data.open_shards)
+            sd_warn("&data shuffle_window = %lld is more than open_shards = %lld: a window's "
+                    "shards do not all stay open, so a rank opens some of them more than once an "
+                    "epoch (doc/loader.md)", (long long)cfg->data.shuffle_window,
+                    (long long)cfg->data.open_shards);
+    }
     t->bs = (int)cfg->train.batch_size_per_rank;
     t->acc = (int)cfg->train.grad_accum_steps;
     t->C = t->info.latent_channels;

@@ -391,6 +391,8 @@ expect_not_in gb err "the training samples changed"
 train_nml win 4 none
 mpi win 2 "$SDTRAIN" "$TMP/win.nml" --set data.shuffle_window=1
 expect_rc win 0
+expect_in win out "data order: windows of 1 shard(s) (&data shuffle_window)"
+expect_not_in win err "is more than open_shards"
 losses win >"$TMP/l-win"
 losses ref >"$TMP/l-ref"
 ! cmp -s "$TMP/l-win" "$TMP/l-ref" || fail "shuffle_window = 1 trained on the global order"
@@ -406,4 +408,10 @@ train_nml winw 4 none ", resume = '$TMP/win/checkpoints/step-00000008'"
 mpi winw 2 "$SDTRAIN" "$TMP/winw.nml"
 expect_rc winw 0
 expect_in winw err "resume: &data shuffle_window was 1 when the checkpoint was written, this run has 0"
+# a window wider than the shards kept open: said
+train_nml winwide 4 none
+mpi winwide 2 "$SDTRAIN" "$TMP/winwide.nml" --set data.shuffle_window=4 --set data.open_shards=2 \
+    --set train.max_steps=2
+expect_rc winwide 0
+expect_in winwide err "&data shuffle_window = 4 is more than open_shards = 2"
 pass "checkpoints and resume of mode = 'train'"
