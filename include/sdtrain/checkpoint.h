@@ -39,10 +39,10 @@ typedef struct sd_ckpt_scalars {
 } sd_ckpt_scalars;
 
 /* The tensors, in host memory unless the hooks below say otherwise. `params` is the whole flat
- * buffer of n floats on every rank (laid out by `table`). m, v and ema (NULL when there is no EMA) hold the range [begin, end) of
- * the same flat index space: either every rank holds [0, n) (DDP) or the ranks' ranges
- * partition [0, n) in rank order (ZeRO-2, any alignment). On disk each is one full-length
- * dataset, so a different rank count or sharding reads its own range back. */
+ * buffer of n floats on every rank (laid out by `table`). m, v and ema (NULL when there is no
+ * EMA) hold the range [begin, end) of the same flat index space: either every rank holds [0, n)
+ * (DDP) or the ranks' ranges partition [0, n) in rank order (ZeRO-2, any alignment). On disk each
+ * is one full-length dataset, so a different rank count or sharding reads its own range back. */
 typedef struct sd_ckpt_tensors {
     const sd_param_table *table;
     size_t n;

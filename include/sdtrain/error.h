@@ -29,7 +29,7 @@ typedef struct sd_err {
                   * sd_err_set_storage sets it. */
     int input;   /* 1: a file the command reads is at fault (missing, not readable, not a regular
                   * file or a folder), not what it writes: commands that tell the two apart end
-                  * with status 2, not 1. sd_err_set clears it; sd_err_set_input sets it. */
+                  * with status 2, not 1. sd_err_set clears it (sd_copy_tree sets it). */
 } sd_err;
 
 /* Sets the message (printf-style) and returns -1, so `return sd_err_set(e, ...)` reads well.
@@ -40,12 +40,6 @@ int sd_err_set(sd_err *e, const char *fmt, ...)
 #endif
     ;
 int sd_err_vset(sd_err *e, const char *fmt, va_list ap);
-/* sd_err_set for a fault of an input file: sets e->input */
-int sd_err_set_input(sd_err *e, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
 /* sd_err_set for a failure of the storage: sets e->storage */
 int sd_err_set_storage(sd_err *e, const char *fmt, ...)
 #if defined(__GNUC__)

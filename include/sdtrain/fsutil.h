@@ -7,6 +7,8 @@
 
 #include "sdtrain/error.h"
 
+struct stat;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -80,9 +82,15 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
 /* rm -r of `path` (files and directories, symbolic links not followed); a missing path is fine. */
 int sd_remove_tree(const char *path, sd_err *err);
 
+/* `path` opened for reading when it is a regular file (*st its status): the descriptor; -1 when
+ * it cannot be opened or stat'ed (errno says why); -2 when it is something else (a folder, a
+ * device, a FIFO: opened without blocking, so that a FIFO with no writer cannot hold the open). */
+int sd_open_regular(const char *path, struct stat *st);
+
 /* cp -rL of `from` (a file or a folder) to `to`: regular files and folders, symbolic links
  * followed (Hugging Face cache snapshots link their files to blobs); every file fsynced. A fault
- * of `from` (missing, not readable, not a regular file or a folder) sets err->input. */
+ * of `from` sets err->input (missing, not readable, not a regular file or a folder), or
+ * err->storage when the storage failed its read (sd_err_input_errno). */
 int sd_copy_tree(const char *from, const char *to, sd_err *err);
 
 /* Puts the finished folder `tmp` in place as `out`: a rename, after moving an existing `out`

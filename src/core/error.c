@@ -16,17 +16,6 @@ int sd_err_vset(sd_err *e, const char *fmt, va_list ap)
     return -1;
 }
 
-int sd_err_set_input(sd_err *e, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    sd_err_vset(e, fmt, ap);
-    va_end(ap);
-    if (e)
-        e->input = 1;
-    return -1;
-}
-
 int sd_err_set_storage(sd_err *e, const char *fmt, ...)
 {
     va_list ap;

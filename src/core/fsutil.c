@@ -195,19 +195,33 @@ int sd_remove_tree(const char *path, sd_err *err)
     return 0;
 }
 
-/* `path` opened for reading when it is a regular file (*st its status): the descriptor; -1 when
- * it cannot be opened (errno); -2 when it is something else (a folder, a device, a FIFO: opened
- * without blocking, so that a FIFO with no writer cannot hold the open). */
-static int open_regular(const char *path, struct stat *st)
+int sd_open_regular(const char *path, struct stat *st)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return -1;
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+    if (fstat(fd, st) != 0) {
+        const int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
         close(fd);
         return -2;
     }
     return fd;
+}
+
+/* A fault of the file `path` that sd_copy_tree reads (errno e): a failing storage is marked as
+ * such (sd_err_input_errno: status 1, a retry may succeed), anything else is the input's own
+ * (err->input). -1. */
+static int source_failed(sd_err *err, int e, const char *what, const char *path)
+{
+    sd_err_input_errno(err, e, "%s '%s'", what, path);
+    if (err && !err->storage)
+        err->input = 1;
+    return -1;
 }
 
 /* cp -rL: regular files and folders (symbolic links followed, as in Hugging Face caches whose
@@ -216,14 +230,18 @@ static int copy_file(const char *from, const char *to, sd_err *err)
 {
     char buf[1 << 16];
     struct stat st;
-    int in = open_regular(from, &st), out;
+    int in = sd_open_regular(from, &st), out;
     uint64_t at = 0;
     size_t n;
     int end = 0;
     if (in == -1)
-        return sd_err_set_input(err, "cannot read '%s': %s", from, strerror(errno));
-    if (in < 0)
-        return sd_err_set_input(err, "cannot copy '%s': not a regular file or a folder", from);
+        return source_failed(err, errno, "cannot read", from);
+    if (in < 0) {
+        sd_err_set(err, "cannot copy '%s': not a regular file or a folder", from);
+        if (err)
+            err->input = 1;
+        return -1;
+    }
     out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out < 0) {
         close(in);
@@ -232,7 +250,7 @@ static int copy_file(const char *from, const char *to, sd_err *err)
     while (!end) {
         if (sd_pio_all(in, buf, sizeof buf, at, 0, &n)) {
             if (errno) {
-                sd_err_set(err, "cannot read '%s': %s", from, strerror(errno));
+                source_failed(err, errno, "cannot read", from);
                 close(in);
                 close(out);
                 return -1;
@@ -265,7 +283,7 @@ int sd_copy_tree(const char *from, const char *to, sd_err *err)
         return -1;
     d = opendir(from);
     if (!d)
-        return sd_err_set_input(err, "cannot read folder '%s': %s", from, strerror(errno));
+        return source_failed(err, errno, "cannot read folder", from);
     while (!rc && (e = readdir(d))) {
         char a[4352], b[4352];
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
@@ -372,7 +390,7 @@ int sd_read_regular_file(const char *path, size_t limit, const char *what, char 
                          size_t *len, sd_err *err)
 {
     struct stat st;
-    int fd = open_regular(path, &st);
+    int fd = sd_open_regular(path, &st);
     if (fd == -1)
         return sd_err_set(err, "%s: cannot read: %s", path, strerror(errno));
     if (fd < 0)

@@ -159,20 +159,13 @@ static int input_read_failed(sd_err *err, const char *path, int e)
 static int read_file(const char *path, unsigned char **buf, size_t *cap, size_t *len, size_t limit,
                      sd_err *err)
 {
-    /* O_NONBLOCK: a FIFO named by a manifest must not block the open (it is refused below) */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return input_read_failed(err, path, errno);
+    /* a FIFO named by a manifest does not block the open: it is refused */
     struct stat st;
-    int stat_errno = fstat(fd, &st) != 0 ? errno : 0;
-    if (stat_errno) {
-        close(fd);
-        return input_read_failed(err, path, stat_errno);
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
+    int fd = sd_open_regular(path, &st);
+    if (fd == -1)
+        return input_read_failed(err, path, errno);
+    if (fd < 0)
         return sd_err_set(err, "%s: not a regular file", path);
-    }
     if ((uint64_t)st.st_size > (uint64_t)limit) {
         close(fd);
         *len = (size_t)st.st_size;

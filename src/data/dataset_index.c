@@ -463,14 +463,13 @@ static int index_files(sd_dataset *ds, sd_err *err)
 /* The whole regular file at `path`, NUL-terminated, malloc'd; NULL on failure (err says why). */
 static char *read_whole(const char *path, size_t *len, sd_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below */
     struct stat st;
-    if (fd < 0) {
+    int fd = sd_open_regular(path, &st); /* a FIFO does not block the open: it is refused */
+    if (fd == -1) {
         sd_err_input_errno(err, errno, "%s", path);
         return NULL;
     }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    if (fd < 0) {
         sd_err_set(err, "%s: not a regular file", path);
         return NULL;
     }

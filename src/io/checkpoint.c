@@ -1680,8 +1680,7 @@ static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors
                 part[ds] = owned_checksum(dst[ds], t->begin, t->end - t->begin, ob, oe);
         }
     }
-    if (stage)
-        host_floats_free(stage, stage_release, t->copy_ctx);
+    host_floats_free(stage, stage_release, t->copy_ctx);
     if (H5Fclose(f) < 0 && !rc)
         rc = sd_err_set(err, "cannot close checkpoint file %s", file);
     return rc ? 1 + io : 0;

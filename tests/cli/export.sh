@@ -208,6 +208,19 @@ run imp-fifo timeout 60 "$SDTOOL" import-single-file --file "$TMP/sexp32.safeten
 expect_rc imp-fifo 2 # the input is at fault, not --out
 expect_in imp-fifo err "cannot copy '$TMP/fcfg/tokenizer/pipe': not a regular file or a folder"
 [ ! -e "$TMP/simp3" ] && [ ! -e "$TMP/simp3.tmp" ] || fail "a failed import (FIFO) left a folder"
+# the storage failing the reads of a file of the configuration snapshot (EIO under the test
+# shim): not the input's fault, so status 1 (a retry may succeed), said so, nothing left
+if [ -f "$top_builddir/tests/mpi/eio_preload.so" ]; then
+    need_eio_shim
+    cp -r "$TMP/sexp" "$TMP/ecfg"
+    run imp-eio env SD_EIO_PATH=/ecfg/tokenizer/ SD_EIO_ERRNO=5 LD_PRELOAD="$PRELOAD" \
+        "$SDTOOL" import-single-file --file "$TMP/sexp32.safetensors" --config "$TMP/ecfg" \
+        --out "$TMP/simp4"
+    expect_rc imp-eio 1
+    expect_in imp-eio err "cannot read '$TMP/ecfg/tokenizer/"
+    expect_in imp-eio err "(a storage error: a retry may succeed)"
+    [ ! -e "$TMP/simp4" ] && [ ! -e "$TMP/simp4.tmp" ] || fail "a failed import (EIO) left a folder"
+fi
 # --out that holds the file or the configuration snapshot read: refused before anything is
 # removed (with --force it replaced the folder, deleting the single file given)
 cp "$TMP/sexp32.safetensors" "$TMP/simp/in.safetensors"
