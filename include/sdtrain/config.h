@@ -117,6 +117,7 @@ typedef struct sd_config {
     struct {
         char dir[SD_PATH_MAX];          /* '' = <output_dir>/checkpoints */
         int64_t every_n_steps;
+        double every_n_minutes;         /* also after this much training since the last one; 0 = off */
         int64_t keep_last;
         char resume[SD_PATH_MAX];       /* auto | never | path of a checkpoint directory */
         bool verify;                    /* read each checkpoint back before committing it */

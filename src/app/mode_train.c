@@ -152,6 +152,7 @@ typedef struct trainer {
     char ckpt_dir[4200];
     int64_t start_step, start_opt_step, start_skipped; /* 0 or the resumed checkpoint's */
     int64_t last_ckpt;  /* step of the newest checkpoint this run wrote or resumed, or -1 */
+    double ckpt_clock;  /* &checkpoint every_n_minutes: rank 0's time the interval counts from */
     char last_ckpt_path[4200]; /* the checkpoint this run wrote last, or "" */
     const sd_device_info *dev_info; /* this rank's device (&sample every_n_steps' images) */
     int resumed, stopped; /* stopped: by a signal, after checkpointing */
@@ -1515,11 +1516,13 @@ static int wait_stop(void *ctx)
 
 /* The boundary after `done` steps: a signal on any rank (SIGUSR1/SIGTERM, agreed by a
  * reduction), or in a pipeline job the preprocessing half's stop word (rank 0), checkpoints and
- * stops; every_n_steps checkpoints and goes on. Returns 1 to stop. */
+ * stops; every_n_steps, or every_n_minutes of training by rank 0's clock (in the same
+ * reduction, so every rank agrees), checkpoints and goes on. Returns 1 to stop. */
 static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skipped, int *code)
 {
     const int64_t every = t->cfg->checkpoint.every_n_steps;
-    int64_t why[2];
+    const double minutes = t->cfg->checkpoint.every_n_minutes;
+    int64_t why[3];
     sd_err err;
     sd_err_clear(&err);
     if (sd_fault_armed(SD_FAULT_USR1, t->world_rank, done - 1, NULL))
@@ -1527,7 +1530,8 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
     settle_checkpoint(t, done, 0); /* a background checkpoint whose writers are all done */
     why[0] = sd_ckpt_signal_pending();
     why[1] = sd_pipeline_stop_heard(t->rt);
-    sd_allreduce_i64(t->comm, why, 2, SD_RED_MAX);
+    why[2] = t->rank == 0 && minutes > 0 && sd_time_now() - t->ckpt_clock >= minutes * 60.0;
+    sd_allreduce_i64(t->comm, why, 3, SD_RED_MAX);
     /* after the last step the run ends normally anyway: final checkpoint and weights (a
      * pipeline's preprocessing half learns of a signal while the trainers wait for it) */
     if ((why[0] || why[1]) && done < t->cfg->train.max_steps)
@@ -1535,12 +1539,21 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
     /* the steps whose checkpoint &sample every_n_steps turns into images write it at once */
     const int sampled = t->cfg->sample.every_n_steps > 0 &&
                         done % t->cfg->sample.every_n_steps == 0 && done < t->cfg->train.max_steps;
-    if (every > 0 && done % every == 0 && done < t->cfg->train.max_steps && t->last_ckpt != done &&
-        (t->cfg->checkpoint.async && !t->async_off && !sampled
-             ? start_checkpoint(t, done, k, skipped, &err)
-             : save_checkpoint(t, done, k, skipped, &err)) &&
-        t->rank == 0)
-        sd_error("%s; training goes on", err.msg);
+    if ((every > 0 && done % every == 0) || why[2]) {
+        if (done < t->cfg->train.max_steps && t->last_ckpt != done) {
+            if (why[2] && !(every > 0 && done % every == 0))
+                sd_info("step %lld: %.1f min of training since the last checkpoint "
+                        "(&checkpoint every_n_minutes = %g)", (long long)done,
+                        (sd_time_now() - t->ckpt_clock) / 60.0, minutes);
+            if ((t->cfg->checkpoint.async && !t->async_off && !sampled
+                     ? start_checkpoint(t, done, k, skipped, &err)
+                     : save_checkpoint(t, done, k, skipped, &err)) &&
+                t->rank == 0)
+                sd_error("%s; training goes on", err.msg);
+            /* also after a failed one: the next try comes an interval later, not at once */
+            t->ckpt_clock = sd_time_now();
+        }
+    }
     if (sampled)
         sample_checkpoint(t, done);
     return 0;
@@ -1777,7 +1790,8 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
         return -1;
     if (resume_from_checkpoint(t, err))
         return -1; /* collective: every rank has the same message */
-    if (cfg->checkpoint.async && cfg->checkpoint.every_n_steps > 0) {
+    if (cfg->checkpoint.async &&
+        (cfg->checkpoint.every_n_steps > 0 || cfg->checkpoint.every_n_minutes > 0)) {
         /* the background checkpoints' copy, had now (or found missing) rather than at the
          * first checkpoint */
         sd_ckpt_tensors ts;
@@ -1934,6 +1948,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         }
     }
     t_start = sd_time_now();
+    t.ckpt_clock = t_start;
     for (step = t.start_step; step < max_steps && code == SD_EXIT_OK; step++) {
         step_inputs *in = &t.in[step & 1], *next = &t.in[(step + 1) & 1];
         double t0 = sd_time_now(), t1, loss_local, stats[2], sumsq, gnorm, lr, coef;

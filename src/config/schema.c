@@ -237,6 +237,11 @@ static const sd_option options[] = {
     /* &checkpoint */
     STRING(checkpoint, dir, "''", "Checkpoint directory ('' = <output_dir>/checkpoints)."),
     INT(checkpoint, every_n_steps, "1000", 0, U, "steps", "Checkpoint interval (0 = only at the end)."),
+    REAL(checkpoint, every_n_minutes, "0", 0, 1e6, "min",
+         "Also checkpoint at the first step boundary after this many minutes of training since "
+         "the last checkpoint (written at once: since it ended; async: since it started) or since "
+         "the run started, by rank 0's clock, so that a lost node costs at most this much work "
+         "whatever the step time (0 = off; every_n_steps still applies). Fractions are allowed."),
     INT(checkpoint, keep_last, "3", 0, U, "", "Complete checkpoints kept (0 = all)."),
     STRING(checkpoint, resume, "'auto'",
            "'auto' = continue from the newest checkpoint if there is one (a damaged or missing one is "

@@ -414,4 +414,37 @@ mpi winwide 2 "$SDTRAIN" "$TMP/winwide.nml" --set data.shuffle_window=4 --set da
     --set train.max_steps=2
 expect_rc winwide 0
 expect_in winwide err "&data shuffle_window = 4 is more than open_shards = 2"
+# &checkpoint every_n_minutes: an interval shorter than any step (6e-5 s) checkpoints at every
+# step boundary by rank 0's clock, on every rank alike (2 ranks: a disagreement would hang or
+# fail the collective write), and the training is the uninterrupted run's; killed with 7 steps
+# done, the time-based checkpoint of step 7 resumes to the same bits
+train_nml mins 4 none ", every_n_minutes = 1e-6, keep_last = 0"
+mpi mins 2 "$SDTRAIN" "$TMP/mins.nml" --set checkpoint.every_n_steps=0
+expect_rc mins 0
+expect_in mins out "step 3: 0.0 min of training since the last checkpoint (&checkpoint every_n_minutes = 1e-06)"
+n=$(ls -d "$TMP/mins/checkpoints"/step-* | wc -l)
+[ "$n" = 12 ] || fail "mins: $n checkpoints, expected one after each of the 12 steps"
+same_run mins ref
+train_nml minsk 4 none ", every_n_minutes = 1e-6"
+SDTRAIN_FAULT=kill:rank=1:step=7 mpi minsk 2 "$SDTRAIN" "$TMP/minsk.nml" --set checkpoint.every_n_steps=0
+[ "$RC" != 0 ] || fail "minsk: the killed run exited 0"
+latest_is minsk step-00000007
+mpi minsk 2 "$SDTRAIN" "$TMP/minsk.nml" --set checkpoint.every_n_steps=0
+expect_rc minsk 0
+expect_in minsk out "resuming from $TMP/minsk/checkpoints/step-00000007: step 7"
+same_run minsk ref
+# written in the background (async), every step's too; an interval longer than the run adds
+# nothing to every_n_steps (4, 8 and the final 12)
+train_nml minsa 4 none ", every_n_minutes = 1e-6, keep_last = 0, async = .true."
+mpi minsa 2 "$SDTRAIN" "$TMP/minsa.nml" --set checkpoint.every_n_steps=0 --set train.max_steps=5
+expect_rc minsa 0
+expect_in minsa out "step 4: checkpoint started in the background"
+n=$(ls -d "$TMP/minsa/checkpoints"/step-* | wc -l)
+[ "$n" = 5 ] || fail "minsa: $n checkpoints, expected 5"
+train_nml minsl 4 none ", every_n_minutes = 600, keep_last = 0"
+mpi minsl 2 "$SDTRAIN" "$TMP/minsl.nml"
+expect_rc minsl 0
+expect_not_in minsl out "min of training since the last checkpoint"
+[ "$(cd "$TMP/minsl/checkpoints" && echo step-*)" = "step-00000004 step-00000008 step-00000012" ] ||
+    fail "minsl: checkpoints $(cd "$TMP/minsl/checkpoints" && echo step-*), expected 4, 8, 12"
 pass "checkpoints and resume of mode = 'train'"
