@@ -87,7 +87,8 @@ static void bench_async(sd_ckpt_scalars *s, const sd_ckpt_tensors *t, const char
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = sd_time_now();
         s->step = s->opt_step = 2 * r + 1;
-        if (sd_ckpt_write(MPI_COMM_WORLD, work, s, t, "", 1, 1, NULL, 0, &err)) {
+        if (sd_ckpt_write(MPI_COMM_WORLD, work, s, t, "", (sd_ckpt_keep){1, 0}, 1, NULL, 0,
+                          &err)) {
             if (rank == 0)
                 fprintf(stderr, "ckpt_io: %s\n", err.msg);
             MPI_Abort(MPI_COMM_WORLD, 1);
@@ -96,7 +97,8 @@ static void bench_async(sd_ckpt_scalars *s, const sd_ckpt_tensors *t, const char
         MPI_Barrier(MPI_COMM_WORLD);
         t0 = sd_time_now();
         s->step = s->opt_step = 2 * r + 2;
-        if (sd_ckpt_async_start(&a, MPI_COMM_WORLD, work, s, t, "", 1, 1, &err)) {
+        if (sd_ckpt_async_start(&a, MPI_COMM_WORLD, work, s, t, "", (sd_ckpt_keep){1, 0}, 1,
+                                &err)) {
             if (rank == 0)
                 fprintf(stderr, "ckpt_io: %s\n", err.msg);
             MPI_Abort(MPI_COMM_WORLD, 1);
@@ -252,7 +254,8 @@ int main(int argc, char **argv)
             MPI_Barrier(MPI_COMM_WORLD);
             const double t0 = sd_time_now();
             s.step = s.opt_step = 2 * r + verify + 1;
-            if (sd_ckpt_write(MPI_COMM_WORLD, work, &s, &t, "", 1, verify, NULL, 0, &err)) {
+            if (sd_ckpt_write(MPI_COMM_WORLD, work, &s, &t, "", (sd_ckpt_keep){1, 0}, verify,
+                              NULL, 0, &err)) {
                 if (rank == 0)
                     fprintf(stderr, "ckpt_io: %s\n", err.msg);
                 MPI_Abort(MPI_COMM_WORLD, 1);

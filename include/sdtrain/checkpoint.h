@@ -88,6 +88,14 @@ void sd_ckpt_dir_name(int64_t step, char *buf, size_t size);
  * their own slices whatever the rank count; any change of a single element changes it. */
 uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count);
 
+/* Which committed checkpoints a new commit leaves: the newest `last` (0 = all: nothing is
+ * removed) up to it, and every one whose step is a multiple of `every` (0 = none such);
+ * &checkpoint keep_last and keep_every_n_steps. */
+typedef struct sd_ckpt_keep {
+    int64_t last;
+    int64_t every;
+} sd_ckpt_keep;
+
 /* ---- writing (collective over comm) ----------------------------------------------------------
  * Writes the checkpoint of s->step into dir (created if missing): rank 0 creates
  * <dir>/.step-K.tmp/state.h5 alone (HDF5, the datasets allocated at known offsets, no data;
@@ -96,8 +104,8 @@ uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count);
  * parameter table, checksums, config_text) into the temporary directory, renames it to
  * <dir>/step-K (an older step-K that `latest` does not name, left by a crash between rename and
  * pointer update, is replaced), writes <dir>/latest (temporary file + rename + directory fsync)
- * and, with keep_last > 0, deletes the oldest complete checkpoints beyond keep_last (never the
- * one `latest` names). On success every rank gets the committed directory in `committed` (may
+ * and, with keep.last > 0, deletes the oldest complete checkpoints beyond keep.last (never the
+ * one `latest` names, nor one whose step is a multiple of keep.every > 0). On success every rank gets the committed directory in `committed` (may
  * be NULL). Failures (a storage error under any rank's writes included: no rank waits in
  * another's HDF5 call): every rank returns -1 with one message, the temporary directory is
  * removed and the previous checkpoint stays `latest`; only a failure of the metadata rank 0's
@@ -110,7 +118,7 @@ uint64_t sd_ckpt_checksum(const float *x, size_t first, size_t count);
  * and before `latest` is updated. The caller holds the loader's HDF5 lock when a loader is
  * open. */
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
-                  const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
+                  const sd_ckpt_tensors *t, const char *config_text, sd_ckpt_keep keep,
                   int verify, char *committed, size_t committed_size, sd_err *err);
 
 /* ---- writing in the background (&checkpoint async) -------------------------------------------
@@ -136,7 +144,7 @@ typedef struct sd_ckpt_async sd_ckpt_async;
 #define SD_CKPT_NO_MEMORY (-4)
 int sd_ckpt_async_start(sd_ckpt_async **a, MPI_Comm comm, const char *dir,
                         const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
-                        const char *config_text, int64_t keep_last, int verify, sd_err *err);
+                        const char *config_text, sd_ckpt_keep keep, int verify, sd_err *err);
 int sd_ckpt_async_ready(sd_ckpt_async *a, MPI_Comm comm);
 int sd_ckpt_async_finish(sd_ckpt_async *a, char *committed, size_t committed_size,
                          double *seconds, sd_err *err);

@@ -119,6 +119,7 @@ typedef struct sd_config {
         int64_t every_n_steps;
         double every_n_minutes;         /* also after this much training since the last one; 0 = off */
         int64_t keep_last;
+        int64_t keep_every_n_steps;     /* milestones: written and never pruned; 0 = none */
         char resume[SD_PATH_MAX];       /* auto | never | path of a checkpoint directory */
         bool verify;                    /* read each checkpoint back before committing it */
         bool async;                     /* periodic checkpoints written in the background */

@@ -1253,6 +1253,12 @@ static void settle_checkpoint(trainer *t, int64_t done, int wait)
     }
 }
 
+/* &checkpoint keep_last and keep_every_n_steps */
+static sd_ckpt_keep ckpt_keep(const sd_config *cfg)
+{
+    return (sd_ckpt_keep){cfg->checkpoint.keep_last, cfg->checkpoint.keep_every_n_steps};
+}
+
 /* &checkpoint async (collective): the checkpoint of step `done` started in the background
  * (sd_ckpt_async_start, into the copy setup reserved), after the one in flight is committed. */
 static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err)
@@ -1270,8 +1276,8 @@ static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped
         dev_ckpt_tensors(t, &ts);
     text = sd_config_to_namelist(t->rc, false);
     sd_loader_h5_lock();
-    rc = sd_ckpt_async_start(&t->ack, t->mpi_comm, t->ckpt_dir, &s, &ts, text,
-                             cfg->checkpoint.keep_last, cfg->checkpoint.verify, err);
+    rc = sd_ckpt_async_start(&t->ack, t->mpi_comm, t->ckpt_dir, &s, &ts, text, ckpt_keep(cfg),
+                             cfg->checkpoint.verify, err);
     sd_loader_h5_unlock();
     free(text);
     if (rc == 0)
@@ -1298,7 +1304,7 @@ static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped,
         dev_ckpt_tensors(t, &ts);
     text = sd_config_to_namelist(t->rc, false);
     sd_loader_h5_lock(); /* the prefetch thread reads shards meanwhile */
-    rc = sd_ckpt_write(t->mpi_comm, t->ckpt_dir, &s, &ts, text, cfg->checkpoint.keep_last,
+    rc = sd_ckpt_write(t->mpi_comm, t->ckpt_dir, &s, &ts, text, ckpt_keep(cfg),
                        cfg->checkpoint.verify, committed, sizeof committed, err);
     sd_loader_h5_unlock();
     free(text);
@@ -1516,11 +1522,12 @@ static int wait_stop(void *ctx)
 
 /* The boundary after `done` steps: a signal on any rank (SIGUSR1/SIGTERM, agreed by a
  * reduction), or in a pipeline job the preprocessing half's stop word (rank 0), checkpoints and
- * stops; every_n_steps, or every_n_minutes of training by rank 0's clock (in the same
- * reduction, so every rank agrees), checkpoints and goes on. Returns 1 to stop. */
+ * stops; every_n_steps and keep_every_n_steps, or every_n_minutes of training by rank 0's
+ * clock (in the same reduction, so every rank agrees), checkpoint and go on. Returns 1 to stop. */
 static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skipped, int *code)
 {
     const int64_t every = t->cfg->checkpoint.every_n_steps;
+    const int64_t milestone = t->cfg->checkpoint.keep_every_n_steps;
     const double minutes = t->cfg->checkpoint.every_n_minutes;
     int64_t why[3];
     sd_err err;
@@ -1539,9 +1546,11 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
     /* the steps whose checkpoint &sample every_n_steps turns into images write it at once */
     const int sampled = t->cfg->sample.every_n_steps > 0 &&
                         done % t->cfg->sample.every_n_steps == 0 && done < t->cfg->train.max_steps;
-    if ((every > 0 && done % every == 0) || why[2]) {
+    const int by_step = (every > 0 && done % every == 0) ||
+                        (milestone > 0 && done % milestone == 0);
+    if (by_step || why[2]) {
         if (done < t->cfg->train.max_steps && t->last_ckpt != done) {
-            if (why[2] && !(every > 0 && done % every == 0))
+            if (!by_step)
                 sd_info("step %lld: %.1f min of training since the last checkpoint "
                         "(&checkpoint every_n_minutes = %g)", (long long)done,
                         (sd_time_now() - t->ckpt_clock) / 60.0, minutes);
@@ -1791,7 +1800,8 @@ static int setup(trainer *t, const sd_runtime *rt, const sd_device_info *dev, sd
     if (resume_from_checkpoint(t, err))
         return -1; /* collective: every rank has the same message */
     if (cfg->checkpoint.async &&
-        (cfg->checkpoint.every_n_steps > 0 || cfg->checkpoint.every_n_minutes > 0)) {
+        (cfg->checkpoint.every_n_steps > 0 || cfg->checkpoint.every_n_minutes > 0 ||
+         cfg->checkpoint.keep_every_n_steps > 0)) {
         /* the background checkpoints' copy, had now (or found missing) rather than at the
          * first checkpoint */
         sd_ckpt_tensors ts;

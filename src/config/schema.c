@@ -243,6 +243,10 @@ static const sd_option options[] = {
          "the run started, by rank 0's clock, so that a lost node costs at most this much work "
          "whatever the step time (0 = off; every_n_steps still applies). Fractions are allowed."),
     INT(checkpoint, keep_last, "3", 0, U, "", "Complete checkpoints kept (0 = all)."),
+    INT(checkpoint, keep_every_n_steps, "0", 0, U, "steps",
+        "Milestones: a checkpoint is also written at every multiple of this step count and "
+        "keep_last never removes it, so that e.g. every 10000th step stays for evaluation while "
+        "only the newest keep_last others are kept for restarts (0 = none)."),
     STRING(checkpoint, resume, "'auto'",
            "'auto' = continue from the newest checkpoint if there is one (a damaged or missing one is "
            "moved aside with a warning and the one before it used); 'never' = start "

@@ -282,10 +282,12 @@ static int step_dir_cmp(const void *a, const void *b)
     return x->step < y->step ? 1 : x->step > y->step ? -1 : 0; /* newest first */
 }
 
-/* keep_last: of the checkpoints up to the one just committed (`latest`), the newest keep_last
- * stay. Later steps are another run's (one started over with resume = 'never', or a run resumed
- * from an older checkpoint): they are not this run's history, so they neither count nor go. */
-static void prune(const char *dir, int64_t keep_last, const char *latest)
+/* keep.last: of the checkpoints up to the one just committed (`latest`), the newest keep.last
+ * stay, and those of steps that are multiples of keep.every (> 0) stay whatever their age (they
+ * count among the newest). Later steps are another run's (one started over with resume =
+ * 'never', or a run resumed from an older checkpoint): they are not this run's history, so they
+ * neither count nor go. */
+static void prune(const char *dir, sd_ckpt_keep keep, const char *latest)
 {
     DIR *d = opendir(dir);
     struct dirent *de;
@@ -311,22 +313,23 @@ static void prune(const char *dir, int64_t keep_last, const char *latest)
     }
     closedir(d);
     qsort(list, n, sizeof *list, step_dir_cmp);
-    for (size_t i = (size_t)keep_last; i < n; i++) {
+    for (size_t i = (size_t)keep.last; i < n; i++) {
         char path[PATH_SIZE];
         sd_err e;
         sd_err_clear(&e);
-        if (!strcmp(list[i].name, latest) || join(path, sizeof path, dir, list[i].name, &e))
+        if (!strcmp(list[i].name, latest) || (keep.every > 0 && list[i].step % keep.every == 0) ||
+            join(path, sizeof path, dir, list[i].name, &e))
             continue;
         if (sd_remove_tree(path, &e))
             sd_warn("keep_last: %s", e.msg);
         else
-            sd_debug("keep_last = %lld: removed %s", (long long)keep_last, path);
+            sd_debug("keep_last = %lld: removed %s", (long long)keep.last, path);
     }
     free(list);
 }
 
 /* Rank 0, once every rank has closed and synced the state file. */
-static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err *e)
+static int commit(writer *w, const char *config_text, sd_ckpt_keep keep, sd_err *e)
 {
     char path[PATH_SIZE], old[PATH_SIZE + 80], latest[128];
     json_object *root;
@@ -373,8 +376,8 @@ static int commit(writer *w, const char *config_text, int64_t keep_last, sd_err 
     if (join(path, sizeof path, w->dir, SD_CKPT_LATEST, e) ||
         sd_write_file_atomic(path, latest, strlen(latest), e))
         return -1;
-    if (keep_last > 0)
-        prune(w->dir, keep_last, w->name);
+    if (keep.last > 0)
+        prune(w->dir, keep, w->name);
     return 0;
 }
 
@@ -503,13 +506,13 @@ static void commit_failed(writer *w, const sd_err *e, sd_err *err)
 
 /* Collective, once the state file is written (rc 0) or not (rc -1, message in e): rank 0
  * commits; a failure removes the temporary directory and says what stays (commit_failed). */
-static int writer_end(writer *w, int rc, sd_err *e, const char *config_text, int64_t keep_last,
+static int writer_end(writer *w, int rc, sd_err *e, const char *config_text, sd_ckpt_keep keep,
                       char *committed, size_t committed_size, sd_err *err)
 {
     if (!rc) {
         if (w->rank != 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, w->s->step, "ckpt-commit"))
             fault_kill("ckpt-commit", w->s->step);
-        rc = sd_agree(w->comm, w->rank == 0 && commit(w, config_text, keep_last, e) != 0, e);
+        rc = sd_agree(w->comm, w->rank == 0 && commit(w, config_text, keep, e) != 0, e);
     }
     if (rc) {
         if (w->rank == 0) {
@@ -567,7 +570,7 @@ struct sd_ckpt_async {
     sd_ckpt_scalars s;
     sd_ckpt_tensors t;     /* the table, n and ranges: the buffers are copied at the start */
     char *config_text;
-    int64_t keep_last;
+    sd_ckpt_keep keep;     /* keep_last, keep_every_n_steps */
     int verify;
     int in_flight;         /* started, not yet finished (the same on every rank) */
     int thread_running;    /* a thread to join */
@@ -793,7 +796,7 @@ static int add_checksum_attrs(writer *w, sd_err *e)
  * checksums): the ranks agree, the checksums are summed, rank 0 adds them to the file and
  * commits (writer_end). */
 static int finish_write(writer *w, int failed, sd_err *e, const uint64_t part[DS_N], int verify,
-                        const char *config_text, int64_t keep_last, char *committed,
+                        const char *config_text, sd_ckpt_keep keep, char *committed,
                         size_t committed_size, sd_err *err)
 {
     sd_h5_quiet q;
@@ -805,7 +808,7 @@ static int finish_write(writer *w, int failed, sd_err *e, const uint64_t part[DS
         rc = sd_agree(w->comm, w->rank == 0 && add_checksum_attrs(w, e) != 0, e);
         sd_h5_quiet_end(&q);
     }
-    return writer_end(w, rc, e, config_text, keep_last, committed, committed_size, err);
+    return writer_end(w, rc, e, config_text, keep, committed, committed_size, err);
 }
 
 /* The background writer's thread. */
@@ -833,7 +836,7 @@ static void *async_main(void *arg)
 
 int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
                         const sd_ckpt_scalars *s, const sd_ckpt_tensors *t,
-                        const char *config_text, int64_t keep_last, int verify, sd_err *err)
+                        const char *config_text, sd_ckpt_keep keep, int verify, sd_err *err)
 {
     sd_ckpt_async *a = *ap;
     sd_h5_quiet q;
@@ -888,7 +891,7 @@ int sd_ckpt_async_start(sd_ckpt_async **ap, MPI_Comm comm, const char *dir,
     a->t.copy_ctx = NULL;
     free(a->config_text);
     a->config_text = sd_xstrdup(config_text ? config_text : "");
-    a->keep_last = keep_last;
+    a->keep = keep;
     a->verify = verify;
     a->failed = 0;
     sd_err_clear(&a->e);
@@ -993,14 +996,14 @@ int sd_ckpt_async_finish(sd_ckpt_async *a, char *committed, size_t committed_siz
         *seconds = a->seconds;
         SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, a->w.comm));
     }
-    return finish_write(&a->w, a->failed, &e, a->part, a->verify, a->config_text, a->keep_last,
+    return finish_write(&a->w, a->failed, &e, a->part, a->verify, a->config_text, a->keep,
                         committed, committed_size, err);
 }
 
 /* ---- writing at once ---------------------------------------------------------------------- */
 
 int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
-                  const sd_ckpt_tensors *t, const char *config_text, int64_t keep_last,
+                  const sd_ckpt_tensors *t, const char *config_text, sd_ckpt_keep keep,
                   int verify, char *committed, size_t committed_size, sd_err *err)
 {
     writer w;
@@ -1017,14 +1020,14 @@ int sd_ckpt_write(MPI_Comm comm, const char *dir, const sd_ckpt_scalars *s,
     failed = create_state_file(&w, &e);
     sd_h5_quiet_end(&q);
     if (failed)
-        return writer_end(&w, -1, &e, config_text, keep_last, committed, committed_size, err);
+        return writer_end(&w, -1, &e, config_text, keep, committed, committed_size, err);
     /* 2. every rank writes its parts from the caller's buffers, syncs, reads them back */
     const float *src[DS_N] = {t->params + w.wb[DS_PARAMS], t->m + (w.wb[DS_M] - t->begin),
                               t->v + (w.wb[DS_V] - t->begin),
                               t->ema ? t->ema + (w.wb[DS_EMA] - t->begin) : NULL};
     failed = write_parts(&w, src, verify, part, &e) != 0;
     /* 3. rank 0 commits */
-    return finish_write(&w, failed, &e, part, verify, config_text, keep_last, committed,
+    return finish_write(&w, failed, &e, part, verify, config_text, keep, committed,
                         committed_size, err);
 }
 

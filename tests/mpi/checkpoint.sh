@@ -447,4 +447,13 @@ expect_rc minsl 0
 expect_not_in minsl out "min of training since the last checkpoint"
 [ "$(cd "$TMP/minsl/checkpoints" && echo step-*)" = "step-00000004 step-00000008 step-00000012" ] ||
     fail "minsl: checkpoints $(cd "$TMP/minsl/checkpoints" && echo step-*), expected 4, 8, 12"
+# &checkpoint keep_every_n_steps: milestones (5, 10) are written though every_n_steps (2) does
+# not ask for them, and keep_last = 1 removes every other checkpoint but the newest
+train_nml keepm 4 none ", keep_last = 1, keep_every_n_steps = 5"
+mpi keepm 2 "$SDTRAIN" "$TMP/keepm.nml" --set checkpoint.every_n_steps=2
+expect_rc keepm 0
+[ "$(cd "$TMP/keepm/checkpoints" && echo step-*)" = "step-00000005 step-00000010 step-00000012" ] ||
+    fail "keepm: checkpoints $(cd "$TMP/keepm/checkpoints" && echo step-*), expected 5, 10, 12"
+latest_is keepm step-00000012
+same_run keepm ref
 pass "checkpoints and resume of mode = 'train'"
