@@ -519,35 +519,38 @@ int sd_shard_manifest_parse(const char *path, const char *text, size_t len, sd_s
 int sd_shard_manifest_read(const char *dir, sd_shard_manifest *m, sd_err *err)
 {
     char path[SD_PATH_MAX + 32];
-    FILE *f;
-    char *text;
-    long len;
-    int rc;
+    struct stat st;
+    void *text;
+    size_t cap, len = 0;
+    int fd, rc;
     memset(m, 0, sizeof *m);
     if (join_path(path, sizeof path, dir, SD_SHARD_MANIFEST, err))
         return -1;
-    f = fopen(path, "rb");
-    if (!f) /* No manifest (or no directory yet): nothing is committed. */
+    /* not fopen: a FIFO in its place (no writer) would hold the open, and the job with it */
+    fd = sd_open_regular(path, &st);
+    if (fd == -1) /* No manifest (or no directory yet): nothing is committed. */
         return errno == ENOENT ? 0 : sd_err_errno(err, errno, "cannot read shard manifest '%s'", path);
-    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
-        len > (1L << 30)) {
-        fclose(f);
-        return sd_err_set(err, "cannot read shard manifest '%s': unreadable or too large", path);
+    if (fd < 0)
+        return sd_err_set(err, "cannot read shard manifest '%s': not a regular file", path);
+    if (st.st_size > (1L << 30)) {
+        close(fd);
+        return sd_err_set(err, "cannot read shard manifest '%s': %lld bytes, more than 1 GiB",
+                          path, (long long)st.st_size);
     }
-    text = sd_xmalloc((size_t)len + 1);
-    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
-        int e = ferror(f) ? errno : EIO;
-        fclose(f);
+    cap = (size_t)st.st_size + 1; /* one read call when the size holds; more if it grew */
+    text = sd_xmalloc(cap);
+    if (sd_read_to_end(fd, &text, &cap, &len)) {
+        const int e = errno;
+        close(fd);
         free(text);
         return sd_err_errno(err, e, "cannot read shard manifest '%s'", path);
     }
-    fclose(f);
-    text[len] = '\0';
+    close(fd);
     if (len == 0) {
         free(text);
         return sd_err_set(err, "%s: not a valid shard manifest: the file is empty", path);
     }
-    rc = sd_shard_manifest_parse(path, text, (size_t)len, m, err);
+    rc = sd_shard_manifest_parse(path, text, len, m, err);
     free(text);
     return rc;
 }

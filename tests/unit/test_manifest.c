@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "sdtrain/shards.h"
 #include "tap.h"
@@ -223,6 +225,48 @@ int main(void)
         }
         tap_ok(bad == 0, "3000 random edits: parse agrees with json-c on every one (%d read, %d "
                "of them by the scanner)", n_ok, n_scanned);
+    }
+
+    /* sd_shard_manifest_read: the file in a folder; none (nothing committed), empty, a folder
+     * or a FIFO in its place refused with the file's name, without waiting on the FIFO */
+    {
+        char dir[] = "/tmp/sdtrain-test-manifest-XXXXXX", path[128];
+        sd_shard_manifest r;
+        sd_err err;
+        alarm(20); /* a blocked open would otherwise hang the test */
+        if (!tap_ok(mkdtemp(dir) != NULL, "read: a temporary folder"))
+            return tap_done();
+        snprintf(path, sizeof path, "%s/%s", dir, SD_SHARD_MANIFEST);
+        memset(&err, 0, sizeof err);
+        tap_ok(sd_shard_manifest_read(dir, &r, &err) == 0 && r.n == 0,
+               "read: no manifest is no committed shard %s", err.msg);
+        sd_shard_manifest_free(&r);
+        FILE *f = fopen(path, "wb");
+        tap_ok(f && fwrite(text, 1, len, f) == len && fclose(f) == 0, "read: manifest written");
+        memset(&err, 0, sizeof err);
+        tap_ok(sd_shard_manifest_read(dir, &r, &err) == 0 && same_entries(&m, &r),
+               "read: the writer's text reads back %s", err.msg);
+        sd_shard_manifest_free(&r);
+        f = fopen(path, "wb");
+        if (f)
+            fclose(f);
+        memset(&err, 0, sizeof err);
+        tap_ok(sd_shard_manifest_read(dir, &r, &err) != 0 && strstr(err.msg, path) &&
+                   strstr(err.msg, "the file is empty"), "read: empty: %s", err.msg);
+        unlink(path);
+        tap_ok(mkdir(path, 0700) == 0, "read: a folder in its place");
+        memset(&err, 0, sizeof err);
+        tap_ok(sd_shard_manifest_read(dir, &r, &err) != 0 && strstr(err.msg, path) &&
+                   strstr(err.msg, "not a regular file"), "read: a folder: %s", err.msg);
+        rmdir(path);
+        tap_ok(mkfifo(path, 0600) == 0, "read: a FIFO in its place");
+        memset(&err, 0, sizeof err);
+        tap_ok(sd_shard_manifest_read(dir, &r, &err) != 0 && strstr(err.msg, path) &&
+                   strstr(err.msg, "not a regular file"), "read: a FIFO, not waited on: %s",
+               err.msg);
+        unlink(path);
+        rmdir(dir);
+        alarm(0);
     }
     free(text);
     free(m.entries);
