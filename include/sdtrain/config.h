@@ -67,6 +67,7 @@ typedef struct sd_config {
         char alpha[SD_NAME_MAX];           /* drop | white */
         int64_t max_image_pixels;
         int64_t min_image_side;
+        char filter[1024];                 /* '' or conditions on the .json (metafilter.h) */
         bool strict_jpeg;
         int64_t encode_batch_size;      /* 0 = 32 on a GPU, 8 on the CPU */
         char encode_precision[SD_NAME_MAX]; /* auto | fp32 | bf16 */

@@ -214,7 +214,9 @@ typedef struct sd_sample {
 int sd_dataset_read(const sd_dataset *ds, int64_t i, sd_sample *out, sd_err *err);
 
 /* Reads sample i's .json into out->json / json_size as raw bytes (not parsed, not
- * validated). Returns 1 when read, 0 when the sample has none, -1 on a read error (err). */
+ * validated). Returns 1 when read, 0 when the sample has none, -1 on a read error or a .json of
+ * more than SD_JSON_MAX_BYTES (err). */
+#define SD_JSON_MAX_BYTES (16u << 20)
 int sd_dataset_read_json(const sd_dataset *ds, int64_t i, sd_sample *out, sd_err *err);
 
 void sd_sample_free(sd_sample *s);

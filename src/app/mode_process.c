@@ -29,6 +29,7 @@
 #include "sdtrain/image.h"
 #include "sdtrain/json_file.h"
 #include "sdtrain/log.h"
+#include "sdtrain/metafilter.h"
 #include "sdtrain/modes.h"
 #include "sdtrain/ops.h"
 #include "sdtrain/runtime.h"
@@ -97,7 +98,9 @@ static size_t enc_emb(const encoders *e)
 /* Counts of every reason a sample was kept or skipped: the dataset's reasons, then the
  * decoder's (a plain array, summed over ranks with one reduction). */
 #define COUNT_NON_FINITE (SD_SAMPLE_N_REASONS + SD_IMG_STATUS_COUNT)
-#define N_COUNTS (COUNT_NON_FINITE + 1)
+#define COUNT_FILTERED (COUNT_NON_FINITE + 1)    /* &data filter: a condition is false */
+#define COUNT_NO_METADATA (COUNT_NON_FINITE + 2) /* &data filter: the .json cannot answer */
+#define N_COUNTS (COUNT_NON_FINITE + 3)
 
 static const char *count_name(int i, char *buf, size_t size)
 {
@@ -105,6 +108,10 @@ static const char *count_name(int i, char *buf, size_t size)
         return sd_sample_reason_name((sd_sample_reason)i);
     if (i == COUNT_NON_FINITE)
         return "non_finite_encoding";
+    if (i == COUNT_FILTERED)
+        return "filtered";
+    if (i == COUNT_NO_METADATA)
+        return "no_metadata";
     snprintf(buf, size, "image_%s", sd_image_status_name((sd_image_status)(i - SD_SAMPLE_N_REASONS)));
     return buf;
 }
@@ -437,10 +444,34 @@ typedef struct worker {
     double t[T_N];
 } worker;
 
-/* Reads, decodes, transforms, normalizes and tokenizes global sample i into *p (any thread). */
+/* &data filter on global sample i's .json: 1 it passes (or there is no filter), else 0 with
+ * p->count and p->err saying why (a read error of the .json: p->err, storage marked) */
+static int filter_sample(const sd_meta_filter *flt, const sd_dataset *ds, int64_t i, worker *w,
+                         prepared *p)
+{
+    char why[400];
+    int has, v;
+    if (flt->n == 0)
+        return 1;
+    has = sd_dataset_read_json(ds, i, &w->smp, &p->err);
+    if (has < 0) {
+        p->count = COUNT_NO_METADATA;
+        return 0;
+    }
+    v = sd_meta_filter_eval(flt, has ? (const char *)w->smp.json : NULL, w->smp.json_size, why,
+                            sizeof why);
+    if (v == 1)
+        return 1;
+    p->count = v == 0 ? COUNT_FILTERED : COUNT_NO_METADATA;
+    sd_err_set(&p->err, "%s", why);
+    return 0;
+}
+
+/* Reads, decodes, transforms, normalizes and tokenizes global sample i into *p (any thread);
+ * a sample &data filter refuses is not read. */
 static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *topts,
-                           const sd_dataset *ds, const encoders *e, int64_t i, worker *w,
-                           prepared *p)
+                           const sd_meta_filter *flt, const sd_dataset *ds, const encoders *e,
+                           int64_t i, worker *w, prepared *p)
 {
     double t0 = sd_time_now(), t1;
     sd_image_status st;
@@ -449,6 +480,10 @@ static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *
     p->key = p->caption = NULL;
     sd_err_clear(&p->err);
 
+    if (!filter_sample(flt, ds, i, w, p)) {
+        w->t[T_READ] += sd_time_now() - t0;
+        return;
+    }
     int read_ok = sd_dataset_read(ds, i, &w->smp, &p->err) == 0;
     t1 = sd_time_now();
     w->t[T_READ] += t1 - t0;
@@ -509,6 +544,10 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
     prepared *pw;
     float *win_images;
 
+    sd_meta_filter flt;
+    sd_err ferr;
+    SD_CHECK(sd_meta_filter_parse(cfg->data.filter, &flt, &ferr) == 0, "&data filter: %s",
+             ferr.msg); /* checked with the configuration */
     sd_image_opts_default(&iopts);
     iopts.exif_transpose = cfg->data.exif_transpose;
     iopts.alpha = strcmp(cfg->data.alpha, "white") == 0 ? SD_ALPHA_WHITE : SD_ALPHA_DROP;
@@ -551,7 +590,7 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
 #ifdef _OPENMP
             k = omp_get_thread_num();
 #endif
-            prepare_sample(&iopts, &topts, ds, e, w0 + j, &ws[k], &pw[j]);
+            prepare_sample(&iopts, &topts, &flt, ds, e, w0 + j, &ws[k], &pw[j]);
         }
         /* the window's wall time, split over the CPU stages as their thread time was */
         wall = sd_time_now() - wall;
@@ -628,6 +667,11 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
     if (rank == 0) {
         if (sd_dataset_open(cfg->data.input, cfg->data.input_format, &built, err) != 0)
             status = 1;
+        else if (cfg->data.filter[0] && built.format == SD_DATASET_TSV) { /* format 'auto' */
+            sd_err_set(err, "&data filter needs each sample's .json metadata, which the tsv "
+                            "manifest '%s' has none of", cfg->data.input);
+            status = 1;
+        }
         size = (long long)(status ? 0 : sd_dataset_pack_size(&built));
     }
     if (rank == 0 && status && err->storage)

@@ -11,6 +11,7 @@
 
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
+#include "sdtrain/metafilter.h"
 #include "sdtrain/unet.h"
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -794,6 +795,17 @@ int sd_config_validate(const sd_run_config *rc, sd_err *err)
         free(hints);
         if (bad)
             return sd_config_error_at(rc, "run", "io_hints", err, "&run %s", why.msg);
+    }
+    if (c->data.filter[0]) {
+        sd_meta_filter f;
+        sd_err why;
+        if (sd_meta_filter_parse(c->data.filter, &f, &why))
+            return sd_config_error_at(rc, "data", "filter", err, "&data %s", why.msg);
+        if (!strcmp(c->data.input_format, "tsv") &&
+            (!strcmp(mode, "process") || !strcmp(mode, "pipeline")))
+            return sd_config_error_at(rc, "data", "filter", err,
+                                      "&data filter needs each sample's .json metadata, which "
+                                      "input_format = 'tsv' has none of");
     }
     if (!strcmp(mode, "pipeline") && c->run.n_process_ranks < 1)
         return sd_config_error_at(rc, "run", "n_process_ranks", err,

@@ -118,6 +118,13 @@ static const sd_option options[] = {
         "Images with more pixels are skipped, judged from the header before decoding (Pillow's "
         "decompression-bomb limit)."),
     INT(data, min_image_side, "0", 0, 16777216, "px", "Images whose shorter side is smaller are skipped (0 = no limit)."),
+    STRING(data, filter, "''",
+           "Keep only the samples whose .json metadata (img2dataset, webdataset) meets every "
+           "condition: KEY OP VALUE joined by ',' or 'and', OP one of < <= > >= == !=, VALUE a "
+           "number or a \"string\" (== and != only), KEY a field, '.' for nested ones; e.g. "
+           "'original_width >= 512, punsafe < 0.1, status == \"success\"'. Refused samples are "
+           "not read and count as 'filtered'; those whose metadata cannot answer (no .json, no "
+           "such field, not a number) as 'no_metadata'. '' = every sample."),
     LOGICAL(data, strict_jpeg, ".true.",
             "Treat libjpeg's corrupt-data warnings as errors (skip the image); truncated files are "
             "always skipped."),

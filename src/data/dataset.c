@@ -396,6 +396,12 @@ int sd_dataset_read_json(const sd_dataset *ds, int64_t i, sd_sample *s, sd_err *
                                   ? "truncated: the tar ends inside this member"
                                   : "cannot be read by offset (sparse member or 4 GiB or more)");
         }
+        if (e->json_size > SD_JSON_MAX_BYTES) {
+            char path[SD_PATH_BUF];
+            describe_part(ds, e, e->json_sfx, path, sizeof path);
+            return sd_err_set(err, "%s: %llu bytes, more than the %u MiB a .json may have", path,
+                              (unsigned long long)e->json_size, SD_JSON_MAX_BYTES >> 20);
+        }
         if (read_member(ds, s, e, e->json_sfx, e->json_off, e->json_size, &s->json, &s->json_cap_, err) != 0)
             return -1;
         s->json_size = e->json_size;
@@ -404,8 +410,12 @@ int sd_dataset_read_json(const sd_dataset *ds, int64_t i, sd_sample *s, sd_err *
     char path[SD_PATH_BUF];
     file_path(ds, e, e->json_sfx, path, sizeof path);
     size_t len;
-    if (read_file(path, &s->json, &s->json_cap_, &len, SIZE_MAX, err) != 0)
+    const int rc = read_file(path, &s->json, &s->json_cap_, &len, SD_JSON_MAX_BYTES, err);
+    if (rc < 0)
         return -1;
+    if (rc > 0)
+        return sd_err_set(err, "%s: %zu bytes, more than the %u MiB a .json may have", path, len,
+                          SD_JSON_MAX_BYTES >> 20);
     s->json_size = len;
     return 1;
 }

@@ -436,4 +436,54 @@ if ! "$SDTOOL" device >/dev/null 2>&1; then
     expect_count bf16 err "encode_precision = 'bf16' needs a GPU" 1
     [ ! -e "$TMP/shards-bf16/manifest.json" ] || fail "bf16 on the CPU committed shards"
 fi
+# &data filter on the .json beside each image: of 24 samples, 4 without a .json and 4 whose
+# .json is cut short cannot answer (no_metadata), 4 too small and 4 not downloaded are filtered,
+# 8 are kept; the same from a webdataset tar of the same files (same keys and order): the same
+# shards. A tsv manifest has no metadata: refused before any work.
+run data-flt "$SDTOOL" make-demo-data "$TMP/data-flt" --count 24 --format files
+expect_rc data-flt 0
+i=0
+while [ $i -lt 24 ]; do
+    case $((i % 6)) in
+    0) ;;
+    1) echo '{"original_width": 300, "status": "success"}' ;;
+    2) echo '{"original_width": 800, "status": "failed_to_download"}' ;;
+    3) echo '{"original_width": 800, "status": "success"' ;;
+    *) echo '{"original_width": 1024, "status": "success", "punsafe": 0.01}' ;;
+    esac >"$TMP/data-flt/00000/$(printf %09d $i).json"
+    [ -s "$TMP/data-flt/00000/$(printf %09d $i).json" ] || rm -f "$TMP/data-flt/00000/$(printf %09d $i).json"
+    i=$((i + 1))
+done
+flt="data.filter='original_width >= 512 and status == \"success\"'"
+write_nml flt files "$TMP/data-flt" "$TMP/shards-flt"
+mpi flt 2 "$SDTRAIN" "$TMP/flt.nml" --set "$flt"
+expect_rc flt 0
+s="$TMP/shards-flt/preprocess_summary.json"
+grep -q '"read": 24, "kept": 8, "skipped": 16' "$s" || fail "flt: counts: $(cat "$s")"
+grep -q '"filtered": 8' "$s" && grep -q '"no_metadata": 8' "$s" || fail "flt: reasons: $(cat "$s")"
+expect_in flt out "filtered"
+(cd "$TMP/data-flt" && find 00000 -type f | LC_ALL=C sort | tar cf "$TMP/flt.tar" -T -) ||
+    fail "flt: tar failed"
+write_nml fltw webdataset "$TMP/flt.tar" "$TMP/shards-fltw"
+mpi fltw 2 "$SDTRAIN" "$TMP/fltw.nml" --set "$flt"
+expect_rc fltw 0
+grep -q '"read": 24, "kept": 8, "skipped": 16' "$TMP/shards-fltw/preprocess_summary.json" ||
+    fail "fltw: counts: $(cat "$TMP/shards-fltw/preprocess_summary.json")"
+[ "$(checksums "$TMP/shards-fltw")" = "$(checksums "$TMP/shards-flt")" ] ||
+    fail "fltw: the webdataset's shards differ from the folder's"
+write_nml flttsv tsv "$TMP/data-tsv/manifest.tsv" "$TMP/shards-flttsv"
+mpi flttsv 2 "$SDTRAIN" "$TMP/flttsv.nml" --set "$flt"
+expect_rc flttsv 2
+expect_count flttsv err "&data filter needs each sample's .json metadata, which input_format = 'tsv' has none of" 1
+[ ! -e "$TMP/shards-flttsv" ] || fail "flttsv: made the shard directory"
+write_nml flttsva auto "$TMP/data-tsv/manifest.tsv" "$TMP/shards-flttsva"
+mpi flttsva 2 "$SDTRAIN" "$TMP/flttsva.nml" --set "$flt"
+expect_rc flttsva 2
+expect_count flttsva err "&data filter needs each sample's .json metadata, which the tsv manifest '$TMP/data-tsv/manifest.tsv' has none of" 1
+[ ! -e "$TMP/shards-flttsva/manifest.json" ] || fail "flttsva: committed shards"
+write_nml fltbad files "$TMP/data-flt" "$TMP/shards-fltbad"
+mpi fltbad 2 "$SDTRAIN" "$TMP/fltbad.nml" --set "data.filter='width = 5'"
+expect_rc fltbad 2
+expect_count fltbad err "&data filter: '=' is no comparison (equal is '==') at '= 5'" 1
+
 pass "preprocessing end to end"

@@ -414,6 +414,18 @@ static void test_files(void)
                memcmp(s.json, "{\"url\": \"http://x\"}", 19) == 0,
            "files: .json read on demand as raw bytes");
     tap_ok(sd_dataset_read_json(&ds, 1, &s, &err) == 0 && s.json_size == 0, "files: no .json -> 0");
+    {
+        /* a .json of more than SD_JSON_MAX_BYTES is refused, not read (sparse: no disk used) */
+        char jpath[4096];
+        snprintf(jpath, sizeof jpath, "%s/%s.json", root, keys[0]);
+        memset(&err, 0, sizeof err);
+        tap_ok(truncate(jpath, (off_t)SD_JSON_MAX_BYTES + 1) == 0 &&
+                   sd_dataset_read_json(&ds, 0, &s, &err) == -1 && strstr(err.msg, jpath) &&
+                   strstr(err.msg, "more than the 16 MiB a .json may have"),
+               "files: a .json of 16 MiB + 1 byte refused (%s)", err.msg);
+        tap_ok(truncate(jpath, 19) == 0 && sd_dataset_read_json(&ds, 0, &s, &err) == 1 &&
+                   s.json_size == 19, "files: and read again once cut back");
+    }
     sd_dataset_read(&ds, 3, &s, &err);
     tap_ok(s.caption_repaired && s.n_replaced == 2 && !strcmp(s.caption, "\xef\xbf\xbd\xef\xbf\xbdhello") &&
                strstr(err.msg, "000000003.txt") != NULL,
