@@ -7,7 +7,7 @@
 . "$top_srcdir/tests/lib.sh"
 corpus="$top_srcdir/tests/fuzz/corpus"
 export SD_FUZZ_TOKENIZER="$top_srcdir/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz"
-for target in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig shardfile ckptstate; do
+for target in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig shardfile ckptstate metafilter; do
     case $target in
     safetensors) extra="$top_srcdir/tests/data/safetensors" ;;
     image) extra="$top_srcdir/tests/image/input" ;;

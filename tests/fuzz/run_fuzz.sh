@@ -5,7 +5,7 @@
 #
 # Usage: tests/fuzz/run_fuzz.sh TARGET [SECONDS] [extra libFuzzer options...]
 #   TARGET   safetensors | image | namelist | tar | tokenizer | modelconfig | dataset | shardmanifest |
-#            checkpoint | tokenizerfiles | schedconfig | shardfile | ckptstate | all
+#            checkpoint | tokenizerfiles | schedconfig | shardfile | ckptstate | metafilter | all
 #            (all: every target, SECONDS each)
 #   SECONDS  fuzzing time (default 60)
 # Environment: CLANG (default clang), SD_FUZZ_DIR (build + corpus + artifacts, default
@@ -26,7 +26,7 @@ secs=${1:-60}
 
 if [ "$target" = all ]; then
     status=0
-    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig shardfile ckptstate; do
+    for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig shardfile ckptstate metafilter; do
         SD_FUZZ_DIR="$top/build/fuzz/$t" "$0" "$t" "$secs" "$@" || status=1
     done
     exit $status
@@ -93,11 +93,14 @@ shardmanifest | checkpoint | shardfile | ckptstate)
         sources="$sources $src/io/checkpoint.c $src/dist/collectives.c"
     fi
     pkgs="json-c hdf5-openmpi ompi-c" opts="-max_len=8192" seeds="" ;;
+metafilter)
+    sources="$src/config/metafilter.c $src/data/metafilter_eval.c"
+    pkgs=json-c opts="-max_len=2048" seeds="" ;;
 dataset)
     sources="$src/data/dataset.c $src/data/dataset_index.c $src/data/tar.c $src/data/utf8.c $src/core/fsutil.c"
     pkgs="" opts="-max_len=16384" seeds="$top/tests/fuzz/corpus/tar" ;;
 *)
-    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, schedconfig, shardfile, ckptstate, all)" >&2
+    echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, schedconfig, shardfile, ckptstate, metafilter, all)" >&2
     exit 2 ;;
 esac
 
