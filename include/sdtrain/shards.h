@@ -49,6 +49,7 @@ typedef struct sd_shard_meta {
     sd_dtype float_dtype;    /* how floats are stored: SD_F16 (default, RNE) or SD_F32 */
     char weights_path[1024]; /* the snapshot whose VAE and text encoder made the shard */
     char weights_hash[128];  /* a hash string identifying those weights */
+    char filter[1024];       /* &data filter that chose the samples; "" = none (no attribute) */
 } sd_shard_meta;
 
 /* SD2 defaults: 512 px, C 4, 77 x 1024, 0.18215, fp16, no weights named. */
@@ -177,6 +178,7 @@ typedef struct sd_shard_info {
     size_t caption_width, key_width; /* bytes of the fixed-length string datasets */
     char latents_name[32];   /* "image_latents_<res>" */
     char weights_path[1024], weights_hash[128], created[64], creator[128];
+    char filter[1024];       /* the "filter" attribute; "" when the shard has none */
 } sd_shard_info;
 
 /* Opens and validates a shard (format name and version, datasets and their shapes agree). */

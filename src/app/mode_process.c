@@ -812,6 +812,11 @@ static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n
                             "this run's (%s, %s); %s", cfg->data.shard_dir, m->file,
                             in->weights_hash, in->weights_path, e->weights_hash, e->weights_path,
                             advice);
+        } else if (strcmp(in->filter, cfg->data.filter) != 0) {
+            rc = sd_err_set(err, "%s: the committed %s was made with &data filter = '%s', this "
+                            "run has '%s' (its shards would hold samples another selection "
+                            "chose); %s", cfg->data.shard_dir, m->file, in->filter,
+                            cfg->data.filter, advice);
         } else {
             keys = sd_xmalloc((size_t)in->n_samples * kw + 1);
             rc = sd_shard_read_keys(sh, 0, in->n_samples, 1, keys, kw, err);
@@ -1533,6 +1538,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     meta.float_dtype = strcmp(cfg->data.shard_dtype, "fp32") == 0 ? SD_F32 : SD_F16;
     memcpy(meta.weights_path, enc.weights_path, sizeof meta.weights_path);
     memcpy(meta.weights_hash, enc.weights_hash, sizeof meta.weights_hash);
+    snprintf(meta.filter, sizeof meta.filter, "%s", cfg->data.filter);
 
     SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank)); /* SDTRAIN_FAULT's rank */
     if (rank == 0)

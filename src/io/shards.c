@@ -786,10 +786,11 @@ static int validate_local(writer *w, sd_err *e)
         return sd_err_set(e, "%s/%s: floats can be stored as F16 or F32, not %s", w->dir, name,
                           sd_dtype_name(m->float_dtype));
     if (!memchr(m->weights_path, '\0', sizeof m->weights_path) ||
-        !memchr(m->weights_hash, '\0', sizeof m->weights_hash) || !utf8_valid(m->weights_path, &len) ||
-        !utf8_valid(m->weights_hash, &len))
-        return sd_err_set(e, "%s/%s: weights_path or weights_hash is not a NUL-terminated UTF-8 string",
-                          w->dir, name);
+        !memchr(m->weights_hash, '\0', sizeof m->weights_hash) ||
+        !memchr(m->filter, '\0', sizeof m->filter) || !utf8_valid(m->weights_path, &len) ||
+        !utf8_valid(m->weights_hash, &len) || !utf8_valid(m->filter, &len))
+        return sd_err_set(e, "%s/%s: weights_path, weights_hash or filter is not a NUL-terminated "
+                          "UTF-8 string", w->dir, name);
     if (b->n < 0)
         return sd_err_set(e, "%s/%s: rank %d contributes %lld samples", w->dir, name, w->rank,
                           (long long)b->n);
@@ -835,6 +836,7 @@ static uint64_t meta_fingerprint(const writer *w)
     h = hash_bytes(h, &m->scaling_factor, sizeof m->scaling_factor);
     h = hash_bytes(h, m->weights_path, strlen(m->weights_path));
     h = hash_bytes(h, m->weights_hash, strlen(m->weights_hash));
+    h = hash_bytes(h, m->filter, strlen(m->filter));
     return hash_bytes(h, w->dir, strlen(w->dir));
 }
 
@@ -983,6 +985,8 @@ static void write_header(writer *w)
     sd_h5_attr_str(w->file, "float_dtype", m->float_dtype == SD_F16 ? "float16" : "float32");
     sd_h5_attr_str(w->file, "weights_path", m->weights_path);
     sd_h5_attr_str(w->file, "weights_hash", m->weights_hash);
+    if (m->filter[0]) /* written by &data filter only: shards without one are as before */
+        sd_h5_attr_str(w->file, "filter", m->filter);
     sd_h5_attr_str(w->file, "created", created);
     sd_h5_attr_str(w->file, "creator", creator);
 
@@ -1799,6 +1803,14 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
         read_attr_str(s->file, "created", in->created, sizeof in->created, s, err) ||
         read_attr_str(s->file, "creator", in->creator, sizeof in->creator, s, err))
         return -1;
+    in->filter[0] = '\0';
+    {
+        const htri_t has = H5Aexists(s->file, "filter");
+        if (has < 0)
+            return sd_err_set(err, "%s: cannot look up the attribute 'filter'", path);
+        if (has > 0 && read_attr_str(s->file, "filter", in->filter, sizeof in->filter, s, err))
+            return -1;
+    }
     if (!(in->scaling_factor > 0) || !isfinite(in->scaling_factor))
         return sd_err_set(err, "%s: invalid latent_scaling_factor %g (a positive finite number)",
                           path, in->scaling_factor);

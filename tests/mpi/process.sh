@@ -462,6 +462,17 @@ s="$TMP/shards-flt/preprocess_summary.json"
 grep -q '"read": 24, "kept": 8, "skipped": 16' "$s" || fail "flt: counts: $(cat "$s")"
 grep -q '"filtered": 8' "$s" && grep -q '"no_metadata": 8' "$s" || fail "flt: reasons: $(cat "$s")"
 expect_in flt out "filtered"
+# the shards say which filter chose their samples; a rerun with another one is refused
+if command -v h5dump >/dev/null 2>&1; then
+    h5dump -a filter "$TMP/shards-flt/shard-000000.h5" | grep -q 'original_width >= 512 and status == "success"' ||
+        fail "flt: no filter attribute: $(h5dump -a filter "$TMP/shards-flt/shard-000000.h5" 2>&1 | head -n 12)"
+fi
+mpi flt-re 2 "$SDTRAIN" "$TMP/flt.nml" --set "data.filter='original_width >= 600'"
+expect_rc flt-re 2
+expect_in flt-re err "the committed shard-000000.h5 was made with &data filter = 'original_width >= 512 and status == \"success\"', this run has 'original_width >= 600'"
+mpi flt-again 2 "$SDTRAIN" "$TMP/flt.nml" --set "$flt"
+expect_rc flt-again 0
+expect_in flt-again out "2 already committed"
 (cd "$TMP/data-flt" && find 00000 -type f | LC_ALL=C sort | tar cf "$TMP/flt.tar" -T -) ||
     fail "flt: tar failed"
 write_nml fltw webdataset "$TMP/flt.tar" "$TMP/shards-fltw"
