@@ -23,8 +23,10 @@
 #include "sdtrain/fault.h"
 #include "sdtrain/h5util.h"
 #include "sdtrain/log.h"
+#include "sdtrain/models.h"
 #include "sdtrain/modes.h"
 #include "sdtrain/runtime.h"
+#include "sdtrain/snapshot.h"
 #include "sdtrain/version.h"
 
 typedef struct cli {
@@ -250,6 +252,122 @@ static int resolve_devices(const sd_run_config *rc, const sd_runtime *rt, sd_dev
     return 0;
 }
 
+/* "12.3 GB", "4.5 MB": decimal units, as df -H and the checkpoint sizes in the docs */
+static const char *fmt_bytes(double b, char *buf, size_t size)
+{
+    if (b >= 1e12)
+        snprintf(buf, size, "%.2f TB", b / 1e12);
+    else if (b >= 1e9)
+        snprintf(buf, size, "%.2f GB", b / 1e9);
+    else
+        snprintf(buf, size, "%.1f MB", b / 1e6);
+    return buf;
+}
+
+/* Steps in [1, n] that are multiples of a or of b (0: none of that kind). */
+static int64_t multiples(int64_t n, int64_t a, int64_t b)
+{
+    int64_t k = 0, g, x, y;
+    if (a > 0)
+        k += n / a;
+    if (b > 0)
+        k += n / b;
+    if (a > 0 && b > 0) {
+        for (x = a, y = b; y; g = x % y, x = y, y = g)
+            ;
+        if (a / x <= n / b) /* lcm(a, b) <= n */
+            k -= n / (a / x * b);
+    }
+    return k;
+}
+
+/* --check of mode 'train' / 'pipeline': what the checkpoints will take on disk, from the
+ * U-Net's parameter table (the snapshot's unet/config.json, or the &model shape keys) and the
+ * &checkpoint keys, against the room on the checkpoint folder's file system now. */
+static void print_checkpoint_plan(const sd_config *cfg)
+{
+    sd_unet_config uc;
+    sd_param_table table;
+    sd_err err;
+    char dir[SD_PATH_MAX + 32], where[SD_PATH_MAX + 32];
+    const char *from = "the &model shape keys";
+    memset(&table, 0, sizeof table);
+    sd_err_clear(&err);
+    if (cfg->model.pretrained[0]) {
+        sd_snapshot s;
+        int bad = sd_snapshot_open(&s, cfg->model.pretrained, &err) != 0;
+        if (!bad) {
+            bad = sd_snapshot_component_table(&s, SD_COMPONENT_UNET, &uc, &table, &err) != 0;
+            sd_snapshot_close(&s);
+        }
+        if (bad) {
+            /* a login node may not see the snapshot: the shape keys (SD2's by default) */
+            printf("checkpoints: the snapshot's U-Net cannot be read here (%s); sizes by the "
+                   "&model shape keys instead\n", err.msg);
+            sd_param_table_free(&table);
+            memset(&table, 0, sizeof table);
+        } else {
+            from = "the snapshot's unet/config.json";
+        }
+    }
+    if (!table.total_floats) {
+        sd_unet_config_from_namelist(cfg, &uc);
+        sd_unet_params(&uc, &table);
+    }
+    const int ema = cfg->train.ema_decay > 0;
+    const double floats = (double)table.total_floats;
+    const double one = floats * 4.0 * (3 + ema); /* params, adam_m, adam_v (, ema), fp32 */
+    const int64_t m = cfg->train.max_steps, every = cfg->checkpoint.every_n_steps;
+    const int64_t mile = cfg->checkpoint.keep_every_n_steps, keep = cfg->checkpoint.keep_last;
+    /* over the run: the periodic ones and the milestones (those at max_steps are the final
+     * one), and the final one */
+    const int64_t written = multiples(m - 1, every, mile) + 1;
+    const int64_t milestones = mile > 0 ? (m - 1) / mile + (m % mile == 0) : 0;
+    int64_t at_once = keep > 0 ? keep + 1 + milestones : written; /* + the one being written */
+    if (at_once > written)
+        at_once = written;
+    char b1[32], b2[32], b3[32];
+    printf("checkpoints: U-Net of %.1f M parameters (%s); each checkpoint %s (parameters, "
+           "AdamW moments%s: %d x %zu floats)\n", (double)table.total_numel / 1e6, from,
+           fmt_bytes(one, b1, sizeof b1), ema ? ", EMA" : "", 3 + ema, table.total_floats);
+    if (cfg->checkpoint.dir[0])
+        snprintf(dir, sizeof dir, "%s", cfg->checkpoint.dir);
+    else
+        snprintf(dir, sizeof dir, "%s/checkpoints", cfg->run.output_dir);
+    /* the folder may not exist yet: its nearest existing parent says the file system */
+    snprintf(where, sizeof where, "%s", dir);
+    for (;;) {
+        struct stat st;
+        char *slash;
+        if (stat(where, &st) == 0 || !(slash = strrchr(where, '/')) || slash == where)
+            break;
+        *slash = '\0';
+    }
+    {
+        struct stat st;
+        if (stat(where, &st) != 0) /* nothing of the path exists: the folder it starts from */
+            snprintf(where, sizeof where, "%s", dir[0] == '/' ? "/" : ".");
+    }
+    const double avail = sd_fs_free_bytes(where);
+    const int by_clock = cfg->checkpoint.every_n_minutes > 0;
+    printf("  %lld written over max_steps = %lld%s; ", (long long)written, (long long)m,
+           by_clock ? " (plus those of every_n_minutes)" : "");
+    if (keep > 0)
+        printf("at most %lld on disk at once (the newest keep_last = %lld, %lld milestone(s) of "
+               "keep_every_n_steps, the one being written): %s in %s", (long long)at_once,
+               (long long)keep, (long long)milestones,
+               fmt_bytes((double)at_once * one, b2, sizeof b2), dir);
+    else
+        printf("all kept (keep_last = 0): %s%s in %s", by_clock ? "at least " : "",
+               fmt_bytes((double)at_once * one, b2, sizeof b2), dir);
+    if (avail >= 0)
+        printf(" (%s free there now)", fmt_bytes(avail, b3, sizeof b3));
+    printf("\n");
+    if (avail >= 0 && (double)at_once * one > avail)
+        printf("  warning: that is more than the file system has free now\n");
+    sd_param_table_free(&table);
+}
+
 static void print_layout_for(const sd_run_config *rc, const sd_layout *l)
 {
     printf("communicators for %d ranks: preprocessing communicator %d ranks; training "
@@ -440,6 +558,8 @@ int main(int argc, char **argv)
             printf("%s: configuration is valid\n%s", c.input, text);
             print_layout_for(&rc, &layout);
             printf("device = '%s' (resolved on each rank when the job starts)\n", rc.cfg.run.device);
+            if (!strcmp(rc.cfg.run.mode, "train") || !strcmp(rc.cfg.run.mode, "pipeline"))
+                print_checkpoint_plan(&rc.cfg);
             free(text);
         }
         sd_run_config_free(&rc);
@@ -503,6 +623,9 @@ int main(int argc, char **argv)
     sd_runtime_report(&rt);
     if (rank == 0)
         printf("device = '%s': rank 0 computes on %s\n", rc.cfg.run.device, dev.name);
+    if (rank == 0 && c.check &&
+        (!strcmp(rc.cfg.run.mode, "train") || !strcmp(rc.cfg.run.mode, "pipeline")))
+        print_checkpoint_plan(&rc.cfg);
 
     if (!c.check)
         share_cores(&rt);

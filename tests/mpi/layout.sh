@@ -62,4 +62,30 @@ expect_count minrun err "minimal.nml:1:1: missing required key 'input' in &data 
 mpi node 4 "$SDTRAIN" --check "$TMP/train.nml"
 expect_rc node 0
 expect_in node out "3/4"
+# --check of a training job says what its checkpoints take on disk: SD2's U-Net by the &model
+# shape keys (865910784 floats with the alignment padding), checkpoints at 30, 40 (milestone),
+# 60, 80 (milestone), 90 and the end: 6; keep_last = 1 keeps at most itself, 2 milestones and
+# the one being written
+set -- --set train.max_steps=100 --set checkpoint.every_n_steps=30 \
+    --set checkpoint.keep_every_n_steps=40 --set checkpoint.keep_last=1
+run ckplan "$SDTRAIN" --check --np 4 "$TMP/train.nml" "$@"
+expect_rc ckplan 0
+expect_in ckplan out "checkpoints: U-Net of 865.9 M parameters (the &model shape keys); each checkpoint 10.39 GB (parameters, AdamW moments: 3 x 865910784 floats)"
+expect_in ckplan out "  6 written over max_steps = 100; at most 4 on disk at once (the newest keep_last = 1, 2 milestone(s) of keep_every_n_steps, the one being written): 41.56 GB in $TMP/out/checkpoints ("
+expect_in ckplan out "free there now)"
+mpi ckplan2 2 "$SDTRAIN" --check "$TMP/train.nml" "$@" --set train.ema_decay=0.99 --set checkpoint.keep_last=0
+expect_rc ckplan2 0
+expect_count ckplan2 out "each checkpoint 13.85 GB (parameters, AdamW moments, EMA: 4 x 865910784 floats)" 1
+expect_in ckplan2 out "  6 written over max_steps = 100; all kept (keep_last = 0): 83.13 GB in $TMP/out/checkpoints"
+# a snapshot's U-Net decides; one that cannot be read here falls back on the shape keys, said
+run ckplan3 "$SDTRAIN" --check --np 4 "$TMP/train.nml" --set "model.pretrained='$top_srcdir/tests/data/models/tiny-sd2'"
+expect_rc ckplan3 0
+expect_in ckplan3 out "(the snapshot's unet/config.json); each checkpoint"
+run ckplan4 "$SDTRAIN" --check --np 4 "$TMP/train.nml" --set "model.pretrained='$TMP/no-snapshot'"
+expect_rc ckplan4 0
+expect_in ckplan4 out "checkpoints: the snapshot's U-Net cannot be read here ($TMP/no-snapshot"
+expect_in ckplan4 out "U-Net of 865.9 M parameters (the &model shape keys)"
+run ckplan5 "$SDTRAIN" --check --np 4 "$TMP/process.nml"
+expect_rc ckplan5 0
+expect_not_in ckplan5 out "checkpoints:"
 pass "communicator layouts"
