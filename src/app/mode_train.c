@@ -1548,23 +1548,25 @@ static int checkpoint_boundary(trainer *t, int64_t done, int64_t k, int64_t skip
                         done % t->cfg->sample.every_n_steps == 0 && done < t->cfg->train.max_steps;
     const int by_step = (every > 0 && done % every == 0) ||
                         (milestone > 0 && done % milestone == 0);
-    if (by_step || why[2]) {
-        if (done < t->cfg->train.max_steps && t->last_ckpt != done) {
-            if (!by_step)
-                sd_info("step %lld: %.1f min of training since the last checkpoint "
-                        "(&checkpoint every_n_minutes = %g)", (long long)done,
-                        (sd_time_now() - t->ckpt_clock) / 60.0, minutes);
-            if ((t->cfg->checkpoint.async && !t->async_off && !sampled
-                     ? start_checkpoint(t, done, k, skipped, &err)
-                     : save_checkpoint(t, done, k, skipped, &err)) &&
-                t->rank == 0)
-                sd_error("%s; training goes on", err.msg);
-            /* also after a failed one: the next try comes an interval later, not at once */
-            t->ckpt_clock = sd_time_now();
-        }
+    const int attempted = (by_step || why[2]) && done < t->cfg->train.max_steps &&
+                          t->last_ckpt != done;
+    if (attempted) {
+        if (!by_step)
+            sd_info("step %lld: %.1f min of training since the last checkpoint "
+                    "(&checkpoint every_n_minutes = %g)", (long long)done,
+                    (sd_time_now() - t->ckpt_clock) / 60.0, minutes);
+        if ((t->cfg->checkpoint.async && !t->async_off && !sampled
+                 ? start_checkpoint(t, done, k, skipped, &err)
+                 : save_checkpoint(t, done, k, skipped, &err)) &&
+            t->rank == 0)
+            sd_error("%s; training goes on", err.msg);
     }
     if (sampled)
         sample_checkpoint(t, done);
+    /* the clock counts training only: it restarts after the write (and the images), also
+     * after a failed write, whose next try then comes an interval later, not at once */
+    if (attempted)
+        t->ckpt_clock = sd_time_now();
     return 0;
 }
 
