@@ -38,6 +38,9 @@ int sd_cmd_import_single_file(int argc, char **argv);
  * (src/app/cmd_plot.c) */
 int sd_cmd_plot(int argc, char **argv);
 
+/* sdtool filter --filter TEXT [--format F] [--max N] [--threads N] INPUT (src/app/cmd_filter.c) */
+int sd_cmd_filter(int argc, char **argv);
+
 /* sdtool score-demo --samples DIR [--captions FILE] [--json] (src/app/cmd_score_demo.c) */
 int sd_cmd_score_demo(int argc, char **argv);
 

@@ -105,6 +105,8 @@ static const subcommand commands[] = {
     {"import-single-file", sd_cmd_import_single_file,
      "write a checkpoint in the original SD layout as a diffusers snapshot", NULL},
     {"make-demo-data", sd_cmd_make_demo_data, "write a small synthetic captioned image dataset", NULL},
+    {"filter", sd_cmd_filter, "count what a &data filter would keep of a dataset, by its .json metadata",
+     NULL},
     {"plot", sd_cmd_plot, "plot metrics.jsonl curves as a PNG, or summarize them as text (--text)",
      NULL},
     {"score-demo", sd_cmd_score_demo,

@@ -65,9 +65,11 @@ int sd_meta_filter_eval(const sd_meta_filter *f, const char *json, size_t len, c
                                      json[end] == '\t'))
             end++;
         if (!root || end < len) {
+            const enum json_tokener_error je = json_tokener_get_error(tok);
             snprintf(why, why_size, "the .json metadata is not valid JSON (%s)",
                      root ? "text after the value"
-                          : json_tokener_error_desc(json_tokener_get_error(tok)));
+                     : je == json_tokener_continue ? "it ends inside the value"
+                                                   : json_tokener_error_desc(je));
             json_object_put(root);
             json_tokener_free(tok);
             return -1;

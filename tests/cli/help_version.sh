@@ -15,7 +15,7 @@ expect_in v out "features: cpu"
 
 run th "$SDTOOL" --help
 expect_rc th 0
-for c in tokenize transform inspect forward grad export make-demo-data plot score-demo; do
+for c in tokenize transform inspect forward grad export make-demo-data plot score-demo filter; do
     expect_in th out "  $c "
 done
 # every subcommand sdtool --help lists: help on stdout, exit 0, nothing run (make-demo-data

@@ -6,10 +6,10 @@
 run help "$SDTOOL" --help
 expect_rc help 0
 expect_not_in help out "[not implemented yet]"
-for c in tokenize transform inspect forward grad export make-demo-data plot score-demo; do
+for c in tokenize transform inspect forward grad export make-demo-data plot score-demo filter; do
     grep -q "^  $c " "$TMP/help.out" || fail "sdtool --help does not list $c"
 done
-for c in export plot score-demo; do
+for c in export plot score-demo filter; do
     run "$c" "$SDTOOL" "$c" --help
     expect_rc "$c" 0
     expect_in "$c" out "usage: sdtool $c"

@@ -132,7 +132,10 @@ int main(void)
            "no .json: cannot answer (%s)", why);
     tap_ok(verdict("", NULL, why, sizeof why) == 1, "no filter: every sample passes, .json or not");
     tap_ok(verdict("width > 1", "{\"width\": 3", why, sizeof why) == -1 &&
-               strstr(why, "not valid JSON"), "cut JSON: cannot answer (%s)", why);
+               strstr(why, "not valid JSON (it ends inside the value)"),
+           "cut JSON: cannot answer (%s)", why);
+    tap_ok(verdict("width > 1", "{\"width\": 3,, }", why, sizeof why) == -1 &&
+               strstr(why, "not valid JSON ("), "bad JSON: cannot answer (%s)", why);
     tap_ok(verdict("width > 1", "{\"width\": 3} {}", why, sizeof why) == -1 &&
                strstr(why, "not valid JSON"), "two values: cannot answer (%s)", why);
     tap_ok(verdict("width > 1", "[1, 2]", why, sizeof why) == -1 && strstr(why, "not a JSON object"),
