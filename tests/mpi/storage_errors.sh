@@ -50,8 +50,8 @@ storage_case open 1 /state.h5 5 0 "" "cannot open checkpoint file $ck/state.h5: 
 storage_case data 0 /state.h5 116 "$data_at" $((data_at + data_bytes)) "reading dataset 'params' failed: Stale file handle"
 # only the object header of dataset 'adam_m' on rank 1: opening the dataset fails
 storage_case header 1 /state.h5 5 "$m_header" $((m_header + 1)) "cannot open dataset 'adam_m'"
-# the manifest on rank 0 (json-c reads it)
-storage_case manifest 0 /manifest.json 5 0 "" "cannot read checkpoint manifest '$ck/manifest.json': Input/output error"
+# the manifest on rank 0 (json-c reads it); the checkpoint's, not the shard directory's
+storage_case manifest 0 /step-00000008/manifest.json 5 0 "" "cannot read checkpoint manifest '$ck/manifest.json': Input/output error"
 
 # the shards, which the loader reads: every read of them on rank 0, which opens shards 0 and 2
 # at set-up; then, on rank 1, their bytes from 4096 on, which it meets at set-up too (the ranks
@@ -66,6 +66,13 @@ shard_case() {
 }
 shard_case shard-open 0 0 "cannot open shard '$TMP/shards/shard-000000.h5'"
 shard_case shard-read 1 4096 "$TMP/shards/shard-00000"
+# the shard directory's manifest, which rank 0 reads with read(2) since 84032e2 (with stdio
+# before, out of the shim's reach): a storage error, status 1, said as one
+SD_EIO_RANK=0 SD_EIO_PATH=/shards/manifest.json SD_EIO_ERRNO=5 \
+    LD_PRELOAD="$PRELOAD" mpi shard-manifest 2 "$SDTRAIN" "$TMP/run.nml"
+expect_rc shard-manifest 1
+expect_in shard-manifest err "cannot read shard manifest '$TMP/shards/manifest.json': Input/output error (a storage error: a retry may succeed)"
+[ "$(cat "$TMP/run/checkpoints/latest")" = step-00000008 ] || fail "shard-manifest: latest changed"
 
 # a fresh run reads the held-out samples first (the step-0 validation): rank 1's shard reads
 # failing there end the run with status 1 as well, every rank together, no step taken. One shard
