@@ -93,6 +93,22 @@ static const char *dims_str(hid_t space, char *buf, size_t size)
 
 /* ---- attributes ---------------------------------------------------------------------------- */
 
+/* s in double quotes, with " and \ escaped and control bytes as \xNN, so that a value holding
+ * quotes (a &data filter's strings) or line breaks reads unambiguously on one line */
+static void print_quoted(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7f)
+            printf("\\x%02x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
 static void print_attr_value(hid_t a, hid_t t, hid_t space)
 {
     hssize_t n = H5Sget_simple_extent_npoints(space);
@@ -104,14 +120,14 @@ static void print_attr_value(hid_t a, hid_t t, hid_t space)
             H5Tset_size(mt, H5T_VARIABLE);
             H5Tset_cset(mt, H5Tget_cset(t));
             if (H5Aread(a, mt, &v) >= 0)
-                printf("\"%s\"", v ? v : "");
+                print_quoted(v ? v : "");
             H5free_memory(v);
             H5Tclose(mt);
         } else {
             size_t w = H5Tget_size(t);
             char *v = sd_xcalloc(w + 1, 1);
             if (H5Aread(a, t, v) >= 0)
-                printf("\"%s\"", v);
+                print_quoted(v);
             free(v);
         }
         return;

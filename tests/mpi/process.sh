@@ -467,6 +467,8 @@ if command -v h5dump >/dev/null 2>&1; then
     h5dump -a filter "$TMP/shards-flt/shard-000000.h5" | grep -q 'original_width >= 512 and status == "success"' ||
         fail "flt: no filter attribute: $(h5dump -a filter "$TMP/shards-flt/shard-000000.h5" 2>&1 | head -n 12)"
 fi
+run flt-inspect "$SDTOOL" inspect "$TMP/shards-flt/shard-000000.h5"
+expect_in flt-inspect out 'filter = "original_width >= 512 and status == \"success\""'
 mpi flt-re 2 "$SDTRAIN" "$TMP/flt.nml" --set "data.filter='original_width >= 600'"
 expect_rc flt-re 2
 expect_in flt-re err "the committed shard-000000.h5 was made with &data filter = 'original_width >= 512 and status == \"success\"', this run has 'original_width >= 600'"
