@@ -322,7 +322,7 @@ static void print_checkpoint_plan(const sd_config *cfg)
     /* over the run: the periodic ones and the milestones (those at max_steps are the final
      * one), and the final one */
     const int64_t written = multiples(m - 1, every, mile) + 1;
-    const int64_t milestones = mile > 0 ? (m - 1) / mile + (m % mile == 0) : 0;
+    const int64_t milestones = mile > 0 ? m / mile : 0; /* multiples of mile up to m */
     int64_t at_once = keep > 0 ? keep + 1 + milestones : written; /* + the one being written */
     if (at_once > written)
         at_once = written;
