@@ -54,6 +54,10 @@ typedef struct sd_meta_filter {
  * problem and says what was expected (src/config/metafilter.c). */
 int sd_meta_filter_parse(const char *text, sd_meta_filter *f, sd_err *err);
 
+/* 1 when a and b hold the same conditions in the same order (the same filter however it was
+ * spaced or joined: 'a>1,b<2' and 'a > 1 and b < 2'), else 0. */
+int sd_meta_filter_equal(const sd_meta_filter *a, const sd_meta_filter *b);
+
 /* "<=" etc. */
 const char *sd_filter_op_name(sd_filter_op op);
 

@@ -654,6 +654,16 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
     return storage_failed;
 }
 
+/* A committed shard's filter attribute and this run's &data filter: the same conditions (a
+ * text that does not parse, edited by hand, is another filter). */
+static int same_filter(const char *shard, const char *run)
+{
+    sd_meta_filter a, b;
+    sd_err e;
+    return sd_meta_filter_parse(shard, &a, &e) == 0 && sd_meta_filter_parse(run, &b, &e) == 0 &&
+           sd_meta_filter_equal(&a, &b);
+}
+
 /* Rank 0 builds the index; every rank gets a view (sd_dataset_view) of one packed image of it
  * per node, in MPI shared memory (`image`, which must outlive the dataset: close_dataset): 400
  * million TSV samples make an image of ~58 GB, which a node cannot hold once per rank. */
@@ -812,7 +822,7 @@ static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n
                             "this run's (%s, %s); %s", cfg->data.shard_dir, m->file,
                             in->weights_hash, in->weights_path, e->weights_hash, e->weights_path,
                             advice);
-        } else if (strcmp(in->filter, cfg->data.filter) != 0) {
+        } else if (!same_filter(in->filter, cfg->data.filter)) {
             rc = sd_err_set(err, "%s: the committed %s was made with &data filter = '%s', this "
                             "run has '%s' (its shards would hold samples another selection "
                             "chose); %s", cfg->data.shard_dir, m->file, in->filter,

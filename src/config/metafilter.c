@@ -157,3 +157,16 @@ int sd_meta_filter_parse(const char *text, sd_meta_filter *f, sd_err *err)
     }
     return 0;
 }
+
+int sd_meta_filter_equal(const sd_meta_filter *a, const sd_meta_filter *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (int i = 0; i < a->n; i++) {
+        const sd_filter_cond *x = &a->c[i], *y = &b->c[i];
+        if (strcmp(x->key, y->key) || x->op != y->op || x->is_string != y->is_string ||
+            (x->is_string ? strcmp(x->str, y->str) != 0 : x->num != y->num))
+            return 0;
+    }
+    return 1;
+}

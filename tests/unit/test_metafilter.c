@@ -92,6 +92,20 @@ int main(void)
                "a key of 200 bytes refused: %s", err.msg);
     }
 
+    {
+        sd_meta_filter a, b;
+        tap_ok(sd_meta_filter_parse("a>1,b==\"x\"", &a, &err) == 0 &&
+                   sd_meta_filter_parse(" a > 1.0 AND b == \"x\" ", &b, &err) == 0 &&
+                   sd_meta_filter_equal(&a, &b),
+               "equal: the same conditions spaced and joined otherwise");
+        tap_ok(sd_meta_filter_parse("b==\"x\", a>1", &b, &err) == 0 && !sd_meta_filter_equal(&a, &b),
+               "equal: not in another order");
+        tap_ok(sd_meta_filter_parse("a>=1,b==\"x\"", &b, &err) == 0 && !sd_meta_filter_equal(&a, &b),
+               "equal: not with another comparison");
+        tap_ok(sd_meta_filter_parse("a>1", &b, &err) == 0 && !sd_meta_filter_equal(&a, &b),
+               "equal: not with fewer conditions");
+    }
+
     /* verdicts on META */
     struct {
         const char *text;
