@@ -260,3 +260,31 @@ expect_in eusr1 out "stopped for SIGUSR1 while waiting for the first shard"
 expect_in eusr1 out "stopped for SIGUSR1 (caught by the training half)"
 expect_not_in eusr1 out "preprocessing stops before shard"
 pass "SIGUSR1 to either half: both stop cleanly with status 0, and a rerun trains the same"
+
+# &data filter in the preprocessing half: of the 48 samples, those with original_width 1024
+# are kept (24), 300 filtered (12), no .json is no_metadata (12); the trainers follow the
+# filtered shards, and the shards equal those of mode 'process' with the same filter
+i=0
+while [ $i -lt 48 ]; do
+    j="$TMP/data/00000/$(printf %09d $i).json"
+    case $((i % 4)) in
+    0 | 2) echo '{"original_width": 1024}' >"$j" ;;
+    1) echo '{"original_width": 300}' >"$j" ;;
+    *) rm -f "$j" ;;
+    esac
+    i=$((i + 1))
+done
+pipe_nml pflt "$TMP/shards-pflt" 4
+mpi pflt 4 "$SDTRAIN" "$TMP/pflt.nml" --set "data.filter='original_width >= 512'"
+expect_rc pflt 0
+expect_in pflt out "step 4/4"
+expect_in pflt out "all 3 planned shards are committed"
+s="$TMP/shards-pflt/preprocess_summary.json"
+grep -q '"read": 48, "kept": 24, "skipped": 24' "$s" || fail "pflt: counts: $(head -n 1 "$s")"
+grep -q '"filtered": 12' "$s" && grep -q '"no_metadata": 12' "$s" || fail "pflt: reasons: $(head -n 1 "$s")"
+mpi pflt-proc 2 "$SDTRAIN" "$TMP/proc.nml" --set "data.shard_dir='$TMP/shards-pflt-proc'" \
+    --set "data.filter='original_width >= 512'"
+expect_rc pflt-proc 0
+[ "$(checksums "$TMP/shards-pflt")" = "$(checksums "$TMP/shards-pflt-proc")" ] ||
+    fail "pflt: the pipeline's filtered shards differ from mode 'process''s"
+pass "&data filter in the pipeline's preprocessing half"
