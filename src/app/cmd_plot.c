@@ -16,7 +16,7 @@
 #include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 
-#define MAX_SERIES 16
+#define MAX_SERIES 32
 
 static void plot_usage(FILE *f)
 {
@@ -223,7 +223,11 @@ static void print_text(const char *path, const metrics *m, const int *order)
     static const char ramp[] = "_.-~=+*#";
     const int width = m->lines < 40 ? (int)m->lines : 40;
     printf("%s: %zu lines, steps %.0f..%.0f\n", path, m->lines, m->step_min, m->step_max);
-    printf("%-14s %6s %11s %11s %11s  %s\n", "metric", "points", "min", "max", "last",
+    int nw = 14; /* the name column: as wide as the longest name */
+    for (int i = 0; i < m->n; i++)
+        if ((int)strlen(m->s[i].name) > nw)
+            nw = (int)strlen(m->s[i].name);
+    printf("%-*s %6s %11s %11s %11s  %s\n", nw, "metric", "points", "min", "max", "last",
            "sparkline (by step)");
     for (int i = 0; i < m->n; i++) {
         const series *s = &m->s[order[i]];
@@ -254,7 +258,7 @@ static void print_text(const char *path, const metrics *m, const int *order)
         fmt_num(lo, a, sizeof a);
         fmt_num(hi, b, sizeof b);
         fmt_num(s->y[s->n - 1], c, sizeof c);
-        printf("%-14s %6zu %11s %11s %11s  |%s|\n", s->name, s->n, a, b, c, line);
+        printf("%-*s %6zu %11s %11s %11s  |%s|\n", nw, s->name, s->n, a, b, c, line);
     }
 }
 

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,7 @@ typedef struct trainer {
     int setup_exit;        /* the exit status of a failed setup when not SD_EXIT_USAGE */
     sd_ckpt_async *ack;    /* &checkpoint async: the background writer (NULL before its first) */
     int async_off;         /* &checkpoint async given up for the run (no memory for the copy) */
+    double ack_held;       /* the training pause of the background checkpoint in flight */
 } trainer;
 
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
@@ -1225,6 +1227,30 @@ static void dev_ckpt_tensors(trainer *t, sd_ckpt_tensors *ts)
     ts->copy = dev_copy;
 }
 
+/* metrics.jsonl (rank 0): the checkpoint of step `of` committed (ok) or failed at the boundary
+ * after `done` steps: how long its write took, how long training waited for it, the state
+ * file's bytes. */
+static void metrics_checkpoint(trainer *t, int64_t done, int64_t of, int ok, double write_s,
+                               double held_s, const char *committed)
+{
+    char path[4300];
+    struct stat st;
+    long long bytes = -1;
+    if (!t->metrics)
+        return;
+    if (ok && snprintf(path, sizeof path, "%s/%s", committed, SD_CKPT_STATE_FILE) <
+                  (int)sizeof path && stat(path, &st) == 0)
+        bytes = (long long)st.st_size;
+    fprintf(t->metrics, "{\"step\": %lld, \"checkpoint_step\": %lld", (long long)done,
+            (long long)of);
+    if (ok)
+        fprintf(t->metrics, ", \"checkpoint_s\": %.4f, \"checkpoint_held_s\": %.4f, "
+                "\"checkpoint_bytes\": %lld}\n", write_s, held_s, bytes);
+    else
+        fprintf(t->metrics, ", \"checkpoint_failed\": 1}\n");
+    metrics_flush(t, done);
+}
+
 /* &checkpoint async, collective at a step boundary (`done` steps): the checkpoint in flight, if
  * any, is committed once every rank's writer is done, or at once after waiting for them
  * (wait != 0: the next checkpoint is due, a signal, the end). A failure is reported and training
@@ -1248,8 +1274,12 @@ static void settle_checkpoint(trainer *t, int64_t done, int wait)
         sd_info("step %lld: checkpoint of step %lld written to %s in the background (%.2f s%s), "
                 "committed in %.2f s", (long long)done, (long long)step, committed, secs,
                 t->cfg->checkpoint.verify ? ", read back and verified" : "", sd_time_now() - t0);
-    } else if (t->rank == 0) {
-        sd_error("%s; training goes on", err.msg);
+        metrics_checkpoint(t, done, step, 1, secs, t->ack_held + (sd_time_now() - t0),
+                           committed);
+    } else {
+        if (t->rank == 0)
+            sd_error("%s; training goes on", err.msg);
+        metrics_checkpoint(t, done, step, 0, 0, 0, NULL);
     }
 }
 
@@ -1280,9 +1310,12 @@ static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped
                              cfg->checkpoint.verify, err);
     sd_loader_h5_unlock();
     free(text);
+    t->ack_held = sd_time_now() - t0;
     if (rc == 0)
         sd_info("step %lld: checkpoint started in the background (training held %.2f s)",
-                (long long)done, sd_time_now() - t0);
+                (long long)done, t->ack_held);
+    else
+        metrics_checkpoint(t, done, done, 0, 0, 0, NULL);
     return rc;
 }
 
@@ -1308,12 +1341,14 @@ static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped,
                        cfg->checkpoint.verify, committed, sizeof committed, err);
     sd_loader_h5_unlock();
     free(text);
+    const double secs = sd_time_now() - t0;
     if (rc == 0) {
         t->last_ckpt = done;
         snprintf(t->last_ckpt_path, sizeof t->last_ckpt_path, "%s", committed);
         sd_info("step %lld: checkpoint written to %s (%.2f s%s)", (long long)done, committed,
-                sd_time_now() - t0, cfg->checkpoint.verify ? ", read back and verified" : "");
+                secs, cfg->checkpoint.verify ? ", read back and verified" : "");
     }
+    metrics_checkpoint(t, done, done, rc == 0, secs, secs, committed);
     return rc;
 }
 

@@ -68,6 +68,18 @@ for s in 00000004 00000008 00000012; do
         fail "ref: checkpoint step-$s missing"
 done
 [ "$(grep -c '"loss"' "$TMP/ref/metrics.jsonl")" = 12 ] || fail "ref: expected 12 loss lines"
+# metrics.jsonl has a line for each checkpoint: its step, times and the state file's bytes
+for s in 4 8 12; do
+    b=$(stat -c %s "$TMP/ref/checkpoints/step-$(printf %08d $s)/state.h5")
+    grep -Eq "^\{\"step\": $s, \"checkpoint_step\": $s, \"checkpoint_s\": [0-9.]+, \"checkpoint_held_s\": [0-9.]+, \"checkpoint_bytes\": $b\}\$" "$TMP/ref/metrics.jsonl" ||
+        fail "ref: no checkpoint line of step $s ($b bytes) in metrics.jsonl"
+done
+# sdtool plot --text lists them beside the step metrics (17 series: it kept 16 before)
+run plotref "$SDTOOL" plot --text "$TMP/ref/metrics.jsonl"
+expect_rc plotref 0
+expect_in plotref out "checkpoint_s           3 "
+expect_in plotref out "checkpoint_bytes       3 "
+expect_in plotref out "optimizer_s           12 "
 
 # (a) killed at the start of step 8 (7 steps done, the newest checkpoint is of step 4),
 # resumed with resume = 'auto': the same bits; (f) keep_last = 2 leaves 2 checkpoints

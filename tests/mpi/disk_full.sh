@@ -23,6 +23,8 @@ expect_rc ckroom 1
 expect_in ckroom err "checkpoint of step 2 into '$full/ck' not written (the previous checkpoint stays the latest): it needs 7.2 MiB, and the file system of '$full/ck' has 1.0 MiB free; training goes on"
 expect_in ckroom err "checkpoint of step 4 into '$full/ck' not written"
 expect_in ckroom err "the final weights are written all the same"
+grep -q '^{"step": 2, "checkpoint_step": 2, "checkpoint_failed": 1}$' "$TMP/ckroom/metrics.jsonl" ||
+    fail "ckroom: no failed-checkpoint line in metrics.jsonl"
 [ -s "$TMP/ckroom/unet_final.safetensors" ] && [ -s "$TMP/ckroom/unet_ema.safetensors" ] ||
     fail "ckroom: the final weights are missing"
 pass "a checkpoint that does not fit is not started; training goes on and the weights are written"
