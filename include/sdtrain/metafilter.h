@@ -68,6 +68,12 @@ const char *sd_filter_op_name(sd_filter_op op);
 int sd_meta_filter_eval(const sd_meta_filter *f, const char *json, size_t len, char *why,
                         size_t why_size);
 
+/* The same verdict and reason, and with each (f->n entries, may be NULL) the verdict of every
+ * condition alone, from one parse of the JSON (sdtool filter's table): -1 for all of them when
+ * the metadata is missing or no JSON object. */
+int sd_meta_filter_eval_each(const sd_meta_filter *f, const char *json, size_t len, int *each,
+                             char *why, size_t why_size);
+
 #ifdef __cplusplus
 }
 #endif

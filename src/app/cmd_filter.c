@@ -152,7 +152,7 @@ int sd_cmd_filter(int argc, char **argv)
             const int64_t i = m == n ? j : (int64_t)((double)j * (double)n / (double)m);
             char why[400];
             sd_err e;
-            int has, v;
+            int has, v, vc[SD_FILTER_MAX_CONDS];
             memset(&e, 0, sizeof e);
             has = sd_dataset_read_json(&ds, i, &s, &e);
             if (has < 0) {
@@ -166,20 +166,16 @@ int sd_cmd_filter(int argc, char **argv)
                     }
                 }
                 snprintf(why, sizeof why, "%.390s", e.msg);
-                v = -1;
+                v = -1; /* no condition can be answered: counted so below */
+                for (int c = 0; c < f.n; c++)
+                    vc[c] = -1;
             } else {
-                const char *json = has ? (const char *)s.json : NULL;
-                v = sd_meta_filter_eval(&f, json, s.json_size, why, sizeof why);
-                for (int c = 0; c < f.n; c++) {
-                    sd_meta_filter one;
-                    char w2[8];
-                    one.n = 1;
-                    one.c[0] = f.c[c];
-                    const int vc = sd_meta_filter_eval(&one, json, s.json_size, w2, sizeof w2);
-                    mine_each[c][vc == 1 ? 0 : vc == 0 ? 1 : 2]++;
-                }
+                v = sd_meta_filter_eval_each(&f, has ? (const char *)s.json : NULL, s.json_size,
+                                             vc, why, sizeof why);
             }
             mine[v == 1 ? 0 : v == 0 ? 1 : 2]++;
+            for (int c = 0; c < f.n; c++)
+                mine_each[c][vc[c] == 1 ? 0 : vc[c] == 0 ? 1 : 2]++;
             if (v != 1) {
 #ifdef _OPENMP
 #pragma omp critical(filter_shown)

@@ -48,6 +48,14 @@ expect_in max out "24 samples; 6 judged, spread evenly in "
 expect_in max out "  kept                    2   33.3 %"
 expect_in max out "  filtered                2   33.3 %"
 expect_in max out "  00000/000000008: filtered: status == "'"success"'" is false"
+# a .json that cannot be read (more than 16 MiB) answers no condition: counted so for each
+truncate -s 16777217 "$TMP/data/00000/000000004.json"
+run big "$SDTOOL" filter --filter "$flt" "$TMP/data"
+expect_rc big 0
+expect_in big out "  no_metadata             9   37.5 %"
+expect_in big out "  original_width >= 512                              11            4            9"
+expect_in big out "  00000/000000004: no_metadata: $TMP/data/00000/000000004.json: 16777217 bytes, more than the 16 MiB a .json may have"
+echo '{"original_width": 1024, "status": "success", "punsafe": 0.01}' >"$TMP/data/00000/000000004.json"
 # bad usage and input
 run nofilter "$SDTOOL" filter "$TMP/data"
 expect_rc nofilter 2

@@ -10,7 +10,8 @@
  *   - the verdict is 1, 0 or -1, the same when asked twice, with a reason unless 1; no
  *     conditions pass everything;
  *   - the verdict of all conditions is that of each alone in turn: 1 when each gives 1, else
- *     that of the first that does not.
+ *     that of the first that does not; sd_meta_filter_eval_each gives that verdict and reason
+ *     and each condition's verdict alone.
  * Any broken invariant calls abort(), which libFuzzer reports as a crash.
  * Build and run: tests/fuzz/run_fuzz.sh metafilter [SECONDS]. */
 #include <math.h>
@@ -115,13 +116,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                  detail);
     fuzz_require(v == 1 || why[0], "a reason unless it passes", detail);
     fuzz_require(f.n > 0 || v == 1, "no conditions pass everything", detail);
-    /* conjunction: each condition alone, in turn */
-    int expect = 1;
-    for (int i = 0; i < f.n && expect == 1; i++) {
+    /* conjunction: each condition alone, in turn; sd_meta_filter_eval_each gives the same
+     * verdict and reason, and every condition's own verdict, from one parse */
+    int expect = 1, each[SD_FILTER_MAX_CONDS];
+    const int ve = sd_meta_filter_eval_each(&f, json, jlen, each, why2, sizeof why2);
+    snprintf(detail, sizeof detail, "%d then %d: %.280s / %.280s", v, ve, why, why2);
+    fuzz_require(ve == v && !strcmp(why, why2), "eval_each: the same verdict and reason", detail);
+    for (int i = 0; i < f.n; i++) {
         one.n = 1;
         one.c[0] = f.c[i];
-        expect = sd_meta_filter_eval(&one, json, jlen, why2, sizeof why2);
+        const int vi = sd_meta_filter_eval(&one, json, jlen, why2, sizeof why2);
         /* a .json that is no JSON object answers nothing, whatever the condition */
+        snprintf(detail, sizeof detail, "condition %d: %d alone, %d in eval_each: %s", i, vi,
+                 each[i], text);
+        fuzz_require(each[i] == vi, "eval_each: each condition as alone", detail);
+        if (expect == 1)
+            expect = vi;
     }
     snprintf(detail, sizeof detail, "all %d, one by one %d: %s", v, expect, text);
     fuzz_require(v == expect, "all conditions = each in turn", detail);
