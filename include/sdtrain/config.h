@@ -224,6 +224,10 @@ int sd_config_error_at(const sd_run_config *rc, const char *group, const char *k
  * them; `sdtrain --check` reports them as a note, so a layout can be checked without data. */
 int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err);
 
+/* The checkpoint root a training run writes into: &checkpoint dir, or <output_dir>/checkpoints
+ * when that is ''. */
+void sd_config_checkpoint_dir(const sd_config *c, char *buf, size_t size);
+
 /* &run io_hints: "key=value" pairs separated by commas, spaces around either allowed. Each key
  * and value must fit MPI's limits (checked here with Open MPI's numbers, the smallest of the
  * MPIs: MPI_MAX_INFO_KEY 36 and MPI_MAX_INFO_VAL 256 bytes with the NUL, MPICH's are 255 and

@@ -1405,10 +1405,7 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
     char path[4200];
     int found = 0, failed = 0, rc;
     t->last_ckpt = -1;
-    if (cfg->checkpoint.dir[0])
-        snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s", cfg->checkpoint.dir);
-    else
-        snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/checkpoints", cfg->run.output_dir);
+    sd_config_checkpoint_dir(cfg, t->ckpt_dir, sizeof t->ckpt_dir);
     /* every run writes checkpoints (a final one at least): a folder that cannot take them is an
      * error now, not after hours of training whose periodic checkpoints all fail */
     if (t->rank == 0)

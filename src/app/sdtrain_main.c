@@ -330,10 +330,7 @@ static void print_checkpoint_plan(const sd_config *cfg)
     printf("checkpoints: U-Net of %.1f M parameters (%s); each checkpoint %s (parameters, "
            "AdamW moments%s: %d x %zu floats)\n", (double)table.total_numel / 1e6, from,
            fmt_bytes(one, b1, sizeof b1), ema ? ", EMA" : "", 3 + ema, table.total_floats);
-    if (cfg->checkpoint.dir[0])
-        snprintf(dir, sizeof dir, "%s", cfg->checkpoint.dir);
-    else
-        snprintf(dir, sizeof dir, "%s/checkpoints", cfg->run.output_dir);
+    sd_config_checkpoint_dir(cfg, dir, sizeof dir);
     /* the folder may not exist yet: its nearest existing parent says the file system */
     snprintf(where, sizeof where, "%s", dir);
     for (;;) {

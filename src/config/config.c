@@ -678,6 +678,14 @@ static int divisible_list(const sd_run_config *rc, const char *key,
     return 0;
 }
 
+void sd_config_checkpoint_dir(const sd_config *c, char *buf, size_t size)
+{
+    if (c->checkpoint.dir[0])
+        snprintf(buf, size, "%s", c->checkpoint.dir);
+    else
+        snprintf(buf, size, "%s/checkpoints", c->run.output_dir);
+}
+
 int sd_config_check_mode_inputs(const sd_run_config *rc, sd_err *err)
 {
     const sd_config *c = &rc->cfg;
