@@ -5,8 +5,8 @@
 # Five minutes before the time limit Slurm sends SIGUSR1 to this script (B:), which passes it on
 # to the ranks: they commit the shard they have encoded and exit 0 ("stopped for SIGUSR1 after
 # committing shard K"), and the script requeues the job, which goes on from the committed shards.
-# When the run fails (a rank killed, out of memory: any exit status but 0 and 2, the status of
-# bad input, which a retry would not mend) the script requeues the job, which then skips the
+# When the run fails (a rank killed, out of memory, a stall that &run stall_timeout ended: any exit
+# status but 0 and 2, the status of bad input, which a retry would not mend) the script requeues the job, which then skips the
 # committed shards, at most SDTRAIN_MAX_RESTARTS (default 3) times in a row; the count lives in
 # the job's Comment (sdtrain-failures=N), as in slurm/train.sh.
 #SBATCH --job-name=sdtrain-process

@@ -9,7 +9,9 @@
 # When the run fails (a rank killed, out of memory, an NCCL error: any exit status but 0 and 2,
 # the status of bad input, which a retry would not mend) the script requeues the job too, at
 # most SDTRAIN_MAX_RESTARTS (default 3) times in a row; the count lives in the job's Comment
-# (sdtrain-failures=N) and a time-limit requeue, which means progress, resets it.
+# (sdtrain-failures=N) and a time-limit requeue, which means progress, resets it. A job that
+# stops making progress without dying (a hung file system, a stuck rank) ends itself with status 1
+# after &run stall_timeout (default 30 min) and is requeued the same way.
 # A pipeline job (online preprocessing, doc/training.md) runs the same way with
 # --set run.mode=pipeline --set run.n_process_ranks=P after the input (a later --set wins): both
 # halves stop cleanly on SIGUSR1 (doc/checkpoints.md "Signals and Slurm"), and the requeued job

@@ -32,6 +32,7 @@ typedef struct sd_config {
         char log_level[SD_NAME_MAX];
         char io_hints[SD_PATH_MAX];    /* MPI-IO hints, "key=value, key=value" */
         int64_t io_alignment;          /* bytes; 0 = HDF5's packing */
+        double stall_timeout;          /* s: the stall watchdog (sdtrain/progress.h); 0 = off */
     } run;
     struct {
         char pretrained[SD_PATH_MAX];  /* diffusers snapshot directory, '' = none */

@@ -2,7 +2,8 @@
  * "kill:rank=1:phase=ckpt-write:step=8" (during the checkpoint of step 8), "usr1:rank=0:step=5",
  * "flip:rank=1:phase=ckpt-write" (a byte of the checkpoint file changed behind the writer's back),
  * "nan:rank=0:phase=encode:step=3" (preprocessing: global sample 3 encodes to NaN),
- * "eio:rank=1:phase=ckpt-load" (reading a checkpoint's state file fails as EIO). */
+ * "eio:rank=1:phase=ckpt-load" (reading a checkpoint's state file fails as EIO),
+ * "hang:rank=1:step=5" (the rank stops making progress without dying: the stall watchdog's case). */
 #ifndef SDTRAIN_FAULT_H
 #define SDTRAIN_FAULT_H
 
@@ -21,13 +22,17 @@ extern "C" {
  * step `step` or, without a step, at its first wait); flip: silent storage corruption, one bit
  * of the data this rank wrote changed on disk after the write was synced (phase ckpt-write), or
  * of the pretrained U-Net weights this rank read (phase unet-load); eio:
- * the storage fails this rank's read of a checkpoint being resumed (phase ckpt-load). */
+ * the storage fails this rank's read of a checkpoint being resumed (phase ckpt-load); hang: the
+ * rank sleeps forever, alive but making no progress (at the start of training step `step`, in
+ * the middle of a checkpoint write (phase ckpt-write, optionally of step `step`) or of a shard
+ * write (phase shard-write)). */
 typedef enum {
     SD_FAULT_KILL = 0,
     SD_FAULT_NAN = 1,
     SD_FAULT_USR1 = 2,
     SD_FAULT_FLIP = 3,
-    SD_FAULT_EIO = 4
+    SD_FAULT_EIO = 4,
+    SD_FAULT_HANG = 5
 } sd_fault_action;
 
 #define SD_FAULT_MAX 8
@@ -40,9 +45,9 @@ typedef struct sd_fault {
 } sd_fault;
 
 /* Parses a specification: comma-separated faults, each ACTION(:key=value)+ with ACTION kill, nan,
- * usr1 or flip and keys rank (required), step, phase (kill: any phase; nan: encode only, step
- * required; usr1: step required, or phase shard-wait; flip: ckpt-write or unet-load, required;
- * eio: ckpt-load only, required). Errors name the offending part. */
+ * usr1, flip, eio or hang and keys rank (required), step, phase (kill: any phase; nan: encode
+ * only, step required; usr1: step required, or phase shard-wait; flip: ckpt-write or unet-load,
+ * required; eio: ckpt-load only, required; hang: step, ckpt-write or shard-write). Errors name the offending part. */
 int sd_fault_parse(const char *spec, sd_fault *faults, int *n, sd_err *err);
 
 /* Reads SDTRAIN_FAULT once at start-up (absent or empty: no faults). */
@@ -53,6 +58,14 @@ int sd_fault_armed(sd_fault_action action, int rank, int64_t step, const char *p
 /* 1 when such a fault is armed for any rank: the same answer on every rank (all read the same
  * SDTRAIN_FAULT), so a collective step that only a fault needs may depend on it. */
 int sd_fault_armed_any_rank(sd_fault_action action, int64_t step, const char *phase);
+
+/* The hang fault's action: reports "[rank R] SDTRAIN_FAULT: this rank stops making progress
+ * (where n)" (n < 0: without it) and sleeps forever. */
+void sd_fault_hang(int rank, const char *where, int64_t n)
+#if defined(__GNUC__)
+    __attribute__((noreturn))
+#endif
+    ;
 
 /* The phases the code base announces; a specification naming another phase is rejected. */
 extern const char *const sd_fault_phases[];

@@ -9,6 +9,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/config.h"
 #include "sdtrain/error.h"
+#include "sdtrain/progress.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,7 +77,9 @@ int sd_device_mix(MPI_Comm comm, int on_gpu, const char *notice, char *why, size
  * For ranks that may wait long (the trainers of a pipeline waiting for shards, one half of a
  * pipeline job waiting for the other): a rank spinning in a blocking call takes a core from the
  * ranks that work. */
-void sd_mpi_wait_idle(MPI_Request *req);
+void sd_mpi_wait_idle_at(MPI_Request *req, const char *file, int line);
+/* (the stall watchdog reports the caller's line as the MPI call the rank is inside) */
+#define sd_mpi_wait_idle(req) sd_mpi_wait_idle_at((req), __FILE__, __LINE__)
 
 /* ---- &run mode = 'pipeline': the preprocessing half tells the training half its plan --------
  * Preprocessing rank 0 (world rank 0) sends one message over MPI_COMM_WORLD to training rank 0
@@ -183,9 +186,14 @@ void sd_fatal_mpi(const char *file, int line, const char *func, const char *stmt
     __attribute__((noreturn))
 #endif
     ;
+/* Every MPI call of the code base: its failure ends the job; the stall watchdog
+ * (sdtrain/progress.h) knows which call the main thread is inside. */
 #define SD_MPI_CHECK(call)                                                                    \
     do {                                                                                      \
-        int sd_mpi_rc_ = (call);                                                              \
+        int sd_mpi_rc_;                                                                       \
+        sd_progress_mpi_enter(#call, __FILE__, __LINE__);                                     \
+        sd_mpi_rc_ = (call);                                                                  \
+        sd_progress_mpi_leave();                                                              \
         if (sd_mpi_rc_ != MPI_SUCCESS)                                                        \
             sd_fatal_mpi(__FILE__, __LINE__, __func__, #call, sd_mpi_rc_);                    \
     } while (0)

@@ -1334,7 +1334,9 @@ static int writer_finish(shard_writer *w, int rank, int64_t n_shards, double *t,
     w->pending = 0;
     if (w->on_thread) {
         const double t0 = sd_time_now();
-        const int e = pthread_join(w->thread, NULL);
+        int e;
+        sd_progress_phase("waiting for the writer of shard", w->index);
+        e = pthread_join(w->thread, NULL);
         SD_CHECK(e == 0, "cannot join the shard writer thread: %s", strerror(e));
         *waited += sd_time_now() - t0;
     } else {
@@ -1428,6 +1430,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     /* a pipeline job ending with its training: stop at a shard boundary once told */
     const int stop_when_trained = pipeline && !strcmp(cfg->run.pipeline_end, "training");
     MPI_Request trained_req = MPI_REQUEST_NULL; /* completed once the trainers' word came */
+    sd_progress_phase("preprocessing set-up (dataset index, encoders)", -1);
 
     memset(&ds, 0, sizeof ds);
     memset(&index_image, 0, sizeof index_image);
@@ -1572,8 +1575,13 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         double t0 = sd_time_now();
         if (sd_shard_manifest_find(&man, k))
             continue; /* committed by an earlier run: its samples are not read again */
-        if (delay_ms > 0)
-            usleep((useconds_t)delay_ms * 1000);
+        sd_progress_phase("reading and encoding shard", k);
+        /* the test hook's slow preprocessing is work, as encoding is: it ticks the stall
+         * watchdog every 0.1 s */
+        for (long left = delay_ms; left > 0; left -= 100) {
+            usleep((useconds_t)(left < 100 ? left : 100) * 1000);
+            sd_progress_tick();
+        }
         /* (no shard write runs here: with stop_when_trained the writes are not threaded) */
         if (stop_when_trained && sd_pipeline_trained(rt, &trained_req)) {
             /* the trainers send their word after a signal stop too (their own, or this half's
@@ -1725,7 +1733,10 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     close_dataset(&ds, &index_image);
     if (code == SD_EXIT_OK && stop_when_trained) {
         /* every shard first: take the trainers' word, passing a signal on meanwhile */
-        const int sig = sd_pipeline_wait_watching(rt, &trained_req);
+        int sig;
+        sd_progress_wait_begin("waiting for the training half to finish");
+        sig = sd_pipeline_wait_watching(rt, &trained_req);
+        sd_progress_wait_end();
         if (sig && rank == 0)
             sd_info("%s while preprocessing waits for the end of training: the training half "
                     "stops at its next step, with a checkpoint", sd_ckpt_signal_name(sig));

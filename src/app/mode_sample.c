@@ -797,6 +797,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
         for (int64_t i0 = rank; i0 < n_total && !failed; i0 += (int64_t)nb_max * size) {
             int nb = 0;
             double ti = sd_time_now();
+            sd_progress_phase("sampling: the batch of images from image", i0);
             for (int64_t i = i0; i < n_total && nb < nb_max; i += size)
                 ids[nb++] = i;
             for (int b = 0; b < nb && !failed; b++) {

@@ -484,6 +484,7 @@ static double validate(trainer *t, sd_loader_batch *vb, int64_t *n_out, int *fai
     step_inputs *in = &t->val_in;
     double sum = 0;
     sd_err err = {.storage = 0};
+    sd_progress_phase("validation", -1);
     int read_failed = 0;
     dp_params_complete(t);
     for (int64_t i = first; i < last; i += t->bs) {
@@ -1293,6 +1294,7 @@ static sd_ckpt_keep ckpt_keep(const sd_config *cfg)
  * (sd_ckpt_async_start, into the copy setup reserved), after the one in flight is committed. */
 static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err)
 {
+    sd_progress_phase("starting the background checkpoint of step", done);
     const sd_config *cfg = t->cfg;
     sd_ckpt_scalars s;
     sd_ckpt_tensors ts;
@@ -1323,6 +1325,7 @@ static int start_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped
  * written at once (after the one in flight in the background, if any, is committed). */
 static int save_checkpoint(trainer *t, int64_t done, int64_t k, int64_t skipped, sd_err *err)
 {
+    sd_progress_phase("writing the checkpoint of step", done);
     const sd_config *cfg = t->cfg;
     sd_ckpt_scalars s;
     sd_ckpt_tensors ts;
@@ -1382,6 +1385,7 @@ static void sample_checkpoint(trainer *t, int64_t done)
     }
     const double t0 = sd_time_now();
     sd_loader_h5_lock();
+    sd_progress_phase("images of the checkpoint of step", done);
     const int code = sd_sample_images(rc, t->mpi_comm, t->rank, t->size, t->dev_info);
     sd_loader_h5_unlock();
     if (t->rank == 0) {
@@ -1898,6 +1902,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     int interval_n = 0, code = SD_EXIT_OK, set_up;
     size_t peak;
 
+    sd_progress_phase("training set-up", -1);
+
     memset(&t, 0, sizeof t);
     memset(&vb, 0, sizeof vb);
     sd_err_clear(&err);
@@ -1999,12 +2005,15 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         double tt[T_N] = {0};
         int64_t bad;
 
+        sd_progress_phase("training step", step + 1);
         if (sd_fault_armed(SD_FAULT_KILL, t.world_rank, step, NULL)) {
             fprintf(stderr, "[rank %d] SDTRAIN_FAULT: killing this rank at step %lld\n",
                     t.world_rank, (long long)step);
             fflush(stderr);
             raise(SIGKILL);
         }
+        if (sd_fault_armed(SD_FAULT_HANG, t.world_rank, step, "step"))
+            sd_fault_hang(t.world_rank, "training, steps done:", step);
         /* this step's inputs: fetched during the previous step, or now (the first step; follow
          * mode, whose loader calls are collective and may wait for preprocessing) */
         if (!in->ready) {
@@ -2221,6 +2230,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
      * written even when the checkpoint cannot be (a full checkpoint disk), and the run then ends
      * with status 1 */
     int final_ckpt_failed = 0;
+    sd_progress_phase("the final checkpoint and weights after step", step);
     if (code == SD_EXIT_OK && !t.stopped && t.last_ckpt != step &&
         save_checkpoint(&t, step, k, skipped, &err)) {
         if (t.rank == 0)

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,10 +106,24 @@ static int parse_cli(int argc, char **argv, cli *c, sd_err *err)
 /* Ends the job with `code` on every rank (after a collective decision, so nobody hangs). */
 static int finish(sd_runtime *rt, int code)
 {
+    sd_watchdog_stop();
     fflush(stdout);
     fflush(stderr);
     sd_mpi_finish(rt);
     return code;
+}
+
+/* &run stall_timeout passed without progress on this rank (src/core/progress.c's thread): the
+ * report, then MPI_Abort with status 1 (slurm/train.sh requeues; sdtrain resumes). Should the
+ * abort itself hang (the network that stalled the job may be what it needs), SIGALRM's default
+ * action ends this process a minute later, and with it the job. */
+static void on_stall(const char *message, void *user)
+{
+    (void)user;
+    signal(SIGALRM, SIG_DFL);
+    alarm(60);
+    sd_fatal_report(__FILE__, __LINE__, __func__, "the job stalled", message,
+                    "ending the job with status 1; a restart resumes from the newest checkpoint");
 }
 
 /* The inputs the mode needs: an error for a job, a note for --check (which may check a
@@ -472,7 +487,10 @@ static int run_pipeline(const sd_run_config *rc, const sd_runtime *rt, const sd_
         MPI_Request barrier;
         int sig;
         SD_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &barrier));
+        /* as long as the other half works, under its own stall watchdog */
+        sd_progress_wait_begin("waiting for the other half of the pipeline");
         sig = sd_pipeline_wait_watching(rt, &barrier);
+        sd_progress_wait_end();
         if (sig)
             sd_info("mode 'pipeline': %s while the %s half waits: the %s half stops at its next "
                     "%s", sd_ckpt_signal_name(sig), half, other,
@@ -572,6 +590,10 @@ int main(int argc, char **argv)
     code = load_config(&c, rank, &rc);
     if (code)
         return finish(NULL, code);
+    if (!c.check && sd_watchdog_start(rc.cfg.run.stall_timeout, -1, "&run stall_timeout",
+                                      on_stall, NULL) != 0)
+        sd_warn("cannot start the stall watchdog (&run stall_timeout): %s; going on without it",
+                strerror(errno));
     sd_log_set_level((sd_log_level)sd_log_level_from_name(rc.cfg.run.log_level));
     /* validated with the configuration, so the same on every rank and cannot fail here */
     SD_CHECK(sd_h5_set_file_options(rc.cfg.run.io_hints, rc.cfg.run.io_alignment, &err) == 0,

@@ -1,8 +1,10 @@
 /* SDTRAIN_FAULT parsing and lookup; the injection points call sd_fault_armed(). */
 #include "sdtrain/fault.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 const char *const sd_fault_phases[] = {"step", "ckpt-write", "ckpt-commit", "shard-write",
                                        "shard-commit", "encode", "ckpt-load", "unet-load",
@@ -40,8 +42,10 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
         f->action = SD_FAULT_FLIP;
     else if (alen == 3 && !strncmp(p, "eio", 3))
         f->action = SD_FAULT_EIO;
+    else if (alen == 4 && !strncmp(p, "hang", 4))
+        f->action = SD_FAULT_HANG;
     else
-        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill, nan, usr1, flip or eio)",
+        return sd_err_set(err, "SDTRAIN_FAULT: unknown action '%.*s' in '%.*s' (expected kill, nan, usr1, flip, eio or hang)",
                           (int)alen, p, (int)len, s);
     p += alen;
     while (p < end) {
@@ -95,6 +99,16 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
     if (f->action == SD_FAULT_EIO) {
         if (strcmp(f->phase, "ckpt-load") != 0)
             return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': eio faults need phase=ckpt-load",
+                              (int)len, s);
+        return 0;
+    }
+    if (f->action == SD_FAULT_HANG) {
+        if (f->phase[0] && strcmp(f->phase, "step") != 0 && strcmp(f->phase, "ckpt-write") != 0 &&
+            strcmp(f->phase, "shard-write") != 0)
+            return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': hang faults take step=N, or phase=step, "
+                              "ckpt-write or shard-write", (int)len, s);
+        if (!strcmp(f->phase, "step") && f->step < 0)
+            return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': hang faults at phase step need step=N",
                               (int)len, s);
         return 0;
     }
@@ -161,4 +175,19 @@ int sd_fault_armed(sd_fault_action action, int rank, int64_t step, const char *p
 int sd_fault_armed_any_rank(sd_fault_action action, int64_t step, const char *phase)
 {
     return armed_for(action, -1, step, phase);
+}
+
+void sd_fault_hang(int rank, const char *where, int64_t n)
+{
+    if (n >= 0)
+        fprintf(stderr, "[rank %d] SDTRAIN_FAULT: this rank stops making progress (%s %lld)\n", rank,
+                where, (long long)n);
+    else
+        fprintf(stderr, "[rank %d] SDTRAIN_FAULT: this rank stops making progress (%s)\n", rank,
+                where);
+    fflush(stderr);
+    for (;;) {
+        const struct timespec second = {1, 0};
+        nanosleep(&second, NULL);
+    }
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/progress.h"
 
 int sd_storage_errno(int e)
 {
@@ -111,6 +112,7 @@ int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t
         const off_t where = (off_t)(at + moved);
         const ssize_t got =
             writing ? pwrite(fd, p + moved, n, where) : pread(fd, p + moved, n, where);
+        sd_progress_tick();
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0) {

@@ -16,6 +16,7 @@
 #include "dataset_internal.h"
 #include "sdtrain/check.h"
 #include "sdtrain/fsutil.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/tar.h"
 #include "sdtrain/utf8.h"
 
@@ -332,6 +333,7 @@ static void walk_folder(walker *w, int dfd)
     errno = 0;
     while ((de = readdir(d)) != NULL) {
         const char *name = de->d_name;
+        sd_progress_tick(); /* a listing of millions of files is work (sdtrain/progress.h) */
         if (name[0] == '.') {
             /* ".", "..", and hidden entries (.git, .ipynb_checkpoints, .DS_Store) */
             if (strcmp(name, ".") && strcmp(name, "..") && de->d_type != DT_DIR)
@@ -799,6 +801,7 @@ static int list_tar_folder(const char *dir, str_list *out, int *n_compressed, sd
     struct dirent *de;
     size_t dlen = strlen(dir);
     while ((de = readdir(d)) != NULL) {
+        sd_progress_tick();
         if (de->d_name[0] == '.')
             continue;
         int tar = ends_with_ci(de->d_name, ".tar"), comp = is_compressed_tar_name(de->d_name);

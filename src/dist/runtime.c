@@ -160,15 +160,18 @@ int sd_agree(MPI_Comm comm, int failed, sd_err *err)
     return -1;
 }
 
-void sd_mpi_wait_idle(MPI_Request *req)
+void sd_mpi_wait_idle_at(MPI_Request *req, const char *file, int line)
 {
     long ns = 1000000;
+    sd_progress_mpi_enter("MPI_Wait, polled", file, line);
     for (;;) {
         int done = 0;
         struct timespec ts;
         SD_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
-        if (done)
+        if (done) {
+            sd_progress_mpi_leave();
             return;
+        }
         ts.tv_sec = 0;
         ts.tv_nsec = ns;
         nanosleep(&ts, NULL);

@@ -715,6 +715,9 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
             if (ds == DS_PARAMS && off == 0 &&
                 sd_fault_armed(SD_FAULT_KILL, w->world_rank, step, "ckpt-write"))
                 fault_kill("ckpt-write", step);
+            if (ds == DS_PARAMS && off == 0 &&
+                sd_fault_armed(SD_FAULT_HANG, w->world_rank, step, "ckpt-write"))
+                sd_fault_hang(w->world_rank, "writing the checkpoint of step", step);
         }
     }
     host_floats_free(stage, stage_release, t->copy_ctx);

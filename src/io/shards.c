@@ -1164,6 +1164,8 @@ static int write_data(writer *w, sd_err *e)
         /* A node failure in the middle of a shard: the temporary file holds part of the data. */
         if (r == 0 && sd_fault_armed(SD_FAULT_KILL, w->world_rank, -1, "shard-write"))
             fault_kill("shard-write");
+        if (r == 0 && sd_fault_armed(SD_FAULT_HANG, w->world_rank, -1, "shard-write"))
+            sd_fault_hang(w->world_rank, "writing a shard", -1);
         failed |= put_rows(w, 1, w->d_emb, mt_float, w->offset + lo, cnt, ebytes, emb, e);
         failed |= put_rows(w, 2, w->d_ids, H5T_NATIVE_INT32, w->offset + lo, cnt,
                            (size_t)w->L * 4, ids, e);

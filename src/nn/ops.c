@@ -8,11 +8,13 @@
 #include <string.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/progress.h"
 
 /* Every wrapper starts here: a backend that lacks the entry is a build/porting gap, and the
  * message says which op and which backend rather than crashing on a NULL call. */
 #define SD_OP_ENTRY(be, entry)                                                                \
     do {                                                                                      \
+        sd_progress_tick(); /* the stall watchdog's sign of life (sdtrain/progress.h) */      \
         SD_CHECK((be) != NULL && (be)->ops != NULL, "no backend given to %s", #entry);        \
         SD_CHECK((be)->ops->entry != NULL, "op %s is not implemented by the '%s' backend",    \
                  #entry, (be)->name);                                                         \

@@ -890,10 +890,13 @@ static int follow_sync(sd_loader *l, int64_t need_shards, int64_t need_train, sd
     int rank;
     memset(&d, 0, sizeof d);
     SD_MPI_CHECK(MPI_Comm_rank(l->comm, &rank));
+    /* bounded by &data shard_wait_timeout, not by the stall watchdog */
+    sd_progress_wait_begin("waiting for the preprocessing half's shards");
     if (rank == 0)
         follow_wait(l, &d, need_shards, need_train);
     SD_MPI_CHECK(MPI_Ibcast(&d.h, (int)sizeof d.h, MPI_BYTE, 0, l->comm, &req));
     sd_mpi_wait_idle(&req);
+    sd_progress_wait_end();
     if (d.h.status) {
         sd_err_set(err, "%s", d.h.msg);
         err->storage = d.h.storage;
@@ -1457,6 +1460,8 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
     SD_MPI_CHECK(MPI_Comm_size(comm, &size));
 
     memset(&h, 0, sizeof h);
+    if (opt->follow) /* bounded by &data shard_wait_timeout, not by the stall watchdog */
+        sd_progress_wait_begin("waiting for the preprocessing half's plan");
     if (rank == 0) {
         int64_t plan[2] = {0, 0};
         int rc = check_options(opt, err);
@@ -1488,6 +1493,8 @@ int sd_loader_open(MPI_Comm comm, const sd_loader_options *opt, sd_loader **out,
         MPI_Request req;
         SD_MPI_CHECK(MPI_Ibcast(&h, (int)sizeof h, MPI_BYTE, 0, comm, &req));
         sd_mpi_wait_idle(&req);
+        if (opt->follow)
+            sd_progress_wait_end();
     }
     if (h.status) {
         sd_err_set(err, "%s", h.msg);

@@ -71,6 +71,17 @@ int main(void)
     tap_ok(sd_fault_parse("kill:rank=1:phase=ckpt-write:step=8", f, &n, &err) == 0 && n == 1 &&
                f[0].step == 8 && !strcmp(f[0].phase, "ckpt-write"),
            "kill at a phase of one step");
+    tap_ok(sd_fault_parse("hang:rank=1:step=5", f, &n, &err) == 0 && n == 1 &&
+               f[0].action == SD_FAULT_HANG && f[0].step == 5 && !f[0].phase[0],
+           "hang at a step");
+    tap_ok(parses("hang:rank=0:phase=ckpt-write") && parses("hang:rank=0:phase=ckpt-write:step=8") &&
+               parses("hang:rank=1:phase=shard-write") && parses("hang:rank=1:phase=step:step=2"),
+           "hang in a checkpoint write (of one step), a shard write, at a step by phase");
+    tap_ok(refused_with("hang:rank=0:phase=ckpt-commit", "hang faults take step=N, or phase=step"),
+           "hang only at its phases");
+    tap_ok(refused_with("hang:rank=0:phase=step", "hang faults at phase step need step=N"),
+           "hang at phase step needs the step");
+    tap_ok(refused_with("hang:rank=0", "needs step=N or phase=NAME"), "hang needs a trigger");
     tap_ok(refused_with("kill:rank=1:when=3", "unknown key 'when'"), "unknown key");
     tap_ok(refused_with("kill:rank=1:step", "expected key=value"), "key without value");
     tap_ok(refused_with("kill:rank=1:step=3,,", "empty fault"), "empty element");
@@ -83,6 +94,15 @@ int main(void)
     tap_ok(!sd_fault_armed(SD_FAULT_NAN, 2, 7, NULL), "not another action");
     tap_ok(sd_fault_armed(SD_FAULT_KILL, 0, 123, "ckpt-commit"), "armed at the phase, any step");
     tap_ok(!sd_fault_armed(SD_FAULT_KILL, 0, 123, "ckpt-write"), "not at another phase");
+    setenv("SDTRAIN_FAULT", "hang:rank=1:step=5,hang:rank=0:phase=ckpt-write:step=8", 1);
+    tap_ok(sd_fault_init_from_env(&err) == 0, "hang faults from the environment");
+    tap_ok(sd_fault_armed(SD_FAULT_HANG, 1, 5, "step") && !sd_fault_armed(SD_FAULT_HANG, 1, 4, "step") &&
+               !sd_fault_armed(SD_FAULT_KILL, 1, 5, "step"),
+           "hang armed at rank 1's step 5 only");
+    tap_ok(sd_fault_armed(SD_FAULT_HANG, 0, 8, "ckpt-write") &&
+               !sd_fault_armed(SD_FAULT_HANG, 0, 4, "ckpt-write") &&
+               !sd_fault_armed(SD_FAULT_HANG, 0, 8, "step"),
+           "hang armed at the checkpoint write of step 8 only");
     unsetenv("SDTRAIN_FAULT");
     tap_ok(sd_fault_init_from_env(&err) == 0 && !sd_fault_armed(SD_FAULT_KILL, 2, 7, NULL),
            "unset variable disarms");

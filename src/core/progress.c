@@ -1,0 +1,242 @@
+/* Progress marks and the stall watchdog (include/sdtrain/progress.h). */
+#include "sdtrain/progress.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "sdtrain/timer.h"
+
+/* What the marks record. Each field is atomic on its own; a report read while the main thread
+ * changes phase may pair a phase with the previous one's number, which is harmless. */
+static atomic_uint_fast64_t ticks;
+static _Atomic(const char *) phase_what;
+static atomic_int_fast64_t phase_n = -1;
+static _Atomic double phase_t0;
+static _Atomic(const char *) wait_what;
+static _Atomic(const char *) mpi_call;
+static _Atomic(const char *) mpi_file;
+static atomic_int mpi_line;
+static _Atomic double mpi_t0;
+static _Thread_local int on_main;
+
+void sd_progress_tick(void)
+{
+    atomic_fetch_add_explicit(&ticks, 1, memory_order_relaxed);
+}
+
+void sd_progress_phase(const char *what, int64_t n)
+{
+    if (on_main) {
+        atomic_store_explicit(&phase_n, n, memory_order_relaxed);
+        atomic_store_explicit(&phase_t0, sd_time_now(), memory_order_relaxed);
+        atomic_store_explicit(&phase_what, what, memory_order_release);
+    }
+    sd_progress_tick();
+}
+
+void sd_progress_wait_begin(const char *what)
+{
+    if (on_main)
+        atomic_store_explicit(&wait_what, what ? what : "waiting", memory_order_release);
+}
+
+void sd_progress_wait_end(void)
+{
+    if (on_main)
+        atomic_store_explicit(&wait_what, NULL, memory_order_release);
+    sd_progress_tick();
+}
+
+/* Nested: a polled wait (sd_mpi_wait_idle) marks itself around the MPI_Test calls it makes.
+ * Leaving MPI is no progress in itself (a polled MPI_Test leaves at once, done or not): what
+ * the rank does next with the result ticks. The slot holds one thread's call: the main thread's,
+ * or a helper's (mode 'process''s shard writer) while the main thread waits for it; under
+ * MPI_THREAD_SERIALIZED no two are inside MPI at once. */
+static _Thread_local int mpi_depth;
+static _Thread_local char mpi_token; /* its address names the thread */
+static _Atomic(void *) mpi_owner;
+
+void sd_progress_mpi_enter(const char *call, const char *file, int line)
+{
+    void *none = NULL;
+    if (mpi_depth++ > 0 || !atomic_compare_exchange_strong(&mpi_owner, &none, (void *)&mpi_token))
+        return;
+    atomic_store_explicit(&mpi_file, file, memory_order_relaxed);
+    atomic_store_explicit(&mpi_line, line, memory_order_relaxed);
+    atomic_store_explicit(&mpi_t0, sd_time_now(), memory_order_relaxed);
+    atomic_store_explicit(&mpi_call, call, memory_order_release);
+}
+
+void sd_progress_mpi_leave(void)
+{
+    if (--mpi_depth > 0 || atomic_load(&mpi_owner) != (void *)&mpi_token)
+        return;
+    atomic_store_explicit(&mpi_call, NULL, memory_order_release);
+    atomic_store(&mpi_owner, NULL);
+}
+
+/* ---- the watchdog ------------------------------------------------------------------------- */
+
+static struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int running, stop;
+    double timeout, grace;
+    char setting[64];
+    sd_stall_fn fn;
+    void *user;
+} wd = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+double sd_watchdog_default_grace(double timeout_s)
+{
+    const double g = 0.1 * timeout_s;
+    return g < 2 ? 2 : g > 300 ? 300 : g;
+}
+
+/* The statement's function name: "MPI_Allreduce(&a, ...)" -> "MPI_Allreduce". */
+static int call_name_len(const char *call)
+{
+    const char *paren = strchr(call, '(');
+    const size_t n = paren ? (size_t)(paren - call) : strlen(call);
+    return (int)(n > 48 ? 48 : n);
+}
+
+/* "1805 s", "2.0 s", "0.21 s": whole seconds where they are enough */
+static const char *secs(char *buf, size_t size, double s)
+{
+    snprintf(buf, size, s >= 100 ? "%.0f s" : s >= 10 ? "%.1f s" : "%.2f s", s);
+    return buf;
+}
+
+static void describe(char *msg, size_t size, double stalled)
+{
+    const char *what = atomic_load_explicit(&phase_what, memory_order_acquire);
+    const int64_t n = atomic_load_explicit(&phase_n, memory_order_relaxed);
+    const double since = sd_time_now() - atomic_load_explicit(&phase_t0, memory_order_relaxed);
+    const char *call = atomic_load_explicit(&mpi_call, memory_order_acquire);
+    char num[32] = "", a[32], b[32];
+    int len;
+    if (n >= 0)
+        snprintf(num, sizeof num, " %lld", (long long)n);
+    len = snprintf(msg, size, "no progress on this rank for %s (%s = %g s); its work: %s%s "
+                   "(for %s)", secs(a, sizeof a, stalled), wd.setting, wd.timeout,
+                   what ? what : "start-up", num, secs(b, sizeof b, what ? since : stalled));
+    if (len < 0 || (size_t)len >= size)
+        return;
+    if (call)
+        snprintf(msg + len, size - (size_t)len,
+                 ", inside %.*s at %s:%d for %s: waiting for another rank, which is stuck or "
+                 "gone (its own report says where)",
+                 call_name_len(call), call, atomic_load_explicit(&mpi_file, memory_order_relaxed),
+                 atomic_load_explicit(&mpi_line, memory_order_relaxed),
+                 secs(a, sizeof a,
+                      sd_time_now() - atomic_load_explicit(&mpi_t0, memory_order_relaxed)));
+    else
+        snprintf(msg + len, size - (size_t)len,
+                 ", outside MPI: this rank is stuck (a file-system, device or library call that "
+                 "does not return)");
+}
+
+static void deadline_after(struct timespec *ts, double s)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)s;
+    ts->tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void *watch(void *arg)
+{
+    const double poll = wd.timeout / 8 < 0.02 ? 0.02 : wd.timeout / 8 > 5 ? 5 : wd.timeout / 8;
+    uint64_t seen = atomic_load_explicit(&ticks, memory_order_relaxed);
+    double last = sd_time_now();
+    (void)arg;
+    pthread_mutex_lock(&wd.mu);
+    while (!wd.stop) {
+        struct timespec until;
+        uint64_t now_ticks;
+        double now, stalled;
+        int in_mpi;
+        deadline_after(&until, poll);
+        while (!wd.stop && pthread_cond_timedwait(&wd.cv, &wd.mu, &until) != ETIMEDOUT) {
+        }
+        if (wd.stop)
+            break;
+        now_ticks = atomic_load_explicit(&ticks, memory_order_relaxed);
+        now = sd_time_now();
+        if (now_ticks != seen || atomic_load_explicit(&wait_what, memory_order_acquire)) {
+            seen = now_ticks;
+            last = now;
+            continue;
+        }
+        stalled = now - last;
+        in_mpi = atomic_load_explicit(&mpi_call, memory_order_acquire) != NULL;
+        if (stalled >= wd.timeout + (in_mpi ? wd.grace : 0)) {
+            char msg[1024];
+            describe(msg, sizeof msg, stalled);
+            pthread_mutex_unlock(&wd.mu);
+            wd.fn(msg, wd.user); /* the job's handler does not return */
+            pthread_mutex_lock(&wd.mu);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&wd.mu);
+    return NULL;
+}
+
+int sd_watchdog_start(double timeout_s, double grace_s, const char *setting, sd_stall_fn fn,
+                      void *user)
+{
+    pthread_condattr_t ca;
+    int rc;
+    on_main = 1;
+    atomic_store(&phase_what, NULL);
+    atomic_store(&phase_n, -1);
+    atomic_store(&phase_t0, sd_time_now());
+    if (!(timeout_s > 0) || wd.running || !fn)
+        return 0;
+    wd.timeout = timeout_s;
+    wd.grace = grace_s < 0 ? sd_watchdog_default_grace(timeout_s) : grace_s;
+    snprintf(wd.setting, sizeof wd.setting, "%s", setting ? setting : "the stall timeout");
+    wd.fn = fn;
+    wd.user = user;
+    wd.stop = 0;
+    if (pthread_condattr_init(&ca) != 0)
+        return -1;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    rc = pthread_cond_init(&wd.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    rc = pthread_create(&wd.thread, NULL, watch, NULL);
+    if (rc != 0) {
+        pthread_cond_destroy(&wd.cv);
+        errno = rc;
+        return -1;
+    }
+    wd.running = 1;
+    return 0;
+}
+
+void sd_watchdog_stop(void)
+{
+    if (!wd.running)
+        return;
+    pthread_mutex_lock(&wd.mu);
+    wd.stop = 1;
+    pthread_cond_signal(&wd.cv);
+    pthread_mutex_unlock(&wd.mu);
+    pthread_join(wd.thread, NULL);
+    pthread_cond_destroy(&wd.cv);
+    wd.running = 0;
+}

@@ -1,0 +1,96 @@
+#!/bin/sh
+# The stall watchdog (&run stall_timeout, doc/checkpoints.md "Stalls"): a rank that stops making
+# progress without dying (SDTRAIN_FAULT=hang) ends the whole job with status 1 and a report
+# naming the rank and what it was doing, within seconds of the timeout instead of at the time
+# limit; the run then resumes from its newest checkpoint to the bits of an uninterrupted one
+# (a stall at a step, and in the middle of a checkpoint write, which stays uncommitted); a stall
+# in a shard write ends mode 'process', whose rerun commits the same shards. Waits with limits
+# of their own do not count: a pipeline's trainers waiting longer than the timeout for shards,
+# and for the preprocessing half at the end, finish normally.
+. "$top_srcdir/tests/lib.sh"
+need_mpi
+
+tiny_shards 48 2 # $TMP/shards, 3 shards of 16
+
+# stall_nml NAME: 12 steps on 2 ranks, a checkpoint every 4
+stall_nml() {
+    STEPS=12 tiny_train_nml "$1" 4 none "" "&checkpoint every_n_steps = 4 /"
+}
+# stalled NAME: the job ended with status 1 within the run's time limit (no hang)
+stalled() {
+    expect_rc "$1" 1
+    expect_in "$1" err "the job stalled: no progress on this rank for"
+    expect_in "$1" err "(&run stall_timeout = 3 s)"
+    expect_in "$1" err "a restart resumes from the newest checkpoint"
+}
+
+stall_nml ref
+mpi ref 2 "$SDTRAIN" "$TMP/ref.nml"
+expect_rc ref 0
+expect_in ref out "stall_timeout = 1.8e+03"
+
+# (a) rank 1 stops at the start of step 6: it reports itself (outside MPI); rank 0 waits inside
+# MPI with the grace, so the report is rank 1's; the resume gives the reference bits
+stall_nml step
+SDTRAIN_FAULT=hang:rank=1:step=5 mpi step 2 "$SDTRAIN" "$TMP/step.nml" --set run.stall_timeout=3
+stalled step
+expect_in step err "[rank 1] SDTRAIN_FAULT: this rank stops making progress (training, steps done: 5)"
+grep -F "[rank 1]" "$TMP/step.err" | grep -F "its work: training step 6 (for" |
+    grep -qF "outside MPI: this rank is stuck" || { cat "$TMP/step.err" >&2; fail "step: no report of rank 1 stuck in step 6"; }
+latest_is step step-00000004
+mpi step 2 "$SDTRAIN" "$TMP/step.nml"
+expect_rc step 0
+expect_in step out "resuming from $TMP/step/checkpoints/step-00000004: step 4"
+same_run step ref
+pass "a rank stalled at a step ends the job with status 1, naming itself; the resume is bit-identical"
+
+# (b) rank 0 stops in the middle of the step-8 checkpoint's write: the checkpoint stays
+# uncommitted, step 4 the latest, and the resume gives the reference bits
+stall_nml ckpt
+SDTRAIN_FAULT=hang:rank=0:phase=ckpt-write:step=8 mpi ckpt 2 "$SDTRAIN" "$TMP/ckpt.nml" --set run.stall_timeout=3
+stalled ckpt
+grep -F "[rank 0]" "$TMP/ckpt.err" | grep -qF "its work: writing the checkpoint of step 8 (for" ||
+    { cat "$TMP/ckpt.err" >&2; fail "ckpt: no report of rank 0 stuck in the checkpoint write"; }
+latest_is ckpt step-00000004
+mpi ckpt 2 "$SDTRAIN" "$TMP/ckpt.nml"
+expect_rc ckpt 0
+expect_in ckpt out "resuming from $TMP/ckpt/checkpoints/step-00000004: step 4"
+same_run ckpt ref
+pass "a rank stalled in a checkpoint write: the checkpoint is not committed, the resume is bit-identical"
+
+# (c) mode 'process': rank 1's shard writer (a thread of its own) stops in shard 0; the main
+# thread waiting for it reports; the rerun commits the shards tiny_shards made
+checksums() { grep -E '"(index|checksum)"' "$1/manifest.json" | tr -d ' ",' | paste - -; }
+sed "s|$TMP/shards'|$TMP/shards-w'|; s|$TMP/proc'|$TMP/procw'|" "$TMP/proc.nml" >"$TMP/procw.nml"
+SDTRAIN_FAULT=hang:rank=1:phase=shard-write mpi procw 2 "$SDTRAIN" "$TMP/procw.nml" --set run.stall_timeout=3
+stalled procw
+expect_in procw err "[rank 1] SDTRAIN_FAULT: this rank stops making progress (writing a shard)"
+grep -F "[rank 1]" "$TMP/procw.err" | grep -qF "its work: waiting for the writer of shard 0 (for" ||
+    { cat "$TMP/procw.err" >&2; fail "procw: no report of rank 1 waiting for its shard writer"; }
+[ ! -e "$TMP/shards-w/manifest.json" ] || [ "$(checksums "$TMP/shards-w" | wc -l)" = 0 ] ||
+    fail "procw: a shard was committed although a rank's writer stalled"
+mpi procw 2 "$SDTRAIN" "$TMP/procw.nml"
+expect_rc procw 0
+checksums "$TMP/shards" >"$TMP/sum-ref"
+checksums "$TMP/shards-w" >"$TMP/sum-w"
+[ -s "$TMP/sum-ref" ] && diff "$TMP/sum-ref" "$TMP/sum-w" || fail "procw: the rerun's shards differ"
+pass "a stalled shard writer ends mode 'process' with status 1; the rerun commits the same shards"
+
+# (d) no stall where nothing is stuck: a pipeline (2 + 2 ranks) whose preprocessing takes 4 s a
+# shard, with a 2 s timeout: the trainers wait 4 s for shard 0 and, their one step done, for the
+# preprocessing half to commit the other two shards; the job ends normally
+nml pipe.nml <<EOF2
+&run mode = 'pipeline', n_process_ranks = 2, output_dir = '$TMP/pipe', seed = 11, device = 'cpu',
+     stall_timeout = 2 /
+&model $TINY_MODEL /
+&data input = '$TMP/data', shard_dir = '$TMP/shards-pipe', samples_per_shard = 16,
+      encode_batch_size = 8, val_fraction = 0.2 /
+&train max_steps = 1, batch_size_per_rank = 4, learning_rate = 1e-3 /
+EOF2
+SDTRAIN_TEST_SHARD_DELAY_MS=4000 mpi pipe 4 "$SDTRAIN" "$TMP/pipe.nml"
+expect_rc pipe 0
+expect_not_in pipe err "stalled"
+expect_in pipe out "waiting for shard 0"
+expect_in pipe out "mode 'pipeline': the training half is done; waiting for the preprocessing half"
+[ "$(checksums "$TMP/shards-pipe" | wc -l)" = 3 ] || fail "pipe: expected 3 committed shards"
+pass "waits bounded by their own limits (a pipeline's trainers) do not count as stalls"

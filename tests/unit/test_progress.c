@@ -1,0 +1,149 @@
+/* The stall watchdog (sdtrain/progress.h): ticks keep it quiet, a stall fires it once with a
+ * message naming the phase, a rank inside MPI gets the grace, bounded waits do not count, and
+ * stop joins its thread. Times are generous: a loaded machine only makes the watchdog later,
+ * so "not yet fired" is checked at instants before the deadline and "fired" with a long limit. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "sdtrain/progress.h"
+#include "sdtrain/timer.h"
+#include "tap.h"
+
+static atomic_int fired;
+static char message[1024];
+static double fired_at;
+
+static void on_stall(const char *msg, void *user)
+{
+    snprintf(message, sizeof message, "%s", msg);
+    fired_at = sd_time_now();
+    atomic_store(&fired, 1);
+    (void)user;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits at most `limit` seconds for the watchdog to fire; 1 when it did. */
+static int wait_fired(double limit)
+{
+    const double t0 = sd_time_now();
+    while (!atomic_load(&fired) && sd_time_now() - t0 < limit)
+        sleep_s(0.01);
+    return atomic_load(&fired);
+}
+
+static void start(double timeout, double grace)
+{
+    atomic_store(&fired, 0);
+    message[0] = '\0';
+    tap_ok(sd_watchdog_start(timeout, grace, "&run stall_timeout", on_stall, NULL) == 0,
+           "watchdog started (timeout %g s, grace %g s)", timeout, grace);
+}
+
+static void *helper_in_mpi(void *arg)
+{
+    sd_progress_mpi_enter("MPI_Allreduce(a, b, 1, MPI_INT, MPI_MAX, comm)", "src/x.c", 42);
+    sleep_s(*(double *)arg);
+    sd_progress_mpi_leave();
+    return NULL;
+}
+
+int main(void)
+{
+    double t0;
+
+    tap_ok(sd_watchdog_default_grace(1800) == 180 && sd_watchdog_default_grace(5) == 2 &&
+               sd_watchdog_default_grace(1e5) == 300,
+           "default grace: a tenth of the timeout, 2 to 300 s");
+    tap_ok(sd_watchdog_start(0, -1, "x", on_stall, NULL) == 0, "timeout 0 starts nothing");
+    sd_watchdog_stop();
+
+    /* ticks every 20 ms for 0.6 s: no stall at a 0.2 s timeout */
+    start(0.2, 0.5);
+    sd_progress_phase("training step", 7);
+    for (int i = 0; i < 30; i++) {
+        sd_progress_tick();
+        sleep_s(0.02);
+    }
+    tap_ok(!atomic_load(&fired), "ticking: no stall");
+    /* then nothing: it fires, once, naming the phase and saying the rank is outside MPI */
+    t0 = sd_time_now();
+    tap_ok(wait_fired(30), "no ticks: fired");
+    tap_ok(fired_at - t0 >= 0.2 - 0.03, "not before the timeout (%.3f s)", fired_at - t0);
+    tap_ok(strstr(message, "no progress on this rank for") != NULL &&
+               strstr(message, "(&run stall_timeout = 0.2 s)") != NULL &&
+               strstr(message, "its work: training step 7 (for") != NULL &&
+               strstr(message, "outside MPI: this rank is stuck") != NULL,
+           "message: %s", message);
+    sd_watchdog_stop();
+
+    /* inside MPI: the grace first (0.2 + 1.5 s) */
+    start(0.2, 1.5);
+    sd_progress_phase("validation", -1);
+    sd_progress_mpi_enter("MPI_Allreduce(&x, &y, 1, MPI_INT, MPI_SUM, comm)", "src/t.c", 12);
+    t0 = sd_time_now();
+    sleep_s(1.0);
+    tap_ok(!atomic_load(&fired), "inside MPI: not at the timeout (grace)");
+    tap_ok(wait_fired(30), "inside MPI: fired after the grace");
+    tap_ok(fired_at - t0 >= 1.7 - 0.03, "not before timeout + grace (%.3f s)", fired_at - t0);
+    tap_ok(strstr(message, "its work: validation (for") != NULL &&
+               strstr(message, "inside MPI_Allreduce at src/t.c:12 for") != NULL &&
+               strstr(message, "waiting for another rank") != NULL,
+           "message: %s", message);
+    sd_progress_mpi_leave();
+    sd_watchdog_stop();
+
+    /* nested marks keep the outer call; leaving it is no tick */
+    start(0.2, 1.0);
+    sd_progress_mpi_enter("MPI_Wait, polled", "src/loader.c", 900);
+    sd_progress_mpi_enter("MPI_Test(req, &done, MPI_STATUS_IGNORE)", "src/runtime.c", 170);
+    sd_progress_mpi_leave();
+    tap_ok(wait_fired(30), "a polled wait: fired");
+    tap_ok(strstr(message, "inside MPI_Wait, polled at src/loader.c:900") != NULL,
+           "the outer call is named: %s", message);
+    sd_progress_mpi_leave();
+    sd_watchdog_stop();
+
+    /* a helper thread inside MPI while the main thread waits for it (mode 'process''s writer) */
+    start(0.2, 1.0);
+    {
+        pthread_t th;
+        double hold = 5.0;
+        sd_progress_phase("waiting for the writer of shard", 3);
+        pthread_create(&th, NULL, helper_in_mpi, &hold);
+        tap_ok(wait_fired(30), "helper inside MPI: fired");
+        tap_ok(strstr(message, "waiting for the writer of shard 3") != NULL &&
+                   strstr(message, "inside MPI_Allreduce at src/x.c:42") != NULL,
+               "the helper's call is named: %s", message);
+        pthread_join(th, NULL);
+    }
+    sd_watchdog_stop();
+
+    /* a bounded wait does not count; the clock starts again when it ends */
+    start(0.2, 0.2);
+    sd_progress_wait_begin("waiting for the preprocessing half's shards");
+    sd_progress_mpi_enter("MPI_Wait, polled", "src/loader.c", 900);
+    sleep_s(1.0);
+    tap_ok(!atomic_load(&fired), "a bounded wait of 5 timeouts: no stall");
+    sd_progress_mpi_leave();
+    sd_progress_wait_end();
+    t0 = sd_time_now();
+    tap_ok(wait_fired(30), "after the wait: fired");
+    tap_ok(fired_at - t0 >= 0.2 - 0.03, "a timeout after the wait ended (%.3f s)", fired_at - t0);
+    sd_watchdog_stop();
+
+    /* stop joins a watchdog that has not fired, at once */
+    start(3600, -1);
+    t0 = sd_time_now();
+    sd_watchdog_stop();
+    tap_ok(sd_time_now() - t0 < 5 && !atomic_load(&fired), "stop ends the watch (%.3f s)",
+           sd_time_now() - t0);
+    return tap_done();
+}
