@@ -48,11 +48,16 @@ void sd_progress_mpi_leave(void);
 typedef void (*sd_stall_fn)(const char *message, void *user);
 
 /* Starts watching from the calling thread, which becomes the main thread of the marks above.
- * timeout_s <= 0: nothing is started. grace_s < 0 picks the default (a tenth of the timeout,
- * 2 to 300 s). `setting` names the setting in the message (e.g. "&run stall_timeout").
+ * timeout_s <= 0: the thread only answers report requests, never ends the job. grace_s < 0
+ * picks the default (a tenth of the timeout, 2 to 300 s). `setting` names the setting in the message (e.g. "&run stall_timeout").
  * Returns 0, or -1 when the thread cannot be started (errno set). */
 int sd_watchdog_start(double timeout_s, double grace_s, const char *setting, sd_stall_fn fn,
                       void *user);
+/* Async-signal-safe (sdtrain's SIGUSR2 handler): the watchdog thread prints, within a second,
+ * "[rank r] [t] progress: its work: PHASE N (for T), inside CALL at FILE:LINE for T | outside
+ * MPI; the last progress T ago" on stderr; the job goes on. */
+void sd_progress_report_request(void);
+
 /* Stops the watch and joins its thread (no-op when none runs). */
 void sd_watchdog_stop(void);
 

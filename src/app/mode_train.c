@@ -1898,7 +1898,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     const int64_t log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 1;
     int64_t k = 0, skipped = 0, step;
     double t_start, t_acc[T_N] = {0}, interval_loss = 0, last_loss = NAN, last_val = NAN;
-    double t_loop = 0;
+    double t_loop = 0, flops_sample = 0;
     int interval_n = 0, code = SD_EXIT_OK, set_up;
     size_t peak;
 
@@ -1997,6 +1997,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             sd_info("step 0: validation loss %.6f over %lld samples", last_val, (long long)nv);
         }
     }
+    /* the model's FLOPs of one training sample (forward + backward as the dry run counts them,
+     * recomputation not counted: the numerator of the model FLOPs utilization) */
+    flops_sample = sd_unet_trainer_flops(t.tr) / (double)t.bs;
     t_start = sd_time_now();
     t.ckpt_clock = t_start;
     for (step = t.start_step; step < max_steps && code == SD_EXIT_OK; step++) {
@@ -2179,10 +2182,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                 fprintf(t.metrics,
                         "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"lr\": %.9g, "
                         "\"grad_norm\": %.9g, \"skipped\": %lld, \"images_per_s\": %.4f, "
-                        "\"step_s\": %.6f",
+                        "\"tflops_per_rank\": %.6g, \"step_s\": %.6f",
                         (long long)step + 1, (long long)in->epoch,
                         isfinite(stats[1]) ? stats[1] : -1.0, lr, isfinite(gnorm) ? gnorm : -1.0,
-                        (long long)skipped, ips, dt);
+                        (long long)skipped, ips, ips * flops_sample / t.size * 1e-12, dt);
                 for (int i = 0; i < T_N; i++)
                     fprintf(t.metrics, ", \"%s_s\": %.6f", t_names[i], tt[i]);
                 fprintf(t.metrics, "}\n");
@@ -2295,6 +2298,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             printf("  %-28s %.6f\n", "last validation loss", last_val);
         printf("  %-28s %.2f img/s (%.1f s wall)\n", "throughput",
                wall > 0 ? (double)(ran * t.info.global_batch) / wall : 0.0, wall);
+        /* over the steps' own time (t_loop: no set-up, validation or checkpoints) */
+        printf("  %-28s %.4g TFLOP/s a rank (%.4g GFLOP a sample: forward + backward, "
+               "recomputation not counted)\n", "model compute",
+               t_loop > 0 ? (double)(ran * t.info.global_batch) * flops_sample / t_loop /
+                                t.size * 1e-12
+                          : 0.0,
+               flops_sample * 1e-9);
         for (int i = 0; i < T_N; i++)
             printf("  %-28s %8.3f s  %5.1f%%\n", t_names[i], t_acc[i],
                    t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);

@@ -126,6 +126,13 @@ static void on_stall(const char *message, void *user)
                     "ending the job with status 1; a restart resumes from the newest checkpoint");
 }
 
+/* SIGUSR2: each rank says what it is doing (the watchdog thread prints it), the job goes on. */
+static void on_usr2(int sig)
+{
+    (void)sig;
+    sd_progress_report_request();
+}
+
 /* The inputs the mode needs: an error for a job, a note for --check (which may check a
  * layout before the data exists). Returns 0 or SD_EXIT_USAGE; rank 0 only. */
 static int check_mode_inputs(const cli *c, const sd_run_config *rc)
@@ -590,10 +597,17 @@ int main(int argc, char **argv)
     code = load_config(&c, rank, &rc);
     if (code)
         return finish(NULL, code);
-    if (!c.check && sd_watchdog_start(rc.cfg.run.stall_timeout, -1, "&run stall_timeout",
-                                      on_stall, NULL) != 0)
-        sd_warn("cannot start the stall watchdog (&run stall_timeout): %s; going on without it",
-                strerror(errno));
+    if (!c.check) {
+        if (sd_watchdog_start(rc.cfg.run.stall_timeout, -1, "&run stall_timeout", on_stall,
+                              NULL) != 0) {
+            sd_warn("cannot start the stall watchdog (&run stall_timeout): %s; going on without "
+                    "it", strerror(errno));
+        } else {
+            struct sigaction sa = {.sa_handler = on_usr2, .sa_flags = SA_RESTART};
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGUSR2, &sa, NULL);
+        }
+    }
     sd_log_set_level((sd_log_level)sd_log_level_from_name(rc.cfg.run.log_level));
     /* validated with the configuration, so the same on every rank and cannot fail here */
     SD_CHECK(sd_h5_set_file_options(rc.cfg.run.io_hints, rc.cfg.run.io_alignment, &err) == 0,

@@ -72,7 +72,8 @@ static const sd_option options[] = {
          "or device, or the ranks waiting in a collective for it; those inside MPI wait a tenth "
          "longer (2 to 300 s), so that the stuck rank is the one that reports where it is. Waits "
          "bounded by a limit of their own (mode 'pipeline': the trainers waiting for shards, "
-         "one half for the other) do not count. 0 = never."),
+         "one half for the other) do not count. 0 = never. SIGUSR2 asks every rank for the same "
+         "report of its work at any time, without stopping the job."),
 
     /* &model */
     STRING(model, pretrained, "''",

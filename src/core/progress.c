@@ -3,11 +3,13 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include "sdtrain/log.h"
 #include "sdtrain/timer.h"
 
 /* What the marks record. Each field is atomic on its own; a report read while the main thread
@@ -22,6 +24,7 @@ static _Atomic(const char *) mpi_file;
 static atomic_int mpi_line;
 static _Atomic double mpi_t0;
 static _Thread_local int on_main;
+static atomic_int report_asked; /* set by a signal handler (lock-free: async-signal-safe) */
 
 void sd_progress_tick(void)
 {
@@ -113,33 +116,70 @@ static const char *secs(char *buf, size_t size, double s)
     return buf;
 }
 
-static void describe(char *msg, size_t size, double stalled)
+/* What the rank is doing: "its work: PHASE N (for T), inside CALL at FILE:LINE for T: ..." or
+ * ", outside MPI..." (`stalled`: the outside text says the rank is stuck). */
+static void describe_work(char *msg, size_t size, int stalled)
 {
     const char *what = atomic_load_explicit(&phase_what, memory_order_acquire);
     const int64_t n = atomic_load_explicit(&phase_n, memory_order_relaxed);
-    const double since = sd_time_now() - atomic_load_explicit(&phase_t0, memory_order_relaxed);
+    const double now = sd_time_now();
+    const double since = now - atomic_load_explicit(&phase_t0, memory_order_relaxed);
     const char *call = atomic_load_explicit(&mpi_call, memory_order_acquire);
-    char num[32] = "", a[32], b[32];
+    char num[32] = "", a[32];
     int len;
     if (n >= 0)
         snprintf(num, sizeof num, " %lld", (long long)n);
-    len = snprintf(msg, size, "no progress on this rank for %s (%s = %g s); its work: %s%s "
-                   "(for %s)", secs(a, sizeof a, stalled), wd.setting, wd.timeout,
-                   what ? what : "start-up", num, secs(b, sizeof b, what ? since : stalled));
+    len = snprintf(msg, size, "its work: %s%s (for %s)", what ? what : "start-up", num,
+                   secs(a, sizeof a, since));
     if (len < 0 || (size_t)len >= size)
         return;
     if (call)
-        snprintf(msg + len, size - (size_t)len,
-                 ", inside %.*s at %s:%d for %s: waiting for another rank, which is stuck or "
-                 "gone (its own report says where)",
-                 call_name_len(call), call, atomic_load_explicit(&mpi_file, memory_order_relaxed),
-                 atomic_load_explicit(&mpi_line, memory_order_relaxed),
-                 secs(a, sizeof a,
-                      sd_time_now() - atomic_load_explicit(&mpi_t0, memory_order_relaxed)));
+        len += snprintf(msg + len, size - (size_t)len, ", inside %.*s at %s:%d for %s",
+                        call_name_len(call), call,
+                        atomic_load_explicit(&mpi_file, memory_order_relaxed),
+                        atomic_load_explicit(&mpi_line, memory_order_relaxed),
+                        secs(a, sizeof a,
+                             now - atomic_load_explicit(&mpi_t0, memory_order_relaxed)));
     else
-        snprintf(msg + len, size - (size_t)len,
-                 ", outside MPI: this rank is stuck (a file-system, device or library call that "
-                 "does not return)");
+        len += snprintf(msg + len, size - (size_t)len, ", outside MPI");
+    if (len < 0 || (size_t)len >= size || !stalled)
+        return;
+    snprintf(msg + len, size - (size_t)len,
+             call ? ": waiting for another rank, which is stuck or gone (its own report says where)"
+                  : ": this rank is stuck (a file-system, device or library call that does not "
+                    "return)");
+}
+
+static void describe(char *msg, size_t size, double stalled)
+{
+    char a[32];
+    int len = snprintf(msg, size, "no progress on this rank for %s (%s = %g s); ",
+                       secs(a, sizeof a, stalled), wd.setting, wd.timeout);
+    if (len >= 0 && (size_t)len < size)
+        describe_work(msg + len, size - (size_t)len, 1);
+}
+
+void sd_progress_report_request(void)
+{
+    atomic_store_explicit(&report_asked, 1, memory_order_relaxed);
+}
+
+/* The answer to sd_progress_report_request, on this rank's stderr. idle < 0: there was
+ * progress within the last poll interval (-idle). */
+static void report(double idle)
+{
+    char msg[1024], a[32], when[64];
+    describe_work(msg, sizeof msg, 0);
+    if (idle < 0)
+        snprintf(when, sizeof when, "less than %s ago", secs(a, sizeof a, -idle));
+    else
+        snprintf(when, sizeof when, "%s ago", secs(a, sizeof a, idle));
+    fprintf(stderr, "[rank %d] [%9.3fs] progress: %s; the last progress %s%s%s\n",
+            sd_log_rank(), sd_log_elapsed(), msg, when,
+            atomic_load_explicit(&wait_what, memory_order_acquire) ? "; in a bounded wait: " : "",
+            atomic_load_explicit(&wait_what, memory_order_acquire)
+                ? atomic_load_explicit(&wait_what, memory_order_acquire) : "");
+    fflush(stderr);
 }
 
 static void deadline_after(struct timespec *ts, double s)
@@ -155,7 +195,8 @@ static void deadline_after(struct timespec *ts, double s)
 
 static void *watch(void *arg)
 {
-    const double poll = wd.timeout / 8 < 0.02 ? 0.02 : wd.timeout / 8 > 5 ? 5 : wd.timeout / 8;
+    /* the timeout's eighth, 20 ms to 1 s (a report asked for comes within one poll) */
+    const double poll = wd.timeout <= 0 ? 1 : wd.timeout / 8 < 0.02 ? 0.02 : wd.timeout / 8 > 1 ? 1 : wd.timeout / 8;
     uint64_t seen = atomic_load_explicit(&ticks, memory_order_relaxed);
     double last = sd_time_now();
     (void)arg;
@@ -172,11 +213,16 @@ static void *watch(void *arg)
             break;
         now_ticks = atomic_load_explicit(&ticks, memory_order_relaxed);
         now = sd_time_now();
+        if (atomic_exchange_explicit(&report_asked, 0, memory_order_relaxed)) {
+            report(now_ticks != seen ? -poll : now - last);
+        }
         if (now_ticks != seen || atomic_load_explicit(&wait_what, memory_order_acquire)) {
             seen = now_ticks;
             last = now;
             continue;
         }
+        if (wd.timeout <= 0)
+            continue; /* reports only */
         stalled = now - last;
         in_mpi = atomic_load_explicit(&mpi_call, memory_order_acquire) != NULL;
         if (stalled >= wd.timeout + (in_mpi ? wd.grace : 0)) {
@@ -201,9 +247,9 @@ int sd_watchdog_start(double timeout_s, double grace_s, const char *setting, sd_
     atomic_store(&phase_what, NULL);
     atomic_store(&phase_n, -1);
     atomic_store(&phase_t0, sd_time_now());
-    if (!(timeout_s > 0) || wd.running || !fn)
+    if (wd.running || !fn)
         return 0;
-    wd.timeout = timeout_s;
+    wd.timeout = timeout_s > 0 ? timeout_s : 0;
     wd.grace = grace_s < 0 ? sd_watchdog_default_grace(timeout_s) : grace_s;
     snprintf(wd.setting, sizeof wd.setting, "%s", setting ? setting : "the stall timeout");
     wd.fn = fn;
@@ -218,7 +264,14 @@ int sd_watchdog_start(double timeout_s, double grace_s, const char *setting, sd_
         errno = rc;
         return -1;
     }
-    rc = pthread_create(&wd.thread, NULL, watch, NULL);
+    {
+        /* signals are the main thread's (SIGUSR1's stop, SIGUSR2's report request) */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        rc = pthread_create(&wd.thread, NULL, watch, NULL);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
     if (rc != 0) {
         pthread_cond_destroy(&wd.cv);
         errno = rc;

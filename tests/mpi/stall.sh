@@ -6,7 +6,8 @@
 # (a stall at a step, and in the middle of a checkpoint write, which stays uncommitted); a stall
 # in a shard write ends mode 'process', whose rerun commits the same shards. Waits with limits
 # of their own do not count: a pipeline's trainers waiting longer than the timeout for shards,
-# and for the preprocessing half at the end, finish normally.
+# and for the preprocessing half at the end, finish normally. SIGUSR2 makes every rank report
+# what it is doing, without stopping.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 
@@ -58,7 +59,40 @@ expect_in ckpt out "resuming from $TMP/ckpt/checkpoints/step-00000004: step 4"
 same_run ckpt ref
 pass "a rank stalled in a checkpoint write: the checkpoint is not committed, the resume is bit-identical"
 
-# (c) mode 'process': rank 1's shard writer (a thread of its own) stops in shard 0; the main
+# (c) SIGUSR2 to the launcher (mpirun forwards it; Slurm: scancel --signal=USR2): every rank
+# says what it is doing and the job goes on, here until the watchdog ends it: rank 1 stalled at
+# step 6 outside MPI, rank 0 waiting inside an MPI call
+stall_nml usr2
+SDTRAIN_FAULT=hang:rank=1:step=5 $MPIEXEC $MPIEXEC_NP 2 "$SDTRAIN" "$TMP/usr2.nml" \
+    --set run.stall_timeout=12 >"$TMP/usr2.out" 2>"$TMP/usr2.err" &
+pid=$!
+i=0
+while ! grep -q "this rank stops making progress" "$TMP/usr2.err" 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 600 ] || { kill -KILL $pid; fail "usr2: rank 1 did not stop within 60 s"; }
+    sleep 0.1
+done
+kill -USR2 $pid
+i=0
+while [ "$(grep -c '\] progress: its work' "$TMP/usr2.err")" -lt 2 ]; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || break
+    sleep 0.1
+done
+( sleep 120; kill -KILL $pid 2>/dev/null ) &
+guard=$!
+RC=0
+wait $pid || RC=$?
+kill $guard 2>/dev/null || true
+grep -F "[rank 1]" "$TMP/usr2.err" | grep -F "progress: its work: training step 6 (for" |
+    grep -qF "outside MPI; the last progress" || { cat "$TMP/usr2.err" >&2; fail "usr2: no report of rank 1"; }
+grep -F "[rank 0]" "$TMP/usr2.err" | grep -F "progress: its work: training step 6 (for" |
+    grep -qF ", inside MPI_" || { cat "$TMP/usr2.err" >&2; fail "usr2: no report of rank 0 inside MPI"; }
+[ "$RC" = 1 ] && grep -qF "the job stalled" "$TMP/usr2.err" ||
+    { cat "$TMP/usr2.err" >&2; fail "usr2: the job went on and ended by the watchdog (status $RC)"; }
+pass "SIGUSR2: each rank reports its work and MPI call, and the job goes on"
+
+# (d) mode 'process': rank 1's shard writer (a thread of its own) stops in shard 0; the main
 # thread waiting for it reports; the rerun commits the shards tiny_shards made
 checksums() { grep -E '"(index|checksum)"' "$1/manifest.json" | tr -d ' ",' | paste - -; }
 sed "s|$TMP/shards'|$TMP/shards-w'|; s|$TMP/proc'|$TMP/procw'|" "$TMP/proc.nml" >"$TMP/procw.nml"
@@ -76,7 +110,7 @@ checksums "$TMP/shards-w" >"$TMP/sum-w"
 [ -s "$TMP/sum-ref" ] && diff "$TMP/sum-ref" "$TMP/sum-w" || fail "procw: the rerun's shards differ"
 pass "a stalled shard writer ends mode 'process' with status 1; the rerun commits the same shards"
 
-# (d) no stall where nothing is stuck: a pipeline (2 + 2 ranks) whose preprocessing takes 4 s a
+# (e) no stall where nothing is stuck: a pipeline (2 + 2 ranks) whose preprocessing takes 4 s a
 # shard, with a 2 s timeout: the trainers wait 4 s for shard 0 and, their one step done, for the
 # preprocessing half to commit the other two shards; the job ends normally
 nml pipe.nml <<EOF2

@@ -27,7 +27,7 @@ expect_in np1 out "validation loss"
 m="$TMP/np1/metrics.jsonl"
 [ "$(grep -c '"loss"' "$m")" = 10 ] || fail "np1: expected 10 step lines in $m"
 [ "$(grep -c '"val_loss"' "$m")" = 3 ] || fail "np1: expected 3 validation lines (steps 0, 5, 10) in $m"
-for key in '"step": 1,' '"lr":' '"images_per_s":' '"grad_norm":' '"data_wait_s":' '"comm_s":'; do
+for key in '"step": 1,' '"lr":' '"images_per_s":' '"tflops_per_rank":' '"grad_norm":' '"data_wait_s":' '"comm_s":'; do
     grep -qF "$key" "$m" || fail "np1: $key missing from metrics.jsonl"
 done
 [ -s "$TMP/np1/unet_final.safetensors" ] && [ -s "$TMP/np1/unet_ema.safetensors" ] ||
@@ -128,6 +128,19 @@ for np in 1 2 3 4; do
     grep -o '"loss": [^,]*' "$TMP/zero$np/metrics.jsonl" >"$TMP/l-zero"
     cmp -s "$TMP/l-ddp" "$TMP/l-zero" || fail "np $np: DDP and ZeRO-2 losses differ"
 done
+# model compute: the summary's FLOPs a sample do not depend on the split of the batch, and
+# every step line's tflops_per_rank is them times the step's images / step_s / ranks
+gflop() { sed -n 's/.*TFLOP\/s a rank (\([0-9.e+-]*\) GFLOP a sample.*/\1/p' "$TMP/$1.out"; }
+g1=$(gflop ddp1)
+[ -n "$g1" ] && [ "$g1" = "$(gflop ddp2)" ] && [ "$g1" = "$(gflop ddp4)" ] && [ "$g1" = "$(gflop zero3)" ] ||
+    fail "model compute: GFLOP a sample '$g1' (1 x 8), '$(gflop ddp2)' (2 x 4), '$(gflop ddp4)' (4 x 2), '$(gflop zero3)' (3 x 4)"
+awk -v g="$g1" -v np=2 '/"loss"/ {
+        match($0, /"tflops_per_rank": [0-9.e+-]+/); tf = substr($0, RSTART + 19, RLENGTH - 19)
+        match($0, /"step_s": [0-9.e+-]+/); dt = substr($0, RSTART + 10, RLENGTH - 10)
+        want = g * 1e9 * 8 / dt / np * 1e-12
+        if (tf <= 0 || (tf - want) / want > 0.01 || (want - tf) / want > 0.01) bad++; n++ }
+    END { exit !(n == 10 && bad == 0) }' "$TMP/ddp2/metrics.jsonl" ||
+    fail "ddp2: tflops_per_rank is not $g1 GFLOP x 8 images / step_s / 2 ranks on every step line"
 # the global batch of 8 split 1 x 8, 2 x 4 and 4 x 2: the same training within 1e-6
 for np in 2 4; do
     run "cmp$np" "$COMPARE" "$TMP/ddp1/unet_final.safetensors" "$TMP/ddp$np/unet_final.safetensors" 1e-6

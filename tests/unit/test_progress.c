@@ -5,8 +5,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sdtrain/progress.h"
 #include "sdtrain/timer.h"
@@ -62,7 +64,40 @@ int main(void)
     tap_ok(sd_watchdog_default_grace(1800) == 180 && sd_watchdog_default_grace(5) == 2 &&
                sd_watchdog_default_grace(1e5) == 300,
            "default grace: a tenth of the timeout, 2 to 300 s");
-    tap_ok(sd_watchdog_start(0, -1, "x", on_stall, NULL) == 0, "timeout 0 starts nothing");
+    /* timeout 0: never fires, but answers report requests (SIGUSR2) on stderr */
+    start(0, -1);
+    sd_progress_phase("training step", 9);
+    sleep_s(0.5);
+    {
+        char path[] = "/tmp/sd-progress-XXXXXX", text[2048] = "";
+        const int fd = mkstemp(path), saved = dup(2);
+        FILE *f;
+        size_t got;
+        dup2(fd, 2);
+        sd_progress_report_request();
+        sleep_s(1.5);
+        sd_progress_mpi_enter("MPI_Bcast(buf, 4, MPI_BYTE, 0, comm)", "src/y.c", 7);
+        sd_progress_report_request();
+        sleep_s(1.5);
+        sd_progress_mpi_leave();
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        f = fdopen(fd, "r");
+        rewind(f);
+        got = fread(text, 1, sizeof text - 1, f);
+        text[got] = '\0';
+        fclose(f);
+        unlink(path);
+        tap_ok(strstr(text, "progress: its work: training step 9 (for") != NULL &&
+                   strstr(text, "), outside MPI; the last progress") != NULL,
+               "a report request: the phase, outside MPI");
+        tap_ok(strstr(text, "inside MPI_Bcast at src/y.c:7 for") != NULL,
+               "a second one: inside the MPI call");
+        tap_ok(!strstr(text, "stuck"), "reports say nothing of a stall");
+        tap_diag("%s", text);
+    }
+    tap_ok(!atomic_load(&fired), "timeout 0: never fires");
     sd_watchdog_stop();
 
     /* ticks every 20 ms for 0.6 s: no stall at a 0.2 s timeout */

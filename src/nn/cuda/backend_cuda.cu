@@ -8,6 +8,7 @@
 #include <sched.h>
 
 #include "cuda_internal.h"
+#include "sdtrain/progress.h"
 
 /* ---- op profile (SDTRAIN_CUDA_PROFILE=1) -----------------------------------------------------
  * The sd_* wrappers put a mark (a CUDA event on the backend's stream) before and after every
@@ -137,10 +138,16 @@ void sd_cuda_stream_wait(const sd_cuda_state *st, cudaStream_t s)
         return;
     }
     const double t0 = wall_seconds();
+    /* with NCCL work queued this waits for the other ranks, as a collective does: the stall
+     * watchdog (sdtrain/progress.h) gives it the grace of a rank inside MPI */
+    sd_progress_mpi_enter("cudaStreamQuery, polled with NCCL collectives queued", __FILE__,
+                          __LINE__);
     for (;;) {
         const cudaError_t e = cudaStreamQuery(s);
-        if (e == cudaSuccess)
+        if (e == cudaSuccess) {
+            sd_progress_mpi_leave();
             return;
+        }
         if (e != cudaErrorNotReady)
             SD_CUDA_CHECK(e);
         const double now = wall_seconds();
