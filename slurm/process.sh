@@ -3,12 +3,14 @@
 #   sbatch slurm/process.sh INPUT.nml [--set group.key=value ...]
 # All ranks preprocess; shards already committed in &data shard_dir are skipped on a rerun.
 # Five minutes before the time limit Slurm sends SIGUSR1 to this script (B:), which passes it on
-# to the ranks: they commit the shard they have encoded and exit 0 ("stopped for SIGUSR1 after
-# committing shard K"), and the script requeues the job, which goes on from the committed shards.
-# When the run fails (a rank killed, out of memory, a stall that &run stall_timeout ended: any exit
-# status but 0 and 2, the status of bad input, which a retry would not mend) the script requeues the job, which then skips the
-# committed shards, at most SDTRAIN_MAX_RESTARTS (default 3) times in a row; the count lives in
-# the job's Comment (sdtrain-failures=N), as in slurm/train.sh.
+# to the ranks: they drop the shard they are encoding (a rerun encodes it again) and exit 0
+# ("stopped for SIGUSR1 before shard K (its encoding, under way, is dropped)"), and the script
+# requeues the job, which goes on from the committed shards.
+# When the run fails (a rank killed, out of memory, a stall that &run stall_timeout ended: any
+# exit status but 0 and 2, the status of bad input, which a retry would not mend) the script
+# requeues the job, which then skips the committed shards, at most SDTRAIN_MAX_RESTARTS (default
+# 3) times in a row; the count lives in the job's Comment (sdtrain-failures=N), as in
+# slurm/train.sh.
 #SBATCH --job-name=sdtrain-process
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8

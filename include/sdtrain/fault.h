@@ -19,7 +19,8 @@ extern "C" {
  * usr1: this rank sends itself SIGUSR1 (what Slurm sends ahead of the time limit) at the end of
  * the step (in mode 'process' and a pipeline's preprocessing ranks: once shard `step` is encoded;
  * phase shard-wait: when a pipeline's training rank 0 waits for a shard, for the inputs of
- * step `step` or, without a step, at its first wait); flip: silent storage corruption, one bit
+ * step `step` or, without a step, at its first wait; phase encode: preprocessing, once global
+ * sample `step` is read, in the middle of its shard); flip: silent storage corruption, one bit
  * of the data this rank wrote changed on disk after the write was synced (phase ckpt-write), or
  * of the pretrained U-Net weights this rank read (phase unet-load); eio:
  * the storage fails this rank's read of a checkpoint being resumed (phase ckpt-load); hang: the
@@ -46,7 +47,7 @@ typedef struct sd_fault {
 
 /* Parses a specification: comma-separated faults, each ACTION(:key=value)+ with ACTION kill, nan,
  * usr1, flip, eio or hang and keys rank (required), step, phase (kill: any phase; nan: encode
- * only, step required; usr1: step required, or phase shard-wait; flip: ckpt-write or unet-load,
+ * only, step required; usr1: step required, or phase shard-wait, or phase encode with a step; flip: ckpt-write or unet-load,
  * required; eio: ckpt-load only, required; hang: step, ckpt-write or shard-write). Errors name the offending part. */
 int sd_fault_parse(const char *spec, sd_fault *faults, int *n, sd_err *err);
 

@@ -523,7 +523,10 @@ static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *
     w->t[T_TOKENIZE] += sd_time_now() - t1;
 }
 
-/* Reads, decodes, transforms, tokenizes and encodes global samples [begin, end).
+/* Reads, decodes, transforms, tokenizes and encodes global samples [begin, end). A stop signal
+ * (SIGUSR1, SIGTERM) caught meanwhile cuts the work short at the next window (*cut = 1): the
+ * shard is then not written, and a rerun encodes it again, so that the stop does not wait for a
+ * whole shard's encoding (minutes on a few CPU ranks) while the time limit nears.
  *
  * The CPU stages run on the rank's OpenMP threads, a window of samples at a time (each thread
  * its own reader, decoder and resize scratch); the main thread then takes the window's samples
@@ -531,7 +534,8 @@ static void prepare_sample(const sd_image_opts *iopts, const sd_transform_opts *
  * count, and on a GPU the next window decodes while the previous batch encodes (the encoders
  * run asynchronously until their results are fetched). */
 static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e, int64_t begin,
-                         int64_t end, slice *s, uint64_t *counts, double *t, sd_err *fail)
+                         int64_t end, int world_rank, slice *s, uint64_t *counts, double *t,
+                         int *cut, sd_err *fail)
 {
     int storage_failed = 0;
     const size_t img_elems = (size_t)e->res * (size_t)e->res * 3;
@@ -578,9 +582,14 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
     b.images = e->h_img[e->slot];
     b.ids = e->h_ids[e->slot];
     slice_reserve(s, end - begin, e);
+    *cut = 0;
 
     for (int64_t w0 = begin; w0 < end && !storage_failed; w0 += win) {
         const int64_t m = end - w0 < win ? end - w0 : win;
+        if (w0 > begin && sd_ckpt_signal_pending()) {
+            *cut = 1;
+            break;
+        }
         double busy[T_N] = {0}, cpu = 0, wall = sd_time_now();
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
@@ -616,6 +625,10 @@ static int process_range(const sd_config *cfg, const sd_dataset *ds, encoders *e
                 break;
             }
             counts[p->count]++;
+            /* SDTRAIN_FAULT usr1:rank=R:phase=encode:step=S: the signal in the middle of a shard,
+             * once global sample S is read */
+            if (sd_fault_armed(SD_FAULT_USR1, world_rank, w0 + j, "encode"))
+                raise(SIGUSR1);
             if (!p->kept) {
                 sd_debug("skipped %s: %s", sd_dataset_key(ds, w0 + j), p->err.msg);
                 continue;
@@ -1426,6 +1439,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     int stop[2] = {0, 0}; /* agreed at the last boundary: a signal caught here, the trainers' */
     int64_t stopped_at = -1; /* a signal stop's shard: after committing it, or before it */
     int stopped_before = 0;
+    int abandoned = 0; /* the stop came in the middle of shard stopped_at: its work is dropped */
     int told = 0; /* rank 0 sent the trainers the stop word (sd_pipeline_stop_tell) */
     /* a pipeline job ending with its training: stop at a shard boundary once told */
     const int stop_when_trained = pipeline && !strcmp(cfg->run.pipeline_end, "training");
@@ -1605,8 +1619,9 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         slice_reset(&sl[cur]);
         sd_err_clear(&read_err);
         memcpy(shard_start, counts, sizeof shard_start);
-        const int read_failed = process_range(cfg, &ds, &enc, begin, end, &sl[cur], counts, t,
-                                              &read_err);
+        int cut;
+        const int read_failed = process_range(cfg, &ds, &enc, begin, end, world_rank, &sl[cur],
+                                              counts, t, &cut, &read_err);
         if (!read_failed)
             drop_non_finite(&sl[cur], &enc, meta.float_dtype, world_rank, counts,
                             &non_finite_warned);
@@ -1630,11 +1645,22 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
              * is committed (no write is pending: the last one was taken above), and how many
              * are kept: a shard of nothing but skipped samples is committed empty (the shards
              * are numbered without gaps; readers skip it), bad input never stops the run */
-            uint64_t mine[N_COUNTS + 1];
+            uint64_t mine[N_COUNTS + 2];
             for (int i = 0; i < N_COUNTS; i++)
                 mine[i] = counts[i] - shard_start[i];
             mine[N_COUNTS] = (uint64_t)sl[cur].n;
-            SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mine, N_COUNTS + 1, MPI_UINT64_T, MPI_SUM, comm));
+            mine[N_COUNTS + 1] = (uint64_t)cut; /* ranks whose work a signal cut short */
+            SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mine, N_COUNTS + 2, MPI_UINT64_T, MPI_SUM, comm));
+            if (mine[N_COUNTS + 1] > 0) {
+                /* the shard is incomplete on some rank: not written, its samples not counted;
+                 * every rank stops here (the signal is agreed as at a boundary) */
+                memcpy(counts, shard_start, sizeof shard_start);
+                told = agree_stop(rt, comm, stop);
+                stopped_at = k;
+                stopped_before = 1;
+                abandoned = 1;
+                break;
+            }
             memcpy(writer.counts, mine, sizeof writer.counts);
             if (mine[N_COUNTS] == 0 && rank == 0)
                 sd_warn("shard %lld is empty: each of its %lld samples (%lld to %lld of %s, from "
@@ -1671,10 +1697,11 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0)
         code = SD_EXIT_FAILURE;
     if (code == SD_EXIT_OK && stopped_at >= 0 && rank == 0)
-        sd_info("stopped for %s%s %s shard %lld: %lld of the %lld shards are committed, and a "
+        sd_info("stopped for %s%s %s shard %lld%s: %lld of the %lld shards are committed, and a "
                 "rerun goes on from them%s", sd_ckpt_signal_name(stop[0] ? stop[0] : stop[1]),
                 stop[0] ? "" : " (caught by the training half)",
                 stopped_before ? "before" : "after committing", (long long)stopped_at,
+                abandoned ? " (its encoding, under way, is dropped)" : "",
                 (long long)(man.n + n_new), (long long)n_shards,
                 told ? "; the training half is told to stop too" : "");
 

@@ -114,6 +114,12 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
     }
     if (f->action == SD_FAULT_USR1 && !strcmp(f->phase, "shard-wait"))
         return 0; /* a pipeline's trainers waiting for a shard: at step S's wait, or at any */
+    if (f->action == SD_FAULT_USR1 && !strcmp(f->phase, "encode")) {
+        if (f->step < 0)
+            return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': usr1 faults at phase encode need step=N "
+                              "(the global sample)", (int)len, s);
+        return 0; /* preprocessing: once global sample S is read, in the middle of its shard */
+    }
     if (f->action != SD_FAULT_KILL && f->step < 0)
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': %s faults need step=N", (int)len, s,
                           f->action == SD_FAULT_NAN ? "nan" : "usr1");
@@ -122,7 +128,7 @@ static int parse_one(const char *s, size_t len, sd_fault *f, sd_err *err)
                           (int)len, s);
     if (f->action != SD_FAULT_KILL && f->action != SD_FAULT_NAN && f->phase[0])
         return sd_err_set(err, "SDTRAIN_FAULT: '%.*s': only kill and nan faults take a phase "
-                          "(and usr1 the phase shard-wait)", (int)len, s);
+                          "(and usr1 the phases shard-wait and encode)", (int)len, s);
     return 0;
 }
 

@@ -50,6 +50,9 @@ int main(void)
     tap_ok(refused_with("usr1:rank=0:phase=ckpt-write", "usr1 faults need step=N"), "usr1 needs a step");
     tap_ok(refused_with("usr1:rank=0:step=2:phase=ckpt-write", "only kill and nan faults take a phase"),
            "usr1 takes no phase");
+    tap_ok(parses("usr1:rank=1:phase=encode:step=21"), "usr1 in the middle of a shard (preprocessing)");
+    tap_ok(refused_with("usr1:rank=1:phase=encode", "usr1 faults at phase encode need step=N"),
+           "usr1 at phase encode needs the sample");
     tap_ok(parses("usr1:rank=2:phase=shard-wait") && parses("usr1:rank=2:phase=shard-wait:step=1"),
            "usr1 while waiting for a shard (pipeline trainers), at any wait or at one step's");
     tap_ok(sd_fault_parse("flip:rank=1:phase=ckpt-write:step=4", f, &n, &err) == 0 && n == 1 &&
