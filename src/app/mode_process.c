@@ -708,7 +708,13 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
             sd_warn("%lld more problem(s) of the dataset '%s' are only counted (summary: \"index\")",
                     (long long)(built.n_notes_total - built.n_notes), cfg->data.input);
     }
+    /* indexing hundreds of millions of samples takes rank 0 minutes: the others' wait is
+     * bounded by rank 0's own stall watchdog */
+    if (rank != 0)
+        sd_progress_wait_begin("waiting for rank 0 to index the dataset");
     SD_MPI_CHECK(MPI_Bcast(&status, 1, MPI_INT, 0, comm));
+    if (rank != 0)
+        sd_progress_wait_end();
     if (status) {
         sd_dataset_close(&built);
         SD_MPI_CHECK(MPI_Bcast(err->msg, (int)sizeof err->msg, MPI_CHAR, 0, comm));

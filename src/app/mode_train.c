@@ -167,6 +167,7 @@ typedef struct trainer {
     sd_ckpt_async *ack;    /* &checkpoint async: the background writer (NULL before its first) */
     int async_off;         /* &checkpoint async given up for the run (no memory for the copy) */
     double ack_held;       /* the training pause of the background checkpoint in flight */
+    long load_delay_ms;    /* test hook SDTRAIN_TEST_LOAD_DELAY=RANK:MS on this rank, else 0 */
 } trainer;
 
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
@@ -429,6 +430,11 @@ static void fetch_inputs(trainer *t, step_inputs *in, int64_t step)
 {
     const sd_loader_batch *b;
     int rc;
+    /* the test hook's slow input on one rank (a straggler: "Stragglers" in doc/training.md) */
+    for (long left = t->load_delay_ms; left > 0; left -= 100) {
+        usleep((useconds_t)(left < 100 ? left : 100) * 1000);
+        sd_progress_tick();
+    }
     in->ready = 1;
     t->wait_step = step;
     rc = sd_loader_next(t->loader, &b, NULL, &in->err);
@@ -1888,6 +1894,51 @@ static int too_few_samples(const trainer *t)
     return li->complete && li->steps_per_epoch < 1;
 }
 
+/* Every training rank at a progress line (collective): which rank waited longest for its
+ * inputs over the interval and, where the host's clock measures the compute (the CPU; not a GPU,
+ * whose waits for the other ranks' collectives hide in it), which computed longest, against the
+ * ranks' mean. Every rank waits for the slowest at each step, so one slow node or file system
+ * costs all of them. Rank 0 writes a metrics line and names a rank whose excess over the mean
+ * is at least 1 s and a tenth of the interval. iv: this rank's data wait and compute (s). */
+static void report_stragglers(trainer *t, int64_t first, int64_t last, const double iv[2],
+                              double wall)
+{
+    struct {
+        double v;
+        int rank;
+    } mx[2] = {{iv[0], t->world_rank}, {iv[1], t->world_rank}};
+    double sum[2] = {iv[0], iv[1]};
+    const int measured = !t->gpu || t->emu ? 2 : 1;
+    static const char *const what[2] = {"waited %.2f s for its inputs", "computed %.2f s"};
+    static const char *const why[2] = {"a slow file system or node?", "a slow or busy node?"};
+    if (t->size < 2)
+        return;
+    SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mx, 2, MPI_DOUBLE_INT, MPI_MAXLOC, t->mpi_comm));
+    SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sum, 2, MPI_DOUBLE, MPI_SUM, t->mpi_comm));
+    if (t->rank != 0)
+        return;
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"step\": %lld, \"data_wait_max_s\": %.6f, \"data_wait_max_rank\": %d, "
+                "\"data_wait_mean_s\": %.6f", (long long)last, mx[0].v, mx[0].rank,
+                sum[0] / t->size);
+        if (measured > 1)
+            fprintf(t->metrics, ", \"compute_max_s\": %.6f, \"compute_max_rank\": %d, "
+                    "\"compute_mean_s\": %.6f", mx[1].v, mx[1].rank, sum[1] / t->size);
+        fprintf(t->metrics, "}\n");
+        metrics_flush(t, last);
+    }
+    for (int i = 0; i < measured; i++) {
+        const double mean = sum[i] / t->size, excess = mx[i].v - mean;
+        char text[64];
+        if (excess < 1.0 || excess < 0.1 * wall)
+            continue;
+        snprintf(text, sizeof text, what[i], mx[i].v);
+        sd_warn("steps %lld-%lld: rank %d %s, the training ranks' mean %.2f s (the interval took "
+                "%.1f s): the others wait for it at every step (%s)", (long long)first,
+                (long long)last, mx[i].rank, text, mean, wall, why[i]);
+    }
+}
+
 int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const sd_config *cfg = &rc->cfg;
@@ -1899,6 +1950,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     int64_t k = 0, skipped = 0, step;
     double t_start, t_acc[T_N] = {0}, interval_loss = 0, last_loss = NAN, last_val = NAN;
     double t_loop = 0, flops_sample = 0;
+    double iv[2] = {0, 0}, iv_wall = 0; /* this rank's data wait and compute since the last line */
+    int64_t iv_first = 0;
     int interval_n = 0, code = SD_EXIT_OK, set_up;
     size_t peak;
 
@@ -1915,6 +1968,15 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.be = sd_backend_cpu();
     t.hb = sd_backend_cpu();
     t.gpu = dev->use_cuda;
+    {
+        /* test hook: SDTRAIN_TEST_LOAD_DELAY=RANK:MS slows world rank RANK's inputs by MS a step */
+        const char *env = getenv("SDTRAIN_TEST_LOAD_DELAY");
+        long r = -1, ms = 0;
+        if (env && *env && (sscanf(env, "%ld:%ld", &r, &ms) != 2 || ms < 0 || ms > 600000))
+            sd_warn("SDTRAIN_TEST_LOAD_DELAY = '%s': expected RANK:MS; ignored", env);
+        else if (env && *env && r == t.world_rank)
+            t.load_delay_ms = ms;
+    }
     if (!t.gpu && getenv("SDTRAIN_EMULATE_DEVICE_PATH") &&
         !strcmp(getenv("SDTRAIN_EMULATE_DEVICE_PATH"), "1"))
         t.gpu = t.emu = 1;
@@ -2173,6 +2235,11 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             for (int i = 0; i < T_N; i++)
                 t_acc[i] += tt[i];
             t_loop += dt;
+            if (iv_first == 0)
+                iv_first = step + 1;
+            iv[0] += tt[T_DATA];
+            iv[1] += tt[T_FWD] + tt[T_BWD];
+            iv_wall += dt;
             last_loss = stats[1];
             if (isfinite(stats[1])) {
                 interval_loss += stats[1];
@@ -2201,6 +2268,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                         (double)t.info.global_batch * (step + 1 - t.start_step) / t_loop, eta);
                 interval_loss = 0;
                 interval_n = 0;
+                report_stragglers(&t, iv_first, step + 1, iv, iv_wall);
+                iv[0] = iv[1] = iv_wall = 0;
+                iv_first = 0;
             }
         }
 
@@ -2263,8 +2333,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                 sd_error("%s", err.msg);
         }
         free(ema_full);
+        /* (the others wait for rank 0's writes, which its own stall watchdog bounds) */
+        if (t.rank != 0)
+            sd_progress_wait_begin("waiting for rank 0 to write the final weights");
         if (any_failed(t.comm, failed))
             code = SD_EXIT_FAILURE;
+        if (t.rank != 0)
+            sd_progress_wait_end();
     }
     if (final_ckpt_failed)
         code = SD_EXIT_FAILURE;

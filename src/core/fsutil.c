@@ -365,6 +365,7 @@ int sd_read_to_end(int fd, void **buf, size_t *cap, size_t *len)
         const int full = n + 1 >= *cap; /* no room left: is there more? (no growth at the end) */
         const ssize_t k = full ? read(fd, probe, sizeof probe)
                                : read(fd, (char *)*buf + n, *cap - 1 - n);
+        sd_progress_tick();
         if (k < 0 && errno == EINTR)
             continue;
         if (k > 0 && full) {

@@ -160,6 +160,7 @@ static void sort_entries_by_key(sd_dataset *ds)
     for (int64_t width = 1; width < n; width *= 2) {
         for (int64_t lo = 0; lo < n; lo += 2 * width) {
             int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            sd_progress_tick(); /* hundreds of millions of keys sort for minutes */
             int64_t i = lo, j = mid, k = lo;
             while (i < mid && j < hi)
                 b[k++] = strcmp(keys[a[j]], keys[a[i]]) < 0 ? a[j++] : a[i++];
@@ -520,6 +521,7 @@ static int index_tsv(sd_dataset *ds, sd_err *err)
         size_t n = nl ? (size_t)(nl - line) : len - pos;
         pos += n + (nl ? 1 : 0);
         line_no++;
+        sd_progress_tick();
         if (n && line[n - 1] == '\r')
             n--;
         if (n == 0 || line[0] == '#')

@@ -141,6 +141,23 @@ awk -v g="$g1" -v np=2 '/"loss"/ {
         if (tf <= 0 || (tf - want) / want > 0.01 || (want - tf) / want > 0.01) bad++; n++ }
     END { exit !(n == 10 && bad == 0) }' "$TMP/ddp2/metrics.jsonl" ||
     fail "ddp2: tflops_per_rank is not $g1 GFLOP x 8 images / step_s / 2 ranks on every step line"
+# a straggler: rank 1's inputs come 700 ms late at every step (test hook); the others wait for
+# it, and each progress line's interval names it (a warning and a metrics line); the training's
+# bits are those of the undisturbed run, which names no rank
+train_nml strag 4 none
+SDTRAIN_TEST_LOAD_DELAY=1:700 mpi strag 2 "$SDTRAIN" "$TMP/strag.nml"
+expect_rc strag 0
+expect_in strag err "steps 1-5: rank 1 waited"
+expect_in strag err "steps 6-10: rank 1 waited"
+expect_in strag err "for its inputs, the training ranks' mean"
+[ "$(grep -c '"data_wait_max_rank": 1,' "$TMP/strag/metrics.jsonl")" = 2 ] ||
+    fail "strag: expected 2 metrics lines naming rank 1: $(grep data_wait "$TMP/strag/metrics.jsonl")"
+grep -q '"compute_max_rank": ' "$TMP/strag/metrics.jsonl" || fail "strag: no compute_max_rank on the CPU"
+same_weights strag ddp2
+expect_not_in ddp2 err "the others wait for it"
+[ "$(grep -c '"data_wait_max_rank"' "$TMP/ddp2/metrics.jsonl")" = 2 ] ||
+    fail "ddp2: expected a ranks line at steps 5 and 10"
+! grep -q '"data_wait_max_rank"' "$TMP/ddp1/metrics.jsonl" || fail "ddp1: a ranks line with one rank"
 # the global batch of 8 split 1 x 8, 2 x 4 and 4 x 2: the same training within 1e-6
 for np in 2 4; do
     run "cmp$np" "$COMPARE" "$TMP/ddp1/unet_final.safetensors" "$TMP/ddp$np/unet_final.safetensors" 1e-6
