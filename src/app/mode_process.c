@@ -688,6 +688,13 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
     int status = 0;
     memset(&built, 0, sizeof built);
     if (rank == 0) {
+        /* test hook: an index that takes SDTRAIN_TEST_INDEX_DELAY_MS longer (hundreds of
+         * millions of samples), working (ticking) meanwhile */
+        const char *env = getenv("SDTRAIN_TEST_INDEX_DELAY_MS");
+        for (long left = env ? strtol(env, NULL, 10) : 0; left > 0 && left <= 3600000; left -= 100) {
+            usleep((useconds_t)(left < 100 ? left : 100) * 1000);
+            sd_progress_tick();
+        }
         if (sd_dataset_open(cfg->data.input, cfg->data.input_format, &built, err) != 0)
             status = 1;
         else if (cfg->data.filter[0] && built.format == SD_DATASET_TSV) { /* format 'auto' */

@@ -68,11 +68,12 @@ static const sd_option options[] = {
     REAL(run, stall_timeout, "1800", 0, U, "s",
          "End the job (status 1, which slurm/train.sh requeues, so that it resumes from the "
          "newest checkpoint) when a rank has made no progress for this long: no op computed, no "
-         "file read or written, no MPI call returned. That is a rank stuck on a hung file system "
+         "file block read or written. That is a rank stuck on a hung file system "
          "or device, or the ranks waiting in a collective for it; those inside MPI wait a tenth "
          "longer (2 to 300 s), so that the stuck rank is the one that reports where it is. Waits "
-         "bounded by a limit of their own (mode 'pipeline': the trainers waiting for shards, "
-         "one half for the other) do not count. 0 = never. SIGUSR2 asks every rank for the same "
+         "bounded otherwise (mode 'pipeline': the trainers waiting for shards, one half for the "
+         "other; the ranks waiting for rank 0's own work, such as indexing the dataset) do not "
+         "count. 0 = never. SIGUSR2 asks every rank for the same "
          "report of its work at any time, without stopping the job."),
 
     /* &model */

@@ -6,7 +6,8 @@
 # (a stall at a step, and in the middle of a checkpoint write, which stays uncommitted); a stall
 # in a shard write ends mode 'process', whose rerun commits the same shards. Waits with limits
 # of their own do not count: a pipeline's trainers waiting longer than the timeout for shards,
-# and for the preprocessing half at the end, finish normally. SIGUSR2 makes every rank report
+# and for the preprocessing half at the end, and ranks waiting for rank 0's long index, finish
+# normally. SIGUSR2 makes every rank report
 # what it is doing, without stopping.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
@@ -109,6 +110,15 @@ checksums "$TMP/shards" >"$TMP/sum-ref"
 checksums "$TMP/shards-w" >"$TMP/sum-w"
 [ -s "$TMP/sum-ref" ] && diff "$TMP/sum-ref" "$TMP/sum-w" || fail "procw: the rerun's shards differ"
 pass "a stalled shard writer ends mode 'process' with status 1; the rerun commits the same shards"
+# ... and the other ranks' wait for rank 0's own work is no stall: an index that takes rank 0
+# 6 s (test hook) under a 2 s timeout (the others would end the job after 2 + 2 s of grace);
+# the shards are those of the run before
+SDTRAIN_TEST_INDEX_DELAY_MS=6000 mpi procx 2 "$SDTRAIN" "$TMP/procw.nml" --set run.stall_timeout=2 \
+    --set "data.shard_dir='$TMP/shards-x'" --set "run.output_dir='$TMP/procx'"
+expect_rc procx 0
+expect_not_in procx err "stalled"
+checksums "$TMP/shards-x" >"$TMP/sum-x"
+diff "$TMP/sum-ref" "$TMP/sum-x" || fail "procx: other shards"
 
 # (e) no stall where nothing is stuck: a pipeline (2 + 2 ranks) whose preprocessing takes 4 s a
 # shard, with a 2 s timeout: the trainers wait 4 s for shard 0 and, their one step done, for the
