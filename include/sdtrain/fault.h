@@ -47,8 +47,9 @@ typedef struct sd_fault {
 
 /* Parses a specification: comma-separated faults, each ACTION(:key=value)+ with ACTION kill, nan,
  * usr1, flip, eio or hang and keys rank (required), step, phase (kill: any phase; nan: encode
- * only, step required; usr1: step required, or phase shard-wait, or phase encode with a step; flip: ckpt-write or unet-load,
- * required; eio: ckpt-load only, required; hang: step, ckpt-write or shard-write). Errors name the offending part. */
+ * only, step required; usr1: step required, or phase shard-wait, or phase encode with a step;
+ * flip: ckpt-write or unet-load, required; eio: ckpt-load only, required; hang: step, ckpt-write
+ * or shard-write). Errors name the offending part. */
 int sd_fault_parse(const char *spec, sd_fault *faults, int *n, sd_err *err);
 
 /* Reads SDTRAIN_FAULT once at start-up (absent or empty: no faults). */

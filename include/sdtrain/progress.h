@@ -31,6 +31,10 @@ void sd_progress_tick(void);
  * `n` a number shown after it (a step, a shard) or -1 for none. Ticks too. */
 void sd_progress_phase(const char *what, int64_t n);
 
+/* Sleeps `ms` milliseconds counted as work (a tick every 0.1 s): the test hooks that stand for
+ * slow work (a slow shard, index or input). */
+void sd_progress_sleep_ms(long ms);
+
 /* A wait that something else bounds (a timeout of its own, another part of the job with its own
  * watchdog): while it lasts the watchdog does not count. Main thread; not nested. */
 void sd_progress_wait_begin(const char *what);
@@ -49,8 +53,9 @@ typedef void (*sd_stall_fn)(const char *message, void *user);
 
 /* Starts watching from the calling thread, which becomes the main thread of the marks above.
  * timeout_s <= 0: the thread only answers report requests, never ends the job. grace_s < 0
- * picks the default (a tenth of the timeout, 2 to 300 s). `setting` names the setting in the message (e.g. "&run stall_timeout").
- * Returns 0, or -1 when the thread cannot be started (errno set). */
+ * picks the default (a tenth of the timeout, 2 to 300 s). `setting` names the setting in the
+ * message (e.g. "&run stall_timeout"). Returns 0, or -1 when the thread cannot be started
+ * (errno set). */
 int sd_watchdog_start(double timeout_s, double grace_s, const char *setting, sd_stall_fn fn,
                       void *user);
 /* Async-signal-safe (sdtrain's SIGUSR2 handler): the watchdog thread prints, within a second,

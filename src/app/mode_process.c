@@ -677,6 +677,24 @@ static int same_filter(const char *shard, const char *run)
            sd_meta_filter_equal(&a, &b);
 }
 
+/* A test hook's delay: environment variable `name` in ms (0 to 3600000), 0 when unset; another
+ * value is ignored with a warning (rank 0). */
+static long test_delay_ms(const char *name, int rank)
+{
+    const char *env = getenv(name);
+    char *end;
+    long ms;
+    if (!env || !*env)
+        return 0;
+    ms = strtol(env, &end, 10);
+    if (*end || ms < 0 || ms > 3600000) {
+        if (rank == 0)
+            sd_warn("%s = '%s' is not a delay in ms; ignored", name, env);
+        return 0;
+    }
+    return ms;
+}
+
 /* Rank 0 builds the index; every rank gets a view (sd_dataset_view) of one packed image of it
  * per node, in MPI shared memory (`image`, which must outlive the dataset: close_dataset): 400
  * million TSV samples make an image of ~58 GB, which a node cannot hold once per rank. */
@@ -688,13 +706,9 @@ static int open_dataset(const sd_config *cfg, MPI_Comm comm, int rank, sd_datase
     int status = 0;
     memset(&built, 0, sizeof built);
     if (rank == 0) {
-        /* test hook: an index that takes SDTRAIN_TEST_INDEX_DELAY_MS longer (hundreds of
-         * millions of samples), working (ticking) meanwhile */
-        const char *env = getenv("SDTRAIN_TEST_INDEX_DELAY_MS");
-        for (long left = env ? strtol(env, NULL, 10) : 0; left > 0 && left <= 3600000; left -= 100) {
-            usleep((useconds_t)(left < 100 ? left : 100) * 1000);
-            sd_progress_tick();
-        }
+        /* test hook: an index that takes this much longer (hundreds of millions of samples),
+         * working meanwhile */
+        sd_progress_sleep_ms(test_delay_ms("SDTRAIN_TEST_INDEX_DELAY_MS", rank));
         if (sd_dataset_open(cfg->data.input, cfg->data.input_format, &built, err) != 0)
             status = 1;
         else if (cfg->data.filter[0] && built.format == SD_DATASET_TSV) { /* format 'auto' */
@@ -1465,20 +1479,9 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     memset(&writer, 0, sizeof writer);
     sd_err_clear(&err);
     sd_ckpt_signals_install();
-    {
-        /* Test hook: slow preprocessing down by this much per shard, so that tests can show a
-         * pipeline's training does not depend on how fast its shards come. */
-        const char *env = getenv("SDTRAIN_TEST_SHARD_DELAY_MS");
-        char *end;
-        if (env && *env) {
-            delay_ms = strtol(env, &end, 10);
-            if (*end || delay_ms < 0 || delay_ms > 3600000) {
-                if (rank == 0)
-                    sd_warn("SDTRAIN_TEST_SHARD_DELAY_MS = '%s' is not a delay in ms; ignored", env);
-                delay_ms = 0;
-            }
-        }
-    }
+    /* Test hook: slow preprocessing down by this much per shard, so that tests can show a
+     * pipeline's training does not depend on how fast its shards come. */
+    delay_ms = test_delay_ms("SDTRAIN_TEST_SHARD_DELAY_MS", rank);
 
     if (open_dataset(cfg, comm, rank, &ds, &index_image, &err) != 0) {
         if (rank == 0)
@@ -1603,12 +1606,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (sd_shard_manifest_find(&man, k))
             continue; /* committed by an earlier run: its samples are not read again */
         sd_progress_phase("reading and encoding shard", k);
-        /* the test hook's slow preprocessing is work, as encoding is: it ticks the stall
-         * watchdog every 0.1 s */
-        for (long left = delay_ms; left > 0; left -= 100) {
-            usleep((useconds_t)(left < 100 ? left : 100) * 1000);
-            sd_progress_tick();
-        }
+        sd_progress_sleep_ms(delay_ms); /* the test hook's slow preprocessing is work */
         /* (no shard write runs here: with stop_when_trained the writes are not threaded) */
         if (stop_when_trained && sd_pipeline_trained(rt, &trained_req)) {
             /* the trainers send their word after a signal stop too (their own, or this half's

@@ -431,10 +431,7 @@ static void fetch_inputs(trainer *t, step_inputs *in, int64_t step)
     const sd_loader_batch *b;
     int rc;
     /* the test hook's slow input on one rank (a straggler: "Stragglers" in doc/training.md) */
-    for (long left = t->load_delay_ms; left > 0; left -= 100) {
-        usleep((useconds_t)(left < 100 ? left : 100) * 1000);
-        sd_progress_tick();
-    }
+    sd_progress_sleep_ms(t->load_delay_ms);
     in->ready = 1;
     t->wait_step = step;
     rc = sd_loader_next(t->loader, &b, NULL, &in->err);

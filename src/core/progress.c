@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sdtrain/log.h"
 #include "sdtrain/timer.h"
@@ -39,6 +40,14 @@ void sd_progress_phase(const char *what, int64_t n)
         atomic_store_explicit(&phase_what, what, memory_order_release);
     }
     sd_progress_tick();
+}
+
+void sd_progress_sleep_ms(long ms)
+{
+    for (long left = ms; left > 0; left -= 100) {
+        usleep((useconds_t)(left < 100 ? left : 100) * 1000);
+        sd_progress_tick();
+    }
 }
 
 void sd_progress_wait_begin(const char *what)
@@ -168,6 +177,7 @@ void sd_progress_report_request(void)
  * progress within the last poll interval (-idle). */
 static void report(double idle)
 {
+    const char *waiting = atomic_load_explicit(&wait_what, memory_order_acquire);
     char msg[1024], a[32], when[64];
     describe_work(msg, sizeof msg, 0);
     if (idle < 0)
@@ -175,10 +185,8 @@ static void report(double idle)
     else
         snprintf(when, sizeof when, "%s ago", secs(a, sizeof a, idle));
     fprintf(stderr, "[rank %d] [%9.3fs] progress: %s; the last progress %s%s%s\n",
-            sd_log_rank(), sd_log_elapsed(), msg, when,
-            atomic_load_explicit(&wait_what, memory_order_acquire) ? "; in a bounded wait: " : "",
-            atomic_load_explicit(&wait_what, memory_order_acquire)
-                ? atomic_load_explicit(&wait_what, memory_order_acquire) : "");
+            sd_log_rank(), sd_log_elapsed(), msg, when, waiting ? "; in a bounded wait: " : "",
+            waiting ? waiting : "");
     fflush(stderr);
 }
 
@@ -196,10 +204,12 @@ static void deadline_after(struct timespec *ts, double s)
 static void *watch(void *arg)
 {
     /* the timeout's eighth, 20 ms to 1 s (a report asked for comes within one poll) */
-    const double poll = wd.timeout <= 0 ? 1 : wd.timeout / 8 < 0.02 ? 0.02 : wd.timeout / 8 > 1 ? 1 : wd.timeout / 8;
+    double poll = wd.timeout > 0 && wd.timeout / 8 < 1 ? wd.timeout / 8 : 1;
     uint64_t seen = atomic_load_explicit(&ticks, memory_order_relaxed);
     double last = sd_time_now();
     (void)arg;
+    if (poll < 0.02)
+        poll = 0.02;
     pthread_mutex_lock(&wd.mu);
     while (!wd.stop) {
         struct timespec until;
