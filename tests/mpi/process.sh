@@ -337,46 +337,41 @@ grep -q '"total_samples": 7' "$TMP/shards-latin1/manifest.json" ||
 mpi latin1-again 2 "$SDTRAIN" "$TMP/latin1.nml"
 expect_rc latin1-again 0
 
+# signal_stop NAME SPS FAULT MESSAGE N: mode 'process' on 2 ranks with shards of SPS samples and
+# SDTRAIN_FAULT=FAULT (a SIGUSR1) stops with status 0, saying MESSAGE once, with N shards
+# committed; a rerun (NAME-2) commits the rest, and the shards and the summary's counts are those
+# of an uninterrupted run (noNAME)
+signal_stop() {
+    write_nml "$1" files "$TMP/data-files" "$TMP/shards-$1"
+    SDTRAIN_FAULT=$3 mpi "$1" 2 "$SDTRAIN" "$TMP/$1.nml" --set data.samples_per_shard="$2"
+    expect_rc "$1" 0
+    expect_count "$1" out "$4" 1
+    [ "$(checksums "$TMP/shards-$1" | wc -l)" = "$5" ] || fail "$1: not $5 shard(s): $(checksums "$TMP/shards-$1")"
+    mpi "$1-2" 2 "$SDTRAIN" "$TMP/$1.nml" --set data.samples_per_shard="$2"
+    expect_rc "$1-2" 0
+    write_nml "no$1" files "$TMP/data-files" "$TMP/shards-no$1"
+    mpi "no$1" 2 "$SDTRAIN" "$TMP/no$1.nml" --set data.samples_per_shard="$2"
+    expect_rc "no$1" 0
+    [ "$(checksums "$TMP/shards-$1")" = "$(checksums "$TMP/shards-no$1")" ] ||
+        fail "$1: stopped and rerun, the shards differ from an uninterrupted run's"
+    # the summary counts the samples of every shard, those of both runs (not those of a dropped
+    # shard twice), as the uninterrupted run's does
+    [ "$(dir_counts "$TMP/shards-$1")" = "$(dir_counts "$TMP/shards-no$1")" ] ||
+        fail "$1: summary $(dir_counts "$TMP/shards-$1") after the rerun, $(dir_counts "$TMP/shards-no$1") uninterrupted"
+}
+
 # SIGUSR1 (Slurm's notice ahead of the time limit) on one rank after a shard's encoding: every
-# rank stops at the same shard boundary, the shard encoded is committed, status 0; a rerun commits the rest, and the
-# shards are those of an uninterrupted run (tests/mpi/slurm_scripts.sh: process.sh requeues)
-write_nml sig files "$TMP/data-files" "$TMP/shards-sig"
-SDTRAIN_FAULT=usr1:rank=1:step=1 mpi sig 2 "$SDTRAIN" "$TMP/sig.nml" --set data.samples_per_shard=8
-expect_rc sig 0
-expect_count sig out "stopped for SIGUSR1 after committing shard 1: 2 of the 5 shards are committed, and a rerun goes on from them" 1
-[ "$(checksums "$TMP/shards-sig" | wc -l)" = 2 ] || fail "sig: not 2 shards: $(checksums "$TMP/shards-sig")"
-mpi sig2 2 "$SDTRAIN" "$TMP/sig.nml" --set data.samples_per_shard=8
-expect_rc sig2 0
-write_nml nosig files "$TMP/data-files" "$TMP/shards-nosig"
-mpi nosig 2 "$SDTRAIN" "$TMP/nosig.nml" --set data.samples_per_shard=8
-expect_rc nosig 0
-[ "$(checksums "$TMP/shards-sig")" = "$(checksums "$TMP/shards-nosig")" ] ||
-    fail "sig: stopped and rerun, the shards differ from an uninterrupted run's"
-# ... and the summary counts the samples of all 5 shards, those of both runs, as the
-# uninterrupted run's does (it held the rerun's 3 shards only)
-[ "$(dir_counts "$TMP/shards-sig")" = "$(dir_counts "$TMP/shards-nosig")" ] ||
-    fail "sig: summary $(dir_counts "$TMP/shards-sig") after the rerun, $(dir_counts "$TMP/shards-nosig") uninterrupted"
-expect_in sig2 out "all runs ($TMP/shards-sig/preprocess_summary.json): 40 samples read, 35 kept, 5 skipped in 5 of the 5 committed shard(s)"
+# rank stops at the same shard boundary, the shard encoded is committed (tests/mpi/slurm_scripts.sh:
+# process.sh requeues)
+signal_stop sig 8 usr1:rank=1:step=1 \
+    "stopped for SIGUSR1 after committing shard 1: 2 of the 5 shards are committed, and a rerun goes on from them" 2
+expect_in sig-2 out "all runs ($TMP/shards-sig/preprocess_summary.json): 40 samples read, 35 kept, 5 skipped in 5 of the 5 committed shard(s)"
 
 # ... in the middle of a shard: the signal comes while rank 0 reads shard 1 (global sample 21
 # of 20-sample shards; one thread: windows of 4 samples); the ranks drop that shard's work at
 # the next window instead of finishing it, commit nothing more, exit 0; the rerun encodes shard 1
-# and the shards are an uninterrupted run's
-write_nml sigmid files "$TMP/data-files" "$TMP/shards-sigmid"
-OMP_NUM_THREADS=1 SDTRAIN_FAULT=usr1:rank=0:phase=encode:step=21 mpi sigmid 2 "$SDTRAIN" "$TMP/sigmid.nml" \
-    --set data.samples_per_shard=20
-expect_rc sigmid 0
-expect_count sigmid out "stopped for SIGUSR1 before shard 1 (its encoding, under way, is dropped): 1 of the 2 shards are committed, and a rerun goes on from them" 1
-[ "$(checksums "$TMP/shards-sigmid" | wc -l)" = 1 ] || fail "sigmid: not 1 shard: $(checksums "$TMP/shards-sigmid")"
-mpi sigmid2 2 "$SDTRAIN" "$TMP/sigmid.nml" --set data.samples_per_shard=20
-expect_rc sigmid2 0
-write_nml nosigmid files "$TMP/data-files" "$TMP/shards-nosigmid"
-mpi nosigmid 2 "$SDTRAIN" "$TMP/nosigmid.nml" --set data.samples_per_shard=20
-expect_rc nosigmid 0
-[ "$(checksums "$TMP/shards-sigmid")" = "$(checksums "$TMP/shards-nosigmid")" ] ||
-    fail "sigmid: stopped in a shard and rerun, the shards differ from an uninterrupted run's"
-[ "$(dir_counts "$TMP/shards-sigmid")" = "$(dir_counts "$TMP/shards-nosigmid")" ] ||
-    fail "sigmid: summary $(dir_counts "$TMP/shards-sigmid") after the rerun (the dropped shard counted?), $(dir_counts "$TMP/shards-nosigmid") uninterrupted"
+OMP_NUM_THREADS=1 signal_stop sigmid 20 usr1:rank=0:phase=encode:step=21 \
+    "stopped for SIGUSR1 before shard 1 (its encoding, under way, is dropped): 1 of the 2 shards are committed, and a rerun goes on from them" 1
 
 # one job per output directory and per shard directory (a lock each, held as long as the job
 # runs): a second job started while the first runs is refused (status 2) naming the holder,
