@@ -266,6 +266,10 @@ typedef struct sd_ops {
      * wrappers call it before each compute op with NULL and after it with the op's name. */
     void (*profile_mark)(const sd_backend *be, const char *label);
     void (*profile_reset)(const sd_backend *be); /* forget what was measured so far */
+
+    /* the stream clock (sd_stream_mark, sd_stream_elapsed) */
+    void (*stream_mark)(const sd_backend *be, int slot);
+    double (*stream_elapsed)(const sd_backend *be, int a, int b);
 } sd_ops;
 
 struct sd_backend {
@@ -376,6 +380,21 @@ void sd_upload_async(const sd_backend *be, void *dst, const void *src, size_t by
  * it. CPU: memcpy, and waiting is nothing. */
 void sd_download_async(const sd_backend *be, void *dst, const void *src, size_t bytes);
 void sd_download_wait(const sd_backend *be);
+
+/* ---- The stream clock ------------------------------------------------------------------- */
+
+/* How long the backend itself took for a stretch of work, where the host's clock cannot tell
+ * (on a GPU the host queues the ops and goes on; its waits hide the GPU's time). */
+#define SD_STREAM_MARKS 4
+/* Sets mark `slot` (0 <= slot < SD_STREAM_MARKS) where the backend's work now ends. CUDA: an
+ * event on the compute stream; it passes when the ops issued before it have finished, and with
+ * them the waits queued before it (for an sd_upload_async, for NCCL's side stream). CPU: the
+ * host's clock now (its ops are done when they return); the CPU backend is one object for the
+ * whole process, and so are its marks: one thread sets them. A slot's next mark replaces it. */
+void sd_stream_mark(const sd_backend *be, int slot);
+/* Seconds from mark a to mark b once both have passed (after an sd_synchronize issued after
+ * both); NAN when a slot has no mark yet or (CUDA) its mark has not passed. Never waits. */
+double sd_stream_elapsed(const sd_backend *be, int a, int b);
 
 /* ---- Convolution and linear ------------------------------------------------------------- */
 

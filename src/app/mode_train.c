@@ -168,6 +168,10 @@ typedef struct trainer {
     int async_off;         /* &checkpoint async given up for the run (no memory for the copy) */
     double ack_held;       /* the training pause of the background checkpoint in flight */
     long load_delay_ms;    /* test hook SDTRAIN_TEST_LOAD_DELAY=RANK:MS on this rank, else 0 */
+    long compute_delay_ms; /* test hook SDTRAIN_TEST_COMPUTE_DELAY=RANK:MS on this rank, else 0 */
+    double comm_in_compute_s; /* this step's collectives called inside the forward and backward
+                               * (buckets, parameter broadcasts): on the CPU they block and are
+                               * taken out of the compute's time; a GPU only queues them */
 } trainer;
 
 /* The U-Net: its config from the snapshot (unet/config.json) or from the &model shape keys;
@@ -748,12 +752,14 @@ static void launch_bucket(void *user, const sd_grad_bucket *b)
 {
     trainer *t = user;
     const size_t len = b->end - b->begin;
+    const double t0 = sd_time_now();
     if (t->dev_opt)
         dp_bucket(t, t->d_grads + b->begin, len, t->zero2 ? b->owner : -1);
     else if (t->zero2)
         sd_reduce_f32(t->comm, t->grads + b->begin, len, SD_RED_SUM, b->owner);
     else
         sd_allreduce_f32(t->comm, t->grads + b->begin, len, SD_RED_SUM);
+    t->comm_in_compute_s += sd_time_now() - t0;
 }
 
 /* &train grad_reduce: whether the gradients are reduced during the backward, and the buckets.
@@ -1014,9 +1020,12 @@ static void param_need(void *user, size_t upto)
         const sd_grad_bucket *b = &t->gb.b[t->gb.count - 1 - t->pg_next];
         if (b->begin >= upto)
             break;
-        if (t->emu)
+        if (t->emu) {
+            const double t0 = sd_time_now();
             sd_broadcast(t->ecomm, (float *)t->d_params + b->begin,
                          (b->end - b->begin) * sizeof(float), b->owner);
+            t->comm_in_compute_s += sd_time_now() - t0;
+        }
         last = t->pg_next++;
     }
 #if defined(SD_HAVE_CUDA)
@@ -1892,11 +1901,12 @@ static int too_few_samples(const trainer *t)
 }
 
 /* Every training rank at a progress line (collective): which rank waited longest for its
- * inputs over the interval and, where the host's clock measures the compute (the CPU; not a GPU,
- * whose waits for the other ranks' collectives hide in it), which computed longest, against the
- * ranks' mean. Every rank waits for the slowest at each step, so one slow node or file system
- * costs all of them. Rank 0 writes a metrics line and names a rank whose excess over the mean
- * is at least 1 s and a tenth of the interval. iv: this rank's data wait and compute (s). */
+ * inputs over the interval, and which computed longest (the forwards and backwards by the
+ * backend's stream clock: on a GPU the GPU's time, without the host's waits for the other ranks'
+ * collectives), against the ranks' mean. Every rank waits for the slowest at each step, so one
+ * slow node, GPU or file system costs all of them. Rank 0 writes a metrics line and names a rank
+ * whose excess over the mean is at least 1 s and a tenth of the interval. iv: this rank's data
+ * wait and compute (s). */
 static void report_stragglers(trainer *t, int64_t first, int64_t last, const double iv[2],
                               double wall)
 {
@@ -1905,9 +1915,9 @@ static void report_stragglers(trainer *t, int64_t first, int64_t last, const dou
         int rank;
     } mx[2] = {{iv[0], t->world_rank}, {iv[1], t->world_rank}};
     double sum[2] = {iv[0], iv[1]};
-    const int measured = !t->gpu || t->emu ? 2 : 1;
     static const char *const what[2] = {"waited %.2f s for its inputs", "computed %.2f s"};
-    static const char *const why[2] = {"a slow file system or node?", "a slow or busy node?"};
+    static const char *const why[2] = {"a slow file system or node?",
+                                       "a slow or busy node, or a throttled GPU?"};
     if (t->size < 2)
         return;
     SD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mx, 2, MPI_DOUBLE_INT, MPI_MAXLOC, t->mpi_comm));
@@ -1916,15 +1926,12 @@ static void report_stragglers(trainer *t, int64_t first, int64_t last, const dou
         return;
     if (t->metrics) {
         fprintf(t->metrics, "{\"step\": %lld, \"data_wait_max_s\": %.6f, \"data_wait_max_rank\": %d, "
-                "\"data_wait_mean_s\": %.6f", (long long)last, mx[0].v, mx[0].rank,
-                sum[0] / t->size);
-        if (measured > 1)
-            fprintf(t->metrics, ", \"compute_max_s\": %.6f, \"compute_max_rank\": %d, "
-                    "\"compute_mean_s\": %.6f", mx[1].v, mx[1].rank, sum[1] / t->size);
-        fprintf(t->metrics, "}\n");
+                "\"data_wait_mean_s\": %.6f, \"compute_max_s\": %.6f, \"compute_max_rank\": %d, "
+                "\"compute_mean_s\": %.6f}\n", (long long)last, mx[0].v, mx[0].rank,
+                sum[0] / t->size, mx[1].v, mx[1].rank, sum[1] / t->size);
         metrics_flush(t, last);
     }
-    for (int i = 0; i < measured; i++) {
+    for (int i = 0; i < 2; i++) {
         const double mean = sum[i] / t->size, excess = mx[i].v - mean;
         char text[64];
         if (excess < 1.0 || excess < 0.1 * wall)
@@ -1934,6 +1941,22 @@ static void report_stragglers(trainer *t, int64_t first, int64_t last, const dou
                 "%.1f s): the others wait for it at every step (%s)", (long long)first,
                 (long long)last, mx[i].rank, text, mean, wall, why[i]);
     }
+}
+
+/* A test hook NAME=RANK:MS standing for a straggler: MS (0 to 600000) on world rank RANK, 0 on
+ * the others and when unset; a malformed value is ignored with a warning. */
+static long test_rank_delay_ms(const char *name, int world_rank)
+{
+    const char *env = getenv(name);
+    long r = -1, ms = 0;
+    char end;
+    if (!env || !*env)
+        return 0;
+    if (sscanf(env, "%ld:%ld%c", &r, &ms, &end) != 2 || r < 0 || ms < 0 || ms > 600000) {
+        sd_warn("%s = '%s': expected RANK:MS (MS up to 600000); ignored", name, env);
+        return 0;
+    }
+    return r == world_rank ? ms : 0;
 }
 
 int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
@@ -1965,15 +1988,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.be = sd_backend_cpu();
     t.hb = sd_backend_cpu();
     t.gpu = dev->use_cuda;
-    {
-        /* test hook: SDTRAIN_TEST_LOAD_DELAY=RANK:MS slows world rank RANK's inputs by MS a step */
-        const char *env = getenv("SDTRAIN_TEST_LOAD_DELAY");
-        long r = -1, ms = 0;
-        if (env && *env && (sscanf(env, "%ld:%ld", &r, &ms) != 2 || ms < 0 || ms > 600000))
-            sd_warn("SDTRAIN_TEST_LOAD_DELAY = '%s': expected RANK:MS; ignored", env);
-        else if (env && *env && r == t.world_rank)
-            t.load_delay_ms = ms;
-    }
+    /* test hooks: world rank RANK's inputs, or its forward, MS late at every step */
+    t.load_delay_ms = test_rank_delay_ms("SDTRAIN_TEST_LOAD_DELAY", t.world_rank);
+    t.compute_delay_ms = test_rank_delay_ms("SDTRAIN_TEST_COMPUTE_DELAY", t.world_rank);
     if (!t.gpu && getenv("SDTRAIN_EMULATE_DEVICE_PATH") &&
         !strcmp(getenv("SDTRAIN_EMULATE_DEVICE_PATH"), "1"))
         t.gpu = t.emu = 1;
@@ -2063,7 +2080,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.ckpt_clock = t_start;
     for (step = t.start_step; step < max_steps && code == SD_EXIT_OK; step++) {
         step_inputs *in = &t.in[step & 1], *next = &t.in[(step + 1) & 1];
-        double t0 = sd_time_now(), t1, loss_local, stats[2], sumsq, gnorm, lr, coef;
+        double t0 = sd_time_now(), t1, loss_local, stats[2], sumsq, gnorm, lr, coef, compute_s;
         double tt[T_N] = {0};
         int64_t bad;
 
@@ -2107,6 +2124,13 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         sd_zero(t.be, t.gpu ? t.d_grads : t.grads, (t.gpu ? t.np : t.n) * sizeof(float));
         for (int m0 = 0; m0 < in->count; m0 += t.bs) {
             stage_micro_batch(&t, in, m0, t.bs);
+            if (m0 == 0) {
+                /* the compute's own time runs from here to the last backward (stream marks:
+                 * a GPU's time, not the host's, which only queues the ops) */
+                sd_stream_mark(t.be, 0);
+                t.comm_in_compute_s = 0;
+                sd_progress_sleep_ms(t.compute_delay_ms);
+            }
             sd_unet_train_forward_sin(t.tr, t.d_xh, in->d + in_tsin(&t, in, m0), t.d_ctx,
                                       t.d_yh, &t.arena);
             sd_mse_loss(t.be, t.bs, (int64_t)t.H * t.W, t.C, t.d_yh,
@@ -2126,10 +2150,14 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                 sd_unet_backward(t.tr, t.d_dy, &t.arena);
                 sd_unet_trainer_set_ready_hook(t.tr, NULL, NULL);
                 sd_grad_buckets_finish(&t.gb);
+                /* before the stream waits for the reductions (dp_join) */
+                sd_stream_mark(t.be, 1);
                 if (t.dev_opt)
                     dp_join(&t);
             } else {
                 sd_unet_backward(t.tr, t.d_dy, &t.arena);
+                if (m0 + t.bs >= in->count)
+                    sd_stream_mark(t.be, 1);
             }
             tt[T_BWD] += sd_time_now() - t1;
             t1 = sd_time_now();
@@ -2143,6 +2171,9 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         }
         t1 = sd_time_now();
         sd_synchronize(t.be);
+        compute_s = sd_stream_elapsed(t.be, 0, 1);
+        if (t.be->device == SD_DEV_CPU) /* the host's clock: its blocking collectives out */
+            compute_s -= t.comm_in_compute_s;
         sd_download(t.be, t.mse, t.d_mse, (size_t)in->count * sizeof(float));
         loss_local = 0;
         for (int m0 = 0; m0 < in->count; m0 += t.bs)
@@ -2235,7 +2266,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             if (iv_first == 0)
                 iv_first = step + 1;
             iv[0] += tt[T_DATA];
-            iv[1] += tt[T_FWD] + tt[T_BWD];
+            if (isfinite(compute_s))
+                iv[1] += compute_s;
             iv_wall += dt;
             last_loss = stats[1];
             if (isfinite(stats[1])) {
@@ -2252,7 +2284,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
                         (long long)skipped, ips, ips * flops_sample / t.size * 1e-12, dt);
                 for (int i = 0; i < T_N; i++)
                     fprintf(t.metrics, ", \"%s_s\": %.6f", t_names[i], tt[i]);
-                fprintf(t.metrics, "}\n");
+                fprintf(t.metrics, ", \"compute_s\": %.6f}\n", isfinite(compute_s) ? compute_s : -1.0);
                 metrics_flush(&t, step + 1);
             }
             if ((step + 1) % log_every == 0 || step + 1 == max_steps) {

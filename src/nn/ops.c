@@ -152,6 +152,22 @@ void sd_profile_reset(const sd_backend *be)
         be->ops->profile_reset(be);
 }
 
+void sd_stream_mark(const sd_backend *be, int slot)
+{
+    SD_OP_ENTRY(be, stream_mark);
+    SD_CHECK(slot >= 0 && slot < SD_STREAM_MARKS, "stream mark %d (0 to %d)", slot,
+             SD_STREAM_MARKS - 1);
+    be->ops->stream_mark(be, slot);
+}
+
+double sd_stream_elapsed(const sd_backend *be, int a, int b)
+{
+    SD_OP_ENTRY(be, stream_elapsed);
+    SD_CHECK(a >= 0 && a < SD_STREAM_MARKS && b >= 0 && b < SD_STREAM_MARKS,
+             "stream marks %d and %d (0 to %d)", a, b, SD_STREAM_MARKS - 1);
+    return be->ops->stream_elapsed(be, a, b);
+}
+
 void sd_zero(const sd_backend *be, void *dst, size_t bytes)
 {
     SD_OP_ENTRY(be, zero);

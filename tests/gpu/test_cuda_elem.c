@@ -3,6 +3,7 @@
  * sizes, written and accumulated gradients over random preloads, optional outputs NULL,
  * outputs aliasing inputs where ops.h allows it, and one determinism check per reduction. */
 #include "cuda_compare.h"
+#include "sdtrain/timer.h"
 
 static const sd_backend *cpu;
 
@@ -369,6 +370,37 @@ static void test_cast_upload(const sd_backend *g, int64_t n)
     free(h);
 }
 
+/* The stream clock on the GPU: unset marks give NAN; marks around queued work give the GPU's
+ * time of it, which the host's wall time from before the first mark to the end of the
+ * synchronize bounds; a later mark is later. Run first on a fresh backend (no marks yet). */
+static void test_stream_clock(const sd_backend *g)
+{
+    const int64_t big = quick() ? 1 << 18 : 1 << 24;
+    float *x = dput32(g, NULL, big);
+    void *y = dnan(g, big);
+    double host, gpu, gpu2;
+    tap_ok(isnan(sd_stream_elapsed(g, 0, 1)), "stream clock: NAN before any mark [%s]",
+           sd_dtype_name(g->dtype));
+    sd_zero(g, x, (size_t)big * sizeof(float));
+    sd_synchronize(g);
+    host = sd_time_now();
+    sd_stream_mark(g, 0);
+    for (int i = 0; i < 8; i++)
+        sd_cast_f32(g, big, x, y);
+    sd_stream_mark(g, 1);
+    sd_cast_f32(g, big, x, y);
+    sd_stream_mark(g, 2);
+    sd_synchronize(g);
+    host = sd_time_now() - host;
+    gpu = sd_stream_elapsed(g, 0, 1);
+    gpu2 = sd_stream_elapsed(g, 0, 2);
+    tap_ok(gpu > 0.0 && gpu <= host && gpu2 >= gpu,
+           "stream clock: 8 casts of %lld floats took %.3f ms of GPU time, within the host's "
+           "%.3f ms; one more, %.3f ms [%s]", (long long)big, gpu * 1e3, host * 1e3, gpu2 * 1e3,
+           sd_dtype_name(g->dtype));
+    sd_backend_free(g, x), sd_backend_free(g, y);
+}
+
 /* sd_mse_loss against the CPU backend: mse (fp32) and dy, with and without the gradient. */
 static void test_mse_loss(const sd_backend *g, int n, int64_t hw, int c)
 {
@@ -582,6 +614,7 @@ static void run_group_norms(const sd_backend *g)
 static void run_all(const sd_backend *g)
 {
     const int64_t big = 1000003;
+    test_stream_clock(g);
     test_unary(g, "SiLU", sd_silu_forward, sd_silu_backward, big);
     test_unary(g, "GELU", sd_gelu_forward, sd_gelu_backward, big);
     test_unary(g, "QuickGELU", sd_quick_gelu_forward, sd_quick_gelu_backward, big);

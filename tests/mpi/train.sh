@@ -27,7 +27,7 @@ expect_in np1 out "validation loss"
 m="$TMP/np1/metrics.jsonl"
 [ "$(grep -c '"loss"' "$m")" = 10 ] || fail "np1: expected 10 step lines in $m"
 [ "$(grep -c '"val_loss"' "$m")" = 3 ] || fail "np1: expected 3 validation lines (steps 0, 5, 10) in $m"
-for key in '"step": 1,' '"lr":' '"images_per_s":' '"tflops_per_rank":' '"grad_norm":' '"data_wait_s":' '"comm_s":'; do
+for key in '"step": 1,' '"lr":' '"images_per_s":' '"tflops_per_rank":' '"grad_norm":' '"data_wait_s":' '"comm_s":' '"compute_s":'; do
     grep -qF "$key" "$m" || fail "np1: $key missing from metrics.jsonl"
 done
 [ -s "$TMP/np1/unet_final.safetensors" ] && [ -s "$TMP/np1/unet_ema.safetensors" ] ||
@@ -152,8 +152,26 @@ expect_in strag err "steps 6-10: rank 1 waited"
 expect_in strag err "for its inputs, the training ranks' mean"
 [ "$(grep -c '"data_wait_max_rank": 1,' "$TMP/strag/metrics.jsonl")" = 2 ] ||
     fail "strag: expected 2 metrics lines naming rank 1: $(grep data_wait "$TMP/strag/metrics.jsonl")"
-grep -q '"compute_max_rank": ' "$TMP/strag/metrics.jsonl" || fail "strag: no compute_max_rank on the CPU"
+grep -q '"compute_max_rank": ' "$TMP/strag/metrics.jsonl" || fail "strag: no compute_max_rank"
 same_weights strag ddp2
+expect_not_in strag err " computed "
+# a compute straggler: rank 0's forward starts 700 ms late at every step (test hook, between the
+# stream marks that time the forward and backward): named for its compute, not its inputs, and
+# each of its step lines' compute_s holds the delay
+train_nml cstrag 4 none
+SDTRAIN_TEST_COMPUTE_DELAY=0:700 mpi cstrag 2 "$SDTRAIN" "$TMP/cstrag.nml"
+expect_rc cstrag 0
+expect_in cstrag err "steps 1-5: rank 0 computed"
+expect_in cstrag err "steps 6-10: rank 0 computed"
+expect_in cstrag err "a slow or busy node, or a throttled GPU?"
+expect_not_in cstrag err "for its inputs"
+[ "$(grep -c '"compute_max_rank": 0,' "$TMP/cstrag/metrics.jsonl")" = 2 ] ||
+    fail "cstrag: expected 2 metrics lines naming rank 0: $(grep compute_max "$TMP/cstrag/metrics.jsonl")"
+awk '/"loss"/ { match($0, /"compute_s": [0-9.e+-]+/); c = substr($0, RSTART + 13, RLENGTH - 13)
+        if (c < 0.7) bad++; n++ }
+    END { exit !(n == 10 && bad == 0) }' "$TMP/cstrag/metrics.jsonl" ||
+    fail "cstrag: a step line's compute_s below the 0.7 s delay"
+same_weights cstrag ddp2
 expect_not_in ddp2 err "the others wait for it"
 [ "$(grep -c '"data_wait_max_rank"' "$TMP/ddp2/metrics.jsonl")" = 2 ] ||
     fail "ddp2: expected a ranks line at steps 5 and 10"

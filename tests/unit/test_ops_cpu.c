@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -1486,6 +1487,39 @@ static void test_backward(void)
     attn_bwd_fused_case();
 }
 
+/* ---- the stream clock --------------------------------------------------------------------- */
+
+static void test_stream_clock(void)
+{
+    const struct timespec nap = {0, 60 * 1000 * 1000};
+    volatile int caught = 0;
+    double dt;
+    tap_ok(isnan(sd_stream_elapsed(be, 0, 3)), "stream clock: NAN while a mark is unset");
+    sd_stream_mark(be, 0);
+    nanosleep(&nap, NULL);
+    sd_stream_mark(be, 3);
+    dt = sd_stream_elapsed(be, 0, 3);
+    tap_ok(dt >= 0.059 && dt < 5.0, "stream clock: marks 60 ms apart measure %.4f s", dt);
+    tap_ok(sd_stream_elapsed(be, 3, 0) == -dt && sd_stream_elapsed(be, 3, 3) == 0.0,
+           "stream clock: reversed marks give the negative, one mark zero");
+    sd_stream_mark(be, 0); /* a slot's next mark replaces it */
+    tap_ok(sd_stream_elapsed(be, 0, 3) < 0.03, "stream clock: a mark set again replaces the first");
+    sd_set_abort_handler(catch_fatal);
+    tap_diag("two fatal messages follow on stderr; they are expected");
+    if (setjmp(fatal_jump) == 0)
+        sd_stream_mark(be, SD_STREAM_MARKS);
+    else
+        caught = 1;
+    tap_ok(caught, "stream clock: a mark past the last slot is refused");
+    caught = 0;
+    if (setjmp(fatal_jump) == 0)
+        (void)sd_stream_elapsed(be, -1, 0);
+    else
+        caught = 1;
+    tap_ok(caught, "stream clock: a negative slot is refused");
+    sd_set_abort_handler(NULL);
+}
+
 /* ---- misuse is reported, not crashed on --------------------------------------------------- */
 
 static void test_failures(void)
@@ -1546,6 +1580,7 @@ int main(void)
     test_embedding();
     test_elementwise();
     test_backward();
+    test_stream_clock();
     test_failures();
     return tap_done();
 }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/timer.h"
 
 /*
  * Threading and determinism. OpenBLAS's own threading is not thread-count independent (its
@@ -368,6 +369,23 @@ static void add_row_bias(int64_t rows, int c, const float *b, float *y)
 static void cpu_synchronize(const sd_backend *be)
 {
     (void)be;
+}
+
+/* The stream clock: the ops are done when they return, so a mark is the host's clock (one set
+ * for the process, as the backend object is; NAN until set). */
+static double cpu_marks[SD_STREAM_MARKS] = {NAN, NAN, NAN, NAN};
+_Static_assert(SD_STREAM_MARKS == 4, "one NAN for each stream mark");
+
+static void cpu_stream_mark(const sd_backend *be, int slot)
+{
+    (void)be;
+    cpu_marks[slot] = sd_time_now();
+}
+
+static double cpu_stream_elapsed(const sd_backend *be, int a, int b)
+{
+    (void)be;
+    return cpu_marks[b] - cpu_marks[a];
 }
 
 static void cpu_zero(const sd_backend *be, void *dst, size_t bytes)
@@ -2010,6 +2028,8 @@ static const sd_ops cpu_ops = {
     .upload_async = cpu_bytes,
     .download_async = cpu_bytes,
     .download_wait = cpu_synchronize,
+    .stream_mark = cpu_stream_mark,
+    .stream_elapsed = cpu_stream_elapsed,
     .cast_f32 = cpu_cast_f32,
     .cast_to_f32 = cpu_cast_to_f32,
     .mse_loss = cpu_mse_loss,

@@ -1,5 +1,6 @@
 /* The CUDA backend object: creation (stream, cuBLASLt and cuDNN handles, workspace), the op
  * table assembled from the per-file parts, and the memory entries. */
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -195,6 +196,31 @@ extern "C" void sd_backend_cuda_after_op(const sd_backend *be, void *stream)
 static void cuda_synchronize(const sd_backend *be)
 {
     sd_cuda_stream_wait(sd_cuda(be), sd_cuda_stream(be));
+}
+
+static void cuda_stream_mark(const sd_backend *be, int slot)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    SD_CUDA_CHECK(cudaEventRecord(st->marks[slot], st->stream));
+    st->marks_set |= 1u << slot;
+}
+
+/* Does not wait: a mark the GPU has not reached yet gives NAN. A query's "not ready" is not left
+ * behind as the thread's last error (sd_cuda_stream_wait's polls rely on that too). */
+static double cuda_stream_elapsed(const sd_backend *be, int a, int b)
+{
+    sd_cuda_state *st = sd_cuda(be);
+    float ms = 0.0f;
+    if (!(st->marks_set >> a & 1u) || !(st->marks_set >> b & 1u))
+        return NAN;
+    for (int slot : {a, b}) {
+        const cudaError_t e = cudaEventQuery(st->marks[slot]);
+        if (e == cudaErrorNotReady)
+            return NAN;
+        SD_CUDA_CHECK(e);
+    }
+    SD_CUDA_CHECK(cudaEventElapsedTime(&ms, st->marks[a], st->marks[b]));
+    return ms * 1e-3;
 }
 
 static void cuda_zero(const sd_backend *be, void *dst, size_t bytes)
@@ -438,6 +464,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     SD_CUDA_CHECK(cudaStreamCreateWithFlags(&st->copy_stream, cudaStreamNonBlocking));
     SD_CUDA_CHECK(cudaEventCreateWithFlags(&st->copy_done, cudaEventDisableTiming));
     SD_CUDA_CHECK(cudaEventCreateWithFlags(&st->compute_mark, cudaEventDisableTiming));
+    for (int i = 0; i < SD_STREAM_MARKS; i++)
+        SD_CUDA_CHECK(cudaEventCreate(&st->marks[i]));
     SD_CUBLAS_CHECK(cublasLtCreate(&st->lt));
     SD_CUDNN_CHECK(cudnnCreate(&st->dnn));
     SD_CUDNN_CHECK(cudnnSetStream(st->dnn, st->stream));
@@ -446,6 +474,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
         cudaGetLastError();
         cudnnDestroy(st->dnn);
         cublasLtDestroy(st->lt);
+        for (int i = 0; i < SD_STREAM_MARKS; i++)
+            cudaEventDestroy(st->marks[i]);
         cudaEventDestroy(st->compute_mark);
         cudaEventDestroy(st->copy_done);
         cudaStreamDestroy(st->copy_stream);
@@ -470,6 +500,8 @@ extern "C" int sd_backend_cuda_create(int device, sd_dtype dtype, sd_backend **o
     ops->upload_async = cuda_upload_async;
     ops->download_async = cuda_download_async;
     ops->download_wait = cuda_download_wait;
+    ops->stream_mark = cuda_stream_mark;
+    ops->stream_elapsed = cuda_stream_elapsed;
     sd_cuda_fill_elementwise_ops(ops);
     sd_cuda_fill_norm_ops(ops);
     sd_cuda_fill_conv_ops(ops);
@@ -515,6 +547,8 @@ extern "C" void sd_backend_cuda_destroy(sd_backend *be)
     cudaFree(st->lt_workspace);
     cudnnDestroy(st->dnn);
     cublasLtDestroy(st->lt);
+    for (int i = 0; i < SD_STREAM_MARKS; i++)
+        cudaEventDestroy(st->marks[i]);
     cudaEventDestroy(st->compute_mark);
     cudaEventDestroy(st->copy_done);
     cudaStreamDestroy(st->copy_stream);

@@ -53,6 +53,8 @@ typedef struct sd_cuda_state {
     cudaStream_t copy_stream; /* sd_upload_async's copies, beside the compute stream */
     cudaEvent_t copy_done;    /* recorded after each such copy; the compute stream waits on it */
     cudaEvent_t compute_mark; /* sd_download_async: the copy stream waits for the ops so far */
+    cudaEvent_t marks[SD_STREAM_MARKS]; /* sd_stream_mark (timed events) */
+    unsigned marks_set;       /* bit i: marks[i] has been recorded */
     int copy_stream_on;       /* SDTRAIN_CUDA_COPY_STREAM=off: async copies on the compute stream */
     cublasLtHandle_t lt;
     cudnnHandle_t dnn;
