@@ -1214,12 +1214,16 @@ static void dev_resume_in(trainer *t, int has_ema)
 static void ckpt_scalars(const trainer *t, int64_t done, int64_t k, int64_t skipped,
                          sd_ckpt_scalars *s)
 {
+    /* the loader's own: in follow mode t->info is what was known at the start (the shards
+     * committed then), and the first shards may hold less than one global batch: 0 steps an
+     * epoch, whose division ended a pipeline job with SIGFPE at a checkpoint until 2026-11-28 */
+    const sd_loader_info *li = sd_loader_get_info(t->loader);
     memset(s, 0, sizeof *s);
     s->step = done;
     s->opt_step = k;
     s->skipped = skipped;
-    s->steps_per_epoch = t->info.steps_per_epoch;
-    s->epoch = done / t->info.steps_per_epoch;
+    s->steps_per_epoch = li->steps_per_epoch;
+    s->epoch = li->steps_per_epoch > 0 ? done / li->steps_per_epoch : 0;
     s->global_batch = t->info.global_batch;
     s->batch_per_rank = t->bs;
     s->seed = t->cfg->run.seed;

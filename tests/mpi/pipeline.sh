@@ -274,11 +274,18 @@ while [ $i -lt 48 ]; do
     esac
     i=$((i + 1))
 done
+# (preprocessing slowed down, so that the trainers start on shard 0 alone, whose 8 kept samples
+# less the held-out ones are less than the global batch of 8: 0 steps an epoch then; the final
+# checkpoint divided by that until 2026-11-28 and the job ended with SIGFPE, now it records the
+# epochs of the shards known when it is written)
 pipe_nml pflt "$TMP/shards-pflt" 4
-mpi pflt 4 "$SDTRAIN" "$TMP/pflt.nml" --set "data.filter='original_width >= 512'"
+SDTRAIN_TEST_SHARD_DELAY_MS=1000 mpi pflt 4 "$SDTRAIN" "$TMP/pflt.nml" --set "data.filter='original_width >= 512'"
 expect_rc pflt 0
 expect_in pflt out "step 4/4"
 expect_in pflt out "all 3 planned shards are committed"
+expect_in pflt out "0 steps per epoch (in the shards committed so far)"
+grep -q '"steps_per_epoch": [1-9]' "$TMP/pflt/checkpoints/step-00000004/manifest.json" ||
+    fail "pflt: the final checkpoint's steps_per_epoch: $(grep steps_per_epoch "$TMP/pflt/checkpoints/step-00000004/manifest.json")"
 s="$TMP/shards-pflt/preprocess_summary.json"
 grep -q '"read": 48, "kept": 24, "skipped": 24' "$s" || fail "pflt: counts: $(head -n 1 "$s")"
 grep -q '"filtered": 12' "$s" && grep -q '"no_metadata": 12' "$s" || fail "pflt: reasons: $(head -n 1 "$s")"
