@@ -34,6 +34,10 @@ void sd_progress_phase(const char *what, int64_t n);
 /* Sleeps `ms` milliseconds counted as work (a tick every 0.1 s): the test hooks that stand for
  * slow work (a slow shard, index or input). */
 void sd_progress_sleep_ms(long ms);
+/* Such a test hook's delay: environment variable `name` = MS (0 to 3600000) on every rank, or
+ * RANK:MS on world rank RANK only (a straggler); 0 when unset, on the other ranks, or malformed
+ * (then with a warning naming it when `warn`). */
+long sd_progress_test_delay_ms(const char *name, int world_rank, int warn);
 
 /* A wait that something else bounds (a timeout of its own, another part of the job with its own
  * watchdog): while it lasts the watchdog does not count. Main thread; not nested. */

@@ -677,22 +677,12 @@ static int same_filter(const char *shard, const char *run)
            sd_meta_filter_equal(&a, &b);
 }
 
-/* A test hook's delay: environment variable `name` in ms (0 to 3600000), 0 when unset; another
- * value is ignored with a warning (rank 0). */
+/* A test hook's delay on this process (sd_progress_test_delay_ms); rank 0 warns of a bad one. */
 static long test_delay_ms(const char *name, int rank)
 {
-    const char *env = getenv(name);
-    char *end;
-    long ms;
-    if (!env || !*env)
-        return 0;
-    ms = strtol(env, &end, 10);
-    if (*end || ms < 0 || ms > 3600000) {
-        if (rank == 0)
-            sd_warn("%s = '%s' is not a delay in ms; ignored", name, env);
-        return 0;
-    }
-    return ms;
+    int world;
+    SD_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world));
+    return sd_progress_test_delay_ms(name, world, rank == 0);
 }
 
 /* Rank 0 builds the index; every rank gets a view (sd_dataset_view) of one packed image of it
@@ -1426,6 +1416,71 @@ static void warn_if_no_room(const sd_config *cfg, const sd_shard_meta *meta,
                 (long long)todo, need / 1048576.0, cfg->data.shard_dir, avail / 1048576.0);
 }
 
+/* Each rank's time for its parts of the shards: every rank waits for the slowest at the end
+ * of each shard's encoding (the shard is written only when all parts are in), so one slow node,
+ * GPU or file system costs all of them. */
+typedef struct part_times {
+    struct {
+        double v;
+        int rank;                 /* world rank */
+    } *last;                      /* rank 0: each rank's time of the last shard, by role rank */
+    double *total;                /* rank 0: each rank's sum over this run's shards */
+    int64_t shards;               /* shards timed */
+} part_times;
+
+/* Collective, after shard k's encoding (no write running): this rank's `secs` for its part
+ * (reading, decoding, tokenizing, encoding) gathered on rank 0, which names a rank whose excess
+ * over the ranks' mean is at least 1 s and a tenth of the slowest's time. */
+static void time_parts(part_times *pt, MPI_Comm comm, int rank, int size, int world_rank,
+                       int64_t k, double secs)
+{
+    struct {
+        double v;
+        int rank;
+    } mine = {secs, world_rank};
+    double sum = 0;
+    int slow = 0;
+    if (size < 2)
+        return;
+    if (rank == 0 && !pt->last) {
+        pt->last = sd_xmalloc((size_t)size * sizeof *pt->last);
+        pt->total = sd_xcalloc((size_t)size, sizeof *pt->total);
+    }
+    SD_MPI_CHECK(MPI_Gather(&mine, 1, MPI_DOUBLE_INT, pt->last, 1, MPI_DOUBLE_INT, 0, comm));
+    pt->shards++;
+    if (rank != 0)
+        return;
+    for (int r = 0; r < size; r++) {
+        sum += pt->last[r].v;
+        pt->total[r] += pt->last[r].v;
+        if (pt->last[r].v > pt->last[slow].v)
+            slow = r;
+    }
+    const double mean = sum / size, excess = pt->last[slow].v - mean;
+    if (excess >= 1.0 && excess >= 0.1 * pt->last[slow].v)
+        sd_warn("shard %lld: rank %d took %.2f s for its part (reading, decoding, encoding), the "
+                "ranks' mean %.2f s: the others wait for it at every shard (a slow node, GPU or "
+                "file system?)", (long long)k, pt->last[slow].rank, pt->last[slow].v, mean);
+}
+
+/* Rank 0, in the summary: the rank that took longest over the run's shards, against the mean. */
+static void print_part_times(const part_times *pt, int size)
+{
+    double sum = 0;
+    int slow = 0;
+    if (!pt->total || pt->shards == 0)
+        return;
+    for (int r = 0; r < size; r++) {
+        sum += pt->total[r];
+        if (pt->total[r] > pt->total[slow])
+            slow = r;
+    }
+    printf("slowest rank: %d, %.2f s for its parts of %lld shard(s) against the ranks' mean of "
+           "%.2f s (%.0f%% more)\n", pt->last[slow].rank, pt->total[slow],
+           (long long)pt->shards, sum / size,
+           sum > 0 ? 100.0 * (pt->total[slow] * size / sum - 1.0) : 0.0);
+}
+
 /* Collective over the preprocessing ranks, at a shard boundary (no write running): stop[0] = a
  * signal caught on any of them, stop[1] = a pipeline's training half's stop word (rank 0 hears
  * it). A signal caught here is passed on to the trainers; returns 1 on rank 0 when it sent the
@@ -1456,7 +1511,8 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     int cur = 0;
     shard_writer writer;
     int64_t n, n_shards, n_new = 0;
-    double t_start = sd_time_now(), t_loop = 0, t_waited = 0, t[T_N] = {0};
+    double t_start = sd_time_now(), t_loop = 0, t_waited = 0, t[T_N] = {0}, part_s;
+    part_times parts = {NULL, NULL, 0};
     long delay_ms = 0;
     /* SIGUSR1 / SIGTERM (Slurm's notice ahead of the time limit, scancel) stop the run at a
      * shard boundary: the shard encoded is committed, and a rerun goes on from there. In a
@@ -1479,8 +1535,9 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     memset(&writer, 0, sizeof writer);
     sd_err_clear(&err);
     sd_ckpt_signals_install();
-    /* Test hook: slow preprocessing down by this much per shard, so that tests can show a
-     * pipeline's training does not depend on how fast its shards come. */
+    /* Test hook: slow preprocessing down by this much per shard (RANK:MS: one rank), so that
+     * tests can show a pipeline's training does not depend on how fast its shards come, and
+     * that a slow rank is named. */
     delay_ms = test_delay_ms("SDTRAIN_TEST_SHARD_DELAY_MS", rank);
 
     if (open_dataset(cfg, comm, rank, &ds, &index_image, &err) != 0) {
@@ -1636,6 +1693,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
         if (!read_failed)
             drop_non_finite(&sl[cur], &enc, meta.float_dtype, world_rank, counts,
                             &non_finite_warned);
+        part_s = sd_time_now() - t0;
         if (writer_finish(&writer, rank, n_shards, t, &t_waited, &n_new) != 0) {
             code = SD_EXIT_FAILURE;
             break;
@@ -1673,6 +1731,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
                 break;
             }
             memcpy(writer.counts, mine, sizeof writer.counts);
+            time_parts(&parts, comm, rank, size, world_rank, k, part_s);
             if (mine[N_COUNTS] == 0 && rank == 0)
                 sd_warn("shard %lld is empty: each of its %lld samples (%lld to %lld of %s, from "
                         "'%s' on) was skipped (bad image, caption or encoding: the summary counts "
@@ -1759,10 +1818,13 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
                    : n_threaded    ? "beside the encoding on some ranks"
                                    : "between encodings",
                    sum[T_WRITE] > 0 ? (double)kept / sum[T_WRITE] : 0.0, waited / size);
+            print_part_times(&parts, size);
             fflush(stdout);
         }
     }
     free(empty);
+    free(parts.last);
+    free(parts.total);
     free(writer.committed.ranges);
     slice_free(&sl[0]);
     slice_free(&sl[1]);

@@ -1947,22 +1947,6 @@ static void report_stragglers(trainer *t, int64_t first, int64_t last, const dou
     }
 }
 
-/* A test hook NAME=RANK:MS standing for a straggler: MS (0 to 600000) on world rank RANK, 0 on
- * the others and when unset; a malformed value is ignored with a warning. */
-static long test_rank_delay_ms(const char *name, int world_rank)
-{
-    const char *env = getenv(name);
-    long r = -1, ms = 0;
-    char end;
-    if (!env || !*env)
-        return 0;
-    if (sscanf(env, "%ld:%ld%c", &r, &ms, &end) != 2 || r < 0 || ms < 0 || ms > 600000) {
-        sd_warn("%s = '%s': expected RANK:MS (MS up to 600000); ignored", name, env);
-        return 0;
-    }
-    return r == world_rank ? ms : 0;
-}
-
 int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
     const sd_config *cfg = &rc->cfg;
@@ -1973,7 +1957,7 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     const int64_t log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 1;
     int64_t k = 0, skipped = 0, step;
     double t_start, t_acc[T_N] = {0}, interval_loss = 0, last_loss = NAN, last_val = NAN;
-    double t_loop = 0, flops_sample = 0;
+    double t_loop = 0, flops_sample = 0, c_acc = 0; /* c_acc: rank 0's compute_s, summed */
     double iv[2] = {0, 0}, iv_wall = 0; /* this rank's data wait and compute since the last line */
     int64_t iv_first = 0;
     int interval_n = 0, code = SD_EXIT_OK, set_up;
@@ -1993,8 +1977,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     t.hb = sd_backend_cpu();
     t.gpu = dev->use_cuda;
     /* test hooks: world rank RANK's inputs, or its forward, MS late at every step */
-    t.load_delay_ms = test_rank_delay_ms("SDTRAIN_TEST_LOAD_DELAY", t.world_rank);
-    t.compute_delay_ms = test_rank_delay_ms("SDTRAIN_TEST_COMPUTE_DELAY", t.world_rank);
+    t.load_delay_ms = sd_progress_test_delay_ms("SDTRAIN_TEST_LOAD_DELAY", t.world_rank,
+                                                t.rank == 0);
+    t.compute_delay_ms = sd_progress_test_delay_ms("SDTRAIN_TEST_COMPUTE_DELAY", t.world_rank,
+                                                   t.rank == 0);
     if (!t.gpu && getenv("SDTRAIN_EMULATE_DEVICE_PATH") &&
         !strcmp(getenv("SDTRAIN_EMULATE_DEVICE_PATH"), "1"))
         t.gpu = t.emu = 1;
@@ -2270,8 +2256,10 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
             if (iv_first == 0)
                 iv_first = step + 1;
             iv[0] += tt[T_DATA];
-            if (isfinite(compute_s))
+            if (isfinite(compute_s)) {
                 iv[1] += compute_s;
+                c_acc += compute_s;
+            }
             iv_wall += dt;
             last_loss = stats[1];
             if (isfinite(stats[1])) {
@@ -2416,6 +2404,14 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
         for (int i = 0; i < T_N; i++)
             printf("  %-28s %8.3f s  %5.1f%%\n", t_names[i], t_acc[i],
                    t_loop > 0 ? 100.0 * t_acc[i] / t_loop : 0.0);
+        /* the backend's own time of the forwards and backwards (the stream clock): on a GPU
+         * the share of the steps it computes, and the model's rate while it does */
+        printf("  %-28s %8.3f s  %5.1f%%  (%s; %.4g TFLOP/s while computing)\n",
+               "forward + backward, own", c_acc, t_loop > 0 ? 100.0 * c_acc / t_loop : 0.0,
+               t.be->device == SD_DEV_CPU ? "the host's clock" : "the GPU's clock",
+               c_acc > 0 ? (double)(ran * t.info.global_batch) / t.size * flops_sample / c_acc *
+                               1e-12
+                         : 0.0);
         if (!t.gpu) {
             printf("  %-28s %.1f MB (activation arena %.1f MB)\n", "peak memory per rank (max)",
                    peak * 1e-6, sd_unet_trainer_arena_bytes(t.tr) * 1e-6);

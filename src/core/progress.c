@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +49,28 @@ void sd_progress_sleep_ms(long ms)
         usleep((useconds_t)(left < 100 ? left : 100) * 1000);
         sd_progress_tick();
     }
+}
+
+long sd_progress_test_delay_ms(const char *name, int world_rank, int warn)
+{
+    const char *env = getenv(name), *text;
+    char *end;
+    long ms, who = -1;
+    if (!env || !*env)
+        return 0;
+    text = env;
+    if (strchr(env, ':')) {
+        who = strtol(env, &end, 10);
+        text = end == env || *end != ':' || who < 0 ? "" : end + 1;
+    }
+    ms = strtol(text, &end, 10);
+    if (end == text || *end || ms < 0 || ms > 3600000) {
+        if (warn)
+            sd_warn("%s = '%s' is not a delay in ms (MS, or RANK:MS for one rank); ignored", name,
+                    env);
+        return 0;
+    }
+    return who < 0 || who == world_rank ? ms : 0;
 }
 
 void sd_progress_wait_begin(const char *what)

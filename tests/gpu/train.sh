@@ -1,13 +1,14 @@
 #!/bin/sh
 # mode = 'train' on the GPU (doc/training.md "On the GPU"), on shards made by mode = 'process':
 #   1. one rank, fp32 (no TF32), 10 steps: every step's loss within 1e-4 (relative) of the CPU's,
-#      the final weights and EMA within 1e-3 overall;
+#      the final weights and EMA within 1e-3 overall; every step's compute_s (CUDA events) in
+#      (0, step_s];
 #   2. the same GPU run again gives the same files; the host path (SDTRAIN_GPU_COMM=host) gives
 #      the same files as the device path (the CUDA optimizer is the CPU's bit for bit);
 #   3. bf16: 10 finite steps, losses within 5e-2 (relative) of fp32's, weights within 1e-2;
 #   4. two ranks sharing one GPU (host path): DDP and ZeRO-2 byte-identical, within 1e-3 of one
-#      rank with the same global batch; with two GPUs or more also the NCCL path, DDP and ZeRO-2
-#      within 1e-3 of one rank;
+#      rank with the same global batch; a rank whose forward is late is named for its compute;
+#      with two GPUs or more also the NCCL path, DDP and ZeRO-2 within 1e-3 of one rank;
 #   5. SDTRAIN_GPU_COMM=device with two ranks on one GPU fails at once with a clear message;
 #      gradient accumulation (4 x 2) trains like batch 8; gradients reduced during the backward
 #      (grad_reduce = 'overlap', NCCL with one rank) give the same files; a wait for the GPU
@@ -76,6 +77,15 @@ expect_in gpu1 out "on the GPU (one rank"
 expect_in gpu1 out "(0 skipped: non-finite)"
 losses gpu1 cpu1 1e-4
 weights gpu1 cpu1 1e-3
+# the stream clock: each step's compute_s is the GPU's time of its forward and backward (CUDA
+# events), above zero and within the step; the summary gives its share by the GPU's clock
+expect_in gpu1 out "(the GPU's clock;"
+awk '/"loss"/ { match($0, /"compute_s": [0-9.e+-]+/); c = substr($0, RSTART + 13, RLENGTH - 13)
+        match($0, /"step_s": [0-9.e+-]+/); s = substr($0, RSTART + 10, RLENGTH - 10)
+        if (!(c > 0 && c <= s)) bad++; n++ }
+    END { exit !(n == 10 && bad == 0) }' "$TMP/gpu1/metrics.jsonl" ||
+    fail "gpu1: a step's compute_s not in (0, step_s]: $(grep -o '"step_s": [^}]*' "$TMP/gpu1/metrics.jsonl" | head -3)"
+echo "ok: gpu1: compute_s in (0, step_s] on every step line"
 
 # 2. repeatable, and the host path's optimizer equals the device path's
 train gpu1b 1 8 none cuda fp32
@@ -103,6 +113,13 @@ expect_rc hzero2 0
 identical hddp2 hzero2 "two ranks, host path: DDP == ZeRO-2"
 losses hddp2 gpu1 1e-4
 weights hddp2 gpu1 1e-3
+# a compute straggler on the GPU: rank 1's forward 700 ms late at every step (test hook; its GPU
+# idles between the stream marks) is named for its compute at both progress lines; same bits
+SDTRAIN_TEST_COMPUTE_DELAY=1:700 SDTRAIN_GPU_COMM=host train hslow 2 4 none cuda fp32
+expect_rc hslow 0
+expect_in hslow err "steps 1-5: rank 1 computed"
+expect_in hslow err "steps 6-10: rank 1 computed"
+identical hddp2 hslow "two ranks, host path, rank 1 late: the same weights"
 
 # gradient accumulation on the GPU: 1 rank x 4 x 2 micro-batches trains like 1 x 8
 ACCUM=2

@@ -32,6 +32,12 @@ for key in '"step": 1,' '"lr":' '"images_per_s":' '"tflops_per_rank":' '"grad_no
 done
 [ -s "$TMP/np1/unet_final.safetensors" ] && [ -s "$TMP/np1/unet_ema.safetensors" ] ||
     fail "np1: final weights missing"
+# the summary's forward + backward by the stream clock: a share of the steps' time, and the
+# model's rate while computing at least its rate over the steps
+own=$(sed -n 's/.*forward + backward, own *[0-9.]* s *\([0-9.]*\)%  (the host.s clock; \([0-9.e+-]*\) TFLOP\/s while computing)/\1 \2/p' "$TMP/np1.out")
+rate=$(sed -n 's/.*model compute *\([0-9.e+-]*\) TFLOP\/s a rank.*/\1/p' "$TMP/np1.out")
+echo "$own $rate" | awk 'NF == 3 && $1 > 1 && $1 <= 100 && $2 >= $3 { ok = 1 } END { exit !ok }' ||
+    fail "np1: summary's own compute '$own' (share %, TFLOP/s) against the steps' '$rate' TFLOP/s"
 
 # recomputing activations in the backward changes memory, not bits
 train_nml recompute 8 none

@@ -57,9 +57,42 @@ static void *helper_in_mpi(void *arg)
     return NULL;
 }
 
+/* The test hooks' delays: MS for every rank, RANK:MS for one, anything else ignored. */
+static void test_delays(void)
+{
+    static const char *const bad[] = {"x", "5ms", "2:", ":5", "-1:5", "2:-3", "2:5:1",
+                                      "3600001", "-4", "1:2x"};
+    int ok = 1;
+    unsetenv("SD_TEST_HOOK");
+    tap_ok(sd_progress_test_delay_ms("SD_TEST_HOOK", 0, 1) == 0, "delay hook: unset is 0");
+    setenv("SD_TEST_HOOK", "250", 1);
+    tap_ok(sd_progress_test_delay_ms("SD_TEST_HOOK", 0, 1) == 250 &&
+               sd_progress_test_delay_ms("SD_TEST_HOOK", 7, 1) == 250,
+           "delay hook: MS on every rank");
+    setenv("SD_TEST_HOOK", "2:300", 1);
+    tap_ok(sd_progress_test_delay_ms("SD_TEST_HOOK", 2, 1) == 300 &&
+               sd_progress_test_delay_ms("SD_TEST_HOOK", 1, 1) == 0 &&
+               sd_progress_test_delay_ms("SD_TEST_HOOK", 20, 1) == 0,
+           "delay hook: RANK:MS on that world rank only");
+    tap_diag("warnings for %zu malformed values follow on stderr; they are expected",
+             sizeof bad / sizeof *bad);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv("SD_TEST_HOOK", bad[i], 1);
+        if (sd_progress_test_delay_ms("SD_TEST_HOOK", 2, 1) != 0 ||
+            sd_progress_test_delay_ms("SD_TEST_HOOK", 5, 0) != 0) {
+            tap_diag("'%s' was taken", bad[i]);
+            ok = 0;
+        }
+    }
+    tap_ok(ok, "delay hook: malformed values are 0 on every rank");
+    unsetenv("SD_TEST_HOOK");
+}
+
 int main(void)
 {
     double t0;
+
+    test_delays();
 
     tap_ok(sd_watchdog_default_grace(1800) == 180 && sd_watchdog_default_grace(5) == 2 &&
                sd_watchdog_default_grace(1e5) == 300,
