@@ -1418,19 +1418,48 @@ static void warn_if_no_room(const sd_config *cfg, const sd_shard_meta *meta,
 
 /* Each rank's time for its parts of the shards: every rank waits for the slowest at the end
  * of each shard's encoding (the shard is written only when all parts are in), so one slow node,
- * GPU or file system costs all of them. */
+ * GPU or file system costs all of them. Rank 0 judges the times over intervals of at least
+ * PART_REPORT_S of its clock (and the last one at the end): a shard can take well under a
+ * second on many GPUs, and a warning a shard would flood the log. */
+#define PART_REPORT_S 60.0
 typedef struct part_times {
     struct {
         double v;
         int rank;                 /* world rank */
     } *last;                      /* rank 0: each rank's time of the last shard, by role rank */
     double *total;                /* rank 0: each rank's sum over this run's shards */
+    double *iv;                   /* rank 0: each rank's sum over the interval's shards */
     int64_t shards;               /* shards timed */
+    int64_t iv_first, iv_last;    /* rank 0: the interval's first and last shard; -1: none yet */
+    double iv_start;              /* rank 0: when the interval began (its clock) */
 } part_times;
 
+/* Rank 0: names a rank whose excess over the ranks' mean in the interval is at least 1 s and a
+ * tenth of its time, then starts a new interval. */
+static void report_parts(part_times *pt, int size)
+{
+    double sum = 0;
+    int slow = 0;
+    if (!pt->iv || pt->iv_first < 0)
+        return;
+    for (int r = 0; r < size; r++) {
+        sum += pt->iv[r];
+        if (pt->iv[r] > pt->iv[slow])
+            slow = r;
+    }
+    const double mean = sum / size, excess = pt->iv[slow] - mean;
+    if (excess >= 1.0 && excess >= 0.1 * pt->iv[slow])
+        sd_warn("shards %lld-%lld: rank %d took %.2f s for its parts (reading, decoding, "
+                "encoding), the ranks' mean %.2f s: the others wait for it at every shard (a "
+                "slow node, GPU or file system?)", (long long)pt->iv_first,
+                (long long)pt->iv_last, pt->last[slow].rank, pt->iv[slow], mean);
+    memset(pt->iv, 0, (size_t)size * sizeof *pt->iv);
+    pt->iv_first = -1;
+}
+
 /* Collective, after shard k's encoding (no write running): this rank's `secs` for its part
- * (reading, decoding, tokenizing, encoding) gathered on rank 0, which names a rank whose excess
- * over the ranks' mean is at least 1 s and a tenth of the slowest's time. */
+ * (reading, decoding, tokenizing, encoding) gathered on rank 0, which reports on the interval
+ * once it has lasted PART_REPORT_S. */
 static void time_parts(part_times *pt, MPI_Comm comm, int rank, int size, int world_rank,
                        int64_t k, double secs)
 {
@@ -1438,38 +1467,40 @@ static void time_parts(part_times *pt, MPI_Comm comm, int rank, int size, int wo
         double v;
         int rank;
     } mine = {secs, world_rank};
-    double sum = 0;
-    int slow = 0;
     if (size < 2)
         return;
     if (rank == 0 && !pt->last) {
         pt->last = sd_xmalloc((size_t)size * sizeof *pt->last);
         pt->total = sd_xcalloc((size_t)size, sizeof *pt->total);
+        pt->iv = sd_xcalloc((size_t)size, sizeof *pt->iv);
+        pt->iv_first = -1;
     }
     SD_MPI_CHECK(MPI_Gather(&mine, 1, MPI_DOUBLE_INT, pt->last, 1, MPI_DOUBLE_INT, 0, comm));
     pt->shards++;
     if (rank != 0)
         return;
-    for (int r = 0; r < size; r++) {
-        sum += pt->last[r].v;
-        pt->total[r] += pt->last[r].v;
-        if (pt->last[r].v > pt->last[slow].v)
-            slow = r;
+    if (pt->iv_first < 0) {
+        pt->iv_first = k;
+        pt->iv_start = sd_time_now() - secs;
     }
-    const double mean = sum / size, excess = pt->last[slow].v - mean;
-    if (excess >= 1.0 && excess >= 0.1 * pt->last[slow].v)
-        sd_warn("shard %lld: rank %d took %.2f s for its part (reading, decoding, encoding), the "
-                "ranks' mean %.2f s: the others wait for it at every shard (a slow node, GPU or "
-                "file system?)", (long long)k, pt->last[slow].rank, pt->last[slow].v, mean);
+    pt->iv_last = k;
+    for (int r = 0; r < size; r++) {
+        pt->total[r] += pt->last[r].v;
+        pt->iv[r] += pt->last[r].v;
+    }
+    if (sd_time_now() - pt->iv_start >= PART_REPORT_S)
+        report_parts(pt, size);
 }
 
-/* Rank 0, in the summary: the rank that took longest over the run's shards, against the mean. */
-static void print_part_times(const part_times *pt, int size)
+/* Rank 0, in the summary: the last interval's report, then the rank that took longest over the
+ * run's shards, against the mean. */
+static void print_part_times(part_times *pt, int size)
 {
     double sum = 0;
     int slow = 0;
     if (!pt->total || pt->shards == 0)
         return;
+    report_parts(pt, size);
     for (int r = 0; r < size; r++) {
         sum += pt->total[r];
         if (pt->total[r] > pt->total[slow])
@@ -1512,7 +1543,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     shard_writer writer;
     int64_t n, n_shards, n_new = 0;
     double t_start = sd_time_now(), t_loop = 0, t_waited = 0, t[T_N] = {0}, part_s;
-    part_times parts = {NULL, NULL, 0};
+    part_times parts = {.last = NULL, .iv_first = -1};
     long delay_ms = 0;
     /* SIGUSR1 / SIGTERM (Slurm's notice ahead of the time limit, scancel) stop the run at a
      * shard boundary: the shard encoded is committed, and a rerun goes on from there. In a
@@ -1825,6 +1856,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
     free(empty);
     free(parts.last);
     free(parts.total);
+    free(parts.iv);
     free(writer.committed.ranges);
     slice_free(&sl[0]);
     slice_free(&sl[1]);
