@@ -1418,10 +1418,10 @@ static void warn_if_no_room(const sd_config *cfg, const sd_shard_meta *meta,
 
 /* Each rank's time for its parts of the shards: every rank waits for the slowest at the end
  * of each shard's encoding (the shard is written only when all parts are in), so one slow node,
- * GPU or file system costs all of them. Rank 0 judges the times over intervals of at least
- * PART_REPORT_S of its clock (and the last one at the end): a shard can take well under a
- * second on many GPUs, and a warning a shard would flood the log. */
-#define PART_REPORT_S 60.0
+ * GPU or file system costs all of them. Rank 0 judges the times over intervals of at least a
+ * minute of its clock (report_s; the test hook SDTRAIN_TEST_PART_REPORT_MS sets another) and
+ * the last one at the end: a shard can take well under a second on many GPUs, and a warning a
+ * shard would flood the log. */
 typedef struct part_times {
     struct {
         double v;
@@ -1432,6 +1432,7 @@ typedef struct part_times {
     int64_t shards;               /* shards timed */
     int64_t iv_first, iv_last;    /* rank 0: the interval's first and last shard; -1: none yet */
     double iv_start;              /* rank 0: when the interval began (its clock) */
+    double report_s;              /* rank 0: the intervals' least length (s) */
 } part_times;
 
 /* Rank 0: names a rank whose excess over the ranks' mean in the interval is at least 1 s and a
@@ -1448,20 +1449,26 @@ static void report_parts(part_times *pt, int size)
             slow = r;
     }
     const double mean = sum / size, excess = pt->iv[slow] - mean;
-    if (excess >= 1.0 && excess >= 0.1 * pt->iv[slow])
-        sd_warn("shards %lld-%lld: rank %d took %.2f s for its parts (reading, decoding, "
-                "encoding), the ranks' mean %.2f s: the others wait for it at every shard (a "
-                "slow node, GPU or file system?)", (long long)pt->iv_first,
-                (long long)pt->iv_last, pt->last[slow].rank, pt->iv[slow], mean);
+    if (excess >= 1.0 && excess >= 0.1 * pt->iv[slow]) {
+        char which[64];
+        if (pt->iv_first == pt->iv_last)
+            snprintf(which, sizeof which, "shard %lld", (long long)pt->iv_first);
+        else
+            snprintf(which, sizeof which, "shards %lld-%lld", (long long)pt->iv_first,
+                     (long long)pt->iv_last);
+        sd_warn("%s: rank %d took %.2f s for its parts (reading, decoding, encoding), the ranks' "
+                "mean %.2f s: the others wait for it at every shard (a slow node, GPU or file "
+                "system?)", which, pt->last[slow].rank, pt->iv[slow], mean);
+    }
     memset(pt->iv, 0, (size_t)size * sizeof *pt->iv);
     pt->iv_first = -1;
 }
 
 /* Collective, after shard k's encoding (no write running): this rank's `secs` for its part
- * (reading, decoding, tokenizing, encoding) gathered on rank 0, which reports on the interval
- * once it has lasted PART_REPORT_S. */
+ * (reading, decoding, tokenizing, encoding), begun at `started`, gathered on rank 0, which
+ * reports on the interval once it has lasted report_s. */
 static void time_parts(part_times *pt, MPI_Comm comm, int rank, int size, int world_rank,
-                       int64_t k, double secs)
+                       int64_t k, double started, double secs)
 {
     struct {
         double v;
@@ -1474,6 +1481,10 @@ static void time_parts(part_times *pt, MPI_Comm comm, int rank, int size, int wo
         pt->total = sd_xcalloc((size_t)size, sizeof *pt->total);
         pt->iv = sd_xcalloc((size_t)size, sizeof *pt->iv);
         pt->iv_first = -1;
+        pt->report_s = 60.0;
+        if (getenv("SDTRAIN_TEST_PART_REPORT_MS"))
+            pt->report_s = 1e-3 * (double)sd_progress_test_delay_ms("SDTRAIN_TEST_PART_REPORT_MS",
+                                                                    world_rank, 1);
     }
     SD_MPI_CHECK(MPI_Gather(&mine, 1, MPI_DOUBLE_INT, pt->last, 1, MPI_DOUBLE_INT, 0, comm));
     pt->shards++;
@@ -1481,14 +1492,14 @@ static void time_parts(part_times *pt, MPI_Comm comm, int rank, int size, int wo
         return;
     if (pt->iv_first < 0) {
         pt->iv_first = k;
-        pt->iv_start = sd_time_now() - secs;
+        pt->iv_start = started;
     }
     pt->iv_last = k;
     for (int r = 0; r < size; r++) {
         pt->total[r] += pt->last[r].v;
         pt->iv[r] += pt->last[r].v;
     }
-    if (sd_time_now() - pt->iv_start >= PART_REPORT_S)
+    if (sd_time_now() - pt->iv_start >= pt->report_s)
         report_parts(pt, size);
 }
 
@@ -1762,7 +1773,7 @@ int sd_mode_process(const sd_run_config *rc, const sd_runtime *rt, const sd_devi
                 break;
             }
             memcpy(writer.counts, mine, sizeof writer.counts);
-            time_parts(&parts, comm, rank, size, world_rank, k, part_s);
+            time_parts(&parts, comm, rank, size, world_rank, k, t0, part_s);
             if (mine[N_COUNTS] == 0 && rank == 0)
                 sd_warn("shard %lld is empty: each of its %lld samples (%lld to %lld of %s, from "
                         "'%s' on) was skipped (bad image, caption or encoding: the summary counts "
