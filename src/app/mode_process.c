@@ -1435,19 +1435,27 @@ typedef struct part_times {
     double report_s;              /* rank 0: the intervals' least length (s) */
 } part_times;
 
+/* The (first) index of the largest of v[0 .. n-1]; *sum := their sum. */
+static int slowest_of(const double *v, int n, double *sum)
+{
+    int slow = 0;
+    *sum = 0;
+    for (int r = 0; r < n; r++) {
+        *sum += v[r];
+        if (v[r] > v[slow])
+            slow = r;
+    }
+    return slow;
+}
+
 /* Rank 0: names a rank whose excess over the ranks' mean in the interval is at least 1 s and a
  * tenth of its time, then starts a new interval. */
 static void report_parts(part_times *pt, int size)
 {
-    double sum = 0;
-    int slow = 0;
+    double sum;
     if (!pt->iv || pt->iv_first < 0)
         return;
-    for (int r = 0; r < size; r++) {
-        sum += pt->iv[r];
-        if (pt->iv[r] > pt->iv[slow])
-            slow = r;
-    }
+    const int slow = slowest_of(pt->iv, size, &sum);
     const double mean = sum / size, excess = pt->iv[slow] - mean;
     if (excess >= 1.0 && excess >= 0.1 * pt->iv[slow]) {
         char which[64];
@@ -1507,16 +1515,11 @@ static void time_parts(part_times *pt, MPI_Comm comm, int rank, int size, int wo
  * run's shards, against the mean. */
 static void print_part_times(part_times *pt, int size)
 {
-    double sum = 0;
-    int slow = 0;
+    double sum;
     if (!pt->total || pt->shards == 0)
         return;
     report_parts(pt, size);
-    for (int r = 0; r < size; r++) {
-        sum += pt->total[r];
-        if (pt->total[r] > pt->total[slow])
-            slow = r;
-    }
+    const int slow = slowest_of(pt->total, size, &sum);
     printf("slowest rank: %d, %.2f s for its parts of %lld shard(s) against the ranks' mean of "
            "%.2f s (%.0f%% more)\n", pt->last[slow].rank, pt->total[slow],
            (long long)pt->shards, sum / size,
