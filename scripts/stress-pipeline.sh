@@ -10,28 +10,21 @@
 #
 #   bash scripts/stress-pipeline.sh [BUILD_DIR]     # default build/cpu; prints bad=0 when all hold
 top=$(cd "$(dirname "$0")/.." && pwd)
-B=$(cd "${1:-$top/build/cpu}" && pwd)
-S=$B/sdtrain
-T=$B/stress-pipeline; rm -rf $T; mkdir -p $T
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-TOK=$top/tests/data/tokenizer/bpe_simple_vocab_16e6.txt.gz
-$B/sdtool make-demo-data $T/data --count 48 >/dev/null
+# the test suite's helpers (tests/lib.sh: the tiny model, the filter's metadata, the launcher's
+# environment); the runs go to BUILD_DIR/tests/tmp/stress-pipeline
+top_srcdir=$top
+top_builddir=$(cd "${1:-$top/build/cpu}" && pwd)
+SD_TEST_NAME=stress-pipeline
+MPIEXEC=${MPIEXEC:-mpirun --oversubscribe}
+. "$top/tests/lib.sh"
+T=$TMP
+$SDTOOL make-demo-data $T/data --count 48 >/dev/null
 cp -r $T/data $T/dataf
-i=0
-while [ $i -lt 48 ]; do
-    j="$T/dataf/00000/$(printf %09d $i).json"
-    case $((i % 4)) in
-    0 | 2) echo '{"original_width": 1024}' >"$j" ;;
-    1) echo '{"original_width": 300}' >"$j" ;;
-    *) rm -f "$j" ;;
-    esac
-    i=$((i + 1))
-done
-model="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2, norm_num_groups = 8, cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4, vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$TOK', layers_per_block = 1"
+width_metadata $T/dataf
 mk() { # name data shard_dir train-extra ckpt-extra filter
 cat > $T/$1.nml <<EOF
 &run mode = 'pipeline', n_process_ranks = 2, output_dir = '$T/$1', seed = 11, device = 'cpu' /
-&model $model /
+&model $TINY_MODEL /
 &data input = '$2', shard_dir = '$3', samples_per_shard = 16, encode_batch_size = 8, val_fraction = 0.2 $6 /
 &train max_steps = 8, batch_size_per_rank = 4, learning_rate = 1e-3, warmup_steps = 2, log_every = 2, val_every = 4 $4 /
 &diffusion caption_dropout = 0.2 /
@@ -40,7 +33,7 @@ EOF
 }
 go() { # name [env...]
     local n=$1; shift
-    env "$@" timeout 300 mpirun --oversubscribe -np 4 $S $T/$n.nml >$T/$n.out 2>$T/$n.err
+    env "$@" timeout 300 $MPIEXEC $MPIEXEC_NP 4 $SDTRAIN $T/$n.nml >$T/$n.out 2>$T/$n.err
     echo $?
 }
 bad=0

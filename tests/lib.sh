@@ -111,6 +111,23 @@ TINY_MODEL="resolution = 32, block_out_channels = 16, 32, attention_head_dim = 2
   cross_attention_dim = 32, text_hidden_size = 32, text_layers = 1, text_heads = 4,
   vae_block_out_channels = 8, 8, 16, 16, tokenizer = '$TINY_TOKENIZER', layers_per_block = 1"
 
+# width_metadata DIR: the .json of the 48 samples of the demo folder DIR (make-demo-data --count
+# 48) for the metadata filter 'original_width >= 512': sample i's original_width is 1024 when i %
+# 4 is 0 or 2 (kept: 24), 300 when it is 1 (filtered: 12), and it has no .json when it is 3
+# (no_metadata: 12); each shard of 16 then holds 8 kept samples
+width_metadata() {
+    i=0
+    while [ $i -lt 48 ]; do
+        j="$1/00000/$(printf %09d $i).json"
+        case $((i % 4)) in
+        0 | 2) echo '{"original_width": 1024}' >"$j" ;;
+        1) echo '{"original_width": 300}' >"$j" ;;
+        *) rm -f "$j" ;;
+        esac
+        i=$((i + 1))
+    done
+}
+
 # tiny_train_nml NAME BATCH SHARDING [TRAIN-KEYS] [GROUPS]: $TMP/NAME.nml, the end-to-end tests'
 # training run of the tiny model on $TMP/shards: 10 steps (STEPS=N to change), validation every
 # 5 (VAL_EVERY=N; 0: none), on the CPU (DEVICE=cuda to change), AdamW with warmup, clipping,

@@ -264,16 +264,7 @@ pass "SIGUSR1 to either half: both stop cleanly with status 0, and a rerun train
 # &data filter in the preprocessing half: of the 48 samples, those with original_width 1024
 # are kept (24), 300 filtered (12), no .json is no_metadata (12); the trainers follow the
 # filtered shards, and the shards equal those of mode 'process' with the same filter
-i=0
-while [ $i -lt 48 ]; do
-    j="$TMP/data/00000/$(printf %09d $i).json"
-    case $((i % 4)) in
-    0 | 2) echo '{"original_width": 1024}' >"$j" ;;
-    1) echo '{"original_width": 300}' >"$j" ;;
-    *) rm -f "$j" ;;
-    esac
-    i=$((i + 1))
-done
+width_metadata "$TMP/data"
 # (preprocessing slowed down, so that the trainers start on shard 0 alone, whose 8 kept samples
 # less the held-out ones are less than the global batch of 8: 0 steps an epoch then; the final
 # checkpoint divided by that until 2026-11-28 and the job ended with SIGFPE, now it records the
