@@ -1,6 +1,6 @@
 /* The stall watchdog's marks (sdtrain/progress.h, &run stall_timeout): what the work pays for
- * them. Every op and file block ticks, every MPI call is marked on entry and exit, every step
- * and shard sets a phase; the watchdog thread runs beside them as in sdtrain (timeout 1800 s).
+ * them. Every op and file block ticks, every MPI call and file-system call (pread, pwrite, fsync)
+ * is marked on entry and exit, every step and shard sets a phase; the watchdog thread runs beside them as in sdtrain (timeout 1800 s).
  *
  *   bench/progress_marks [--reps R] [--n N]     (default: 7 repetitions of 2e7 marks)
  *
@@ -27,7 +27,7 @@ static void quiet(const char *message, void *user)
     (void)user;
 }
 
-enum { TICK, MPI_PAIR, PHASE, N_KINDS };
+enum { TICK, MPI_PAIR, IO_PAIR, PHASE, N_KINDS };
 
 /* ns per call of one kind of mark over n calls */
 static double run(int kind, long n)
@@ -40,6 +40,9 @@ static double run(int kind, long n)
             sd_progress_mpi_enter("MPI_Allreduce(a, b, 1, MPI_INT, MPI_SUM, comm)", __FILE__,
                                   __LINE__);
             sd_progress_mpi_leave();
+        } else if (kind == IO_PAIR) {
+            sd_progress_io_enter("pread", 0);
+            sd_progress_io_leave();
         } else {
             sd_progress_phase("training step", i);
         }
@@ -52,11 +55,12 @@ int main(int argc, char **argv)
     int reps = 7;
     long n = 20000000;
     static const char *const names[N_KINDS] = {"tick (op, file block)", "MPI call enter+leave",
-                                               "phase (step, shard)"};
+                                               "file call enter+leave", "phase (step, shard)"};
     /* marks per SD2 training step, for scale (an estimate of the order: about 1000 ops in the
      * U-Net's forward, twice that in the backward; some 20 MPI calls of the boundary's
-     * agreements, the loader and the metrics; one phase) */
-    static const double per_step[N_KINDS] = {3000, 20, 1};
+     * agreements, the loader and the metrics; a pread or two a sample of a batch of 32 from
+     * the loader's threads; one phase) */
+    static const double per_step[N_KINDS] = {3000, 20, 64, 1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);

@@ -64,6 +64,30 @@ int sd_fs_check_room(const char *dir, double need, sd_err *err);
  * a write that moved nothing); *done (may be NULL) := the bytes that did move. */
 int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t *done);
 
+/* Streamed writeback of a large file written block by block. After each block's write,
+ * sd_writeback_add starts the kernel's writeback of it (sync_file_range) and waits until the
+ * block written before it is on storage, so that at most two blocks of the file are dirty or in
+ * flight at a time: the final fsync has one block left, not the whole file (the stall watchdog
+ * sees progress block by block; a node's page cache does not fill with one file's dirty pages,
+ * which the kernel would otherwise write out all at once in the fsync). A file system that
+ * cannot do it (EINVAL, ENOSYS, ESPIPE, EOPNOTSUPP) leaves everything to the final fsync, as
+ * does SDTRAIN_WRITEBACK=off (for comparisons). An error of an earlier write's writeback is
+ * reported here and, on Linux, not again by the fsync: the caller takes it for a failed sync. */
+typedef struct sd_writeback {
+    int fd;
+    int off;          /* 1: not supported or turned off */
+    uint64_t at, len; /* the block whose writeback was started last; len 0: none */
+} sd_writeback;
+void sd_writeback_init(sd_writeback *wb, int fd);
+/* [at, at + len) was just written through wb->fd. 0, or -1 with errno set (a failed sync). */
+int sd_writeback_add(sd_writeback *wb, uint64_t at, uint64_t len);
+/* sd_pio_all's write through wb->fd in blocks of 64 MiB, each given to sd_writeback_add. 0; -1
+ * when a write failed, -2 when a sync did, errno set. */
+int sd_pwrite_streamed(sd_writeback *wb, const void *buf, size_t bytes, uint64_t at);
+
+/* fsync(fd) marked for the stall watchdog as a file-system call (its report names the file). */
+int sd_fsync_fd(int fd);
+
 /* After writes through fd to the file `path`: unless `failed`, fsyncs fd (file systems that
  * cannot sync, EINVAL or EROFS, are not an error); then closes it, a failed close reported unless
  * `failed`. Returns the verdict: `failed`, or 1 when the sync or the close failed (err says

@@ -50,6 +50,14 @@ void sd_progress_wait_end(void);
 void sd_progress_mpi_enter(const char *call, const char *file, int line);
 void sd_progress_mpi_leave(void);
 
+/* Around a file-system call that may block for long (pread/pwrite of a block, fsync, a wait for
+ * writeback): `call` a literal ("fsync"), `fd` the descriptor, whose path the report looks up
+ * (/proc/self/fd) only when it is made. One thread's call is kept at a time (the first to
+ * enter; a call stuck for good keeps it); nested marks keep the outermost; leaving is no tick.
+ * A rank stuck inside one gets no grace: it is the rank that is stuck. */
+void sd_progress_io_enter(const char *call, int fd);
+void sd_progress_io_leave(void);
+
 /* Called once, from the watchdog's thread, when the rank has made no progress for the timeout
  * (plus the grace inside MPI). `message` describes the stall in one line. The job's handler
  * ends the process; a handler that returns ends the watch. */
@@ -64,7 +72,7 @@ int sd_watchdog_start(double timeout_s, double grace_s, const char *setting, sd_
                       void *user);
 /* Async-signal-safe (sdtrain's SIGUSR2 handler): the watchdog thread prints, within a second,
  * "[rank r] [t] progress: its work: PHASE N (for T), inside CALL at FILE:LINE for T | outside
- * MPI; the last progress T ago" on stderr; the job goes on. */
+ * MPI[, in CALL of 'PATH' for T]; the last progress T ago" on stderr; the job goes on. */
 void sd_progress_report_request(void);
 
 /* Stops the watch and joins its thread (no-op when none runs). */

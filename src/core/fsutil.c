@@ -110,8 +110,10 @@ int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t
     while (moved < bytes) {
         const size_t left = bytes - moved, n = left < ((size_t)1 << 30) ? left : (size_t)1 << 30;
         const off_t where = (off_t)(at + moved);
-        const ssize_t got =
-            writing ? pwrite(fd, p + moved, n, where) : pread(fd, p + moved, n, where);
+        ssize_t got;
+        sd_progress_io_enter(writing ? "pwrite" : "pread", fd);
+        got = writing ? pwrite(fd, p + moved, n, where) : pread(fd, p + moved, n, where);
+        sd_progress_io_leave();
         sd_progress_tick();
         if (got < 0 && errno == EINTR)
             continue;
@@ -128,9 +130,72 @@ int sd_pio_all(int fd, void *buf, size_t bytes, uint64_t at, int writing, size_t
     return rc;
 }
 
+int sd_fsync_fd(int fd)
+{
+    int rc;
+    sd_progress_io_enter("fsync", fd);
+    rc = fsync(fd);
+    sd_progress_io_leave();
+    sd_progress_tick();
+    return rc;
+}
+
+/* the errors that say a descriptor cannot do sync_file_range, not that the storage failed */
+static int writeback_unsupported(int e)
+{
+    return e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP || e == EROFS;
+}
+
+void sd_writeback_init(sd_writeback *wb, int fd)
+{
+    const char *v = getenv("SDTRAIN_WRITEBACK");
+    wb->fd = fd;
+    wb->off = v && (strcmp(v, "off") == 0 || strcmp(v, "0") == 0);
+    wb->at = wb->len = 0;
+}
+
+int sd_writeback_add(sd_writeback *wb, uint64_t at, uint64_t len)
+{
+    int rc = 0;
+    if (wb->off || len == 0)
+        return 0;
+    sd_progress_io_enter("sync_file_range", wb->fd);
+    /* start the new block's writeback, then wait for the one before (both in flight at once) */
+    if (sync_file_range(wb->fd, (off64_t)at, (off64_t)len, SYNC_FILE_RANGE_WRITE) != 0)
+        rc = -1;
+    else if (wb->len &&
+             sync_file_range(wb->fd, (off64_t)wb->at, (off64_t)wb->len,
+                             SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                 SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+        rc = -1;
+    sd_progress_io_leave();
+    sd_progress_tick();
+    if (rc != 0 && writeback_unsupported(errno)) {
+        wb->off = 1;
+        return 0;
+    }
+    wb->at = at;
+    wb->len = len;
+    return rc;
+}
+
+int sd_pwrite_streamed(sd_writeback *wb, const void *buf, size_t bytes, uint64_t at)
+{
+    const size_t block = (size_t)64 << 20;
+    const char *p = buf;
+    for (size_t off = 0; off < bytes; off += block) {
+        const size_t n = bytes - off < block ? bytes - off : block;
+        if (sd_pio_all(wb->fd, (void *)(p + off), n, at + off, 1, NULL))
+            return -1;
+        if (sd_writeback_add(wb, at + off, n))
+            return -2;
+    }
+    return 0;
+}
+
 int sd_fsync_close(int fd, const char *path, int failed, sd_err *err)
 {
-    if (!failed && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+    if (!failed && sd_fsync_fd(fd) != 0 && errno != EINVAL && errno != EROFS)
         failed = sd_err_errno(err, errno, "cannot sync '%s'", path) != 0;
     if (close(fd) != 0 && !failed)
         failed = sd_err_errno(err, errno, "cannot close '%s'", path) != 0;
@@ -142,7 +207,7 @@ int sd_fsync_path(const char *path, sd_err *err)
     int fd = open(path, O_RDONLY), rc, e;
     if (fd < 0)
         return sd_err_errno(err, errno, "cannot open '%s' to sync it", path);
-    rc = fsync(fd);
+    rc = sd_fsync_fd(fd);
     e = errno;
     close(fd);
     if (rc != 0 && e != EINVAL && e != EROFS)

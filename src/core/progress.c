@@ -114,6 +114,76 @@ void sd_progress_mpi_leave(void)
     atomic_store(&mpi_owner, NULL);
 }
 
+/* The file-system call slot: like the MPI slot, one thread's call at a time, nested marks keep
+ * the outermost. A report reads its fields between two reads of io_seq (odd while they
+ * change), so that it never pairs a call with another call's descriptor. */
+static _Thread_local int io_depth;
+static _Thread_local char io_token;
+static _Atomic(void *) io_owner;
+static atomic_uint io_seq;
+static _Atomic(const char *) io_call;
+static atomic_int io_fd;
+static _Atomic double io_t0;
+
+void sd_progress_io_enter(const char *call, int fd)
+{
+    void *none = NULL;
+    if (io_depth++ > 0 || !atomic_compare_exchange_strong(&io_owner, &none, (void *)&io_token))
+        return;
+    atomic_fetch_add(&io_seq, 1);
+    atomic_store(&io_fd, fd);
+    atomic_store(&io_t0, sd_time_now());
+    atomic_store(&io_call, call);
+    atomic_fetch_add(&io_seq, 1);
+}
+
+void sd_progress_io_leave(void)
+{
+    if (--io_depth > 0 || atomic_load(&io_owner) != (void *)&io_token)
+        return;
+    atomic_fetch_add(&io_seq, 1);
+    atomic_store(&io_call, NULL);
+    atomic_fetch_add(&io_seq, 1);
+    atomic_store(&io_owner, NULL);
+}
+
+static const char *secs(char *buf, size_t size, double s);
+
+/* ", in CALL of 'PATH' for T" for a thread inside a file-system call (PATH from /proc/self/fd;
+ * "descriptor N" where it cannot be read), or "" (also when the call ended while it was being
+ * read). Returns T, or -1 when there was none. */
+static double describe_io(char *buf, size_t size, double now)
+{
+    const unsigned s0 = atomic_load(&io_seq);
+    const char *call = atomic_load(&io_call);
+    const int fd = atomic_load(&io_fd);
+    const double t0 = atomic_load(&io_t0);
+    char link[64], path[1024], a[32];
+    ssize_t n;
+    buf[0] = '\0';
+    if ((s0 & 1) || !call)
+        return -1;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    n = readlink(link, path, sizeof path - 1);
+    if (n > 0)
+        path[n] = '\0';
+    else
+        snprintf(path, sizeof path, "descriptor %d", fd);
+    if (atomic_load(&io_seq) != s0)
+        return -1;
+    snprintf(buf, size, ", in %s of '%s' for %s", call, path, secs(a, sizeof a, now - t0));
+    return now - t0;
+}
+
+/* How long the thread in the file-system call slot has been inside it; -1 when none is. */
+static double io_inside_s(double now)
+{
+    const unsigned s0 = atomic_load(&io_seq);
+    const int in = atomic_load(&io_call) != NULL;
+    const double t0 = atomic_load(&io_t0);
+    return !(s0 & 1) && in && atomic_load(&io_seq) == s0 ? now - t0 : -1;
+}
+
 /* ---- the watchdog ------------------------------------------------------------------------- */
 
 static struct {
@@ -157,7 +227,8 @@ static void describe_work(char *msg, size_t size, int stalled)
     const double now = sd_time_now();
     const double since = now - atomic_load_explicit(&phase_t0, memory_order_relaxed);
     const char *call = atomic_load_explicit(&mpi_call, memory_order_acquire);
-    char num[32] = "", a[32];
+    char num[32] = "", a[32], io[1200];
+    const double in_io = describe_io(io, sizeof io, now);
     int len;
     if (n >= 0)
         snprintf(num, sizeof num, " %lld", (long long)n);
@@ -174,12 +245,18 @@ static void describe_work(char *msg, size_t size, int stalled)
                              now - atomic_load_explicit(&mpi_t0, memory_order_relaxed)));
     else
         len += snprintf(msg + len, size - (size_t)len, ", outside MPI");
+    if (len >= 0 && (size_t)len < size)
+        len += snprintf(msg + len, size - (size_t)len, "%s", io);
     if (len < 0 || (size_t)len >= size || !stalled)
         return;
-    snprintf(msg + len, size - (size_t)len,
-             call ? ": waiting for another rank, which is stuck or gone (its own report says where)"
-                  : ": this rank is stuck (a file-system, device or library call that does not "
-                    "return)");
+    /* a file-system call as old as the timeout is what is stuck, whatever else waits */
+    snprintf(msg + len, size - (size_t)len, "%s",
+             in_io >= wd.timeout ? ": this rank is stuck in the file system (a call on it that "
+                                   "does not return: a hung server or disk?)"
+             : call ? ": waiting for another rank, which is stuck or gone (its own report says "
+                      "where)"
+                    : ": this rank is stuck (a file-system, device or library call that does not "
+                      "return)");
 }
 
 static void describe(char *msg, size_t size, double stalled)
@@ -257,7 +334,10 @@ static void *watch(void *arg)
         if (wd.timeout <= 0)
             continue; /* reports only */
         stalled = now - last;
-        in_mpi = atomic_load_explicit(&mpi_call, memory_order_acquire) != NULL;
+        /* the grace is for a rank that waits for another; not for one whose own file-system
+         * call (on a helper thread, say) is what is stuck */
+        in_mpi = atomic_load_explicit(&mpi_call, memory_order_acquire) != NULL &&
+                 io_inside_s(now) < wd.timeout;
         if (stalled >= wd.timeout + (in_mpi ? wd.grace : 0)) {
             char msg[1024];
             describe(msg, sizeof msg, stalled);

@@ -688,9 +688,11 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
     float *stage = NULL; /* with t->copy: a block at a time from the device */
     void (*stage_release)(void *, void *) = NULL;
     int fd = open(w->file, O_WRONLY | O_CLOEXEC);
+    sd_writeback wb;
     memset(part, 0, DS_N * sizeof *part);
     if (fd < 0)
         return sd_err_errno(e, errno, "cannot open '%s' to write rank %d's part", w->file, w->rank);
+    sd_writeback_init(&wb, fd);
     if (t->copy) {
         stage = host_floats(t, block, &stage_release);
         SD_CHECK(stage != NULL, "out of memory for a %zu MiB block", block * sizeof(float) >> 20);
@@ -698,7 +700,7 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
     for (int ds = 0; ds < DS_N && !failed; ds++) {
         if (ds == DS_EMA && !w->s->has_ema)
             continue;
-        const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
+        const size_t first = w->wb[ds], len = w->we[ds] - w->wb[ds];
         for (size_t off = 0; off < len && !failed; off += block) {
             const size_t cnt = len - off < block ? len - off : block;
             const float *p = src[ds] + off;
@@ -706,11 +708,13 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
                 t->copy(t->copy_ctx, stage, p, cnt);
                 p = stage;
             }
-            part[ds] += sd_ckpt_checksum(p, wb + off, cnt); /* the blocks' sums add up */
-            if (sd_pio_all(fd, (void *)p, cnt * sizeof(float),
-                           (uint64_t)w->addr[ds] + (wb + off) * sizeof(float), 1, NULL))
+            const uint64_t at = (uint64_t)w->addr[ds] + (first + off) * sizeof(float);
+            part[ds] += sd_ckpt_checksum(p, first + off, cnt); /* the blocks' sums add up */
+            if (sd_pio_all(fd, (void *)p, cnt * sizeof(float), at, 1, NULL))
                 failed = sd_err_errno(e, errno, "writing dataset '%s' of %s failed "
                                       "on rank %d", ds_names[ds], w->file, w->rank) != 0;
+            else if (sd_writeback_add(&wb, at, cnt * sizeof(float)))
+                failed = sd_err_errno(e, errno, "cannot sync '%s'", w->file) != 0;
             /* a node failure in the middle of a checkpoint: the temporary file holds part of it */
             if (ds == DS_PARAMS && off == 0 &&
                 sd_fault_armed(SD_FAULT_KILL, w->world_rank, step, "ckpt-write"))
@@ -738,12 +742,12 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
     for (int ds = 0; ds < DS_N && !failed; ds++) {
         if (ds == DS_EMA && !w->s->has_ema)
             continue;
-        const size_t wb = w->wb[ds], len = w->we[ds] - w->wb[ds];
+        const size_t first = w->wb[ds], len = w->we[ds] - w->wb[ds];
         uint64_t sum = 0;
         for (size_t off = 0; off < len && !failed; off += block) {
             const size_t cnt = len - off < block ? len - off : block;
             if (sd_pio_all(fd, buf, cnt * sizeof(float),
-                           (uint64_t)w->addr[ds] + (wb + off) * sizeof(float), 0, NULL)) {
+                           (uint64_t)w->addr[ds] + (first + off) * sizeof(float), 0, NULL)) {
                 if (errno)
                     failed = sd_err_errno(e, errno, "reading back dataset '%s' of %s failed on "
                                           "rank %d", ds_names[ds], w->file, w->rank) != 0;
@@ -752,7 +756,7 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
                                         "the file ends early", ds_names[ds], w->file,
                                         w->rank) != 0;
             } else {
-                sum += sd_ckpt_checksum(buf, wb + off, cnt);
+                sum += sd_ckpt_checksum(buf, first + off, cnt);
             }
         }
         if (!failed && sum != part[ds])

@@ -1505,12 +1505,14 @@ int sd_st_writer_write(const sd_st_writer *w, const char *path, sd_err *err)
     int ok = fchmod(fd, 0644) == 0 && sd_pio_all(fd, len8, 8, 0, 1, NULL) == 0 &&
              sd_pio_all(fd, h.buf, h.len, 8, 1, NULL) == 0;
     uint64_t at = 8 + (uint64_t)h.len;
+    sd_writeback wb;
+    sd_writeback_init(&wb, fd);
     for (size_t k = 0; ok && k < w->n; k++) {
         const wr_tensor *t = order[k];
-        ok = sd_pio_all(fd, (void *)t->data, t->nbytes, at, 1, NULL) == 0;
+        ok = sd_pwrite_streamed(&wb, t->data, t->nbytes, at) == 0;
         at += t->nbytes;
     }
-    ok = ok && fsync(fd) == 0;
+    ok = ok && sd_fsync_fd(fd) == 0;
     int saved = errno;
     if (close(fd) != 0 && ok) {
         ok = 0;

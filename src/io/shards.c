@@ -702,7 +702,7 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, int *repl
         unlink(tmp);
         goto out;
     }
-    if (fsync(fd) != 0) {
+    if (sd_fsync_fd(fd) != 0) {
         sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
@@ -747,6 +747,7 @@ typedef struct writer {
     /* direct: rank 0 made the file's structure alone, every rank pwrites its rows at the
      * datasets' offsets (addr, in the order of d_mom .. d_empty) through fd */
     int direct, fd;
+    sd_writeback wb; /* the rows' writeback as they are written (fd) */
     uint64_t addr[6];
 } writer;
 
@@ -1039,8 +1040,14 @@ static int put_rows(writer *w, int k, hid_t d, hid_t memtype, int64_t row, int64
         return write_rows_hdf5(w, d, memtype, row, cnt, buf, e);
     if (cnt <= 0)
         return 0;
-    if (sd_pio_all(w->fd, (void *)buf, (size_t)cnt * row_bytes,
-                   w->addr[k] + (uint64_t)row * row_bytes, 1, NULL)) {
+    const int rc = sd_pwrite_streamed(&w->wb, buf, (size_t)cnt * row_bytes,
+                                      w->addr[k] + (uint64_t)row * row_bytes);
+    if (rc == -2) {
+        if (!e->msg[0])
+            sd_err_errno(e, errno, "cannot sync '%s'", w->tmp_path);
+        return -1;
+    }
+    if (rc) {
         /* the dataset's name, as HDF5's message gives it (in the order of w->addr) */
         static const char *const names[6] = {NULL, DS_EMB, DS_IDS, DS_CAP, DS_KEY, DS_EMPTY};
         char name[64];
@@ -1392,6 +1399,8 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         if (w->fd < 0)
             failed = sd_err_errno(e, errno, "cannot open '%s' to write rank %d's rows",
                                   w->tmp_path, w->rank) != 0;
+        else
+            sd_writeback_init(&w->wb, w->fd);
         if (!failed) /* direct: write_data's HDF5 types go unused */
             failed = write_data(w, e) != 0;
         if (w->fd >= 0) {

@@ -36,7 +36,7 @@ CLANG=${CLANG:-clang}
 dir=${SD_FUZZ_DIR:-$top/build/fuzz/$target}
 jobs=${SD_FUZZ_JOBS:-1}
 src=$top/src
-core="$src/core/error.c $src/core/check.c $src/core/log.c $src/core/timer.c"
+core="$src/core/error.c $src/core/check.c $src/core/log.c $src/core/timer.c $src/core/progress.c"
 
 # Per target: the library sources the harness needs, pkg-config packages, libFuzzer options
 # and extra seed folders.
@@ -48,7 +48,7 @@ image)
     sources="$src/data/image.c $src/data/transform.c $src/data/utf8.c"
     pkgs="libturbojpeg libpng zlib" opts="-max_len=131072 -rss_limit_mb=2048" seeds="$top/tests/image/input" ;;
 namelist)
-    sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c $src/core/fault.c $src/data/utf8.c"
+    sources="$src/config/namelist.c $src/config/schema.c $src/config/config.c $src/config/metafilter.c $src/core/fault.c $src/data/utf8.c"
     pkgs="" opts="-max_len=8192" seeds="$top/tests/config/invalid $top/inputs" ;;
 tar)
     sources="$src/data/tar.c $src/core/fsutil.c"
@@ -83,7 +83,7 @@ shardmanifest | checkpoint | shardfile | ckptstate)
     # h5util.c takes &run io_hints through config.c's parser
     sources="$src/io/h5util.c $src/core/fsutil.c $src/core/fault.c $src/core/tensor.c
         $src/dist/runtime.c $dir/version_stub.c $src/config/config.c $src/config/schema.c
-        $src/config/namelist.c $src/data/utf8.c"
+        $src/config/namelist.c $src/config/metafilter.c $src/data/utf8.c"
     if [ "$target" = shardmanifest ] || [ "$target" = shardfile ]; then
         # runtime.c's pipeline stop asks checkpoint.c for a caught signal, never in these harnesses
         printf '%s\n' 'int sd_ckpt_signal_pending(void); int sd_ckpt_signal_pending(void) { return 0; }' \

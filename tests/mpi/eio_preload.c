@@ -5,13 +5,14 @@
  *   read   read/pread/readv/preadv touching bytes [SD_EIO_OFFSET, SD_EIO_END) of the file
  *          (defaults 0 and the end: every read);
  *   write  write/pwrite/writev/pwritev touching those bytes;
- *   sync   fsync/fdatasync;
+ *   sync   fsync/fdatasync/sync_file_range;
  *   list   readdir of a directory (the listing fails after the entries already returned: none);
  *   stat   stat/lstat of the path.
  * A pattern ending in '$' must end the path (".../shards$": the directory, not its files).
  * SD_EIO_AFTER=N lets the first N of those operations pass (counted in each process), so that
- * the failure can be put on, say, the second fsync of a directory. Everything else passes
- * through.
+ * the failure can be put on, say, the second fsync of a directory. SD_EIO_HANG=1 makes those
+ * operations hang instead of failing (a server that never answers: the call sleeps for good).
+ * Everything else passes through.
  *
  * So HDF5 (sec2: open + pread/pwrite; MPI-IO through Open MPI's posix component), json-c
  * (open + read) and sdtrain's own POSIX calls meet the error where a lost server or a bad sector
@@ -45,6 +46,7 @@ static const char *pattern;
 static size_t pattern_len;
 static int anchored; /* the pattern ended in '$' */
 static long pass_first; /* SD_EIO_AFTER */
+static int hang; /* SD_EIO_HANG */
 
 static int has_op(const char *list, const char *op)
 {
@@ -68,6 +70,8 @@ __attribute__((constructor)) static void configure(void)
         anchored = pattern_len > 0 && pattern[pattern_len - 1] == '$';
         pattern_len -= (size_t)anchored;
     }
+    const char *h = getenv("SD_EIO_HANG");
+    hang = h && *h && strcmp(h, "0") != 0;
     const char *after = getenv("SD_EIO_AFTER");
     if (after)
         pass_first = atol(after);
@@ -110,6 +114,8 @@ static int now_fail(void)
     static long seen;
     if (__atomic_add_fetch(&seen, 1, __ATOMIC_RELAXED) <= pass_first)
         return 0;
+    while (hang)
+        pause();
     errno = fail_errno;
     return 1;
 }
@@ -286,6 +292,13 @@ int fdatasync(int fd)
 {
     REAL(fdatasync, sync_fn);
     return sync_fails(fd) ? -1 : real_fdatasync(fd);
+}
+
+typedef int (*sync_range_fn)(int, off64_t, off64_t, unsigned int);
+int sync_file_range(int fd, off64_t off, off64_t n, unsigned int flags)
+{
+    REAL(sync_file_range, sync_range_fn);
+    return sync_fails(fd) ? -1 : real_sync_file_range(fd, off, n, flags);
 }
 
 /* stdio opens and closes below the exported symbols: tracked here so that fsync(fileno(f)) of a

@@ -3,7 +3,8 @@
 # progress without dying (SDTRAIN_FAULT=hang) ends the whole job with status 1 and a report
 # naming the rank and what it was doing, within seconds of the timeout instead of at the time
 # limit; the run then resumes from its newest checkpoint to the bits of an uninterrupted one
-# (a stall at a step, and in the middle of a checkpoint write, which stays uncommitted); a stall
+# (a stall at a step, and in the middle of a checkpoint write, which stays uncommitted, also
+# inside a file-system call that never returns, which the report names); a stall
 # in a shard write ends mode 'process', whose rerun commits the same shards. Waits with limits
 # of their own do not count: a pipeline's trainers waiting longer than the timeout for shards,
 # and for the preprocessing half at the end, and ranks waiting for rank 0's long index, finish
@@ -59,6 +60,26 @@ expect_rc ckpt 0
 expect_in ckpt out "resuming from $TMP/ckpt/checkpoints/step-00000004: step 4"
 same_run ckpt ref
 pass "a rank stalled in a checkpoint write: the checkpoint is not committed, the resume is bit-identical"
+
+# (b2) a file system that never answers (the LD_PRELOAD shim's SD_EIO_HANG): rank 1's sync of the
+# step-8 checkpoint's state file does not return. Its report names the call and the file and
+# says the rank is stuck in the file system; rank 0 waits inside MPI with the grace. The
+# checkpoint stays uncommitted and the resume gives the reference bits
+need_eio_shim
+stall_nml fs
+SD_EIO_HANG=1 SD_EIO_RANK=1 SD_EIO_PATH=.step-00000008.tmp/state.h5 SD_EIO_OPS=sync \
+    LD_PRELOAD="$PRELOAD" mpi fs 2 "$SDTRAIN" "$TMP/fs.nml" --set run.stall_timeout=3
+stalled fs
+grep -F "[rank 1]" "$TMP/fs.err" | grep -F "its work: writing the checkpoint of step 8 (for" |
+    grep -E "outside MPI, in (sync_file_range|fsync) of '$TMP/fs/checkpoints/.step-00000008.tmp/state.h5' for" |
+    grep -qF ": this rank is stuck in the file system" ||
+    { cat "$TMP/fs.err" >&2; fail "fs: no report of rank 1 stuck in the state file's sync"; }
+latest_is fs step-00000004
+mpi fs 2 "$SDTRAIN" "$TMP/fs.nml"
+expect_rc fs 0
+expect_in fs out "resuming from $TMP/fs/checkpoints/step-00000004: step 4"
+same_run fs ref
+pass "a file-system call that never returns: the report names it and its file; the resume is bit-identical"
 
 # (c) SIGUSR2 to the launcher (mpirun forwards it; Slurm: scancel --signal=USR2): every rank
 # says what it is doing and the job goes on, here until the watchdog ends it: rank 1 stalled at

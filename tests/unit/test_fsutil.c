@@ -1,6 +1,6 @@
 /* TAP tests of the file-system helpers (src/core/fsutil.c): sd_pio_all, the one loop behind every
  * "all these bytes at this offset" of the checkpoint, shard, dataset, tar and safetensors code;
- * the atomic replacement; the tree copy, which must refuse (not wait on) what is not a file. */
+ * the streamed writeback of the large writes; the atomic replacement; the tree copy, which must refuse (not wait on) what is not a file. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, mkfifo under -std=c11 */
 #endif
@@ -82,6 +82,59 @@ static void test_pio(void)
     e = errno;
     tap_ok(rc == -1 && e == EBADF, "a closed descriptor: rc %d, %s", rc, strerror(e));
     unlink(path);
+    free(a);
+    free(b);
+}
+
+/* sd_writeback / sd_pwrite_streamed: a write of more than a 64 MiB block reads back whole and
+ * leaves its last block's writeback remembered; a pipe (ESPIPE) and SDTRAIN_WRITEBACK=off turn
+ * it off without an error; a closed descriptor is a failed sync. */
+static void test_writeback(void)
+{
+    char path[512];
+    const size_t n = ((size_t)64 << 20) + 4097;
+    unsigned char *a = malloc(n), *b = malloc(n);
+    sd_writeback wb;
+    int fd, rc, p[2];
+    size_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        a[i] = (unsigned char)(i * 131 + (i >> 16));
+    path_in(path, sizeof path, "streamed.bin");
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    sd_writeback_init(&wb, fd);
+    rc = sd_pwrite_streamed(&wb, a, n, 512);
+    tap_ok(rc == 0, "a streamed write of 64 MiB + 4097 bytes at 512: rc %d", rc);
+    tap_ok(wb.off || (wb.at == 512 + ((uint64_t)64 << 20) && wb.len == 4097),
+           "its last block's writeback is the one in flight (off %d, at %llu, %llu bytes)",
+           wb.off, (unsigned long long)wb.at, (unsigned long long)wb.len);
+    rc = sd_fsync_fd(fd);
+    tap_ok(rc == 0 && sd_pio_all(fd, b, n, 512, 0, &done) == 0 && done == n &&
+               memcmp(a, b, n) == 0,
+           "synced, it reads back whole and equal");
+    close(fd);
+    unlink(path);
+    if (pipe(p) == 0) {
+        sd_writeback_init(&wb, p[1]);
+        rc = sd_writeback_add(&wb, 0, 16);
+        tap_ok(rc == 0 && wb.off == 1, "a pipe: no error, writeback off (rc %d, off %d)", rc,
+               wb.off);
+        close(p[0]);
+        close(p[1]);
+    } else {
+        tap_skip("no pipe: %s", strerror(errno));
+    }
+    setenv("SDTRAIN_WRITEBACK", "off", 1);
+    sd_writeback_init(&wb, 0);
+    tap_ok(wb.off == 1 && sd_writeback_add(&wb, 0, 16) == 0 && wb.len == 0,
+           "SDTRAIN_WRITEBACK=off: nothing done");
+    unsetenv("SDTRAIN_WRITEBACK");
+    fd = open("/dev/null", O_RDONLY);
+    close(fd);
+    sd_writeback_init(&wb, fd);
+    errno = 0;
+    rc = sd_writeback_add(&wb, 0, 16);
+    tap_ok(rc == -1 && errno == EBADF && wb.off == 0,
+           "a closed descriptor: a failed sync (rc %d, %s)", rc, strerror(errno));
     free(a);
     free(b);
 }
@@ -228,6 +281,7 @@ int main(void)
         tap_skip_all("no scratch directory");
     alarm(120); /* a copy that waits on the FIFO again fails the test instead of hanging it */
     test_pio();
+    test_writeback();
     test_atomic();
     test_copy_tree();
     test_read_to_end();

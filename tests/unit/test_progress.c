@@ -57,6 +57,20 @@ static void *helper_in_mpi(void *arg)
     return NULL;
 }
 
+typedef struct {
+    int fd;
+    double hold;
+} io_hold;
+
+static void *helper_in_io(void *arg)
+{
+    const io_hold *h = arg;
+    sd_progress_io_enter("fsync", h->fd);
+    sleep_s(h->hold);
+    sd_progress_io_leave();
+    return NULL;
+}
+
 /* The test hooks' delays: MS for every rank, RANK:MS for one, anything else ignored. */
 static void test_delays(void)
 {
@@ -206,6 +220,58 @@ int main(void)
     tap_ok(wait_fired(30), "after the wait: fired");
     tap_ok(fired_at - t0 >= 0.2 - 0.03, "a timeout after the wait ended (%.3f s)", fired_at - t0);
     sd_watchdog_stop();
+
+    /* a helper thread inside a file-system call: the report names the call and the file (from
+     * the descriptor), and says the rank is stuck in the file system, with no grace although
+     * the main thread waits inside MPI (the rank that is stuck is this one) */
+    {
+        char path[] = "/tmp/sd-progress-io-XXXXXX";
+        const int fd = mkstemp(path);
+        pthread_t th;
+        io_hold h = {fd, 5.0};
+        start(0.3, 3.0);
+        sd_progress_phase("writing the checkpoint of step", 8);
+        sd_progress_mpi_enter("MPI_Allreduce(&f, &g, 1, MPI_INT, MPI_MAX, comm)", "src/c.c", 5);
+        t0 = sd_time_now();
+        pthread_create(&th, NULL, helper_in_io, &h);
+        tap_ok(wait_fired(30), "helper inside fsync: fired");
+        tap_ok(fired_at - t0 < 3.0, "no grace for a stuck file-system call (%.3f s)",
+               fired_at - t0);
+        tap_ok(strstr(message, "its work: writing the checkpoint of step 8") != NULL &&
+                   strstr(message, "inside MPI_Allreduce at src/c.c:5") != NULL &&
+                   strstr(message, ", in fsync of '") != NULL && strstr(message, path) != NULL &&
+                   strstr(message, ": this rank is stuck in the file system") != NULL,
+               "the call and its file are named: %s", message);
+        pthread_join(th, NULL);
+        sd_progress_mpi_leave();
+        sd_watchdog_stop();
+
+        /* the main thread itself inside pread, outside MPI */
+        start(0.2, 1.0);
+        sd_progress_phase("reading shard", 2);
+        sd_progress_io_enter("pread", fd);
+        sd_progress_io_enter("pread", fd); /* nested: the outer one stays */
+        sd_progress_io_leave();
+        tap_ok(wait_fired(30), "inside pread: fired");
+        tap_ok(strstr(message, "outside MPI, in pread of '") != NULL &&
+                   strstr(message, path) != NULL &&
+                   strstr(message, ": this rank is stuck in the file system") != NULL,
+               "the main thread's call, stuck: %s", message);
+        sd_progress_io_leave();
+        sd_watchdog_stop();
+
+        /* once left, no call is named */
+        start(0.2, 1.0);
+        sd_progress_io_enter("fsync", fd);
+        sd_progress_io_leave();
+        tap_ok(wait_fired(30), "after the call: fired");
+        tap_ok(strstr(message, ", in ") == NULL &&
+                   strstr(message, "outside MPI: this rank is stuck (a file-system") != NULL,
+               "no call named after it ended: %s", message);
+        sd_watchdog_stop();
+        close(fd);
+        unlink(path);
+    }
 
     /* stop joins a watchdog that has not fired, at once */
     start(3600, -1);
