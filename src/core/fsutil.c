@@ -143,7 +143,7 @@ int sd_fsync_fd(int fd)
 /* the errors that say a descriptor cannot do sync_file_range, not that the storage failed */
 static int writeback_unsupported(int e)
 {
-    return e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP || e == EROFS;
+    return e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP;
 }
 
 void sd_writeback_init(sd_writeback *wb, int fd)
