@@ -56,6 +56,10 @@ void sd_progress_mpi_leave(void);
  * enter; a call stuck for good keeps it); nested marks keep the outermost; leaving is no tick.
  * A rank stuck inside one gets no grace: it is the rank that is stuck. */
 void sd_progress_io_enter(const char *call, int fd);
+/* The same for a call on a path that has no descriptor yet or none at all (open, H5Fopen,
+ * rename): the path (its first 511 bytes) is copied into the slot, so it need not outlive the
+ * call. */
+void sd_progress_io_enter_path(const char *call, const char *path);
 void sd_progress_io_leave(void);
 
 /* Called once, from the watchdog's thread, when the rank has made no progress for the timeout

@@ -122,19 +122,39 @@ static _Thread_local char io_token;
 static _Atomic(void *) io_owner;
 static atomic_uint io_seq;
 static _Atomic(const char *) io_call;
-static atomic_int io_fd;
+static atomic_int io_fd; /* -1: the call is on io_path */
 static _Atomic double io_t0;
+/* the path of a call without a descriptor, copied in (relaxed atomics: the report reads it while
+ * the owner may be changing it, and io_seq tells it whether it got a whole one) */
+#define IO_PATH_MAX 512
+static _Atomic char io_path[IO_PATH_MAX];
 
-void sd_progress_io_enter(const char *call, int fd)
+static void io_enter(const char *call, int fd, const char *path)
 {
     void *none = NULL;
     if (io_depth++ > 0 || !atomic_compare_exchange_strong(&io_owner, &none, (void *)&io_token))
         return;
     atomic_fetch_add(&io_seq, 1);
     atomic_store(&io_fd, fd);
+    if (path) {
+        size_t i = 0;
+        for (; path[i] && i < IO_PATH_MAX - 1; i++)
+            atomic_store_explicit(&io_path[i], path[i], memory_order_relaxed);
+        atomic_store_explicit(&io_path[i], '\0', memory_order_relaxed);
+    }
     atomic_store(&io_t0, sd_time_now());
     atomic_store(&io_call, call);
     atomic_fetch_add(&io_seq, 1);
+}
+
+void sd_progress_io_enter(const char *call, int fd)
+{
+    io_enter(call, fd, NULL);
+}
+
+void sd_progress_io_enter_path(const char *call, const char *path)
+{
+    io_enter(call, -1, path ? path : "");
 }
 
 void sd_progress_io_leave(void)
@@ -163,12 +183,21 @@ static double describe_io(char *buf, size_t size, double now)
     buf[0] = '\0';
     if ((s0 & 1) || !call)
         return -1;
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    n = readlink(link, path, sizeof path - 1);
-    if (n > 0)
-        path[n] = '\0';
-    else
-        snprintf(path, sizeof path, "descriptor %d", fd);
+    if (fd < 0) {
+        size_t i = 0;
+        for (; i < sizeof path - 1 && i < IO_PATH_MAX; i++)
+            if ((path[i] = atomic_load_explicit(&io_path[i], memory_order_relaxed)) == '\0')
+                break;
+        path[i] = '\0';
+    } else {
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        n = readlink(link, path, sizeof path - 1);
+        if (n > 0)
+            path[n] = '\0';
+        else
+            snprintf(path, sizeof path, "descriptor %d", fd);
+    }
+    atomic_thread_fence(memory_order_acquire); /* the reads above before the check below */
     if (atomic_load(&io_seq) != s0)
         return -1;
     snprintf(buf, size, ", in %s of '%s' for %s", call, path, secs(a, sizeof a, now - t0));
@@ -211,6 +240,14 @@ static int call_name_len(const char *call)
     return (int)(n > 48 ? 48 : n);
 }
 
+/* Whether a file-system call that has lasted io_s seconds (-1: none) spans the stall: as long as
+ * the timeout, less a tenth for the watchdog's own lateness in seeing the last progress (the
+ * call may have begun just after it). */
+static int io_covers_stall(double io_s)
+{
+    return io_s >= 0 && io_s >= 0.9 * wd.timeout;
+}
+
 /* "1805 s", "2.0 s", "0.21 s": whole seconds where they are enough */
 static const char *secs(char *buf, size_t size, double s)
 {
@@ -249,9 +286,9 @@ static void describe_work(char *msg, size_t size, int stalled)
         len += snprintf(msg + len, size - (size_t)len, "%s", io);
     if (len < 0 || (size_t)len >= size || !stalled)
         return;
-    /* a file-system call as old as the timeout is what is stuck, whatever else waits */
+    /* a file-system call as old as the stall is what is stuck, whatever else waits */
     snprintf(msg + len, size - (size_t)len, "%s",
-             in_io >= wd.timeout ? ": this rank is stuck in the file system (a call on it that "
+             io_covers_stall(in_io) ? ": this rank is stuck in the file system (a call on it that "
                                    "does not return: a hung server or disk?)"
              : call ? ": waiting for another rank, which is stuck or gone (its own report says "
                       "where)"
@@ -337,7 +374,7 @@ static void *watch(void *arg)
         /* the grace is for a rank that waits for another; not for one whose own file-system
          * call (on a helper thread, say) is what is stuck */
         in_mpi = atomic_load_explicit(&mpi_call, memory_order_acquire) != NULL &&
-                 io_inside_s(now) < wd.timeout;
+                 !io_covers_stall(io_inside_s(now));
         if (stalled >= wd.timeout + (in_mpi ? wd.grace : 0)) {
             char msg[1024];
             describe(msg, sizeof msg, stalled);

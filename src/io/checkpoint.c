@@ -28,6 +28,7 @@
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/timer.h"
 #include "sdtrain/version.h"
@@ -360,7 +361,10 @@ static int commit(writer *w, const char *config_text, sd_ckpt_keep keep, sd_err 
     } else {
         old[0] = '\0';
     }
-    if (rename(w->tmp_dir, w->final_dir) != 0)
+    sd_progress_io_enter_path("rename", w->tmp_dir);
+    const int renamed = rename(w->tmp_dir, w->final_dir) == 0;
+    sd_progress_io_leave();
+    if (!renamed)
         return sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_dir, w->final_dir,
                           strerror(errno));
     w->renamed = 1;
@@ -776,7 +780,10 @@ static int add_checksum_attrs(writer *w, sd_err *e)
 {
     char h5msg[512];
     int failed = 0;
-    hid_t f = H5Fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
+    hid_t f;
+    sd_progress_io_enter_path("H5Fopen", w->file);
+    f = H5Fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
+    sd_progress_io_leave();
     if (f < 0)
         return sd_err_set(e, "cannot open %s to add its checksums: %s", w->file,
                           sd_h5_error_string(h5msg, sizeof h5msg));
@@ -1657,7 +1664,9 @@ static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors
         return 2;
     }
     /* every rank reads on its own (sec2): nothing collective can hang on a bad file */
+    sd_progress_io_enter_path("H5Fopen", file);
     f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    sd_progress_io_leave();
     if (f < 0) {
         const int h5e = sd_h5_storage_errno();
         sd_h5_error_string(h5msg, sizeof h5msg);
@@ -1815,7 +1824,9 @@ int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const ch
     }
     snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
     sd_h5_quiet_begin(&q);
+    sd_progress_io_enter_path("H5Fopen", file);
     f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    sd_progress_io_leave();
     if (f < 0) {
         rc = sd_err_set(err, "cannot open checkpoint file %s: %s", file,
                         sd_h5_error_string(h5msg, sizeof h5msg));
@@ -1863,7 +1874,9 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
                           (long long)L.bytes);
     }
     sd_h5_quiet_begin(&q);
+    sd_progress_io_enter_path("H5Fopen", file);
     f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    sd_progress_io_leave();
     if (f < 0) {
         sd_h5_quiet_end(&q);
         sd_ckpt_info_free(info);

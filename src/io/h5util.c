@@ -11,6 +11,7 @@
 #include "sdtrain/fsutil.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/log.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 
 /* A hint that passes sd_io_hints_parse must pass MPI_Info_set too, or the job would end at its
@@ -168,7 +169,9 @@ hid_t sd_h5_create_local(const char *path, sd_err *e)
     SD_H5_CHECK(fapl = H5Pcreate(H5P_FILE_ACCESS));
     SD_H5_CHECK(H5Pset_fapl_sec2(fapl));
     set_alignment(fapl);
+    sd_progress_io_enter_path("H5Fcreate", path);
     file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    sd_progress_io_leave();
     if (file < 0) {
         char h5msg[512];
         sd_err_set(e, "cannot create '%s': %s", path, sd_h5_error_string(h5msg, sizeof h5msg));

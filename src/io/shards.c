@@ -25,6 +25,7 @@
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
 
@@ -1238,7 +1239,10 @@ static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
         goto drop_tmp;
     }
     entry->bytes = (int64_t)st.st_size;
-    if (rename(w->tmp_path, w->final_path) != 0) {
+    sd_progress_io_enter_path("rename", w->tmp_path);
+    const int renamed = rename(w->tmp_path, w->final_path) == 0;
+    sd_progress_io_leave();
+    if (!renamed) {
         sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_path, w->final_path, strerror(errno));
         goto drop_tmp;
     }
@@ -1747,7 +1751,9 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
      * an epoch, in random order), so HDF5's default 1 MiB per dataset only held copies, 4 MiB
      * and more per open shard, and the loader keeps many shards open. */
     SD_H5_CHECK(H5Pset_cache(fapl, 0, 0, 0, 0.75));
+    sd_progress_io_enter_path("H5Fopen", path);
     s->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    sd_progress_io_leave();
     if (s->file < 0) {
         h5_fail(err, "cannot open shard '%s'", path);
         SD_H5_CHECK(H5Pclose(fapl));

@@ -20,6 +20,7 @@
 #include "sdtrain/config.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/rng.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/shards.h"
@@ -257,7 +258,10 @@ static int direct_ok(const sd_loader *l, int64_t pos)
 static int open_direct(const sd_loader *l, int64_t pos, const char *path, int *fd, sd_err *err)
 {
     struct stat st;
-    const int f = open(path, O_RDONLY | O_CLOEXEC);
+    int f;
+    sd_progress_io_enter_path("open", path);
+    f = open(path, O_RDONLY | O_CLOEXEC);
+    sd_progress_io_leave();
     if (f < 0 || fstat(f, &st) != 0) {
         const int e = errno;
         if (f >= 0)

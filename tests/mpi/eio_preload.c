@@ -7,7 +7,8 @@
  *   write  write/pwrite/writev/pwritev touching those bytes;
  *   sync   fsync/fdatasync/sync_file_range;
  *   list   readdir of a directory (the listing fails after the entries already returned: none);
- *   stat   stat/lstat of the path.
+ *   stat   stat/lstat of the path;
+ *   open   open/open64/openat of the path (HDF5's file opens go through them).
  * A pattern ending in '$' must end the path (".../shards$": the directory, not its files).
  * SD_EIO_AFTER=N lets the first N of those operations pass (counted in each process), so that
  * the failure can be put on, say, the second fsync of a directory. SD_EIO_HANG=1 makes those
@@ -41,7 +42,7 @@ static char failing[MAX_FD]; /* fds open on a failing file */
 static off_t fail_from, fail_end = -1; /* -1: no end */
 static int fail_errno = EIO;
 static int configured, active;
-static int op_read = 1, op_write, op_sync, op_list, op_stat;
+static int op_read = 1, op_write, op_sync, op_list, op_stat, op_open;
 static const char *pattern;
 static size_t pattern_len;
 static int anchored; /* the pattern ended in '$' */
@@ -87,6 +88,7 @@ __attribute__((constructor)) static void configure(void)
         op_sync = has_op(ops, "sync");
         op_list = has_op(ops, "list");
         op_stat = has_op(ops, "stat");
+        op_open = has_op(ops, "open");
     }
     if (off)
         fail_from = (off_t)atoll(off);
@@ -181,6 +183,8 @@ int open(const char *path, int flags, ...)
     va_start(ap, flags);
     const mode_t m = mode_arg(flags, ap);
     va_end(ap);
+    if (op_open && matches(path) && now_fail())
+        return -1;
     const int fd = real_open(path, flags, m);
     track(fd, path);
     return fd;
@@ -193,6 +197,8 @@ int open64(const char *path, int flags, ...)
     va_start(ap, flags);
     const mode_t m = mode_arg(flags, ap);
     va_end(ap);
+    if (op_open && matches(path) && now_fail())
+        return -1;
     const int fd = real_open64(path, flags, m);
     track(fd, path);
     return fd;
@@ -205,6 +211,8 @@ int openat(int dir, const char *path, int flags, ...)
     va_start(ap, flags);
     const mode_t m = mode_arg(flags, ap);
     va_end(ap);
+    if (op_open && matches(path) && now_fail())
+        return -1;
     const int fd = real_openat(dir, path, flags, m);
     track(fd, path);
     return fd;

@@ -80,6 +80,16 @@ expect_rc fs 0
 expect_in fs out "resuming from $TMP/fs/checkpoints/step-00000004: step 4"
 same_run fs ref
 pass "a file-system call that never returns: the report names it and its file; the resume is bit-identical"
+# ... and an open that never returns (a metadata server that does not answer): rank 1's open of
+# shard 1 at the training set-up, named with the path although no descriptor exists yet
+stall_nml open
+SD_EIO_HANG=1 SD_EIO_RANK=1 SD_EIO_PATH=/shards/shard-000001.h5 SD_EIO_OPS=open \
+    LD_PRELOAD="$PRELOAD" mpi open 2 "$SDTRAIN" "$TMP/open.nml" --set run.stall_timeout=3
+stalled open
+grep -F "[rank 1]" "$TMP/open.err" | grep -E "in (H5Fopen|open) of '$TMP/shards/shard-000001.h5' for" |
+    grep -qF ": this rank is stuck in the file system" ||
+    { cat "$TMP/open.err" >&2; fail "open: no report of rank 1 stuck opening shard 1"; }
+pass "an open that never returns: the report names the call and the path"
 
 # (c) SIGUSR2 to the launcher (mpirun forwards it; Slurm: scancel --signal=USR2): every rank
 # says what it is doing and the job goes on, here until the watchdog ends it: rank 1 stalled at

@@ -260,6 +260,38 @@ int main(void)
         sd_progress_io_leave();
         sd_watchdog_stop();
 
+        /* a call on a path (no descriptor): the path is copied in, and may change after */
+        start(0.2, 1.0);
+        {
+            char p2[600];
+            snprintf(p2, sizeof p2, "/lustre/run/shards/shard-000007.h5");
+            sd_progress_io_enter_path("H5Fopen", p2);
+            memset(p2, 'x', sizeof p2 - 1); /* the caller's buffer reused */
+            p2[sizeof p2 - 1] = '\0';
+            tap_ok(wait_fired(30), "inside H5Fopen: fired");
+            tap_ok(strstr(message, "outside MPI, in H5Fopen of '/lustre/run/shards/shard-000007.h5'"
+                                   " for ") != NULL &&
+                       strstr(message, ": this rank is stuck in the file system") != NULL,
+                   "a path's call, named with the path as it was: %s", message);
+            sd_progress_io_leave();
+            sd_watchdog_stop();
+            /* a path longer than the slot: its first 511 bytes */
+            start(0.2, 1.0);
+            sd_progress_io_enter_path("rename", p2);
+            tap_ok(wait_fired(30), "inside rename: fired");
+            {
+                const char *q = strstr(message, "in rename of '");
+                size_t xs = 0;
+                if (q)
+                    for (q += strlen("in rename of '"); q[xs] == 'x'; xs++) {
+                    }
+                tap_ok(q && xs == 511 && q[xs] == '\'', "a long path: its first 511 bytes (%zu)",
+                       xs);
+            }
+            sd_progress_io_leave();
+            sd_watchdog_stop();
+        }
+
         /* once left, no call is named */
         start(0.2, 1.0);
         sd_progress_io_enter("fsync", fd);
