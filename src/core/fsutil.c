@@ -86,8 +86,12 @@ int sd_mkdir_p(const char *path, const char *what, sd_err *err)
     for (size_t i = 1; i <= n; i++) {
         if (buf[i] == '/' || buf[i] == '\0') {
             char saved = buf[i];
+            int rc;
             buf[i] = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            sd_progress_io_enter_path("mkdir", buf);
+            rc = mkdir(buf, 0777);
+            sd_progress_io_leave();
+            if (rc != 0 && errno != EEXIST)
                 return sd_err_errno(err, errno, "cannot create %s '%s'", what, buf);
             buf[i] = saved;
         }
@@ -204,7 +208,10 @@ int sd_fsync_close(int fd, const char *path, int failed, sd_err *err)
 
 int sd_fsync_path(const char *path, sd_err *err)
 {
-    int fd = open(path, O_RDONLY), rc, e;
+    int fd, rc, e;
+    sd_progress_io_enter_path("open", path);
+    fd = open(path, O_RDONLY);
+    sd_progress_io_leave();
     if (fd < 0)
         return sd_err_errno(err, errno, "cannot open '%s' to sync it", path);
     rc = sd_fsync_fd(fd);
@@ -215,13 +222,25 @@ int sd_fsync_path(const char *path, sd_err *err)
     return 0;
 }
 
+/* rename(2) marked for the stall watchdog as a call on `from` */
+static int rename_marked(const char *from, const char *to)
+{
+    int rc;
+    sd_progress_io_enter_path("rename", from);
+    rc = rename(from, to);
+    sd_progress_io_leave();
+    return rc;
+}
+
 int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err *err)
 {
     char tmp[4200], dir[4200];
     int fd, e, n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return sd_err_set(err, "path too long: '%s'", path);
+    sd_progress_io_enter_path("open", tmp);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    sd_progress_io_leave();
     if (fd < 0)
         return sd_err_errno(err, errno, "cannot write '%s'", tmp);
     if (sd_pio_all(fd, (void *)data, len, 0, 1, NULL)) {
@@ -230,13 +249,13 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
         unlink(tmp);
         return sd_err_errno(err, e, "cannot write '%s'", tmp);
     }
-    if (fsync(fd) != 0) {
+    if (sd_fsync_fd(fd) != 0) {
         e = errno;
         close(fd);
         unlink(tmp);
         return sd_err_errno(err, e, "cannot sync '%s'", tmp);
     }
-    if (close(fd) != 0 || rename(tmp, path) != 0) {
+    if (close(fd) != 0 || rename_marked(tmp, path) != 0) {
         e = errno;
         unlink(tmp);
         return sd_err_errno(err, e, "cannot replace '%s'", path);
