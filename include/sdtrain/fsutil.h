@@ -85,8 +85,11 @@ int sd_writeback_add(sd_writeback *wb, uint64_t at, uint64_t len);
  * when a write failed, -2 when a sync did, errno set. */
 int sd_pwrite_streamed(sd_writeback *wb, const void *buf, size_t bytes, uint64_t at);
 
-/* fsync(fd) marked for the stall watchdog as a file-system call (its report names the file). */
+/* fsync(fd), open(2) and rename(2) marked for the stall watchdog as file-system calls (its
+ * report names the call and the file: a server that does not answer holds a rank in one). */
 int sd_fsync_fd(int fd);
+int sd_open(const char *path, int flags, int mode);
+int sd_rename(const char *from, const char *to);
 
 /* After writes through fd to the file `path`: unless `failed`, fsyncs fd (file systems that
  * cannot sync, EINVAL or EROFS, are not an error); then closes it, a failed close reported unless

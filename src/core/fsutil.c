@@ -209,9 +209,7 @@ int sd_fsync_close(int fd, const char *path, int failed, sd_err *err)
 int sd_fsync_path(const char *path, sd_err *err)
 {
     int fd, rc, e;
-    sd_progress_io_enter_path("open", path);
-    fd = open(path, O_RDONLY);
-    sd_progress_io_leave();
+    fd = sd_open(path, O_RDONLY, 0);
     if (fd < 0)
         return sd_err_errno(err, errno, "cannot open '%s' to sync it", path);
     rc = sd_fsync_fd(fd);
@@ -222,8 +220,16 @@ int sd_fsync_path(const char *path, sd_err *err)
     return 0;
 }
 
-/* rename(2) marked for the stall watchdog as a call on `from` */
-static int rename_marked(const char *from, const char *to)
+int sd_open(const char *path, int flags, int mode)
+{
+    int fd;
+    sd_progress_io_enter_path("open", path);
+    fd = open(path, flags, (mode_t)mode);
+    sd_progress_io_leave();
+    return fd;
+}
+
+int sd_rename(const char *from, const char *to)
 {
     int rc;
     sd_progress_io_enter_path("rename", from);
@@ -238,9 +244,7 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
     int fd, e, n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return sd_err_set(err, "path too long: '%s'", path);
-    sd_progress_io_enter_path("open", tmp);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    sd_progress_io_leave();
+    fd = sd_open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (fd < 0)
         return sd_err_errno(err, errno, "cannot write '%s'", tmp);
     if (sd_pio_all(fd, (void *)data, len, 0, 1, NULL)) {
@@ -255,7 +259,7 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
         unlink(tmp);
         return sd_err_errno(err, e, "cannot sync '%s'", tmp);
     }
-    if (close(fd) != 0 || rename_marked(tmp, path) != 0) {
+    if (close(fd) != 0 || sd_rename(tmp, path) != 0) {
         e = errno;
         unlink(tmp);
         return sd_err_errno(err, e, "cannot replace '%s'", path);

@@ -361,10 +361,7 @@ static int commit(writer *w, const char *config_text, sd_ckpt_keep keep, sd_err 
     } else {
         old[0] = '\0';
     }
-    sd_progress_io_enter_path("rename", w->tmp_dir);
-    const int renamed = rename(w->tmp_dir, w->final_dir) == 0;
-    sd_progress_io_leave();
-    if (!renamed)
+    if (sd_rename(w->tmp_dir, w->final_dir) != 0)
         return sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_dir, w->final_dir,
                           strerror(errno));
     w->renamed = 1;

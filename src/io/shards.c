@@ -692,7 +692,7 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, int *repl
         join_path(tmp, sizeof tmp, dir, SD_SHARD_MANIFEST ".tmp", err))
         goto out;
     text = sd_shard_manifest_text(m, &len);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    fd = sd_open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (fd < 0) {
         sd_err_set(err, "cannot write shard manifest '%s': %s", tmp, strerror(errno));
         goto out;
@@ -711,7 +711,7 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, int *repl
     }
     if (fstat(fd, &st) != 0)
         memset(&st, 0, sizeof st); /* not remembered (manifest_remember) */
-    if (close(fd) != 0 || rename(tmp, path) != 0) {
+    if (close(fd) != 0 || sd_rename(tmp, path) != 0) {
         sd_err_set(err, "cannot replace shard manifest '%s': %s", path, strerror(errno));
         unlink(tmp);
         goto out;
@@ -1239,10 +1239,7 @@ static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
         goto drop_tmp;
     }
     entry->bytes = (int64_t)st.st_size;
-    sd_progress_io_enter_path("rename", w->tmp_path);
-    const int renamed = rename(w->tmp_path, w->final_path) == 0;
-    sd_progress_io_leave();
-    if (!renamed) {
+    if (sd_rename(w->tmp_path, w->final_path) != 0) {
         sd_err_set(e, "cannot rename '%s' to '%s': %s", w->tmp_path, w->final_path, strerror(errno));
         goto drop_tmp;
     }

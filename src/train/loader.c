@@ -258,10 +258,7 @@ static int direct_ok(const sd_loader *l, int64_t pos)
 static int open_direct(const sd_loader *l, int64_t pos, const char *path, int *fd, sd_err *err)
 {
     struct stat st;
-    int f;
-    sd_progress_io_enter_path("open", path);
-    f = open(path, O_RDONLY | O_CLOEXEC);
-    sd_progress_io_leave();
+    const int f = sd_open(path, O_RDONLY | O_CLOEXEC, 0);
     if (f < 0 || fstat(f, &st) != 0) {
         const int e = errno;
         if (f >= 0)
