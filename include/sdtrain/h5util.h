@@ -40,6 +40,10 @@ hid_t sd_h5_create_parallel(const char *path, MPI_Comm comm, sd_err *e);
  * this rank's calls alone, which no other rank waits in. Returns the file, or -1 with `e`. */
 hid_t sd_h5_create_local(const char *path, sd_err *e);
 
+/* H5Fopen marked for the stall watchdog as a file-system call on `path` (sdtrain/progress.h):
+ * a rank held by a server that does not answer is reported with the file. */
+hid_t sd_h5_fopen(const char *path, unsigned flags, hid_t fapl);
+
 /* Closes a file of sd_h5_create_local. When that fails (the metadata HDF5 writes at the close
  * met a storage error), HDF5 keeps the file, tries again at exit and crashes there: the job ends
  * here instead (MPI_Abort), rank-local, after "sdtrain: creating '<path>' failed: <HDF5's

@@ -28,7 +28,6 @@
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
-#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/timer.h"
 #include "sdtrain/version.h"
@@ -777,10 +776,7 @@ static int add_checksum_attrs(writer *w, sd_err *e)
 {
     char h5msg[512];
     int failed = 0;
-    hid_t f;
-    sd_progress_io_enter_path("H5Fopen", w->file);
-    f = H5Fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
-    sd_progress_io_leave();
+    hid_t f = sd_h5_fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
     if (f < 0)
         return sd_err_set(e, "cannot open %s to add its checksums: %s", w->file,
                           sd_h5_error_string(h5msg, sizeof h5msg));
@@ -1661,9 +1657,7 @@ static int read_tensors(const char *file, const loaded *L, const sd_ckpt_tensors
         return 2;
     }
     /* every rank reads on its own (sec2): nothing collective can hang on a bad file */
-    sd_progress_io_enter_path("H5Fopen", file);
-    f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    sd_progress_io_leave();
+    f = sd_h5_fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) {
         const int h5e = sd_h5_storage_errno();
         sd_h5_error_string(h5msg, sizeof h5msg);
@@ -1821,9 +1815,7 @@ int sd_ckpt_read_dataset(const char *path, const sd_param_table *table, const ch
     }
     snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
     sd_h5_quiet_begin(&q);
-    sd_progress_io_enter_path("H5Fopen", file);
-    f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    sd_progress_io_leave();
+    f = sd_h5_fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) {
         rc = sd_err_set(err, "cannot open checkpoint file %s: %s", file,
                         sd_h5_error_string(h5msg, sizeof h5msg));
@@ -1871,9 +1863,7 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
                           (long long)L.bytes);
     }
     sd_h5_quiet_begin(&q);
-    sd_progress_io_enter_path("H5Fopen", file);
-    f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
-    sd_progress_io_leave();
+    f = sd_h5_fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) {
         sd_h5_quiet_end(&q);
         sd_ckpt_info_free(info);

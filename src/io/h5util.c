@@ -180,6 +180,15 @@ hid_t sd_h5_create_local(const char *path, sd_err *e)
     return file < 0 ? -1 : file;
 }
 
+hid_t sd_h5_fopen(const char *path, unsigned flags, hid_t fapl)
+{
+    hid_t f;
+    sd_progress_io_enter_path("H5Fopen", path);
+    f = H5Fopen(path, flags, fapl);
+    sd_progress_io_leave();
+    return f;
+}
+
 void sd_h5_close_local(hid_t file, const char *path, const char *what_stays)
 {
     char h5msg[512];

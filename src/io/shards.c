@@ -25,7 +25,6 @@
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
-#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
 
@@ -1748,9 +1747,7 @@ static int shard_open(sd_shard *s, const char *path, sd_err *err)
      * an epoch, in random order), so HDF5's default 1 MiB per dataset only held copies, 4 MiB
      * and more per open shard, and the loader keeps many shards open. */
     SD_H5_CHECK(H5Pset_cache(fapl, 0, 0, 0, 0.75));
-    sd_progress_io_enter_path("H5Fopen", path);
-    s->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-    sd_progress_io_leave();
+    s->file = sd_h5_fopen(path, H5F_ACC_RDONLY, fapl);
     if (s->file < 0) {
         h5_fail(err, "cannot open shard '%s'", path);
         SD_H5_CHECK(H5Pclose(fapl));
