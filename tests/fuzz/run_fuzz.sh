@@ -4,10 +4,15 @@
 # target's golden inputs.
 #
 # Usage: tests/fuzz/run_fuzz.sh TARGET [SECONDS] [extra libFuzzer options...]
+#        tests/fuzz/run_fuzz.sh --link-check BUILDDIR TARGET
 #   TARGET   safetensors | image | namelist | tar | tokenizer | modelconfig | dataset | shardmanifest |
 #            checkpoint | tokenizerfiles | schedconfig | shardfile | ckptstate | metafilter | all
 #            (all: every target, SECONDS each)
 #   SECONDS  fuzzing time (default 60)
+#   --link-check  links TARGET's harness from BUILDDIR's objects (an ordinary build: no clang) with
+#            exactly the source list and packages below, to prove the list complete; SD_LINK_CC and
+#            SD_LINK_FLAGS name the compiler and flags (default cc, -fopenmp). make check runs it
+#            (tests/fuzz/sources.sh), so a list that lacks a file fails CI, which has no clang.
 # Environment: CLANG (default clang), SD_FUZZ_DIR (build + corpus + artifacts, default
 # build/fuzz/TARGET), SD_FUZZ_JOBS (parallel fuzzing processes, default 1).
 # Exit status: 0 no crash, 1 a crash, leak, timeout or build failure, 77 no clang with libFuzzer.
@@ -18,8 +23,14 @@
 set -eu
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
+link_check=""
+if [ "${1:-}" = --link-check ]; then
+    [ $# -eq 3 ] || { echo "run_fuzz: usage: run_fuzz.sh --link-check BUILDDIR TARGET" >&2; exit 2; }
+    link_check=$(cd "$2" && pwd)
+    shift 2
+fi
 target=${1:-}
-[ -n "$target" ] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ -n "$target" ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 shift
 secs=${1:-60}
 [ $# -gt 0 ] && shift
@@ -27,13 +38,18 @@ secs=${1:-60}
 if [ "$target" = all ]; then
     status=0
     for t in safetensors image namelist tar tokenizer modelconfig dataset shardmanifest checkpoint tokenizerfiles schedconfig shardfile ckptstate metafilter; do
-        SD_FUZZ_DIR="$top/build/fuzz/$t" "$0" "$t" "$secs" "$@" || status=1
+        if [ -n "$link_check" ]; then
+            "$0" --link-check "$link_check" "$t" || status=1
+        else
+            SD_FUZZ_DIR="$top/build/fuzz/$t" "$0" "$t" "$secs" "$@" || status=1
+        fi
     done
     exit $status
 fi
 
 CLANG=${CLANG:-clang}
 dir=${SD_FUZZ_DIR:-$top/build/fuzz/$target}
+[ -n "$link_check" ] && dir=${SD_FUZZ_DIR:-$link_check/tests/fuzz/link/$target}
 jobs=${SD_FUZZ_JOBS:-1}
 src=$top/src
 core="$src/core/error.c $src/core/check.c $src/core/log.c $src/core/timer.c $src/core/progress.c"
@@ -103,6 +119,40 @@ dataset)
     echo "run_fuzz: unknown target '$target' (safetensors, image, namelist, tar, tokenizer, modelconfig, dataset, shardmanifest, checkpoint, tokenizerfiles, schedconfig, shardfile, ckptstate, metafilter, all)" >&2
     exit 2 ;;
 esac
+
+if [ -n "$link_check" ]; then
+    # The library's sources map to the build tree's objects (automake's subdir-objects names);
+    # the stand-ins written above are compiled here.
+    cc=${SD_LINK_CC:-cc}
+    flags=${SD_LINK_FLAGS:--fopenmp}
+    mkdir -p "$dir"
+    objs=""
+    for f in $sources $core; do
+        case $f in
+        "$src"/*)
+            o="$link_check/src/${f#"$src"/}"
+            o="${o%.c}.o"
+            [ -f "$o" ] || { echo "run_fuzz: $target: $o not built (make first)" >&2; exit 1; } ;;
+        *)
+            o="$dir/$(basename "${f%.c}").o"
+            # shellcheck disable=SC2086
+            $cc $flags -std=c11 -c -o "$o" "$f" || exit 1 ;;
+        esac
+        objs="$objs $o"
+    done
+    libs=""
+    # shellcheck disable=SC2086
+    [ -z "$pkgs" ] || libs=$(pkg-config --libs $pkgs)
+    # shellcheck disable=SC2086
+    if ! $cc $flags -o "$dir/link_$target" "$link_check/tests/fuzz/fuzz_$target.o" \
+        "$link_check/tests/fuzz/replay_main.o" $objs $libs -lm 2>"$dir/link.log"; then
+        grep -E "undefined reference|error" "$dir/link.log" | head -n 20 >&2
+        echo "run_fuzz: $target: the harness does not link from its source list (tests/fuzz/run_fuzz.sh)" >&2
+        exit 1
+    fi
+    echo "run_fuzz: $target links from $(echo $sources $core | wc -w) sources"
+    exit 0
+fi
 
 if ! command -v "$CLANG" >/dev/null 2>&1; then
     # Debian's clang (14 on bookworm) ships libFuzzer in libclang-rt-dev.
