@@ -2,8 +2,11 @@
 #ifndef SDTRAIN_FSUTIL_H
 #define SDTRAIN_FSUTIL_H
 
+#include <dirent.h>
+#include <glob.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "sdtrain/error.h"
 
@@ -90,6 +93,16 @@ int sd_pwrite_streamed(sd_writeback *wb, const void *buf, size_t bytes, uint64_t
 int sd_fsync_fd(int fd);
 int sd_open(const char *path, int flags, int mode);
 int sd_rename(const char *from, const char *to);
+/* The metadata calls of the input and shard paths, marked likewise: stat(2), fstat(2),
+ * fstatat(2) and openat(2) (named by the folder dfd), opendir(3), readdir(3) (named by the
+ * folder) and glob(3) (named by the pattern). The same results and errno as the calls. */
+int sd_stat(const char *path, struct stat *st);
+int sd_fstat(int fd, struct stat *st);
+int sd_fstatat(int dfd, const char *name, struct stat *st, int flags);
+int sd_openat(int dfd, const char *name, int flags);
+DIR *sd_opendir(const char *path);
+struct dirent *sd_readdir(DIR *d);
+int sd_glob(const char *pattern, int flags, glob_t *g);
 
 /* After writes through fd to the file `path`: unless `failed`, fsyncs fd (file systems that
  * cannot sync, EINVAL or EROFS, are not an error); then closes it, a failed close reported unless

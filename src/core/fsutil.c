@@ -238,6 +238,69 @@ int sd_rename(const char *from, const char *to)
     return rc;
 }
 
+int sd_stat(const char *path, struct stat *st)
+{
+    int rc;
+    sd_progress_io_enter_path("stat", path);
+    rc = stat(path, st);
+    sd_progress_io_leave();
+    return rc;
+}
+
+int sd_fstat(int fd, struct stat *st)
+{
+    int rc;
+    sd_progress_io_enter("fstat", fd);
+    rc = fstat(fd, st);
+    sd_progress_io_leave();
+    return rc;
+}
+
+int sd_fstatat(int dfd, const char *name, struct stat *st, int flags)
+{
+    int rc;
+    sd_progress_io_enter("fstatat", dfd);
+    rc = fstatat(dfd, name, st, flags);
+    sd_progress_io_leave();
+    return rc;
+}
+
+int sd_openat(int dfd, const char *name, int flags)
+{
+    int fd;
+    sd_progress_io_enter("openat", dfd);
+    fd = openat(dfd, name, flags);
+    sd_progress_io_leave();
+    return fd;
+}
+
+DIR *sd_opendir(const char *path)
+{
+    DIR *d;
+    sd_progress_io_enter_path("opendir", path);
+    d = opendir(path);
+    sd_progress_io_leave();
+    return d;
+}
+
+struct dirent *sd_readdir(DIR *d)
+{
+    struct dirent *de;
+    sd_progress_io_enter("readdir", dirfd(d));
+    de = readdir(d);
+    sd_progress_io_leave();
+    return de;
+}
+
+int sd_glob(const char *pattern, int flags, glob_t *g)
+{
+    int rc;
+    sd_progress_io_enter_path("glob", pattern);
+    rc = glob(pattern, flags, NULL, g);
+    sd_progress_io_leave();
+    return rc;
+}
+
 int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err *err)
 {
     char tmp[4200], dir[4200];
@@ -287,10 +350,10 @@ int sd_remove_tree(const char *path, sd_err *err)
 
 int sd_open_regular(const char *path, struct stat *st)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = sd_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
     if (fd < 0)
         return -1;
-    if (fstat(fd, st) != 0) {
+    if (sd_fstat(fd, st) != 0) {
         const int e = errno;
         close(fd);
         errno = e;
@@ -451,8 +514,10 @@ int sd_read_to_end(int fd, void **buf, size_t *cap, size_t *len)
     for (;;) {
         char probe[4096];
         const int full = n + 1 >= *cap; /* no room left: is there more? (no growth at the end) */
+        sd_progress_io_enter("read", fd);
         const ssize_t k = full ? read(fd, probe, sizeof probe)
                                : read(fd, (char *)*buf + n, *cap - 1 - n);
+        sd_progress_io_leave();
         sd_progress_tick();
         if (k < 0 && errno == EINTR)
             continue;

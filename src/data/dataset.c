@@ -192,7 +192,7 @@ static int read_member(const sd_dataset *ds, sd_sample *s, const struct sd_datas
         if (s->fd_id_)
             close(s->fd_);
         s->fd_id_ = 0;
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        int fd = sd_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
         if (fd < 0) {
             input_read_failed(err, path, errno);
             return MEMBER_UNREADABLE;

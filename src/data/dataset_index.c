@@ -315,7 +315,7 @@ static void walk_folder(walker *w, int dfd)
         close(dfd);
         return;
     }
-    if (fstat(dfd, &st) == 0) {
+    if (sd_fstat(dfd, &st) == 0) {
         for (int k = 0; k < w->depth; k++)
             if (w->dev[k] == st.st_dev && w->ino[k] == st.st_ino) {
                 sd_dataset_note_(ds, "%s/%s: symbolic link loop, not followed", ds->root, w->rel);
@@ -332,7 +332,7 @@ static void walk_folder(walker *w, int dfd)
     size_t *dir_offs = NULL;
     struct dirent *de;
     errno = 0;
-    while ((de = readdir(d)) != NULL) {
+    while ((de = sd_readdir(d)) != NULL) {
         const char *name = de->d_name;
         sd_progress_tick(); /* a listing of millions of files is work (sdtrain/progress.h) */
         if (name[0] == '.') {
@@ -344,7 +344,7 @@ static void walk_folder(walker *w, int dfd)
         int is_dir = de->d_type == DT_DIR, is_reg = de->d_type == DT_REG;
         if (de->d_type == DT_UNKNOWN || de->d_type == DT_LNK) {
             struct stat cs;
-            if (fstatat(dfd, name, &cs, 0) == 0) { /* follows links */
+            if (sd_fstatat(dfd, name, &cs, 0) == 0) { /* follows links */
                 is_dir = S_ISDIR(cs.st_mode);
                 is_reg = S_ISREG(cs.st_mode);
             }
@@ -407,7 +407,7 @@ static void walk_folder(walker *w, int dfd)
                 ds->stats.n_unreadable_dirs++;
                 continue;
             }
-            int cfd = openat(dfd, sub[k], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            int cfd = sd_openat(dfd, sub[k], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
             if (cfd < 0) {
                 const int e = errno;
                 if (!walk_storage_failed(w, sub[k], e)) {
@@ -436,7 +436,7 @@ static void walk_folder(walker *w, int dfd)
 
 static int index_files(sd_dataset *ds, sd_err *err)
 {
-    int dfd = open(ds->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = sd_open(ds->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (dfd < 0) {
         const int e = errno;
         sd_err_set(err, "%s: %s", ds->root,
@@ -797,12 +797,12 @@ static void str_list_sort_unique(str_list *l)
  * .tar.gz-like names, for the error message when there is no plain .tar. */
 static int list_tar_folder(const char *dir, str_list *out, int *n_compressed, sd_err *err)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sd_opendir(dir);
     if (!d)
         return sd_err_input_errno(err, errno, "%s", dir);
     struct dirent *de;
     size_t dlen = strlen(dir);
-    while ((de = readdir(d)) != NULL) {
+    while ((de = sd_readdir(d)) != NULL) {
         sd_progress_tick();
         if (de->d_name[0] == '.')
             continue;
@@ -815,7 +815,7 @@ static int list_tar_folder(const char *dir, str_list *out, int *n_compressed, sd
         p[dlen] = '/';
         memcpy(p + dlen + 1, de->d_name, n + 1);
         struct stat st;
-        if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (sd_stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
             if (tar)
                 str_list_push(out, p, strlen(p));
             else if (n_compressed)
@@ -905,11 +905,11 @@ static int expand_shard_pattern(const char *pat, str_list *out, sd_err *err)
         const char *p = names.v[i];
         if (strpbrk(p, "*?[")) {
             glob_t g;
-            int gr = glob(p, 0, NULL, &g);
+            int gr = sd_glob(p, 0, &g);
             if (gr == 0) {
                 for (size_t k = 0; k < g.gl_pathc; k++) {
                     struct stat st;
-                    if (stat(g.gl_pathv[k], &st) == 0 && S_ISREG(st.st_mode))
+                    if (sd_stat(g.gl_pathv[k], &st) == 0 && S_ISREG(st.st_mode))
                         str_list_push(out, g.gl_pathv[k], strlen(g.gl_pathv[k]));
                 }
                 globfree(&g);
@@ -918,7 +918,7 @@ static int expand_shard_pattern(const char *pat, str_list *out, sd_err *err)
             }
         } else {
             struct stat st;
-            if (stat(p, &st) != 0)
+            if (sd_stat(p, &st) != 0)
                 rc = sd_err_set(err, "%s: %s (named by the pattern '%s')", p, strerror(errno), pat);
             else
                 str_list_push(out, p, strlen(p));
@@ -935,7 +935,7 @@ static int resolve_shards(sd_dataset *ds, str_list *shards, sd_err *err)
 {
     struct stat st;
     const char *in = ds->input;
-    if (stat(in, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (sd_stat(in, &st) == 0 && S_ISDIR(st.st_mode)) {
         int n_comp = 0;
         if (list_tar_folder(in, shards, &n_comp, err) != 0)
             return -1;
@@ -949,7 +949,7 @@ static int resolve_shards(sd_dataset *ds, str_list *shards, sd_err *err)
                              ".tar shards are read", in, n_comp);
         return 0;
     }
-    if (stat(in, &st) == 0) {
+    if (sd_stat(in, &st) == 0) {
         str_list_push(shards, in, strlen(in));
         return 0;
     }
@@ -1018,7 +1018,7 @@ static int folder_has_tar(const char *dir)
 static int detect_format(const char *in, sd_dataset_format *f, sd_err *err)
 {
     struct stat st;
-    if (stat(in, &st) != 0) {
+    if (sd_stat(in, &st) != 0) {
         if (errno == ENOENT && has_pattern_chars(in)) {
             *f = SD_DATASET_WEBDATASET;
             return 0;

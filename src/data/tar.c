@@ -203,12 +203,12 @@ int sd_tar_scan(const char *path, sd_tar_member_fn fn, void *ctx, sd_err *err)
     char *ustar_name = NULL;
     int rc = SD_TAR_OK;
 
-    r.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below, not waited on */
+    r.fd = sd_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0); /* a FIFO: refused below, not waited on */
     if (r.fd < 0) { /* marked a storage failure where it is one, not the tar's */
         sd_err_input_errno(err, errno, "%s", path);
         return SD_TAR_UNREADABLE;
     }
-    int stat_errno = fstat(r.fd, &st) != 0 ? errno : 0;
+    int stat_errno = sd_fstat(r.fd, &st) != 0 ? errno : 0;
     if (stat_errno || !S_ISREG(st.st_mode)) {
         sd_err_set(err, "%s: %s", path, stat_errno ? strerror(stat_errno) : "not a regular file");
         if (sd_input_storage_errno(stat_errno))

@@ -24,6 +24,7 @@
 #include "sdtrain/config.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
@@ -74,7 +75,7 @@ static int join(char *out, size_t size, const char *a, const char *b, sd_err *er
 static int stat_exists(const char *p)
 {
     struct stat st;
-    if (stat(p, &st) == 0)
+    if (sd_stat(p, &st) == 0)
         return 1;
     return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
 }
@@ -242,7 +243,9 @@ int sd_ckpt_read_latest(const char *dir, char *name, size_t size, sd_err *err)
     name[0] = '\0';
     if (join(path, sizeof path, dir, SD_CKPT_LATEST, err))
         return -1;
+    sd_progress_io_enter_path("open", path);
     f = fopen(path, "r");
+    sd_progress_io_leave();
     if (!f)
         return errno == ENOENT ? 0 : sd_err_errno(err, errno, "cannot read '%s'", path);
     len = fread(buf, 1, sizeof buf - 1, f);
@@ -289,7 +292,7 @@ static int step_dir_cmp(const void *a, const void *b)
  * neither count nor go. */
 static void prune(const char *dir, sd_ckpt_keep keep, const char *latest)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sd_opendir(dir);
     struct dirent *de;
     step_dir *list = NULL;
     size_t n = 0, cap = 0;
@@ -298,7 +301,7 @@ static void prune(const char *dir, sd_ckpt_keep keep, const char *latest)
         return;
     if (!is_step_name(latest, &now))
         now = INT64_MAX;
-    while ((de = readdir(d))) {
+    while ((de = sd_readdir(d))) {
         int64_t st;
         if (!is_step_name(de->d_name, &st) || strlen(de->d_name) >= sizeof list->name ||
             st > now)
@@ -336,7 +339,7 @@ static int commit(writer *w, const char *config_text, sd_ckpt_keep keep, sd_err 
     const char *text;
     struct stat st;
     int rc;
-    if (stat(w->file, &st) != 0)
+    if (sd_stat(w->file, &st) != 0)
         return sd_err_set(e, "cannot stat '%s': %s", w->file, strerror(errno));
     w->bytes = (int64_t)st.st_size;
     root = manifest_json(w);
@@ -1053,11 +1056,11 @@ void sd_ckpt_async_free(sd_ckpt_async *a)
 /* Rank 0: leftovers of interrupted writes are never valid checkpoints. */
 static void remove_leftovers(const char *dir)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sd_opendir(dir);
     struct dirent *de;
     if (!d)
         return;
-    while ((de = readdir(d))) {
+    while ((de = sd_readdir(d))) {
         size_t len = strlen(de->d_name);
         char path[PATH_SIZE];
         sd_err e;
@@ -1108,7 +1111,7 @@ int sd_ckpt_is_complete(const char *path)
  * checkpoint than the newest. */
 static int newest_complete(const char *dir, int64_t below, char *name, size_t size, sd_err *err)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sd_opendir(dir);
     int64_t best = -1;
     int rc = 0;
     name[0] = '\0';
@@ -1121,7 +1124,7 @@ static int newest_complete(const char *dir, int64_t below, char *name, size_t si
         int64_t st;
         int r;
         errno = 0;
-        struct dirent *de = readdir(d);
+        struct dirent *de = sd_readdir(d);
         if (!de) {
             if (errno)
                 rc = sd_err_errno(err, errno, "cannot list checkpoint directory '%s'", dir);
@@ -1516,7 +1519,7 @@ static int read_manifest(const char *dir, const sd_ckpt_tensors *t, loaded *L, c
             goto out;
         }
     }
-    const int stat_rc = stat(file, &st), stat_errno = stat_rc != 0 ? errno : 0;
+    const int stat_rc = sd_stat(file, &st), stat_errno = stat_rc != 0 ? errno : 0;
     if (stat_rc != 0 && sd_storage_errno(stat_errno)) {
         sd_err_set(err, "cannot stat checkpoint file %s: %s (a storage error, not damage: the "
                    "checkpoint may be intact)", file, strerror(stat_errno));
@@ -1856,7 +1859,7 @@ int sd_ckpt_verify(const char *path, sd_ckpt_info *info, sd_ckpt_dataset_check o
         return -1;
     fill_info(info, &L, config, path);
     snprintf(file, sizeof file, "%s/%s", path, SD_CKPT_STATE_FILE);
-    if (stat(file, &st) != 0 || (int64_t)st.st_size != L.bytes) {
+    if (sd_stat(file, &st) != 0 || (int64_t)st.st_size != L.bytes) {
         sd_ckpt_info_free(info);
         return sd_err_set(err, "checkpoint %s is incomplete: %s is %s (the manifest says %lld "
                           "bytes)", path, file, path_exists(file) ? "of another size" : "missing",
@@ -2004,11 +2007,14 @@ const char *sd_ckpt_signal_name(int sig)
 
 int sd_ckpt_metrics_rollback(const char *path, int64_t step, sd_err *err)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f;
     char *line = NULL, *out = NULL;
     size_t cap = 0, len = 0, out_cap = 0;
     ssize_t got;
     int rc;
+    sd_progress_io_enter_path("open", path);
+    f = fopen(path, "r");
+    sd_progress_io_leave();
     if (!f)
         return errno == ENOENT ? 0 : sd_err_set(err, "cannot read %s: %s", path, strerror(errno));
     while ((got = getline(&line, &cap, f)) > 0) {

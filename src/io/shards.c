@@ -565,7 +565,7 @@ int sd_shards_committed(const char *dir, sd_shard_manifest *m, sd_err *err)
         struct stat st;
         if (join_path(path, sizeof path, dir, e->file, err))
             goto fail;
-        if (stat(path, &st) != 0) {
+        if (sd_stat(path, &st) != 0) {
             sd_err_errno(err, errno, "%s/%s lists %s as committed, but it cannot be read", dir,
                          SD_SHARD_MANIFEST, path);
             goto fail;
@@ -632,7 +632,7 @@ static int manifest_read_writer(const char *dir, sd_shard_manifest *m, sd_err *e
     if (join_path(path, sizeof path, dir, SD_SHARD_MANIFEST, err))
         return -1;
     SD_CHECK(pthread_mutex_lock(&written.mu) == 0, "manifest cache lock");
-    if (written.dir[0] && strcmp(written.dir, dir) == 0 && stat(path, &st) == 0 &&
+    if (written.dir[0] && strcmp(written.dir, dir) == 0 && sd_stat(path, &st) == 0 &&
         same_file(&st, &written.st)) {
         m->n = written.m.n;
         m->total_samples = written.m.total_samples;
@@ -708,7 +708,7 @@ static int manifest_write(const char *dir, const sd_shard_manifest *m, int *repl
         unlink(tmp);
         goto out;
     }
-    if (fstat(fd, &st) != 0)
+    if (sd_fstat(fd, &st) != 0)
         memset(&st, 0, sizeof st); /* not remembered (manifest_remember) */
     if (close(fd) != 0 || sd_rename(tmp, path) != 0) {
         sd_err_set(err, "cannot replace shard manifest '%s': %s", path, strerror(errno));
@@ -1233,7 +1233,7 @@ static int commit(writer *w, sd_shard_entry *entry, sd_err *e)
     sd_shard_manifest m;
     sd_shard_entry *grown;
     int replaced = 0;
-    if (stat(w->tmp_path, &st) != 0) {
+    if (sd_stat(w->tmp_path, &st) != 0) {
         sd_err_set(e, "cannot stat '%s': %s", w->tmp_path, strerror(errno));
         goto drop_tmp;
     }
@@ -1900,7 +1900,7 @@ int sd_shard_open_entry(const char *dir, const sd_shard_entry *e, sd_shard **out
     *out = NULL;
     if (join_path(path, sizeof path, dir, e->file, err))
         return -1;
-    if (stat(path, &st) != 0)
+    if (sd_stat(path, &st) != 0)
         return sd_err_set(err, "cannot open committed shard '%s': %s", path, strerror(errno));
     if ((int64_t)st.st_size != e->bytes)
         return sd_err_set(err, "%s has %lld bytes but the manifest recorded %lld at commit", path,

@@ -259,7 +259,7 @@ static int open_direct(const sd_loader *l, int64_t pos, const char *path, int *f
 {
     struct stat st;
     const int f = sd_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (f < 0 || fstat(f, &st) != 0) {
+    if (f < 0 || sd_fstat(f, &st) != 0) {
         const int e = errno;
         if (f >= 0)
             close(f);
@@ -695,7 +695,7 @@ static int follow_collect(sd_loader *l, follow_delta *d, sd_err *err)
     /* Polls are frequent and a manifest of many shards is large: reread it only when it was
      * replaced (every commit renames a new file over it) */
     snprintf(path, sizeof path, "%s/%s", l->dir, SD_SHARD_MANIFEST);
-    if (stat(path, &st) != 0) {
+    if (sd_stat(path, &st) != 0) {
         if (errno == ENOENT)
             return 0; /* nothing committed yet */
         memset(&st, 0, sizeof st);
@@ -1260,7 +1260,7 @@ static int scan_shards(MPI_Comm comm, const sd_loader_options *o, open_header *h
     /* rank 0: the manifest and shard 0 */
     if (rank == 0) {
         struct stat st;
-        if (stat(dir, &st) != 0)
+        if (sd_stat(dir, &st) != 0)
             rc = sd_err_errno(err, errno, "cannot read shard directory '%s'", dir);
         else if (!S_ISDIR(st.st_mode))
             rc = sd_err_set(err, "shard directory '%s' is not a directory", dir);

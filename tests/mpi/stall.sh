@@ -150,6 +150,18 @@ expect_rc procx 0
 expect_not_in procx err "stalled"
 checksums "$TMP/shards-x" >"$TMP/sum-x"
 diff "$TMP/sum-ref" "$TMP/sum-x" || fail "procx: other shards"
+# ... but a listing of the input that never returns is (a metadata server that does not answer):
+# rank 0's readdir of the input folder, while it indexes it; its report names the call and the
+# folder, and nothing is committed
+SD_EIO_HANG=1 SD_EIO_RANK=0 SD_EIO_PATH="$TMP/data\$" SD_EIO_OPS=list LD_PRELOAD="$PRELOAD" \
+    mpi procl 2 "$SDTRAIN" "$TMP/procw.nml" --set run.stall_timeout=3 \
+    --set "data.shard_dir='$TMP/shards-l'" --set "run.output_dir='$TMP/procl'"
+stalled procl
+grep -F "[rank 0]" "$TMP/procl.err" | grep -F "in readdir of '$TMP/data' for" |
+    grep -qF ": this rank is stuck in the file system" ||
+    { cat "$TMP/procl.err" >&2; fail "procl: no report of rank 0 stuck listing the input folder"; }
+[ ! -e "$TMP/shards-l/manifest.json" ] || fail "procl: a manifest was written although the listing hung"
+pass "a listing of the input that never returns: the report names readdir and the folder"
 
 # (e) no stall where nothing is stuck: a pipeline (2 + 2 ranks) whose preprocessing takes 4 s a
 # shard, with a 2 s timeout: the trainers wait 4 s for shard 0 and, their one step done, for the

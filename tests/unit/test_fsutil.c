@@ -1,6 +1,7 @@
 /* TAP tests of the file-system helpers (src/core/fsutil.c): sd_pio_all, the one loop behind every
  * "all these bytes at this offset" of the checkpoint, shard, dataset, tar and safetensors code;
- * the streamed writeback of the large writes; the atomic replacement; the tree copy, which must refuse (not wait on) what is not a file. */
+ * the streamed writeback of the large writes; the atomic replacement; the tree copy, which must refuse (not wait on) what is not a file; the
+ * marked metadata calls (sd_stat ... sd_glob), which must keep the calls' results and errno. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, mkfifo under -std=c11 */
 #endif
@@ -272,6 +273,68 @@ static void test_read_to_end(void)
     free(data);
 }
 
+/* The marked metadata calls (sd_stat ... sd_glob) give the calls' own results and errno: an
+ * end of listing leaves errno 0, which is how a caller tells it from a failed readdir. */
+static void test_metadata(void)
+{
+    char sub[300], file[600], pat[600];
+    struct stat st, st2;
+    sd_err err;
+    path_in(sub, sizeof sub, "meta");
+    tap_ok(sd_mkdir_p(sub, "directory", &err) == 0, "mkdir -p %s", sub);
+    for (int i = 0; i < 3; i++) {
+        snprintf(file, sizeof file, "%s/f%d.tar", sub, i);
+        FILE *f = fopen(file, "w");
+        tap_ok(f && fprintf(f, "%*s", 100 * (i + 1), "") > 0 && fclose(f) == 0, "a file of %d bytes",
+               100 * (i + 1));
+    }
+    snprintf(file, sizeof file, "%s/f1.tar", sub);
+    tap_ok(sd_stat(file, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 200, "sd_stat: a file of 200 bytes");
+    errno = 0;
+    int rc = sd_stat("/nonexistent/sd_fsutil", &st), e = errno;
+    tap_ok(rc == -1 && e == ENOENT, "sd_stat of a missing path: -1, %s", strerror(e));
+
+    DIR *d = sd_opendir(sub);
+    int n = 0;
+    struct dirent *de;
+    tap_ok(d != NULL, "sd_opendir");
+    errno = 0;
+    while (d && (de = sd_readdir(d)) != NULL)
+        n += de->d_name[0] != '.';
+    e = errno;
+    tap_ok(n == 3 && e == 0, "sd_readdir lists the 3 files and ends with errno 0 (%d, %s)", n, strerror(e));
+    if (d)
+        closedir(d);
+    errno = 0;
+    d = sd_opendir("/nonexistent/sd_fsutil");
+    e = errno;
+    tap_ok(d == NULL && e == ENOENT, "sd_opendir of a missing folder: NULL, %s", strerror(e));
+
+    int dfd = sd_open(sub, O_RDONLY | O_DIRECTORY, 0);
+    tap_ok(dfd >= 0 && sd_fstat(dfd, &st) == 0 && S_ISDIR(st.st_mode), "sd_open + sd_fstat of the folder");
+    tap_ok(sd_fstatat(dfd, "f2.tar", &st2, 0) == 0 && st2.st_size == 300, "sd_fstatat: f2.tar, 300 bytes");
+    errno = 0;
+    rc = sd_fstatat(dfd, "missing", &st2, 0);
+    e = errno;
+    tap_ok(rc == -1 && e == ENOENT, "sd_fstatat of a missing name: -1, %s", strerror(e));
+    int fd = sd_openat(dfd, "f0.tar", O_RDONLY);
+    tap_ok(fd >= 0 && sd_fstat(fd, &st2) == 0 && st2.st_size == 100, "sd_openat: f0.tar, 100 bytes");
+    if (fd >= 0)
+        close(fd);
+    if (dfd >= 0)
+        close(dfd);
+
+    glob_t g;
+    snprintf(pat, sizeof pat, "%s/f[02].tar", sub);
+    rc = sd_glob(pat, 0, &g);
+    tap_ok(rc == 0 && g.gl_pathc == 2 && strstr(g.gl_pathv[0], "/f0.tar") && strstr(g.gl_pathv[1], "/f2.tar"),
+           "sd_glob: f0.tar and f2.tar");
+    if (rc == 0)
+        globfree(&g);
+    snprintf(pat, sizeof pat, "%s/none*", sub);
+    tap_ok(sd_glob(pat, 0, &g) == GLOB_NOMATCH, "sd_glob: no match");
+}
+
 int main(void)
 {
     const char *base = getenv("TMPDIR");
@@ -285,6 +348,7 @@ int main(void)
     test_atomic();
     test_copy_tree();
     test_read_to_end();
+    test_metadata();
     sd_remove_tree(dir, &err);
     return tap_done();
 }
