@@ -84,8 +84,11 @@ typedef struct sd_writeback {
 void sd_writeback_init(sd_writeback *wb, int fd);
 /* [at, at + len) was just written through wb->fd. 0, or -1 with errno set (a failed sync). */
 int sd_writeback_add(sd_writeback *wb, uint64_t at, uint64_t len);
-/* sd_pio_all's write through wb->fd in blocks of 64 MiB, each given to sd_writeback_add. 0; -1
- * when a write failed, -2 when a sync did, errno set. */
+/* The block of the streamed large writes (sd_pwrite_streamed; the checkpoint's parts, also the
+ * device path's staging block): 64 MiB, two of them dirty per file at most. */
+#define SD_IO_BLOCK_BYTES ((size_t)64 << 20)
+/* sd_pio_all's write through wb->fd in blocks of SD_IO_BLOCK_BYTES, each given to
+ * sd_writeback_add. 0; -1 when a write failed, -2 when a sync did, errno set. */
 int sd_pwrite_streamed(sd_writeback *wb, const void *buf, size_t bytes, uint64_t at);
 
 /* fsync(fd), open(2) and rename(2) marked for the stall watchdog as file-system calls (its

@@ -39,6 +39,12 @@ void sd_progress_sleep_ms(long ms);
  * (then with a warning naming it when `warn`). */
 long sd_progress_test_delay_ms(const char *name, int world_rank, int warn);
 
+/* The straggler rule of the training and preprocessing reports: over a span of `span` seconds
+ * (an interval of steps or shards), a rank whose time `slowest` exceeds the ranks' `mean` by at
+ * least 1 s and a tenth of the span is named (every rank waits for it, so it costs them all);
+ * smaller gaps are noise, and a larger share of a short span would flood the log. */
+int sd_progress_is_straggler(double slowest, double mean, double span);
+
 /* A wait that something else bounds (a timeout of its own, another part of the job with its own
  * watchdog): while it lasts the watchdog does not count. Main thread; not nested. */
 void sd_progress_wait_begin(const char *what);

@@ -1448,16 +1448,16 @@ static int slowest_of(const double *v, int n, double *sum)
     return slow;
 }
 
-/* Rank 0: names a rank whose excess over the ranks' mean in the interval is at least 1 s and a
- * tenth of its time, then starts a new interval. */
+/* Rank 0: names a rank that is a straggler over the interval (sd_progress_is_straggler, the
+ * span its own time: the others waited that long for it), then starts a new interval. */
 static void report_parts(part_times *pt, int size)
 {
     double sum;
     if (!pt->iv || pt->iv_first < 0)
         return;
     const int slow = slowest_of(pt->iv, size, &sum);
-    const double mean = sum / size, excess = pt->iv[slow] - mean;
-    if (excess >= 1.0 && excess >= 0.1 * pt->iv[slow]) {
+    const double mean = sum / size;
+    if (sd_progress_is_straggler(pt->iv[slow], mean, pt->iv[slow])) {
         char which[64];
         if (pt->iv_first == pt->iv_last)
             snprintf(which, sizeof which, "shard %lld", (long long)pt->iv_first);

@@ -1909,8 +1909,8 @@ static int too_few_samples(const trainer *t)
  * backend's stream clock: on a GPU the GPU's time, without the host's waits for the other ranks'
  * collectives), against the ranks' mean. Every rank waits for the slowest at each step, so one
  * slow node, GPU or file system costs all of them. Rank 0 writes a metrics line and names a rank
- * whose excess over the mean is at least 1 s and a tenth of the interval. iv: this rank's data
- * wait and compute (s). */
+ * that is a straggler over the interval's wall time (sd_progress_is_straggler). iv: this rank's
+ * data wait and compute (s). */
 static void report_stragglers(trainer *t, int64_t first, int64_t last, const double iv[2],
                               double wall)
 {
@@ -1936,9 +1936,9 @@ static void report_stragglers(trainer *t, int64_t first, int64_t last, const dou
         metrics_flush(t, last);
     }
     for (int i = 0; i < 2; i++) {
-        const double mean = sum[i] / t->size, excess = mx[i].v - mean;
+        const double mean = sum[i] / t->size;
         char text[64];
-        if (excess < 1.0 || excess < 0.1 * wall)
+        if (!sd_progress_is_straggler(mx[i].v, mean, wall))
             continue;
         snprintf(text, sizeof text, what[i], mx[i].v);
         sd_warn("steps %lld-%lld: rank %d %s, the training ranks' mean %.2f s (the interval took "

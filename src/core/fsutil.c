@@ -185,7 +185,7 @@ int sd_writeback_add(sd_writeback *wb, uint64_t at, uint64_t len)
 
 int sd_pwrite_streamed(sd_writeback *wb, const void *buf, size_t bytes, uint64_t at)
 {
-    const size_t block = (size_t)64 << 20;
+    const size_t block = SD_IO_BLOCK_BYTES;
     const char *p = buf;
     for (size_t off = 0; off < bytes; off += block) {
         const size_t n = bytes - off < block ? bytes - off : block;

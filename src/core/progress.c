@@ -51,6 +51,12 @@ void sd_progress_sleep_ms(long ms)
     }
 }
 
+int sd_progress_is_straggler(double slowest, double mean, double span)
+{
+    const double excess = slowest - mean;
+    return excess >= 1.0 && excess >= 0.1 * span;
+}
+
 long sd_progress_test_delay_ms(const char *name, int world_rank, int warn)
 {
     const char *env = getenv(name), *text;

@@ -663,14 +663,15 @@ static void host_floats_free(float *p, void (*release)(void *, void *), void *ct
         free(p);
 }
 
-/* Floats a block of the device path's checkpoint transfers moves (sd_ckpt_write's download and
- * write, sd_ckpt_load's read and upload): 64 MiB. Test hook: SDTRAIN_TEST_CKPT_BLOCK_FLOATS=N
+/* Floats a block of the checkpoint's part writes and the device path's transfers moves
+ * (sd_ckpt_write's download and write, sd_ckpt_load's read and upload): SD_IO_BLOCK_BYTES, the
+ * streamed writeback's block. Test hook: SDTRAIN_TEST_CKPT_BLOCK_FLOATS=N
  * makes it N, so that a small model's state crosses several blocks with a tail. */
 static size_t block_floats(void)
 {
     const char *v = getenv("SDTRAIN_TEST_CKPT_BLOCK_FLOATS");
     const long n = v ? atol(v) : 0;
-    return n > 0 ? (size_t)n : (size_t)16 << 20;
+    return n > 0 ? (size_t)n : SD_IO_BLOCK_BYTES / sizeof(float);
 }
 
 /* This rank's parts (src[ds]: the floats [w->wb[ds], w->we[ds]) of dataset ds) into the state
@@ -690,7 +691,7 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
     int failed = 0;
     float *stage = NULL; /* with t->copy: a block at a time from the device */
     void (*stage_release)(void *, void *) = NULL;
-    int fd = open(w->file, O_WRONLY | O_CLOEXEC);
+    int fd = sd_open(w->file, O_WRONLY | O_CLOEXEC, 0);
     sd_writeback wb;
     memset(part, 0, DS_N * sizeof *part);
     if (fd < 0)
@@ -736,7 +737,7 @@ static int write_parts(writer *w, const float *const src[DS_N], int verify, uint
     if (!verify)
         return 0;
     float *buf = sd_xmalloc(block * sizeof *buf);
-    fd = open(w->file, O_RDONLY | O_CLOEXEC);
+    fd = sd_open(w->file, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         failed = sd_err_errno(e, errno, "cannot open %s to read it back on rank %d", w->file,
                               w->rank) != 0;
@@ -1360,7 +1361,7 @@ static const char *json_str(json_object *o, const char *key)
 static int probe_storage(const char *file, uint64_t off, uint64_t len)
 {
     char *buf = sd_xmalloc(1 << 20);
-    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK), e = 0;
+    int fd = sd_open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0), e = 0;
     if (fd < 0) {
         e = errno;
         free(buf);

@@ -788,7 +788,7 @@ int sd_st_open(const char *path, sd_st_file *f, sd_err *err)
     memset(f, 0, sizeof *f);
     if (!path)
         return sd_err_set(err, "safetensors: no file name given");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = sd_open(path, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return st_fail(err, path, "cannot open: %s", strerror(errno));
     if (fstat(fd, &st) != 0) {
@@ -1523,7 +1523,7 @@ int sd_st_writer_write(const sd_st_writer *w, const char *path, sd_err *err)
         unlink(tmp);
         goto out_free;
     }
-    if (rename(tmp, path) != 0) {
+    if (sd_rename(tmp, path) != 0) {
         st_fail(err, path, "cannot rename %s to it: %s", tmp, strerror(errno));
         unlink(tmp);
         goto out_free;
@@ -1533,8 +1533,8 @@ int sd_st_writer_write(const sd_st_writer *w, const char *path, sd_err *err)
     char *slash = strrchr(dir, '/');
     if (slash)
         slash[slash == dir ? 1 : 0] = '\0';
-    int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
+    int dfd = sd_open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0 || (sd_fsync_fd(dfd) != 0 && errno != EINVAL)) {
         st_fail(err, path, "cannot sync its folder: %s", strerror(errno));
         if (dfd >= 0)
             close(dfd);

@@ -1395,7 +1395,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
         }
         SD_MPI_CHECK(MPI_Bcast(w->addr, 6, MPI_UINT64_T, 0, w->comm));
         /* 5. Every rank writes its rows and syncs them on the descriptor that wrote them. */
-        w->fd = open(w->tmp_path, O_WRONLY | O_CLOEXEC);
+        w->fd = sd_open(w->tmp_path, O_WRONLY | O_CLOEXEC, 0);
         if (w->fd < 0)
             failed = sd_err_errno(e, errno, "cannot open '%s' to write rank %d's rows",
                                   w->tmp_path, w->rank) != 0;

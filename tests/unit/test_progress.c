@@ -108,6 +108,13 @@ int main(void)
 
     test_delays();
 
+    tap_ok(sd_progress_is_straggler(5.0, 3.9, 10.0) && sd_progress_is_straggler(5.0, 4.0, 10.0) &&
+               !sd_progress_is_straggler(5.0, 4.1, 10.0),
+           "straggler rule: an excess of 1 s over the mean counts, less does not");
+    tap_ok(sd_progress_is_straggler(50.0, 45.0, 50.0) && !sd_progress_is_straggler(50.0, 45.5, 50.0) &&
+               !sd_progress_is_straggler(3.0, 3.0, 1.0),
+           "straggler rule: and a tenth of the span (5 s of 50); no excess is none");
+
     tap_ok(sd_watchdog_default_grace(1800) == 180 && sd_watchdog_default_grace(5) == 2 &&
                sd_watchdog_default_grace(1e5) == 300,
            "default grace: a tenth of the timeout, 2 to 300 s");
