@@ -135,22 +135,39 @@ static _Atomic double io_t0;
 #define IO_PATH_MAX 512
 static _Atomic char io_path[IO_PATH_MAX];
 
+/* The clock of a file-system call's start: CLOCK_MONOTONIC as the kernel last ticked it (a few
+ * ms behind sd_time_now at most, without reading the time source), since a report gives seconds */
+static double coarse_now(void)
+{
+#ifdef CLOCK_MONOTONIC_COARSE
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0)
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
+    return sd_time_now();
+}
+
 static void io_enter(const char *call, int fd, const char *path)
 {
     void *none = NULL;
     if (io_depth++ > 0 || !atomic_compare_exchange_strong(&io_owner, &none, (void *)&io_token))
         return;
-    atomic_fetch_add(&io_seq, 1);
-    atomic_store(&io_fd, fd);
+    /* A seqlock's writer: only the owner changes io_seq, so plain stores do; the release fence
+     * keeps the fields' stores after the odd count, the release store the even one after them
+     * (on x86 no locked instruction: the pair is on every file block and listing entry) */
+    const unsigned s = atomic_load_explicit(&io_seq, memory_order_relaxed);
+    atomic_store_explicit(&io_seq, s + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&io_fd, fd, memory_order_relaxed);
     if (path) {
         size_t i = 0;
         for (; path[i] && i < IO_PATH_MAX - 1; i++)
             atomic_store_explicit(&io_path[i], path[i], memory_order_relaxed);
         atomic_store_explicit(&io_path[i], '\0', memory_order_relaxed);
     }
-    atomic_store(&io_t0, sd_time_now());
-    atomic_store(&io_call, call);
-    atomic_fetch_add(&io_seq, 1);
+    atomic_store_explicit(&io_t0, coarse_now(), memory_order_relaxed);
+    atomic_store_explicit(&io_call, call, memory_order_relaxed);
+    atomic_store_explicit(&io_seq, s + 2, memory_order_release);
 }
 
 void sd_progress_io_enter(const char *call, int fd)
@@ -167,10 +184,12 @@ void sd_progress_io_leave(void)
 {
     if (--io_depth > 0 || atomic_load(&io_owner) != (void *)&io_token)
         return;
-    atomic_fetch_add(&io_seq, 1);
-    atomic_store(&io_call, NULL);
-    atomic_fetch_add(&io_seq, 1);
-    atomic_store(&io_owner, NULL);
+    const unsigned s = atomic_load_explicit(&io_seq, memory_order_relaxed);
+    atomic_store_explicit(&io_seq, s + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&io_call, NULL, memory_order_relaxed);
+    atomic_store_explicit(&io_seq, s + 2, memory_order_release);
+    atomic_store_explicit(&io_owner, NULL, memory_order_release);
 }
 
 static const char *secs(char *buf, size_t size, double s);
