@@ -73,7 +73,7 @@ static const sd_option options[] = {
          "longer (2 to 300 s), so that the stuck rank is the one that reports where it is. Waits "
          "bounded otherwise (mode 'pipeline': the trainers waiting for shards, one half for the "
          "other; the ranks waiting for rank 0's own work, such as indexing the dataset) do not "
-         "count. 0 = never. SIGUSR2 asks every rank for the same "
+         "count, unless a file-system call in them does not return for this long. 0 = never. SIGUSR2 asks every rank for the same "
          "report of its work at any time, without stopping the job."),
 
     /* &model */

@@ -323,11 +323,15 @@ static void describe_work(char *msg, size_t size, int stalled)
 
 static void describe(char *msg, size_t size, double stalled)
 {
+    const char *waiting = atomic_load_explicit(&wait_what, memory_order_acquire);
     char a[32];
     int len = snprintf(msg, size, "no progress on this rank for %s (%s = %g s); ",
                        secs(a, sizeof a, stalled), wd.setting, wd.timeout);
     if (len >= 0 && (size_t)len < size)
         describe_work(msg + len, size - (size_t)len, 1);
+    len = (int)strlen(msg);
+    if (waiting && (size_t)len < size)
+        snprintf(msg + len, size - (size_t)len, "; in a bounded wait: %s", waiting);
 }
 
 void sd_progress_report_request(void)
@@ -388,10 +392,23 @@ static void *watch(void *arg)
         if (atomic_exchange_explicit(&report_asked, 0, memory_order_relaxed)) {
             report(now_ticks != seen ? -poll : now - last);
         }
-        if (now_ticks != seen || atomic_load_explicit(&wait_what, memory_order_acquire)) {
+        const char *waiting = atomic_load_explicit(&wait_what, memory_order_acquire);
+        if (now_ticks != seen || waiting) {
+            double in_io;
             seen = now_ticks;
             last = now;
-            continue;
+            /* A bounded wait does not count, but a file-system call made in it (the loader's
+             * poll of the shard manifest, say) that has not returned for the whole timeout
+             * does: the wait's own bound cannot end a call the kernel holds, and the rank
+             * would wait for good, and with it the ranks that wait for it. */
+            if (!waiting || wd.timeout <= 0 || (in_io = io_inside_s(now)) < wd.timeout)
+                continue;
+            char msg[1024];
+            describe(msg, sizeof msg, in_io);
+            pthread_mutex_unlock(&wd.mu);
+            wd.fn(msg, wd.user); /* the job's handler does not return */
+            pthread_mutex_lock(&wd.mu);
+            break;
         }
         if (wd.timeout <= 0)
             continue; /* reports only */

@@ -8,8 +8,9 @@
 # in a shard write ends mode 'process', whose rerun commits the same shards. Waits with limits
 # of their own do not count: a pipeline's trainers waiting longer than the timeout for shards,
 # and for the preprocessing half at the end, and ranks waiting for rank 0's long index, finish
-# normally. SIGUSR2 makes every rank report
-# what it is doing, without stopping.
+# normally; a file-system call in such a wait that never returns (a listing of the input, the
+# trainers' poll of the shard manifest) does not. SIGUSR2 makes every rank report what it is
+# doing, without stopping.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 
@@ -181,3 +182,18 @@ expect_in pipe out "waiting for shard 0"
 expect_in pipe out "mode 'pipeline': the training half is done; waiting for the preprocessing half"
 [ "$(checksums "$TMP/shards-pipe" | wc -l)" = 3 ] || fail "pipe: expected 3 committed shards"
 pass "waits bounded by their own limits (a pipeline's trainers) do not count as stalls"
+# ... but a file-system call made in such a wait that never returns does count: the trainers'
+# rank 0 (world rank 2) polls the shard manifest while it waits for shard 0, and its third
+# stat of it hangs (the wait's own limit, &data shard_wait_timeout, cannot end a call the kernel
+# holds: without the watchdog the whole job would wait for good)
+sed "s|$TMP/shards-pipe'|$TMP/shards-pipew'|; s|$TMP/pipe'|$TMP/pipew'|" "$TMP/pipe.nml" >"$TMP/pipew.nml"
+SDTRAIN_TEST_SHARD_DELAY_MS=4000 SD_EIO_HANG=1 SD_EIO_RANK=2 SD_EIO_AFTER=3 \
+    SD_EIO_PATH=/shards-pipew/manifest.json SD_EIO_OPS=stat LD_PRELOAD="$PRELOAD" \
+    mpi pipew 4 "$SDTRAIN" "$TMP/pipew.nml"
+expect_rc pipew 1
+expect_in pipew err "the job stalled: no progress on this rank for"
+grep -F "[rank 2]" "$TMP/pipew.err" | grep -F "in stat of '$TMP/shards-pipew/manifest.json' for" |
+    grep -F ": this rank is stuck in the file system" |
+    grep -qF "; in a bounded wait: waiting for the preprocessing half's shards" ||
+    { cat "$TMP/pipew.err" >&2; fail "pipew: no report of rank 2 stuck polling the manifest"; }
+pass "a file-system call that never returns inside a bounded wait is a stall, named with the wait"

@@ -1,6 +1,6 @@
 /* The stall watchdog (sdtrain/progress.h): ticks keep it quiet, a stall fires it once with a
- * message naming the phase, a rank inside MPI gets the grace, bounded waits do not count, and
- * stop joins its thread. Times are generous: a loaded machine only makes the watchdog later,
+ * message naming the phase, a rank inside MPI gets the grace, bounded waits do not count (but a
+ * file-system call in one that does not return does), and stop joins its thread. Times are generous: a loaded machine only makes the watchdog later,
  * so "not yet fired" is checked at instants before the deadline and "fired" with a long limit. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -298,6 +298,29 @@ int main(void)
             sd_progress_io_leave();
             sd_watchdog_stop();
         }
+
+        /* a bounded wait does not count, but a file-system call made in it that lasts the
+         * whole timeout does (the wait's bound cannot end it): named, with the wait */
+        start(0.3, 1.0);
+        sd_progress_phase("training set-up", -1);
+        sd_progress_wait_begin("waiting for shard 0");
+        for (int i = 0; i < 10; i++) { /* polls, each a short call: no stall */
+            sd_progress_io_enter_path("stat", "/lustre/run/shards/manifest.json");
+            sleep_s(0.1);
+            sd_progress_io_leave();
+        }
+        tap_ok(!atomic_load(&fired), "a bounded wait polling with short calls (1 s): no stall");
+        t0 = sd_time_now();
+        sd_progress_io_enter_path("stat", "/lustre/run/shards/manifest.json");
+        tap_ok(wait_fired(30), "a call that does not return in a bounded wait: fired");
+        tap_ok(fired_at - t0 >= 0.3 - 0.03, "after the timeout (%.3f s)", fired_at - t0);
+        tap_ok(strstr(message, "outside MPI, in stat of '/lustre/run/shards/manifest.json' for") &&
+                   strstr(message, ": this rank is stuck in the file system") &&
+                   strstr(message, "; in a bounded wait: waiting for shard 0"),
+               "named, with the wait: %s", message);
+        sd_progress_io_leave();
+        sd_progress_wait_end();
+        sd_watchdog_stop();
 
         /* once left, no call is named */
         start(0.2, 1.0);
