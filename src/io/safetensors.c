@@ -15,6 +15,7 @@
 
 #include "sdtrain/check.h"
 #include "sdtrain/fsutil.h"
+#include "sdtrain/progress.h"
 
 /* Tensor bytes are copied or reinterpreted as they lie in the file. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -895,17 +896,9 @@ const sd_st_meta *sd_st_metadata_at(const sd_st_file *f, size_t i)
     return f && i < f->n_meta ? &f->meta[i] : NULL;
 }
 
-int sd_st_tensor_read_f32(const sd_st_tensor *t, float *dst, size_t n, sd_err *err)
+/* sd_st_tensor_read_f32 once the counts agree (n > 0). */
+static int read_f32(const sd_st_tensor *t, float *dst, size_t n, sd_err *err)
 {
-    char nb[SHOWN_SIZE];
-    if (!t)
-        return sd_err_set(err, "safetensors: no tensor given");
-    const char *nm = shown(t->name, strlen(t->name), nb, sizeof nb);
-    if ((uint64_t)t->numel != (uint64_t)n)
-        return st_fail(err, t->file, "tensor '%s' has %" PRId64 " elements but the destination "
-                       "holds %zu", nm, t->numel, n);
-    if (n == 0)
-        return 0;
     const unsigned char *src = t->data;
     switch (t->dtype) {
     case SD_ST_F32:
@@ -938,10 +931,31 @@ int sd_st_tensor_read_f32(const sd_st_tensor *t, float *dst, size_t n, sd_err *e
         }
         return 0;
     }
-    default:
+    default: {
+        char nb[SHOWN_SIZE];
         return st_fail(err, t->file, "tensor '%s' is %s; only F32, F16, BF16 and F64 convert to "
-                       "float", nm, sd_st_dtype_name(t->dtype));
+                       "float", shown(t->name, strlen(t->name), nb, sizeof nb),
+                       sd_st_dtype_name(t->dtype));
     }
+    }
+}
+
+int sd_st_tensor_read_f32(const sd_st_tensor *t, float *dst, size_t n, sd_err *err)
+{
+    char nb[SHOWN_SIZE];
+    if (!t)
+        return sd_err_set(err, "safetensors: no tensor given");
+    const char *nm = shown(t->name, strlen(t->name), nb, sizeof nb);
+    if ((uint64_t)t->numel != (uint64_t)n)
+        return st_fail(err, t->file, "tensor '%s' has %" PRId64 " elements but the destination "
+                       "holds %zu", nm, t->numel, n);
+    if (n == 0)
+        return 0;
+    /* the mapping's pages come in as they are touched: a hung file system holds the copy */
+    sd_progress_io_enter_path("read (mapped)", t->file);
+    const int rc = read_f32(t, dst, n, err);
+    sd_progress_io_leave();
+    return rc;
 }
 
 int sd_st_tensor_read_raw(const sd_st_tensor *t, void *dst, size_t nbytes, sd_err *err)
@@ -952,8 +966,11 @@ int sd_st_tensor_read_raw(const sd_st_tensor *t, void *dst, size_t nbytes, sd_er
     if (nbytes != t->nbytes)
         return st_fail(err, t->file, "tensor '%s' has %zu bytes but the destination holds %zu",
                        shown(t->name, strlen(t->name), nb, sizeof nb), t->nbytes, nbytes);
-    if (nbytes)
+    if (nbytes) {
+        sd_progress_io_enter_path("read (mapped)", t->file);
         memcpy(dst, t->data, nbytes);
+        sd_progress_io_leave();
+    }
     return 0;
 }
 
