@@ -615,8 +615,14 @@ static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fract
     char *keys = NULL;
     size_t kw;
     int r;
+    char path[SD_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, e->file);
     sd_loader_h5_lock();
+    /* HDF5's own reads of the header, the empty caption's embedding and the keys, marked as one
+     * call on the file (follow mode makes them inside a bounded wait: sdtrain/progress.h) */
+    sd_progress_io_enter_path("HDF5 read", path);
     if (sd_shard_open_entry(dir, e, &s, err)) {
+        sd_progress_io_leave();
         sd_loader_h5_unlock();
         return -1;
     }
@@ -643,6 +649,7 @@ static int scan_shard(const char *dir, const sd_shard_entry *e, double val_fract
     }
     sd_shard_get_direct(s, direct);
     sd_shard_close(s);
+    sd_progress_io_leave();
     sd_loader_h5_unlock();
     if (r == 0)
         for (int64_t i = 0; i < e->samples; i++)
