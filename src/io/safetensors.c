@@ -1511,7 +1511,9 @@ int sd_st_writer_write(const sd_st_writer *w, const char *path, sd_err *err)
     size_t tlen = strlen(path) + sizeof ".tmp-XXXXXX";
     char *tmp = sd_xmalloc(tlen);
     snprintf(tmp, tlen, "%s.tmp-XXXXXX", path);
+    sd_progress_io_enter_path("mkstemp", tmp);
     int rc = -1, fd = mkstemp(tmp);
+    sd_progress_io_leave();
     if (fd < 0) {
         st_fail(err, path, "cannot create a temporary file %s: %s", tmp, strerror(errno));
         goto out_free;
