@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <glob.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -95,6 +96,7 @@ int sd_pwrite_streamed(sd_writeback *wb, const void *buf, size_t bytes, uint64_t
  * report names the call and the file: a server that does not answer holds a rank in one). */
 int sd_fsync_fd(int fd);
 int sd_open(const char *path, int flags, int mode);
+FILE *sd_fopen(const char *path, const char *mode); /* fopen(3), marked as an open */
 int sd_rename(const char *from, const char *to);
 /* The metadata calls of the input and shard paths, marked likewise: stat(2), fstat(2),
  * fstatat(2) and openat(2) (named by the folder dfd), opendir(3), readdir(3) (named by the

@@ -229,6 +229,15 @@ int sd_open(const char *path, int flags, int mode)
     return fd;
 }
 
+FILE *sd_fopen(const char *path, const char *mode)
+{
+    FILE *f;
+    sd_progress_io_enter_path("open", path);
+    f = fopen(path, mode);
+    sd_progress_io_leave();
+    return f;
+}
+
 int sd_rename(const char *from, const char *to)
 {
     int rc;

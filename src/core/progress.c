@@ -393,38 +393,32 @@ static void *watch(void *arg)
             report(now_ticks != seen ? -poll : now - last);
         }
         const char *waiting = atomic_load_explicit(&wait_what, memory_order_acquire);
+        char msg[1024];
         if (now_ticks != seen || waiting) {
-            double in_io;
             seen = now_ticks;
             last = now;
             /* A bounded wait does not count, but a file-system call made in it (the loader's
              * poll of the shard manifest, say) that has not returned for the whole timeout
              * does: the wait's own bound cannot end a call the kernel holds, and the rank
              * would wait for good, and with it the ranks that wait for it. */
-            if (!waiting || wd.timeout <= 0 || (in_io = io_inside_s(now)) < wd.timeout)
+            if (!waiting || wd.timeout <= 0 || (stalled = io_inside_s(now)) < wd.timeout)
                 continue;
-            char msg[1024];
-            describe(msg, sizeof msg, in_io);
-            pthread_mutex_unlock(&wd.mu);
-            wd.fn(msg, wd.user); /* the job's handler does not return */
-            pthread_mutex_lock(&wd.mu);
-            break;
+        } else {
+            if (wd.timeout <= 0)
+                continue; /* reports only */
+            stalled = now - last;
+            /* the grace is for a rank that waits for another; not for one whose own
+             * file-system call (on a helper thread, say) is what is stuck */
+            in_mpi = atomic_load_explicit(&mpi_call, memory_order_acquire) != NULL &&
+                     !io_covers_stall(io_inside_s(now));
+            if (stalled < wd.timeout + (in_mpi ? wd.grace : 0))
+                continue;
         }
-        if (wd.timeout <= 0)
-            continue; /* reports only */
-        stalled = now - last;
-        /* the grace is for a rank that waits for another; not for one whose own file-system
-         * call (on a helper thread, say) is what is stuck */
-        in_mpi = atomic_load_explicit(&mpi_call, memory_order_acquire) != NULL &&
-                 !io_covers_stall(io_inside_s(now));
-        if (stalled >= wd.timeout + (in_mpi ? wd.grace : 0)) {
-            char msg[1024];
-            describe(msg, sizeof msg, stalled);
-            pthread_mutex_unlock(&wd.mu);
-            wd.fn(msg, wd.user); /* the job's handler does not return */
-            pthread_mutex_lock(&wd.mu);
-            break;
-        }
+        describe(msg, sizeof msg, stalled);
+        pthread_mutex_unlock(&wd.mu);
+        wd.fn(msg, wd.user); /* the job's handler does not return */
+        pthread_mutex_lock(&wd.mu);
+        break;
     }
     pthread_mutex_unlock(&wd.mu);
     return NULL;

@@ -24,7 +24,6 @@
 #include "sdtrain/config.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
-#include "sdtrain/progress.h"
 #include "sdtrain/h5check.h"
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
@@ -243,9 +242,7 @@ int sd_ckpt_read_latest(const char *dir, char *name, size_t size, sd_err *err)
     name[0] = '\0';
     if (join(path, sizeof path, dir, SD_CKPT_LATEST, err))
         return -1;
-    sd_progress_io_enter_path("open", path);
-    f = fopen(path, "r");
-    sd_progress_io_leave();
+    f = sd_fopen(path, "r");
     if (!f)
         return errno == ENOENT ? 0 : sd_err_errno(err, errno, "cannot read '%s'", path);
     len = fread(buf, 1, sizeof buf - 1, f);
@@ -2013,9 +2010,7 @@ int sd_ckpt_metrics_rollback(const char *path, int64_t step, sd_err *err)
     size_t cap = 0, len = 0, out_cap = 0;
     ssize_t got;
     int rc;
-    sd_progress_io_enter_path("open", path);
-    f = fopen(path, "r");
-    sd_progress_io_leave();
+    f = sd_fopen(path, "r");
     if (!f)
         return errno == ENOENT ? 0 : sd_err_set(err, "cannot read %s: %s", path, strerror(errno));
     while ((got = getline(&line, &cap, f)) > 0) {
