@@ -58,9 +58,10 @@ void sd_progress_mpi_leave(void);
 
 /* Around a file-system call that may block for long (pread/pwrite of a block, fsync, a wait for
  * writeback): `call` a literal ("fsync"), `fd` the descriptor, whose path the report looks up
- * (/proc/self/fd) only when it is made. One thread's call is kept at a time (the first to
- * enter; a call stuck for good keeps it); nested marks keep the outermost; leaving is no tick.
- * A rank stuck inside one gets no grace: it is the rank that is stuck. */
+ * (/proc/self/fd) only when it is made. Each thread's call has a slot of its own (64 of them; a
+ * thread that finds none free goes unmarked), and the report names the oldest call (the one
+ * most likely stuck) and counts the others; nested marks keep the outermost; leaving is no
+ * tick. A rank stuck inside one gets no grace: it is the rank that is stuck. */
 void sd_progress_io_enter(const char *call, int fd);
 /* The same for a call on a path that has no descriptor yet or none at all (open, H5Fopen,
  * rename): the path (its first 511 bytes) is copied into the slot, so it need not outlive the

@@ -32,6 +32,7 @@
 #include "sdtrain/metafilter.h"
 #include "sdtrain/modes.h"
 #include "sdtrain/ops.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/shards.h"
 #include "sdtrain/snapshot.h"
@@ -841,8 +842,14 @@ static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n
     for (int64_t i = 1; i < man->n && m0->samples == 0; i++)
         if (man->entries[i].samples > 0)
             m0 = &man->entries[i];
-    if (sd_shard_open_entry(cfg->data.shard_dir, m0, &sh, err))
+    /* HDF5's reads of the shard (open, header, keys) as one marked call on it */
+    char m0_path[SD_PATH_MAX + 80];
+    snprintf(m0_path, sizeof m0_path, "%s/%s", cfg->data.shard_dir, m0->file);
+    sd_progress_io_enter_path("HDF5 read", m0_path);
+    if (sd_shard_open_entry(cfg->data.shard_dir, m0, &sh, err)) {
+        sd_progress_io_leave();
         return -1;
+    }
     {
         const sd_shard_info *in = sd_shard_get_info(sh);
         const sd_shard_entry *m = m0;
@@ -861,6 +868,7 @@ static int check_committed(const sd_config *cfg, const sd_dataset *ds, int64_t n
             keys = sd_xmalloc((size_t)in->n_samples * kw + 1);
             rc = sd_shard_read_keys(sh, 0, in->n_samples, 1, keys, kw, err);
         }
+        sd_progress_io_leave();
         /* its keys, in order, among the keys of the samples the plan gives it */
         for (int64_t r = 0, i = m->index * S; rc == 0 && r < in->n_samples; r++, i++) {
             const char *key = keys + (size_t)r * kw;

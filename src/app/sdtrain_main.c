@@ -119,11 +119,19 @@ static int finish(sd_runtime *rt, int code)
  * action ends this process a minute later, and with it the job. */
 static void on_stall(const char *message, void *user)
 {
-    (void)user;
     signal(SIGALRM, SIG_DFL);
     alarm(60);
-    sd_fatal_report(__FILE__, __LINE__, __func__, "the job stalled", message,
-                    "ending the job with status 1; a restart resumes from the newest checkpoint");
+    sd_fatal_report(__FILE__, __LINE__, __func__, "the job stalled", message, (const char *)user);
+}
+
+/* What on_stall says follows the end, by mode: what a rerun of the same job keeps. */
+static const char *stall_advice(const char *mode)
+{
+    if (!strcmp(mode, "process"))
+        return "ending the job with status 1; a rerun goes on from the shards committed";
+    if (!strcmp(mode, "sample"))
+        return "ending the job with status 1; a rerun makes its images again";
+    return "ending the job with status 1; a restart resumes from the newest checkpoint";
 }
 
 /* SIGUSR2: each rank says what it is doing (the watchdog thread prints it), the job goes on. */
@@ -599,7 +607,7 @@ int main(int argc, char **argv)
         return finish(NULL, code);
     if (!c.check) {
         if (sd_watchdog_start(rc.cfg.run.stall_timeout, -1, "&run stall_timeout", on_stall,
-                              NULL) != 0) {
+                              (void *)stall_advice(rc.cfg.run.mode)) != 0) {
             sd_warn("cannot start the stall watchdog (&run stall_timeout): %s; going on without "
                     "it", strerror(errno));
         } else {

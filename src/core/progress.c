@@ -120,20 +120,29 @@ void sd_progress_mpi_leave(void)
     atomic_store(&mpi_owner, NULL);
 }
 
-/* The file-system call slot: like the MPI slot, one thread's call at a time, nested marks keep
- * the outermost. A report reads its fields between two reads of io_seq (odd while they
- * change), so that it never pairs a call with another call's descriptor. */
-static _Thread_local int io_depth;
-static _Thread_local char io_token;
-static _Atomic(void *) io_owner;
-static atomic_uint io_seq;
-static _Atomic(const char *) io_call;
-static atomic_int io_fd; /* -1: the call is on io_path */
-static _Atomic double io_t0;
+/* The file-system call slots: one per thread inside a marked call (the outermost of nested
+ * marks), so that a helper thread's call stuck for good is seen whatever the other threads mark
+ * meanwhile (with one slot, the main thread's short reads of images could hold it while the shard
+ * writer's call hung unseen). A thread claims a free slot at its outermost enter (first the one
+ * it had last: uncontended, one compare-and-swap) and frees it at the leave; with every slot
+ * taken the call goes unmarked. A report reads a slot's fields between two reads of its seq (odd
+ * while they change), so that it never pairs a call with another call's descriptor. */
+#define IO_SLOTS 64
 /* the path of a call without a descriptor, copied in (relaxed atomics: the report reads it while
- * the owner may be changing it, and io_seq tells it whether it got a whole one) */
+ * the owner may be changing it, and seq tells it whether it got a whole one) */
 #define IO_PATH_MAX 512
-static _Atomic char io_path[IO_PATH_MAX];
+typedef struct io_slot {
+    atomic_int busy;
+    atomic_uint seq;
+    _Atomic(const char *) call;
+    atomic_int fd; /* -1: the call is on path */
+    _Atomic double t0;
+    _Atomic char path[IO_PATH_MAX];
+} io_slot;
+static io_slot io_slots[IO_SLOTS];
+static _Thread_local int io_depth;
+static _Thread_local int io_mine = -1; /* the slot this thread holds while inside a call */
+static _Thread_local int io_hint;      /* the slot it held last */
 
 /* The clock of a file-system call's start: CLOCK_MONOTONIC as the kernel last ticked it (a few
  * ms behind sd_time_now at most, without reading the time source), since a report gives seconds */
@@ -147,27 +156,41 @@ static double coarse_now(void)
     return sd_time_now();
 }
 
+static int io_claim(void)
+{
+    for (int k = 0; k < IO_SLOTS; k++) {
+        const int i = (io_hint + k) % IO_SLOTS;
+        int free_ = 0;
+        if (atomic_load_explicit(&io_slots[i].busy, memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong(&io_slots[i].busy, &free_, 1)) {
+            io_hint = i;
+            return i;
+        }
+    }
+    return -1;
+}
+
 static void io_enter(const char *call, int fd, const char *path)
 {
-    void *none = NULL;
-    if (io_depth++ > 0 || !atomic_compare_exchange_strong(&io_owner, &none, (void *)&io_token))
+    if (io_depth++ > 0 || (io_mine = io_claim()) < 0)
         return;
-    /* A seqlock's writer: only the owner changes io_seq, so plain stores do; the release fence
-     * keeps the fields' stores after the odd count, the release store the even one after them
-     * (on x86 no locked instruction: the pair is on every file block and listing entry) */
-    const unsigned s = atomic_load_explicit(&io_seq, memory_order_relaxed);
-    atomic_store_explicit(&io_seq, s + 1, memory_order_relaxed);
+    io_slot *o = &io_slots[io_mine];
+    /* A seqlock's writer: only the slot's holder changes seq, so plain stores do; the release
+     * fence keeps the fields' stores after the odd count, the release store the even one after
+     * them (on x86 no locked instruction beyond the claim) */
+    const unsigned s = atomic_load_explicit(&o->seq, memory_order_relaxed);
+    atomic_store_explicit(&o->seq, s + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
-    atomic_store_explicit(&io_fd, fd, memory_order_relaxed);
+    atomic_store_explicit(&o->fd, fd, memory_order_relaxed);
     if (path) {
         size_t i = 0;
         for (; path[i] && i < IO_PATH_MAX - 1; i++)
-            atomic_store_explicit(&io_path[i], path[i], memory_order_relaxed);
-        atomic_store_explicit(&io_path[i], '\0', memory_order_relaxed);
+            atomic_store_explicit(&o->path[i], path[i], memory_order_relaxed);
+        atomic_store_explicit(&o->path[i], '\0', memory_order_relaxed);
     }
-    atomic_store_explicit(&io_t0, coarse_now(), memory_order_relaxed);
-    atomic_store_explicit(&io_call, call, memory_order_relaxed);
-    atomic_store_explicit(&io_seq, s + 2, memory_order_release);
+    atomic_store_explicit(&o->t0, coarse_now(), memory_order_relaxed);
+    atomic_store_explicit(&o->call, call, memory_order_relaxed);
+    atomic_store_explicit(&o->seq, s + 2, memory_order_release);
 }
 
 void sd_progress_io_enter(const char *call, int fd)
@@ -182,60 +205,97 @@ void sd_progress_io_enter_path(const char *call, const char *path)
 
 void sd_progress_io_leave(void)
 {
-    if (--io_depth > 0 || atomic_load(&io_owner) != (void *)&io_token)
+    if (--io_depth > 0 || io_mine < 0)
         return;
-    const unsigned s = atomic_load_explicit(&io_seq, memory_order_relaxed);
-    atomic_store_explicit(&io_seq, s + 1, memory_order_relaxed);
+    io_slot *o = &io_slots[io_mine];
+    const unsigned s = atomic_load_explicit(&o->seq, memory_order_relaxed);
+    atomic_store_explicit(&o->seq, s + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
-    atomic_store_explicit(&io_call, NULL, memory_order_relaxed);
-    atomic_store_explicit(&io_seq, s + 2, memory_order_release);
-    atomic_store_explicit(&io_owner, NULL, memory_order_release);
+    atomic_store_explicit(&o->call, NULL, memory_order_relaxed);
+    atomic_store_explicit(&o->seq, s + 2, memory_order_release);
+    atomic_store_explicit(&o->busy, 0, memory_order_release);
+    io_mine = -1;
+}
+
+
+/* Slot i's call, when one is in it and was read whole: its start in *t0, its path (or
+ * descriptor) in path when path is not NULL. Returns the call, or NULL. */
+static const char *io_read(int i, double *t0, char *path, size_t size)
+{
+    const io_slot *o = &io_slots[i];
+    const unsigned s0 = atomic_load(&o->seq);
+    const char *call = atomic_load(&o->call);
+    const int fd = atomic_load(&o->fd);
+    char link[64];
+    *t0 = atomic_load(&o->t0);
+    if ((s0 & 1) || !call)
+        return NULL;
+    if (path && fd < 0) {
+        size_t k = 0;
+        for (; k < size - 1 && k < IO_PATH_MAX; k++)
+            if ((path[k] = atomic_load_explicit(&o->path[k], memory_order_relaxed)) == '\0')
+                break;
+        path[k] = '\0';
+    } else if (path) {
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        const ssize_t n = readlink(link, path, size - 1);
+        if (n > 0)
+            path[n] = '\0';
+        else
+            snprintf(path, size, "descriptor %d", fd);
+    }
+    atomic_thread_fence(memory_order_acquire); /* the reads above before the check below */
+    return atomic_load(&o->seq) == s0 ? call : NULL;
+}
+
+/* The oldest call inside a slot (the one most likely stuck): its slot, *t0 its start; -1 when
+ * there is none. *others := how many other calls are inside slots. */
+static int io_oldest(double *t0, int *others)
+{
+    int best = -1, n = 0;
+    for (int i = 0; i < IO_SLOTS; i++) {
+        double t;
+        if (!atomic_load_explicit(&io_slots[i].busy, memory_order_acquire) ||
+            !io_read(i, &t, NULL, 0))
+            continue;
+        n++;
+        if (best < 0 || t < *t0) {
+            best = i;
+            *t0 = t;
+        }
+    }
+    if (others)
+        *others = n > 0 ? n - 1 : 0;
+    return best;
 }
 
 static const char *secs(char *buf, size_t size, double s);
 
-/* ", in CALL of 'PATH' for T" for a thread inside a file-system call (PATH from /proc/self/fd;
- * "descriptor N" where it cannot be read), or "" (also when the call ended while it was being
- * read). Returns T, or -1 when there was none. */
+/* ", in CALL of 'PATH' for T" for the oldest file-system call inside a slot (PATH from
+ * /proc/self/fd; "descriptor N" where it cannot be read), with "(and K more calls)" when other
+ * threads are in calls too, or "" (also when the call ended while it was being read). Returns T,
+ * or -1 when there was none. */
 static double describe_io(char *buf, size_t size, double now)
 {
-    const unsigned s0 = atomic_load(&io_seq);
-    const char *call = atomic_load(&io_call);
-    const int fd = atomic_load(&io_fd);
-    const double t0 = atomic_load(&io_t0);
-    char link[64], path[1024], a[32];
-    ssize_t n;
+    double t0 = 0;
+    int others = 0;
+    char path[1024], a[32], more[48] = "";
+    const int i = io_oldest(&t0, &others);
+    const char *call = i < 0 ? NULL : io_read(i, &t0, path, sizeof path);
     buf[0] = '\0';
-    if ((s0 & 1) || !call)
+    if (!call)
         return -1;
-    if (fd < 0) {
-        size_t i = 0;
-        for (; i < sizeof path - 1 && i < IO_PATH_MAX; i++)
-            if ((path[i] = atomic_load_explicit(&io_path[i], memory_order_relaxed)) == '\0')
-                break;
-        path[i] = '\0';
-    } else {
-        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        n = readlink(link, path, sizeof path - 1);
-        if (n > 0)
-            path[n] = '\0';
-        else
-            snprintf(path, sizeof path, "descriptor %d", fd);
-    }
-    atomic_thread_fence(memory_order_acquire); /* the reads above before the check below */
-    if (atomic_load(&io_seq) != s0)
-        return -1;
-    snprintf(buf, size, ", in %s of '%s' for %s", call, path, secs(a, sizeof a, now - t0));
+    if (others)
+        snprintf(more, sizeof more, " (and %d more call%s)", others, others > 1 ? "s" : "");
+    snprintf(buf, size, ", in %s of '%s' for %s%s", call, path, secs(a, sizeof a, now - t0), more);
     return now - t0;
 }
 
-/* How long the thread in the file-system call slot has been inside it; -1 when none is. */
+/* How long the oldest file-system call inside a slot has lasted; -1 when none is inside one. */
 static double io_inside_s(double now)
 {
-    const unsigned s0 = atomic_load(&io_seq);
-    const int in = atomic_load(&io_call) != NULL;
-    const double t0 = atomic_load(&io_t0);
-    return !(s0 & 1) && in && atomic_load(&io_seq) == s0 ? now - t0 : -1;
+    double t0 = 0;
+    return io_oldest(&t0, NULL) < 0 ? -1 : now - t0;
 }
 
 /* ---- the watchdog ------------------------------------------------------------------------- */

@@ -28,6 +28,7 @@
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/timer.h"
 #include "sdtrain/version.h"
@@ -611,6 +612,9 @@ static int create_state_file(writer *w, sd_err *e)
     }
     if (w->rank == 0) {
         hid_t space;
+        /* HDF5's own writes of the structure (at the create and the close) as one marked call:
+         * a hang in them is reported with the file (nothing else runs in between) */
+        sd_progress_io_enter_path("HDF5 write", w->file);
         w->h5 = sd_h5_create_local(w->file, e);
         failed = w->h5 < 0;
         if (!failed) {
@@ -630,6 +634,7 @@ static int create_state_file(writer *w, sd_err *e)
             sd_h5_close_local(w->h5, w->file, "the checkpoints committed before are intact");
             w->h5 = -1;
         }
+        sd_progress_io_leave();
     }
     if (sd_agree(w->comm, failed, e))
         return -1;
@@ -777,10 +782,13 @@ static int add_checksum_attrs(writer *w, sd_err *e)
 {
     char h5msg[512];
     int failed = 0;
+    sd_progress_io_enter_path("HDF5 write", w->file); /* the open to the close, as one call */
     hid_t f = sd_h5_fopen(w->file, H5F_ACC_RDWR, H5P_DEFAULT); /* this rank alone (sec2) */
-    if (f < 0)
+    if (f < 0) {
+        sd_progress_io_leave();
         return sd_err_set(e, "cannot open %s to add its checksums: %s", w->file,
                           sd_h5_error_string(h5msg, sizeof h5msg));
+    }
     for (int ds = 0; ds < DS_N; ds++) {
         if (ds == DS_EMA && !w->s->has_ema)
             continue;
@@ -794,6 +802,7 @@ static int add_checksum_attrs(writer *w, sd_err *e)
     }
     if (H5Fclose(f) < 0)
         failed = 1;
+    sd_progress_io_leave();
     if (failed)
         return sd_err_set(e, "cannot add the checksums to %s: %s", w->file,
                           sd_h5_error_string(h5msg, sizeof h5msg));
@@ -1543,8 +1552,8 @@ out:
 /* Reads [b, e) of a full-length dataset into dst. Local (the file is open on this rank only).
  * A failed read whose bytes the storage cannot deliver (probe_storage) sets *io_failure
  * (may be NULL) and says so in the message. */
-static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
-                      float *dst, int *io_failure, sd_err *err)
+static int read_range_h5(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
+                         float *dst, int *io_failure, sd_err *err)
 {
     hid_t d, space, mspace, type;
     hsize_t dims[1], start[1] = {b}, count[1] = {e - b};
@@ -1606,6 +1615,18 @@ static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, s
     SD_H5_CHECK(H5Sclose(space));
     SD_H5_CHECK(H5Dclose(d));
     return rc < 0 ? -1 : 0;
+}
+
+/* HDF5's reads of [b, e) of dataset ds into dst, marked as one call on the file (a hang in them
+ * is reported with it). Returns 0, or -1 with err set (*io_failure |= a storage error). */
+static int read_range(hid_t f, const char *file, int ds, uint64_t n, size_t b, size_t e,
+                      float *dst, int *io_failure, sd_err *err)
+{
+    sd_progress_io_enter_path("HDF5 read", file);
+    const int rc = read_range_h5(f, file, ds, n, b, e, dst, io_failure, err);
+    sd_progress_io_leave();
+    sd_progress_tick();
+    return rc;
 }
 
 /* The checksum of the floats [x, x + cnt) at p, counted over the part of them inside [ob, oe)

@@ -25,6 +25,7 @@
 #include "sdtrain/h5util.h"
 #include "sdtrain/hash.h"
 #include "sdtrain/log.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/version.h"
 
@@ -1368,6 +1369,9 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
          * fails one rank's call, agreed below, never a collective half-way (a failure of the
          * metadata written at the close excepted: HDF5 cannot let go of that file) */
         if (w->rank == 0) {
+            /* HDF5's own writes of the structure (at the create and the close) as one marked
+             * call: a hang in them is reported with the file */
+            sd_progress_io_enter_path("HDF5 write", w->tmp_path);
             w->file = sd_h5_create_local(w->tmp_path, e);
             failed = w->file < 0;
             if (!failed) {
@@ -1387,6 +1391,7 @@ static int shard_write(writer *w, sd_shard_entry *out, sd_err *e)
                         failed = sd_err_set(e, "'%s': a dataset has no place in the file",
                                             w->tmp_path) != 0;
             }
+            sd_progress_io_leave();
         }
         if (sd_agree(w->comm, failed, e)) {
             if (w->rank == 0)

@@ -312,12 +312,19 @@ static int shard_get(sd_loader *l, int64_t pos, sd_shard **out, int *fd, sd_err 
         if (open_direct(l, pos, path, &f, err))
             return -1;
     } else {
-        if (sd_shard_open_entry(l->dir, &l->entries[pos], &s, err))
-            return -1;
-        if (check_shape(&l->info, sd_shard_get_info(s), err)) {
+        /* HDF5's reads at the open, marked as one call on the file (sdtrain/progress.h) */
+        char path[SD_PATH_MAX + 80];
+        int bad;
+        snprintf(path, sizeof path, "%s/%s", l->dir, l->entries[pos].file);
+        sd_progress_io_enter_path("HDF5 read", path);
+        bad = sd_shard_open_entry(l->dir, &l->entries[pos], &s, err) != 0;
+        if (!bad && check_shape(&l->info, sd_shard_get_info(s), err)) {
             sd_shard_close(s);
-            return -1;
+            bad = 1;
         }
+        sd_progress_io_leave();
+        if (bad)
+            return -1;
     }
     victim->pos = pos;
     victim->shard = s;
@@ -334,13 +341,13 @@ static int read_rows(sd_loader *l, int64_t pos, int64_t row, int64_t n, float *m
     sd_shard *s;
     int rc, fd;
     sd_loader_h5_lock();
+    char path[SD_PATH_MAX + 80];
+    snprintf(path, sizeof path, "%s/%s", l->dir, l->entries[pos].file);
     rc = shard_get(l, pos, &s, &fd, err);
     if (rc == 0 && !s) {
         /* direct: the same floats as the HDF5 reads below, without HDF5 (sd_shard_direct) */
         const sd_shard_direct *d = &l->direct[pos];
         uint16_t *scratch = n <= l->info.batch_per_rank ? l->scratch : NULL;
-        char path[SD_PATH_MAX + 80];
-        snprintf(path, sizeof path, "%s/%s", l->dir, l->entries[pos].file);
         if (row < 0 || n < 0 || row + n > l->entries[pos].samples)
             rc = sd_err_set(err, "%s: rows %lld to %lld of a shard of %lld", path, (long long)row,
                             (long long)(row + n - 1), (long long)l->entries[pos].samples);
@@ -349,9 +356,12 @@ static int read_rows(sd_loader *l, int64_t pos, int64_t row, int64_t n, float *m
         if (rc == 0)
             rc = sd_shard_direct_read(fd, path, d->embeddings, d->f16, l->e_el, row, n, e, scratch, err);
     } else if (rc == 0) {
+        sd_progress_io_enter_path("HDF5 read", path); /* HDF5's reads of the rows, as one call */
         rc = sd_shard_read_moments(s, row, n, 1, SD_LATENT_NCHW, m, err);
         if (rc == 0)
             rc = sd_shard_read_embeddings(s, row, n, 1, e, err);
+        sd_progress_io_leave();
+        sd_progress_tick();
     }
     sd_loader_h5_unlock();
     return rc ? -1 : 0;

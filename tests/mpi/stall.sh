@@ -20,12 +20,13 @@ tiny_shards 48 2 # $TMP/shards, 3 shards of 16
 stall_nml() {
     STEPS=12 tiny_train_nml "$1" 4 none "" "&checkpoint every_n_steps = 4 /"
 }
-# stalled NAME: the job ended with status 1 within the run's time limit (no hang)
+# stalled NAME [WHAT]: the job ended with status 1 within the run's time limit (no hang), saying
+# what a rerun keeps (WHAT; default: a training job's checkpoints)
 stalled() {
     expect_rc "$1" 1
     expect_in "$1" err "the job stalled: no progress on this rank for"
     expect_in "$1" err "(&run stall_timeout = 3 s)"
-    expect_in "$1" err "a restart resumes from the newest checkpoint"
+    expect_in "$1" err "ending the job with status 1; ${2:-a restart resumes from the newest checkpoint}"
 }
 
 stall_nml ref
@@ -91,6 +92,26 @@ grep -F "[rank 1]" "$TMP/open.err" | grep -E "in (H5Fopen|open|HDF5 read) of '$T
     grep -qF ": this rank is stuck in the file system" ||
     { cat "$TMP/open.err" >&2; fail "open: no report of rank 1 stuck opening shard 1"; }
 pass "an open that never returns: the report names the call and the path"
+# ... and HDF5's own writes (not calls of ours): rank 0's writes of the step-8 checkpoint's file
+# never return after the first $after. With HDF5 1.10 (Debian 12) the structure takes writes 0-5
+# (0 inside H5Fcreate, 1-5 at the close), the parts 6-9 (our pwrite), the checksum attributes
+# 10-12 (10 inside H5Fopen). The structure and the attributes are each marked as one call from
+# the open to the close, so the report names the file; unmarked, writes 1 and 11 gave "outside
+# MPI: this rank is stuck" without one. The checkpoint stays uncommitted
+for after in 1 11; do
+    stall_nml h5w
+    SD_EIO_HANG=1 SD_EIO_RANK=0 SD_EIO_PATH=.step-00000008.tmp/state.h5 SD_EIO_OPS=write \
+        SD_EIO_AFTER=$after LD_PRELOAD="$PRELOAD" mpi h5w 2 "$SDTRAIN" "$TMP/h5w.nml" \
+        --set run.stall_timeout=3
+    stalled h5w
+    grep -F "[rank 0]" "$TMP/h5w.err" | grep -F "its work: writing the checkpoint of step 8 (for" |
+        grep -F "outside MPI, in HDF5 write of '$TMP/h5w/checkpoints/.step-00000008.tmp/state.h5' for" |
+        grep -qF ": this rank is stuck in the file system" ||
+        { cat "$TMP/h5w.err" >&2; fail "h5w ($after writes pass): no report of rank 0 stuck in HDF5's writes of the state file"; }
+    latest_is h5w step-00000004
+    rm -rf "$TMP/h5w"
+done
+pass "HDF5's own writes of a checkpoint's structure and checksums that never return: the report names the file"
 
 # (c) SIGUSR2 to the launcher (mpirun forwards it; Slurm: scancel --signal=USR2): every rank
 # says what it is doing and the job goes on, here until the watchdog ends it: rank 1 stalled at
@@ -130,7 +151,7 @@ pass "SIGUSR2: each rank reports its work and MPI call, and the job goes on"
 checksums() { grep -E '"(index|checksum)"' "$1/manifest.json" | tr -d ' ",' | paste - -; }
 sed "s|$TMP/shards'|$TMP/shards-w'|; s|$TMP/proc'|$TMP/procw'|" "$TMP/proc.nml" >"$TMP/procw.nml"
 SDTRAIN_FAULT=hang:rank=1:phase=shard-write mpi procw 2 "$SDTRAIN" "$TMP/procw.nml" --set run.stall_timeout=3
-stalled procw
+stalled procw "a rerun goes on from the shards committed"
 expect_in procw err "[rank 1] SDTRAIN_FAULT: this rank stops making progress (writing a shard)"
 grep -F "[rank 1]" "$TMP/procw.err" | grep -qF "its work: waiting for the writer of shard 0 (for" ||
     { cat "$TMP/procw.err" >&2; fail "procw: no report of rank 1 waiting for its shard writer"; }
@@ -142,6 +163,18 @@ checksums "$TMP/shards" >"$TMP/sum-ref"
 checksums "$TMP/shards-w" >"$TMP/sum-w"
 [ -s "$TMP/sum-ref" ] && diff "$TMP/sum-ref" "$TMP/sum-w" || fail "procw: the rerun's shards differ"
 pass "a stalled shard writer ends mode 'process' with status 1; the rerun commits the same shards"
+# ... and HDF5's own writes of a shard's structure (rank 0's writer thread, the second write of
+# the temporary file hangs: at its close), marked as one call: the report names the file
+SD_EIO_HANG=1 SD_EIO_RANK=0 SD_EIO_PATH=/.shard-000000.h5.tmp SD_EIO_OPS=write SD_EIO_AFTER=1 \
+    LD_PRELOAD="$PRELOAD" mpi proch 2 "$SDTRAIN" "$TMP/procw.nml" --set run.stall_timeout=3 \
+    --set "data.shard_dir='$TMP/shards-h'" --set "run.output_dir='$TMP/proch'"
+stalled proch "a rerun goes on from the shards committed"
+grep -F "[rank 0]" "$TMP/proch.err" | grep -F "its work: waiting for the writer of shard 0 (for" |
+    grep -F "in HDF5 write of '$TMP/shards-h/.shard-000000.h5.tmp' for" |
+    grep -qF ": this rank is stuck in the file system" ||
+    { cat "$TMP/proch.err" >&2; fail "proch: no report of rank 0 stuck in HDF5's writes of shard 0"; }
+[ ! -e "$TMP/shards-h/manifest.json" ] || fail "proch: a manifest was written although a write hung"
+pass "HDF5's own writes of a shard's structure that never return: the report names the file"
 # ... and the other ranks' wait for rank 0's own work is no stall: an index that takes rank 0
 # 6 s (test hook) under a 2 s timeout (the others would end the job after 2 + 2 s of grace);
 # the shards are those of the run before
@@ -157,7 +190,7 @@ diff "$TMP/sum-ref" "$TMP/sum-x" || fail "procx: other shards"
 SD_EIO_HANG=1 SD_EIO_RANK=0 SD_EIO_PATH="$TMP/data\$" SD_EIO_OPS=list LD_PRELOAD="$PRELOAD" \
     mpi procl 2 "$SDTRAIN" "$TMP/procw.nml" --set run.stall_timeout=3 \
     --set "data.shard_dir='$TMP/shards-l'" --set "run.output_dir='$TMP/procl'"
-stalled procl
+stalled procl "a rerun goes on from the shards committed"
 grep -F "[rank 0]" "$TMP/procl.err" | grep -F "in readdir of '$TMP/data' for" |
     grep -qF ": this rank is stuck in the file system" ||
     { cat "$TMP/procl.err" >&2; fail "procl: no report of rank 0 stuck listing the input folder"; }

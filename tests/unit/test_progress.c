@@ -322,6 +322,43 @@ int main(void)
         sd_progress_wait_end();
         sd_watchdog_stop();
 
+        /* two threads in calls at once: a helper's call that hangs is named although the main
+         * thread made short calls of its own meanwhile (one at the helper's start, then others
+         * while it hangs), and another thread's call is counted */
+        {
+            pthread_t th2;
+            io_hold h2 = {fd, 3.0};
+            start(0.4, 1.0);
+            sd_progress_phase("waiting for the writer of shard", 0);
+            sd_progress_io_enter_path("read", "/data/00000/000000001.jpg");
+            pthread_create(&th2, NULL, helper_in_io, &h2);
+            sleep_s(0.05); /* the helper enters while the main thread is in its call */
+            sd_progress_io_leave();
+            for (int i = 0; i < 5; i++) { /* more short calls: ticks, no stall yet */
+                sd_progress_io_enter_path("read", "/data/00000/000000002.jpg");
+                sleep_s(0.02);
+                sd_progress_io_leave();
+                sd_progress_tick();
+            }
+            tap_ok(wait_fired(30), "a helper's call hangs beside the main thread's calls: fired");
+            tap_ok(strstr(message, ", in fsync of '") != NULL && strstr(message, path) != NULL &&
+                       strstr(message, "more call") == NULL &&
+                       strstr(message, ": this rank is stuck in the file system") != NULL,
+                   "the helper's call is named: %s", message);
+            sd_watchdog_stop();
+            /* the main thread in a call too, newer than the helper's: the helper's (the oldest)
+             * is named and the other counted */
+            start(0.2, 1.0);
+            sd_progress_io_enter_path("stat", "/lustre/run/x");
+            tap_ok(wait_fired(30), "two calls inside: fired");
+            tap_ok(strstr(message, ", in fsync of '") != NULL &&
+                       strstr(message, " (and 1 more call)") != NULL,
+                   "the oldest named, the other counted: %s", message);
+            sd_progress_io_leave();
+            sd_watchdog_stop();
+            pthread_join(th2, NULL);
+        }
+
         /* once left, no call is named */
         start(0.2, 1.0);
         sd_progress_io_enter("fsync", fd);
