@@ -150,6 +150,7 @@ typedef struct sd_config {
         char checkpoint[SD_PATH_MAX];   /* '' = &model pretrained (see the schema's help) */
         int64_t every_n_steps;          /* train / pipeline: sample from these checkpoints */
         bool use_ema;
+        char resume[SD_NAME_MAX];       /* auto | never: keep the images of the same settings */
     } sample;
 } sd_config;
 

@@ -2,7 +2,9 @@
  * output, the images split over every rank of MPI_COMM_WORLD (doc/sampling.md). */
 #include "sd_config.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "sdtrain/check.h"
+#include "sdtrain/config.h"
 #include "sdtrain/checkpoint.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/fsutil.h"
@@ -592,6 +595,280 @@ static int write_index(const sd_config *cfg, const prompt_set *ps, const char *s
     return 0;
 }
 
+/* ---- Resuming (&sample resume) -------------------------------------------------------------
+ * <output_dir>/samples.settings holds what decides the images of the run that wrote
+ * samples/: the namelist's keys (but those of &data, &checkpoint and &train other than precision
+ * and latent_scale, and &run's bookkeeping), a hash of the prompts, the weight files' sizes and
+ * times, the backend and the batches. A rerun with the same text keeps the images already
+ * written (a batch whose images are all there and whole is not made again); with another text,
+ * or none, the images there are removed before the new text is written, so that the file always
+ * describes every image beside it. */
+
+/* Whether a namelist key cannot change an image: bookkeeping of &run, and what only training
+ * and preprocessing read (&train precision and latent_scale are read by sampling). */
+static int key_not_in_settings(const char *group, const char *key)
+{
+    static const char *const run_keys[] = {"mode", "n_process_ranks", "pipeline_end",
+                                           "output_dir", "log_level", "io_hints",
+                                           "io_alignment", "stall_timeout"};
+    static const char *const sample_keys[] = {"resume", "every_n_steps", "prompts",
+                                              "prompts_file", "negative_prompts"};
+    if (!strcmp(group, "data") || !strcmp(group, "checkpoint"))
+        return 1;
+    if (!strcmp(group, "train"))
+        return strcmp(key, "precision") != 0 && strcmp(key, "latent_scale") != 0;
+    if (!strcmp(group, "run")) {
+        for (size_t i = 0; i < sizeof run_keys / sizeof *run_keys; i++)
+            if (!strcmp(key, run_keys[i]))
+                return 1;
+    }
+    if (!strcmp(group, "sample")) /* the prompts are hashed below, whichever key gave them */
+        for (size_t i = 0; i < sizeof sample_keys / sizeof *sample_keys; i++)
+            if (!strcmp(key, sample_keys[i]))
+                return 1;
+    return 0;
+}
+
+static uint64_t fnv1a_str(uint64_t h, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s;; p++) {
+        h ^= *p;
+        h *= UINT64_C(0x100000001b3);
+        if (!*p)
+            return h; /* the NUL too: "ab", "c" differs from "a", "bc" */
+    }
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* "  file PATH: SIZE bytes, modified SEC.NSEC" for `path` and, when it is a folder, its regular
+ * files down to `depth` folders (a snapshot's unet/…safetensors, a checkpoint's state.h5), in
+ * name order, at most 512 of them. */
+static void put_files(FILE *f, const char *path, int depth, int *left)
+{
+    struct stat st;
+    if (*left <= 0 || stat(path, &st) != 0)
+        return;
+    if (S_ISREG(st.st_mode)) {
+        (*left)--;
+        fprintf(f, "file %s: %lld bytes, modified %lld.%09ld\n", path, (long long)st.st_size,
+                (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+        return;
+    }
+    if (!S_ISDIR(st.st_mode) || depth <= 0)
+        return;
+    DIR *d = sd_opendir(path);
+    if (!d)
+        return;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    for (struct dirent *e; (e = sd_readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 32;
+            names = sd_xrealloc(names, cap * sizeof *names);
+        }
+        names[n++] = sd_xstrdup(e->d_name);
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        char sub[SD_PATH_MAX + 300];
+        if (snprintf(sub, sizeof sub, "%s/%s", path, names[i]) < (int)sizeof sub)
+            put_files(f, sub, depth - 1, left);
+        free(names[i]);
+    }
+    free(names);
+}
+
+/* The settings text of this run (rank 0); malloc'd. */
+static char *settings_text(const sd_run_config *rc, const prompt_set *ps, const sources *src,
+                           const sd_t2i *g, int nb_max, int nd_max, int use_cuda)
+{
+    char *text = NULL, *nml = sd_config_to_namelist(rc, false), group[64] = "";
+    size_t len = 0;
+    int skip = 0, left = 512;
+    uint64_t h = UINT64_C(0xcbf29ce484222325), hn = h;
+    FILE *f = open_memstream(&text, &len);
+    SD_CHECK(f != NULL && nml != NULL, "open_memstream: %s", strerror(errno));
+    fprintf(f, "# the settings of the images in samples/ (sdtrain &run mode 'sample'): a rerun "
+               "with the same ones keeps them\n");
+    for (char *line = nml, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        const char *t = line + strspn(line, " \t");
+        if (*t == '&') {
+            snprintf(group, sizeof group, "%s", t + 1);
+            group[strcspn(group, " \t")] = '\0';
+            fprintf(f, "%s\n", t);
+            continue;
+        }
+        if (*t == '!' || *t == '\0')
+            continue;
+        if (*t == '/') {
+            fprintf(f, "/\n");
+            continue;
+        }
+        const char *eq = strstr(t, " = ");
+        if (eq) { /* a key's first line; else one more line of the key before */
+            char key[64];
+            snprintf(key, sizeof key, "%.*s", (int)(eq - t), t);
+            skip = key_not_in_settings(group, key);
+        }
+        if (!skip)
+            fprintf(f, "  %s\n", t);
+    }
+    free(nml);
+    for (int i = 0; i < ps->n; i++)
+        h = fnv1a_str(h, ps->text[i]);
+    for (int i = 0; i < ps->n_neg; i++)
+        hn = fnv1a_str(hn, ps->neg[i]);
+    fprintf(f, "prompts: %d, fnv1a64 %016" PRIx64 "\nnegative prompts: %d, fnv1a64 %016" PRIx64
+               "\n", ps->n, h, ps->n_neg, hn);
+    fprintf(f, "backend: %s %s\n", g->be->name, sd_dtype_name(g->be->dtype));
+    /* the GPU's bits depend on the batches (the CPU's U-Net and VAE do not) */
+    if (use_cuda)
+        fprintf(f, "batches: %d images a U-Net call, %d a decode\n", nb_max, nd_max);
+    const char *parts[] = {src->unet_snapshot, src->unet_file, src->ckpt, src->parts, src->vae,
+                           rc->cfg.model.pretrained, rc->cfg.model.autoencoder,
+                           rc->cfg.model.tokenizer};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (parts[i][0])
+            put_files(f, parts[i], 2, &left);
+    SD_CHECK(fclose(f) == 0, "open_memstream: %s", strerror(errno));
+    return text;
+}
+
+/* Whether `path` is a whole PNG of w x h: its signature and IHDR size at the start and the IEND
+ * chunk at the end (a file cut short after a crash of the node lacks it). */
+static int png_whole(const char *path, int w, int h)
+{
+    static const unsigned char sig[16] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n',
+                                          0, 0, 0, 13, 'I', 'H', 'D', 'R'};
+    static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    unsigned char head[24], tail[12];
+    struct stat st;
+    const int fd = sd_open(path, O_RDONLY | O_CLOEXEC, 0);
+    int ok = 0;
+    if (fd < 0)
+        return 0;
+    if (sd_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 24 + 12 &&
+        pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
+        pread(fd, tail, sizeof tail, st.st_size - 12) == (ssize_t)sizeof tail) {
+        const uint32_t pw = (uint32_t)head[16] << 24 | (uint32_t)head[17] << 16 |
+                            (uint32_t)head[18] << 8 | head[19];
+        const uint32_t ph = (uint32_t)head[20] << 24 | (uint32_t)head[21] << 16 |
+                            (uint32_t)head[22] << 8 | head[23];
+        ok = !memcmp(head, sig, sizeof sig) && pw == (uint32_t)w && ph == (uint32_t)h &&
+             !memcmp(tail, iend, sizeof iend);
+    }
+    close(fd);
+    return ok;
+}
+
+/* Whether `name` is one of the files an image write leaves in samples/: "<p>-<j>.png", or its
+ * temporary "<p>-<j>.png.tmp<pid>" (left by a run that ended during the write). */
+static int image_file_name(const char *name, int *is_tmp)
+{
+    const char *c = name;
+    size_t n = strspn(c, "0123456789");
+    if (n == 0 || c[n] != '-')
+        return 0;
+    c += n + 1;
+    n = strspn(c, "0123456789");
+    if (n == 0 || strncmp(c + n, ".png", 4) != 0)
+        return 0;
+    c += n + 4;
+    *is_tmp = *c != '\0';
+    return !*c || (!strncmp(c, ".tmp", 4) && c[4] && strspn(c + 4, "0123456789") == strlen(c + 4));
+}
+
+/* Rank 0, before any rank writes an image: decides whether this run keeps the images there
+ * (*keep := 1: samples.settings holds this run's text and &sample resume is 'auto'); otherwise
+ * removes them and samples.jsonl, then writes the text (so the file never describes images of
+ * other settings). Leftover temporary images are removed either way. *removed := how many
+ * images were removed. */
+static int settings_begin(const sd_config *cfg, const char *text, const char *dir, int *keep,
+                          int64_t *removed, char *why, size_t why_size, sd_err *err)
+{
+    char path[SD_PATH_MAX + 32], *old = NULL;
+    size_t cap = 0, len = 0;
+    int fd;
+    *keep = 0;
+    *removed = 0;
+    why[0] = '\0';
+    snprintf(path, sizeof path, "%s/samples.settings", cfg->run.output_dir);
+    fd = sd_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd >= 0) {
+        if (sd_read_to_end(fd, (void **)&old, &cap, &len) != 0) {
+            const int e = errno;
+            close(fd);
+            free(old);
+            return sd_err_set(err, "cannot read '%s': %s", path, strerror(e));
+        }
+        close(fd);
+    } else if (errno != ENOENT) {
+        return sd_err_set(err, "cannot open '%s': %s", path, strerror(errno));
+    }
+    if (old && len == strlen(text) && !memcmp(old, text, len)) {
+        *keep = strcmp(cfg->sample.resume, "auto") == 0;
+        if (!*keep)
+            snprintf(why, why_size, "&sample resume = '%s'", cfg->sample.resume);
+    } else if (old) {
+        /* the first line that differs, for the message */
+        size_t a = 0, b = 0;
+        const char *t = text;
+        while (a < len && t[b] && old[a] == t[b]) {
+            a++;
+            b++;
+        }
+        while (b > 0 && t[b - 1] != '\n')
+            b--;
+        const size_t e = strcspn(t + b, "\n");
+        snprintf(why, why_size, "other settings than those of the images there (first "
+                 "difference: '%.*s')", (int)(e < 200 ? e : 200), t + b);
+    } else {
+        snprintf(why, why_size, "no %s", path);
+    }
+    free(old);
+    DIR *d = sd_opendir(dir);
+    if (!d)
+        return sd_err_set(err, "cannot list '%s': %s", dir, strerror(errno));
+    errno = 0;
+    for (struct dirent *e; (e = sd_readdir(d)) != NULL; errno = 0) {
+        int is_tmp = 0;
+        char f[SD_PATH_MAX + 300];
+        if (!image_file_name(e->d_name, &is_tmp) || (*keep && !is_tmp))
+            continue;
+        snprintf(f, sizeof f, "%s/%s", dir, e->d_name);
+        if (unlink(f) != 0 && errno != ENOENT) {
+            const int er = errno;
+            closedir(d);
+            return sd_err_set(err, "cannot remove '%s': %s", f, strerror(er));
+        }
+        *removed += !is_tmp;
+    }
+    const int list_errno = errno;
+    closedir(d);
+    if (list_errno)
+        return sd_err_set(err, "cannot list '%s': %s", dir, strerror(list_errno));
+    if (*keep)
+        return 0;
+    snprintf(path, sizeof path, "%s/samples.jsonl", cfg->run.output_dir);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return sd_err_set(err, "cannot remove '%s': %s", path, strerror(errno));
+    if (*removed > 0 && sd_fsync_path(dir, err) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/samples.settings", cfg->run.output_dir);
+    return sd_write_file_atomic(path, text, strlen(text), err);
+}
+
 int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                      const sd_device_info *dev)
 {
@@ -608,7 +885,8 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     char what[4 * SD_PATH_MAX + 128], dir[SD_PATH_MAX + 16];
     float *uncond = NULL, *unconds = NULL, *cond = NULL, *lat = NULL, *img = NULL;
     uint8_t *rgb = NULL;
-    int kind = sd_sampler_kind_from_name(cfg->sample.scheduler), failed, n_mine = 0;
+    int kind = sd_sampler_kind_from_name(cfg->sample.scheduler), failed, n_mine = 0, keep = 0;
+    int64_t n_kept = 0; /* this rank's images kept from a run before (&sample resume) */
     int sched_file = 0; /* the U-Net's snapshot has scheduler/scheduler_config.json */
     prompt_set ps;
     if (prompts_load(cfg, comm, rank, &ps, &err) != 0) {
@@ -707,6 +985,17 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
         snprintf(dir, sizeof dir, "%s/samples", cfg->run.output_dir);
         failed = sd_mkdir_p(dir, "samples directory", &err) != 0;
     }
+    /* resuming: rank 0 compares this run's settings with those of the images there, before any
+     * rank writes one */
+    if (!failed && rank == 0) {
+        char *text = settings_text(rc, &ps, &src, &g, nb_max, nd_max, dev->use_cuda);
+        char why[SD_PATH_MAX + 400];
+        int64_t removed = 0;
+        failed = settings_begin(cfg, text, dir, &keep, &removed, why, sizeof why, &err) != 0;
+        free(text);
+        if (!failed && removed > 0)
+            sd_info("removed the %lld image(s) in %s: %s", (long long)removed, dir, why);
+    }
     if (sd_agree(comm, failed, &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
@@ -716,6 +1005,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
         prompts_free(&ps);
         return SD_EXIT_USAGE;
     }
+    SD_MPI_CHECK(MPI_Bcast(&keep, 1, MPI_INT, 0, comm));
     scale = (float)(cfg->train.latent_scale > 0 ? cfg->train.latent_scale : g.vcfg.scaling_factor);
     if (rank == 0) {
         char extra[192] = "";
@@ -800,6 +1090,20 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
             sd_progress_phase("sampling: the batch of images from image", i0);
             for (int64_t i = i0; i < n_total && nb < nb_max; i += size)
                 ids[nb++] = i;
+            if (keep) { /* a batch whose images are all there and whole is not made again */
+                int whole = 1;
+                for (int b = 0; b < nb && whole; b++) {
+                    char file[SD_PATH_MAX + 64];
+                    snprintf(file, sizeof file, "%s/%d-%" PRId64 ".png", dir,
+                             (int)(ids[b] / cfg->sample.images_per_prompt),
+                             ids[b] % cfg->sample.images_per_prompt);
+                    whole = png_whole(file, g.width, g.height);
+                }
+                if (whole) {
+                    n_kept += nb;
+                    continue;
+                }
+            }
             for (int b = 0; b < nb && !failed; b++) {
                 const int p = (int)(ids[b] / cfg->sample.images_per_prompt);
                 const int64_t j = ids[b] % cfg->sample.images_per_prompt;
@@ -874,9 +1178,17 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
         sd_err e2;
         failed = sd_agree(comm, bad, &e2) != 0;
     }
-    if (!failed && rank == 0)
-        sd_info("wrote %lld image(s) to %s and their list to %s/samples.jsonl in %.1f s",
-                (long long)n_total, dir, cfg->run.output_dir, sd_time_now() - t0);
+    if (!failed) {
+        int64_t kept = 0;
+        SD_MPI_CHECK(MPI_Reduce(&n_kept, &kept, 1, MPI_INT64_T, MPI_SUM, 0, comm));
+        if (rank == 0 && kept > 0)
+            sd_info("kept %lld of the %lld image(s) from the run before (the same settings: "
+                    "%s/samples.settings; &sample resume = 'never' makes them again)",
+                    (long long)kept, (long long)n_total, cfg->run.output_dir);
+        if (rank == 0)
+            sd_info("wrote %lld image(s) to %s and their list to %s/samples.jsonl in %.1f s",
+                    (long long)(n_total - kept), dir, cfg->run.output_dir, sd_time_now() - t0);
+    }
     sd_debug("this rank made %d of the %lld image(s)", n_mine, (long long)n_total);
     free(uncond);
     free(unconds);

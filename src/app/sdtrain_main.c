@@ -130,7 +130,7 @@ static const char *stall_advice(const char *mode)
     if (!strcmp(mode, "process"))
         return "ending the job with status 1; a rerun goes on from the shards committed";
     if (!strcmp(mode, "sample"))
-        return "ending the job with status 1; a rerun makes its images again";
+        return "ending the job with status 1; a rerun keeps the images already written";
     return "ending the job with status 1; a restart resumes from the newest checkpoint";
 }
 

@@ -360,6 +360,12 @@ static const sd_option options[] = {
         "mode = 'train' or 'pipeline': images of the prompts from every checkpoint whose step is "
         "a multiple of this, and from the last one, into <output_dir>/samples/step-<step>/ "
         "(0 = none); a multiple of &checkpoint every_n_steps."),
+    CHOICE(sample, resume, "'auto'", "auto|never",
+           "'auto': a rerun with the same settings (<output_dir>/samples.settings: the namelist's "
+           "keys that decide the images, the prompts, the weight files, the backend) keeps the "
+           "images already in <output_dir>/samples/ and makes only the missing ones, so that a "
+           "requeued job goes on; with other settings the images there are removed first. "
+           "'never': every image is made again."),
     LOGICAL(sample, use_ema, ".false.",
             "Sample with the EMA weights: a checkpoint's EMA, or unet_ema.safetensors beside "
             "unet_final.safetensors (an error when the source has none)."),

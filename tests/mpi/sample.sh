@@ -65,6 +65,67 @@ run pngother "$top_builddir/tests/mpi/png_compare" "$TMP/ddim1/samples/0-0.png" 
 expect_rc pngother 1
 pass "ddim, pndm, ddpm, euler, euler_a, heun, lms, dpm2, dpm2_a, dpmpp_2m, dpmpp_2m_sde, dpmpp_sde, unipc: same PNG bytes at -np 1 and 2, samples.jsonl"
 
+# A rerun keeps the images of the same settings (&sample resume = 'auto'): a job that ended
+# during its images (here: one image gone, one cut short as a node crash can leave it, a
+# temporary file of a write that never finished, no samples.jsonl) makes only the batches that
+# are not whole, and ends with the bytes of an uninterrupted run. Batches of 2 on one rank:
+# {0-0, 0-1}, {1-0, 1-1}, {2-0, 2-1}
+ino() { stat -c %i "$TMP/res/samples/$1.png"; }
+sample_nml res ddim ", batch_size = 2"
+mpi res 1 "$SDTRAIN" "$TMP/res.nml"
+expect_rc res 0
+[ -s "$TMP/res/samples.settings" ] || fail "resume: no samples.settings"
+grep -qF "  guidance_scale = 7.5" "$TMP/res/samples.settings" || fail "resume: samples.settings lacks guidance_scale"
+grep -qF "output_dir" "$TMP/res/samples.settings" && fail "resume: samples.settings holds output_dir"
+same_pngs ddim1 res "resume: the first run"
+i00=$(ino 0-0) i10=$(ino 1-0) i20=$(ino 2-0)
+rm "$TMP/res/samples/1-1.png" "$TMP/res/samples.jsonl"
+head -c 100 "$TMP/res/samples/2-1.png" >"$TMP/cut.png" && mv "$TMP/cut.png" "$TMP/res/samples/2-1.png"
+echo partial >"$TMP/res/samples/0-0.png.tmp4242"
+echo "kept by the user" >"$TMP/res/samples/notes.txt"
+mpi res 1 "$SDTRAIN" "$TMP/res.nml"
+expect_rc res 0
+expect_in res out "kept 2 of the 6 image(s) from the run before"
+expect_in res out "wrote 4 image(s)"
+same_pngs ddim1 res "resume: after the rerun"
+cmp -s "$TMP/ddim1/samples.jsonl" "$TMP/res/samples.jsonl" || fail "resume: samples.jsonl differs"
+[ "$(ino 0-0)" = "$i00" ] || fail "resume: the whole batch {0-0, 0-1} was written again"
+[ "$(ino 1-0)" != "$i10" ] && [ "$(ino 2-0)" != "$i20" ] ||
+    fail "resume: a batch with a missing or cut image was not made again"
+[ ! -e "$TMP/res/samples/0-0.png.tmp4242" ] || fail "resume: the temporary file is left"
+[ -f "$TMP/res/samples/notes.txt" ] || fail "resume: a file of the user's was removed"
+# other settings: the images there are removed first (the message names the first difference),
+# then all made; the same again for the way back
+mpi res 1 "$SDTRAIN" "$TMP/res.nml" --set sample.guidance_scale=3.0
+expect_rc res 0
+expect_in res out "removed the 6 image(s) in $TMP/res/samples: other settings than those of the images there (first difference: '  guidance_scale = 3.0')"
+expect_in res out "wrote 6 image(s)"
+cmp -s "$TMP/ddim1/samples/0-0.png" "$TMP/res/samples/0-0.png" && fail "resume: guidance 3 gave the image of 7.5"
+mpi res 1 "$SDTRAIN" "$TMP/res.nml"
+expect_rc res 0
+expect_in res out "(first difference: '  guidance_scale = 7.5')"
+same_pngs ddim1 res "resume: back to the first settings"
+# other prompts (the same count) are other settings too
+mpi resp 1 "$SDTRAIN" "$TMP/res.nml" --set "sample.prompts='a photo of the dog', 'red car at the sea', 'x'"
+expect_rc resp 0
+expect_in resp out "removed the 6 image(s)"
+expect_in resp out "(first difference: 'prompts: 3, fnv1a64 "
+# &sample resume = 'never': every image made again, also with the same settings
+mpi res 1 "$SDTRAIN" "$TMP/res.nml"
+expect_rc res 0
+mpi resn 1 "$SDTRAIN" "$TMP/res.nml" --set "sample.resume='never'"
+expect_rc resn 0
+expect_in resn out "removed the 6 image(s) in $TMP/res/samples: &sample resume = 'never'"
+expect_in resn out "wrote 6 image(s)"
+expect_not_in resn out "kept"
+same_pngs ddim1 res "resume: never"
+# a rerun on 2 ranks with all images there: nothing made
+mpi resall 2 "$SDTRAIN" "$TMP/res.nml"
+expect_rc resall 0
+expect_in resall out "kept 6 of the 6 image(s) from the run before"
+expect_in resall out "wrote 0 image(s)"
+pass "a rerun keeps the images of the same settings (a missing, a cut one made again with their batch), removes those of others"
+
 # several images per U-Net call (&sample batch_size): the CPU's U-Net is batch-invariant, so the
 # same bytes; 6 images as 4 + 2 on one rank, and as 2 + 1 on each of two ranks (the last batch
 # smaller: the scheduler is remade for it); DDPM and Euler ancestral draw their noise per image
