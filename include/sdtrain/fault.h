@@ -18,6 +18,7 @@ extern "C" {
 /* kill: SIGKILL this rank; nan: a NaN gradient (phase encode: a NaN encoding of sample `step`);
  * usr1: this rank sends itself SIGUSR1 (what Slurm sends ahead of the time limit) at the end of
  * the step (in mode 'process' and a pipeline's preprocessing ranks: once shard `step` is encoded;
+ * in mode 'sample': once image `step`, p * images_per_prompt + j, is written;
  * phase shard-wait: when a pipeline's training rank 0 waits for a shard, for the inputs of
  * step `step` or, without a step, at its first wait; phase encode: preprocessing, once global
  * sample `step` is read, in the middle of its shard); flip: silent storage corruption, one bit

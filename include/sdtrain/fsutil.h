@@ -108,6 +108,11 @@ int sd_openat(int dfd, const char *name, int flags);
 DIR *sd_opendir(const char *path);
 struct dirent *sd_readdir(DIR *d);
 int sd_glob(const char *pattern, int flags, glob_t *g);
+/* The names in folder `dir` that do not start with '.', sorted by strcmp (NULL-terminated, *n
+ * of them; free with sd_free_names), listed through sd_readdir; NULL when the folder cannot be
+ * opened or listed (errno set). */
+char **sd_list_names(const char *dir, size_t *n);
+void sd_free_names(char **names, size_t n);
 
 /* After writes through fd to the file `path`: unless `failed`, fsyncs fd (file systems that
  * cannot sync, EINVAL or EROFS, are not an error); then closes it, a failed close reported unless

@@ -22,10 +22,12 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
  * &sample prompts (doc/sampling.md): 0 done, 1 failure, 2 bad input. */
 int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev);
 /* Mode 'sample' over the ranks of `comm` (rank of size): what sd_mode_sample runs on
- * MPI_COMM_WORLD, and mode 'train' on its training ranks for &sample every_n_steps. Returns an
- * exit status; rank 0 has reported a failure. */
+ * MPI_COMM_WORLD, and mode 'train' on its training ranks for &sample every_n_steps. With
+ * `stoppable` a caught SIGUSR1 / SIGTERM stops each rank before its next batch (mode 'sample');
+ * without, the images are all made (a training job stops after them). Returns an exit status;
+ * rank 0 has reported a failure. */
 int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
-                     const sd_device_info *dev);
+                     const sd_device_info *dev, int stoppable);
 /* The checkpoint root of the training output directory `run_dir` into root: the run's
  * &checkpoint dir, read from the namelist `nml` (NULL: run_dir/used.nml, when there), when it
  * set one and that folder exists here, else run_dir/checkpoints. For mode 'sample' and sdtool

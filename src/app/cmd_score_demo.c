@@ -3,7 +3,6 @@
  * and the shape are read off the pixels deterministically; accuracies come with chance levels. */
 #include "sd_config.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <json-c/json.h>
 #include <math.h>
@@ -15,6 +14,7 @@
 #include "sdtrain/check.h"
 #include "sdtrain/commands.h"
 #include "sdtrain/error.h"
+#include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 
 /* The palette and shapes of cmd_make_demo_data.c (same order, same RGB). */
@@ -311,33 +311,14 @@ static int is_image_name(const char *n)
     return dot && (!strcmp(dot, ".png") || !strcmp(dot, ".jpg") || !strcmp(dot, ".jpeg"));
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* make-demo-data's 'files' layout: DIR/00000/000000012.jpg + .txt (and images in DIR itself). */
 static int scan_files(const char *dir, item_list *l, int depth, sd_err *err)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
+    size_t n;
+    char **names = sd_list_names(dir, &n);
     int rc = 0;
-    if (!d)
+    if (!names)
         return sd_err_set(err, "%s: cannot read folder: %s", dir, strerror(errno));
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            names = sd_xrealloc(names, cap * sizeof *names);
-        }
-        names[n++] = sd_xstrdup(e->d_name);
-    }
-    closedir(d);
-    if (n)
-        qsort(names, n, sizeof *names, cmp_str);
     for (size_t i = 0; i < n; i++) {
         char path[8192], txt[8192], *cap_text = NULL;
         struct stat st;
@@ -366,9 +347,8 @@ static int scan_files(const char *dir, item_list *l, int depth, sd_err *err)
                 free(cap_text);
             }
         }
-        free(names[i]);
     }
-    free(names);
+    sd_free_names(names, n);
     return rc;
 }
 

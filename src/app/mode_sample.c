@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +18,12 @@
 #include "sdtrain/config.h"
 #include "sdtrain/checkpoint.h"
 #include "sdtrain/diffusion.h"
+#include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
 #include "sdtrain/image.h"
 #include "sdtrain/log.h"
 #include "sdtrain/modes.h"
+#include "sdtrain/progress.h"
 #include "sdtrain/runtime.h"
 #include "sdtrain/sampler.h"
 #include "sdtrain/sched_config.h"
@@ -639,11 +642,6 @@ static uint64_t fnv1a_str(uint64_t h, const char *s)
     }
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* "  file PATH: SIZE bytes, modified SEC.NSEC" for `path` and, when it is a folder, its regular
  * files down to `depth` folders (a snapshot's unet/…safetensors, a checkpoint's state.h5), in
  * name order, at most 512 of them. */
@@ -660,30 +658,14 @@ static void put_files(FILE *f, const char *path, int depth, int *left)
     }
     if (!S_ISDIR(st.st_mode) || depth <= 0)
         return;
-    DIR *d = sd_opendir(path);
-    if (!d)
-        return;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    for (struct dirent *e; (e = sd_readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.')
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 32;
-            names = sd_xrealloc(names, cap * sizeof *names);
-        }
-        names[n++] = sd_xstrdup(e->d_name);
-    }
-    closedir(d);
-    if (n)
-        qsort(names, n, sizeof *names, cmp_str);
-    for (size_t i = 0; i < n; i++) {
+    size_t n;
+    char **names = sd_list_names(path, &n);
+    for (size_t i = 0; names && i < n; i++) {
         char sub[SD_PATH_MAX + 300];
         if (snprintf(sub, sizeof sub, "%s/%s", path, names[i]) < (int)sizeof sub)
             put_files(f, sub, depth - 1, left);
-        free(names[i]);
     }
-    free(names);
+    sd_free_names(names, n);
 }
 
 /* The settings text of this run (rank 0); malloc'd. */
@@ -759,8 +741,8 @@ static int png_whole(const char *path, int w, int h)
     if (fd < 0)
         return 0;
     if (sd_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 24 + 12 &&
-        pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
-        pread(fd, tail, sizeof tail, st.st_size - 12) == (ssize_t)sizeof tail) {
+        sd_pio_all(fd, head, sizeof head, 0, 0, NULL) == 0 &&
+        sd_pio_all(fd, tail, sizeof tail, (uint64_t)st.st_size - 12, 0, NULL) == 0) {
         const uint32_t pw = (uint32_t)head[16] << 24 | (uint32_t)head[17] << 16 |
                             (uint32_t)head[18] << 8 | head[19];
         const uint32_t ph = (uint32_t)head[20] << 24 | (uint32_t)head[21] << 16 |
@@ -870,7 +852,7 @@ static int settings_begin(const sd_config *cfg, const char *text, const char *di
 }
 
 int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
-                     const sd_device_info *dev)
+                     const sd_device_info *dev, int stoppable)
 {
     const sd_config *cfg = &rc->cfg;
     const double g_scale = cfg->sample.guidance_scale;
@@ -887,6 +869,14 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
     uint8_t *rgb = NULL;
     int kind = sd_sampler_kind_from_name(cfg->sample.scheduler), failed, n_mine = 0, keep = 0;
     int64_t n_kept = 0; /* this rank's images kept from a run before (&sample resume) */
+    /* stoppable (mode 'sample'): a batch boundary ends the run on SIGUSR1 / SIGTERM (Slurm's
+     * warning before the time limit: slurm/sample.sh requeues it, and the rerun keeps the
+     * images); the images of a training job's checkpoints are made whole, the training loop
+     * stops after them */
+    int stop_sig = 0;
+    /* test hook: each batch takes this much longer (RANK:MS: one rank), so that a test's signal
+     * comes in the middle of the images */
+    const long delay_ms = sd_progress_test_delay_ms("SDTRAIN_TEST_SAMPLE_DELAY_MS", rank, rank == 0);
     int sched_file = 0; /* the U-Net's snapshot has scheduler/scheduler_config.json */
     prompt_set ps;
     if (prompts_load(cfg, comm, rank, &ps, &err) != 0) {
@@ -1088,6 +1078,10 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
             int nb = 0;
             double ti = sd_time_now();
             sd_progress_phase("sampling: the batch of images from image", i0);
+            if (delay_ms > 0)
+                sd_progress_sleep_ms(delay_ms);
+            if (stoppable && (stop_sig = sd_ckpt_signal_pending()) != 0)
+                break;
             for (int64_t i = i0; i < n_total && nb < nb_max; i += size)
                 ids[nb++] = i;
             if (keep) { /* a batch whose images are all there and whole is not made again */
@@ -1161,16 +1155,33 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                 }
                 n_mine++;
                 sd_debug("wrote %s", file);
+                /* SDTRAIN_FAULT usr1:rank=R:step=I: SIGUSR1 once image I is written */
+                if (stoppable && sd_fault_armed(SD_FAULT_USR1, rank, ids[b], NULL))
+                    raise(SIGUSR1);
             }
             sd_debug("%d image(s) in %.2f s", nb, sd_time_now() - ti);
         }
         free(last_cond);
     }
+    int any_stop = 0;
     if (sd_agree(comm, failed, &err) != 0) {
         if (rank == 0)
             fprintf(stderr, "sdtrain: mode 'sample': %s\n", err.msg);
         failed = 1;
     } else {
+        SD_MPI_CHECK(MPI_Allreduce(&stop_sig, &any_stop, 1, MPI_INT, MPI_MAX, comm));
+    }
+    if (!failed && any_stop) {
+        /* a rank stopped for a signal: no samples.jsonl (the images are not all there) */
+        int64_t made = 0, kept = 0, mine_made = n_mine;
+        SD_MPI_CHECK(MPI_Reduce(&mine_made, &made, 1, MPI_INT64_T, MPI_SUM, 0, comm));
+        SD_MPI_CHECK(MPI_Reduce(&n_kept, &kept, 1, MPI_INT64_T, MPI_SUM, 0, comm));
+        if (rank == 0)
+            sd_info("stopped for %s: %lld of the %lld image(s) are in %s (%lld made now, %lld "
+                    "kept), and a rerun with the same settings goes on from them (&sample resume)",
+                    sd_ckpt_signal_name(any_stop), (long long)(made + kept), (long long)n_total,
+                    dir, (long long)made, (long long)kept);
+    } else if (!failed) {
         int bad = rank == 0 &&
                   write_index(cfg, &ps, cfg->sample.scheduler, sd_spacing_name(ss.spacing), &err) != 0;
         if (bad)
@@ -1178,7 +1189,7 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
         sd_err e2;
         failed = sd_agree(comm, bad, &e2) != 0;
     }
-    if (!failed) {
+    if (!failed && !any_stop) {
         int64_t kept = 0;
         SD_MPI_CHECK(MPI_Reduce(&n_kept, &kept, 1, MPI_INT64_T, MPI_SUM, 0, comm));
         if (rank == 0 && kept > 0)
@@ -1205,5 +1216,6 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
 
 int sd_mode_sample(const sd_run_config *rc, const sd_runtime *rt, const sd_device_info *dev)
 {
-    return sd_sample_images(rc, MPI_COMM_WORLD, rt->world_rank, rt->world_size, dev);
+    sd_ckpt_signals_install();
+    return sd_sample_images(rc, MPI_COMM_WORLD, rt->world_rank, rt->world_size, dev, 1);
 }

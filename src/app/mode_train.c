@@ -154,7 +154,8 @@ typedef struct trainer {
     int64_t start_step, start_opt_step, start_skipped; /* 0 or the resumed checkpoint's */
     int64_t last_ckpt;  /* step of the newest checkpoint this run wrote or resumed, or -1 */
     double ckpt_clock;  /* &checkpoint every_n_minutes: rank 0's time the interval counts from */
-    char last_ckpt_path[4200]; /* the checkpoint this run wrote last, or "" */
+    char last_ckpt_path[4200]; /* the checkpoint this run wrote last (or resumed from, when its
+                                  &sample every_n_steps images are not all there), or "" */
     const sd_device_info *dev_info; /* this rank's device (&sample every_n_steps' images) */
     int resumed, stopped; /* stopped: by a signal, after checkpointing */
     /* mode 'pipeline': the runtime (the stop word to and from the preprocessing half), and on
@@ -1402,7 +1403,7 @@ static void sample_checkpoint(trainer *t, int64_t done)
     const double t0 = sd_time_now();
     sd_loader_h5_lock();
     sd_progress_phase("images of the checkpoint of step", done);
-    const int code = sd_sample_images(rc, t->mpi_comm, t->rank, t->size, t->dev_info);
+    const int code = sd_sample_images(rc, t->mpi_comm, t->rank, t->size, t->dev_info, 0);
     sd_loader_h5_unlock();
     if (t->rank == 0) {
         if (code == SD_EXIT_OK)
@@ -1515,6 +1516,23 @@ static int resume_from_checkpoint(trainer *t, sd_err *err)
     t->start_skipped = info.s.skipped;
     t->last_ckpt = info.s.step;
     t->resumed = 1;
+    /* &sample every_n_steps: a job that ended during the images of the checkpoint it resumes
+     * from (no samples.jsonl beside them) makes them again, keeping those already written
+     * (&sample resume), before its first step (or at the end, for the last checkpoint) */
+    if (cfg->sample.every_n_steps > 0 && info.s.step > 0 &&
+        (info.s.step % cfg->sample.every_n_steps == 0 || info.s.step == cfg->train.max_steps)) {
+        int missing = 0;
+        if (t->rank == 0) {
+            char index[4300];
+            struct stat st;
+            snprintf(index, sizeof index, "%s/samples/step-%08lld/samples.jsonl",
+                     cfg->run.output_dir, (long long)info.s.step);
+            missing = stat(index, &st) != 0;
+        }
+        SD_MPI_CHECK(MPI_Bcast(&missing, 1, MPI_INT, 0, t->mpi_comm));
+        if (missing)
+            snprintf(t->last_ckpt_path, sizeof t->last_ckpt_path, "%s", path);
+    }
     sd_info("resuming from %s: step %lld (%lld optimizer steps, %lld skipped), written by %lld "
             "rank(s) with sharding '%s' (loaded in %.2f s)", path, (long long)info.s.step,
             (long long)info.s.opt_step, (long long)info.s.skipped, (long long)info.s.n_ranks,
@@ -2066,6 +2084,8 @@ int sd_mode_train(const sd_run_config *rc, const sd_runtime *rt, const sd_device
     /* the model's FLOPs of one training sample (forward + backward as the dry run counts them,
      * recomputation not counted: the numerator of the model FLOPs utilization) */
     flops_sample = sd_unet_trainer_flops(t.tr) / (double)t.bs;
+    if (code == SD_EXIT_OK && t.start_step < max_steps)
+        sample_checkpoint(&t, t.start_step); /* the resumed checkpoint's images not all there */
     t_start = sd_time_now();
     t.ckpt_clock = t_start;
     for (step = t.start_step; step < max_steps && code == SD_EXIT_OK; step++) {

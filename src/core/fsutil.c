@@ -310,6 +310,51 @@ int sd_glob(const char *pattern, int flags, glob_t *g)
     return rc;
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+char **sd_list_names(const char *dir, size_t *n)
+{
+    DIR *d = sd_opendir(dir);
+    char **names = NULL;
+    size_t cap = 0;
+    *n = 0;
+    if (!d)
+        return NULL;
+    errno = 0;
+    for (struct dirent *e; (e = sd_readdir(d)) != NULL; errno = 0) {
+        if (e->d_name[0] == '.')
+            continue;
+        if (*n + 1 >= cap) {
+            cap = cap ? 2 * cap : 32;
+            names = sd_xrealloc(names, cap * sizeof *names);
+        }
+        names[(*n)++] = sd_xstrdup(e->d_name);
+    }
+    const int e = errno;
+    closedir(d);
+    if (e) {
+        sd_free_names(names, *n);
+        *n = 0;
+        errno = e;
+        return NULL;
+    }
+    if (!names)
+        names = sd_xmalloc(sizeof *names);
+    names[*n] = NULL;
+    qsort(names, *n, sizeof *names, cmp_name);
+    return names;
+}
+
+void sd_free_names(char **names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
 int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err *err)
 {
     char tmp[4200], dir[4200];

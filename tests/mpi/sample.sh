@@ -125,6 +125,23 @@ expect_rc resall 0
 expect_in resall out "kept 6 of the 6 image(s) from the run before"
 expect_in resall out "wrote 0 image(s)"
 pass "a rerun keeps the images of the same settings (a missing, a cut one made again with their batch), removes those of others"
+# SIGUSR1 (Slurm's warning before the time limit; here SDTRAIN_FAULT makes rank 1 send it to
+# itself once image 3 is written): rank 1 stops before its next batch, rank 0 makes all of its
+# images, the job ends with status 0 and no samples.jsonl; the rerun keeps the 5 images and
+# makes the sixth: the bytes of the uninterrupted run
+sample_nml sig ddim
+SDTRAIN_FAULT=usr1:rank=1:step=3 mpi sig 2 "$SDTRAIN" "$TMP/sig.nml"
+expect_rc sig 0
+expect_in sig out "stopped for SIGUSR1: 5 of the 6 image(s) are in $TMP/sig/samples (5 made now, 0 kept), and a rerun with the same settings goes on from them"
+[ ! -e "$TMP/sig/samples.jsonl" ] || fail "sig: samples.jsonl written although an image is missing"
+[ ! -e "$TMP/sig/samples/2-1.png" ] || fail "sig: rank 1 made image 5 after SIGUSR1"
+mpi sig 2 "$SDTRAIN" "$TMP/sig.nml"
+expect_rc sig 0
+expect_in sig out "kept 5 of the 6 image(s) from the run before"
+expect_in sig out "wrote 1 image(s)"
+same_pngs ddim1 sig "SIGUSR1, then the rerun"
+cmp -s "$TMP/ddim1/samples.jsonl" "$TMP/sig/samples.jsonl" || fail "sig: samples.jsonl differs"
+pass "SIGUSR1 stops mode 'sample' at a batch boundary with status 0; the rerun makes the rest, the same bytes"
 
 # several images per U-Net call (&sample batch_size): the CPU's U-Net is batch-invariant, so the
 # same bytes; 6 images as 4 + 2 on one rank, and as 2 + 1 on each of two ranks (the last batch

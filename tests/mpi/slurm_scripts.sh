@@ -18,7 +18,9 @@
 #   6. a launcher that ends right after SIGUSR1 is requeued for the time limit, not as a failure;
 #   7. a launcher that is not there (srun outside Slurm) is named, status 2, nothing requeued;
 #   8. process.sh sent SIGUSR1 ahead of the time limit: the ranks commit the shard encoded and
-#      exit 0, the script requeues its job, and the requeued job commits the rest.
+#      exit 0, the script requeues its job, and the requeued job commits the rest;
+#   9. sample.sh likewise: the ranks stop after the batch they denoise, the script requeues its
+#      job, and the requeued job keeps those images and makes the rest; a failed run is requeued.
 . "$top_srcdir/tests/lib.sh"
 need_mpi
 command -v bash >/dev/null 2>&1 || skip "no bash (the job scripts are bash)"
@@ -239,3 +241,42 @@ expect_in psig2 out "$n already committed"
 [ "$(grep -c '"index"' "$TMP/shards-sig/manifest.json")" = 12 ] || fail "the requeued process.sh did not finish"
 [ ! -s "$TMP/scontrol.log" ] || fail "a process.sh job that ended by itself requeued: $(cat "$TMP/scontrol.log")"
 pass "slurm/process.sh: SIGUSR1 commits the shard encoded, exits 0 and requeues; the requeued job commits the rest"
+
+# 9. sample.sh and the time-limit signal: the ranks stop after their batch (each slowed to 0.4 s,
+#    so that the signal comes mid-run), status 0, requeued; the requeued job keeps the images and
+#    makes the rest, the bytes of an uninterrupted run; a failed run is requeued
+nml samp.nml <<EOF2
+&run mode = 'sample', output_dir = '$TMP/samp', seed = 7, device = 'cpu' /
+&model pretrained = '$top_srcdir/tests/data/models/tiny-sd2',
+       tokenizer = '$top_srcdir/tests/data/sample/tokenizer', resolution = 16 /
+&sample prompts = 'a photo of the cat', 'red car at the sea', num_steps = 2,
+        images_per_prompt = 4 /
+EOF2
+mpi sampref 1 "$SDTRAIN" "$TMP/samp.nml" --set "run.output_dir='$TMP/sampref'"
+expect_rc sampref 0
+: >"$TMP/scontrol.log"
+rm -f "$TMP/comment"
+env PATH="$TMP/bin:$PATH" SLURM_NTASKS=2 SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 \
+    SDTRAIN_TEST_SAMPLE_DELAY_MS=400 bash "$top_srcdir/slurm/sample.sh" "$TMP/samp.nml" \
+    >"$TMP/ssig.out" 2>"$TMP/ssig.err" &
+usr1_when_exists "$TMP/samp/samples/0-1.png" $! "sample.sh: no image written"
+expect_rc ssig 0
+expect_in ssig out "stopped for SIGUSR1: "
+expect_in ssig out "sdtrain stopped for the time limit; requeueing job 4242 to go on from the images written"
+[ "$(tr '\n' ';' <"$TMP/scontrol.log")" = "update JobId=4242 Comment=sdtrain-failures=0;requeue 4242;" ] ||
+    fail "sample.sh: scontrol was called with: $(cat "$TMP/scontrol.log")"
+n=$(ls "$TMP/samp/samples" | grep -c '\.png$')
+[ "$n" -ge 1 ] && [ "$n" -lt 8 ] || fail "sample.sh after SIGUSR1: $n of 8 images"
+: >"$TMP/scontrol.log"
+job ssig2 "$top_srcdir/slurm/sample.sh" "$TMP/samp.nml"
+expect_rc ssig2 0
+expect_in ssig2 out "kept $n of the 8 image(s) from the run before"
+for f in 0-0 0-1 0-2 0-3 1-0 1-1 1-2 1-3; do
+    cmp -s "$TMP/sampref/samples/$f.png" "$TMP/samp/samples/$f.png" || fail "sample.sh requeued: $f.png differs"
+done
+[ ! -s "$TMP/scontrol.log" ] || fail "a sample.sh job that ended by itself requeued: $(cat "$TMP/scontrol.log")"
+LAUNCH=false job sampfail "$top_srcdir/slurm/sample.sh" "$TMP/samp.nml"
+expect_rc sampfail 1
+expect_in sampfail out "sdtrain failed (exit 1); requeueing job 4242 to go on from the images written (failure 1 of at most 3 in a row)"
+rm -f "$TMP/comment"
+pass "slurm/sample.sh: SIGUSR1 stops after the batches, exits 0 and requeues; the requeued job keeps the images and makes the rest"

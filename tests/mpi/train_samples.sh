@@ -97,6 +97,37 @@ for p in 0-0 0-1 1-0 1-1; do
 done
 pass "the images of step 4 are mode 'sample''s PNG bytes from that checkpoint"
 
+# a job that ended during the images of a checkpoint (no samples.jsonl, an image missing) makes
+# them when it resumes from that checkpoint, keeping the others (&sample resume): step 4, resumed
+# from with max_steps 5, before its first step; then step 5, the last, by a rerun of the
+# finished job
+cp "$TMP/img/samples/step-00000004/samples.jsonl" "$TMP/jsonl-4"
+rm "$TMP/img/samples/step-00000004/samples.jsonl" "$TMP/img/samples/step-00000004/samples/1-0.png"
+mpi imgr 2 "$SDTRAIN" "$TMP/base.nml" --set "run.output_dir='$TMP/img'" --set sample.every_n_steps=4 \
+    --set "checkpoint.resume='$TMP/img/checkpoints/step-00000004'"
+expect_rc imgr 0
+expect_in imgr out "resuming from $TMP/img/checkpoints/step-00000004: step 4"
+expect_in imgr out "kept 3 of the 4 image(s) from the run before"
+expect_in imgr out "step 4: images of &sample prompts in $TMP/img/samples/step-00000004/samples"
+cmp -s "$TMP/jsonl-4" "$TMP/img/samples/step-00000004/samples.jsonl" || fail "imgr: samples.jsonl of step 4"
+cmp -s "$TMP/s4/samples/1-0.png" "$TMP/img/samples/step-00000004/samples/1-0.png" ||
+    fail "imgr: the image made again differs"
+cmp -s "$TMP/plain/unet_final.safetensors" "$TMP/img/unet_final.safetensors" ||
+    fail "imgr: the resumed training's weights differ"
+for p in 0-0 0-1 1-0 1-1; do cp "$TMP/img/samples/step-00000005/samples/$p.png" "$TMP/s5-$p.png"; done
+rm "$TMP/img/samples/step-00000005/samples.jsonl" "$TMP/img/samples/step-00000005/samples/0-1.png"
+mpi imgl 2 "$SDTRAIN" "$TMP/base.nml" --set "run.output_dir='$TMP/img'" --set sample.every_n_steps=4
+expect_rc imgl 0
+expect_in imgl out "kept 3 of the 4 image(s) from the run before"
+[ "$(wc -l <"$TMP/img/samples/step-00000005/samples.jsonl")" = 4 ] || fail "imgl: samples.jsonl of step 5"
+for p in 0-0 0-1 1-0 1-1; do
+    cmp -s "$TMP/s5-$p.png" "$TMP/img/samples/step-00000005/samples/$p.png" || fail "imgl: $p.png of step 5"
+done
+mpi imgl2 2 "$SDTRAIN" "$TMP/base.nml" --set "run.output_dir='$TMP/img'" --set sample.every_n_steps=4
+expect_rc imgl2 0
+expect_not_in imgl2 out "images of &sample prompts"
+pass "a resumed job makes the images its checkpoint lacks (keeping those there); a finished one makes none"
+
 # --check: prompts needed, a multiple of the checkpoint interval
 sed '/^&sample/,$d' "$TMP/base.nml" >"$TMP/noprompt.nml"
 echo "&sample every_n_steps = 4 /" >>"$TMP/noprompt.nml"

@@ -333,6 +333,27 @@ static void test_metadata(void)
         globfree(&g);
     snprintf(pat, sizeof pat, "%s/none*", sub);
     tap_ok(sd_glob(pat, 0, &g) == GLOB_NOMATCH, "sd_glob: no match");
+
+    /* sd_list_names: sorted, hidden names left out, NULL-terminated */
+    snprintf(file, sizeof file, "%s/.hidden", sub);
+    FILE *hf = fopen(file, "w");
+    tap_ok(hf && fclose(hf) == 0, "a hidden file");
+    size_t nn = 99;
+    char **names = sd_list_names(sub, &nn);
+    tap_ok(names && nn == 3 && !strcmp(names[0], "f0.tar") && !strcmp(names[1], "f1.tar") &&
+               !strcmp(names[2], "f2.tar") && names[3] == NULL,
+           "sd_list_names: f0.tar, f1.tar, f2.tar (%zu)", nn);
+    sd_free_names(names, nn);
+    snprintf(file, sizeof file, "%s/empty", sub);
+    tap_ok(mkdir(file, 0755) == 0, "an empty folder");
+    names = sd_list_names(file, &nn);
+    tap_ok(names && nn == 0 && names[0] == NULL, "sd_list_names of an empty folder: none");
+    sd_free_names(names, nn);
+    errno = 0;
+    names = sd_list_names("/nonexistent/sd_fsutil", &nn);
+    e = errno;
+    tap_ok(names == NULL && nn == 0 && e == ENOENT, "sd_list_names of a missing folder: NULL, %s",
+           strerror(e));
 }
 
 int main(void)
