@@ -124,6 +124,9 @@ int sd_fsync_close(int fd, const char *path, int failed, sd_err *err);
  * systems that cannot sync directories (EINVAL, EROFS) are not an error. A failure of the
  * storage (sd_storage_errno) is marked in err (sd_err_storage_errno), here and below. */
 int sd_fsync_path(const char *path, sd_err *err);
+/* sd_fsync_path of the folder holding `path` ("." for a bare name, "/" for "/name"): what makes
+ * a rename or a new name in it durable. */
+int sd_fsync_parent(const char *path, sd_err *err);
 
 /* Replaces `path` atomically with `len` bytes: written to "<path>.tmp", fsynced, renamed over
  * `path`, and the directory fsynced. A reader sees the old or the new content, never a part. */

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -220,6 +219,18 @@ int sd_fsync_path(const char *path, sd_err *err)
     return 0;
 }
 
+int sd_fsync_parent(const char *path, sd_err *err)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4400];
+    if (!slash)
+        return sd_fsync_path(".", err);
+    if (snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path) >=
+        (int)sizeof dir)
+        return sd_err_set(err, "path too long: '%s'", path);
+    return sd_fsync_path(dir, err);
+}
+
 int sd_open(const char *path, int flags, int mode)
 {
     int fd;
@@ -357,7 +368,7 @@ void sd_free_names(char **names, size_t n)
 
 int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err *err)
 {
-    char tmp[4200], dir[4200];
+    char tmp[4200];
     int fd, e, n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return sd_err_set(err, "path too long: '%s'", path);
@@ -381,8 +392,7 @@ int sd_write_file_atomic(const char *path, const void *data, size_t len, sd_err 
         unlink(tmp);
         return sd_err_errno(err, e, "cannot replace '%s'", path);
     }
-    snprintf(dir, sizeof dir, "%s", path);
-    return sd_fsync_path(dirname(dir), err);
+    return sd_fsync_parent(path, err);
 }
 
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -509,7 +519,7 @@ int sd_copy_tree(const char *from, const char *to, sd_err *err)
 int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *err)
 {
     struct stat st;
-    char old[4400], parent[4400];
+    char old[4400];
     if (lstat(out, &st) == 0) {
         /* the previous one aside, the new one in, then the previous one removed */
         if (snprintf(old, sizeof old, "%s.old.%ld", tmp, (long)getpid()) >= (int)sizeof old)
@@ -527,10 +537,7 @@ int sd_commit_dir(const char *tmp, const char *out, const char *tool, sd_err *er
     } else if (rename(tmp, out) != 0) {
         return sd_err_set(err, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
     }
-    const char *slash = strrchr(out, '/');
-    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) : 1,
-             slash ? (slash == out ? "/" : out) : ".");
-    return sd_fsync_path(parent, err);
+    return sd_fsync_parent(out, err);
 }
 
 double sd_fs_free_bytes(const char *path)

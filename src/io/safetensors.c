@@ -1548,21 +1548,7 @@ int sd_st_writer_write(const sd_st_writer *w, const char *path, sd_err *err)
         goto out_free;
     }
     /* The rename is durable only once the folder is synced. */
-    char *dir = sd_xstrdup(path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        slash[slash == dir ? 1 : 0] = '\0';
-    int dfd = sd_open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (dfd < 0 || (sd_fsync_fd(dfd) != 0 && errno != EINVAL)) {
-        st_fail(err, path, "cannot sync its folder: %s", strerror(errno));
-        if (dfd >= 0)
-            close(dfd);
-        free(dir);
-        goto out_free;
-    }
-    close(dfd);
-    free(dir);
-    rc = 0;
+    rc = sd_fsync_parent(path, err) ? -1 : 0;
 out_free:
     free(tmp);
     free(h.buf);

@@ -334,6 +334,15 @@ static void test_metadata(void)
     snprintf(pat, sizeof pat, "%s/none*", sub);
     tap_ok(sd_glob(pat, 0, &g) == GLOB_NOMATCH, "sd_glob: no match");
 
+    /* sd_fsync_parent: the folder of a path, "." for a bare name, "/" at the root */
+    snprintf(file, sizeof file, "%s/f1.tar", sub);
+    tap_ok(sd_fsync_parent(file, &err) == 0 && sd_fsync_parent("bare-name", &err) == 0 &&
+               sd_fsync_parent("/sd-fsutil-bare", &err) == 0,
+           "sd_fsync_parent of a file in a folder, of a bare name, of a name at the root");
+    tap_ok(sd_fsync_parent("/nonexistent/sd_fsutil/x", &err) != 0 &&
+               strstr(err.msg, "cannot open '/nonexistent/sd_fsutil' to sync it") != NULL,
+           "sd_fsync_parent of a missing folder: %s", err.msg);
+
     /* sd_list_names: sorted, hidden names left out, NULL-terminated */
     snprintf(file, sizeof file, "%s/.hidden", sub);
     FILE *hf = fopen(file, "w");
