@@ -25,7 +25,8 @@ extern "C" {
  * of the data this rank wrote changed on disk after the write was synced (phase ckpt-write), or
  * of the pretrained U-Net weights this rank read (phase unet-load); eio:
  * the storage fails this rank's read of a checkpoint being resumed (phase ckpt-load); hang: the
- * rank sleeps forever, alive but making no progress (at the start of training step `step`, in
+ * rank sleeps forever, alive but making no progress (at the start of training step `step` (mode
+ * 'sample': before the batch of image `step`), in
  * the middle of a checkpoint write (phase ckpt-write, optionally of step `step`) or of a shard
  * write (phase shard-write)). */
 typedef enum {

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "sdtrain/check.h"
-#include "sdtrain/config.h"
 #include "sdtrain/checkpoint.h"
+#include "sdtrain/config.h"
 #include "sdtrain/diffusion.h"
 #include "sdtrain/fault.h"
 #include "sdtrain/fsutil.h"
@@ -1098,6 +1098,10 @@ int sd_sample_images(const sd_run_config *rc, MPI_Comm comm, int rank, int size,
                     continue;
                 }
             }
+            /* SDTRAIN_FAULT hang:rank=R:step=I: the rank stops making progress at image I */
+            for (int b = 0; stoppable && b < nb; b++)
+                if (sd_fault_armed(SD_FAULT_HANG, rank, ids[b], NULL))
+                    sd_fault_hang(rank, "sampling, image", ids[b]);
             for (int b = 0; b < nb && !failed; b++) {
                 const int p = (int)(ids[b] / cfg->sample.images_per_prompt);
                 const int64_t j = ids[b] % cfg->sample.images_per_prompt;

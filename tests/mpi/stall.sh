@@ -197,6 +197,27 @@ grep -F "[rank 0]" "$TMP/procl.err" | grep -F "in readdir of '$TMP/data' for" |
 [ ! -e "$TMP/shards-l/manifest.json" ] || fail "procl: a manifest was written although the listing hung"
 pass "a listing of the input that never returns: the report names readdir and the folder"
 
+# (d2) mode 'sample': rank 1 stops before image 3 (its second batch; rank 0 makes its 3 and waits
+# inside MPI); the report is rank 1's and says a rerun keeps the images; the rerun keeps the 4
+# there and makes 2: the bytes of an undisturbed run
+tiny_sample_nml sref ddim
+mpi sref 1 "$SDTRAIN" "$TMP/sref.nml"
+expect_rc sref 0
+tiny_sample_nml samp ddim
+SDTRAIN_FAULT=hang:rank=1:step=3 mpi samp 2 "$SDTRAIN" "$TMP/samp.nml" --set run.stall_timeout=3
+stalled samp "a rerun keeps the images already written"
+expect_in samp err "[rank 1] SDTRAIN_FAULT: this rank stops making progress (sampling, image 3)"
+grep -F "[rank 1]" "$TMP/samp.err" | grep -F "its work: sampling: the batch of images from image 3 (for" |
+    grep -qF "outside MPI: this rank is stuck" ||
+    { cat "$TMP/samp.err" >&2; fail "samp: no report of rank 1 stuck at image 3"; }
+mpi samp 2 "$SDTRAIN" "$TMP/samp.nml"
+expect_rc samp 0
+expect_in samp out "kept 4 of the 6 image(s) from the run before"
+for f in 0-0 0-1 1-0 1-1 2-0 2-1; do
+    cmp -s "$TMP/sref/samples/$f.png" "$TMP/samp/samples/$f.png" || fail "samp: $f.png differs after the rerun"
+done
+pass "a stalled sampling rank ends mode 'sample' with status 1; the rerun keeps the images and makes the rest"
+
 # (e) no stall where nothing is stuck: a pipeline (2 + 2 ranks) whose preprocessing takes 4 s a
 # shard, with a 2 s timeout: the trainers wait 4 s for shard 0 and, their one step done, for the
 # preprocessing half to commit the other two shards; the job ends normally
